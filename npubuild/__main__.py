@@ -1,0 +1,5 @@
+import sys
+
+from npubuild.cli import main
+
+sys.exit(main())

@@ -1,0 +1,68 @@
+"""The library façade: what the CLI and `dodo.py` call. Nothing here prints or exits."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from npubuild.build.engine import BuildSession, StageResult, stage_list
+from npubuild.build.keys import read_manifest
+from npubuild.build.lock import build_lock
+from npubuild.recipe import LoadedRecipe, load_recipe
+from npubuild.stages import PIPELINE, no_progress
+
+
+def session_for(recipe: str | Path | LoadedRecipe, *, build_root: Path | None = None,
+                cache: Path | None = None, progress: Callable[..., Any] = no_progress,
+                on_event: Callable[[StageResult], None] = lambda r: None) -> BuildSession:
+    loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
+    return BuildSession(loaded, build_root, cache, progress, on_event)
+
+
+def build(session: BuildSession, stage: str | None = None, *, wait_seconds: float = 600.0,
+          on_wait: Callable[[str], None] | None = None) -> dict:
+    """Build up to ``stage`` (default: the whole pipeline); returns report.json's content.
+
+    Raises the first stage error after writing the report, so callers map it to an exit code.
+    """
+    from npubuild.build.tasks import run_with_doit
+
+    stages = stage_list(stage)
+    with build_lock(session.paths.lock_file, wait_seconds=wait_seconds, on_wait=on_wait):
+        run_with_doit(session, stages)
+        report = session.finish(stages)
+    if session.error is not None:
+        raise session.error
+    return report
+
+
+def plan(session: BuildSession, stage: str | None = None) -> list[StageResult]:
+    return session.plan(stage_list(stage))
+
+
+def show(session: BuildSession) -> dict:
+    """Per stage: state (current / stale / absent), its artifacts, and the last report."""
+    planned = {r.stage: r for r in session.plan(PIPELINE)}
+    stages = {}
+    for stage in PIPELINE:
+        manifest = read_manifest(session.paths.manifest(stage.name))
+        entry = {"state": planned[stage.name].status, "reason": planned[stage.name].reason}
+        if manifest:
+            entry["files"] = {rel: info["bytes"] for rel, info in manifest["files"].items()}
+            entry["seconds"] = manifest.get("seconds")
+        stages[stage.name] = entry
+    report = read_manifest(session.paths.report) or {}
+    return {"recipe": str(session.loaded.path), "build_dir": str(session.paths.root),
+            "stages": stages, "report": report}
+
+
+def clean(session: BuildSession) -> Path:
+    """Delete the recipe's build directory (the shared cache is kept)."""
+    with build_lock(session.paths.lock_file, wait_seconds=0):
+        root = session.paths.root
+        for child in root.iterdir() if root.exists() else []:
+            if child.name != ".lock":
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+    shutil.rmtree(session.paths.root, ignore_errors=True)
+    return session.paths.root

@@ -1,0 +1,101 @@
+"""Recipe → doit tasks, and running them through doit's API (`TaskLoader2` + `DoitMain`).
+
+One task per implemented stage, named ``<recipe name>:<stage>``. Tasks declare artifacts, not
+orderings: a stage's ``file_dep`` is its upstream stages' manifests (the targets of those
+tasks) plus the external files it reads, so doit derives the order; its ``uptodate`` check is
+the stage's content key (`BuildSession.is_current`). doit's own state lives in an SQLite file
+inside ``build/<name>/``, a backend that tolerates concurrent readers.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from doit.cmd_base import TaskLoader2
+from doit.doit_cmd import DoitMain
+from doit.exceptions import TaskFailed
+from doit.task import dict_to_task
+
+from npubuild.build.engine import BuildSession
+from npubuild.errors import BuildError, NpubuildError
+from npubuild.stages import Stage
+
+
+def task_name(session: BuildSession, stage: Stage) -> str:
+    return f"{session.loaded.recipe.name}:{stage.name}"
+
+
+def buildable(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """The leading run of implemented stages (a stage after a missing one cannot be built)."""
+    out = []
+    for stage in stages:
+        if not stage.implemented:
+            break
+        out.append(stage)
+    return tuple(out)
+
+
+def stage_task_dicts(session: BuildSession, stages: tuple[Stage, ...]) -> Iterator[dict]:
+    """doit task dictionaries (sub-tasks of the recipe's name) for ``stages``."""
+    for stage in buildable(stages):
+        yield {
+            "name": task_name(session, stage),
+            "doc": stage.description,
+            "actions": [(_action, (session, stage))],
+            "file_dep": [str(session.paths.manifest(u)) for u in stage.needs]
+                        + [str(p) for p in stage.external_files(session.loaded) if p.is_file()],
+            "targets": [str(session.paths.manifest(stage.name))],
+            "uptodate": [(_uptodate, (session, stage))],
+            "verbosity": 2,  # never capture: stages report through callbacks
+        }
+
+
+def _uptodate(session: BuildSession, stage: Stage) -> bool:
+    return session.is_current(stage)
+
+
+def _action(session: BuildSession, stage: Stage):
+    """Run one stage; a failure is kept on the session (doit would print a traceback)."""
+    try:
+        session.execute(stage)
+    except NpubuildError as exc:
+        return _fail(session, stage, exc)
+    except Exception as exc:  # a bug, or a library error a stage did not translate
+        err = BuildError(f"{type(exc).__name__}: {exc}", stage=stage.name,
+                         hint="this is likely a bug in npubuild; run with -v for the traceback")
+        err.__cause__ = exc
+        return _fail(session, stage, err)
+    return True
+
+
+def _fail(session: BuildSession, stage: Stage, exc: NpubuildError) -> TaskFailed:
+    from npubuild.build.engine import StageResult
+
+    session.error = exc
+    session._record(StageResult(stage.name, "failed", reason=exc.message))
+    return TaskFailed(str(exc))
+
+
+class SessionLoader(TaskLoader2):
+    """Feeds doit the tasks of one build session."""
+
+    def __init__(self, session: BuildSession, stages: tuple[Stage, ...], num_process: int = 0):
+        super().__init__()
+        self.session, self.stages, self.num_process = session, stages, num_process
+
+    def load_doit_config(self) -> dict:
+        return {"dep_file": str(self.session.paths.doit_db), "backend": "sqlite3",
+                "reporter": "zero", "verbosity": 2, "num_process": self.num_process}
+
+    def load_tasks(self, cmd, pos_args):
+        tasks = []
+        return [dict_to_task(d) for d in stage_task_dicts(self.session, self.stages)]
+
+
+def run_with_doit(session: BuildSession, stages: tuple[Stage, ...]) -> int:
+    """Build ``stages`` through doit; returns doit's exit code (errors stay on the session)."""
+    targets = [task_name(session, s) for s in buildable(stages)]
+    if not targets:
+        return 0
+    session.paths.root.mkdir(parents=True, exist_ok=True)
+    return DoitMain(SessionLoader(session, stages), config_filenames=()).run(["run", *targets])

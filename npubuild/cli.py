@@ -1,0 +1,258 @@
+"""`npubuild` command line: parse, call the library, print, map errors to exit codes.
+
+Exit codes: 0 ok · 1 a build or a check failed · 2 bad recipe or bad input.
+Errors print as one ``error:`` message (file:line:column: field: what, and a hint), never a
+traceback; ``-v`` adds the traceback of unexpected errors for bug reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import traceback
+from pathlib import Path
+
+from npubuild import __version__
+from npubuild.errors import NpubuildError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+STATUS_STYLE = {"built": "green", "restored": "cyan", "cached": "dim", "failed": "bold red",
+                "will run": "yellow", "will restore": "cyan"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args) or EXIT_OK
+    except NpubuildError as exc:
+        if args.verbose and exc.__cause__ is not None:
+            traceback.print_exception(exc.__cause__, file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:  # a bug: one line for users, the traceback with -v
+        if args.verbose:
+            traceback.print_exc()
+        print(f"error: internal error: {type(exc).__name__}: {exc}\n  hint: this is a bug in "
+              "npubuild; rerun with -v and report the traceback", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("error: interrupted; finished stages are kept, the interrupted one left nothing "
+              "behind", file=sys.stderr)
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="npubuild", description="Build an NPU deployment from a YAML recipe: import → "
+        "surgery → fusion → split → quantize → compile → verify, cached and checked at every step.",
+        epilog="exit codes: 0 ok, 1 build or check failed, 2 bad recipe or input")
+    parser.add_argument("--version", action="version", version=f"npubuild {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="explain more (logs, tracebacks of bugs)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name, func, help_text, *, recipe=True, build_opts=False, json_opt=False):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        if recipe:
+            p.add_argument("recipe", type=Path, help="recipe YAML file")
+        if build_opts:
+            p.add_argument("--build-dir", type=Path, default=None, help="build root (default: ./build)")
+            p.add_argument("--cache", type=Path, default=None,
+                           help="content cache directory (default: $NPUBUILD_CACHE or ./.npubuild/cache)")
+        if json_opt:
+            p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="explain more")
+        return p
+
+    from npubuild.stages import STAGES
+
+    p = command("run", cmd_run, "build the recipe up to STAGE (default: every stage)",
+                build_opts=True, json_opt=True)
+    p.add_argument("stage", nargs="?", choices=list(STAGES), help="last stage to build")
+    p.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
+                   help="how long to wait for another run holding the build directory (default 600)")
+    command("validate", cmd_validate, "check the recipe and the files it names; build nothing",
+            json_opt=True)
+    p = command("plan", cmd_plan, "say what `run` would do per stage, and why", build_opts=True,
+                json_opt=True)
+    p.add_argument("stage", nargs="?", choices=list(STAGES), help="last stage to consider")
+    command("show", cmd_show, "stages (current or stale), artifacts and the last report",
+            build_opts=True, json_opt=True)
+    command("clean", cmd_clean, "delete the recipe's build directory (the cache is kept)",
+            build_opts=True)
+    p = command("schema", cmd_schema, "print a JSON Schema", recipe=False)
+    p.add_argument("which", nargs="?", choices=["recipe", "chip"], default="recipe")
+    p = command("targets", cmd_targets, "list the built-in target chips", recipe=False, json_opt=True)
+    return parser
+
+
+# -- commands --------------------------------------------------------------------------------
+
+def cmd_run(args) -> int:
+    from npubuild import api
+
+    console = _console()
+    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache,
+                              progress=_progress(console), on_event=_stage_printer(console, args.json))
+    try:
+        report = api.build(session, args.stage, wait_seconds=args.wait,
+                           on_wait=lambda msg: console.print(f"[yellow]{msg}[/]"))
+    finally:
+        if not args.json:
+            _print_summary(console, session)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return EXIT_OK
+
+
+def cmd_validate(args) -> int:
+    from npubuild.recipe import load_recipe
+
+    loaded = load_recipe(args.recipe)
+    chip = loaded.chip()
+    result = {"recipe": str(args.recipe), "name": loaded.recipe.name, "valid": True,
+              "model": str(loaded.model_path), "format": loaded.model_format, "target": chip.name}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{args.recipe}: valid — model {loaded.model_path.name} ({loaded.model_format}), "
+              f"target {chip.name}, {len(loaded.recipe.surgery)} surgery steps, "
+              f"{len(loaded.recipe.fusion)} fusion rules")
+    return EXIT_OK
+
+
+def cmd_plan(args) -> int:
+    from npubuild import api
+
+    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache)
+    results = api.plan(session, args.stage)
+    if args.json:
+        print(json.dumps({r.stage: {"action": r.status, "reason": r.reason, "key": r.key}
+                          for r in results}, indent=2))
+        return EXIT_OK
+    console = _console()
+    for r in results:
+        style = STATUS_STYLE.get(r.status, "")
+        reason = f" — {r.reason}" if r.reason else ""
+        console.print(f"  {r.stage:<9} [{style}]{r.status}[/]{reason}" if style
+                      else f"  {r.stage:<9} {r.status}{reason}")
+    return EXIT_OK
+
+
+def cmd_show(args) -> int:
+    from npubuild import api
+
+    info = api.show(api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return EXIT_OK
+    console = _console()
+    console.print(f"{info['recipe']} → {info['build_dir']}")
+    for name, entry in info["stages"].items():
+        files = entry.get("files", {})
+        shown = ", ".join(f"{rel} ({_size(b)})" for rel, b in list(files.items())[:4]
+                          if rel != "manifest.json")
+        more = f" +{len(files) - 5} more" if len(files) > 5 else ""
+        console.print(f"  {name:<9} {entry['state']:<32} {shown}{more}", highlight=False)
+    return EXIT_OK
+
+
+def cmd_clean(args) -> int:
+    from npubuild import api
+
+    root = api.clean(api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache))
+    print(f"removed {root} (the cache is kept)")
+    return EXIT_OK
+
+
+def cmd_schema(args) -> int:
+    from npubuild.schemas import schema_text
+
+    sys.stdout.write(schema_text(args.which))
+    return EXIT_OK
+
+
+def cmd_targets(args) -> int:
+    from npubuild.targets import describe, load_chip, preset_names
+
+    chips = [describe(load_chip(name)) for name in preset_names()]
+    if args.json:
+        print(json.dumps(chips, indent=2))
+        return EXIT_OK
+    print(f"{'chip':<12} {'lanes':>5} {'LMEM':>9} {'clock':>9} {'TOPS':>6} {'ops':>4}  description")
+    for c in chips:
+        print(f"{c['name']:<12} {c['lanes']:>5} {_size(c['lmem_bytes']):>9} {c['clock_mhz']:>5g} MHz "
+              f"{c['tops_int8']:>6g} {c['ops']:>4}  {c['description']}")
+    return EXIT_OK
+
+
+# -- output helpers --------------------------------------------------------------------------
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def _progress(console):
+    """Wrap long stage loops in a progress bar when stderr is a terminal."""
+
+    def progress(items, total=None, description=""):
+        if not console.is_terminal:
+            yield from items
+            return
+        from rich.progress import track
+
+        yield from track(items, total=total, description=description, console=console,
+                         transient=True)
+
+    return progress
+
+
+def _stage_printer(console, quiet: bool):
+    def on_event(result) -> None:
+        if quiet or result.status not in ("built", "restored", "failed"):
+            return
+        style = STATUS_STYLE.get(result.status, "yellow")
+        seconds = f"{result.seconds:7.2f} s" if result.seconds else " " * 9
+        reason = f"  ({result.reason})" if result.reason and result.status != "failed" else ""
+        console.print(f"  {result.stage:<9} [{style}]{result.status:<10}[/] {seconds}{reason}")
+
+    return on_event
+
+
+def _print_summary(console, session) -> None:
+    results = session.results.values()
+    ran = [r for r in results if r.status in ("built", "restored")]
+    cached = [r.stage for r in results if r.status == "cached"]
+    if not ran and cached and session.error is None:
+        console.print(f"nothing to rebuild: {', '.join(cached)} up to date")
+    elif cached:
+        console.print(f"  cached: {', '.join(cached)}", style="dim")
+    missing = [r.stage for r in results if r.status.startswith("not built: not implemented")]
+    if missing:
+        console.print(f"not built (not implemented yet): {', '.join(missing)}", style="yellow")
+    skipped = [r.stage for r in results if r.status == "skipped"]
+    if skipped:
+        console.print(f"skipped after the failure: {', '.join(skipped)}", style="yellow")
+    if session.error is None:
+        console.print(f"artifacts in {session.paths.root}/, report: {session.paths.report}")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Tensor comparison metrics, with TPU-MLIR's semantics, used by every stage's proof.
+
+- cosine similarity of the flattened tensors;
+- euclidean similarity ``1 - ||a-b|| / ||(a+b)/2||``;
+- SQNR in dB ``10 log10(||a||² / ||a-b||²)`` with ``a`` the reference;
+- max absolute and max relative difference (relative to the reference's max magnitude).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Similarity:
+    cosine: float
+    euclid: float
+    sqnr_db: float
+    max_abs: float
+    max_rel: float
+    identical: bool
+
+    def as_dict(self) -> dict:
+        return {k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                for k, v in asdict(self).items()}
+
+
+def similarity(reference: np.ndarray, actual: np.ndarray) -> Similarity:
+    """Compare ``actual`` against ``reference`` (same shape; any numeric dtype)."""
+    ref = np.asarray(reference, dtype=np.float64).ravel()
+    act = np.asarray(actual, dtype=np.float64).ravel()
+    if ref.shape != act.shape:
+        raise ValueError(f"shape mismatch: {np.shape(reference)} vs {np.shape(actual)}")
+    identical = bool(np.array_equal(np.asarray(reference), np.asarray(actual)))
+    diff = ref - act
+    err = float(np.linalg.norm(diff))
+    ref_norm, act_norm = float(np.linalg.norm(ref)), float(np.linalg.norm(act))
+    if ref_norm == 0 and act_norm == 0:
+        cosine = 1.0
+    elif ref_norm == 0 or act_norm == 0:
+        cosine = 0.0
+    else:
+        cosine = float(np.dot(ref, act) / (ref_norm * act_norm))
+    mid = float(np.linalg.norm((ref + act) / 2))
+    euclid = 1.0 if err == 0 else (1.0 - err / mid if mid else 0.0)
+    sqnr = float("inf") if err == 0 else (float(10 * np.log10(ref_norm**2 / err**2)) if ref_norm else -float("inf"))
+    max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    max_rel = max_abs / scale if scale else (0.0 if max_abs == 0 else float("inf"))
+    return Similarity(cosine, euclid, sqnr, max_abs, max_rel, identical)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    tensor: str
+    similarity: Similarity | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"tensor {self.tensor!r}: {self.reason}"
+
+
+def compare_outputs(reference: dict[str, np.ndarray], actual: dict[str, np.ndarray], *,
+                    rtol: float = 1e-5, exact: bool = False) -> tuple[dict[str, Similarity], list[Mismatch]]:
+    """Compare every reference output; a mismatch is a missing tensor, a shape or dtype change,
+    or a difference above ``rtol`` × the reference's max magnitude (any difference if ``exact``)."""
+    sims, bad = {}, []
+    for name, ref in reference.items():
+        if name not in actual:
+            bad.append(Mismatch(name, None, "missing from the result"))
+            continue
+        got = actual[name]
+        if np.shape(ref) != np.shape(got):
+            bad.append(Mismatch(name, None, f"shape changed from {list(np.shape(ref))} to {list(np.shape(got))}"))
+            continue
+        sim = similarity(ref, got)
+        sims[name] = sim
+        if exact and not sim.identical:
+            bad.append(Mismatch(name, sim, f"not bit-identical (max abs diff {sim.max_abs:.3g})"))
+        elif not exact and not (sim.max_rel <= rtol):
+            bad.append(Mismatch(name, sim, f"max abs diff {sim.max_abs:.3g} = {sim.max_rel:.3g} of its "
+                                           f"magnitude, above the tolerance {rtol:g}"))
+    return sims, bad

@@ -1,0 +1,138 @@
+"""Loading, saving and running ONNX models: the one place every stage does it.
+
+Loading turns a missing, corrupt or unsafe model into a `UserError`; saving is atomic (a
+temporary file renamed into place); running uses ONNX Runtime on the CPU. Models are saved with
+an IR version ONNX Runtime reads (onnx 1.23 writes IR 14 by default, onnxruntime 1.31 reads ≤ 13).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import onnx
+
+from npubuild.atomic import atomic_path
+from npubuild.errors import BuildError, Location, UserError
+
+MAX_ORT_IR_VERSION = 10  # what onnxruntime ≥ 1.16 reads; onnx ≥ 1.15 can write it
+
+
+def load_model(path: str | Path, *, load_external: bool = True) -> onnx.ModelProto:
+    """Read an ONNX model, refusing external-data paths that leave the model's folder."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"model file not found: {path}", hint="check model.path in the recipe")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError and friends
+        raise UserError(f"not a readable ONNX model ({type(exc).__name__}: {exc})",
+                        location=Location(str(path))) from None
+    if not model.graph.node and not model.graph.output:
+        raise UserError("not a readable ONNX model (empty graph)", location=Location(str(path)))
+    _check_external_data(model, path)
+    if load_external:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    return model
+
+
+def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
+    base = path.parent.resolve()
+    for tensor in onnx.external_data_helper._get_all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        target = (base / info.get("location", "")).resolve()
+        if base not in target.parents:
+            raise UserError(f"tensor {tensor.name!r} keeps its data at {info.get('location')!r}, "
+                            "outside the model's folder; refusing to read it",
+                            location=Location(str(path)))
+
+
+def with_loadable_ir(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Cap the IR version at what ONNX Runtime reads (a copy only when it changes)."""
+    if model.ir_version > MAX_ORT_IR_VERSION:
+        model = clone(model)
+        model.ir_version = MAX_ORT_IR_VERSION
+    return model
+
+
+def save_model(model: onnx.ModelProto, path: str | Path) -> Path:
+    """Write atomically; the saved model always has an IR version ONNX Runtime reads."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        onnx.save(with_loadable_ir(model), str(tmp))
+    return path
+
+
+def clone(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def session(model: onnx.ModelProto | str | Path):
+    """An ONNX Runtime CPU session (graph optimisations off: we check *our* rewrites)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    options.intra_op_num_threads = max(1, min(2, os.cpu_count() or 1))
+    source = (str(model) if isinstance(model, (str, Path))
+              else with_loadable_ir(model).SerializeToString())
+    try:
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise BuildError(f"ONNX Runtime cannot load the model: {exc}") from None
+
+
+def run(model_or_session, feeds: Mapping[str, np.ndarray],
+        outputs: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Run a model (or a session) and return its outputs by name."""
+    sess = model_or_session if hasattr(model_or_session, "run") else session(model_or_session)
+    names = outputs or [o.name for o in sess.get_outputs()]
+    wanted = {i.name for i in sess.get_inputs()}
+    values = sess.run(names, {k: v for k, v in feeds.items() if k in wanted})
+    return dict(zip(names, values))
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The real inputs: graph inputs that are not initializers (old models list both)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def value_shape(value: onnx.ValueInfoProto) -> list[int | str | None]:
+    """Dims of a value: ints when known, the dim_param string when symbolic, else None."""
+    dims = value.type.tensor_type.shape.dim
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in dims]
+
+
+def value_dtype(value: onnx.ValueInfoProto) -> np.dtype:
+    return onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded random inputs with each input's own dtype and (fixed) shape.
+
+    Floats are standard normal; integers are small non-negative values (they are often
+    indices or sizes); bools are random. Symbolic dims must have been fixed by import.
+    """
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in graph_inputs(model):
+        shape = value_shape(value)
+        if any(not isinstance(d, int) for d in shape):
+            raise BuildError(f"input {value.name!r} still has dynamic dims {shape}",
+                             hint="fix them with model.inputs[].shape in the recipe")
+        dtype = value_dtype(value)
+        if dtype == np.bool_:
+            feeds[value.name] = rng.random(shape) < 0.5
+        elif np.issubdtype(dtype, np.integer):
+            feeds[value.name] = rng.integers(0, 4, size=shape).astype(dtype)
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds

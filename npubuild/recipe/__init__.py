@@ -1,0 +1,99 @@
+"""Recipes: load a YAML file into a validated `Recipe`, check the files it names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from npubuild.errors import Location, UserError
+from npubuild.recipe import paths
+from npubuild.recipe.load import Marked, dotted, read_yaml, validate
+
+MODEL_SUFFIXES = {".onnx": "onnx", ".pb": "tf_frozen", ".keras": "keras", ".h5": "keras",
+                  ".tflite": "tflite"}
+
+
+@dataclass
+class LoadedRecipe:
+    """A validated recipe with where it came from, for paths and error locations."""
+
+    recipe: "Recipe"  # noqa: F821 — imported lazily below
+    path: Path
+    marked: Marked
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent
+
+    def location(self, *field_path: str | int, key: bool = False) -> Location:
+        return self.marked.location(tuple(field_path), key=key)
+
+    def error(self, message: str, *field_path: str | int, hint: str | None = None) -> UserError:
+        return UserError(message, location=self.location(*field_path),
+                         field=dotted(tuple(field_path)) or None, hint=hint)
+
+    def resolve(self, spec: str, *field_path: str | int) -> Path:
+        try:
+            return paths.resolve(spec, self.base_dir)
+        except UserError as exc:
+            raise self.error(exc.message, *field_path, hint=exc.hint) from None
+
+    def resolve_glob(self, specs: str | list[str], *field_path: str | int) -> list[Path]:
+        try:
+            return paths.resolve_glob(specs, self.base_dir)
+        except UserError as exc:
+            raise self.error(exc.message, *field_path, hint=exc.hint) from None
+
+    @cached_property
+    def model_path(self) -> Path:
+        return self.resolve(self.recipe.model.path, "model", "path")
+
+    @property
+    def model_format(self) -> str:
+        spec = self.recipe.model
+        if spec.format:
+            return spec.format
+        path = self.model_path
+        if path.is_dir():
+            return "saved_model"
+        fmt = MODEL_SUFFIXES.get(path.suffix.lower())
+        if fmt is None:
+            raise self.error(f"cannot tell the model format from {path.name!r}", "model", "path",
+                             hint="set model.format to one of onnx, tf_frozen, saved_model, keras, tflite")
+        return fmt
+
+    def chip(self):
+        from npubuild.targets import load_chip
+
+        try:
+            return load_chip(self.recipe.target, self.base_dir)
+        except UserError as exc:
+            if exc.location is not None:  # the chip file itself is bad
+                raise
+            raise self.error(exc.message, "target", hint=exc.hint) from None
+
+
+def load_recipe(path: str | Path, *, check_files: bool = True) -> LoadedRecipe:
+    """Read, validate and (by default) check that the model file and the target exist."""
+    from npubuild.recipe.model import Recipe
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"recipe file not found: {path}",
+                        hint="give the path to a recipe YAML, e.g. recipes/yolov8.yaml")
+    marked = read_yaml(path)
+    loaded = LoadedRecipe(validate(marked, Recipe), path, marked)
+    if check_files:
+        check_recipe_files(loaded)
+    return loaded
+
+
+def check_recipe_files(loaded: LoadedRecipe) -> None:
+    model_path = loaded.model_path
+    if not model_path.exists():
+        raise loaded.error(f"model file not found: {model_path}", "model", "path",
+                           hint="paths are relative to the recipe file; pkg:<package>/<path> "
+                                "names a file inside an installed package")
+    loaded.model_format  # noqa: B018 — raises when the format cannot be told
+    loaded.chip()

@@ -1,0 +1,183 @@
+"""The recipe: one pydantic model per section of ARCHITECTURE §2.
+
+This file is the single source of the recipe schema: ``schemas/recipe.schema.json`` is generated
+from ``Recipe`` (``npubuild schema recipe``) and a test fails when the file is stale.
+Every model forbids unknown keys. Surgery steps form a discriminated union keyed by the step
+name, built from the surgery registry, so an unknown step is reported as unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, create_model,
+                      field_validator)
+
+from npubuild import fusions, surgery
+
+RECIPE_VERSION = 1
+
+DType = Literal["float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool"]
+Layout = Literal["NCHW", "NHWC", "NC", "NCW", "NWC", "any"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Preprocess(Strict):
+    """How an image becomes this input tensor (calibration and verify data)."""
+
+    resize: tuple[int, int] | None = Field(None, description="[height, width] to resize images to.")
+    scale: float = Field(1.0, description="Multiply pixel values (0..255) by this first.")
+    mean: list[float] | float = Field(0.0, description="Subtracted after scaling, per channel.")
+    std: list[float] | float = Field(1.0, description="Divided by after subtracting the mean.")
+    channel_order: Literal["RGB", "BGR", "GRAY"] = "RGB"
+
+
+class InputSpec(Strict):
+    name: str = Field(description="Input tensor name in the model (for TF: 'x:0' or 'x').")
+    shape: list[int] | None = Field(
+        None, description="Fixes the input's shape (dynamic dims included). Default: the model's.")
+    dtype: DType | None = Field(None, description="Default: the model's input dtype.")
+    layout: Layout = "any"
+    preprocess: Preprocess | None = None
+
+    @field_validator("shape")
+    @classmethod
+    def _positive_dims(cls, shape):
+        if shape is not None and any(d < 0 for d in shape):
+            raise ValueError("every dimension must be >= 0 (use the real size of dynamic dims)")
+        return shape
+
+
+ModelFormat = Literal["onnx", "tf_frozen", "saved_model", "keras", "tflite"]
+
+
+class ModelSpec(Strict):
+    path: str = Field(description="Model file: .onnx, frozen .pb, SavedModel dir, .keras/.h5, "
+                                  ".tflite; relative to the recipe or pkg:<package>/<path>.")
+    format: ModelFormat | None = Field(None, description="Default: from the file name.")
+    inputs: list[InputSpec] = Field(default_factory=list)
+    outputs: list[str] | None = Field(None, description="Cut the model at these tensors.")
+    opset: int | None = Field(None, ge=7, description="Convert to this opset (default: keep; "
+                                                      "TF/TFLite conversions use 17).")
+
+
+def _surgery_step_union() -> Any:
+    """``{name: args}`` single-key mappings, one variant per registered rewrite."""
+    registry = surgery.load_builtins()
+    if not len(registry):
+        return dict[str, dict[str, Any]]
+    variants = []
+    for name, rw in registry.items():
+        step_model = create_model(
+            f"Step_{name}", __config__=ConfigDict(extra="forbid", title=name),
+            __doc__=rw.doc or None, **{name: (rw.args, ...)})
+        variants.append(Annotated[step_model, Tag(name)])
+
+    def step_name(value: Any) -> str | None:
+        if isinstance(value, dict) and len(value) == 1:
+            return next(iter(value))
+        if isinstance(value, BaseModel):
+            return next(iter(type(value).model_fields))
+        return None
+
+    return Annotated[Union[tuple(variants)], Discriminator(
+        step_name, custom_error_type="unknown_step",
+        custom_error_message="unknown surgery step",
+        custom_error_context={"known": ", ".join(registry.names())})]
+
+
+SurgeryStep = _surgery_step_union()
+
+
+class UserFusionRule(Strict):
+    """A fusion rule written in the recipe: a chain of ops fused into one named function."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="The fused op's name.")
+    pattern: list[str] = Field(min_length=1, description="Op types, producer first; each feeds "
+                                                         "the next through its first input.")
+    attributes: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Op type -> attribute values the match requires.")
+
+
+FusionItem = Union[str, UserFusionRule]
+
+
+class SplitSpec(Strict):
+    policy: Literal["npu_first", "cpu_only", "manual", "min_cost"] = "npu_first"
+    force_cpu: list[str] = Field(default_factory=list,
+                                 description="Node names, op types or output tensor names.")
+    force_npu: list[str] = Field(default_factory=list)
+    placement: dict[str, Literal["npu", "cpu"]] = Field(
+        default_factory=dict, description="For policy manual: node name -> device.")
+    min_npu_nodes: int = Field(1, ge=1, description="Smaller NPU islands go to the CPU.")
+
+
+class CalibrationSpec(Strict):
+    data: str | list[str] | None = Field(
+        None, description="Images or .npy/.npz tensors; globs; pkg:<package>/<glob>.")
+    samples: int = Field(8, ge=1)
+    method: Literal["minmax", "percentile", "kl", "mse"] = "minmax"
+    percentile: float = Field(99.99, gt=50, le=100)
+
+
+class Override(Strict):
+    nodes: list[str] = Field(default_factory=list)
+    tensors: list[str] = Field(default_factory=list)
+    precision: Literal["float", "int16"] = "float"
+
+
+class QuantizationSpec(Strict):
+    scheme: Literal["pow2_symmetric", "symmetric", "asymmetric"] = "pow2_symmetric"
+    granularity: Literal["per_tensor", "per_channel"] = "per_tensor"
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    overrides: list[Override] = Field(default_factory=list)
+
+
+class CompileSpec(Strict):
+    layer_group: bool = True
+    on_no_fit: Literal["error", "cpu"] = "error"
+
+
+class VerifySpec(Strict):
+    data: str | list[str] | None = None
+    samples: int = Field(4, ge=1)
+    min_cosine: float = Field(0.99, ge=-1, le=1)
+    min_sqnr_db: float | None = None
+    max_abs: float | None = Field(None, ge=0)
+
+
+class Recipe(Strict):
+    """A deployment: the model, the rewrites, the split, quantization, the target chip."""
+
+    version: Literal[1] = Field(description="Recipe format version.")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                      description="Names the build directory build/<name>/.")
+    model: ModelSpec
+    target: str = Field("npu-16m", description="A built-in chip (`npubuild targets`) or a "
+                                               "chip YAML path.")
+    surgery: list[SurgeryStep] = Field(default_factory=list)  # type: ignore[valid-type]
+    fusion: list[FusionItem] = Field(default_factory=list)
+    split: SplitSpec = Field(default_factory=SplitSpec)
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+    compile: CompileSpec = Field(default_factory=CompileSpec)
+    verify: VerifySpec = Field(default_factory=VerifySpec)
+
+    @field_validator("fusion")
+    @classmethod
+    def _known_fusion_rules(cls, items):
+        registry = fusions.load_builtins()
+        for item in items:
+            if isinstance(item, str) and item not in registry:
+                raise ValueError(f"unknown fusion rule {item!r}; known: "
+                                 f"{', '.join(registry.names()) or '(none)'}")
+        return items
+
+
+def recipe_json_schema() -> dict:
+    schema = Recipe.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "npubuild recipe"
+    return schema

@@ -1,0 +1,54 @@
+"""Registries for npubuild's extension points: a dict keyed by the names users write in YAML.
+
+Built-ins register at import time; third-party packages add entries through the entry-point
+group given to the registry (for example ``npubuild.surgery``). A name can be registered once.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Name → item, with duplicate detection and entry-point plugins."""
+
+    def __init__(self, kind: str, entry_point_group: str | None = None):
+        self.kind = kind
+        self.entry_point_group = entry_point_group
+        self._items: dict[str, T] = {}
+        self._plugins_loaded = False
+
+    def register(self, name: str, item: T) -> T:
+        if name in self._items:
+            raise ValueError(f"{self.kind} {name!r} is registered twice")
+        self._items[name] = item
+        return item
+
+    def load_plugins(self) -> None:
+        """Import the entry points of this registry's group once; each registers itself."""
+        if self._plugins_loaded or not self.entry_point_group:
+            return
+        self._plugins_loaded = True
+        for ep in entry_points(group=self.entry_point_group):
+            ep.load()
+
+    def __getitem__(self, name: str) -> T:
+        return self._items[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def names(self) -> list[str]:
+        return list(self._items)
+
+    def items(self):
+        return self._items.items()

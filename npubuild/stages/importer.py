@@ -1,0 +1,191 @@
+"""Stage `import`: the source model → ``import/model.onnx`` with fixed shapes, checked.
+
+ONNX sources are loaded directly; TensorFlow (frozen graph, SavedModel, Keras) and TFLite
+sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when needed).
+Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred and the
+checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the same
+seeded input (ONNX: ONNX Runtime on the original, bit-identical; TF/TFLite: the source framework,
+within 1e-4 of the output's magnitude).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from npubuild import onnx_io
+from npubuild.atomic import write_json
+from npubuild.errors import BuildError
+from npubuild.metrics import compare_outputs
+from npubuild.recipe import LoadedRecipe
+from npubuild.stages import StageContext
+
+TF_TOLERANCE = 1e-4
+TF_FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
+
+
+def source_files(loaded: LoadedRecipe) -> list[Path]:
+    """The source model (a file, or a SavedModel directory) is part of the stage's key."""
+    return [loaded.model_path]
+
+
+def run(ctx: StageContext) -> dict:
+    loaded = ctx.loaded
+    fmt = loaded.model_format
+    if fmt == "onnx":
+        source = onnx_io.load_model(loaded.model_path)
+        model = fix_inputs(loaded, source)
+    else:
+        from npubuild.frontends import tensorflow as tf_frontend
+
+        source = None
+        model = tf_frontend.convert(loaded.model_path, fmt, loaded.recipe.model.inputs,
+                                    loaded.recipe.model.outputs, loaded.recipe.model.opset or 17)
+        model = fix_inputs(loaded, model)
+    if loaded.recipe.model.outputs and fmt == "onnx":
+        model = cut_outputs(loaded, model)
+    if loaded.recipe.model.opset and fmt == "onnx":
+        model = convert_opset(loaded, model, loaded.recipe.model.opset)
+    model = infer_shapes(model)
+    check(model)
+    proof = prove(loaded, fmt, source, model)
+    onnx_io.save_model(model, ctx.out / "model.onnx")
+    summary = describe(model, fmt, proof)
+    write_json(ctx.out / "import.json", summary)
+    return {"import": summary}
+
+
+def fix_inputs(loaded: LoadedRecipe, model: onnx.ModelProto) -> onnx.ModelProto:
+    """Apply the recipe's input shapes and check names, ranks and dtypes against the model."""
+    model = onnx_io.clone(model)
+    by_name = {v.name: v for v in onnx_io.graph_inputs(model)}
+    for index, spec in enumerate(loaded.recipe.model.inputs):
+        value = by_name.get(spec.name) or by_name.get(spec.name.removesuffix(":0"))
+        if value is None:
+            raise loaded.error(f"the model has no input {spec.name!r}; its inputs: "
+                               f"{', '.join(by_name) or '(none)'}", "model", "inputs", index, "name")
+        if spec.dtype and np.dtype(spec.dtype) != onnx_io.value_dtype(value):
+            raise loaded.error(f"input {value.name!r} is {onnx_io.value_dtype(value)} in the model, "
+                               f"not {spec.dtype}", "model", "inputs", index, "dtype",
+                               hint="remove dtype to take the model's, or fix it")
+        if spec.shape is not None:
+            set_shape(loaded, value, spec.shape, index)
+    for value in by_name.values():
+        dims = onnx_io.value_shape(value)
+        if any(not isinstance(d, int) or d <= 0 for d in dims) and value.type.HasField("tensor_type"):
+            if not value.type.tensor_type.HasField("shape"):
+                continue  # unknown rank: ORT will tell at run time
+            raise loaded.error(f"input {value.name!r} has dynamic dims {dims}", "model", "inputs",
+                               hint=f"fix them: model.inputs: [{{name: {value.name}, shape: [...]}}]")
+    return model
+
+
+def set_shape(loaded: LoadedRecipe, value: onnx.ValueInfoProto, shape: list[int], index: int) -> None:
+    dims = value.type.tensor_type.shape.dim
+    if len(dims) and len(dims) != len(shape):
+        raise loaded.error(f"input {value.name!r} has rank {len(dims)} in the model, the recipe "
+                           f"gives {len(shape)} dims {shape}", "model", "inputs", index, "shape")
+    for dim, size, old in zip(dims, shape, onnx_io.value_shape(value)):
+        if isinstance(old, int) and old > 0 and old != size:
+            raise loaded.error(f"input {value.name!r} has fixed dims {onnx_io.value_shape(value)} "
+                               f"in the model; the recipe's {shape} does not fit",
+                               "model", "inputs", index, "shape")
+        dim.Clear()
+        dim.dim_value = size
+    if not len(dims):
+        value.type.tensor_type.shape.dim.extend(
+            onnx.TensorShapeProto.Dimension(dim_value=s) for s in shape)
+
+
+def cut_outputs(loaded: LoadedRecipe, model: onnx.ModelProto) -> onnx.ModelProto:
+    """Keep only what ``model.outputs`` needs (onnx.utils.Extractor)."""
+    inferred = infer_shapes(model)
+    known = {o for n in inferred.graph.node for o in n.output} | {i.name for i in inferred.graph.input}
+    for index, name in enumerate(loaded.recipe.model.outputs or []):
+        if name not in known:
+            raise loaded.error(f"the model has no tensor {name!r} to cut at", "model", "outputs", index)
+    inputs = [v.name for v in onnx_io.graph_inputs(inferred)]
+    extracted = onnx.utils.Extractor(inferred).extract_model(inputs, list(loaded.recipe.model.outputs))
+    extracted.functions.extend(model.functions)
+    return extracted
+
+
+def convert_opset(loaded: LoadedRecipe, model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    try:
+        return onnx.version_converter.convert_version(model, opset)
+    except Exception as exc:
+        raise loaded.error(f"cannot convert the model to opset {opset}: {exc}", "model", "opset") from None
+
+
+def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Forget stale shapes (symbolic output dims included) and infer them from the fixed inputs."""
+    model = onnx_io.clone(model)
+    del model.graph.value_info[:]
+    for out in model.graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True)
+    except Exception as exc:
+        raise BuildError(f"shape inference failed: {exc}", stage="import") from None
+
+
+def check(model: onnx.ModelProto) -> None:
+    try:
+        onnx.checker.check_model(onnx_io.with_loadable_ir(model), full_check=True)
+    except Exception as exc:
+        raise BuildError(f"the imported model does not pass onnx.checker: {exc}", stage="import") from None
+
+
+def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,
+          model: onnx.ModelProto) -> dict:
+    """Run the result and the source on one seeded input and compare every output."""
+    feeds = onnx_io.random_feeds(model, seed=0)
+    got = onnx_io.run(model, feeds)
+    if fmt in TF_FORMATS:
+        from npubuild.frontends import tensorflow as tf_frontend
+
+        values = tf_frontend.run_source(loaded.model_path, fmt, feeds, loaded.recipe.model.inputs,
+                                        loaded.recipe.model.outputs)
+        expected = dict(zip(got, values))
+        rtol, exact = TF_TOLERANCE, False
+    else:
+        expected = onnx_io.run(with_outputs(source, list(got), model), feeds, list(got))
+        rtol, exact = 0.0, True
+    sims, bad = compare_outputs(expected, got, rtol=rtol, exact=exact)
+    if bad:
+        raise BuildError(f"the imported model differs from the source: {bad[0]}", stage="import",
+                         hint="check model.inputs shapes and dtypes; for TF models the tf2onnx "
+                              "conversion of this op may be inexact")
+    return {name: {"max_abs": s.max_abs, "max_rel": s.max_rel} for name, s in sims.items()}
+
+
+def with_outputs(source: onnx.ModelProto, names: list[str], typed: onnx.ModelProto) -> onnx.ModelProto:
+    """The source model exposing ``names`` as outputs (for comparison after a cut)."""
+    existing = {o.name for o in source.graph.output}
+    if set(names) <= existing:
+        return source
+    source = onnx_io.clone(source)
+    types = {o.name: o for o in typed.graph.output}
+    del source.graph.output[:]
+    for name in names:
+        out = onnx.ValueInfoProto()
+        out.CopyFrom(types[name])
+        out.type.tensor_type.ClearField("shape")
+        source.graph.output.append(out)
+    return source
+
+
+def describe(model: onnx.ModelProto, fmt: str, proof: dict) -> dict:
+    def shapes(values):
+        return {v.name: {"shape": onnx_io.value_shape(v), "dtype": str(onnx_io.value_dtype(v))}
+                for v in values}
+
+    return {"format": fmt, "nodes": len(model.graph.node),
+            "opset": {o.domain or "ai.onnx": o.version for o in model.opset_import},
+            "inputs": shapes(onnx_io.graph_inputs(model)), "outputs": shapes(model.graph.output),
+            "ops": dict(Counter(n.op_type for n in model.graph.node).most_common()),
+            "proof": proof}

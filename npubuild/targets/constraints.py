@@ -1,0 +1,464 @@
+"""Op support: whether a node runs on the chip's NPU, and if not, exactly why (Arm Vela style).
+
+Each constraint is a function ``check(node, spec) -> detail | None``. Its docstring's first line
+is the reason the user sees when it fails ("Input is not 4D tensor"), formatted with the chip's
+own values; the detail says which tensor or attribute broke it. The same docstrings generate
+``docs/SUPPORTED_OPS.md`` (`supported_ops_markdown`), so the docs cannot drift from the checks.
+
+A constraint is switched on by one `OpSupport` field (``field=None``: it applies to every op in
+the table) and concerns a set of op types (``ops=None``: any). `node_reasons` runs them.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+import onnx
+
+from npubuild.targets.model import Chip, OpSupport
+from npubuild.targets.view import NodeView, is_static, show_shape
+
+FUSED_DOMAIN = "npubuild.fused"
+STANDARD_DOMAINS = ("", "ai.onnx")
+
+CONV_OPS = frozenset({"Conv", "ConvTranspose"})
+POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})
+KERNEL_OPS = CONV_OPS | POOL_OPS
+BINARY_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "PRelu",
+                        "Equal", "Greater", "Less", "And", "Or"})
+AXIS_OPS = frozenset({"Concat", "Split", "Softmax", "LogSoftmax", "Gather", "Slice", "Flatten"})
+# Inputs an NPU compiler needs as compile-time constants (shapes, sizes, pads, scales).
+PARAM_INPUTS: dict[str, tuple[int, ...]] = {
+    "Reshape": (1,), "Slice": (1, 2, 3, 4), "Resize": (1, 2, 3), "Split": (1,), "Pad": (1, 2, 3),
+    "Expand": (1,), "Tile": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "Clip": (1, 2),
+    "ReduceMean": (1,), "ReduceSum": (1,), "ReduceMax": (1,), "TopK": (1,),
+}
+
+Check = Callable[[NodeView, OpSupport], "str | None"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    check: Check
+    field: str | None
+    ops: frozenset[str] | None
+
+    @property
+    def name(self) -> str:
+        return self.check.__name__
+
+    @property
+    def template(self) -> str:
+        return inspect.getdoc(self.check).splitlines()[0]
+
+    def active(self, spec: OpSupport) -> bool:
+        return self.field is None or getattr(spec, self.field) not in (None, False, "any")
+
+    def concerns(self, op: str) -> bool:
+        return self.ops is None or op in self.ops
+
+    def reason(self, spec: OpSupport) -> str:
+        return self.template.format(**_format_values(spec))
+
+
+CONSTRAINTS: list[Constraint] = []
+
+
+def constraint(field: str | None = None, ops: Iterable[str] | None = None):
+    """Register a check; its docstring's first line is its reason."""
+
+    def decorate(fn: Check) -> Check:
+        CONSTRAINTS.append(Constraint(fn, field, frozenset(ops) if ops is not None else None))
+        return fn
+
+    return decorate
+
+
+def _either(values: Iterable[object], suffix: str = "") -> str:
+    items = [f"{v}{suffix}" for v in values]
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " or " + items[-1]
+
+
+_GROUPS = {"one": "1", "depthwise": "depthwise (groups = channels)",
+           "one_or_depthwise": "1 or depthwise (groups = channels)", "any": "any"}
+_BROADCAST = {"same_shape": "the same shape", "any": "any broadcast",
+              "channel": "the same shape or per-channel [1, C, 1, 1]",
+              "scalar_or_channel": "the same shape, a scalar or per-channel [1, C, 1, 1]"}
+
+
+def _format_values(spec: OpSupport) -> dict[str, object]:
+    values = spec.model_dump()
+    for key in ("ranks",):
+        values[key] = _either(spec.ranks or [], "D")
+    for key in ("dtypes", "kernel_sizes", "axes", "resize_modes", "resize_coordinate_modes",
+                "pad_modes"):
+        values[key] = _either(getattr(spec, key) or [])
+    values["groups"] = _GROUPS[spec.groups]
+    values["broadcast"] = _BROADCAST[spec.broadcast]
+    return values
+
+
+def _first(items: Iterable[str]) -> str | None:
+    items = list(items)
+    return "; ".join(items) if items else None
+
+
+# ---- checks on every op in the table -------------------------------------------------------
+
+@constraint()
+def static_shapes(node: NodeView, spec: OpSupport) -> str | None:
+    """Tensor shape is unknown or not static"""
+    return _first(f"{t!r} has shape {show_shape(node.shape(t))}"
+                  for t in [*node.activations, *node.outputs] if not is_static(node.shape(t)))
+
+
+@constraint(field="dtypes")
+def dtype_allowed(node: NodeView, spec: OpSupport) -> str | None:
+    """Tensor type is not {dtypes}"""
+    allowed = set(spec.dtypes or [])
+    for t in [*node.activations, *node.outputs]:
+        code = node.facts.elem_type(t)
+        name = onnx.helper.tensor_dtype_to_np_dtype(code).name if code else "unknown"
+        if name not in allowed:
+            return f"{t!r} is {name}"
+    return None
+
+
+@constraint()
+def params_constant(node: NodeView, spec: OpSupport) -> str | None:
+    """Parameter input is not constant"""
+    names = [node.input(i) for i in PARAM_INPUTS.get(node.op, ())]
+    return _first(f"{n!r} is computed at run time" for n in names
+                  if n and not node.facts.is_const(n))
+
+
+# ---- checks switched on by the op's table entry --------------------------------------------
+
+@constraint(field="ranks")
+def input_rank(node: NodeView, spec: OpSupport) -> str | None:
+    """Input is not {ranks} tensor"""
+    return _first(f"{t!r} has shape {show_shape(node.shape(t))}" for t in node.activations
+                  if node.shape(t) is not None and len(node.shape(t)) not in spec.ranks)
+
+
+@constraint(field="ranks")
+def output_rank(node: NodeView, spec: OpSupport) -> str | None:
+    """Output is not {ranks} tensor"""
+    return _first(f"{t!r} has shape {show_shape(node.shape(t))}" for t in node.outputs
+                  if node.shape(t) is not None and len(node.shape(t)) not in spec.ranks)
+
+
+@constraint(field="max_channels")
+def channels(node: NodeView, spec: OpSupport) -> str | None:
+    """Channels are more than {max_channels}"""
+    for t in [*node.activations, *node.outputs]:
+        shape = node.shape(t)
+        if shape and len(shape) >= 3 and isinstance(shape[1], int) and shape[1] > spec.max_channels:
+            return f"{t!r} has {shape[1]} channels"
+    return None
+
+
+def kernel(node: NodeView) -> list[int] | None:
+    if "kernel_shape" in node.attrs:
+        return list(node.attrs["kernel_shape"])
+    weight = node.shape(node.input(1)) if node.op in CONV_OPS else None
+    return [int(d) for d in weight[2:]] if weight and all(isinstance(d, int) for d in weight) else None
+
+
+@constraint(field="kernel_sizes", ops=KERNEL_OPS)
+def kernel_in_set(node: NodeView, spec: OpSupport) -> str | None:
+    """Kernel size is not {kernel_sizes}"""
+    k = kernel(node)
+    return f"kernel {k}" if k and any(d not in spec.kernel_sizes for d in k) else None
+
+
+@constraint(field="max_kernel", ops=KERNEL_OPS)
+def kernel_bound(node: NodeView, spec: OpSupport) -> str | None:
+    """Kernel is larger than {max_kernel}"""
+    k = kernel(node)
+    return f"kernel {k}" if k and max(k) > spec.max_kernel else None
+
+
+def strides(node: NodeView) -> list[int]:
+    if node.op == "Slice":
+        steps = node.const(4)
+        return [abs(int(s)) for s in steps] if steps is not None else []
+    return list(node.attr("strides", []))
+
+
+@constraint(field="max_stride", ops=KERNEL_OPS | {"Slice"})
+def stride_bound(node: NodeView, spec: OpSupport) -> str | None:
+    """Stride is larger than {max_stride}"""
+    s = strides(node)
+    return f"strides {s}" if s and max(s) > spec.max_stride else None
+
+
+@constraint(field="max_dilation", ops=CONV_OPS | {"MaxPool"})
+def dilation_bound(node: NodeView, spec: OpSupport) -> str | None:
+    """Dilation is larger than {max_dilation}"""
+    d = list(node.attr("dilations", []))
+    return f"dilations {d}" if d and max(d) > spec.max_dilation else None
+
+
+def pads(node: NodeView) -> list[int]:
+    if node.op == "Pad":
+        value = node.const(1)
+        return [int(p) for p in value] if value is not None else list(node.attr("pads", []))
+    if node.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
+        return _same_pads(node)
+    return list(node.attr("pads", []))
+
+
+def _same_pads(node: NodeView) -> list[int]:
+    """Total padding per spatial dim that SAME auto-padding adds (from the inferred shapes)."""
+    x, y, k = node.shape(node.input(0)), node.shape(node.node.output[0]), kernel(node)
+    if not (is_static(x) and is_static(y) and k):
+        return []
+    s = node.attr("strides", [1] * len(k))
+    d = node.attr("dilations", [1] * len(k))
+    totals = [max((o - 1) * st + (kk - 1) * dd + 1 - i, 0)
+              for i, o, kk, st, dd in zip(x[2:], y[2:], k, s, d)]
+    return [(t + 1) // 2 for t in totals]
+
+
+@constraint(field="max_pad", ops=KERNEL_OPS | {"Pad"})
+def pad_bound(node: NodeView, spec: OpSupport) -> str | None:
+    """Padding is larger than {max_pad}"""
+    p = pads(node)
+    return f"pads {p}" if p and max(p) > spec.max_pad else None
+
+
+@constraint(field="pad_modes", ops={"Pad"})
+def pad_mode(node: NodeView, spec: OpSupport) -> str | None:
+    """Pad mode is not {pad_modes}"""
+    mode = node.attr("mode", "constant")
+    return f"mode {mode!r}" if mode not in spec.pad_modes else None
+
+
+@constraint(field="groups", ops=CONV_OPS)
+def conv_groups(node: NodeView, spec: OpSupport) -> str | None:
+    """Convolution groups are not {groups}"""
+    group = int(node.attr("group", 1))
+    x = node.shape(node.input(0))
+    cin = x[1] if x and len(x) > 1 and isinstance(x[1], int) else None
+    depthwise = cin is not None and group == cin and group > 1
+    ok = {"one": group == 1, "depthwise": depthwise,
+          "one_or_depthwise": group == 1 or depthwise}[spec.groups]
+    return None if ok else f"group={group}, {cin if cin is not None else '?'} input channels"
+
+
+def axes(node: NodeView) -> list[int] | None:
+    """The axes an op works on, normalised to non-negative (None when unknown)."""
+    rank = node.rank()
+    if rank is None:
+        return None
+    if node.op == "Slice":
+        value = node.const(3)
+        starts = node.const(1)
+        raw = list(value) if value is not None else (
+            list(range(len(starts))) if starts is not None else None)
+    elif node.op in ("Softmax", "LogSoftmax"):
+        opset = _opset(node)
+        raw = [node.attr("axis", -1 if opset >= 13 else 1)]
+    else:
+        raw = [node.attr("axis", 0 if node.op != "Flatten" else 1)]
+    return None if raw is None else sorted({int(a) % rank for a in raw})
+
+
+def _opset(node: NodeView) -> int:
+    return next((o.version for o in node.facts.opset_imports if o.domain in STANDARD_DOMAINS), 21)
+
+
+@constraint(field="axes", ops=AXIS_OPS)
+def axis_allowed(node: NodeView, spec: OpSupport) -> str | None:
+    """Axis is not {axes}"""
+    a = axes(node)
+    bad = [x for x in (a or []) if x not in spec.axes]
+    return f"axis {bad[0]} of a {node.rank()}-D tensor" if bad else None
+
+
+def resize_factors(node: NodeView) -> list[float] | None:
+    """Output / input size per dim, from the inferred shapes."""
+    x, y = node.shape(node.input(0)), node.shape(node.node.output[0])
+    if not (is_static(x) and is_static(y)) or len(x) != len(y):
+        return None
+    return [o / i for i, o in zip(x, y)]
+
+
+@constraint(field="resize_modes", ops={"Resize", "Upsample"})
+def resize_mode(node: NodeView, spec: OpSupport) -> str | None:
+    """Resize mode is not {resize_modes}"""
+    mode = node.attr("mode", "nearest")
+    return f"mode {mode!r}" if mode not in spec.resize_modes else None
+
+
+@constraint(field="resize_modes", ops={"Resize", "Upsample"})
+def resize_spatial(node: NodeView, spec: OpSupport) -> str | None:
+    """Resize changes the batch or channel dimension"""
+    f = resize_factors(node)
+    return f"scales {f}" if f and len(f) >= 2 and (f[0] != 1 or f[1] != 1) else None
+
+
+@constraint(field="resize_integer_scales", ops={"Resize", "Upsample"})
+def resize_integer(node: NodeView, spec: OpSupport) -> str | None:
+    """Resize scale is not an integer"""
+    f = resize_factors(node)
+    return f"scales {f}" if f and any(s != int(s) or s < 1 for s in f) else None
+
+
+@constraint(field="resize_coordinate_modes", ops={"Resize"})
+def resize_coordinates(node: NodeView, spec: OpSupport) -> str | None:
+    """Resize coordinate mode is not {resize_coordinate_modes}"""
+    mode = node.attr("coordinate_transformation_mode", "half_pixel")
+    return f"mode {mode!r}" if mode not in spec.resize_coordinate_modes else None
+
+
+def _broadcast_form(a: list, b: list) -> str:
+    if a == b:
+        return "same_shape"
+    if int(np.prod(b)) == 1:
+        return "scalar"
+    if len(b) == len(a) >= 2 and b[1] == a[1] and all(d == 1 for i, d in enumerate(b) if i != 1):
+        return "channel"
+    return "other"
+
+
+_BROADCAST_OK = {"same_shape": {"same_shape"}, "channel": {"same_shape", "channel"},
+                 "scalar_or_channel": {"same_shape", "scalar", "channel"}}
+
+
+@constraint(field="broadcast", ops=BINARY_OPS)
+def broadcast_form(node: NodeView, spec: OpSupport) -> str | None:
+    """Operands are not {broadcast}"""
+    out = node.shape(node.node.output[0])
+    if not is_static(out):
+        return None
+    for name in [i for i in node.node.input if i]:
+        shape = node.shape(name)
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            continue
+        form = _broadcast_form(list(out), list(shape))
+        if form not in _BROADCAST_OK[spec.broadcast]:
+            return f"{name!r} has shape {show_shape(shape)}, the output {show_shape(out)}"
+    return None
+
+
+# ---- the node-level answer -----------------------------------------------------------------
+
+HAS_SUBGRAPH_REASON = "Op has a subgraph (control flow runs on the CPU)"
+
+
+def op_label(node: onnx.NodeProto) -> str:
+    if node.domain == FUSED_DOMAIN:
+        return f"fused op {node.op_type}"
+    return node.op_type if node.domain in STANDARD_DOMAINS else f"{node.domain}.{node.op_type}"
+
+
+def effective_spec(chip: Chip, op: str, fused: bool = False) -> OpSupport | None:
+    """The op's table entry with the chip's defaults filled in; None when the NPU lacks it."""
+    spec = chip.ops.get(op)
+    if spec is None and not (fused and chip.accept_fused_bodies):
+        return None
+    spec = spec or OpSupport()
+    return spec if spec.dtypes else spec.model_copy(update={"dtypes": list(chip.dtypes)})
+
+
+def node_reasons(view: NodeView, chip: Chip) -> list[str]:
+    """Why the node cannot run on ``chip``'s NPU; an empty list means it can."""
+    node = view.node
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return [HAS_SUBGRAPH_REASON]
+    fused = node.domain == FUSED_DOMAIN
+    spec = effective_spec(chip, node.op_type, fused) if fused or node.domain in STANDARD_DOMAINS else None
+    if spec is None:
+        return [f"op {op_label(node)} is not supported by chip {chip.name}"]
+    reasons = [_with_detail(c.reason(spec), detail) for c in CONSTRAINTS
+               if c.active(spec) and c.concerns(node.op_type)
+               and (detail := c.check(view, spec)) is not None]
+    if fused and not reasons:
+        reasons += _body_reasons(view, chip)
+    return reasons
+
+
+def _with_detail(reason: str, detail: str) -> str:
+    return f"{reason}: {detail}" if detail else reason
+
+
+def _body_reasons(view: NodeView, chip: Chip) -> list[str]:
+    """A fused op runs on the NPU only when every node of its body does, at its real shapes."""
+    from npubuild.targets.fused import body_views
+
+    views = body_views(view)
+    if views is None:
+        return [f"fused op {view.op}: its function body is missing from the model"]
+    return [f"in its body, {inner.op} {inner.node.name or ''}: {reason}".replace("  ", " ")
+            for inner in views if inner.op != "Constant" for reason in node_reasons(inner, chip)]
+
+
+def inapplicable_fields(op: str, spec: OpSupport) -> list[str]:
+    """Fields set on ``op``'s entry that no constraint for ``op`` reads (a chip-file mistake)."""
+    known_op = onnx.defs.has(op)
+    bad = []
+    for name in spec.model_fields_set - {"note"}:
+        users = [c for c in CONSTRAINTS if c.field == name]
+        if not users:
+            continue
+        if not any(c.ops is None or (known_op and op in c.ops) for c in users):
+            bad.append(name)
+    return sorted(bad)
+
+
+# ---- docs/SUPPORTED_OPS.md -----------------------------------------------------------------
+
+def supported_ops_markdown(chips: list[Chip] | None = None) -> str:
+    """The generated ``docs/SUPPORTED_OPS.md``: per chip, each op and the reasons it may fall
+    back to the CPU, all taken from the constraint docstrings above."""
+    if chips is None:
+        from npubuild.targets import load_chip, preset_names
+
+        chips = [load_chip(name) for name in preset_names()]
+    lines = ["# Supported ops", "",
+             "<!-- Generated by npubuild.targets.constraints.supported_ops_markdown(); "
+             "do not edit. -->", "",
+             "A node runs on the NPU when its op is in the chip's table and none of the reasons "
+             "below applies; otherwise the split stage places it on the CPU and `support.json` "
+             "gives the reason. The chips are simulated; each says what its figures are "
+             "modelled on.", "",
+             "## Checked for every op", "",
+             f"- {HAS_SUBGRAPH_REASON} (If, Loop, Scan: never on the NPU)",
+             "- op X is not supported by chip Y (not in the table)"]
+    lines += [f"- {c.template.format(dtypes='the chip’s dtypes')}" for c in CONSTRAINTS
+              if c.field in (None, "dtypes")]
+    lines += ["- Fused ops (domain `npubuild.fused`): each node of the function body is checked "
+              "at its real shapes; a fused op the table does not name is accepted only when the "
+              "chip sets `accept_fused_bodies`.", ""]
+    for chip in chips:
+        lines += _chip_section(chip)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _chip_section(chip: Chip) -> list[str]:
+    tops = 2 * chip.lanes * chip.macs_per_cycle_per_lane * chip.clock_mhz / 1e6
+    lines = [f"## {chip.name}", "", chip.description, "",
+             f"Modelled on: {chip.modelled_on or '-'} (simulated).", "",
+             f"{chip.lanes} lanes × {chip.lmem_bytes_per_lane // 1024} KiB LMEM, "
+             f"{chip.clock_mhz:g} MHz, {tops:g} int8 TOPS peak; dtypes "
+             f"{_either(chip.dtypes)}; fused bodies accepted: "
+             f"{'yes' if chip.accept_fused_bodies else 'no'}.", "",
+             "| op | falls back to the CPU when |", "|---|---|"]
+    for op in sorted(chip.ops):
+        spec = effective_spec(chip, op)
+        known = onnx.defs.has(op)
+        reasons = [c.reason(spec) for c in CONSTRAINTS if c.field not in (None, "dtypes")
+                   and c.active(spec) and (c.ops is None or (known and op in c.ops))]
+        if spec.dtypes != chip.dtypes:
+            reasons.insert(0, dtype_allowed.__doc__.format(dtypes=_either(spec.dtypes)))
+        if spec.note:
+            reasons.append(spec.note)
+        lines.append(f"| {op if known else op + ' (fused)'} | {'; '.join(reasons) or '-'} |")
+    return lines + [""]

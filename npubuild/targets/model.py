@@ -1,0 +1,99 @@
+"""The target chip: a validated data file (ARCHITECTURE §3).
+
+Code reads ``chip.lmem_bytes_per_lane``, never a chip's name. Built-in presets ship as YAML in
+this package; a recipe may name its own chip file. ``schemas/chip.schema.json`` is generated
+from ``Chip``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OpSupport(Strict):
+    """Constraints under which one ONNX op (or fused function) runs on the NPU.
+
+    Unset fields impose nothing. The split stage checks each against the node's attributes
+    and inferred shapes; every failed check gives the user its reason text.
+    """
+
+    ranks: list[int] | None = Field(None, description="Allowed ranks of every input and output.")
+    dtypes: list[str] | None = Field(None, description="Allowed float dtypes before quantization.")
+    max_kernel: int | None = Field(None, ge=1, description="Max size of each kernel dimension.")
+    kernel_sizes: list[int] | None = Field(
+        None, description="Allowed sizes of each kernel dimension (a small kernel set).")
+    max_stride: int | None = Field(None, ge=1)
+    max_dilation: int | None = Field(None, ge=1)
+    max_pad: int | None = Field(None, ge=0)
+    groups: Literal["any", "one", "depthwise", "one_or_depthwise"] = "any"
+    max_channels: int | None = Field(None, ge=1, description="Max input and output channels.")
+    axes: list[int] | None = Field(None, description="Allowed axes (Concat, Split, Softmax), "
+                                                    "normalised to non-negative for 4-D.")
+    resize_modes: list[str] | None = None
+    resize_integer_scales: bool = False
+    resize_coordinate_modes: list[str] | None = Field(
+        None, description="Allowed Resize coordinate_transformation_mode values.")
+    pad_modes: list[str] | None = Field(None, description="Allowed Pad modes.")
+    broadcast: Literal["any", "same_shape", "channel", "scalar_or_channel"] = "any"
+    note: str | None = Field(None, description="Free text shown in SUPPORTED_OPS.md.")
+
+
+class Chip(Strict):
+    """A simulated NPU: memory, compute, bandwidth and the op table."""
+
+    name: str
+    description: str = ""
+    modelled_on: str = Field("", description="Public datasheet figures this preset borrows.")
+    lanes: int = Field(ge=1, description="Parallel lanes (NPUs); LMEM is split among them.")
+    lmem_bytes_per_lane: int = Field(ge=1024)
+    lmem_banks: int = Field(ge=1, description="Banks per lane; buffers avoid crossing them.")
+    gmem_bytes: int = Field(ge=1)
+    gmem_bandwidth_bytes_per_cycle: float = Field(gt=0)
+    clock_mhz: float = Field(gt=0)
+    macs_per_cycle_per_lane: int = Field(ge=1, description="int8 MACs per cycle per lane.")
+    int16: bool = Field(False, description="Whether int16 activations are supported.")
+    dtypes: list[str] = Field(["float32", "float16"], description=(
+        "Tensor dtypes (of the float model, before quantization) the NPU path accepts; an "
+        "op's own `dtypes` overrides this. Integer shape arithmetic stays on the CPU."))
+    accept_fused_bodies: bool = Field(False, description=(
+        "Place a fused op (domain npubuild.fused) that the op table does not name on the NPU "
+        "when every node of its body is supported; when false, fused ops must be listed."))
+    ops: dict[str, OpSupport] = Field(description="Op type or fused function name -> constraints.")
+
+    @field_validator("ops")
+    @classmethod
+    def _fields_apply(cls, ops: dict[str, OpSupport]) -> dict[str, OpSupport]:
+        from npubuild.targets.constraints import inapplicable_fields
+
+        for op, support in ops.items():
+            bad = inapplicable_fields(op, support)
+            if bad:
+                raise ValueError(f"{op}: {', '.join(bad)} do{'es' * (len(bad) == 1)} not apply "
+                                 f"to {op}; remove {'it' if len(bad) == 1 else 'them'}")
+        return ops
+
+    @cached_property
+    def lmem_bytes(self) -> int:
+        return self.lanes * self.lmem_bytes_per_lane
+
+    @cached_property
+    def bank_bytes(self) -> int:
+        return self.lmem_bytes_per_lane // self.lmem_banks
+
+    def digest_data(self) -> dict[str, Any]:
+        """What a stage's cache key includes when the stage depends on the chip."""
+        return self.model_dump(mode="json")
+
+
+def chip_json_schema() -> dict:
+    schema = Chip.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "npubuild target chip"
+    return schema

@@ -1,0 +1,88 @@
+"""Shared fixtures: the repo, a CLI runner, tiny recipes, and the shared YOLOv8n build.
+
+Real-model builds go through one session-scoped build and cache directory, so every slow test
+after the first reuses artifacts instead of rebuilding them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_MODEL = REPO / "tests" / "data" / "tiny.onnx"
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str, cwd: Path = REPO, env: dict | None = None, timeout: float = 600) -> CliResult:
+    """Run the real `npubuild` command (as ``python -m npubuild``) and capture its output."""
+    full_env = {**os.environ, "COLUMNS": "200", "TERM": "dumb", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "npubuild", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+def write_recipe(directory: Path, body: str, name: str = "recipe.yaml") -> Path:
+    path = directory / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+TINY_RECIPE = f"""\
+version: 1
+name: tiny
+model:
+  path: {TINY_MODEL}
+  inputs:
+    - name: x
+      shape: [1, 3, 8, 8]
+quantization:
+  scheme: symmetric
+"""
+
+
+@pytest.fixture
+def tiny_recipe(tmp_path) -> Path:
+    return write_recipe(tmp_path, TINY_RECIPE)
+
+
+def shared_root(tmp_path_factory) -> Path:
+    """A directory all pytest-xdist workers share (npubuild's own lock keeps them apart)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "npubuild-shared"
+    root.mkdir(exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory) -> Path:
+    """One content cache for the whole test run (what a CI cache would be)."""
+    return shared_root(tmp_path_factory) / "cache"
+
+
+@pytest.fixture(scope="session")
+def yolov8_build(tmp_path_factory, shared_cache):
+    """Build recipes/yolov8.yaml once per test run (all workers share it), as far as the
+    pipeline goes today; later stages' tests read its artifacts."""
+    build_root = shared_root(tmp_path_factory) / "build"
+    result = run_cli("run", "recipes/yolov8.yaml", "--build-dir", str(build_root),
+                     "--cache", str(shared_cache))
+    assert result.returncode == 0, result.stderr
+    return build_root / "yolov8n", result

@@ -1,0 +1,58 @@
+"""Every kind of bad recipe gives one located message and exit code 2, never a traceback.
+
+The expected messages are golden files (tests/recipes/bad_*.expected): the error text is a
+contract with users. Regenerate them with NPUBUILD_UPDATE_GOLDEN=1 after a deliberate change.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+BAD = sorted((REPO / "tests" / "recipes").glob("bad_*.yaml"))
+UPDATE = os.environ.get("NPUBUILD_UPDATE_GOLDEN") == "1"
+
+
+def check_golden(expected_path: Path, text: str) -> None:
+    if UPDATE:
+        expected_path.write_text(text)
+    assert text == expected_path.read_text()
+
+
+@pytest.mark.parametrize("recipe", BAD, ids=[p.stem for p in BAD])
+def test_bad_recipe_reports_location_and_exits_2(cli, recipe):
+    result = cli("validate", str(recipe.relative_to(REPO)))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: tests/recipes/{recipe.name}:")
+    check_golden(recipe.with_suffix(".expected"), result.stderr)
+
+
+def test_missing_recipe_file_is_a_clear_error(cli):
+    result = cli("validate", "tests/recipes/no-such-recipe.yaml")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    check_golden(REPO / "tests" / "recipes" / "missing_recipe_file.expected", result.stderr)
+
+
+def test_corrupt_model_file_is_a_clear_error(cli, tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"\x08\x07 this is not protobuf \xff\xff")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("version: 1\nname: corrupt\nmodel:\n  path: model.onnx\n")
+    result = cli("run", str(recipe), "import", "--build-dir", str(tmp_path / "b"),
+                 "--cache", str(tmp_path / "c"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "model.onnx: not a readable ONNX model" in result.stderr
+
+
+def test_recipe_yaml_tags_never_execute_code(cli, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("version: 1\nname: !!python/object/apply:os.system ['touch pwned']\n"
+                      "model: {path: x.onnx}\n")
+    result = cli("validate", str(recipe), )
+    assert result.returncode == 2
+    assert "could not determine a constructor" in result.stderr
+    assert not (REPO / "pwned").exists() and not (tmp_path / "pwned").exists()

@@ -1,0 +1,39 @@
+"""Recipe paths: relative to the recipe, globs, and pkg:<package>/<path>."""
+
+from pathlib import Path
+
+import pytest
+
+from npubuild.errors import UserError
+from npubuild.recipe.paths import resolve, resolve_glob
+
+
+def test_relative_path_is_relative_to_the_recipe_dir(tmp_path):
+    assert resolve("models/a.onnx", tmp_path) == tmp_path / "models" / "a.onnx"
+
+
+def test_pkg_path_finds_a_file_inside_an_installed_package():
+    path = resolve("pkg:nudenet/320n.onnx", Path("/nowhere"))
+    assert path.is_file() and path.name == "320n.onnx"
+
+
+def test_pkg_glob_lists_package_data_sorted():
+    files = resolve_glob("pkg:skimage/data/[a-c]*.png", Path("."))
+    assert files == sorted(files)
+    assert {f.name for f in files} >= {"astronaut.png", "chelsea.png", "coffee.png"}
+
+
+def test_missing_package_is_a_user_error():
+    with pytest.raises(UserError, match="package 'no_such_pkg_xyz' is not installed"):
+        resolve("pkg:no_such_pkg_xyz/a.onnx", Path("."))
+
+
+def test_empty_glob_is_a_user_error_naming_the_pattern(tmp_path):
+    with pytest.raises(UserError, match=r"no file matches '\*.npy'"):
+        resolve_glob("*.npy", tmp_path)
+
+
+def test_glob_list_removes_repeats(tmp_path):
+    for name in ("a.npy", "b.npy"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in resolve_glob(["*.npy", "a.npy"], tmp_path)] == ["a.npy", "b.npy"]
