@@ -1,5 +1,7 @@
 """The real YOLOv8n (nudenet 3.4.2, 320×320) through `npubuild run recipes/yolov8.yaml`."""
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -35,4 +37,5 @@ def test_second_yolov8_run_rebuilds_nothing_and_says_so(yolov8_build, shared_cac
                     "--cache", str(shared_cache))
     assert again.returncode == 0
     assert "nothing to rebuild" in again.stderr
-    assert " built " not in again.stderr
+    report = json.loads((build_dir / "report.json").read_text())
+    assert report["stages"]["import"]["status"] == "cached"

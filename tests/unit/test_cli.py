@@ -1,0 +1,65 @@
+"""The command line, run as a real subprocess: help, targets, plan/show/clean, --json."""
+
+import json
+
+from tests.conftest import TINY_RECIPE, write_recipe
+
+
+def build_args(tmp_path):
+    return ["--build-dir", str(tmp_path / "build"), "--cache", str(tmp_path / "cache")]
+
+
+def test_help_lists_every_command(cli):
+    result = cli("--help")
+    assert result.returncode == 0
+    for command in ("run", "validate", "plan", "show", "clean", "schema", "targets"):
+        assert command in result.stdout
+
+
+def test_targets_lists_the_three_presets(cli):
+    result = cli("targets", "--json")
+    assert result.returncode == 0
+    assert {c["name"] for c in json.loads(result.stdout)} == {"npu-16m", "npu-strict", "npu-tiny"}
+
+
+def test_validate_says_valid_and_touches_no_build(cli, tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    result = cli("validate", str(recipe), cwd=tmp_path)
+    assert result.returncode == 0 and "valid" in result.stdout
+    assert not (tmp_path / "build").exists()
+
+
+def test_plan_then_run_then_plan_reports_cached(cli, tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    before = json.loads(cli("plan", str(recipe), "import", "--json", *build_args(tmp_path)).stdout)
+    assert before["import"] == {"action": "will run", "reason": "never built", "key": before["import"]["key"]}
+    assert cli("run", str(recipe), "import", *build_args(tmp_path)).returncode == 0
+    after = json.loads(cli("plan", str(recipe), "--json", *build_args(tmp_path)).stdout)
+    assert after["import"]["action"] == "cached"
+    assert after["surgery"]["action"].startswith("not built: not implemented yet") or \
+        after["surgery"]["action"] in ("will run", "cached")
+
+
+def test_run_json_prints_the_report(cli, tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    result = cli("run", str(recipe), "import", "--json", *build_args(tmp_path))
+    report = json.loads(result.stdout)
+    assert report["stages"]["import"]["status"] == "built"
+    assert report["import"]["outputs"]["y"]["shape"] == [1, 4, 4, 4]
+
+
+def test_show_then_clean(cli, tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    cli("run", str(recipe), "import", *build_args(tmp_path))
+    shown = json.loads(cli("show", str(recipe), "--json", *build_args(tmp_path)).stdout)
+    assert shown["stages"]["import"]["state"] == "cached"
+    assert "model.onnx" in shown["stages"]["import"]["files"]
+    assert cli("clean", str(recipe), *build_args(tmp_path)).returncode == 0
+    assert not (tmp_path / "build" / "tiny").exists()
+    assert (tmp_path / "cache").exists()
+
+
+def test_unknown_stage_is_rejected_by_the_parser(cli, tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    result = cli("run", str(recipe), "quantise")
+    assert result.returncode == 2 and "invalid choice: 'quantise'" in result.stderr

@@ -1,0 +1,43 @@
+"""schemas/*.json: generated ones never drift from the pydantic models, and they accept what
+the models accept (the example recipes and the preset chips)."""
+
+import json
+
+import jsonschema
+import pytest
+import yaml
+
+from npubuild.schemas import SCHEMA_DIR, schema_text
+from npubuild.targets import PRESET_DIR
+from tests.conftest import REPO
+
+
+@pytest.mark.parametrize("which", ["recipe", "chip"])
+def test_checked_in_schema_matches_the_models(which):
+    checked_in = (SCHEMA_DIR / f"{which}.schema.json").read_text()
+    assert checked_in == schema_text(which), (
+        f"schemas/{which}.schema.json is stale: run `npubuild schema {which} > "
+        f"schemas/{which}.schema.json`")
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_example_recipes_validate_against_the_json_schema(recipe):
+    schema = json.loads((SCHEMA_DIR / "recipe.schema.json").read_text())
+    jsonschema.validate(yaml.safe_load(recipe.read_text()), schema)
+
+
+@pytest.mark.parametrize("chip", sorted(PRESET_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_preset_chips_validate_against_the_json_schema(chip):
+    schema = json.loads((SCHEMA_DIR / "chip.schema.json").read_text())
+    jsonschema.validate(yaml.safe_load(chip.read_text()), schema)
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_recipes_name_their_schema_for_editors(recipe):
+    assert recipe.read_text().startswith("# yaml-language-server: $schema=../schemas/recipe.schema.json")
+
+
+def test_schema_command_prints_the_recipe_schema(cli):
+    result = cli("schema", "recipe")
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["title"] == "npubuild recipe"
