@@ -217,8 +217,18 @@ def _progress(console):
 
 
 def _stage_printer(console, quiet: bool):
+    """One line per stage that ran; a spinner while a stage runs (on a terminal)."""
+    spinner = {}
+
     def on_event(result) -> None:
-        if quiet or result.status not in ("built", "restored", "failed"):
+        if "status" in spinner:
+            spinner.pop("status").stop()
+        if quiet:
+            return
+        if result.status == "running" and console.is_terminal:
+            spinner["status"] = console.status(f"{result.stage}: running ({result.reason})")
+            spinner["status"].start()
+        if result.status not in ("built", "restored", "failed"):
             return
         style = STATUS_STYLE.get(result.status, "yellow")
         seconds = f"{result.seconds:7.2f} s" if result.seconds else " " * 9

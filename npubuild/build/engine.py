@@ -132,6 +132,7 @@ class BuildSession:
         parts = self.parts(stage)
         key = parts.key
         reason = explain_change(read_manifest(self.paths.manifest(stage.name)), parts)
+        self.on_event(StageResult(stage.name, "running", key=key, reason=reason))
         scratch = self.paths.scratch / f"{stage.name}-{uuid.uuid4().hex[:8]}"
         try:
             manifest, status = self._restore(key, scratch), "restored"

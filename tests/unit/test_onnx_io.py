@@ -1,0 +1,64 @@
+"""Model loading refuses unsafe or broken files; saving writes a model ONNX Runtime loads."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild import onnx_io
+from npubuild.errors import UserError
+from tests.conftest import TINY_MODEL
+
+
+def model_with_external_weight(tmp_path, location: str) -> str:
+    weight = numpy_helper.from_array(np.ones((2, 2), np.float32), "w")
+    weight.data_location = TensorProto.EXTERNAL
+    weight.ClearField("raw_data")
+    for key, value in (("location", location), ("offset", "0"), ("length", "16")):
+        weight.external_data.add(key=key, value=value)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])], [weight])
+    path = tmp_path / "m" / "model.onnx"
+    path.parent.mkdir()
+    path.write_bytes(helper.make_model(graph).SerializeToString())
+    return path
+
+
+def test_external_data_outside_the_model_folder_is_refused(tmp_path):
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 16)
+    path = model_with_external_weight(tmp_path, "../secret.bin")
+    with pytest.raises(UserError, match="outside the model's folder"):
+        onnx_io.load_model(path)
+
+
+def test_external_data_inside_the_model_folder_loads(tmp_path):
+    path = model_with_external_weight(tmp_path, "weights.bin")
+    (path.parent / "weights.bin").write_bytes(np.ones((2, 2), np.float32).tobytes())
+    model = onnx_io.load_model(path)
+    np.testing.assert_array_equal(numpy_helper.to_array(model.graph.initializer[0]), np.ones((2, 2)))
+
+
+def test_missing_model_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="model file not found"):
+        onnx_io.load_model(tmp_path / "nope.onnx")
+
+
+def test_saved_model_has_an_ir_version_onnx_runtime_reads(tmp_path):
+    model = onnx.load(str(TINY_MODEL))
+    model.ir_version = 14
+    onnx_io.save_model(model, tmp_path / "out.onnx")
+    assert onnx.load(str(tmp_path / "out.onnx")).ir_version == onnx_io.MAX_ORT_IR_VERSION
+    onnx_io.session(tmp_path / "out.onnx")
+
+
+def test_random_feeds_follow_each_inputs_dtype_and_shape():
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["ids"], ["o1"]), helper.make_node("Identity", ["s"], ["o2"])], "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("o1", TensorProto.INT64, [2, 3]),
+         helper.make_tensor_value_info("o2", TensorProto.FLOAT, [])])
+    feeds = onnx_io.random_feeds(helper.make_model(graph), seed=1)
+    assert feeds["ids"].dtype == np.int64 and feeds["ids"].shape == (2, 3)
+    assert feeds["s"].dtype == np.float32 and feeds["s"].shape == ()
