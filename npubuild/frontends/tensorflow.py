@@ -1,0 +1,557 @@
+"""TensorFlow frontend: frozen GraphDef, SavedModel, Keras and TFLite models → ONNX via tf2onnx.
+
+`convert` turns the source model into ONNX; `run_source` runs the same model in its own
+framework (TF graph, SavedModel signature, Keras model, TFLite interpreter) so that the import
+stage can prove the conversion. Both resolve names the same way, so `run_source` is fed by the
+ONNX model's input names and returns values in the ONNX model's output order.
+
+How names map (source → ONNX graph inputs and outputs):
+
+- a tensor named in the recipe keeps the recipe's spelling (``x`` or ``x:0``, both accepted);
+- the others keep the source's own name: the signature key (SavedModel), the Keras input or
+  output name (Keras), the tensor name (TFLite). A frozen graph has no signature, so the recipe
+  must name its inputs and outputs.
+- outputs come in the recipe's order, else in the source's: the Keras model's, the TFLite
+  graph's, or the sorted signature keys (the order TensorFlow flattens them in).
+
+Recipe shapes fix dynamic dims (batch ``None`` → 1); static dims must match the model's.
+TensorFlow and tf2onnx are imported inside functions only: `import npubuild` stays fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import onnx
+
+from npubuild.errors import BuildError, Location, UserError
+from npubuild.onnx_io import with_loadable_ir
+
+FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
+_LOG_ENV = "TF_CPP_MIN_LOG_LEVEL"
+_NOISY_LOGGERS = ("tensorflow", "tf2onnx", "absl", "keras")
+_ORT_DOMAINS = ("com.microsoft",)  # contrib ops ONNX Runtime executes without a schema in onnx
+_LISTED = 8  # candidate names shown in an error
+
+
+@dataclass(frozen=True)
+class Port:
+    """One model input or output: its ONNX name, the source's name for it, the shape to use."""
+
+    name: str
+    key: str
+    shape: list[int] | None = None
+
+
+def convert(path: Path, fmt: str, inputs: list, outputs: list[str] | None,
+            opset: int = 17) -> onnx.ModelProto:
+    """Convert a TensorFlow-family model to ONNX at `opset` (see the module doc for names).
+
+    `inputs` are the recipe's `InputSpec`s, `outputs` the recipe's output tensor names (or
+    None: the model's own). Unreadable files, unknown tensor names, shapes that do not fit and
+    ops tf2onnx cannot convert raise `UserError`.
+    """
+    path = Path(path)
+    with _quiet():
+        source = _open(path, fmt, inputs, outputs)
+        try:
+            model = source.to_onnx(opset)
+        except UserError:
+            raise
+        except Exception as exc:  # tf2onnx and TF raise anything from ValueError to KeyError
+            raise UserError(f"tf2onnx cannot convert this {fmt} model: {_brief(exc)}",
+                            location=Location(str(path)),
+                            hint="cut the model before the failing part with model.outputs, "
+                                 "or try another model.opset") from None
+    _check_converted(model, path)
+    _order_outputs(model, source.outputs)
+    _set_input_shapes(model, source.inputs)
+    return with_loadable_ir(model)
+
+
+def run_source(path: Path, fmt: str, feeds: dict[str, np.ndarray], inputs: list,
+               outputs: list[str] | None) -> list[np.ndarray]:
+    """Run the source model in its own framework on `feeds` (keyed by the ONNX input names);
+    the results come in the converted ONNX model's output order."""
+    path = Path(path)
+    with _quiet():
+        source = _open(path, fmt, inputs, outputs)
+        missing = [p.name for p in source.inputs if p.name not in feeds]
+        if missing:
+            raise BuildError(f"no value fed for input(s) {missing}", stage="import")
+        try:
+            values = source.run([np.asarray(feeds[p.name]) for p in source.inputs])
+        except Exception as exc:
+            raise BuildError(f"the {fmt} model failed to run in TensorFlow: {_brief(exc)}",
+                             stage="import") from None
+    return [np.asarray(v) for v in values]
+
+
+# --- the four source formats ----------------------------------------------------------------
+# Each reads its model in __init__ (bad files -> UserError), resolves the recipe's names into
+# `inputs` and `outputs` ports, and offers `to_onnx(opset)` and `run(arrays)`.
+
+
+class _FrozenGraph:
+    """A frozen GraphDef (.pb): variables are constants; the recipe names inputs and outputs."""
+
+    def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
+        tf = _tensorflow()
+        what = "a frozen TensorFlow GraphDef"
+        self.graph_def = _load(path, what, lambda: _read_graph_def(tf, path))
+        self.graph = _load(path, what, lambda: _import_graph(tf, self.graph_def))
+        tensors = {t.name: t for op in self.graph.get_operations() for t in op.outputs}
+        placeholders = [t for t, v in tensors.items() if v.op.type.startswith("Placeholder")]
+        sinks = [t for t, v in tensors.items() if not v.consumers() and _computed(v.op)]
+        input_hint = f"placeholders in this graph: {_few(placeholders)}"
+        output_hint = f"tensors nothing consumes: {_few(sinks)}"
+        _require(inputs, "model.inputs", path, input_hint)
+        _require(outputs, "model.outputs", path, output_hint)
+        available = {t: (_dims(v.shape), v.dtype.name) for t, v in tensors.items()}
+        self.inputs = list(_named_inputs(inputs, available, path, input_hint).values())
+        self.outputs = _output_ports(outputs, sinks, tensors, path, output_hint)
+
+    def to_onnx(self, opset: int) -> onnx.ModelProto:
+        return _graph_def_to_onnx(self.graph_def, self.inputs, self.outputs, opset)
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        tf = _tensorflow()
+        with tf.compat.v1.Session(graph=self.graph) as session:
+            return session.run([p.key for p in self.outputs],
+                               {p.key: a for p, a in zip(self.inputs, arrays)})
+
+
+class _SavedModel:
+    """A SavedModel directory, converted and run through its serving signature."""
+
+    def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
+        tf = _tensorflow()
+        self._loaded = _load(path, "a SavedModel", lambda: tf.saved_model.load(str(path)))
+        self.fn = _serving_signature(self._loaded, path)
+        specs = self.fn.structured_input_signature[1]
+        available = {k: (_dims(specs[k].shape), specs[k].dtype.name) for k in sorted(specs)}
+        self.inputs = _all_inputs(inputs, available, path)
+        keys = sorted(self.fn.structured_outputs)
+        self.outputs = _output_ports(outputs, keys, (), path, _cut_hint("signature", keys))
+
+    def to_onnx(self, opset: int) -> onnx.ModelProto:
+        return _function_to_onnx(self.fn, self.inputs, self.outputs, opset)
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        tf = _tensorflow()
+        result = self.fn(**{p.key: tf.constant(a) for p, a in zip(self.inputs, arrays)})
+        return [result[p.key].numpy() for p in self.outputs]
+
+
+class _Keras:
+    """A Keras 3 model file (.keras, or legacy .h5), traced at the recipe's input shapes."""
+
+    def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
+        tf = _tensorflow()
+        self.model = _load(path, "a Keras model",
+                           lambda: tf.keras.models.load_model(str(path), compile=False))
+        symbolic = _keras_inputs(self.model, path)
+        self.dims = {t.name: _dims(t.shape) for t in symbolic}
+        self.dtypes = {t.name: getattr(t.dtype, "name", str(t.dtype)) for t in symbolic}
+        available = {k: (self.dims[k], self.dtypes[k]) for k in self.dims}
+        self.inputs = _all_inputs(inputs, available, path)
+        self.output_names = _keras_output_names(self.model)
+        self.outputs = _output_ports(outputs, self.output_names, (), path,
+                                     _cut_hint("Keras model", self.output_names))
+
+    def to_onnx(self, opset: int) -> onnx.ModelProto:
+        tf = _tensorflow()
+        specs = [tf.TensorSpec(p.shape or self.dims[p.key], self.dtypes[p.key], name=p.key)
+                 for p in self.inputs]
+        fn = tf.function(lambda *xs: self._call(xs), input_signature=specs)
+        return _function_to_onnx(fn.get_concrete_function(), self.inputs, self.outputs, opset)
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        tf = _tensorflow()
+        result = self._call([tf.constant(a) for a in arrays])
+        return [result[p.key].numpy() for p in self.outputs]
+
+    def _call(self, tensors) -> dict:
+        """The model's outputs by name (a dict, so a traced function keeps the names)."""
+        tf = _tensorflow()
+        result = self.model(tensors[0] if len(tensors) == 1 else list(tensors), training=False)
+        if isinstance(result, dict):
+            return dict(result)
+        return dict(zip(self.output_names, tf.nest.flatten(result)))
+
+
+class _TFLite:
+    """A TFLite flatbuffer; its tensor names are the names (the recipe may cut at any tensor)."""
+
+    def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
+        tf = _tensorflow()
+        self.path = path
+        interpreter = _load(path, "a TFLite model", lambda: _interpreter(tf, path))
+        details = interpreter.get_input_details()
+        available = {d["name"]: (_dims(d["shape_signature"]), np.dtype(d["dtype"]).name)
+                     for d in details}
+        self.inputs = _all_inputs(inputs, available, path)
+        self.graph_outputs = [d["name"] for d in interpreter.get_output_details()]
+        tensors = [d["name"] for d in interpreter.get_tensor_details()]
+        self.outputs = _output_ports(outputs, self.graph_outputs, tensors, path)
+
+    def to_onnx(self, opset: int) -> onnx.ModelProto:
+        from tf2onnx import convert as tf2onnx_convert
+
+        model, _ = tf2onnx_convert.from_tflite(
+            str(self.path), input_names=[p.key for p in self.inputs],
+            output_names=[p.key for p in self.outputs], opset=opset)
+        # tf2onnx keeps TFLite tensor names; give recipe-named tensors the recipe's spelling
+        _rename_values(model.graph, {p.key: p.name for p in self.inputs + self.outputs})
+        return model
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        tf = _tensorflow()
+        cut = any(p.key not in self.graph_outputs for p in self.outputs)
+        interpreter = _interpreter(tf, self.path, keep_all_tensors=cut)
+        index = {d["name"]: d["index"] for d in interpreter.get_tensor_details()}
+        for port in self.inputs:
+            if port.shape is not None:
+                interpreter.resize_tensor_input(index[port.key], port.shape)
+        interpreter.allocate_tensors()
+        for port, array in zip(self.inputs, arrays):
+            interpreter.set_tensor(index[port.key], array)
+        interpreter.invoke()
+        return [interpreter.get_tensor(index[p.key]).copy() for p in self.outputs]
+
+
+_SOURCES = {"tf_frozen": _FrozenGraph, "saved_model": _SavedModel, "keras": _Keras,
+            "tflite": _TFLite}
+
+
+def _open(path: Path, fmt: str, inputs: list, outputs: list[str] | None):
+    """Read the model and resolve the recipe's names, or explain what is wrong."""
+    if fmt not in _SOURCES:
+        raise UserError(f"unknown TensorFlow model format {fmt!r}; known: {', '.join(FORMATS)}",
+                        field="model.format")
+    found = path.is_dir() if fmt == "saved_model" else path.is_file()
+    if not found:
+        what = "SavedModel directory" if fmt == "saved_model" else "model file"
+        raise UserError(f"{what} not found: {path}", field="model.path",
+                        hint="model.path is relative to the recipe file")
+    return _SOURCES[fmt](path, list(inputs or []), list(outputs) if outputs else None)
+
+
+# --- names and shapes ------------------------------------------------------------------------
+
+
+def _lookup(name: str, known, field: str, path: Path, hint: str) -> str:
+    """The source's name for `name`: as written, or with or without TensorFlow's ':0'."""
+    for guess in (name, f"{name}:0", name.removesuffix(":0")):
+        if guess in known:
+            return guess
+    raise UserError(f"{name!r} is not a tensor of this model", location=Location(str(path)),
+                    field=field, hint=hint)
+
+
+def _named_inputs(specs: list, available: dict, path: Path, hint: str) -> dict[str, Port]:
+    """Ports for the inputs the recipe names, by source name, in the recipe's order.
+
+    `available` maps a source name to its (dims, dtype); `hint` lists candidates for errors."""
+    ports = {}
+    for i, spec in enumerate(specs):
+        field = f"model.inputs[{i}]"
+        key = _lookup(spec.name, available, f"{field}.name", path, hint)
+        ports[key] = Port(spec.name, key, _fit_shape(spec, *available[key], field, path))
+    return ports
+
+
+def _all_inputs(specs: list, available: dict, path: Path) -> list[Port]:
+    """Every model input in the model's order; the recipe's specs applied to those it names."""
+    named = _named_inputs(specs, available, path, f"the model's inputs: {_few(available)}")
+    return [named.get(key, Port(key, key)) for key in available]
+
+
+def _output_ports(names: list[str] | None, default: list[str], extra, path: Path,
+                  hint: str | None = None) -> list[Port]:
+    """The recipe's outputs (any of `default` or `extra`), else the model's `default` ones."""
+    if not names:
+        return [Port(key, key) for key in default]
+    known = set(default) | set(extra)
+    hint = hint or f"the model's outputs: {_few(default)}"
+    return [Port(name, _lookup(name, known, f"model.outputs[{i}]", path, hint))
+            for i, name in enumerate(names)]
+
+
+def _fit_shape(spec, dims: list | None, dtype: str, field: str, path: Path) -> list[int] | None:
+    """The recipe's shape for an input, checked against the model's dims and dtype."""
+    if spec.dtype is not None and spec.dtype != dtype:
+        raise UserError(f"input {spec.name!r} is {dtype} in the model, not {spec.dtype}",
+                        location=Location(str(path)), field=f"{field}.dtype",
+                        hint=f"set dtype: {dtype} or leave it out")
+    if spec.shape is None:
+        return None
+    fits = dims is None or (len(dims) == len(spec.shape)
+                            and all(d in (None, s) for d, s in zip(dims, spec.shape)))
+    if not fits:
+        raise UserError(f"shape {spec.shape} does not fit input {spec.name!r} of shape "
+                        f"{_show(dims)} in the model", location=Location(str(path)),
+                        field=f"{field}.shape",
+                        hint="a recipe shape may only fix the dynamic dims ('?')")
+    return list(spec.shape)
+
+
+def _require(value, field: str, path: Path, hint: str) -> None:
+    if not value:
+        raise UserError("a frozen graph does not say which tensors are its "
+                        f"{field.split('.')[-1]}; name them in the recipe",
+                        location=Location(str(path)), field=field, hint=hint)
+
+
+def _cut_hint(what: str, outputs: list[str]) -> str:
+    return (f"the {what}'s outputs: {_few(outputs)}; to cut inside the model, use a surgery "
+            "step after import, or convert a frozen graph")
+
+
+def _computed(op) -> bool:
+    """Whether an op computes from the inputs (not a constant, nor a read of one)."""
+    return op.type not in ("Const", "NoOp") and any(t.op.type != "Const" for t in op.inputs)
+
+
+def _keras_inputs(model, path: Path) -> list:
+    """The model's symbolic inputs; subclassed models have none to name or trace."""
+    try:
+        tensors = list(model.inputs or [])
+    except (AttributeError, ValueError):
+        tensors = []
+    if not tensors:
+        raise UserError("the Keras model has no symbolic inputs (a subclassed model?)",
+                        location=Location(str(path)),
+                        hint="export it as a SavedModel with model.export(dir) and use that")
+    return tensors
+
+
+def _keras_output_names(model) -> list[str]:
+    """Output names as Keras gives them: dict keys, else the output layers' names."""
+    if isinstance(model.output, dict):
+        return list(model.output)
+    names = list(getattr(model, "output_names", None) or [])  # Functional models have them
+    if len(names) != len(model.outputs):
+        names = [model.layers[-1].name] if len(model.outputs) == 1 else \
+            [f"output_{i}" for i in range(len(model.outputs))]
+    return names
+
+
+def _dims(shape) -> list[int | None] | None:
+    """Dims as ints (None when dynamic), or None when even the rank is unknown."""
+    try:
+        dims = list(shape)
+    except (TypeError, ValueError):  # TensorShape(None) refuses to iterate
+        return None
+    return [None if d is None or int(d) < 0 else int(d) for d in dims]
+
+
+def _show(dims: list | None) -> str:
+    if dims is None:
+        return "unknown"
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _few(names) -> str:
+    names = list(names)
+    more = f" (and {len(names) - _LISTED} more)" if len(names) > _LISTED else ""
+    return (", ".join(names[:_LISTED]) or "(none)") + more
+
+
+# --- TensorFlow and tf2onnx ------------------------------------------------------------------
+
+
+def _tensorflow():
+    """Import TensorFlow and tf2onnx with TF's C++ start-up logging off.
+
+    TF reads TF_CPP_MIN_LOG_LEVEL when its library loads, and tf2onnx.convert overwrites it on
+    import; it is restored afterwards so the process environment is left as it was."""
+    saved = os.environ.get(_LOG_ENV)
+    os.environ[_LOG_ENV] = "3"
+    try:
+        import tensorflow as tf
+        import tf2onnx.convert  # noqa: F401
+    finally:
+        if saved is None:
+            os.environ.pop(_LOG_ENV, None)
+        else:
+            os.environ[_LOG_ENV] = saved
+    return tf
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence TF, Keras, absl and tf2onnx Python logging and warnings, then restore them.
+
+    Their deprecation notes and tf2onnx's error log are noise: failures become one UserError."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _load(path: Path, what: str, read):
+    """Call `read`; any failure means the file is not `what` (or is damaged)."""
+    try:
+        return read()
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"cannot read {what}: {_brief(exc)}", location=Location(str(path)),
+                        hint=f"check that model.path is {what} and model.format matches "
+                             "(leave model.format out to guess it from the file name)") from None
+
+
+def _read_graph_def(tf, path: Path):
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(path.read_bytes())
+    if not graph_def.node:
+        raise ValueError("the file holds no graph nodes")
+    return graph_def
+
+
+def _import_graph(tf, graph_def):
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.import_graph_def(graph_def, name="")
+    return graph
+
+
+def _serving_signature(loaded, path: Path):
+    """'serving_default' if present, else the first public signature (as tf2onnx picks)."""
+    signatures = {k: v for k, v in loaded.signatures.items() if not k.startswith("_")}
+    if not signatures:
+        raise UserError("the SavedModel has no signature to convert", location=Location(str(path)),
+                        hint="export it with model.export(dir), or tf.saved_model.save(obj, dir, "
+                             "signatures=...)")
+    return signatures.get("serving_default") or next(iter(signatures.values()))
+
+
+def _interpreter(tf, path: Path, keep_all_tensors: bool = False):
+    # Builtin kernels without the XNNPACK delegate: no start-up banner, and the model's own math
+    resolver = tf.lite.experimental.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    return tf.lite.Interpreter(model_path=str(path), experimental_op_resolver_type=resolver,
+                               experimental_preserve_all_tensors=keep_all_tensors)
+
+
+def _function_to_onnx(fn, inputs: list[Port], outputs: list[Port], opset: int) -> onnx.ModelProto:
+    """Freeze a concrete function (variables → constants), then convert its graph."""
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    # Keep While/If functional, as tf2onnx does: it turns them into ONNX Loop/If
+    frozen = convert_variables_to_constants_v2(fn, lower_control_flow=False,
+                                               aggressive_inlining=True)
+    args, kwargs = fn.structured_input_signature
+    in_keys = [spec.name for spec in args] + sorted(kwargs)  # TF's flattening order
+    in_tensors = dict(zip(in_keys, (t.name for t in frozen.inputs)))
+    out_tensors = dict(zip(sorted(fn.structured_outputs), (t.name for t in frozen.outputs)))
+    graph_def = frozen.graph.as_graph_def(add_shapes=True)
+    return _graph_def_to_onnx(
+        graph_def, [Port(p.name, in_tensors[p.key], p.shape) for p in inputs],
+        [Port(p.name, out_tensors[p.key]) for p in outputs], opset)
+
+
+def _graph_def_to_onnx(graph_def, inputs: list[Port], outputs: list[Port],
+                       opset: int) -> onnx.ModelProto:
+    """tf2onnx on a frozen graph; ports' keys are graph tensor names, their names ONNX's."""
+    from tf2onnx import convert as tf2onnx_convert
+
+    renames = {p.key: p.name for p in inputs + outputs if p.key != p.name}
+    shapes = {p.key: p.shape for p in inputs if p.shape is not None}
+    model, _ = tf2onnx_convert.from_graph_def(
+        graph_def, input_names=[p.key for p in inputs], output_names=[p.key for p in outputs],
+        opset=opset, shape_override=shapes or None, tensors_to_rename=renames or None)
+    return model
+
+
+# --- checking and tidying the ONNX result ----------------------------------------------------
+
+
+def _check_converted(model: onnx.ModelProto, path: Path) -> None:
+    """tf2onnx leaves ops it cannot map in place (continue_on_error): name them."""
+    left = Counter(f"{n.domain + '.' if n.domain else ''}{n.op_type}"
+                   for n in _nodes(model.graph) if not _runnable(n))
+    if left:
+        ops = ", ".join(f"{op} (×{count})" for op, count in left.most_common())
+        raise UserError(f"tf2onnx could not convert these ops to ONNX: {ops}",
+                        location=Location(str(path)),
+                        hint="cut the model before them with model.outputs, or replace them in "
+                             "the source model")
+
+
+def _runnable(node: onnx.NodeProto) -> bool:
+    if node.domain in _ORT_DOMAINS:
+        return True
+    return onnx.defs.has(node.op_type, node.domain)
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node, including those in If/Loop bodies."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else attr.graphs:
+                yield from _nodes(sub)
+
+
+def _rename_values(graph: onnx.GraphProto, names: dict[str, str]) -> None:
+    """Rename values everywhere they appear (a no-op for names not in `names`)."""
+    names = {old: new for old, new in names.items() if old != new}
+    if not names:
+        return
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        value.name = names.get(value.name, value.name)
+    for node in graph.node:
+        node.input[:] = [names.get(n, n) for n in node.input]
+        node.output[:] = [names.get(n, n) for n in node.output]
+        for attr in node.attribute:  # bodies may read outer-scope values by name
+            for sub in [attr.g] if attr.HasField("g") else attr.graphs:
+                _rename_values(sub, names)
+
+
+def _order_outputs(model: onnx.ModelProto, outputs: list[Port]) -> None:
+    """Put graph outputs in the ports' order, the order `run_source` returns values in.
+
+    tf2onnx keeps the order it is asked for; this makes that an invariant checked here
+    rather than an assumption about tf2onnx."""
+    by_name = {o.name: o for o in model.graph.output}
+    wanted = [p.name for p in outputs]
+    if sorted(by_name) != sorted(wanted):
+        raise BuildError(f"tf2onnx produced outputs {sorted(by_name)}, expected {wanted}",
+                         stage="import")
+    ordered = [by_name[name] for name in wanted]
+    del model.graph.output[:]
+    model.graph.output.extend(ordered)
+
+
+def _set_input_shapes(model: onnx.ModelProto, inputs: list[Port]) -> None:
+    """Write the recipe's shapes into the graph inputs (tf2onnx's TFLite path ignores them)."""
+    shapes = {p.name: p.shape for p in inputs if p.shape is not None}
+    for value in model.graph.input:
+        if value.name in shapes:
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            for size in shapes[value.name]:
+                dims.add().dim_value = size
+
+
+def _brief(exc: BaseException) -> str:
+    """The first line of an exception's message (TF's run to pages), with its type."""
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else ""
+    return f"{type(exc).__name__}: {line[:300]}"

@@ -1,0 +1,218 @@
+"""The TensorFlow frontend on one small Keras CNN saved in every format it reads.
+
+Each conversion is checked three ways on the same random input: ONNX Runtime on the converted
+model vs `run_source` (the source framework) within 1e-4, and `run_source` vs the Keras model
+itself (so names and output order are right, not just consistent with each other).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from npubuild.errors import UserError
+from npubuild.frontends import tensorflow as tf_frontend
+from npubuild.metrics import compare_outputs
+from npubuild.onnx_io import MAX_ORT_IR_VERSION, graph_inputs, run, value_shape
+from npubuild.recipe.model import InputSpec
+
+SHAPE = [1, 16, 16, 3]
+WIDTHS = {"logits": 5, "features": 8}  # the two outputs, told apart by their last dim
+
+
+def spec(name: str, shape=SHAPE, **kwargs) -> InputSpec:
+    return InputSpec(name=name, shape=shape, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """The CNN (Conv2D+BatchNorm+ReLU, pooled features and Dense logits, batch None) saved as
+    frozen .pb, SavedModel, .keras, .h5 and .tflite, plus its own outputs on a random input."""
+    tf = tf_frontend._tensorflow()  # the frontend's quiet import
+    with tf_frontend._quiet():
+        model = _cnn(tf.keras)
+        out = tmp_path_factory.mktemp("tf_models")
+        paths = {"keras": out / "model.keras", "h5": out / "model.h5",
+                 "saved_model": out / "saved_model", "tf_frozen": out / "frozen.pb",
+                 "tflite": out / "model.tflite"}
+        model.save(paths["keras"])
+        model.save(paths["h5"])
+        model.export(str(paths["saved_model"]), verbose=False)
+        paths["tf_frozen"].write_bytes(_frozen_graph_def(tf, model).SerializeToString())
+        paths["tflite"].write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+        x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
+        logits, features = (t.numpy() for t in model(x, training=False))
+    return SimpleNamespace(paths=paths, x=x, expected={5: logits, 8: features})
+
+
+def _cnn(keras):
+    keras.utils.set_random_seed(0)
+    image = keras.Input(SHAPE[1:], name="image")
+    x = keras.layers.Conv2D(8, 3, padding="same")(image)
+    norm = keras.layers.BatchNormalization()
+    x = keras.layers.ReLU()(norm(x))
+    features = keras.layers.GlobalAveragePooling2D(name="features")(x)
+    logits = keras.layers.Dense(5, name="logits")(features)
+    rng = np.random.default_rng(0)  # non-trivial statistics, so folding BatchNorm is tested
+    norm.set_weights([rng.uniform(0.5, 2, 8), rng.normal(0, 1, 8), rng.normal(0, 1, 8),
+                      rng.uniform(0.5, 2, 8)])
+    return keras.Model(image, [logits, features])
+
+
+def _frozen_graph_def(tf, model):
+    """A frozen GraphDef whose output tensors are named 'logits' and 'features'."""
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    def outputs(x):
+        return [tf.identity(t, name=n) for t, n in zip(model(x, training=False), WIDTHS)]
+
+    fn = tf.function(outputs).get_concrete_function(
+        tf.TensorSpec([None, *SHAPE[1:]], tf.float32, name="image"))
+    return convert_variables_to_constants_v2(fn).graph.as_graph_def()
+
+
+# case: (file, format, recipe inputs, recipe outputs, ONNX input name, ONNX output names)
+CASES = {
+    "tf_frozen": ("tf_frozen", "tf_frozen", [spec("image")], ["features", "logits:0"],
+                  "image", ["features", "logits:0"]),
+    "saved_model": ("saved_model", "saved_model", [spec("image")], None,
+                    "image", ["output_0", "output_1"]),
+    "keras": ("keras", "keras", [spec("image")], None, "image", ["logits", "features"]),
+    "h5": ("h5", "keras", [spec("image:0")], ["features"], "image:0", ["features"]),
+    # TFLite output tensor names are TF's own (StatefulPartitionedCall...): only counted
+    "tflite": ("tflite", "tflite", [spec("serving_default_image")], None,
+               "serving_default_image", None),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_conversion_matches_the_source_framework(models, case):
+    file, fmt, inputs, outputs, input_name, output_names = CASES[case]
+    path = models.paths[file]
+    model = tf_frontend.convert(path, fmt, inputs, outputs)
+
+    assert [(v.name, value_shape(v)) for v in graph_inputs(model)] == [(input_name, SHAPE)]
+    names = [o.name for o in model.graph.output]
+    assert names == (output_names or names) and len(names) == len(output_names or WIDTHS)
+    if fmt != "tflite":  # the recipe's batch reached tf2onnx (its TFLite path ignores shapes)
+        assert all(value_shape(o)[0] == 1 for o in model.graph.output)
+    assert model.ir_version <= MAX_ORT_IR_VERSION
+    assert {(o.domain, o.version) for o in model.opset_import} >= {("", 17)}
+
+    feeds = {input_name: models.x}
+    converted = run(model, feeds)
+    source = dict(zip(names, tf_frontend.run_source(path, fmt, feeds, inputs, outputs)))
+    _, bad = compare_outputs(source, converted, rtol=1e-4)
+    assert not bad, [str(b) for b in bad]
+    for name, value in source.items():  # the source run is the Keras model's own result
+        want = models.expected[value.shape[-1]]
+        np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-5)
+        for label, width in WIDTHS.items():
+            assert label not in name or value.shape[-1] == width, name
+
+
+@pytest.mark.slow
+def test_tflite_can_be_cut_at_an_inner_tensor(models):
+    tf = tf_frontend._tensorflow()
+    path = models.paths["tflite"]
+    with tf_frontend._quiet():
+        tensors = tf.lite.Interpreter(model_path=str(path)).get_tensor_details()
+    # Conv2D+BatchNorm+ReLU is one fused TFLite op: its output is the one 16x16x8 tensor
+    relu = next(d["name"] for d in tensors if list(d["shape"]) == [1, 16, 16, 8])
+    inputs = [spec("serving_default_image:0")]
+    model = tf_frontend.convert(path, "tflite", inputs, [relu])
+    assert [o.name for o in model.graph.output] == [relu]
+    feeds = {"serving_default_image:0": models.x}
+    (source,) = tf_frontend.run_source(path, "tflite", feeds, inputs, [relu])
+    assert source.shape == (1, 16, 16, 8) and source.min() >= 0
+    _, bad = compare_outputs({relu: source}, run(model, feeds), rtol=1e-4)
+    assert not bad, [str(b) for b in bad]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("inputs, outputs, field, bad_name, candidate", [
+    ([spec("imag")], ["logits"], "model.inputs[0].name", "'imag'", "image:0"),
+    ([spec("image")], ["logits", "logit:0"], "model.outputs[1]", "'logit:0'", "Identity:0"),
+    ([], ["logits"], "model.inputs", "inputs", "image:0"),
+    ([spec("image")], None, "model.outputs", "outputs", "Identity_1:0"),
+], ids=["unknown input", "unknown output", "no inputs", "no outputs"])
+def test_frozen_graph_names_are_checked(models, inputs, outputs, field, bad_name, candidate):
+    path = models.paths["tf_frozen"]
+    with pytest.raises(UserError) as err:
+        tf_frontend.convert(path, "tf_frozen", inputs, outputs)
+    assert err.value.exit_code == 2 and err.value.field == field
+    assert bad_name in err.value.message and str(path) in str(err.value)
+    assert candidate in err.value.hint  # placeholders for inputs, unconsumed tensors for outputs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("file, fmt", [("keras", "keras"), ("saved_model", "saved_model")])
+def test_outputs_must_be_the_models_own(models, file, fmt):
+    with pytest.raises(UserError, match="'nope' is not a tensor") as err:
+        tf_frontend.convert(models.paths[file], fmt, [], ["nope"])
+    assert err.value.field == "model.outputs[0]" and "surgery" in err.value.hint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("input_spec, field", [
+    (spec("image", [1, 16, 16, 4]), "model.inputs[0].shape"),
+    (spec("image", [1, 16, 16]), "model.inputs[0].shape"),
+    (spec("image", dtype="uint8"), "model.inputs[0].dtype"),
+])
+def test_recipe_shape_and_dtype_must_fit(models, input_spec, field):
+    with pytest.raises(UserError) as err:
+        tf_frontend.convert(models.paths["keras"], "keras", [input_spec], None)
+    assert err.value.field == field
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, fmt", [("bad.pb", "tf_frozen"), ("bad.keras", "keras"),
+                                       ("bad.h5", "keras"), ("bad.tflite", "tflite"),
+                                       ("bad_saved_model", "saved_model")])
+def test_corrupt_files_are_user_errors(tmp_path, name, fmt):
+    junk = np.random.default_rng(0).bytes(2048)
+    path = tmp_path / name
+    if fmt == "saved_model":
+        path.mkdir()
+        (path / "saved_model.pb").write_bytes(junk)
+    else:
+        path.write_bytes(junk)
+    with pytest.raises(UserError, match="cannot read") as err:
+        tf_frontend.convert(path, fmt, [spec("x")], ["y"])
+    assert str(path) in str(err.value)
+
+
+def test_missing_file_and_unknown_format_are_user_errors(tmp_path):
+    with pytest.raises(UserError, match="not found") as err:
+        tf_frontend.convert(tmp_path / "nope.pb", "tf_frozen", [spec("x")], ["y"])
+    assert err.value.field == "model.path"
+    with pytest.raises(UserError, match="unknown TensorFlow model format 'onnx'"):
+        tf_frontend.convert(tmp_path, "onnx", [], None)
+
+
+@pytest.mark.slow
+def test_ops_tf2onnx_cannot_convert_are_named(tmp_path):
+    tf = tf_frontend._tensorflow()
+    graph = tf.Graph()
+    with graph.as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [4, 4], name="x")
+        tf.identity(tf.linalg.svd(x, compute_uv=False), name="y")
+    path = tmp_path / "svd.pb"
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+    with pytest.raises(UserError, match=r"could not convert these ops to ONNX: Svd \(×1\)"):
+        tf_frontend.convert(path, "tf_frozen", [InputSpec(name="x")], ["y"])
+
+
+def test_importing_the_frontend_does_not_load_tensorflow():
+    code = ("import sys, npubuild.frontends.tensorflow; "
+            "loaded = {'tensorflow', 'tf2onnx', 'keras'} & set(sys.modules); "
+            "sys.exit(f'loaded {sorted(loaded)}' if loaded else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[3])
+    assert result.returncode == 0, result.stderr

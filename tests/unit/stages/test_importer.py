@@ -1,0 +1,78 @@
+"""Stage `import`: fixing shapes, cutting outputs, refusing what does not fit, and every
+TensorFlow format through the real CLI (the source framework vs ONNX Runtime inside the stage)."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from npubuild import onnx_io
+from tests.conftest import TINY_MODEL, write_recipe
+from tests.unit.frontends.test_tensorflow import models  # noqa: F401 — the shared TF fixture
+
+
+def recipe_text(path, inputs="", outputs="", name="imp"):
+    return (f"version: 1\nname: {name}\nmodel:\n  path: {path}\n"
+            + (f"  inputs:\n{inputs}" if inputs else "") + (f"  outputs: {outputs}\n" if outputs else ""))
+
+
+def run_import(cli, tmp_path, text):
+    recipe = write_recipe(tmp_path, text)
+    return cli("run", str(recipe), "import", "--json", "--build-dir", str(tmp_path / "b"),
+               "--cache", str(tmp_path / "c"))
+
+
+def test_cut_at_an_inner_tensor_keeps_only_what_it_needs(cli, tmp_path):
+    result = run_import(cli, tmp_path, recipe_text(
+        TINY_MODEL, "    - {name: x, shape: [1, 3, 8, 8]}\n", "[relu]"))
+    assert result.returncode == 0, result.stderr
+    model = onnx.load(str(tmp_path / "b/imp/import/model.onnx"))
+    assert [n.op_type for n in model.graph.node] == ["Conv", "Relu"]
+    assert onnx_io.value_shape(model.graph.output[0]) == [1, 4, 8, 8]
+
+
+def test_dynamic_dims_left_unfixed_are_a_recipe_error(cli, tmp_path):
+    result = run_import(cli, tmp_path, recipe_text(TINY_MODEL))
+    assert result.returncode == 2
+    assert "input 'x' has dynamic dims ['N', 3, 'H', 'W']" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_wrong_input_name_lists_the_models_inputs(cli, tmp_path):
+    result = run_import(cli, tmp_path, recipe_text(TINY_MODEL, "    - {name: images, shape: [1, 3, 8, 8]}\n"))
+    assert result.returncode == 2
+    assert "recipe.yaml:6:14: model.inputs[0].name: the model has no input 'images'; its inputs: x" in result.stderr
+
+
+def test_shape_that_contradicts_a_fixed_dim_is_refused(cli, tmp_path):
+    result = run_import(cli, tmp_path, recipe_text(TINY_MODEL, "    - {name: x, shape: [1, 4, 8, 8]}\n"))
+    assert result.returncode == 2 and "does not fit" in result.stderr
+
+
+def test_unknown_cut_tensor_is_a_recipe_error(cli, tmp_path):
+    result = run_import(cli, tmp_path, recipe_text(
+        TINY_MODEL, "    - {name: x, shape: [1, 3, 8, 8]}\n", "[nope]"))
+    assert result.returncode == 2 and "the model has no tensor 'nope' to cut at" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["tf_frozen", "saved_model", "keras", "tflite"])
+def test_tensorflow_formats_import_and_match_the_source(cli, tmp_path, models, fmt):  # noqa: F811
+    if fmt == "tf_frozen":
+        inputs, outputs = "    - {name: 'image:0', shape: [1, 16, 16, 3]}\n", "['Identity:0', 'Identity_1:0']"
+    else:
+        inputs, outputs = "    - {name: image, shape: [1, 16, 16, 3]}\n", ""
+        if fmt == "tflite":
+            inputs = inputs.replace("name: image", "name: serving_default_image")
+    result = run_import(cli, tmp_path, recipe_text(models.paths[fmt], inputs, outputs, name=fmt))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["import"]["format"] == fmt
+    proof = report["import"]["proof"]
+    assert len(proof) == 2 and all(p["max_rel"] <= 1e-4 for p in proof.values())
+    model = onnx.load(str(tmp_path / f"b/{fmt}/import/model.onnx"))
+    x = models.x
+    got = sorted(onnx_io.run(model, {onnx_io.graph_inputs(model)[0].name: x}).values(), key=np.size)
+    np.testing.assert_allclose(got[0], models.expected[5], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got[1], models.expected[8], rtol=1e-4, atol=1e-5)
