@@ -1,9 +1,20 @@
 """Op-fusion rules: the registry ``FUSIONS`` keyed by the rule names recipes use.
 
-A rule is ``apply(model) -> (model, FusionReport)``: it rewrites matches of its pattern into one
-node whose op is an ONNX model-local function in domain ``npubuild.fused`` (the body is the
-original subgraph, so ONNX Runtime still runs it), or, for ``conv_bn``, folds weights.
+A rule is ``apply(model) -> (model, FusionReport)`` and never mutates its input: it rewrites
+matches of its pattern into one node whose op is an ONNX model-local function in domain
+``npubuild.fused`` (the body is the original subgraph, so ONNX Runtime still runs it), or, for
+``conv_bn`` and ``pad_conv``, folds the first op into the Conv (a plain Conv remains).
 Built-in rule families live one per module, listed in ``BUILTIN_MODULES``.
+
+Naming: a fused op's type is its rule's name in CamelCase (`fused_op_name`): ``conv_act`` →
+``ConvAct``, ``silu`` → ``Silu``, a recipe rule ``name: my_block`` → ``MyBlock``. Bodies that
+differ within one rule are overloads of that function (``ConvAct`` overload ``Relu``);
+`npubuild.fusions.functions` says which attributes a fused node carries.
+
+Order: rules apply in the order the recipe lists them, each to the graph the previous one left.
+Built-in rules match ONNX ops, not fused ones, so a rule that absorbs another's ops comes first:
+``conv_silu`` before ``silu``, ``conv_act`` before a user rule on bare activations. The folds
+(``conv_bn``, ``pad_conv``) come first of all. `DEFAULT_RULES` is that order.
 """
 
 from __future__ import annotations
@@ -38,7 +49,24 @@ class FusionRule:
 
 FUSIONS: Registry[FusionRule] = Registry("fusion rule", "npubuild.fusions")
 
-BUILTIN_MODULES: tuple[str, ...] = ()
+BUILTIN_MODULES: tuple[str, ...] = (
+    "npubuild.fusions.conv_bn",
+    "npubuild.fusions.pad_conv",
+    "npubuild.fusions.conv",
+    "npubuild.fusions.activation",
+    "npubuild.fusions.linear",
+    "npubuild.fusions.layer_norm",
+)
+
+DEFAULT_RULES: tuple[str, ...] = (
+    "conv_bn", "pad_conv", "conv_silu", "conv_act", "silu", "hard_swish",
+    "gemm_act", "matmul_add", "layer_norm",
+)
+
+
+def fused_op_name(rule: str) -> str:
+    """The op type of a rule's fused nodes: ``conv_act`` -> ``ConvAct`` (``Silu`` stays)."""
+    return "".join(part[:1].upper() + part[1:] for part in rule.split("_"))
 
 
 def fusion_rule(name: str):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, create_model,
-                      field_validator)
+                      field_validator, model_validator)
 
 from npubuild import fusions, surgery
 
@@ -92,14 +92,40 @@ def _surgery_step_union() -> Any:
 SurgeryStep = _surgery_step_union()
 
 
-class UserFusionRule(Strict):
-    """A fusion rule written in the recipe: a chain of ops fused into one named function."""
+class FusionPatternOp(Strict):
+    """One op of a user fusion pattern, with the edges that feed it."""
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="The fused op's name.")
-    pattern: list[str] = Field(min_length=1, description="Op types, producer first; each feeds "
-                                                         "the next through its first input.")
+    op: str = Field(description="ONNX op type, e.g. Conv.")
+    id: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                           description="How later ops name this one in `inputs` (default: the op "
+                                       "type, or <op>_<position> when the type repeats).")
+    inputs: list[str | float] | None = Field(
+        None, description="What feeds each input, in order: the id of an earlier op, a variable "
+                          "(the same name twice is the same tensor; it becomes an input of the "
+                          "fused op), '_' for any tensor, or a number for a constant of that "
+                          "value. Unlisted inputs are free. Default: input 0 is the previous op.")
+    attributes: dict[str, Any] = Field(default_factory=dict,
+                                       description="Attribute values this op must have.")
+    domain: str = Field("", description="The op's domain (default: ONNX).")
+
+
+class UserFusionRule(Strict):
+    """A fusion rule written in the recipe: a small pattern of ops fused into one named function."""
+
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                      description="The rule's name; the fused op is its CamelCase (my_op -> MyOp).")
+    pattern: list[str | FusionPatternOp] = Field(
+        min_length=1, description="Ops, producer first, the op whose output is kept last. A bare "
+                                  "op type takes the previous op as its first input.")
     attributes: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Op type -> attribute values the match requires.")
+
+    @model_validator(mode="after")
+    def _connected_pattern(self):
+        from npubuild.fusions.user import check_user_rule
+
+        check_user_rule(self)
+        return self
 
 
 FusionItem = Union[str, UserFusionRule]
