@@ -9,6 +9,7 @@ result is cached per call signature, so 58 identical SiLU calls cost one inferen
 from __future__ import annotations
 
 import onnx
+import onnx.inliner
 from onnx import helper
 
 from npubuild.targets.view import GraphFacts, NodeView
@@ -17,9 +18,9 @@ from npubuild.targets.view import GraphFacts, NodeView
 def body_views(view: NodeView) -> list[NodeView] | None:
     """Views of the inlined body nodes; None when the function is not in the model."""
     facts, node = view.facts, view.node
-    if (node.domain, node.op_type) not in facts.functions:
+    if (node.domain, node.op_type, node.overload) not in facts.functions:
         return None
-    key = ("fused-body", node.domain, node.op_type, _signature(view))
+    key = ("fused-body", node.domain, node.op_type, node.overload, _signature(view))
     if key not in facts.cache:
         facts.cache[key] = _inline(view)
     body, nodes = facts.cache[key]

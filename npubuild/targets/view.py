@@ -24,7 +24,7 @@ class GraphFacts:
 
     types: dict[str, tuple[int, Shape | None]]
     consts: dict[str, onnx.TensorProto]
-    functions: dict[tuple[str, str], onnx.FunctionProto] = field(default_factory=dict)
+    functions: dict[tuple[str, str, str], onnx.FunctionProto] = field(default_factory=dict)
     opset_imports: list[onnx.OperatorSetIdProto] = field(default_factory=list)
     ir_version: int = 8
     cache: dict[Any, Any] = field(default_factory=dict)
@@ -46,7 +46,7 @@ class GraphFacts:
                 consts[node.output[0]] = tensor
         for name, tensor in consts.items():
             types[name] = (tensor.data_type, list(tensor.dims))
-        functions = {(f.domain, f.name): f for f in model.functions}
+        functions = {(f.domain, f.name, f.overload): f for f in model.functions}
         return cls(types, consts, functions, list(model.opset_import), model.ir_version)
 
     def shape(self, name: str) -> Shape | None:

@@ -1,0 +1,39 @@
+"""The NPU/CPU split: which node runs where and why, the cut, the submodels and their proof.
+
+    plan = plan_split(model, chip, spec)          # decide (no files)
+    report = split_model(model, chip, spec, out)  # decide, write, prove
+
+Modules, in the order the work happens: `graph` (index the ONNX graph), `plan` (support check +
+policy), `partition` (convex segments), `cost` (min_cost), `extract` (submodels),
+`graph_infos` (the AutoSplit file), `outputs` (write + prove), `draw` (segments.svg).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from npubuild.recipe.model import SplitSpec
+from npubuild.split.plan import NodePlacement, SelectorError, SplitPlan, check_placement, plan_split
+from npubuild.targets.model import Chip
+
+
+def split_model(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None, out: str | Path,
+                layout: str | None = None, seed: int = 0) -> dict:
+    """Split ``model`` for ``chip`` into ``out`` and prove the submodels reproduce it.
+
+    Returns the report fragment (segments, node counts, the proof's max difference).
+    """
+    from npubuild import onnx_io
+    from npubuild.split.outputs import default_layout, prove, write_split
+
+    out = Path(out)
+    plan = plan_split(model, chip, spec)
+    feeds = onnx_io.random_feeds(model, seed=seed)
+    _, reference = write_split(plan, out, feeds, layout or default_layout(model))
+    return {**plan.summary(), "proof": prove(out, feeds, reference)}
+
+
+__all__ = ["NodePlacement", "SelectorError", "SplitPlan", "check_placement", "plan_split",
+           "split_model"]

@@ -1,0 +1,237 @@
+"""Where every node runs, and why: the chip's support check, the recipe's policy, the cut.
+
+`plan_split` is the whole decision: check each node against the chip, apply ``split:``
+(policy, force_cpu / force_npu / placement, min_npu_nodes, min_cost), cut into segments and,
+while an NPU island is too small or not worth its data movement, move it to the CPU and cut
+again. Every node ends with a device and, when it is not on the NPU, the reasons.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from dataclasses import dataclass, field
+
+import onnx
+
+from npubuild.errors import UserError
+from npubuild.recipe.load import dotted
+from npubuild.recipe.model import SplitSpec
+from npubuild.split.cost import elements, island_cost, node_macs
+from npubuild.split.graph import OpGraph, build_op_graph
+from npubuild.split.partition import CPU, NPU, Segment, npu_islands, partition, segment_of
+from npubuild.targets.constraints import node_reasons, op_label
+from npubuild.targets.model import Chip
+from npubuild.targets.view import GraphFacts, NodeView
+
+CONSTANT_REASON = "constant: copied into every submodel that reads it"
+
+
+class SelectorError(UserError):
+    """A ``split:`` entry names no node; ``path`` is its field path in the recipe."""
+
+    def __init__(self, message: str, path: tuple):
+        super().__init__(message, field=dotted(path), hint="use node names, op types or output tensor names from the fusion stage's "
+                 "model (`npubuild targets --check` lists them)")
+        self.path = path
+
+
+@dataclass
+class NodePlacement:
+    """One node's answer: its device, its submodel and why it is not on the NPU."""
+
+    name: str
+    op: str
+    device: str
+    reasons: list[str] = field(default_factory=list)
+    graph: int | None = None
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "op": self.op, "device": self.device, "graph": self.graph,
+                "reasons": self.reasons}
+
+
+@dataclass
+class SplitPlan:
+    model: onnx.ModelProto      # the shape-inferred model the plan is about
+    graph: OpGraph
+    facts: GraphFacts
+    chip: Chip
+    spec: SplitSpec
+    on_npu: list[bool]
+    reasons: list[list[str]]
+    segments: list[Segment]
+
+    @property
+    def placements(self) -> list[NodePlacement]:
+        """Every node of the model, constants included, in topological order."""
+        seg_of = segment_of(self.segments, len(self.graph))
+        out = [NodePlacement(self.graph.label(i), op_label(n), NPU if self.on_npu[i] else CPU,
+                             self.reasons[i], seg_of[i]) for i, n in enumerate(self.graph.nodes)]
+        first_reader = self._constant_readers(seg_of)
+        for name, node in self.graph.free_consts.items():
+            seg = first_reader.get(name)
+            out.append(NodePlacement(node.name or name, "Constant",
+                                     self.segments[seg].device if seg is not None else CPU,
+                                     [CONSTANT_REASON], seg))
+        return out
+
+    def _constant_readers(self, seg_of: list[int]) -> dict[str, int]:
+        first: dict[str, int] = {}
+        for i, used in enumerate(self.graph.uses):
+            for t in used:
+                if t in self.graph.free_consts:
+                    first[t] = min(first.get(t, seg_of[i]), seg_of[i])
+        return first
+
+    def summary(self) -> dict:
+        count = Counter(s.device for s in self.segments)
+        npu_nodes = sum(self.on_npu)
+        cpu_ops = Counter(n.op_type for n, npu in zip(self.graph.nodes, self.on_npu) if not npu)
+        return {"chip": self.chip.name, "policy": self.spec.policy,
+                "npu_segments": count[NPU], "cpu_segments": count[CPU],
+                "npu_nodes": npu_nodes, "cpu_nodes": len(self.graph) - npu_nodes,
+                "graphs": [{"index": s.index, "device": s.device, "nodes": len(s.nodes)}
+                           for s in self.segments],
+                "cpu_ops": dict(cpu_ops.most_common())}
+
+
+def infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shapes as far as ONNX can infer them (constant shape arithmetic included)."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # a model inference rejects still splits; unknown shapes are reported
+        return model
+
+
+def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None) -> SplitPlan:
+    """Decide every node's device and cut the model into segments."""
+    spec = spec or SplitSpec()
+    inferred = infer(model)
+    og = build_op_graph(inferred.graph)
+    facts = GraphFacts.from_model(inferred)
+    on_npu, reasons, pinned = _initial(og, facts, chip, spec)
+    while True:
+        segments = partition(og.preds, on_npu)
+        moved = _demote_islands(og, facts, chip, spec, segments, on_npu, reasons, pinned)
+        if not moved:
+            return SplitPlan(inferred, og, facts, chip, spec, on_npu, reasons, segments)
+
+
+def check_placement(model: onnx.ModelProto, chip: Chip,
+                    spec: SplitSpec | None = None) -> list[NodePlacement]:
+    """Per node: device, submodel and reasons (what ``npubuild targets --check`` prints)."""
+    return plan_split(model, chip, spec).placements
+
+
+def _initial(og: OpGraph, facts: GraphFacts, chip: Chip, spec: SplitSpec):
+    """Devices before the cut: the support check, then the recipe's overrides."""
+    select = Selector(og)
+    force_cpu = select.all(spec.force_cpu, "force_cpu")
+    force_npu = select.all(spec.force_npu, "force_npu")
+    manual = select.placement(spec.placement) if spec.policy == "manual" else {}
+    both = set(force_cpu) & set(force_npu)
+    if both:
+        i = min(both)
+        raise SelectorError(f"node {og.label(i)!r} is matched by both {force_cpu[i]} and "
+                            f"{force_npu[i]}", ("split", "force_npu"))
+    on_npu, reasons, pinned = [], [], set()
+    for i, node in enumerate(og.nodes):
+        checked = node_reasons(NodeView(node, facts), chip)
+        if spec.policy == "cpu_only":
+            device, why = CPU, ["split.policy is cpu_only"]
+        elif i in manual:
+            device, why = manual[i][0], [f"placed on the {manual[i][0].upper()} by {manual[i][1]}"]
+            pinned.add(i)
+        elif i in force_cpu:
+            device, why = CPU, [f"forced to the CPU by {force_cpu[i]}"]
+        elif i in force_npu:
+            device, why = NPU, [f"forced onto the NPU by {force_npu[i]}"]
+            why += [f"(the chip check says: {r})" for r in checked]
+            pinned.add(i)
+        else:
+            device, why = (CPU, checked) if checked else (NPU, [])
+        on_npu.append(device == NPU)
+        reasons.append(why)
+    return on_npu, reasons, pinned
+
+
+def _demote_islands(og, facts, chip, spec, segments, on_npu, reasons, pinned) -> bool:
+    """Move too-small or not-worth-it NPU islands to the CPU; True when one moved."""
+    if spec.min_npu_nodes <= 1 and spec.policy != "min_cost":
+        return False
+    seg_of = segment_of(segments, len(og))
+    moved = False
+    for island in npu_islands(og.preds, on_npu, seg_of):
+        if pinned.intersection(island):
+            continue
+        why = None
+        if len(island) < spec.min_npu_nodes:
+            why = (f"NPU island of {len(island)} node{'s' * (len(island) != 1)} is smaller "
+                   f"than split.min_npu_nodes ({spec.min_npu_nodes})")
+        elif spec.policy == "min_cost":
+            cost = _island_cost(og, facts, chip, island)
+            if not cost.worth_it:
+                why = (f"kept on the CPU by split.policy min_cost: its NPU island of "
+                       f"{len(island)} node{'s' * (len(island) != 1)}: {cost.explain()}")
+        if why:
+            moved = True
+            for i in island:
+                on_npu[i] = False
+                reasons[i] = [why]
+    return moved
+
+
+def _island_cost(og: OpGraph, facts: GraphFacts, chip: Chip, island: list[int]):
+    members = set(island)
+    crossing: set[str] = set()
+    outputs = set(og.outputs)
+    for i in island:
+        crossing.update(t for t in og.uses[i] if og.producer.get(t) not in members
+                        and not facts.is_const(t))
+        crossing.update(o for o in og.nodes[i].output if o in outputs)
+        for j in og.succs[i]:
+            if j not in members:
+                crossing.update(t for t in og.uses[j] if og.producer.get(t) in members)
+    macs = sum(node_macs(NodeView(og.nodes[i], facts)) for i in island)
+    return island_cost(chip, macs, [elements(facts.shape(t)) for t in sorted(crossing)])
+
+
+class Selector:
+    """Finds nodes by name, op type or output tensor name; glob patterns allowed."""
+
+    def __init__(self, og: OpGraph):
+        self.og = og
+        self.index: dict[str, set[int]] = {}
+        for i, node in enumerate(og.nodes):
+            for key in (node.name, node.op_type, *node.output):
+                if key:
+                    self.index.setdefault(key, set()).add(i)
+
+    def match(self, pattern: str) -> set[int]:
+        if any(ch in pattern for ch in "*?["):
+            return {i for key, hits in self.index.items() if fnmatch.fnmatchcase(key, pattern)
+                    for i in hits}
+        return self.index.get(pattern, set())
+
+    def all(self, patterns: list[str], field_name: str) -> dict[int, str]:
+        chosen: dict[int, str] = {}
+        for k, pattern in enumerate(patterns):
+            hits = self.match(pattern)
+            if not hits:
+                raise SelectorError(f"{pattern!r} matches no node name, op type or output "
+                                    "tensor", ("split", field_name, k))
+            for i in hits:
+                chosen.setdefault(i, f"split.{field_name}[{k}] ({pattern!r})")
+        return chosen
+
+    def placement(self, placement: dict[str, str]) -> dict[int, tuple[str, str]]:
+        chosen: dict[int, tuple[str, str]] = {}
+        for pattern, device in placement.items():
+            hits = self.match(pattern)
+            if not hits:
+                raise SelectorError(f"{pattern!r} matches no node name, op type or output "
+                                    "tensor", ("split", "placement", pattern))
+            for i in hits:
+                chosen.setdefault(i, (device, f"split.placement[{pattern!r}]"))
+        return chosen

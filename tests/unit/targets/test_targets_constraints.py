@@ -1,0 +1,182 @@
+"""The op-support checks: each constraint's reason text on a one-node model written inline."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+from npubuild.errors import UserError
+from npubuild.targets import load_chip
+from npubuild.targets.constraints import CONSTRAINTS, node_reasons
+from npubuild.targets.docs import supported_ops_markdown
+from npubuild.targets.model import Chip
+from npubuild.targets.view import GraphFacts, NodeView
+from tests.conftest import REPO
+from tests.unit.split.split_models import Net, fused_conv_act
+
+
+def reasons_of(model: onnx.ModelProto, chip: str | Chip, node: str | None = None) -> list[str]:
+    chip = load_chip(chip) if isinstance(chip, str) else chip
+    facts = GraphFacts.from_model(model)
+    nodes = [n for n in model.graph.node if n.op_type != "Constant"]
+    target = next(n for n in nodes if n.name == node) if node else nodes[-1]
+    return node_reasons(NodeView(target, facts), chip)
+
+
+def one(op: str, shapes: list[list[int]], consts: dict[int, object] | None = None,
+        dtype: int = TensorProto.FLOAT, infer: bool = True, **attrs) -> onnx.ModelProto:
+    """A model of one ``op`` node: inputs of ``shapes``; ``consts[k]`` makes input k constant."""
+    net = Net()
+    names = []
+    for k, shape in enumerate(shapes):
+        if consts and k in consts:
+            names.append(net.init(f"c{k}", consts[k]))
+        else:
+            names.append(net.input(f"x{k}", shape, dtype))
+    for k in sorted(set(consts or {}) - set(range(len(shapes)))):
+        names.append(net.init(f"c{k}", consts[k]) if consts[k] is not None else "")
+    out = net.op(op, names, name="n", **attrs)
+    return net.model([out], infer=infer)
+
+
+def conv(k=3, stride=1, dilation=1, pad=None, group=1, cin=4, cout=4, size=16) -> onnx.ModelProto:
+    net = Net()
+    x = net.input("x", [1, cin, size, size])
+    y = net.conv(x, cin, cout, k=k, name="n", group=group, strides=[stride] * 2,
+                 dilations=[dilation] * 2, pads=[k // 2 if pad is None else pad] * 4)
+    return net.model([y])
+
+
+W = np.ones((4, 4, 3, 3), np.float32)
+CASES = {
+    "kernel not in the set": (conv(k=4, pad=1), "npu-strict",
+                              "Kernel size is not 1, 3, 5 or 7: kernel [4, 4]"),
+    "kernel too large": (conv(k=9), "npu-tiny", "Kernel is larger than 8: kernel [9, 9]"),
+    "stride": (conv(stride=3), "npu-strict", "Stride is larger than 2: strides [3, 3]"),
+    "dilation": (conv(dilation=3), "npu-strict", "Dilation is larger than 2: dilations [3, 3]"),
+    "pad": (conv(k=3, pad=5), "npu-strict", "Padding is larger than 3: pads [5, 5, 5, 5]"),
+    "groups": (conv(group=2), "npu-strict", "Convolution groups are not 1 or depthwise "
+                                           "(groups = channels): group=2, 4 input channels"),
+    "channels": (conv(cin=1032, cout=4, size=4), "npu-tiny",
+                 "Channels are more than 1024: 'x' has 1032 channels"),
+    "3-D input": (one("Relu", [[1, 4, 8]]), "npu-strict",
+                  "Input is not 4D tensor: 'x0' has shape [1, 4, 8]"),
+    "broadcast": (one("Add", [[1, 4, 8, 8], [1, 1, 8, 1]]), "npu-strict",
+                  "Operands are not the same shape, a scalar or per-channel [1, C, 1, 1]: "
+                  "'x1' has shape [1, 1, 8, 1], the output [1, 4, 8, 8]"),
+    "concat axis": (one("Concat", [[1, 4, 8, 8], [1, 4, 8, 8]], axis=0), "npu-strict",
+                    "Axis is not 1, 2 or 3: axis 0 of a 4-D tensor"),
+    "resize mode": (one("Resize", [[1, 4, 8, 8], [0], [4]],
+                        {1: np.zeros(0, np.float32), 2: np.array([1, 1, 2, 2], np.float32)},
+                        mode="linear"), "npu-strict", "Resize mode is not nearest: mode 'linear'"),
+    "resize scale": (one("Resize", [[1, 4, 8, 8], [0], [4]],
+                         {1: np.zeros(0, np.float32), 2: np.array([1, 1, 1.5, 1.5], np.float32)},
+                         coordinate_transformation_mode="asymmetric"),
+                     "npu-strict", "Resize scale is not an integer: scales [1.0, 1.0, 1.5, 1.5]"),
+    "resize channels": (one("Resize", [[1, 4, 8, 8], [0], [4]],
+                            {1: np.zeros(0, np.float32), 2: np.array([1, 2, 2, 2], np.float32)},
+                            coordinate_transformation_mode="asymmetric"),
+                        "npu-strict", "Resize changes the batch or channel dimension: "
+                                      "scales [1.0, 2.0, 2.0, 2.0]"),
+    "pad mode": (one("Pad", [[1, 4, 8, 8], [8]], {1: np.array([0, 0, 1, 1, 0, 0, 1, 1])},
+                     mode="reflect"), "npu-strict", "Pad mode is not constant: mode 'reflect'"),
+    "slice step": (one("Slice", [[1, 4, 8, 8], [1], [1], [1], [1]],
+                       {1: np.array([0]), 2: np.array([8]), 3: np.array([2]), 4: np.array([2])}),
+                   "npu-strict", "Stride is larger than 1: strides [2]"),
+    "slice axis": (one("Slice", [[2, 4, 8, 8], [1], [1], [1]],
+                       {1: np.array([0]), 2: np.array([1]), 3: np.array([0])}),
+                   "npu-strict", "Axis is not 1, 2 or 3: axis 0 of a 4-D tensor"),
+    "runtime shape": (one("Reshape", [[1, 4, 8, 8], [2]], dtype=TensorProto.FLOAT), "npu-16m",
+                      "Parameter input is not constant: 'x1' is computed at run time"),
+    "int64": (one("Add", [[1, 4], [1, 4]], dtype=TensorProto.INT64), "npu-16m",
+              "Tensor type is not float32 or float16: 'x0' is int64"),
+    "unknown shape": (one("Relu", [["N", 4]]), "npu-16m",
+                      "Tensor shape is unknown or not static: 'x0' has shape [N, 4]; "
+                      "'n_out' has shape [N, 4]"),
+    "not in the table": (one("Softmax", [[1, 4, 8, 8]]), "npu-strict",
+                         "op Softmax is not supported by chip npu-strict"),
+    "recurrent": (one("Erf", [[1, 4]]), "npu-16m", "op Erf is not supported by chip npu-16m"),
+    "other domain": (one("FusedConv", [[1, 4, 8, 8]], domain="com.microsoft", infer=False), "npu-16m",
+                     "op com.microsoft.FusedConv is not supported by chip npu-16m"),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_each_constraint_gives_its_reason(case):
+    model, chip, reason = CASES[case]
+    assert reason in reasons_of(model, chip)
+
+
+@pytest.mark.parametrize("model,chip", [
+    (conv(group=4), "npu-strict"),                              # depthwise
+    (one("Add", [[1, 4, 8, 8], [1, 4, 1, 1]]), "npu-strict"),   # per-channel operand
+    (one("Mul", [[1, 4, 8, 8], [1]], {1: np.array([2.0], np.float32)}), "npu-strict"),  # scalar
+    (one("Softmax", [[1, 2100, 4, 16]], axis=1), "npu-16m"),
+    (one("Reshape", [[1, 4, 8, 8], [3]], {1: np.array([1, 4, 64])}), "npu-16m"),
+], ids=["depthwise", "per-channel", "scalar", "softmax", "constant-shape reshape"])
+def test_supported_nodes_have_no_reasons(model, chip):
+    assert reasons_of(model, chip) == []
+
+
+def test_control_flow_stays_on_the_cpu_even_when_the_table_lists_it():
+    from tests.unit.split.split_models import if_model
+
+    chip = load_chip("npu-16m").model_copy(update={"ops": {**load_chip("npu-16m").ops,
+                                                           "If": load_chip("npu-16m").ops["Relu"]}})
+    assert reasons_of(if_model(), chip, "branch") == ["Op has a subgraph (control flow runs on the CPU)"]
+
+
+def test_fused_op_is_checked_through_its_body_at_real_shapes():
+    assert reasons_of(fused_conv_act(3), "npu-strict") == []
+    assert reasons_of(fused_conv_act(4), "npu-strict") == [
+        "in its body, Conv: Kernel size is not 1, 3, 5 or 7: kernel [4, 4]"]
+
+
+def test_fused_op_must_be_listed_unless_the_chip_accepts_fused_bodies():
+    strict = load_chip("npu-strict")
+    unlisted = strict.model_copy(update={"ops": {k: v for k, v in strict.ops.items() if k != "ConvAct"}})
+    assert reasons_of(fused_conv_act(3), unlisted) == [
+        "fused op ConvAct is not supported by chip npu-strict"]
+    accepting = unlisted.model_copy(update={"accept_fused_bodies": True})
+    assert reasons_of(fused_conv_act(3), accepting) == []
+
+
+def test_fused_op_without_its_function_says_so():
+    model = fused_conv_act(3)
+    del model.functions[:]
+    assert reasons_of(model, "npu-16m") == [
+        "fused op ConvAct: its function body is missing from the model"]
+
+
+def test_chip_file_rejects_a_constraint_that_cannot_apply(tmp_path):
+    from npubuild.targets import load_chip as load
+
+    text = (REPO / "npubuild/targets/npu-tiny.yaml").read_text().replace(
+        "  Add: {ranks: [1, 2, 3, 4]}", "  Add: {ranks: [1, 2, 3, 4], max_kernel: 3}")
+    path = tmp_path / "chip.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match="Add: max_kernel does not apply to Add"):
+        load(str(path))
+
+
+def test_every_constraint_has_a_one_line_reason():
+    for c in CONSTRAINTS:
+        assert c.check.__doc__ and "\n" not in c.check.__doc__.strip(), c.name
+
+
+def test_supported_ops_doc_is_generated_from_the_checks():
+    doc = (REPO / "docs" / "SUPPORTED_OPS.md").read_text()
+    assert doc == supported_ops_markdown(), (
+        "docs/SUPPORTED_OPS.md is stale: run `python -c 'from npubuild.targets.docs "
+        "import supported_ops_markdown as m; print(m(), end=\"\")' > docs/SUPPORTED_OPS.md`")
+    assert "| Conv | Input is not 4D tensor; Output is not 4D tensor; Channels are more than 2048" in doc
+
+
+def test_presets_are_honest_about_being_simulated():
+    from npubuild.targets import preset_names
+
+    for name in preset_names():
+        chip = load_chip(name)
+        assert "simulated" in chip.description and chip.modelled_on
