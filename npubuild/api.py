@@ -66,3 +66,23 @@ def clean(session: BuildSession) -> Path:
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
     shutil.rmtree(session.paths.root, ignore_errors=True)
     return session.paths.root
+
+
+def placements(session: BuildSession) -> list:
+    """Per node of the fused model: NPU or CPU on the recipe's chip, and why (builds up to
+    `fusion` first, from the cache when it can)."""
+    from npubuild import onnx_io
+    from npubuild.split import check_placement
+
+    build(session, "fusion")
+    model = onnx_io.load_model(session.paths.stage_dir("fusion") / "model.onnx")
+    return check_placement(model, session.chip, session.loaded.recipe.split)
+
+
+def infer(session: BuildSession, inputs: dict[str, Any]) -> dict:
+    """Run the deployed pipeline (the split submodels in order) on ``inputs`` by input name;
+    builds up to the last stage the runner needs first."""
+    from npubuild.runtime import Runner
+
+    build(session, "split")
+    return Runner(session.paths.stage_dir("split")).run(inputs)

@@ -89,7 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
             build_opts=True)
     p = command("schema", cmd_schema, "print a JSON Schema", recipe=False)
     p.add_argument("which", nargs="?", choices=["recipe", "chip"], default="recipe")
-    p = command("targets", cmd_targets, "list the built-in target chips", recipe=False, json_opt=True)
+    p = command("targets", cmd_targets, "list the built-in target chips, or check a recipe's "
+                "model against its chip", recipe=False, json_opt=True, build_opts=True)
+    p.add_argument("--check", type=Path, metavar="RECIPE",
+                   help="print every node's placement (npu/cpu) on the recipe's chip, with reasons")
+    p = command("infer", cmd_infer, "run the deployed pipeline on an input", build_opts=True,
+                json_opt=True)
+    p.add_argument("--input", action="append", required=True, metavar="[NAME=]FILE",
+                   help=".npy/.npz tensor for a model input (NAME= picks the input; repeatable)")
+    p.add_argument("--output", type=Path, help="write the outputs to this .npz")
     return parser
 
 
@@ -182,6 +190,8 @@ def cmd_schema(args) -> int:
 def cmd_targets(args) -> int:
     from npubuild.targets import describe, load_chip, preset_names
 
+    if args.check:
+        return _check_targets(args)
     chips = [describe(load_chip(name)) for name in preset_names()]
     if args.json:
         print(json.dumps(chips, indent=2))
@@ -190,6 +200,60 @@ def cmd_targets(args) -> int:
     for c in chips:
         print(f"{c['name']:<12} {c['lanes']:>5} {_size(c['lmem_bytes']):>9} {c['clock_mhz']:>5g} MHz "
               f"{c['tops_int8']:>6g} {c['ops']:>4}  {c['description']}")
+    return EXIT_OK
+
+
+def _check_targets(args) -> int:
+    from npubuild import api
+
+    session = api.session_for(args.check, build_root=args.build_dir, cache=args.cache)
+    nodes = api.placements(session)
+    if args.json:
+        print(json.dumps([n.as_dict() for n in nodes], indent=2))
+        return EXIT_OK
+    on_npu = sum(n.device == "npu" for n in nodes)
+    print(f"{args.check}: {on_npu} of {len(nodes)} nodes on the NPU ({session.chip.name})")
+    for n in nodes:
+        reasons = "; ".join(n.reasons)
+        print(f"  {n.device}  {n.op:<18} {n.name}" + (f"  — {reasons}" if reasons else ""))
+    return EXIT_OK
+
+
+def cmd_infer(args) -> int:
+    import numpy as np
+
+    from npubuild import api
+    from npubuild.errors import UserError
+
+    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache)
+    names = [spec.name for spec in session.loaded.recipe.model.inputs]
+    feeds = {}
+    for index, item in enumerate(args.input):
+        name, _, file = item.rpartition("=")
+        name = name or (names[index] if index < len(names) else "")
+        try:
+            data = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"cannot read {file}: {exc}", hint="give a .npy or .npz file") from None
+        if hasattr(data, "files"):
+            feeds.update({k: data[k] for k in data.files})
+        else:
+            feeds[name] = data
+    outputs = api.infer(session, feeds)
+    if args.output:
+        from npubuild.atomic import atomic_path
+
+        with atomic_path(args.output) as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **outputs)
+    summary = {k: {"shape": list(v.shape), "dtype": str(v.dtype), "min": float(v.min()),
+                   "max": float(v.max()), "mean": float(v.mean())} for k, v in outputs.items()}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for k, v in summary.items():
+            print(f"{k}: shape {v['shape']} {v['dtype']}  min {v['min']:.4g}  max {v['max']:.4g}  "
+                  f"mean {v['mean']:.4g}")
     return EXIT_OK
 
 

@@ -69,7 +69,13 @@ def _record_marks(node: yaml.Node, path: FieldPath, marked: Marked) -> None:
     marked.values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
-            key = key_node.value
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.start_mark)
+            if path + (key,) in marked.keys:
+                first_line = marked.keys[path + (key,)][0]
+                raise UserError(f"duplicate key {key!r} (first given on line {first_line})",
+                                location=Location(marked.file, key_node.start_mark.line + 1,
+                                                  key_node.start_mark.column + 1),
+                                field=dotted(path + (key,)))
             marked.keys[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             _record_marks(value_node, path + (key,), marked)
     elif isinstance(node, yaml.SequenceNode):

@@ -63,3 +63,37 @@ def test_unknown_stage_is_rejected_by_the_parser(cli, tmp_path):
     recipe = write_recipe(tmp_path, TINY_RECIPE)
     result = cli("run", str(recipe), "quantise")
     assert result.returncode == 2 and "invalid choice: 'quantise'" in result.stderr
+
+
+def test_targets_check_prints_every_node_with_its_device(cli, tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    result = cli("targets", "--check", str(recipe), "--json", *build_args(tmp_path))
+    assert result.returncode == 0, result.stderr
+    nodes = {n["name"]: n for n in json.loads(result.stdout)}
+    assert set(nodes) == {"conv", "relu", "pool", "add"}
+    assert all(n["device"] == "npu" for n in nodes.values())
+
+
+def test_infer_runs_the_split_pipeline_on_a_npy_input(cli, tmp_path):
+    import numpy as np
+
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    result = cli("infer", str(recipe), "--input", str(tmp_path / "x.npy"), "--output",
+                 str(tmp_path / "y.npz"), *build_args(tmp_path))
+    assert result.returncode == 0, result.stderr
+    from npubuild import onnx_io
+    from tests.conftest import TINY_MODEL
+
+    expected = onnx_io.run(onnx_io.load_model(TINY_MODEL), {"x": x})["y"]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npz")["y"], expected, rtol=1e-6)
+
+
+def test_infer_with_a_pickled_npy_is_refused(cli, tmp_path):
+    import numpy as np
+
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    np.save(tmp_path / "evil.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    result = cli("infer", str(recipe), "--input", str(tmp_path / "evil.npy"), *build_args(tmp_path))
+    assert result.returncode == 2 and "Object arrays cannot be loaded" in result.stderr
