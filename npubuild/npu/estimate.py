@@ -1,0 +1,109 @@
+"""The performance estimate a program implies: cycles, fps, GMEM traffic, LMEM peak.
+
+Per timestep of every slice, compute takes ``MACs ÷ (lanes × macs_per_cycle_per_lane)`` cycles
+and DMA ``bytes ÷ gmem_bandwidth_bytes_per_cycle``; they overlap, so the timestep costs the
+larger. A group costs the sum over its slices' timesteps (slices do not overlap each other), the
+model the sum over its NPU groups; fps is the chip clock over that. The baseline compiles the same
+layers with one layer per group; the lower bound moves each weight, model input and output once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from itertools import groupby
+from math import ceil
+
+from npubuild.npu.layer_group import plan_groups
+from npubuild.npu.layers import LayerGraph
+from npubuild.npu.program import Compute, Dma, GroupProgram, Program, build_program
+from npubuild.targets.model import Chip
+
+
+@dataclass(frozen=True)
+class GroupEstimate:
+    index: int
+    layers: int
+    slicing: dict
+    compute_cycles: int
+    dma_cycles: int
+    cycles: int
+    gmem_read: int
+    gmem_write: int
+    lmem_peak_bytes_per_lane: int
+
+
+@dataclass(frozen=True)
+class Estimate:
+    groups: tuple[GroupEstimate, ...]
+    compute_cycles: int
+    dma_cycles: int
+    cycles: int
+    gmem_read: int
+    gmem_write: int
+    lmem_peak_bytes_per_lane: int
+    lmem_peak_bytes: int
+    fps: float
+    cpu_layers: tuple[str, ...]
+
+    @property
+    def gmem_bytes(self) -> int:
+        return self.gmem_read + self.gmem_write
+
+    def as_dict(self, groups: bool = True) -> dict:
+        data = asdict(self)
+        data["gmem_bytes"] = self.gmem_bytes
+        if not groups:
+            del data["groups"]
+        return data
+
+
+def estimate(program: Program) -> Estimate:
+    chip = program.chip
+    groups = tuple(_group_estimate(g, chip) for g in program.npu_groups)
+    cycles = sum(g.cycles for g in groups)
+    peak = max((g.lmem_peak_bytes_per_lane for g in groups), default=0)
+    return Estimate(groups, sum(g.compute_cycles for g in groups),
+                    sum(g.dma_cycles for g in groups), cycles,
+                    sum(g.gmem_read for g in groups), sum(g.gmem_write for g in groups),
+                    peak, peak * chip.lanes, chip.clock_mhz * 1e6 / cycles if cycles else 0.0,
+                    tuple(g.layer.name for g in program.groups if g.device == "cpu"))
+
+
+def _group_estimate(group: GroupProgram, chip: Chip) -> GroupEstimate:
+    compute = dma = cycles = read = write = 0
+    macs_per_cycle = chip.lanes * chip.macs_per_cycle_per_lane
+    for piece in group.slices:
+        for _, steps in groupby(piece.steps, key=lambda s: s.timestep):
+            steps = list(steps)
+            macs = sum(s.macs for s in steps if isinstance(s, Compute))
+            moved = sum(s.bytes for s in steps if isinstance(s, Dma))
+            c, d = ceil(macs / macs_per_cycle), ceil(moved / chip.gmem_bandwidth_bytes_per_cycle)
+            compute, dma, cycles = compute + c, dma + d, cycles + max(c, d)
+            read += sum(s.bytes for s in steps if isinstance(s, Dma) and s.op == "load")
+            write += sum(s.bytes for s in steps if isinstance(s, Dma) and s.op == "store")
+    plan = group.plan
+    return GroupEstimate(group.index, len(plan.group), plan.slicing.as_dict(), compute, dma, cycles,
+                         read, write, plan.placement.peak)
+
+
+def gmem_lower_bound(graph: LayerGraph) -> int:
+    """Each weight once, each model input once, each model output once."""
+    return (graph.weight_bytes + sum(graph.tensor_bytes(t) for t in graph.inputs)
+            + sum(graph.tensor_bytes(t) for t in graph.outputs))
+
+
+def compare(graph: LayerGraph, chip: Chip, *, on_no_fit: str = "error") -> dict:
+    """Grouped vs one-layer-per-group estimates and the GMEM lower bound, as report data."""
+    grouped = estimate(build_program(plan_groups(graph, chip, on_no_fit=on_no_fit)))
+    baseline = estimate(build_program(plan_groups(graph, chip, grouping=False,
+                                                  on_no_fit=on_no_fit)))
+    return {"grouped": grouped, "baseline": baseline, "lower_bound": gmem_lower_bound(graph)}
+
+
+def report_fields(grouped: Estimate, baseline: Estimate) -> dict:
+    """The ``estimate`` section of ``report.json`` (ARCHITECTURE §6)."""
+    return {"cycles": grouped.cycles, "gmem_bytes": grouped.gmem_bytes,
+            "gmem_bytes_no_grouping": baseline.gmem_bytes,
+            "lmem_peak_bytes": grouped.lmem_peak_bytes, "fps": round(grouped.fps, 2),
+            "groups": len(grouped.groups), "cycles_no_grouping": baseline.cycles,
+            "fps_no_grouping": round(baseline.fps, 2)}

@@ -1,0 +1,233 @@
+"""LayerGroup (seed 001): cut the layer list into groups that each run inside LMEM.
+
+Groups are searched from the tail towards the head: a group starts as the last unplaced layer
+and grows towards the head while the longer group still fits. A group fits when some slicing —
+N first, then H (backward-H, overlap ≤ h/2), and for a lone layer whose weights are too big, C —
+gives buffers the allocator can place in ``chip.lmem_bytes_per_lane``. The slicing search takes
+the smallest N, then bisects H between 2 and the largest count the overlap rule allows (fit is
+close to monotone in H), then tries a few more H counts if fragmentation defeats the allocator.
+
+A layer that does not fit even alone is an error naming it and the bytes it needs, or with
+``on_no_fit="cpu"`` becomes a `CpuLayer` that breaks the groups around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Union
+
+from npubuild.errors import BuildError
+from npubuild.npu.buffers import Buffer, Schedule, group_buffers, schedule
+from npubuild.npu.layers import C_SLICEABLE_OPS, Group, LayerGraph, LayerSpec
+from npubuild.npu.lmem import LmemOverflow, Placement, allocate, peak_live_bytes
+from npubuild.npu.tiling import GroupTiling, Slicing, TilingRejected, tile_group
+from npubuild.targets.model import Chip
+
+EXTRA_H_TRIES = 8
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """A group that fits: its tiling, buffers, schedule and LMEM placement."""
+
+    tiling: GroupTiling
+    buffers: tuple[Buffer, ...]
+    schedule: Schedule
+    placement: Placement
+    device: str = field(default="npu", init=False)
+
+    @property
+    def group(self) -> Group:
+        return self.tiling.group
+
+    @property
+    def slicing(self) -> Slicing:
+        return self.tiling.slicing
+
+    @cached_property
+    def _by_name(self) -> dict[str, Buffer]:
+        return {b.name: b for b in self.buffers}
+
+    def buffer(self, name: str) -> Buffer:
+        """The buffer of a tensor, or of ``<layer>/weight`` / ``<layer>/scratch``."""
+        return self._by_name[name]
+
+    def address(self, name: str) -> int:
+        return self.placement.addresses[self.buffer(name).id]
+
+
+@dataclass(frozen=True)
+class CpuLayer:
+    """A layer left to the CPU because it does not fit LMEM even alone."""
+
+    layer: LayerSpec
+    reason: str
+    device: str = field(default="cpu", init=False)
+
+
+@dataclass(frozen=True)
+class NoFit:
+    """Why a group does not fit: the smallest per-lane need seen and at which slicing."""
+
+    reason: str
+    need: int
+    slicing: Slicing | None
+
+
+GroupItem = Union[GroupPlan, CpuLayer]
+
+
+@dataclass(frozen=True)
+class LayerGroups:
+    """The groups (and CPU layers) of a layer graph, in execution order."""
+
+    graph: LayerGraph
+    chip: Chip
+    grouped: bool
+    items: tuple[GroupItem, ...]
+
+    @property
+    def npu_groups(self) -> list[GroupPlan]:
+        return [g for g in self.items if isinstance(g, GroupPlan)]
+
+    @property
+    def cpu_layers(self) -> list[CpuLayer]:
+        return [g for g in self.items if isinstance(g, CpuLayer)]
+
+
+def plan_groups(graph: LayerGraph, chip: Chip, *, grouping: bool = True,
+                on_no_fit: str = "error", max_group_layers: int = 256) -> LayerGroups:
+    """Groups from the tail towards the head; ``grouping=False`` gives one layer per group.
+
+    ``on_no_fit``: ``"error"`` raises a `BuildError` for a layer that fits in no slicing,
+    ``"cpu"`` leaves it to the CPU. ``max_group_layers`` bounds the search time on deep models.
+    """
+    items: list[GroupItem] = []
+    end = len(graph.layers)
+    while end > 0:
+        start = end - 1
+        found = fit_group(graph.group(start, end), chip)
+        if isinstance(found, NoFit):
+            items.append(_no_fit(graph.layers[start], found, chip, on_no_fit))
+            end = start
+            continue
+        while grouping and start > 0 and end - start < max_group_layers:
+            wider = fit_group(graph.group(start - 1, end), chip)
+            if isinstance(wider, NoFit):
+                break
+            found, start = wider, start - 1
+        items.append(found)
+        end = start
+    return LayerGroups(graph, chip, grouping, tuple(reversed(items)))
+
+
+def _no_fit(layer: LayerSpec, why: NoFit, chip: Chip, on_no_fit: str) -> CpuLayer:
+    at = f" at the finest slicing tried ({why.slicing})" if why.slicing else ""
+    message = (f"layer {layer.name!r} ({layer.op}) does not fit in LMEM even alone: it needs "
+               f"{why.need} bytes per lane{at}, LMEM has {chip.lmem_bytes_per_lane} bytes per "
+               f"lane ({chip.lanes} lanes × {chip.lmem_bytes_per_lane}); {why.reason}")
+    if on_no_fit == "cpu":
+        return CpuLayer(layer, message)
+    raise BuildError(message, stage="compile",
+                     hint="use a chip with more LMEM, or set compile.on_no_fit: cpu to run "
+                          "this layer on the CPU")
+
+
+def fit_group(group: Group, chip: Chip) -> GroupPlan | NoFit:
+    """The first slicing (N, then H, then C for a lone layer) whose buffers fit LMEM."""
+    trials = _Trials(group, chip)
+    c_max = _c_max(group)
+    found = trials.search(1)
+    if found is None and c_max > 1:
+        c = _bisect_first(2, c_max, lambda c: trials.search(c) is not None)
+        found = trials.search(c) if c is not None else None
+    return found or NoFit(trials.reason, trials.need, trials.need_at)
+
+
+def _c_max(group: Group) -> int:
+    layer = group.layers[0]
+    if len(group) > 1 or layer.op not in C_SLICEABLE_OPS or layer.attr("group", 1) > 1:
+        return 1
+    return layer.c_out
+
+
+class _Trials:
+    """Tries slicings of one group, caching tilings, and keeps the best failure for messages."""
+
+    def __init__(self, group: Group, chip: Chip):
+        self.group, self.chip = group, chip
+        self.capacity = chip.lmem_bytes_per_lane
+        self.cache: dict[Slicing, tuple[GroupTiling, tuple[Buffer, ...], int] | None] = {}
+        self.reason, self.need, self.need_at = "", 0, None
+
+    def search(self, c: int) -> GroupPlan | None:
+        """N first (H unsliced), then bisect H with every N slice, for ``c`` C slices."""
+        batch = min(self.group.shapes[t][0] for t in self.group.outputs)
+        height = min(self.group.shapes[t][2] for t in self.group.outputs)
+        for n in range(1, batch + 1):
+            if (plan := self.place(Slicing(n, 1, c))) is not None:
+                return plan
+        h_max = _bisect_last(1, height, lambda h: self.tiled(Slicing(batch, h, c)) is not None)
+        if h_max < 2:
+            return None
+        h_fit = _bisect_first(2, h_max, lambda h: self.fits(Slicing(batch, h, c)))
+        if h_fit is None:
+            return None
+        for h in range(h_fit, min(h_max, h_fit + EXTRA_H_TRIES) + 1):
+            if (plan := self.place(Slicing(batch, h, c))) is not None:
+                return plan
+        return None
+
+    def tiled(self, slicing: Slicing):
+        if slicing not in self.cache:
+            try:
+                tiling = tile_group(self.group, slicing)
+            except TilingRejected as exc:
+                self.reason = str(exc)
+                self.cache[slicing] = None
+            else:
+                buffers = group_buffers(tiling, self.chip.lanes)
+                need = peak_live_bytes(buffers, len(self.group) + 2)
+                self.cache[slicing] = (tiling, buffers, need)
+                if self.need_at is None or need < self.need:
+                    self.need, self.need_at = need, slicing
+        return self.cache[slicing]
+
+    def fits(self, slicing: Slicing) -> bool:
+        tried = self.tiled(slicing)
+        return tried is not None and tried[2] <= self.capacity
+
+    def place(self, slicing: Slicing) -> GroupPlan | None:
+        if not self.fits(slicing):
+            if self.tiled(slicing) is not None:
+                self.reason = (f"{slicing}: {self.cache[slicing][2]} bytes per lane live at once "
+                               f"> {self.capacity}")
+            return None
+        tiling, buffers, _ = self.cache[slicing]
+        try:
+            placement = allocate(buffers, self.capacity, self.chip.bank_bytes)
+        except LmemOverflow as exc:
+            self.reason = f"{slicing}: {exc}"
+            return None
+        return GroupPlan(tiling, buffers, schedule(self.group), placement)
+
+
+def _bisect_last(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
+    """The largest x in [lo, hi] with ok(x), assuming ok holds up to a point; lo - 1 if none."""
+    if not ok(lo):
+        return lo - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
+
+
+def _bisect_first(lo: int, hi: int, ok: Callable[[int], bool]) -> int | None:
+    """The smallest x in [lo, hi] with ok(x), assuming ok holds from a point on; None if none."""
+    if lo > hi or not ok(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid + 1, hi)
+    return lo

@@ -1,0 +1,249 @@
+"""The program: per group and slice, DMA loads, compute steps and DMA stores on LMEM addresses.
+
+A group's slices run one after another on the group's timestep table (`buffers.schedule`);
+within a timestep the loads, the compute step and the stores touch disjoint LMEM (the allocator
+guarantees it), so any order is correct. Layout contracts, also written into ``plan.json``:
+
+- GMEM holds every weight (per layer, output channel major, as the quantizer lays it out) and
+  every tensor that crosses a group border, NCHW, ``act_bytes`` per element, at ``gmem`` offsets.
+- LMEM: a buffer of ``batch × channels × rows × W`` puts element (n, c, r, w) in lane
+  ``c % lanes`` at per-lane byte ``addr + (((n - n0) · ceil(C/lanes) + (c - c0) // lanes) · R
+  + (r - r0)) · W + w`` (times ``act_bytes``), where ``n0``, ``c0``, ``r0`` are the first batch
+  item, channel and row the buffer holds and ``R`` its row count in this slice. A weight buffer
+  puts output channel ``o`` in lane ``(o - o0) % lanes``; a lookup table is copied to every lane.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from npubuild.npu.backward_h import Rows
+from npubuild.npu.layer_group import CpuLayer, GroupPlan, LayerGroups
+from npubuild.npu.layers import LayerGraph, LayerSpec
+from npubuild.npu.tiling import SliceWindow
+from npubuild.targets.model import Chip
+
+GMEM_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A compute step's view of one LMEM buffer in one slice."""
+
+    tensor: str
+    buffer: int
+    addr: int
+    batch: Rows
+    channels: Rows
+    rows_held: Rows  # the rows the buffer holds in this slice
+    rows: Rows  # the rows this step reads or writes
+
+
+@dataclass(frozen=True)
+class Dma:
+    """A transfer between GMEM and LMEM (``load``: GMEM → LMEM, ``store``: LMEM → GMEM)."""
+
+    op: str
+    timestep: int
+    tensor: str
+    buffer: int
+    addr: int
+    gmem: int
+    batch: Rows | None
+    channels: Rows
+    rows_held: Rows | None
+    rows: Rows | None  # activations: rows moved; weights: None
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Compute:
+    op: str  # always "compute"; the layer's op family is ``kind``
+    timestep: int
+    layer: str
+    kind: str
+    inputs: tuple[Operand, ...]
+    outputs: tuple[Operand, ...]
+    weight: dict | None
+    scratch: dict | None
+    pad_top: int
+    pad_bottom: int
+    macs: int
+
+
+Step = Union[Dma, Compute]
+
+
+@dataclass(frozen=True)
+class SliceProgram:
+    index: int
+    batch: Rows
+    channels: Rows | None
+    part: int
+    steps: tuple[Step, ...]
+
+
+@dataclass(frozen=True)
+class GroupProgram:
+    index: int
+    plan: GroupPlan
+    slices: tuple[SliceProgram, ...]
+    device: str = "npu"
+
+
+@dataclass(frozen=True)
+class CpuStep:
+    index: int
+    layer: LayerSpec
+    reason: str
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class GmemLayout:
+    weights: dict[str, tuple[int, int]]  # layer → (offset, bytes)
+    tensors: dict[str, tuple[int, int]]  # tensor → (offset, bytes)
+    size: int
+
+
+@dataclass(frozen=True)
+class Program:
+    chip: Chip
+    graph: LayerGraph
+    grouped: bool
+    gmem: GmemLayout
+    groups: tuple[Union[GroupProgram, CpuStep], ...]
+
+    @property
+    def npu_groups(self) -> list[GroupProgram]:
+        return [g for g in self.groups if isinstance(g, GroupProgram)]
+
+
+def build_program(groups: LayerGroups) -> Program:
+    """Lay out GMEM and emit every group's slices as DMA and compute steps."""
+    gmem = gmem_layout(groups)
+    items = []
+    for index, item in enumerate(groups.items):
+        if isinstance(item, CpuLayer):
+            items.append(CpuStep(index, item.layer, item.reason))
+        else:
+            slices = tuple(_slice_program(item, piece, gmem, groups.chip.lanes)
+                           for piece in item.tiling.slices)
+            items.append(GroupProgram(index, item, slices))
+    return Program(groups.chip, groups.graph, groups.grouped, gmem, tuple(items))
+
+
+def gmem_layout(groups: LayerGroups) -> GmemLayout:
+    """Weights first, then every tensor that crosses a group (or CPU layer) border."""
+    graph, offset = groups.graph, 0
+    weights, tensors = {}, {}
+    for layer in graph.layers:
+        if layer.weight_bytes:
+            weights[layer.name] = (offset, layer.weight_bytes)
+            offset += _gmem_align(layer.weight_bytes)
+    crossing = list(graph.inputs)
+    for item in groups.items:
+        if isinstance(item, CpuLayer):
+            crossing += list(item.layer.inputs + item.layer.outputs)
+        else:
+            crossing += list(item.group.inputs + item.group.outputs)
+    for t in dict.fromkeys(crossing):
+        size = graph.tensor_bytes(t, _elem_bytes(graph, t))
+        tensors[t] = (offset, size)
+        offset += _gmem_align(size)
+    return GmemLayout(weights, tensors, offset)
+
+
+def _gmem_align(size: int) -> int:
+    return -(-size // GMEM_ALIGN) * GMEM_ALIGN
+
+
+def _elem_bytes(graph: LayerGraph, tensor: str) -> int:
+    for layer in graph.layers:
+        if tensor in layer.inputs or tensor in layer.outputs:
+            return layer.act_bytes
+    return 1
+
+
+def _slice_program(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout,
+                   lanes: int) -> SliceProgram:
+    steps: list[Step] = []
+    by_step = _layers_by_timestep(plan)
+    for t in range(plan.schedule.timesteps):
+        steps += [_load(plan, piece, gmem, name) for name, at in plan.schedule.loads.items()
+                  if at == t]
+        steps += [_weight_load(plan, piece, gmem, name)
+                  for name, at in plan.schedule.weight_loads.items()
+                  if at == t and _loads_weights(piece)]
+        if t in by_step:
+            steps.append(_compute(plan, piece, by_step[t]))
+        steps += [_store(plan, piece, gmem, name) for name, at in plan.schedule.stores.items()
+                  if at == t]
+    return SliceProgram(piece.index, piece.batch, piece.channels, piece.part, tuple(steps))
+
+
+def _layers_by_timestep(plan: GroupPlan) -> dict[int, LayerSpec]:
+    layers = {layer.name: layer for layer in plan.group.layers}
+    return {t: layers[name] for name, t in plan.schedule.compute.items()}
+
+
+def _loads_weights(piece: SliceWindow) -> bool:
+    """Weights load in the first slice of each C chunk; they stay resident for the others."""
+    return piece.batch.start == 0 and piece.part == 0
+
+
+def _activation_bytes(plan: GroupPlan, piece: SliceWindow, tensor: str, rows: Rows) -> int:
+    _, _, _, w = plan.group.shapes[tensor]
+    chans = plan.tiling.channels(tensor, piece)
+    return piece.batch.size * chans.size * rows.size * w * plan.group.elem_bytes[tensor]
+
+
+def _load(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout, tensor: str) -> Dma:
+    buf, rows = plan.buffer(tensor), piece.window.rows[tensor]
+    return Dma("load", plan.schedule.loads[tensor], tensor, buf.id,
+               plan.placement.addresses[buf.id], gmem.tensors[tensor][0], piece.batch, plan.tiling.channels(tensor, piece), rows,
+               rows, _activation_bytes(plan, piece, tensor, rows))
+
+
+def _store(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout, tensor: str) -> Dma:
+    buf, rows = plan.buffer(tensor), piece.window.store[tensor]
+    return Dma("store", plan.schedule.stores[tensor], tensor, buf.id,
+               plan.placement.addresses[buf.id], gmem.tensors[tensor][0], piece.batch,
+               plan.tiling.channels(tensor, piece), piece.window.rows[tensor], rows,
+               _activation_bytes(plan, piece, tensor, rows))
+
+
+def _weight_load(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout, layer_name: str) -> Dma:
+    layer = next(l for l in plan.group.layers if l.name == layer_name)
+    buf = plan.buffer(f"{layer_name}/weight")
+    chans = piece.channels or Rows(0, layer.c_out)
+    size = layer.weight_bytes * chans.size // layer.c_out
+    return Dma("load", plan.schedule.weight_loads[layer_name], buf.name, buf.id,
+               plan.placement.addresses[buf.id], gmem.weights[layer_name][0], None, chans,
+               None, None, size)
+
+
+def _operand(plan: GroupPlan, piece: SliceWindow, tensor: str, rows: Rows) -> Operand:
+    buf = plan.buffer(tensor)
+    return Operand(tensor, buf.id, plan.placement.addresses[buf.id], piece.batch,
+                   plan.tiling.channels(tensor, piece), piece.window.rows[tensor], rows)
+
+
+def _compute(plan: GroupPlan, piece: SliceWindow, layer: LayerSpec) -> Compute:
+    window = piece.window.layers[layer.name]
+    inputs = tuple(_operand(plan, piece, t, r) for t, r in zip(layer.inputs, window.reads))
+    outputs = tuple(_operand(plan, piece, t, window.out_rows) for t in layer.outputs)
+    weight = scratch = None
+    if layer.weight_bytes:
+        buf = plan.buffer(f"{layer.name}/weight")
+        weight = {"buffer": buf.id, "addr": plan.placement.addresses[buf.id],
+                  "channels": piece.channels or Rows(0, layer.c_out)}
+    if layer.scratch_elem_bytes:
+        buf = plan.buffer(f"{layer.name}/scratch")
+        scratch = {"buffer": buf.id, "addr": plan.placement.addresses[buf.id]}
+    n, c, h, _ = layer.out_shapes[0]
+    chans = outputs[0].channels.size
+    macs = layer.macs * window.out_rows.size * piece.batch.size * chans // (h * n * c)
+    return Compute("compute", plan.schedule.compute[layer.name], layer.name, layer.op, inputs,
+                   outputs, weight, scratch, window.pad_top, window.pad_bottom, macs)

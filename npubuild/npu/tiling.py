@@ -1,0 +1,175 @@
+"""Slicing a layer group along N, H (and, for one heavy layer, C) into slices that fit LMEM.
+
+For an H slicing into ``h`` parts, each group output's rows are split into ``h`` near-equal
+ranges (the rows that slice *stores*). Walking the layers backwards, a layer computes the hull
+of what its outputs' consumers need, and backward-H gives the rows it reads from each input
+(`backward_h.input_rows`). A tensor's buffer holds the hull of everything read from it, so a
+layer may read a sub-range of a buffer; every compute step records the rows it reads, the rows
+the buffer holds and the effective paddings.
+
+N slices split the batch; every N slice sees the same H windows. C slices exist only for a group
+of one layer whose weights alone do not fit (TPU-MLIR runs such layers on their own too): a
+``conv`` computes a range of output channels from all input channels, a channel-wise layer reads
+and writes the same range. Slices run C-major, then N, then H, so a C slice's weights load once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import product
+
+from npubuild.npu.backward_h import Rows, input_rows, overlap, overlap_ok, split_rows
+from npubuild.npu.layers import C_SLICEABLE_OPS, Group
+
+
+class TilingRejected(Exception):
+    """A slicing that cannot work for this group; the message says why."""
+
+
+@dataclass(frozen=True)
+class Slicing:
+    n: int = 1
+    h: int = 1
+    c: int = 1
+
+    @property
+    def count(self) -> int:
+        return self.n * self.h * self.c
+
+    @property
+    def weights_resident(self) -> bool:
+        """Seed 001: when N or H is sliced, weights stay in LMEM for every slice."""
+        return self.n > 1 or self.h > 1
+
+    def as_dict(self) -> dict[str, int]:
+        return {"n": self.n, "h": self.h, "c": self.c}
+
+    def __str__(self) -> str:
+        return f"N/{self.n} H/{self.h}" + (f" C/{self.c}" if self.c > 1 else "")
+
+
+@dataclass(frozen=True)
+class LayerWindow:
+    """What one layer computes in one H part."""
+
+    out_rows: Rows
+    reads: tuple[Rows, ...]
+    pad_top: int
+    pad_bottom: int
+
+
+@dataclass(frozen=True)
+class HWindow:
+    """One H part: rows every tensor's buffer holds, rows each group output stores."""
+
+    part: int
+    rows: dict[str, Rows]
+    store: dict[str, Rows]
+    layers: dict[str, LayerWindow]
+
+
+@dataclass(frozen=True)
+class SliceWindow:
+    index: int
+    batch: Rows
+    channels: Rows | None  # output channels of the group's single layer when C is sliced
+    window: HWindow
+
+    @property
+    def part(self) -> int:
+        return self.window.part
+
+
+@dataclass(frozen=True)
+class GroupTiling:
+    group: Group
+    slicing: Slicing
+    slices: tuple[SliceWindow, ...]
+
+    def channels(self, tensor: str, piece: SliceWindow) -> Rows:
+        """The channels of ``tensor`` a slice holds (all of them unless C is sliced)."""
+        full = Rows(0, self.group.shapes[tensor][1])
+        if piece.channels is None:
+            return full
+        layer = self.group.layers[0]
+        if tensor in layer.outputs:
+            return piece.channels
+        if any(t == tensor and layer.input_follows_channels(i) for i, t in enumerate(layer.inputs)):
+            return piece.channels
+        return full
+
+
+def tile_group(group: Group, slicing: Slicing, *, enforce_overlap: bool = True) -> GroupTiling:
+    """Backward-H through the group for every slice; raises `TilingRejected` with the reason.
+
+    ``enforce_overlap=False`` skips seed 001's h/2 rule (to inspect a slicing it would reject).
+    """
+    _check_limits(group, slicing)
+    windows = [_h_window(group, slicing.h, part) for part in range(slicing.h)]
+    if slicing.h > 1 and enforce_overlap:
+        _check_overlap(group, windows)
+    batch = group.shapes[group.outputs[0]][0]
+    batches = split_rows(batch, slicing.n)
+    chans = split_rows(group.layers[0].c_out, slicing.c) if slicing.c > 1 else [None]
+    slices = tuple(SliceWindow(i, b, c, w)
+                   for i, (c, b, w) in enumerate(product(chans, batches, windows)))
+    return GroupTiling(group, slicing, slices)
+
+
+def _check_limits(group: Group, slicing: Slicing) -> None:
+    batch = min(group.shapes[t][0] for t in group.outputs)
+    height = min(group.shapes[t][2] for t in group.outputs)
+    if slicing.n > batch:
+        raise TilingRejected(f"cannot cut a batch of {batch} into {slicing.n} N slices")
+    if slicing.h > height:
+        raise TilingRejected(f"cannot cut an output of H={height} into {slicing.h} H slices")
+    if slicing.c > 1:
+        layer = group.layers[0]
+        if len(group) > 1 or layer.op not in C_SLICEABLE_OPS or layer.attr("group", 1) > 1:
+            raise TilingRejected("C slicing is only for a group of one conv or channel-wise layer")
+        if slicing.c > layer.c_out:
+            raise TilingRejected(f"cannot cut {layer.c_out} channels into {slicing.c} C slices")
+
+
+def _h_window(group: Group, parts: int, part: int) -> HWindow:
+    rows = {t: split_rows(group.shapes[t][2], parts)[part] for t in group.outputs}
+    store = dict(rows)
+    layers: dict[str, LayerWindow] = {}
+    for layer in reversed(group.layers):
+        wanted = [rows[t] for t in layer.outputs if t in rows]
+        out = _hull(wanted) if wanted else _own_share(layer.h_out, parts, part)
+        for t in layer.outputs:
+            rows[t] = out
+        needs = [input_rows(layer, out, i) for i in range(len(layer.inputs))]
+        for t, need in zip(layer.inputs, needs):  # (a window wholly in padding reads nothing)
+            rows[t] = need.rows.hull(rows.get(t))
+        first = needs[0]
+        layers[layer.name] = LayerWindow(out, tuple(n.rows for n in needs),
+                                         first.pad_top, first.pad_bottom)
+    return HWindow(part, rows, store, layers)
+
+
+def _own_share(height: int, parts: int, part: int) -> Rows:
+    """Rows of a dead output (no reader, not stored): its share, or everything if too short."""
+    return split_rows(height, parts)[part] if parts <= height else Rows(0, height)
+
+
+def _hull(ranges: list[Rows]) -> Rows:
+    hull = ranges[0]
+    for r in ranges[1:]:
+        hull = hull.hull(r)
+    return hull
+
+
+def _check_overlap(group: Group, windows: list[HWindow]) -> None:
+    for layer in group.layers:
+        for t in dict.fromkeys(layer.inputs):
+            height = group.shapes[t][2]
+            if height == 1:  # a row broadcast to every slice (e.g. a squeeze-excite scale)
+                continue
+            ranges = [w.rows[t] for w in windows]
+            if not overlap_ok(ranges, height):
+                raise TilingRejected(
+                    f"input {t!r} of layer {layer.name!r} (H={height}) would be loaded with "
+                    f"{overlap(ranges)} overlapping rows over {len(windows)} H slices "
+                    f"(more than H/2 = {height / 2:g})")
