@@ -48,7 +48,13 @@ class Rewrite:
 
 SURGERY: Registry[Rewrite] = Registry("surgery rewrite", "npubuild.surgery")
 
-BUILTIN_MODULES: tuple[str, ...] = ()
+BUILTIN_MODULES: tuple[str, ...] = (
+    "npubuild.surgery.folding",
+    "npubuild.surgery.nodes",
+    "npubuild.surgery.gemm",
+    "npubuild.surgery.rank4",
+    "npubuild.surgery.io",
+)
 
 
 def rewrite(name: str, args: type[StepArgs], *, data_movement: bool = False):

@@ -1,0 +1,195 @@
+"""``fold_constants``: constant folding, shape-op simplification, no-op and dead-node removal.
+
+Once import has fixed the input shapes, every Shape/Size of a tensor has a known value, and the
+anchor and stride code of detection heads (Shape → Gather → Range → Expand → ConstantOfShape …)
+computes constants. Rounds repeat until nothing changes: replace Shape/Size of static tensors
+by constants, evaluate every node whose inputs are all constant with ONNX Runtime (the reference
+evaluator when ORT cannot), remove no-op nodes, drop what no output needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from pydantic import Field
+
+from npubuild.surgery import StepArgs, SurgeryError, rewrite
+from npubuild.surgery.graph import Editor, subgraph_inputs
+from npubuild.surgery.opsets import attr
+
+NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                    "Multinomial", "Bernoulli"}
+
+
+class FoldConstantsArgs(StepArgs):
+    """Arguments of ``fold_constants``."""
+
+    size_limit_mb: float | None = Field(
+        None, gt=0, description="Do not fold a tensor larger than this many MiB (default: no "
+                                "limit; weights computed by ConstantOfShape/Tile fold too).")
+    remove_noops: bool = Field(
+        True, description="Also remove Identity, inference-mode Dropout, Cast to the same type, "
+                          "Reshape/Expand to the same shape, identity Transpose, one-input Concat.")
+    max_rounds: int = Field(8, ge=1, description="Stop after this many fold rounds.")
+
+
+@rewrite("fold_constants", FoldConstantsArgs)
+def fold_constants(model: onnx.ModelProto, args: FoldConstantsArgs) -> onnx.ModelProto:
+    """Fold constant subgraphs and shape arithmetic; remove no-ops and dead nodes."""
+    ed = Editor(model, "fold_constants")
+    limit = None if args.size_limit_mb is None else int(args.size_limit_mb * 2**20)
+    for _ in range(args.max_rounds):
+        changed = _fold_shapes(ed)
+        changed |= _fold_constant_nodes(ed, limit)
+        if args.remove_noops:
+            changed |= _remove_noops(ed)
+        changed |= bool(ed.prune())
+        if not changed:
+            break
+    return ed.finish()
+
+
+def _fold_shapes(ed: Editor) -> bool:
+    """Shape and Size of tensors whose shape is static become initializers."""
+    changed = False
+    for node in list(ed.graph.node):
+        if node.op_type not in ("Shape", "Size") or ed.is_graph_output(node.output[0]):
+            continue
+        shape = ed.shape(node.input[0])
+        if shape is None:
+            continue
+        if node.op_type == "Size":
+            value = np.array(int(np.prod(shape)), np.int64)
+        else:
+            rank = len(shape)
+            start, end = attr(node, "start", 0), attr(node, "end", rank)
+            value = np.array(shape[_clamp(start, rank):_clamp(end, rank)], np.int64)
+        ed.remove(node)
+        ed.set_initializer(node.output[0], value)
+        changed = True
+    return changed
+
+
+def _clamp(index: int, rank: int) -> int:
+    return max(0, min(rank, index + rank if index < 0 else index))
+
+
+def _foldable(ed: Editor, node: onnx.NodeProto, constant: set[str]) -> bool:
+    if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC:
+        return False
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        return False
+    if any(ed.is_graph_output(o) for o in node.output):
+        return False
+    if not node.input and node.op_type != "Constant":
+        return False
+    return all(not name or name in constant for name in node.input)
+
+
+def _fold_constant_nodes(ed: Editor, limit: int | None) -> bool:
+    """Evaluate every node whose inputs are all constant; keep the values other nodes read."""
+    constant = {t.name for t in ed.graph.initializer if not ed.overridable(t.name)}
+    batch = []
+    for node in ed.graph.node:  # graph order is topological
+        if _foldable(ed, node, constant):
+            batch.append(node)
+            constant.update(o for o in node.output if o)
+    if not batch:
+        return False
+    folded = {o for n in batch for o in n.output}
+    needed = [name for name in _frontier(ed, batch, folded)]
+    values = evaluate(ed, batch, needed)
+    if limit is not None:
+        too_big = {n for n, v in values.items() if v.nbytes > limit}
+        if too_big:  # keep the producers of large tensors (and what they read) as nodes
+            return _fold_except(ed, batch, values, too_big)
+    ed.remove(*batch)
+    for name in needed:
+        ed.set_initializer(name, values[name])
+    return True
+
+
+def _frontier(ed: Editor, batch: list[onnx.NodeProto], folded: set[str]) -> list[str]:
+    ids = {id(n) for n in batch}
+    readers = {name for node in ed.graph.node if id(node) not in ids
+               for name in list(node.input) + subgraph_inputs(node)}
+    return [name for node in batch for name in node.output
+            if name in folded and (name in readers or ed.is_graph_output(name))]
+
+
+def _fold_except(ed: Editor, batch, values, too_big: set[str]) -> bool:
+    keep = [n for n in batch if any(o in too_big for o in n.output)]
+    kept_inputs = {name for n in keep for name in n.input}
+    drop = [n for n in batch if n not in keep]
+    if not drop:
+        return False
+    dropped_outputs = {o for n in drop for o in n.output}
+    ed.remove(*drop)
+    for name in sorted(dropped_outputs):
+        if name in values and (name in kept_inputs or ed.consumers(name)):
+            ed.set_initializer(name, values[name])
+    return True
+
+
+def evaluate(ed: Editor, nodes: list[onnx.NodeProto], outputs: list[str]) -> dict[str, np.ndarray]:
+    """Run ``nodes`` (all inputs constant) and return ``outputs``; ORT first, then onnx's reference."""
+    graph_inits = {name for node in nodes for name in node.input if name}
+    inits = [t for t in ed.graph.initializer if t.name in graph_inits]
+    types = ed.infer()
+    value_infos = [onnx.helper.make_tensor_value_info(name, types.get(name, (0, None))[0] or 1, None)
+                   for name in outputs]
+    sub = onnx.helper.make_model(
+        onnx.helper.make_graph(list(nodes), "fold", [], value_infos, inits),
+        opset_imports=list(ed.model.opset_import), ir_version=max(ed.model.ir_version, 4))
+    sub.functions.extend(ed.model.functions)
+    try:
+        from npubuild.onnx_io import run
+
+        return run(sub, {}, outputs)
+    except Exception as ort_error:  # e.g. an output type shape inference could not tell
+        try:
+            from onnx.reference import ReferenceEvaluator
+
+            values = ReferenceEvaluator(sub).run(outputs, {})
+            return {name: np.asarray(v) for name, v in zip(outputs, values)}
+        except Exception as ref_error:
+            raise SurgeryError(f"cannot evaluate the constant nodes "
+                               f"{', '.join(n.name or n.op_type for n in nodes[:5])}...: "
+                               f"ONNX Runtime said {ort_error}; the reference evaluator said "
+                               f"{ref_error}") from None
+
+
+def _remove_noops(ed: Editor) -> bool:
+    changed = False
+    for node in list(ed.graph.node):
+        if _is_noop(ed, node):
+            try:
+                ed.bypass(node)
+            except SurgeryError:  # joins a graph input to a graph output: keep it
+                continue
+            changed = True
+    return changed
+
+
+def _is_noop(ed: Editor, node: onnx.NodeProto) -> bool:
+    op = node.op_type
+    if node.domain not in ("", "ai.onnx") or not node.input:
+        return False
+    if op == "Identity":
+        return True
+    if op == "Dropout":
+        unused_mask = len(node.output) < 2 or not node.output[1] or not (
+            ed.consumers(node.output[1]) or ed.is_graph_output(node.output[1]))
+        training = len(node.input) > 2 and node.input[2] and bool(np.any(ed.constant(node.input[2])))
+        return unused_mask and not training
+    if op == "Cast":
+        return ed.elem_type(node.input[0]) == attr(node, "to")
+    if op in ("Reshape", "Expand"):
+        before, after = ed.shape(node.input[0]), ed.shape(node.output[0])
+        return before is not None and before == after
+    if op == "Transpose":
+        perm = attr(node, "perm")
+        return perm is not None and list(perm) == sorted(perm)
+    if op == "Concat":
+        return len(node.input) == 1
+    return False
