@@ -99,7 +99,13 @@ def load_yaml_model(path: Path, model: type[M], display: str | None = None) -> M
 
 
 def _data_path(loc: tuple, data: Any) -> FieldPath:
-    """Drop the union tags pydantic inserts into ``loc``, keeping the keys that exist in data."""
+    """Drop the union tags pydantic inserts into ``loc``, keeping the keys that exist in data.
+
+    A tagged union of single-key steps (``surgery: [{name: {args}}]``) repeats the tag as the
+    field name right after the list index; the first of the two is the tag."""
+    loc = tuple(part for i, part in enumerate(loc)
+                if not (i >= 1 and isinstance(part, str) and i + 1 < len(loc)
+                        and loc[i + 1] == part and isinstance(loc[i - 1], int)))
     path: list[str | int] = []
     for part in loc:
         if isinstance(data, dict) and part in data:
@@ -191,11 +197,14 @@ def _is_model(tp: Any) -> bool:
 
 
 def _step_into(tp: Any, part: Any) -> Any:
-    for candidate in _unwrap(tp):
+    candidates = _unwrap(tp)
+    for candidate in candidates:  # in a union, a tag names a variant before any field does
+        if (len(candidates) > 1 and _is_model(candidate)
+                and part in (candidate.__name__, candidate.model_config.get("title"))):
+            return candidate
+    for candidate in candidates:
         if _is_model(candidate) and isinstance(part, str) and part in candidate.model_fields:
             return candidate.model_fields[part].annotation
-        if _is_model(candidate) and part in (candidate.__name__, candidate.model_config.get("title")):
-            return candidate
         origin = typing.get_origin(candidate)
         if isinstance(part, int) and origin in (list, tuple):
             return typing.get_args(candidate)[0]
