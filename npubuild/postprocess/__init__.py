@@ -1,0 +1,1 @@
+"""CPU post-processing that recipes document for the outputs they cut off the NPU graph."""
