@@ -111,7 +111,12 @@ class BuildSession:
                 out.append(StageResult(stage.name, NOT_IMPLEMENTED))
                 stale = True
                 continue
-            parts = self.parts(stage)
+            try:
+                parts = self.parts(stage)
+            except NpubuildError as exc:  # e.g. its data files are missing: say so, go on
+                out.append(StageResult(stage.name, "cannot run", reason=exc.message))
+                stale = True
+                continue
             current = self.current_manifest(stage, parts.key)
             if current and not stale:
                 out.append(StageResult(stage.name, "cached", key=parts.key))
