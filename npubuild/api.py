@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from npubuild.build.engine import BuildSession, StageResult, stage_list
 from npubuild.build.keys import read_manifest
 from npubuild.build.lock import build_lock
+from npubuild.errors import UserError
 from npubuild.recipe import LoadedRecipe, load_recipe
 from npubuild.stages import PIPELINE, no_progress
 
@@ -66,6 +71,29 @@ def clean(session: BuildSession) -> Path:
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
     shutil.rmtree(session.paths.root, ignore_errors=True)
     return session.paths.root
+
+
+@contextmanager
+def recipe_at_revision(recipe: Path, rev: str) -> Iterator[Path]:
+    """The recipe as git revision ``rev`` has it, as a temporary file beside the recipe (so its
+    relative paths resolve the same); removed afterwards."""
+    recipe = Path(recipe)
+    top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=recipe.parent or ".",
+                         capture_output=True, text=True)
+    if top.returncode:
+        raise UserError(f"{recipe} is not in a git work tree: {top.stderr.strip()}")
+    rel = recipe.resolve().relative_to(Path(top.stdout.strip()).resolve())
+    shown = subprocess.run(["git", "show", f"{rev}:{rel.as_posix()}"], cwd=top.stdout.strip(),
+                           capture_output=True, text=True)
+    if shown.returncode:
+        raise UserError(f"git cannot show {rel} at {rev}: {shown.stderr.strip()}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{recipe.stem}@", suffix=".yaml", dir=recipe.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(shown.stdout)
+    try:
+        yield Path(tmp)
+    finally:
+        os.unlink(tmp)
 
 
 def placements(session: BuildSession) -> list:

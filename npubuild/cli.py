@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", action="append", required=True, metavar="[NAME=]FILE",
                    help=".npy/.npz tensor for a model input (NAME= picks the input; repeatable)")
     p.add_argument("--output", type=Path, help="write the outputs to this .npz")
+    p = command("diff", cmd_diff, "compare two recipes (or two git revisions of one): which "
+                "stages differ and why, and how the metrics moved", recipe=False,
+                build_opts=True, json_opt=True)
+    p.add_argument("recipes", type=Path, nargs="+", metavar="RECIPE", help="A.yaml B.yaml, or one "
+                   "recipe with --rev")
+    p.add_argument("--rev", action="append", default=[], metavar="REV",
+                   help="git revision of the recipe (once: REV vs the working copy; twice: REV1 vs REV2)")
     return parser
 
 
@@ -255,6 +262,48 @@ def cmd_infer(args) -> int:
             print(f"{k}: shape {v['shape']} {v['dtype']}  min {v['min']:.4g}  max {v['max']:.4g}  "
                   f"mean {v['mean']:.4g}")
     return EXIT_OK
+
+
+def cmd_diff(args) -> int:
+    from contextlib import ExitStack
+
+    from npubuild import api
+    from npubuild.diff import diff_sessions
+    from npubuild.errors import UserError
+
+    with ExitStack() as stack:
+        if args.rev:
+            if len(args.recipes) != 1 or len(args.rev) > 2:
+                raise UserError("with --rev give one recipe and one or two revisions")
+            revs = [stack.enter_context(api.recipe_at_revision(args.recipes[0], r)) for r in args.rev]
+            paths = revs + [args.recipes[0]] if len(revs) == 1 else revs
+        elif len(args.recipes) == 2:
+            paths = list(args.recipes)
+        else:
+            raise UserError("give two recipes (A.yaml B.yaml) or one recipe with --rev REV")
+        a, b = (api.session_for(p, build_root=args.build_dir, cache=args.cache) for p in paths)
+        result = diff_sessions(a, b)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return EXIT_OK
+    labels = [f"{r}" for r in args.rev] + ["working copy"] if args.rev else [str(p) for p in args.recipes]
+    print(f"a: {labels[0]}\nb: {labels[1]}")
+    for stage in result["stages"]:
+        state = "same" if stage["same"] else "differs"
+        print(f"  {stage['stage']:<9} {state}")
+        for reason in stage["reasons"]:
+            print(f"              {reason}")
+    if result["metrics"]:
+        print("metrics (a -> b):")
+        for row in result["metrics"]:
+            print(f"  {row['metric']:<24} {_fmt(row['a'])} -> {_fmt(row['b'])}")
+    return EXIT_OK
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "-" if value is None else str(value)
 
 
 # -- output helpers --------------------------------------------------------------------------

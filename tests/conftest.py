@@ -53,8 +53,10 @@ model:
   inputs:
     - name: x
       shape: [1, 3, 8, 8]
+      preprocess: {{resize: [8, 8], scale: 0.00392156862745098}}
 quantization:
   scheme: symmetric
+  calibration: {{data: "pkg:skimage/data/[a-c]*.png", samples: 2}}
 """
 
 

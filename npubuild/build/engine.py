@@ -78,9 +78,31 @@ class BuildSession:
         return sha256_data(self.chip.digest_data())
 
     # -- keys -------------------------------------------------------------------------------
-    def parts(self, stage: Stage) -> KeyParts:
+    def parts(self, stage: Stage, upstream: dict[str, dict | None] | None = None) -> KeyParts:
+        """``stage``'s key parts; upstream manifests default to what the build dir holds."""
         digest = self.chip_digest if stage.uses_chip else None
-        return key_parts(stage, self.loaded, self.paths, self.hashes, digest, __version__)
+        if upstream is None:
+            upstream = {u: read_manifest(self.paths.manifest(u)) for u in stage.needs}
+        return key_parts(stage, self.loaded, upstream, self.hashes, digest, __version__)
+
+    def expected(self) -> dict[str, tuple[KeyParts | None, dict | None, str]]:
+        """Per stage, without building: its key parts, the manifest that key has (in the build
+        dir or the cache, else None) and a note; upstream keys follow from those manifests."""
+        manifests: dict[str, dict | None] = {}
+        out: dict[str, tuple[KeyParts | None, dict | None, str]] = {}
+        for stage in PIPELINE:
+            if not stage.implemented:
+                out[stage.name], manifests[stage.name] = (None, None, NOT_IMPLEMENTED), None
+                continue
+            try:
+                parts = self.parts(stage, {u: manifests.get(u) for u in stage.needs})
+            except NpubuildError as exc:
+                out[stage.name], manifests[stage.name] = (None, None, exc.message), None
+                continue
+            manifest = self.current_manifest(stage, parts.key) or self.cache.manifest(parts.key)
+            manifests[stage.name] = manifest
+            out[stage.name] = (parts, manifest, "built" if manifest else "not built")
+        return out
 
     def current_manifest(self, stage: Stage, key: str) -> dict | None:
         """The stage's manifest when its artifacts are there and were built for ``key``."""

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npubuild.build.hashing import HashCache, sha256_data
-from npubuild.build.paths import BuildPaths
 
 if TYPE_CHECKING:
     from npubuild.recipe import LoadedRecipe
@@ -52,13 +51,14 @@ def upstream_digest(manifest: dict | None) -> str:
     return sha256_data(manifest["files"]) if manifest else "missing"
 
 
-def key_parts(stage: "Stage", loaded: "LoadedRecipe", paths: BuildPaths, hashes: HashCache,
-              chip_digest: str | None, version: str) -> KeyParts:
+def key_parts(stage: "Stage", loaded: "LoadedRecipe", upstream: dict[str, dict | None],
+              hashes: HashCache, chip_digest: str | None, version: str) -> KeyParts:
+    """The parts of ``stage``'s key; ``upstream`` maps each needed stage to its manifest."""
     data = loaded.recipe.model_dump(mode="json")
     return KeyParts(
         stage=stage.name, version=version,
         sections={s: sha256_data(section_value(data, s)) for s in stage.sections},
-        upstream={u: upstream_digest(read_manifest(paths.manifest(u))) for u in stage.needs},
+        upstream={u: upstream_digest(upstream.get(u)) for u in stage.needs},
         chip=chip_digest if stage.uses_chip else None,
         files={str(p): hashes.any(p) for p in stage.external_files(loaded)})
 
