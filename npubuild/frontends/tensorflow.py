@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from collections import Counter
 from contextlib import contextmanager
@@ -384,7 +385,18 @@ def _tensorflow():
             os.environ.pop(_LOG_ENV, None)
         else:
             os.environ[_LOG_ENV] = saved
+    _absl_to_real_stderr()
     return tf
+
+
+def _absl_to_real_stderr() -> None:
+    """absl's log handler keeps the ``sys.stderr`` of the moment it was imported, which inside a
+    doit action is doit's capture object; at exit absl would close that and print a traceback."""
+    try:
+        from absl import logging as absl_logging
+    except ImportError:
+        return
+    absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
 @contextmanager
