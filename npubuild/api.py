@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 from npubuild.build.engine import BuildSession, StageResult, stage_list
 from npubuild.build.keys import read_manifest
 from npubuild.build.lock import build_lock
-from npubuild.errors import UserError
+from npubuild.errors import BuildError, UserError
 from npubuild.recipe import LoadedRecipe, load_recipe
 from npubuild.stages import PIPELINE, no_progress
 
@@ -39,7 +39,20 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
         report = session.finish(stages)
     if session.error is not None:
         raise session.error
+    verdict = report.get("verify") if "verify" in {s.name for s in stages} else None
+    if verdict and not verdict.get("passed", True):
+        raise BuildError("; ".join(verdict.get("failures", [])), stage="verify",
+                         hint=_bisection_hint(verdict.get("bisection")))
     return report
+
+
+def _bisection_hint(bisection: dict | None) -> str:
+    finding = (bisection or {}).get("finding")
+    if not finding:
+        return "see report.html for per-stage figures"
+    return (f"the drop starts in stage `{finding['stage']}` at tensor {finding['tensor']!r} "
+            f"(cosine {finding['cosine']:.4f}), introduced by {finding['introduced_by']}; "
+            f"{finding['suggestion']}")
 
 
 def plan(session: BuildSession, stage: str | None = None) -> list[StageResult]:
