@@ -8,6 +8,7 @@ a scratch directory → manifest → cache → atomic swap into ``build/<name>/<
 
 from __future__ import annotations
 
+import logging
 import shutil
 import time
 import uuid
@@ -232,7 +233,18 @@ class BuildSession:
         self.paths.root.mkdir(parents=True, exist_ok=True)
         write_json(self.paths.report, report)
         write_json(self.paths.recipe_lock, self.lock_data())
+        self.write_html()
         return report
+
+    def write_html(self) -> None:
+        """report.html beside report.json, from this run's artifacts (a page that cannot be
+        drawn is a warning, never a failed build)."""
+        from npubuild.report import write_report
+
+        try:
+            write_report(self.paths.root, self.paths.report_html)
+        except Exception as exc:  # the report must not hide the build's own outcome
+            logging.getLogger("npubuild").warning("report.html not written: %s", exc)
 
     def report(self, stages: tuple[Stage, ...]) -> dict:
         chip_name = self.loaded.recipe.target

@@ -3,6 +3,7 @@
     build/<recipe name>/<stage>/...        a stage's artifacts, swapped in whole by rename
     build/<recipe name>/<stage>/manifest.json   the stage's key, file hashes and report
     build/<recipe name>/report.json        what every run updates (ARCHITECTURE §6)
+    build/<recipe name>/report.html        the same for people, with pictures (every run)
     build/<recipe name>/recipe.lock        the resolved recipe and every artifact's hash
 """
 
@@ -40,6 +41,10 @@ class BuildPaths:
     @property
     def report(self) -> Path:
         return self.root / "report.json"
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
 
     @property
     def recipe_lock(self) -> Path:

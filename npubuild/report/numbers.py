@@ -1,0 +1,186 @@
+"""Report sections with the numbers: per-layer quantization error (worst first), the compiled
+plan's layer groups and LMEM timelines, and the performance estimate with and without grouping.
+
+Compile artifacts are found by pattern (``compile/**/plan*.json``, ``compile/**/*.svg``) so the
+page shows whatever the compile stage writes; field names follow `npubuild.npu.plan_json` and
+`npubuild.npu.estimate.report_fields`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from npubuild.report.artifacts import BuildArtifacts
+from npubuild.report.html import Raw, details, esc, fmt, generic, kv_table, para, table
+
+SHOWN_LAYERS = 20
+LAYER_LIMIT = 400
+PICTURE_LIMIT = 48
+OPEN_PICTURES = 2
+LAYER_COLUMNS = ("graph", "tensor", "layer", "kind", "device", "dtype", "cosine", "euclid",
+                 "sqnr_db", "max_abs")
+
+
+# -- quantization ------------------------------------------------------------------------------
+def quantization_section(a: BuildArtifacts) -> str:
+    per_layer = a.json("quantize/per_layer.json")
+    if per_layer is None:
+        return a.not_built("quantize", "quantize/per_layer.json")
+    summary = a.report.get("quantization") or {}
+    calibration = a.json("quantize/calibration.json") or {}
+    out = kv_table([(k, summary.get(k, calibration.get(k))) for k in
+                    ("scheme", "granularity", "method", "calibration_samples")]
+                   + [("float overrides", summary.get("overrides"))])
+    out += _cpu_layers(summary.get("graphs") or {})
+    crosscheck = per_layer.get("crosscheck") or summary.get("crosscheck")
+    if crosscheck:
+        out += "<h3>Integer reference vs QDQ model in ONNX Runtime</h3>" + generic(crosscheck)
+    return out + _layers(per_layer.get("tensors") or []) + _ranges(calibration)
+
+
+def _cpu_layers(graphs: dict) -> str:
+    rows = [[graph, item.get("layer"), item.get("reason")] for graph, info in graphs.items()
+            for item in (info.get("cpu_layers") or []) if isinstance(item, dict)]
+    if not rows:
+        return ""
+    return ("<h3>Layers kept in float (no integer kernel)</h3>"
+            + table(["submodel", "layer", "why"], rows, limit=len(rows)))
+
+
+def _layers(tensors: list[dict]) -> str:
+    ranked = sorted(tensors, key=_worst_first)
+    head = f"<h3>Per-layer error vs float, worst first ({len(ranked)} tensors)</h3>"
+    out = head + _layer_table(ranked[:SHOWN_LAYERS], 0)
+    out += para("cosine cells: red below 0.9, amber below 0.99", "note")
+    rest = ranked[SHOWN_LAYERS:]
+    if rest:
+        out += details(f"the other {len(rest)} tensors", _layer_table(rest, SHOWN_LAYERS))
+    return out
+
+
+def _worst_first(item: dict) -> tuple:
+    cosine = item.get("cosine")
+    return (cosine is None, cosine if isinstance(cosine, (int, float)) else 0.0)
+
+
+def _layer_table(rows: list[dict], start: int) -> str:
+    body = [[start + i + 1, *(_layer_cell(r, c) for c in LAYER_COLUMNS)]
+            for i, r in enumerate(rows)]
+    classes = [["", *(_cosine_class(r.get(c)) if c == "cosine" else "" for c in LAYER_COLUMNS)]
+               for r in rows]
+    return table(["#", *LAYER_COLUMNS], body, classes=classes, limit=LAYER_LIMIT,
+                 hidden_note="see quantize/per_layer.json")
+
+
+def _layer_cell(row: dict, column: str) -> Any:
+    value = row.get(column)
+    return Raw(esc(fmt(value, 6))) if column == "cosine" else value
+
+
+def _cosine_class(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return ""
+    return "bad" if value < 0.9 else "warn" if value < 0.99 else ""
+
+
+def _ranges(calibration: dict) -> str:
+    rows = [[graph, name, t.get("min"), t.get("max"), t.get("scale"), t.get("zero_point"),
+             t.get("source")]
+            for graph, info in (calibration.get("graphs") or {}).items()
+            for name, t in (info.get("tensors") or {}).items()]
+    if not rows:
+        return ""
+    return details(f"calibrated ranges of {len(rows)} tensors", table(
+        ["submodel", "tensor", "min", "max", "scale", "zero point", "source"], rows,
+        limit=LAYER_LIMIT, hidden_note="see quantize/calibration.json"))
+
+
+# -- compile: groups and LMEM timelines --------------------------------------------------------
+def lmem_section(a: BuildArtifacts) -> str:
+    plans = a.glob("compile/**/plan*.json")
+    pictures = a.glob("compile/**/*.svg")
+    if not plans and not pictures:
+        return a.not_built("compile", "compile/…/plan.json")
+    out = "".join(_plan(a, path) for path in plans)
+    if not pictures:
+        return out + para("no LMEM timeline pictures in compile/", "not-built")
+    out += f"<h3>LMEM timelines ({len(pictures)})</h3>"
+    for i, path in enumerate(pictures[:PICTURE_LIMIT]):
+        figure = f'<figure class="wide">{a.picture(path, f"LMEM timeline {path.stem}")}</figure>'
+        out += details(a.rel(path), figure, open_=i < OPEN_PICTURES)
+    if len(pictures) > PICTURE_LIMIT:
+        out += para(f"{len(pictures) - PICTURE_LIMIT} more timelines in compile/ not shown",
+                    "hidden-note")
+    return out
+
+
+def _plan(a: BuildArtifacts, path) -> str:
+    plan = a.json(a.rel(path))
+    groups = plan.get("groups") or []
+    npu = [g for g in groups if g.get("device", "npu") == "npu"]
+    cpu = [g for g in groups if g.get("device") == "cpu"]
+    rows = [[g.get("index"), len(g.get("layers") or []), _slicing(g.get("slicing")),
+             g.get("timesteps"), len(g.get("slices") or []), len(g.get("buffers") or []),
+             (g.get("lmem") or {}).get("peak_bytes_per_lane"),
+             (g.get("lmem") or {}).get("bank_crossings")] for g in npu]
+    out = f"<h3>{esc(a.rel(path))}: {len(npu)} layer group{'s' * (len(npu) != 1)}</h3>"
+    out += table(["group", "layers", "slicing n×h×c", "timesteps", "slices", "buffers",
+                  "LMEM peak B/lane", "bank crossings"], rows)
+    if cpu:
+        out += details(f"{len(cpu)} layers left to the CPU by compile",
+                       table(["step", "layer", "why"],
+                             [[g.get("index"), g.get("layer"), g.get("reason")] for g in cpu]))
+    return out
+
+
+def _slicing(slicing: Any) -> str:
+    if isinstance(slicing, dict):
+        return "×".join(str(slicing.get(k, "?")) for k in ("n", "h", "c"))
+    return fmt(slicing)
+
+
+# -- estimate ----------------------------------------------------------------------------------
+ESTIMATE_ROWS = (("cycles", "cycles", "cycles_no_grouping"), ("fps", "fps", "fps_no_grouping"),
+                 ("GMEM bytes moved", "gmem_bytes", "gmem_bytes_no_grouping"),
+                 ("LMEM peak bytes (all lanes)", "lmem_peak_bytes", None),
+                 ("layer groups", "groups", None))
+
+
+def estimate_section(a: BuildArtifacts) -> str:
+    estimate = a.report.get("estimate")
+    plans = [a.json(a.rel(p)) for p in a.glob("compile/**/plan*.json")]
+    if not estimate and not any(p.get("estimate") for p in plans):
+        return a.not_built("compile", "report.json estimate")
+    if not estimate:  # only the plan files have it: no baseline to compare with
+        first = next(p["estimate"] for p in plans if p.get("estimate"))
+        estimate = {k: v for k, v in first.items() if k != "groups"}
+    out = _estimate_table(estimate)
+    for plan in plans:
+        groups = (plan.get("estimate") or {}).get("groups")
+        if groups:
+            out += details(f"per layer group ({len(groups)})", _group_table(groups),
+                           open_=len(groups) <= 8)
+    return out
+
+
+GROUP_COLUMNS = ("index", "layers", "slicing", "compute_cycles", "dma_cycles", "cycles",
+                 "gmem_read", "gmem_write", "lmem_peak_bytes_per_lane")
+
+
+def _group_table(groups: list[dict]) -> str:
+    rows = [[_slicing(g.get(c)) if c == "slicing" else g.get(c) for c in GROUP_COLUMNS]
+            for g in groups]
+    return table(["group", "layers", "slicing n×h×c", "compute cycles", "DMA cycles", "cycles",
+                  "GMEM read", "GMEM write", "LMEM peak B/lane"], rows)
+
+
+def _estimate_table(estimate: dict) -> str:
+    rows, used = [], set()
+    for label, grouped, baseline in ESTIMATE_ROWS:
+        with_, without = estimate.get(grouped), estimate.get(baseline) if baseline else None
+        ratio = (with_ / without if isinstance(with_, (int, float)) and without else None)
+        rows.append([label, with_, without, ratio])
+        used |= {grouped, baseline}
+    out = table(["", "with layer grouping", "one layer per group", "ratio"], rows)
+    extra = [(k, v) for k, v in estimate.items() if k not in used]
+    return out + (kv_table(extra) if extra else "")
