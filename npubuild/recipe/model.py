@@ -144,22 +144,42 @@ class SplitSpec(Strict):
 class CalibrationSpec(Strict):
     data: str | list[str] | None = Field(
         None, description="Images or .npy/.npz tensors; globs; pkg:<package>/<glob>.")
-    samples: int = Field(8, ge=1)
-    method: Literal["minmax", "percentile", "kl", "mse"] = "minmax"
-    percentile: float = Field(99.99, gt=50, le=100)
+    samples: int = Field(8, ge=1, description="Use at most this many samples.")
+    method: Literal["minmax", "percentile", "kl", "mse"] = Field(
+        "minmax", description="How each tensor's range is chosen from what calibration saw: "
+                              "min/max, a percentile of |x|, the KL-divergence threshold, or the "
+                              "range with the least expected squared error.")
+    percentile: float = Field(99.99, gt=50, le=100, description="For method percentile.")
 
 
 class Override(Strict):
-    nodes: list[str] = Field(default_factory=list)
-    tensors: list[str] = Field(default_factory=list)
-    precision: Literal["float", "int16"] = "float"
+    """Mixed precision: keep named ONNX nodes or tensors out of int8."""
+
+    nodes: list[str] = Field(default_factory=list, description="ONNX node names.")
+    tensors: list[str] = Field(default_factory=list, description="Tensor names.")
+    precision: Literal["float", "int16"] = Field(
+        "float", description="float: run on the CPU in float (the split is refined); int16: "
+                             "16-bit activations, where the chip supports them.")
 
 
 class QuantizationSpec(Strict):
-    scheme: Literal["pow2_symmetric", "symmetric", "asymmetric"] = "pow2_symmetric"
-    granularity: Literal["per_tensor", "per_channel"] = "per_tensor"
+    scheme: Literal["pow2_symmetric", "symmetric", "asymmetric"] = Field(
+        "pow2_symmetric", description="pow2_symmetric: scales are powers of two and requantizing "
+                                      "is a shift (seed 004); symmetric: float scale, zero point "
+                                      "0; asymmetric: float scale and zero point.")
+    granularity: Literal["per_tensor", "per_channel"] = Field(
+        "per_tensor", description="Weight scales: one per tensor or one per output channel.")
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     overrides: list[Override] = Field(default_factory=list)
+    bias: Literal["int32", "int8_shift"] = Field(
+        "int32", description="Bias storage: int32 at the accumulator scale, or (pow2_symmetric) "
+                             "seed 004's int8 with a left shift bias_shift.")
+    bias_correction: bool = Field(
+        True, description="Fold the mean output shift caused by weight rounding into the bias "
+                          "(from the calibration means of each input channel).")
+    compare_samples: int = Field(
+        4, ge=1, description="Samples (verify.data if set, else calibration data) for "
+                             "per_layer.json, the ONNX Runtime cross-check and accuracy.outputs.")
 
 
 class CompileSpec(Strict):
@@ -168,11 +188,18 @@ class CompileSpec(Strict):
 
 
 class VerifySpec(Strict):
-    data: str | list[str] | None = None
+    """End-to-end check: the deployed pipeline (NPU graphs in the simulator) vs the float model."""
+
+    data: str | list[str] | None = Field(
+        None, description="Images or .npy/.npz tensors (globs, pkg:); default: the calibration "
+                          "data.")
     samples: int = Field(4, ge=1)
-    min_cosine: float = Field(0.99, ge=-1, le=1)
-    min_sqnr_db: float | None = None
-    max_abs: float | None = Field(None, ge=0)
+    min_cosine: float = Field(0.99, ge=-1, le=1, description="Per model output, over all samples.")
+    min_sqnr_db: float | None = Field(None, description="Per model output, if set.")
+    max_abs: float | None = Field(None, ge=0, description="Largest allowed absolute error, if set.")
+    detections: Literal["yolov8"] | None = Field(
+        None, description="Draw float and deployed boxes on the first verify image: the outputs "
+                          "are YOLOv8's (output0, or the per-scale head tensors p3/p4/p5).")
 
 
 class Recipe(Strict):

@@ -81,11 +81,16 @@ PIPELINE: tuple[Stage, ...] = (
           description="fused ops as npubuild.fused functions"),
     Stage("split", ("split",), needs=("fusion",), uses_chip=True, entry="npubuild.stages.split:run",
           description="NPU/CPU submodels + graph_infos.json"),
-    Stage("quantize", ("quantization", "model.inputs"), needs=("split",), uses_chip=True,
+    Stage("quantize", ("quantization", "model.inputs", "verify.data"), needs=("split",),
+          uses_chip=True, entry="npubuild.stages.quantize:run",
+          file_inputs="npubuild.stages.quantize:data_files",
           description="int8 NPU submodels, calibration, per-layer accuracy"),
     Stage("compile", ("compile",), needs=("quantize",), uses_chip=True,
           description="layer groups, LMEM plan, simulator program"),
-    Stage("verify", ("verify", "model.inputs"), needs=("compile",), uses_chip=True,
+    Stage("verify", ("verify", "model.inputs"), needs=("import", "surgery", "fusion", "split",
+                                                        "quantize", "compile"),
+          uses_chip=True, entry="npubuild.stages.verify:run",
+          file_inputs="npubuild.stages.verify:data_files",
           description="deployed pipeline vs the float model; report"),
 )
 

@@ -1,0 +1,53 @@
+"""Feed calibration samples through a float graph and keep per-tensor statistics."""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from npubuild.errors import BuildError
+from npubuild.quant.calibrators import NEEDS_HISTOGRAM, TensorStats
+from npubuild.quant.floatgraph import FloatGraph, Probe
+
+
+class Observer:
+    """Statistics of every activation tensor of one float graph, updated sample by sample."""
+
+    def __init__(self, fg: FloatGraph, probe: Probe, method: str, *, every_tensor: bool = False):
+        """``every_tensor``: observe every node output, not only the layers' tensors (so a
+        lowering with other float overrides finds its statistics too)."""
+        self.fg, self.probe = fg, probe
+        self.tensors = fg.activation_tensors()
+        if every_tensor:
+            extra = [n for n in probe.output_names if n not in fg.constants]
+            self.tensors += [n for n in extra if n not in set(self.tensors)]
+        histogram = method in NEEDS_HISTOGRAM
+        self.stats = {t: TensorStats(with_histogram=histogram) for t in self.tensors}
+        for layer in fg.layers:  # per-channel means of conv inputs, for bias correction
+            if layer.kind == "conv" and layer.inputs[0] in self.stats:
+                self.stats[layer.inputs[0]].channel_axis = -1 if layer.attrs.get("fc") else 1
+        self._computed = [t for t in self.tensors if t not in fg.inputs]
+        self.samples = 0
+
+    def update(self, feeds: Mapping[str, np.ndarray]) -> None:
+        values = self.probe.run(feeds, self._computed)
+        for name in self.fg.inputs:
+            values[name] = feeds[name]
+        for name in self.tensors:
+            value = values[name]
+            if value.dtype.kind != "f":
+                continue
+            if not np.isfinite(value).all():
+                raise BuildError(f"calibration: tensor {name!r} has NaN or Inf values "
+                                 "in the float model", stage="quantize")
+            self.stats[name].update(value)
+        self.samples += 1
+
+
+def observe(fg: FloatGraph, probe: Probe, samples: Iterable[Mapping[str, np.ndarray]],
+            method: str) -> dict[str, TensorStats]:
+    observer = Observer(fg, probe, method)
+    for feeds in samples:
+        observer.update(feeds)
+    return observer.stats

@@ -1,0 +1,251 @@
+"""Calibration: observe activations, then choose each tensor's range.
+
+``TensorStats`` keeps, per tensor, the running min/max and (for the methods that need it) a
+fixed-size histogram over ``[-R, R)`` with ``R`` a power of two. When a value outside the range
+arrives, ``R`` doubles and adjacent bins merge pairwise, which is exact, so memory stays
+``HIST_BINS`` counts per tensor however many samples flow through.
+
+``CALIBRATORS`` maps the method names recipes use (``calibration.method``) to functions
+``(stats, scheme, options) -> (lo, hi)``: the real range the scheme then maps onto integers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from npubuild.quant import schemes
+from npubuild.registry import Registry
+
+HIST_BINS = 2048  # over [-R, R): 1024 per sign
+KL_QUANT_BINS = 128
+KL_COARSE_CANDIDATES = 48
+MSE_CANDIDATES = 128
+
+
+@dataclass
+class TensorStats:
+    """Running min, max and (optionally) a signed histogram of one tensor."""
+
+    with_histogram: bool = False
+    min: float = float("inf")
+    max: float = float("-inf")
+    count: int = 0
+    range: float = 0.0
+    hist: np.ndarray | None = field(default=None, repr=False)
+    channel_axis: int | None = None
+    channel_sum: np.ndarray | None = field(default=None, repr=False)
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x)
+        if x.size == 0:
+            return
+        lo, hi = float(x.min()), float(x.max())
+        self.min, self.max = min(self.min, lo), max(self.max, hi)
+        self.count += x.size
+        if self.with_histogram:
+            self._add_to_histogram(x.ravel(), max(-lo, hi))
+        if self.channel_axis is not None:
+            axes = tuple(a for a in range(x.ndim) if a != self.channel_axis % x.ndim)
+            sums = x.sum(axis=axes, dtype=np.float64)
+            self.channel_sum = sums if self.channel_sum is None else self.channel_sum + sums
+
+    @property
+    def channel_mean(self) -> np.ndarray | None:
+        """Mean of each channel over everything observed (when ``channel_axis`` was set)."""
+        if self.channel_sum is None:
+            return None
+        return self.channel_sum * (self.channel_sum.size / self.count)
+
+    def _add_to_histogram(self, x: np.ndarray, absmax: float) -> None:
+        if self.hist is None:
+            self.hist = np.zeros(HIST_BINS, dtype=np.int64)
+            self.range = 2.0 ** (np.floor(np.log2(absmax)) + 1) if absmax > 0 else 2.0 ** -20
+        while absmax >= self.range:
+            self._double_range()
+        half = HIST_BINS // 2
+        idx = (x.astype(np.float64) * (half / self.range) + half).astype(np.int64)
+        np.clip(idx, 0, HIST_BINS - 1, out=idx)
+        self.hist += np.bincount(idx, minlength=HIST_BINS)
+
+    def _double_range(self) -> None:
+        merged = self.hist.reshape(-1, 2).sum(axis=1)
+        quarter = HIST_BINS // 4
+        self.hist = np.zeros(HIST_BINS, dtype=np.int64)
+        self.hist[quarter: quarter + merged.size] = merged
+        self.range *= 2
+
+    @property
+    def absmax(self) -> float:
+        return max(-self.min, self.max, 0.0)
+
+    def abs_histogram(self) -> tuple[np.ndarray, float]:
+        """Counts of ``|x|`` in ``HIST_BINS/2`` bins over ``[0, R)``, and the bin width."""
+        half = HIST_BINS // 2
+        folded = self.hist[half:] + self.hist[:half][::-1]
+        return folded, self.range / half
+
+    def as_dict(self) -> dict:
+        return {"min": self.min, "max": self.max, "count": self.count}
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    percentile: float = 99.99
+    dtype: str = "int8"
+
+
+Calibrator = Callable[[TensorStats, str, CalibrationOptions], tuple[float, float]]
+CALIBRATORS: Registry[Calibrator] = Registry("calibration method", "npubuild.calibrators")
+NEEDS_HISTOGRAM = {"percentile", "kl", "mse"}
+
+
+def calibrator(name: str):
+    def decorate(fn: Calibrator) -> Calibrator:
+        CALIBRATORS.register(name, fn)
+        return fn
+    return decorate
+
+
+def _symmetric_or_clipped(stats: TensorStats, scheme: str, threshold: float) -> tuple[float, float]:
+    """A symmetric threshold as a range: ``[-T, T]``, or the observed range clipped by it."""
+    if scheme == "asymmetric":
+        return max(stats.min, -threshold), min(stats.max, threshold)
+    return -threshold, threshold
+
+
+@calibrator("minmax")
+def minmax(stats: TensorStats, scheme: str, options: CalibrationOptions) -> tuple[float, float]:
+    """The observed minimum and maximum."""
+    return min(stats.min, 0.0), max(stats.max, 0.0)
+
+
+@calibrator("percentile")
+def percentile(stats: TensorStats, scheme: str, options: CalibrationOptions) -> tuple[float, float]:
+    """Clip at the given percentile of |x| (symmetric) or of each tail (asymmetric)."""
+    if stats.hist is None or not stats.hist.any():
+        return minmax(stats, scheme, options)
+    p = options.percentile / 100.0
+    if scheme != "asymmetric":
+        counts, width = stats.abs_histogram()
+        edge = _quantile_edge(counts, p) * width
+        return -min(edge, stats.absmax), min(edge, stats.absmax)
+    width = 2 * stats.range / HIST_BINS
+    hi = -stats.range + _quantile_edge(stats.hist, p) * width
+    lo = -stats.range + (HIST_BINS - _quantile_edge(stats.hist[::-1], p)) * width
+    return max(stats.min, min(lo, 0.0)), min(stats.max, max(hi, 0.0))
+
+
+def _quantile_edge(counts: np.ndarray, p: float) -> int:
+    """Index of the first bin edge at or above a fraction ``p`` of the total count."""
+    cdf = np.cumsum(counts)
+    return int(np.searchsorted(cdf, p * cdf[-1], side="left")) + 1
+
+
+@calibrator("kl")
+def kl(stats: TensorStats, scheme: str, options: CalibrationOptions) -> tuple[float, float]:
+    """The threshold minimising KL(P || Q) between the clipped distribution and its 128-level
+    quantization (TensorRT's entropy calibration): a coarse search over 48 thresholds, then
+    every bin around the best of them."""
+    if stats.hist is None or not stats.hist.any():
+        return minmax(stats, scheme, options)
+    counts, width = stats.abs_histogram()
+    last = int(np.nonzero(counts)[0][-1]) + 1
+    if last <= KL_QUANT_BINS:
+        return minmax(stats, scheme, options)
+    counts = counts[:last].astype(np.float64)
+    best = _kl_search(counts, range(KL_QUANT_BINS, last + 1), KL_COARSE_CANDIDATES)
+    return _symmetric_or_clipped(stats, scheme, min(best * width, stats.absmax))
+
+
+def _kl_search(counts: np.ndarray, candidates: range, coarse: int) -> int:
+    step = max(1, len(candidates) // coarse)
+    grid = list(candidates[::step]) + [candidates[-1]]
+    best = min(grid, key=lambda i: _kl_divergence(counts, i))
+    fine = range(max(candidates[0], best - step + 1), min(candidates[-1], best + step - 1) + 1)
+    return min([best, *fine], key=lambda i: _kl_divergence(counts, i))
+
+
+def _kl_divergence(counts: np.ndarray, i: int) -> float:
+    """KL(P || Q) for threshold bin ``i``: P clips the tail into its last bin, Q spreads each of
+    128 chunks of the unclipped bins over the chunk's non-empty bins; both smoothed."""
+    p = counts[:i].copy()
+    p[-1] += counts[i:].sum()
+    nonzero = p > 0
+    bounds = np.linspace(0, i, KL_QUANT_BINS + 1).astype(np.int64)
+    starts = bounds[:-1]
+    chunk_sums = np.add.reduceat(counts[:i], starts)
+    chunk_nonzero = np.add.reduceat(nonzero.astype(np.float64), starts)
+    per_bin = np.divide(chunk_sums, chunk_nonzero, out=np.zeros_like(chunk_sums),
+                        where=chunk_nonzero > 0)
+    q = np.repeat(per_bin, np.diff(bounds)) * nonzero
+    if q.sum() == 0:
+        return float("inf")
+    pn, qn = _smooth(p / p.sum()), _smooth(q / q.sum())
+    if pn is None or qn is None:
+        return float("inf")
+    mask = pn > 0
+    return float(np.sum(pn[mask] * np.log(pn[mask] / qn[mask])))
+
+
+def _smooth(dist: np.ndarray, eps: float = 1e-4) -> np.ndarray | None:
+    """Move ``eps`` into every empty bin, taken evenly from the others (TensorRT's smoothing)."""
+    zeros = dist == 0
+    n_zero, n_nonzero = int(zeros.sum()), int((~zeros).sum())
+    if n_nonzero == 0:
+        return None
+    out = dist + eps * zeros - (eps * n_zero / n_nonzero) * ~zeros
+    return out if (out > 0).all() else None
+
+
+@calibrator("mse")
+def mse(stats: TensorStats, scheme: str, options: CalibrationOptions) -> tuple[float, float]:
+    """The range minimising the expected squared quantization error over the histogram:
+    clipping error for values outside, step²/12 rounding noise inside. For pow2 the candidates
+    are the power-of-two ranges."""
+    if stats.hist is None or not stats.hist.any():
+        return minmax(stats, scheme, options)
+    qmin, qmax = schemes.qrange(options.dtype)
+    if scheme == "asymmetric":
+        return _mse_asymmetric(stats, qmax - qmin)
+    counts, width = stats.abs_histogram()
+    centers = (np.arange(counts.size) + 0.5) * width
+    absmax = stats.absmax
+    if scheme == "pow2_symmetric":
+        top = schemes.log2scale_for(absmax, options.dtype)
+        thresholds = (-qmin) * 2.0 ** -np.arange(top, top + 8, dtype=np.float64)
+    else:
+        thresholds = absmax * np.arange(1, MSE_CANDIDATES + 1) / MSE_CANDIDATES
+    steps = thresholds / (-qmin if scheme == "pow2_symmetric" else qmax)
+    clipped = np.maximum(centers[None, :] - thresholds[:, None], 0.0) ** 2
+    inside = centers[None, :] <= thresholds[:, None]
+    err = np.where(inside, (steps[:, None] ** 2) / 12.0, clipped) @ counts
+    best = float(thresholds[int(np.argmin(err))])
+    if scheme != "pow2_symmetric":
+        best = min(best, absmax)
+    return -best, best
+
+
+def _mse_asymmetric(stats: TensorStats, levels: int) -> tuple[float, float]:
+    width = 2 * stats.range / HIST_BINS
+    centers = -stats.range + (np.arange(HIST_BINS) + 0.5) * width
+    lo0, hi0 = min(stats.min, 0.0), max(stats.max, 0.0)
+    alphas = np.arange(1, MSE_CANDIDATES + 1) / MSE_CANDIDATES
+    los, his = lo0 * alphas, hi0 * alphas
+    steps = (his - los) / levels
+    below = np.maximum(los[:, None] - centers[None, :], 0.0) ** 2
+    above = np.maximum(centers[None, :] - his[:, None], 0.0) ** 2
+    noise = (steps[:, None] ** 2) / 12.0
+    err = np.where((below == 0) & (above == 0), noise, below + above) @ stats.hist
+    k = int(np.argmin(err))
+    return float(los[k]), float(his[k])
+
+
+def calibrated_range(stats: TensorStats, method: str, scheme: str,
+                     options: CalibrationOptions) -> tuple[float, float]:
+    """The range ``method`` chooses; int16 tensors keep the full observed range."""
+    if options.dtype != "int8" or stats.count == 0:
+        return (min(stats.min, 0.0), max(stats.max, 0.0)) if stats.count else (0.0, 0.0)
+    return CALIBRATORS[method](stats, scheme, options)

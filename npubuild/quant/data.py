@@ -1,0 +1,191 @@
+"""Calibration and verification data: files → input tensors, checked, one sample at a time.
+
+Images (``.png .jpg .jpeg .bmp .gif .tif .tiff .webp .ppm .pgm``) feed a model with one image
+input: decoded with Pillow, converted to the ``channel_order`` (RGB, BGR or GRAY; alpha
+dropped), resized to ``preprocess.resize`` ([height, width], bilinear) or to the input's own
+spatial size, then ``(pixel · scale - mean) / std`` per channel, laid out as the input's layout
+(NCHW or NHWC; ``any`` is told from where the channel count sits). An input of batch N takes
+N consecutive images per sample.
+
+Tensors: ``.npy`` (single-input models) and ``.npz`` (one array per input name; a single-input
+model also accepts any one key), read with ``allow_pickle=False``. An array is one sample of the
+input's shape, or the shape without its batch dim of 1, or a stack ``[k, ...]`` of k samples
+for a batch-1 input.
+
+Any problem (unreadable file, wrong shape or channel count, NaN or Inf, unknown suffix) is a
+``UserError`` naming the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from npubuild.errors import Location, UserError
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+TENSOR_SUFFIXES = {".npy", ".npz"}
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """One model input as the data loader needs it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    layout: str = "any"
+    preprocess: object | None = None  # npubuild.recipe.model.Preprocess
+
+
+def _error(path: Path, message: str, hint: str | None = None) -> UserError:
+    return UserError(message, location=Location(str(path)), hint=hint)
+
+
+def load_samples(files: Sequence[Path], inputs: Sequence[InputInfo],
+                 limit: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Yield up to ``limit`` samples ``{input name: array}`` from ``files`` (in order)."""
+    if not files:
+        raise UserError("no calibration files", hint="set quantization.calibration.data to a glob "
+                                                      "that matches images or .npy/.npz files")
+    produced = 0
+    pending: list[np.ndarray] = []
+    for path in files:
+        if limit is not None and produced >= limit:
+            return
+        suffix = path.suffix.lower()
+        if suffix in IMAGE_SUFFIXES:
+            info = _single_input(inputs, path, "an image")
+            pending.append(image_tensor(path, info))
+            if len(pending) == max(1, info.shape[0]):
+                yield {info.name: _finite(path, np.concatenate(pending).astype(info.dtype), info.name)}
+                produced, pending = produced + 1, []
+        elif suffix in TENSOR_SUFFIXES:
+            for sample in _tensor_samples(path, inputs):
+                if limit is not None and produced >= limit:
+                    return
+                yield sample
+                produced += 1
+        else:
+            raise _error(path, f"cannot use {path.name!r} as calibration data (suffix {suffix!r})",
+                         hint="give images (" + ", ".join(sorted(IMAGE_SUFFIXES)) + ") or .npy/.npz")
+
+
+def _single_input(inputs: Sequence[InputInfo], path: Path, what: str) -> InputInfo:
+    if len(inputs) != 1:
+        raise _error(path, f"{what} can only feed a model with one input; this one has "
+                           f"{len(inputs)} ({', '.join(i.name for i in inputs)})",
+                     hint="give .npz files with one array per input name")
+    return inputs[0]
+
+
+def _layout(info: InputInfo, path: Path) -> str:
+    shape = info.shape
+    if len(shape) != 4:
+        raise _error(path, f"an image cannot feed input {info.name!r} of shape {list(shape)} "
+                           "(images need a 4-D input)")
+    if info.layout in ("NCHW", "NHWC"):
+        return info.layout
+    return "NCHW" if shape[1] in (1, 3) else "NHWC"
+
+
+def image_tensor(path: Path, info: InputInfo) -> np.ndarray:
+    """One image as a [1, ...] tensor for ``info`` (see the module docstring)."""
+    from PIL import Image, UnidentifiedImageError
+
+    pre = info.preprocess
+    order = getattr(pre, "channel_order", "RGB")
+    layout = _layout(info, path)
+    h, w = (info.shape[2:] if layout == "NCHW" else info.shape[1:3])
+    channels = info.shape[1] if layout == "NCHW" else info.shape[3]
+    want = 1 if order == "GRAY" else 3
+    if channels != want:
+        raise _error(path, f"input {info.name!r} has {channels} channels but images are decoded "
+                           f"as {order} ({want} channels)",
+                     hint="set model.inputs[].preprocess.channel_order (RGB, BGR or GRAY)")
+    try:
+        with Image.open(path) as img:
+            img = img.convert("L" if order == "GRAY" else "RGB")
+            size = tuple(getattr(pre, "resize", None) or (h, w))
+            if tuple(size) != (h, w):
+                raise _error(path, f"preprocess.resize {list(size)} does not give the input's "
+                                   f"{h}x{w}", hint="make resize match model.inputs[].shape")
+            img = img.resize((w, h), Image.BILINEAR)
+            pixels = np.asarray(img, dtype=np.float32)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise _error(path, f"cannot read the image ({type(exc).__name__}: {exc})") from None
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    if order == "BGR":
+        pixels = pixels[:, :, ::-1]
+    x = pixels * getattr(pre, "scale", 1.0)
+    mean = np.asarray(getattr(pre, "mean", 0.0), np.float32)
+    x = (x - mean) / np.asarray(getattr(pre, "std", 1.0), np.float32)
+    if layout == "NCHW":
+        x = x.transpose(2, 0, 1)
+    return np.ascontiguousarray(x[None], dtype=np.float32)
+
+
+def _tensor_samples(path: Path, inputs: Sequence[InputInfo]) -> Iterator[dict[str, np.ndarray]]:
+    arrays = _read_arrays(path, inputs)
+    per_input = {info.name: _as_samples(path, info, arrays[info.name]) for info in inputs}
+    counts = {len(v) for v in per_input.values()}
+    if len(counts) != 1:
+        raise _error(path, "the arrays hold different numbers of samples: " + ", ".join(
+            f"{k}: {len(v)}" for k, v in per_input.items()))
+    for i in range(counts.pop()):
+        yield {name: samples[i] for name, samples in per_input.items()}
+
+
+def _read_arrays(path: Path, inputs: Sequence[InputInfo]) -> dict[str, np.ndarray]:
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise _error(path, f"cannot read the array file ({type(exc).__name__}: {exc})",
+                     hint="save plain numeric arrays with numpy.save / numpy.savez") from None
+    if isinstance(loaded, np.ndarray):
+        return {_single_input(inputs, path, "a .npy file").name: loaded}
+    with loaded:
+        keys = list(loaded.files)
+        if len(inputs) == 1 and inputs[0].name not in keys and len(keys) == 1:
+            return {inputs[0].name: _npz_array(path, loaded, keys[0])}
+        missing = [i.name for i in inputs if i.name not in keys]
+        if missing:
+            raise _error(path, f"no array for input(s) {', '.join(map(repr, missing))}; the file "
+                               f"has {', '.join(map(repr, keys)) or 'none'}",
+                         hint="name each array after a model input (numpy.savez(path, **{name: a}))")
+        return {i.name: _npz_array(path, loaded, i.name) for i in inputs}
+
+
+def _npz_array(path: Path, npz, key: str) -> np.ndarray:
+    try:
+        return npz[key]
+    except (ValueError, OSError) as exc:
+        raise _error(path, f"cannot read array {key!r} ({exc})") from None
+
+
+def _as_samples(path: Path, info: InputInfo, array: np.ndarray) -> list[np.ndarray]:
+    shape = tuple(info.shape)
+    if array.dtype.kind not in "biuf":
+        raise _error(path, f"array for {info.name!r} has dtype {array.dtype}, not a number type")
+    if array.shape == shape:
+        stack = [array]
+    elif shape and shape[0] == 1 and array.shape == shape[1:]:
+        stack = [array[None]]
+    elif shape and shape[0] == 1 and array.ndim == len(shape) and array.shape[1:] == shape[1:]:
+        stack = [a[None] for a in array]
+    else:
+        raise _error(path, f"array for {info.name!r} has shape {list(array.shape)}, the input "
+                           f"takes {list(shape)}",
+                     hint="one sample of the input's shape, or a stack [k, ...] of samples")
+    return [_finite(path, a.astype(info.dtype), info.name) for a in stack]
+
+
+def _finite(path: Path, array: np.ndarray, name: str) -> np.ndarray:
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        bad = int(np.count_nonzero(~np.isfinite(array)))
+        raise _error(path, f"{bad} NaN or Inf value(s) in the data for input {name!r}")
+    return array

@@ -1,0 +1,78 @@
+"""The deployed pipeline as quantization sees it: the split directory's submodels run by the
+runtime's ``Runner``, all in float (calibration), or with the NPU submodels replaced by their
+integer reference (accuracy)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import onnx
+
+from npubuild import onnx_io
+from npubuild.quant.qgraph import QGraph
+from npubuild.quant.reference import run_quantized
+
+
+class SubGraph:
+    """One submodel (the runner's ``GraphInfo``) with its ONNX model loaded on demand."""
+
+    def __init__(self, info):
+        self.info = info
+        self.index, self.device = info.index, info.device
+        self.inputs, self.outputs = list(info.inputs), list(info.outputs)
+
+    @property
+    def is_npu(self) -> bool:
+        return self.device == "npu"
+
+    @cached_property
+    def model(self) -> onnx.ModelProto:
+        return onnx_io.load_model(self.info.model_path)
+
+
+class SplitPipeline:
+    """The submodels of a split directory, in execution order."""
+
+    def __init__(self, split_dir: Path):
+        from npubuild.runtime.runner import Runner
+
+        self.split_dir = Path(split_dir)
+        self.runner = Runner(self.split_dir)
+        self.graphs = [SubGraph(g) for g in self.runner.graphs]
+
+    @property
+    def npu_graphs(self) -> list[SubGraph]:
+        return [g for g in self.graphs if g.is_npu]
+
+    @property
+    def inputs(self) -> list[str]:
+        return list(self.runner.inputs)
+
+    @property
+    def outputs(self) -> list[str]:
+        return list(self.runner.outputs)
+
+    def input_values(self) -> list[onnx.ValueInfoProto]:
+        """ValueInfos of the pipeline inputs, from the submodels that read them."""
+        found = {}
+        for g in self.graphs:
+            if any(t in self.inputs for t in g.inputs):
+                for v in onnx_io.graph_inputs(g.model):
+                    found.setdefault(v.name, v)
+        return [found[name] for name in self.inputs if name in found]
+
+    def float_values(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every boundary tensor of the float pipeline."""
+        return self.runner.run(dict(feeds), keep_intermediates=True)
+
+    def quantized_outputs(self, feeds: Mapping[str, np.ndarray],
+                          qgraphs: Mapping[int, QGraph]) -> dict[str, np.ndarray]:
+        """The pipeline's outputs with every NPU submodel run by the integer reference."""
+        from npubuild.runtime.runner import Runner
+
+        backend = lambda g, f: run_quantized(qgraphs[g.index], f, list(g.outputs))  # noqa: E731
+        runner = Runner(self.split_dir, backends={"npu": backend})
+        return runner.run(dict(feeds))

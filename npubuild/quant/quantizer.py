@@ -1,0 +1,394 @@
+"""Float layer graph + calibration statistics + recipe choices → ``QGraph``.
+
+1. placement: ``float`` layers (no integer kernel, or a float override) run on the CPU;
+2. tensor types: a tensor only CPU layers touch stays float32; int16 where overridden; else int8;
+3. tensor parameters from the calibrated range (``calibrators``) under the scheme
+   (``schemes.choose_params``). The graph's outputs keep their observed min/max whatever the
+   method: they go to CPU post-processing or the user, and an output that concatenates unlike
+   things (YOLO's boxes in pixels beside scores in [0, 1]) is exactly what a clipping method
+   (percentile, kl, mse) must not clip. Concat inputs used only by the concat take its
+   parameters (one rounding instead of two); data-movement layers (maxpool, reshape, transpose, slice,
+   split, pad, nearest resize) pass their input's parameters to their outputs unchanged;
+4. integer weights, biases, requantization multipliers and tables, per layer kind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from npubuild.quant import calibrators, schemes
+from npubuild.quant.floatgraph import FLayer, FloatGraph
+from npubuild.quant.qgraph import QGraph, QLayer, QTensor
+from npubuild.quant.reference import window_counts
+from npubuild.quant.schemes import QParams
+
+PASS_THROUGH = {"maxpool", "reshape", "transpose", "slice", "split", "pad"}
+SHARES_CONCAT_SCALE = {"conv", "lut", "add", "mul", "rescale", "avgpool", "concat"}
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    scheme: str = "pow2_symmetric"
+    granularity: str = "per_tensor"
+    method: str = "minmax"
+    percentile: float = 99.99
+    bias: str = "int32"
+    bias_correction: bool = True
+    int16_tensors: frozenset[str] = frozenset()
+    float_tensors: frozenset[str] = frozenset()
+
+    @property
+    def per_channel(self) -> bool:
+        return self.granularity == "per_channel"
+
+
+@dataclass
+class TensorRecord:
+    """What calibration.json says about one tensor."""
+
+    stats: dict
+    range: tuple[float, float] | None
+    params: QParams | None
+    source: str = "calibrated"
+
+    def as_dict(self) -> dict:
+        out = dict(self.stats)
+        out["range"] = list(self.range) if self.range else None
+        out["source"] = self.source
+        if self.params is not None:
+            out.update(dtype=self.params.dtype, scale=self.params.scale,
+                       zero_point=self.params.zero_point, log2scale=self.params.log2scale)
+        else:
+            out["dtype"] = "float32"
+        return out
+
+
+@dataclass
+class Quantizer:
+    fg: FloatGraph
+    stats: dict[str, calibrators.TensorStats]
+    config: QuantConfig
+    params: dict[str, QParams] = field(default_factory=dict)
+    records: dict[str, TensorRecord] = field(default_factory=dict)
+    const_values: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def run(self, name: str) -> QGraph:
+        layers = [self._placed(layer) for layer in self.fg.layers]
+        dtypes = self._dtypes(layers)
+        self._choose_params(layers, dtypes)
+        qlayers = [self._build(layer) for layer in layers]
+        tensors = {t: self._qtensor(t) for t in self._tensor_names(layers)}
+        return QGraph(name, self.config.scheme, self.config.granularity, list(self.fg.inputs),
+                      list(self.fg.outputs), tensors, qlayers, dict(self.const_values))
+
+    # ---- placement and types ----------------------------------------------------------
+
+    def _placed(self, layer: FLayer) -> FLayer:
+        touched = set(layer.inputs) | set(layer.outputs)
+        if layer.kind != "float" and touched & self.config.float_tensors:
+            return replace(layer, kind="float", inputs=[t for t in layer.inputs
+                                                          if t not in self.fg.constants],
+                           reason="touches a tensor kept in float by a quantization override")
+        return layer
+
+    def _dtypes(self, layers: list[FLayer]) -> dict[str, str]:
+        consumers: dict[str, list[FLayer]] = {}
+        producer: dict[str, FLayer] = {}
+        for layer in layers:
+            for t in layer.inputs:
+                consumers.setdefault(t, []).append(layer)
+            for t in layer.outputs:
+                producer[t] = layer
+        dtypes = {}
+        for t in self._tensor_names(layers):
+            if t in self.fg.constants:
+                dtypes[t] = "int8"
+                continue
+            made_on_cpu = t not in producer or producer[t].kind == "float"
+            used_on_cpu = all(c.kind == "float" for c in consumers.get(t, []))
+            if made_on_cpu and used_on_cpu:
+                dtypes[t] = "float32"
+            else:
+                dtypes[t] = "int16" if t in self.config.int16_tensors else "int8"
+        for layer in reversed(layers):  # data movement keeps its input's type: int16 goes upstream
+            if layer.kind != "float" and self._passes_through(layer) and any(
+                    dtypes.get(t) == "int16" for t in layer.outputs):
+                dtypes[layer.inputs[0]] = "int16"
+        return dtypes
+
+    def _tensor_names(self, layers: list[FLayer]) -> list[str]:
+        seen = dict.fromkeys(self.fg.inputs)
+        for layer in layers:
+            seen.update(dict.fromkeys([*layer.inputs, *layer.outputs]))
+        return list(seen)
+
+    # ---- parameters -------------------------------------------------------------------
+
+    def _choose_params(self, layers: list[FLayer], dtypes: dict[str, str]) -> None:
+        cfg = self.config
+        for t, dtype in dtypes.items():
+            if t in self.fg.constants:
+                self._quantize_constant(t)
+                continue
+            stats = self.stats.get(t) or calibrators.TensorStats()
+            if dtype == "float32":
+                self.records[t] = TensorRecord(stats.as_dict(), None, None)
+                continue
+            options = calibrators.CalibrationOptions(cfg.percentile, dtype)
+            method = "minmax" if t in self.fg.outputs else cfg.method
+            lo, hi = calibrators.calibrated_range(stats, method, cfg.scheme, options)
+            self.params[t] = schemes.choose_params(cfg.scheme, lo, hi, dtype)
+            source = "calibrated" if method == cfg.method else "graph output: min/max"
+            self.records[t] = TensorRecord(stats.as_dict(), (lo, hi), self.params[t], source)
+        self._share_concat_params(layers)
+        for layer in layers:
+            if layer.kind == "float" or not self._passes_through(layer):
+                continue
+            src = self.params[layer.inputs[0]]
+            for out in layer.outputs:
+                self.params[out] = src
+                record = self.records[out]
+                self.records[out] = TensorRecord(record.stats, record.range, src,
+                                                 f"shared with {layer.inputs[0]} ({layer.kind})")
+
+    def _share_concat_params(self, layers: list[FLayer]) -> None:
+        """A concat input whose only consumer is the concat, made by a layer that rounds
+        anyway, is written directly at the concat's scale: one rounding instead of two."""
+        producer = {t: layer for layer in layers for t in layer.outputs}
+        uses: dict[str, int] = {}
+        for layer in layers:
+            for t in layer.inputs:
+                uses[t] = uses.get(t, 0) + 1
+        for layer in reversed(layers):
+            if layer.kind != "concat":
+                continue
+            out = self.params[layer.outputs[0]]
+            for t in layer.inputs:
+                src = producer.get(t)
+                if (src is None or src.kind not in SHARES_CONCAT_SCALE or uses.get(t) != 1
+                        or t in self.fg.outputs or self.params[t].dtype != out.dtype):
+                    continue
+                self.params[t] = out
+                record = self.records[t]
+                self.records[t] = TensorRecord(record.stats, record.range, out,
+                                               f"shared with {layer.outputs[0]} (concat)")
+
+    def _passes_through(self, layer: FLayer) -> bool:
+        if layer.kind == "resize":
+            return layer.attrs["mode"] == "nearest"
+        return layer.kind in PASS_THROUGH
+
+    def _quantize_constant(self, name: str) -> None:
+        value = np.asarray(self.fg.constants[name], np.float64)
+        p = schemes.choose_params(self.config.scheme, float(value.min(initial=0)),
+                                  float(value.max(initial=0)))
+        self.params[name] = p
+        self.const_values[name] = schemes.quantize(value, p.scale, p.zero_point, p.dtype)
+        self.records[name] = TensorRecord({"min": float(value.min(initial=0)),
+                                           "max": float(value.max(initial=0)), "count": value.size},
+                                          (float(value.min(initial=0)), float(value.max(initial=0))),
+                                          p, "constant")
+
+    def _qtensor(self, t: str) -> QTensor:
+        shape = list(self.fg.shapes.get(t, []))
+        p = self.params.get(t)
+        if p is None:
+            return QTensor(t, shape, "float32")
+        return QTensor(t, shape, p.dtype, float(p.scale), int(p.zero_point), p.log2scale)
+
+    # ---- layers -----------------------------------------------------------------------
+
+    def _build(self, layer: FLayer) -> QLayer:
+        builder = BUILDERS[layer.kind]
+        q = builder(self, layer)
+        q.source_nodes = list(layer.source_nodes)
+        if requantizes(q):
+            out = self.params[layer.outputs[0]]
+            lo, hi = schemes.clamp_bounds(*layer.activation, out)
+            q.params.update(output_zp=out.zero_point, output_dtype=out.dtype, qmin=lo, qmax=hi,
+                            activation=layer.activation[0])
+        return q
+
+    def p(self, t: str) -> QParams:
+        return self.params[t]
+
+    @property
+    def pow2(self) -> bool:
+        return self.config.scheme == "pow2_symmetric"
+
+
+def requantizes(layer: QLayer) -> bool:
+    """Whether the layer rounds its result onto the output's scale (so has output_zp, qmin...)."""
+    if layer.kind == "resize":
+        return layer.attrs["mode"] == "linear"
+    return layer.kind in ("conv", "add", "mul", "rescale", "concat", "avgpool")
+
+
+def _qlayer(layer: FLayer, **kw) -> QLayer:
+    return QLayer(layer.name, layer.kind, list(layer.inputs), list(layer.outputs), **kw)
+
+
+def _conv(q: Quantizer, layer: FLayer) -> QLayer:
+    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
+    w, b = layer.weights["weight"], layer.weights["bias"]
+    cout = w.shape[0]
+    w_scale, w_ls = schemes.weight_params(q.config.scheme, w, q.config.per_channel, axis=0)
+    w_scale = np.broadcast_to(w_scale, (cout,)).astype(np.float64)
+    wq = schemes.quantize(w, w_scale.reshape(-1, 1, 1, 1), 0, "int8")
+    acc_scale = x.scale * w_scale
+    params = {"input_zp": x.zero_point, "weight_scale": w_scale.tolist()}
+    if q.config.bias_correction:
+        b = b - _weight_error_bias(layer, wq * w_scale.reshape(-1, 1, 1, 1) - w,
+                                   q.stats.get(layer.inputs[0]))
+    bias = schemes.quantize_bias(b, acc_scale)
+    k = int(np.prod(w.shape[1:]))
+    x_span = max(abs(x.qmin - x.zero_point), abs(x.qmax - x.zero_point))
+    bound = k * x_span * 127 + float(np.max(np.abs(bias.astype(np.float64)), initial=0))
+    mult, shift = schemes.fixed_point_array(acc_scale / y.scale, bits=schemes.multiplier_bits(bound))
+    arrays = {"weight": wq, "bias": bias, "multiplier": mult, "shift": shift}
+    if q.pow2:
+        w_ls = np.broadcast_to(w_ls, (cout,))
+        params.update(input_log2scale=x.log2scale, weight_log2scale=w_ls.tolist(),
+                      output_log2scale=y.log2scale, output_shift=shift.tolist())
+        if q.config.bias == "int8_shift":
+            arrays["bias"], extra = _int8_bias(b, x.log2scale + w_ls)
+            params.update(extra)
+    return _qlayer(layer, attrs={k: v for k, v in layer.attrs.items()}, params=params, arrays=arrays)
+
+
+def _weight_error_bias(layer: FLayer, dw: np.ndarray, stats) -> np.ndarray:
+    """Empirical bias correction (Nagel et al. 2019): the mean output shift the weight
+    rounding causes, ``Σ (W_q - W) · E[x]`` per output channel, from the calibration means of
+    the input channels (padding ignored). Zero when no means were observed."""
+    mean = None if stats is None else stats.channel_mean
+    if mean is None:
+        return np.zeros(dw.shape[0])
+    group = layer.attrs["group"]
+    cout, cin_g = dw.shape[:2]
+    per_in = dw.sum(axis=(2, 3))  # [Cout, Cin/g]
+    src = (np.arange(cout) // (cout // group))[:, None] * cin_g + np.arange(cin_g)[None, :]
+    return (per_in * mean[src]).sum(axis=1)
+
+
+def _int8_bias(b: np.ndarray, acc_ls: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Seed 004's bias form: int8 at ``bias_log2scale``, shifted left by ``bias_shift``."""
+    bias_ls = min(schemes.log2scale_for(float(np.max(np.abs(b), initial=0)) or 1.0),
+                  int(np.min(acc_ls)))
+    b8 = schemes.quantize(b, 2.0 ** -bias_ls, 0, "int8")
+    bias_shift = (acc_ls - bias_ls).astype(np.int64)
+    return ((b8.astype(np.int64) << bias_shift).astype(np.int32),
+            {"bias_int8": b8.tolist(), "bias_log2scale": bias_ls, "bias_shift": bias_shift.tolist()})
+
+
+def _add(q: Quantizer, layer: FLayer) -> QLayer:
+    a, b, y = (q.p(t) for t in (*layer.inputs, layer.outputs[0]))
+    sign = -1.0 if layer.attrs.get("sub") else 1.0
+    mults, shift = schemes.shared_shift([a.scale / y.scale, sign * b.scale / y.scale])
+    params = {"input_zps": [a.zero_point, b.zero_point], "multipliers": mults.tolist(),
+              "shift": int(shift), "sub": bool(layer.attrs.get("sub"))}
+    if q.pow2:
+        params.update(input_log2scales=[a.log2scale, b.log2scale], output_log2scale=y.log2scale,
+                      output_shift_bit=y.log2scale - max(a.log2scale, b.log2scale))
+    return _qlayer(layer, params=params)
+
+
+def _mul(q: Quantizer, layer: FLayer) -> QLayer:
+    a, b, y = (q.p(t) for t in (*layer.inputs, layer.outputs[0]))
+    span = max(abs(a.qmin - a.zero_point), a.qmax) * max(abs(b.qmin - b.zero_point), b.qmax)
+    m, n = schemes.fixed_point(a.scale * b.scale / y.scale, bits=schemes.multiplier_bits(span))
+    return _qlayer(layer, params={"input_zps": [a.zero_point, b.zero_point],
+                                  "multiplier": m, "shift": n})
+
+
+def _rescale(q: Quantizer, layer: FLayer) -> QLayer:
+    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
+    m, n = schemes.fixed_point(layer.attrs["factor"] * x.scale / y.scale)
+    return _qlayer(layer, attrs=dict(layer.attrs), params={"input_zp": x.zero_point,
+                                                          "multiplier": m, "shift": n})
+
+
+def _concat(q: Quantizer, layer: FLayer) -> QLayer:
+    y = q.p(layer.outputs[0])
+    mults, shifts, zps = [], [], []
+    for t in layer.inputs:
+        x = q.p(t)
+        m, n = (1, 0) if (x.scale, x.dtype) == (y.scale, y.dtype) else schemes.fixed_point(
+            x.scale / y.scale)
+        mults.append(m), shifts.append(n), zps.append(x.zero_point)
+    params = {"input_zps": zps, "multipliers": mults, "shifts": shifts}
+    if q.pow2:
+        params.update(input_log2scales=[q.p(t).log2scale for t in layer.inputs],
+                      output_log2scale=y.log2scale)
+    return _qlayer(layer, attrs=dict(layer.attrs), params=params)
+
+
+def _avgpool(q: Quantizer, layer: FLayer) -> QLayer:
+    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
+    probe = QLayer(layer.name, "avgpool", [], [], attrs=layer.attrs)
+    counts = window_counts(probe, q.fg.shapes[layer.inputs[0]][2:])
+    mult, shift = schemes.fixed_point_array(x.scale / (counts.astype(np.float64) * y.scale),
+                                            round_up=q.pow2)
+    params = {"input_zp": x.zero_point}
+    if q.pow2:
+        params["input_pre_ls"] = max(0, y.log2scale - x.log2scale)
+    return _qlayer(layer, attrs=dict(layer.attrs), params=params,
+                   arrays={"counts": counts.astype(np.int64), "multiplier": mult, "shift": shift})
+
+
+def _resize(q: Quantizer, layer: FLayer) -> QLayer:
+    if layer.attrs["mode"] == "nearest":
+        return _qlayer(layer, attrs=dict(layer.attrs))
+    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
+    m, n = schemes.fixed_point(x.scale / (y.scale * 4.0 ** schemes.RESIZE_FRAC_BITS))
+    return _qlayer(layer, attrs=dict(layer.attrs), params={"input_zp": x.zero_point,
+                                                          "multiplier": m, "shift": n})
+
+
+def _lut(q: Quantizer, layer: FLayer) -> QLayer:
+    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
+    model = q.fg.node_model(layer)
+    return _qlayer(layer, attrs=dict(layer.attrs),
+                   arrays={"table": schemes.build_lut(layer.fn, x, y),
+                           "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+
+
+def _pad(q: Quantizer, layer: FLayer) -> QLayer:
+    x = q.p(layer.inputs[0])
+    attrs = dict(layer.attrs)
+    attrs["value"] = int(schemes.quantize(np.array(attrs["value_real"]), x.scale, x.zero_point,
+                                          x.dtype))
+    return _qlayer(layer, attrs=attrs)
+
+
+def _data(q: Quantizer, layer: FLayer) -> QLayer:
+    return _qlayer(layer, attrs=dict(layer.attrs))
+
+
+def _float(q: Quantizer, layer: FLayer) -> QLayer:
+    model = q.fg.node_model(layer)
+    spec = [None if t not in q.params else [q.params[t].scale, q.params[t].zero_point,
+                                               q.params[t].dtype] for t in layer.inputs]
+    out_spec = [None if t not in q.params else [q.params[t].scale, q.params[t].zero_point,
+                                                   q.params[t].dtype] for t in layer.outputs]
+    return QLayer(layer.name, "float", list(layer.inputs), list(layer.outputs), device="cpu",
+                  attrs={"reason": layer.reason},
+                  params={"onnx_inputs": list(layer.inputs), "input_params": spec,
+                          "output_params": out_spec},
+                  arrays={"model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+
+
+BUILDERS: dict[str, Callable[[Quantizer, FLayer], QLayer]] = {
+    "conv": _conv, "add": _add, "mul": _mul, "rescale": _rescale, "concat": _concat,
+    "avgpool": _avgpool, "resize": _resize, "lut": _lut, "pad": _pad, "float": _float,
+    **{k: _data for k in ("maxpool", "reshape", "transpose", "slice", "split")},
+}
+
+
+def quantize_graph(fg: FloatGraph, stats: dict[str, calibrators.TensorStats],
+                   config: QuantConfig, name: str) -> tuple[QGraph, dict[str, TensorRecord]]:
+    quantizer = Quantizer(fg, stats, config)
+    qgraph = quantizer.run(name)
+    return qgraph, quantizer.records

@@ -1,0 +1,422 @@
+"""The integer reference: every NPU layer of a ``QGraph`` computed exactly.
+
+The arithmetic is the one defined in ``npubuild.quant.schemes`` (round half up, saturation);
+this module only arranges it per layer kind. ``run_reference(qgraph, int_inputs)`` returns every
+tensor. The compile stage's simulator must match it bit for bit and may call the kernels
+directly on pieces of activations:
+
+- Spatial kernels (``conv2d``, ``maxpool2d``, ``avgpool2d``) take ``pads=(top, bottom, left,
+  right)`` separately from the layer's own ``attrs["pads"]``. Given the input rows a slice of
+  output rows needs (``input_rows`` computes them and the slice's own padding), they return
+  exactly those rows of the full result; avgpool's divisor counts only non-padding positions
+  (``count_include_pad=0``) so it is right for slices too.
+- ``resize`` takes ``out_rows=(r0, r1)`` and ``in_row0`` (the first input row of ``x``);
+  ``resize_input_rows`` says which input rows those output rows read.
+- Element-wise kernels (add, mul, rescale, lut, concat on a non-H axis) work on any slice.
+
+Exactness: products of integers are accumulated in float64 matrix products, which is exact
+while every partial sum stays below 2^53 (an int8 × int8 accumulator needs K < 2^38 terms);
+the sums are then converted to int64 and requantized in integer arithmetic.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from npubuild.errors import BuildError
+from npubuild.quant import schemes
+from npubuild.quant.qgraph import QGraph, QLayer
+
+Kernel = Callable[[QLayer, Sequence[np.ndarray]], list[np.ndarray]]
+
+
+def _requant(layer: QLayer, acc, multiplier, shift) -> np.ndarray:
+    p = layer.params
+    return schemes.requantize(acc, multiplier, shift, p["output_zp"], p["qmin"], p["qmax"],
+                              p.get("output_dtype", "int8"))
+
+
+def _channel(values: np.ndarray, ndim: int, axis: int = 1) -> np.ndarray:
+    shape = [1] * ndim
+    shape[axis] = -1
+    return np.asarray(values).reshape(shape)
+
+
+# ---- convolution -------------------------------------------------------------------------
+
+def conv2d(layer: QLayer, x: np.ndarray, pads: Sequence[int] | None = None) -> np.ndarray:
+    """Integer Conv (any group, dilation, stride) or fully connected layer (``attrs.fc``).
+
+    ``x``: int [N, Cin, H, W]; ``pads``: (top, bottom, left, right), default the layer's own.
+    Returns int [N, Cout, OH, OW] with ``OH = (H + top + bottom - dh·(kh-1) - 1) // sh + 1``.
+    """
+    acc = conv_accumulator(layer, x, pads)
+    axis = acc.ndim - 1 if layer.attrs.get("fc") else 1
+    return _requant(layer, acc, _channel(layer.arrays["multiplier"], acc.ndim, axis),
+                    _channel(layer.arrays["shift"], acc.ndim, axis))
+
+
+def conv_accumulator(layer: QLayer, x: np.ndarray, pads: Sequence[int] | None = None) -> np.ndarray:
+    """The int64 accumulator ``Σ (x - zp)·w + bias`` of a conv layer, before requantization."""
+    a, p = layer.attrs, layer.params
+    weight = layer.arrays["weight"]
+    bias = layer.arrays["bias"].astype(np.int64)
+    xs = np.asarray(x, dtype=np.float64) - p["input_zp"]
+    if a.get("fc"):
+        return (xs @ weight.reshape(weight.shape[0], -1).astype(np.float64).T).astype(np.int64) + bias
+    xs = _pad(xs, pads or a["pads"], 0.0)
+    group = a["group"]
+    cout, cin_g = weight.shape[:2]
+    if cin_g == 1 and group > 1:
+        acc = _depthwise(xs, weight, a, group)
+    else:
+        acc = np.concatenate([_dense(xs[:, g * cin_g:(g + 1) * cin_g],
+                                     weight[g * (cout // group):(g + 1) * (cout // group)], a)
+                              for g in range(group)], axis=1)
+    return acc.astype(np.int64) + _channel(bias, 4)
+
+
+def _pad(x: np.ndarray, pads: Sequence[int], value: float) -> np.ndarray:
+    top, bottom, left, right = (int(v) for v in pads)
+    if not (top or bottom or left or right):
+        return x
+    return np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)), constant_values=value)
+
+
+def _out_size(size: int, k: int, s: int, d: int) -> int:
+    return (size - d * (k - 1) - 1) // s + 1
+
+
+def _windows(x: np.ndarray, attrs: dict) -> np.ndarray:
+    """A strided view [N, C, kh, kw, OH, OW] of the windows of an already padded ``x``."""
+    (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["stride"], attrs.get("dilation", [1, 1])
+    n, c, h, w = x.shape
+    oh, ow = _out_size(h, kh, sh, dh), _out_size(w, kw, sw, dw)
+    if oh <= 0 or ow <= 0:
+        raise BuildError(f"input {h}x{w} is smaller than the {kh}x{kw} window")
+    s = x.strides
+    return as_strided(x, (n, c, kh, kw, oh, ow),
+                      (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw), writeable=False)
+
+
+def _dense(x: np.ndarray, weight: np.ndarray, attrs: dict) -> np.ndarray:
+    cout = weight.shape[0]
+    w2 = weight.reshape(cout, -1).astype(np.float64)
+    if tuple(attrs["kernel"]) == (1, 1) and tuple(attrs["stride"]) == (1, 1):
+        n, c, h, w = x.shape
+        return (w2 @ x.reshape(n, c, h * w)).reshape(n, cout, h, w)
+    win = _windows(x, attrs)
+    n, c, kh, kw, oh, ow = win.shape
+    cols = win.transpose(0, 4, 5, 1, 2, 3).reshape(n * oh * ow, c * kh * kw)
+    return (cols @ w2.T).reshape(n, oh, ow, cout).transpose(0, 3, 1, 2)
+
+
+def _depthwise(x: np.ndarray, weight: np.ndarray, attrs: dict, group: int) -> np.ndarray:
+    win = _windows(x, attrs)  # [N, C, kh, kw, OH, OW]
+    mult = weight.shape[0] // group
+    src = np.repeat(np.arange(group), mult)
+    w = weight[:, 0].astype(np.float64)  # [Cout, kh, kw]
+    return np.einsum("nckhij,ckh->ncij", win[:, src], w, optimize=True)
+
+
+def input_rows(layer: QLayer, out_r0: int, out_r1: int, in_height: int) -> tuple[int, int, int, int]:
+    """Backward-H for conv/pool: output rows ``[out_r0, out_r1)`` need input rows
+    ``[h0, h1)`` and the padding ``(pad_top, pad_bottom)`` to pass with them (the layer's own
+    left/right padding is unchanged). Returns ``(h0, h1, pad_top, pad_bottom)``."""
+    a = layer.attrs
+    kh, sh, dh = a["kernel"][0], a["stride"][0], a.get("dilation", [1, 1])[0]
+    top = a["pads"][0]
+    first = out_r0 * sh - top                            # padded rows [first, last) are read
+    last = (out_r1 - 1) * sh + dh * (kh - 1) + 1 - top
+    need = last - first
+    pad_top, pad_bottom = min(max(-first, 0), need), min(max(last - in_height, 0), need)
+    h0 = min(max(first, 0), in_height)
+    return h0, h0 + need - pad_top - pad_bottom, pad_top, pad_bottom
+
+
+# ---- pooling -------------------------------------------------------------------------------
+
+def maxpool2d(layer: QLayer, x: np.ndarray, pads: Sequence[int] | None = None) -> np.ndarray:
+    """Max over each window; padding holds the dtype's minimum. Output params = input params."""
+    a = layer.attrs
+    if a.get("global"):
+        return x.max(axis=(2, 3), keepdims=True)
+    qmin = np.iinfo(x.dtype).min
+    xp = _pad(x, pads or a["pads"], qmin)
+    return _windows(xp, a).max(axis=(2, 3))
+
+
+def avgpool2d(layer: QLayer, x: np.ndarray, pads: Sequence[int] | None = None) -> np.ndarray:
+    """Sum of ``x - zp`` per window, requantized by the multiplier of that window's count."""
+    a, p = layer.attrs, layer.params
+    xs = np.asarray(x, dtype=np.int64) - p["input_zp"]
+    if a.get("global"):
+        acc = xs.sum(axis=(2, 3), keepdims=True)
+        counts = np.full((1, 1), xs.shape[2] * xs.shape[3])
+    else:
+        pads = pads or a["pads"]
+        acc = _windows(_pad(xs, pads, 0), a).sum(axis=(2, 3))
+        counts = _window_counts(xs.shape[2:], a, pads)
+    table = layer.arrays["counts"]
+    idx = np.searchsorted(table, counts)
+    if np.any(idx >= table.size) or np.any(table[np.minimum(idx, table.size - 1)] != counts):
+        raise BuildError(f"layer {layer.name!r}: a window count outside its multiplier table")
+    return _requant(layer, acc, layer.arrays["multiplier"][idx], layer.arrays["shift"][idx])
+
+
+def _window_counts(hw: Sequence[int], attrs: dict, pads: Sequence[int]) -> np.ndarray:
+    """How many positions of each window count towards the average: [OH, OW]. Padding counts
+    only with ``count_include_pad`` (ceil_mode's extra padding never does: that combination
+    stays on the CPU)."""
+    ones = np.ones((1, 1, *hw), dtype=np.int64)
+    padded = _pad(ones, pads, 1 if attrs.get("count_include_pad") else 0)
+    return _windows(padded, attrs).sum(axis=(2, 3))[0, 0]
+
+
+def window_counts(layer: QLayer, input_hw: Sequence[int]) -> np.ndarray:
+    """Every window count the layer's full-size computation uses (for the multiplier table)."""
+    if layer.attrs.get("global"):
+        return np.array([int(input_hw[0]) * int(input_hw[1])])
+    return np.unique(_window_counts(input_hw, layer.attrs, layer.attrs["pads"]))
+
+
+# ---- element-wise ----------------------------------------------------------------------------
+
+def add(layer: QLayer, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(a - zp_a)·M_a + (b - zp_b)·M_b`` (M_b < 0 for Sub), one rounding shift."""
+    p = layer.params
+    (za, zb), (ma, mb) = p["input_zps"], p["multipliers"]
+    acc = (np.asarray(a, np.int64) - za) * ma + (np.asarray(b, np.int64) - zb) * mb
+    return _requant(layer, acc, 1, p["shift"])
+
+
+def mul(layer: QLayer, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    p = layer.params
+    za, zb = p["input_zps"]
+    acc = (np.asarray(a, np.int64) - za) * (np.asarray(b, np.int64) - zb)
+    return _requant(layer, acc, p["multiplier"], p["shift"])
+
+
+def rescale(layer: QLayer, x: np.ndarray) -> np.ndarray:
+    p = layer.params
+    return _requant(layer, np.asarray(x, np.int64) - p["input_zp"], p["multiplier"], p["shift"])
+
+
+def concat(layer: QLayer, xs: Sequence[np.ndarray]) -> np.ndarray:
+    p = layer.params
+    parts = []
+    for x, zp, m, n in zip(xs, p["input_zps"], p["multipliers"], p["shifts"]):
+        identity = zp == p["output_zp"] and m == 1 and n == 0 and x.dtype == np.dtype(
+            p.get("output_dtype", "int8"))
+        parts.append(x if identity else _requant(layer, np.asarray(x, np.int64) - zp, m, n))
+    return np.concatenate(parts, axis=layer.attrs["axis"])
+
+
+def lut(layer: QLayer, x: np.ndarray) -> np.ndarray:
+    """``table[x - qmin]`` (the table covers every input integer)."""
+    table = layer.arrays["table"]
+    offset = -int(np.iinfo(x.dtype).min)
+    return table[np.asarray(x, np.int64) + offset]
+
+
+# ---- resize ----------------------------------------------------------------------------------
+
+def _source_coords(out_size: int, in_size: int, mode: str) -> np.ndarray:
+    """ONNX Resize's original coordinate of each output index (float64)."""
+    o = np.arange(out_size, dtype=np.float64)
+    scale = out_size / in_size
+    if mode == "asymmetric":
+        return o / scale
+    if mode == "align_corners":
+        return o * (in_size - 1) / (out_size - 1) if out_size > 1 else np.zeros_like(o)
+    if mode == "tf_half_pixel_for_nn":
+        return (o + 0.5) / scale
+    if mode == "pytorch_half_pixel" and out_size <= 1:
+        return np.zeros_like(o)
+    return (o + 0.5) / scale - 0.5  # half_pixel, pytorch_half_pixel
+
+
+def _nearest_index(coords: np.ndarray, in_size: int, nearest_mode: str) -> np.ndarray:
+    rounding = {"round_prefer_floor": lambda c: np.ceil(c - 0.5),
+                "round_prefer_ceil": lambda c: np.floor(c + 0.5),
+                "floor": np.floor, "ceil": np.ceil}[nearest_mode]
+    return np.clip(rounding(coords), 0, in_size - 1).astype(np.int64)
+
+
+def _linear_taps(coords: np.ndarray, in_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Two source indices and the integer weight of the second (``RESIZE_FRAC_BITS`` bits)."""
+    c = np.clip(coords, 0, in_size - 1)
+    i0 = np.floor(c).astype(np.int64)
+    i1 = np.minimum(i0 + 1, in_size - 1)
+    w1 = schemes.round_half_up((c - i0) * 2 ** schemes.RESIZE_FRAC_BITS).astype(np.int64)
+    return i0, i1, w1
+
+
+def resize_input_rows(layer: QLayer, out_r0: int, out_r1: int, in_height: int) -> tuple[int, int]:
+    """The input rows ``[h0, h1)`` that output rows ``[out_r0, out_r1)`` of a resize read."""
+    a = layer.attrs
+    coords = _source_coords(a["output_size"][0], in_height, a["coordinate_transformation_mode"])
+    if a["mode"] == "nearest":
+        rows = _nearest_index(coords, in_height, a["nearest_mode"])[out_r0:out_r1]
+        return int(rows.min()), int(rows.max()) + 1
+    i0, i1, _ = _linear_taps(coords, in_height)
+    return int(i0[out_r0:out_r1].min()), int(i1[out_r0:out_r1].max()) + 1
+
+
+def resize(layer: QLayer, x: np.ndarray, out_rows: tuple[int, int] | None = None,
+           in_row0: int = 0) -> np.ndarray:
+    """Nearest (pure indexing) or bilinear (integer weights) resize of H and W.
+
+    ``x`` holds input rows starting at ``in_row0``; ``out_rows`` picks the output rows.
+    """
+    a = layer.attrs
+    (oh, ow), in_h, in_w = a["output_size"], a["input_size"][0], x.shape[3]
+    r0, r1 = out_rows or (0, oh)
+    mode = a["coordinate_transformation_mode"]
+    ys, xs = _source_coords(oh, in_h, mode)[r0:r1], _source_coords(ow, in_w, mode)
+    if a["mode"] == "nearest":
+        iy = _nearest_index(ys, in_h, a["nearest_mode"]) - in_row0
+        ix = _nearest_index(xs, in_w, a["nearest_mode"])
+        return x[:, :, iy][:, :, :, ix]
+    p = layer.params
+    y0, y1, wy = _linear_taps(ys, in_h)
+    x0, x1, wx = _linear_taps(xs, in_w)
+    one = 1 << schemes.RESIZE_FRAC_BITS
+    v = np.asarray(x, np.int64) - p["input_zp"]
+    rows = v[:, :, y0 - in_row0] * (one - wy)[:, None] + v[:, :, y1 - in_row0] * wy[:, None]
+    acc = rows[..., x0] * (one - wx) + rows[..., x1] * wx
+    return _requant(layer, acc, p["multiplier"], p["shift"])
+
+
+# ---- data movement ---------------------------------------------------------------------------
+
+def _slice(layer: QLayer, x: np.ndarray) -> np.ndarray:
+    a = layer.attrs
+    index = [slice(None)] * x.ndim
+    for start, end, axis, step in zip(a["starts"], a["ends"], a["axes"], a["steps"]):
+        index[axis] = slice(start, end, step)
+    return x[tuple(index)]
+
+
+def _pad_nd(layer: QLayer, x: np.ndarray) -> np.ndarray:
+    pads = layer.attrs["pads"]
+    half = len(pads) // 2
+    width = list(zip(pads[:half], pads[half:]))
+    mode = layer.attrs.get("mode", "constant")
+    if mode == "constant":
+        return np.pad(x, width, constant_values=layer.attrs["value"])
+    return np.pad(x, width, mode={"edge": "edge", "reflect": "reflect", "wrap": "wrap"}[mode])
+
+
+def _split(layer: QLayer, x: np.ndarray) -> list[np.ndarray]:
+    cuts = np.cumsum(layer.attrs["sizes"])[:-1]
+    return list(np.split(x, cuts, axis=layer.attrs["axis"]))
+
+
+# ---- float (CPU) layers ----------------------------------------------------------------------
+
+@lru_cache(maxsize=256)
+def _float_session(model_bytes: bytes):
+    from npubuild import onnx_io
+
+    return onnx_io.session(_model_from_bytes(model_bytes))
+
+
+def _model_from_bytes(data: bytes):
+    import onnx
+
+    model = onnx.ModelProto()
+    model.ParseFromString(data)
+    return model
+
+
+def float_layer(layer: QLayer, xs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """A CPU layer: dequantize int inputs, run the float ONNX node, quantize int outputs."""
+    p = layer.params
+    feeds = {}
+    for name, x, qp in zip(p["onnx_inputs"], xs, p["input_params"]):
+        feeds[name] = x if qp is None else schemes.dequantize(x, qp[0], qp[1])
+    sess = _float_session(layer.arrays["model"].tobytes())
+    results = sess.run(None, feeds)
+    return [y if qp is None else schemes.quantize(y, qp[0], qp[1], qp[2])
+            for y, qp in zip(results, p["output_params"])]
+
+
+KERNELS: dict[str, Kernel] = {
+    "conv": lambda l, xs: [conv2d(l, xs[0])],
+    "add": lambda l, xs: [add(l, xs[0], xs[1])],
+    "mul": lambda l, xs: [mul(l, xs[0], xs[1])],
+    "rescale": lambda l, xs: [rescale(l, xs[0])],
+    "concat": lambda l, xs: [concat(l, xs)],
+    "maxpool": lambda l, xs: [maxpool2d(l, xs[0])],
+    "avgpool": lambda l, xs: [avgpool2d(l, xs[0])],
+    "resize": lambda l, xs: [resize(l, xs[0])],
+    "lut": lambda l, xs: [lut(l, xs[0])],
+    "reshape": lambda l, xs: [np.reshape(xs[0], l.attrs["shape"])],
+    "transpose": lambda l, xs: [np.ascontiguousarray(np.transpose(xs[0], l.attrs["perm"]))],
+    "slice": lambda l, xs: [_slice(l, xs[0])],
+    "split": lambda l, xs: _split(l, xs[0]),
+    "pad": lambda l, xs: [_pad_nd(l, xs[0])],
+    "float": float_layer,
+}
+
+
+def run_layer(layer: QLayer, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """One layer on its input arrays (in ``layer.inputs`` order)."""
+    try:
+        kernel = KERNELS[layer.kind]
+    except KeyError:
+        raise BuildError(f"layer {layer.name!r}: no integer kernel for kind {layer.kind!r}") from None
+    return kernel(layer, inputs)
+
+
+def run_reference(qgraph: QGraph, int_inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every tensor of the graph (inputs and constants included) computed from ``int_inputs``."""
+    env: dict[str, np.ndarray] = dict(qgraph.constants)
+    for name in qgraph.inputs:
+        if name not in int_inputs:
+            raise BuildError(f"run_reference: input {name!r} not given")
+        env[name] = _checked_input(qgraph, name, int_inputs[name])
+    for layer in qgraph.layers:
+        outputs = run_layer(layer, [env[t] for t in layer.inputs])
+        for name, value in zip(layer.outputs, outputs):
+            env[name] = value
+    return env
+
+
+def _checked_input(qgraph: QGraph, name: str, value: np.ndarray) -> np.ndarray:
+    t = qgraph.tensors[name]
+    value = np.asarray(value)
+    if list(value.shape) != list(t.shape):
+        raise BuildError(f"input {name!r} has shape {list(value.shape)}, expected {t.shape}")
+    if not t.is_float and value.dtype != np.dtype(t.dtype):
+        raise BuildError(f"input {name!r} is {value.dtype}, expected {t.dtype}")
+    return value
+
+
+def quantize_inputs(qgraph: QGraph, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Float graph inputs → what ``run_reference`` takes (float inputs pass through)."""
+    out = {}
+    for name in qgraph.inputs:
+        t = qgraph.tensors[name]
+        x = np.asarray(feeds[name])
+        out[name] = x.astype(np.float32) if t.is_float else schemes.quantize(
+            x, t.scale, t.zero_point, t.dtype)
+    return out
+
+
+def dequantize_tensor(qgraph: QGraph, name: str, value: np.ndarray) -> np.ndarray:
+    t = qgraph.tensors[name]
+    return np.asarray(value, np.float32) if t.is_float else schemes.dequantize(
+        value, t.scale, t.zero_point)
+
+
+def run_quantized(qgraph: QGraph, feeds: Mapping[str, np.ndarray],
+                  outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """Float in, float out: quantize the inputs, run the reference, dequantize ``outputs``."""
+    env = run_reference(qgraph, quantize_inputs(qgraph, feeds))
+    return {n: dequantize_tensor(qgraph, n, env[n]) for n in (outputs or qgraph.outputs)}

@@ -1,0 +1,277 @@
+"""The integer arithmetic of quantized graphs, defined once. Every other module calls these.
+
+Tensors
+    A quantized tensor holds integers ``q`` of its dtype (int8: [-128, 127]; int16: [-32768, 32767])
+    standing for the real values ``x = (q - zero_point) · scale``. Three schemes choose the
+    parameters of activations (weights are always symmetric, zero point 0):
+
+    - ``pow2_symmetric`` (seed 004): ``scale = 2^-log2scale`` with an integer ``log2scale``,
+      zero point 0, and ``log2scale = floor(log2(2^(bits-1) / T))`` for the threshold ``T``: the
+      smallest power-of-two range ``[-2^(bits-1), 2^(bits-1)) · scale`` that holds ``[-T, T]``
+      (``[-4, 4)`` → log2scale 5 for int8; the one value ``+T`` itself may saturate to 127, an
+      error below one step);
+    - ``symmetric``: ``scale = T / qmax``, zero point 0;
+    - ``asymmetric``: ``scale = (hi - lo) / (qmax - qmin)`` over ``lo ≤ 0 ≤ hi``,
+      ``zero_point = qmin - round(lo / scale)`` (so real 0 is exactly representable).
+
+Rounding: ONE mode for all integer arithmetic, round half up (towards +∞):
+``round(v) = floor(v + 1/2)``. It is what an arithmetic right shift by ``n`` after adding
+``2^(n-1)`` computes, as seed 004's shifts and ARCHITECTURE §4 say; every requantization and
+every float → int conversion (inputs, weights, biases) uses it. ONNX Runtime's QuantizeLinear
+rounds half to even instead; the two differ only on exact ties, which the QDQ export breaks
+upwards (see ``npubuild.quant.qdq``). Lookup tables are data, computed offline exactly as the
+QDQ model computes the op (``build_lut``), so they need no rounding rule of their own.
+Saturation: every result is clamped to ``[qmin, qmax]`` of its dtype, or the narrower clamp of
+a folded Relu/Clip.
+
+Requantization (``requantize``): an integer accumulator ``acc`` (int32 for int8 layers, wider
+for int16) at real scale ``s_acc`` becomes an output of scale ``s_y`` by the real factor
+``r = s_acc / s_y``, represented as a fixed-point multiplier ``M`` and shift ``n`` with
+``r ≈ M · 2^-n`` (``fixed_point``): ``y = clamp(round(acc · M / 2^n) + zp_y)`` computed as
+``(acc·M + 2^(n-1)) >> n`` in int64 (``n ≤ 0`` is an exact left shift by ``-n``). ``M`` has up to
+31 bits (``|M| < 2^31``), fewer when the accumulator bound needs them so ``acc·M`` fits int64.
+In ``pow2_symmetric`` graphs every conv/add/concat/pool factor is a power of two: ``M = 1`` and
+``n`` is seed 004's ``output_shift = in_log2scale + w_log2scale - out_log2scale``.
+
+Per-op integer definitions (computed by ``npubuild.quant.reference``):
+
+- conv / gemm (as 1×1 conv) / batchnorm (as depthwise conv): ``acc = Σ (x - zp_x)·w + bias``,
+  ``bias = round(b / (s_x·s_w[c]))`` int32; padding holds real 0 (``x = zp_x``);
+  ``y = requantize(acc, M[c], n[c])`` with ``M[c]·2^-n[c] ≈ s_x·s_w[c]/s_y``.
+- add / sub: ``acc = (a - zp_a)·M_a ± (b - zp_b)·M_b`` with both factors sharing one ``n``
+  (``M_i·2^-n ≈ s_i/s_y``), one rounding; pow2 aligns both inputs to the finer scale exactly.
+- mul: ``acc = (a - zp_a)·(b - zp_b)``, factor ``s_a·s_b/s_y``.
+- rescale (Mul/Div by a scalar constant c): ``acc = x - zp_x``, factor ``c·s_x/s_y``.
+- concat: each input requantized by its own factor ``s_i/s_y`` (identity when equal).
+- avgpool: ``acc = Σ (x - zp_x)`` over the window, factor ``s_x / (count·s_y)`` with one
+  multiplier per possible ``count`` of the window (in pow2 graphs rounded up, so that exact
+  ties of a non-negative window sum round up as the exact quotient would).
+- resize linear: ``acc = Σ w_i·(x_i - zp_x)`` with integer weights of ``RESIZE_FRAC_BITS`` bits
+  per axis, factor ``s_x / (2^(2·bits)·s_y)``.
+- lut: ``y = table[q - qmin]``, ``table[i] = clamp(rint(f((i + qmin - zp_x)·s_x)/s_y) + zp_y)``
+  in float32 as the QDQ model computes it (Sigmoid, SiLU, Tanh, HardSwish, LeakyRelu, ...).
+- maxpool, reshape, transpose, slice, split, pad, resize nearest: data movement, output
+  parameters equal to the input's, no arithmetic (pads hold ``zp``; maxpool pads hold qmin).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+SCHEMES = ("pow2_symmetric", "symmetric", "asymmetric")
+DTYPES = {"int8": np.int8, "int16": np.int16}
+RESIZE_FRAC_BITS = 10
+MAX_MULTIPLIER_BITS = 31
+MAX_SHIFT = 62
+
+
+def qrange(dtype: str) -> tuple[int, int]:
+    """``(qmin, qmax)`` of an integer dtype name."""
+    info = np.iinfo(DTYPES[dtype])
+    return int(info.min), int(info.max)
+
+
+@dataclass(frozen=True)
+class QParams:
+    """Quantization parameters of one activation tensor (per tensor)."""
+
+    scale: float
+    zero_point: int = 0
+    log2scale: int | None = None
+    dtype: str = "int8"
+
+    @property
+    def qmin(self) -> int:
+        return qrange(self.dtype)[0]
+
+    @property
+    def qmax(self) -> int:
+        return qrange(self.dtype)[1]
+
+
+def round_half_up(values) -> np.ndarray:
+    """``floor(v + 1/2)``: the one rounding mode, for floats (exact for float64 inputs)."""
+    return np.floor(np.asarray(values, dtype=np.float64) + 0.5)
+
+
+def log2scale_for(threshold: float, dtype: str = "int8") -> int:
+    """Seed 004's log2scale: the largest ``l`` with ``threshold · 2^l ≤ 2^(bits-1)``."""
+    half = -qrange(dtype)[0]
+    if not threshold > 0 or not math.isfinite(threshold):
+        return 0 if not threshold > 0 else -126
+    return int(math.floor(math.log2(half / threshold)))
+
+
+def choose_params(scheme: str, lo: float, hi: float, dtype: str = "int8") -> QParams:
+    """Activation parameters for the calibrated range ``[lo, hi]`` under ``scheme``."""
+    qmin, qmax = qrange(dtype)
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    threshold = max(-lo, hi)
+    if scheme == "pow2_symmetric":
+        ls = log2scale_for(threshold, dtype)
+        return QParams(2.0 ** -ls, 0, ls, dtype)
+    if scheme == "symmetric":
+        return QParams(threshold / qmax if threshold > 0 else 1.0, 0, None, dtype)
+    if scheme == "asymmetric":
+        if hi - lo <= 0:
+            return QParams(1.0, 0, None, dtype)
+        scale = (hi - lo) / (qmax - qmin)
+        zp = int(np.clip(qmin - round_half_up(lo / scale), qmin, qmax))
+        return QParams(scale, zp, None, dtype)
+    raise ValueError(f"unknown scheme {scheme!r}")
+
+
+def weight_params(scheme: str, weight: np.ndarray, per_channel: bool,
+                  axis: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
+    """Symmetric int8 weight scales (per output channel along ``axis``, or one) and, for
+    ``pow2_symmetric``, their log2scales. Returns arrays of length C (or 1)."""
+    w = np.abs(np.asarray(weight, dtype=np.float64))
+    if per_channel:
+        w = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+        absmax = w.max(axis=1) if w.size else np.zeros(w.shape[0])
+    else:
+        absmax = np.array([w.max() if w.size else 0.0])
+    if scheme == "pow2_symmetric":
+        ls = np.array([log2scale_for(t) if t > 0 else 0 for t in absmax], dtype=np.int64)
+        return 2.0 ** -ls.astype(np.float64), ls
+    return np.where(absmax > 0, absmax / 127.0, 1.0), None
+
+
+def quantize(x: np.ndarray, scale, zero_point=0, dtype: str = "int8") -> np.ndarray:
+    """Float → integer: ``clamp(round_half_up(x / scale) + zp)`` (scale may broadcast)."""
+    qmin, qmax = qrange(dtype)
+    q = round_half_up(np.asarray(x, dtype=np.float64) / np.asarray(scale, dtype=np.float64))
+    return np.clip(q + zero_point, qmin, qmax).astype(DTYPES[dtype])
+
+
+def dequantize(q: np.ndarray, scale, zero_point=0) -> np.ndarray:
+    """Integer → float32: ``(q - zp) · scale``."""
+    return ((np.asarray(q, dtype=np.float64) - zero_point) * scale).astype(np.float32)
+
+
+def quantize_bias(bias: np.ndarray, acc_scale: np.ndarray) -> np.ndarray:
+    """Bias at the accumulator's scale ``s_x · s_w[c]``, int32 (saturated)."""
+    q = round_half_up(np.asarray(bias, dtype=np.float64) / acc_scale)
+    return np.clip(q, -2**31, 2**31 - 1).astype(np.int32)
+
+
+def fixed_point(real: float, *, bits: int = MAX_MULTIPLIER_BITS,
+                round_up: bool = False) -> tuple[int, int]:
+    """``(M, n)`` with ``M · 2^-n ≈ real``, ``2^(bits-1) ≤ |M| < 2^bits`` (or ``M = 0``).
+
+    A power of two gives ``M = 1`` (a pure shift), so pow2 graphs need no multiplier. ``n`` is
+    capped at ``MAX_SHIFT`` (tiny factors lose low multiplier bits, never the result's range).
+    ``round_up`` rounds ``|M|`` up instead of to nearest: then ``acc · M / 2^n`` never falls
+    below ``acc · real`` for ``acc ≥ 0``, so exact ties of ``acc · real`` still round up.
+    """
+    real = float(real)
+    if real == 0 or not math.isfinite(real):
+        return 0, 0
+    mantissa, exponent = math.frexp(abs(real))  # |real| = mantissa · 2^exponent, m in [0.5, 1)
+    sign = -1 if real < 0 else 1
+    if mantissa == 0.5:
+        return sign, 1 - exponent
+    scaled = mantissa * 2.0 ** bits
+    m = int(math.ceil(scaled)) if round_up else int(round_half_up(scaled))
+    n = bits - exponent
+    if m == 1 << bits:
+        m, n = m >> 1, n - 1
+    while n > MAX_SHIFT:
+        m, n = (-(-m // 2) if round_up else int(round_half_up(m / 2))), n - 1
+    return sign * m, n
+
+
+def fixed_point_array(reals, *, bits: int = MAX_MULTIPLIER_BITS,
+                      round_up: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``fixed_point`` element-wise: int64 multipliers and shifts."""
+    pairs = [fixed_point(r, bits=bits, round_up=round_up) for r in np.ravel(reals)]
+    shape = np.shape(reals)
+    return (np.array([p[0] for p in pairs], dtype=np.int64).reshape(shape),
+            np.array([p[1] for p in pairs], dtype=np.int64).reshape(shape))
+
+
+def shared_shift(reals, *, bits: int = MAX_MULTIPLIER_BITS) -> tuple[np.ndarray, int]:
+    """Several factors on one shift (add/sub): the largest gets ``bits`` bits, the rest align.
+    Powers of two (pow2 graphs) get the smallest exact shift instead."""
+    reals = np.asarray(reals, dtype=np.float64)
+    big = float(np.max(np.abs(reals))) if reals.size else 0.0
+    if big == 0:
+        return np.zeros(reals.shape, dtype=np.int64), 0
+    if all(_is_pow2(r) or r == 0 for r in reals.ravel()):
+        n = max(0, max(-int(math.log2(abs(r))) for r in reals.ravel() if r))
+    else:
+        n = min(bits - math.frexp(big)[1], MAX_SHIFT)
+    return np.array(round_half_up(reals * 2.0 ** n), dtype=np.int64), n
+
+
+def _is_pow2(value: float) -> bool:
+    return value != 0 and math.frexp(abs(value))[0] == 0.5
+
+
+def multiplier_bits(acc_bound: float) -> int:
+    """Multiplier width that keeps ``acc · M`` inside int64 for ``|acc| ≤ acc_bound``."""
+    acc_bits = max(1, math.ceil(math.log2(acc_bound + 1)))
+    return int(min(MAX_MULTIPLIER_BITS, 62 - acc_bits))
+
+
+def rounding_shift(prod: np.ndarray, shift) -> np.ndarray:
+    """``round_half_up(prod / 2^shift)`` on int64, shifts per element (``shift ≤ 0``: exact
+    left shift, inputs first clipped to ±2^31 so the result only needs to saturate)."""
+    prod = np.asarray(prod, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    right = np.maximum(shift, 0)
+    left = np.maximum(-shift, 0)
+    if np.any(left):
+        prod = np.clip(prod, -(1 << 31), 1 << 31) << np.minimum(left, 31)
+    half = (np.int64(1) << right) >> 1
+    return (prod + half) >> right
+
+
+def requantize(acc, multiplier, shift, zero_point: int, qmin: int, qmax: int,
+               dtype: str = "int8") -> np.ndarray:
+    """``clamp(round_half_up(acc · M / 2^n) + zp, qmin, qmax)`` exactly, in int64.
+
+    ``multiplier`` and ``shift`` broadcast against ``acc`` (per-channel arrays must be shaped
+    to the channel axis by the caller). This is the only place results are rounded.
+    """
+    acc = np.asarray(acc, dtype=np.int64)
+    multiplier = np.asarray(multiplier, dtype=np.int64)
+    if acc.size and multiplier.size and (
+            float(np.abs(acc).max()) * float(np.abs(multiplier).max()) >= 2.0**62):
+        raise OverflowError("requantize: acc · multiplier leaves int64 (the multiplier width "
+                            "must follow the accumulator bound, see multiplier_bits)")
+    y = rounding_shift(acc * multiplier, shift) + zero_point
+    return np.clip(y, qmin, qmax).astype(DTYPES[dtype])
+
+
+def build_lut(fn, src: QParams, dst: QParams) -> np.ndarray:
+    """The lookup table of an element-wise ``fn`` from ``src`` to ``dst``: entry ``i`` is the
+    output for input integer ``i + src.qmin``.
+
+    A table is data, not arithmetic: its entries are computed exactly as the QDQ model computes
+    the op (``DequantizeLinear`` in float32, ``fn`` in float32, ``QuantizeLinear``: float32
+    quotient, ties to even), so ONNX Runtime reproduces every entry."""
+    q = np.arange(src.qmin, src.qmax + 1, dtype=np.float32)
+    x = (q - np.float32(src.zero_point)) * np.float32(src.scale)
+    with np.errstate(all="ignore"):
+        y = np.asarray(fn(x)).astype(np.float32)
+        ratio = (y / np.float32(dst.scale)).astype(np.float64)
+    ratio = np.nan_to_num(ratio, nan=0.0, posinf=2.0**40, neginf=-2.0**40)
+    out = np.rint(np.clip(ratio, -2.0**40, 2.0**40)) + dst.zero_point
+    return np.clip(out, dst.qmin, dst.qmax).astype(DTYPES[dst.dtype])
+
+
+def clamp_bounds(activation: str, lo: float | None, hi: float | None,
+                 out: QParams) -> tuple[int, int]:
+    """Integer clamp of a folded activation: Relu → [q(0), qmax], Clip(lo, hi) → [q(lo), q(hi)]."""
+    qmin, qmax = out.qmin, out.qmax
+    if activation == "relu":
+        lo, hi = 0.0, None
+    if lo is not None and np.isfinite(lo):
+        qmin = max(qmin, int(quantize(np.array(lo), out.scale, out.zero_point, out.dtype)))
+    if hi is not None and np.isfinite(hi):
+        qmax = min(qmax, int(quantize(np.array(hi), out.scale, out.zero_point, out.dtype)))
+    return qmin, qmax

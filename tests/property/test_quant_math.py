@@ -1,0 +1,216 @@
+"""Hypothesis tests of the integer math in npubuild.quant.schemes and the reference kernels."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from npubuild.quant import schemes
+from npubuild.quant.qgraph import QLayer
+from npubuild.quant.reference import avgpool2d, conv2d, input_rows, maxpool2d
+from npubuild.quant.schemes import QParams
+
+FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+dtypes = st.sampled_from(["int8", "int16"])
+
+
+def exact_requant(acc: int, m: int, n: int, zp: int, qmin: int, qmax: int) -> int:
+    value = Fraction(acc * m) / Fraction(2) ** n
+    return max(qmin, min(qmax, math.floor(value + Fraction(1, 2)) + zp))
+
+
+@FAST
+@given(acc=st.integers(-2**31, 2**31 - 1), m=st.integers(-(2**31 - 1), 2**31 - 1),
+       n=st.integers(-8, 62), zp=st.integers(-128, 127), dtype=dtypes)
+def test_requantize_equals_exact_rational(acc, m, n, zp, dtype):
+    qmin, qmax = schemes.qrange(dtype)
+    got = schemes.requantize(np.array([acc]), m, n, zp, qmin, qmax, dtype)
+    assert int(got[0]) == exact_requant(acc, m, n, zp, qmin, qmax)
+
+
+@FAST
+@given(accs=st.lists(st.integers(-2**31, 2**31 - 1), min_size=1, max_size=16),
+       n=st.lists(st.integers(0, 40), min_size=1, max_size=16))
+def test_requantize_per_channel_shifts(accs, n):
+    k = min(len(accs), len(n))
+    acc, shift = np.array(accs[:k]), np.array(n[:k])
+    got = schemes.requantize(acc, 1, shift, 0, -128, 127)
+    assert [int(v) for v in got] == [exact_requant(a, 1, s, 0, -128, 127) for a, s in zip(accs, n)]
+
+
+@FAST
+@given(k=st.integers(-10**6, 10**6), n=st.integers(1, 30))
+def test_ties_round_half_up(k, n):
+    """acc / 2^n exactly k + 1/2 rounds to k + 1, for negative k too (towards +inf)."""
+    acc = (2 * k + 1) << (n - 1)
+    got = schemes.rounding_shift(np.array([acc]), n)
+    assert int(got[0]) == k + 1
+
+
+@FAST
+@given(acc=st.integers(-2**40, 2**40), m=st.integers(1, 2**21 - 1), n=st.integers(0, 20),
+       dtype=dtypes)
+def test_saturation_is_clamping(acc, m, n, dtype):
+    qmin, qmax = schemes.qrange(dtype)
+    got = int(schemes.requantize(np.array([acc]), m, n, 0, qmin, qmax, dtype)[0])
+    exact = math.floor(Fraction(acc * m, 2**n) + Fraction(1, 2))
+    assert qmin <= got <= qmax
+    assert got == (qmax if exact >= qmax else qmin if exact <= qmin else exact)
+
+
+@FAST
+@given(real=st.floats(1e-12, 1e6, allow_nan=False), negative=st.booleans(),
+       bits=st.integers(8, 31))
+def test_fixed_point_is_close(real, negative, bits):
+    real = -real if negative else real
+    m, n = schemes.fixed_point(real, bits=bits)
+    approx = m * 2.0 ** -n
+    assert abs(approx - real) <= max(abs(real) * 2.0 ** -(bits - 1), 2.0 ** -schemes.MAX_SHIFT)
+    assert abs(m) < 2**bits
+
+
+@given(e=st.integers(-40, 40))
+def test_powers_of_two_are_pure_shifts(e):
+    assert schemes.fixed_point(2.0 ** e) == (1, -e)
+
+
+@FAST
+@given(ratios=st.lists(st.floats(1e-4, 1e3), min_size=2, max_size=3), sub=st.booleans())
+def test_shared_shift_keeps_ratios(ratios, sub):
+    reals = np.array(ratios) * np.array([1] + [-1 if sub else 1] * (len(ratios) - 1))
+    mults, n = schemes.shared_shift(reals)
+    assert np.allclose(mults * 2.0 ** -n, reals, rtol=2.0**-20, atol=2.0**-n)
+
+
+@FAST
+@given(steps=st.floats(-128, 127), ls=st.integers(-4, 12))
+def test_quantize_pow2_error_is_half_a_step_inside_the_range(steps, ls):
+    scale = 2.0 ** -ls
+    x = steps * scale
+    q = schemes.quantize(np.array([x]), scale)
+    assert abs(float(schemes.dequantize(q, scale)[0]) - x) <= scale / 2 + 1e-6 * abs(x)
+
+
+def test_overflowing_products_are_refused_not_wrapped():
+    import pytest
+
+    with pytest.raises(OverflowError):
+        schemes.requantize(np.array([2**40]), 2**30, 10, 0, -128, 127)
+
+
+def test_seed_004_log2scale_example():
+    """Range [-4, 4) is log2scale 5 (seed 004)."""
+    assert schemes.log2scale_for(4.0) == 5
+    assert schemes.choose_params("pow2_symmetric", -3.9, 3.2).log2scale == 5
+
+
+FUNCTIONS = {"sigmoid": lambda x: 1 / (1 + np.exp(-x)), "tanh": np.tanh,
+             "silu": lambda x: x / (1 + np.exp(-x)),
+             "hardswish": lambda x: x * np.clip(x / 6 + 0.5, 0, 1),
+             "leaky": lambda x: np.where(x >= 0, x, np.float32(0.1) * x)}
+
+
+@FAST
+@given(name=st.sampled_from(sorted(FUNCTIONS)), s_in=st.floats(1e-3, 0.5), s_out=st.floats(1e-3, 0.5),
+       zp_in=st.integers(-20, 20), zp_out=st.integers(-20, 20), dtype=st.sampled_from(["int8"]))
+def test_lut_is_the_function_within_one_step(name, s_in, s_out, zp_in, zp_out, dtype):
+    fn = FUNCTIONS[name]
+    src, dst = QParams(s_in, zp_in, None, dtype), QParams(s_out, zp_out, None, dtype)
+    table = schemes.build_lut(fn, src, dst)
+    assert table.shape == (256,) and table.dtype == np.int8
+    q = np.arange(-128, 128)
+    exact = np.floor(fn((q - zp_in) * s_in) / s_out + 0.5) + zp_out
+    assert np.all(np.abs(table.astype(np.int64) - np.clip(exact, -128, 127)) <= 1)
+
+
+# ---- kernels: exactness and H-slicing ----------------------------------------------------------
+
+def _naive_conv(x, w, bias, zp, pads, stride, dilation, group):
+    xp = np.pad(x.astype(np.int64) - zp, ((0, 0), (0, 0), (pads[0], pads[1]), (pads[2], pads[3])))
+    cout, cin_g, kh, kw = w.shape
+    oh = (xp.shape[2] - dilation * (kh - 1) - 1) // stride + 1
+    ow = (xp.shape[3] - dilation * (kw - 1) - 1) // stride + 1
+    out = np.zeros((x.shape[0], cout, oh, ow), np.int64)
+    for co in range(cout):
+        g = co // (cout // group)
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[:, g * cin_g:(g + 1) * cin_g, i * dilation: i * dilation + stride * (oh - 1) + 1: stride,
+                           j * dilation: j * dilation + stride * (ow - 1) + 1: stride]
+                out[:, co] += np.einsum("nchw,c->nhw", patch, w[co, :, i, j].astype(np.int64))
+    return out + bias[None, :, None, None]
+
+
+def _conv_layer(w, bias, zp, pads, stride, dilation, group):
+    cout = w.shape[0]
+    return QLayer("c", "conv", ["x"], ["y"],
+                  attrs={"kernel": list(w.shape[2:]), "stride": [stride, stride],
+                         "dilation": [dilation, dilation], "pads": list(pads), "group": group},
+                  params={"input_zp": zp, "output_zp": 0, "qmin": -2**31, "qmax": 2**31 - 1,
+                          "output_dtype": "int16"},
+                  arrays={"weight": w, "bias": bias, "multiplier": np.ones(cout, np.int64),
+                          "shift": np.zeros(cout, np.int64)})
+
+
+geometry = st.fixed_dictionaries({
+    "k": st.integers(1, 3), "stride": st.integers(1, 2), "dilation": st.integers(1, 2),
+    "pads": st.tuples(*[st.integers(0, 2)] * 4), "group": st.sampled_from([1, 2]),
+    "h": st.integers(6, 11), "w": st.integers(5, 9), "zp": st.integers(-5, 5)})
+
+
+@settings(max_examples=60, deadline=None)
+@given(g=geometry, seed=st.integers(0, 2**16))
+def test_conv_accumulates_exactly(g, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (1, 4, g["h"], g["w"])).astype(np.int8)
+    w = rng.integers(-128, 128, (4, 4 // g["group"], g["k"], g["k"])).astype(np.int8)
+    bias = rng.integers(-1000, 1000, 4).astype(np.int32)
+    layer = _conv_layer(w, bias, g["zp"], g["pads"], g["stride"], g["dilation"], g["group"])
+    layer.params.update(qmin=-32768, qmax=32767)
+    got = conv2d(layer, x)
+    want = _naive_conv(x, w, bias, g["zp"], g["pads"], g["stride"], g["dilation"], g["group"])
+    assert np.array_equal(got, np.clip(want, -32768, 32767).astype(np.int16))
+
+
+@settings(max_examples=80, deadline=None)
+@given(g=geometry, kind=st.sampled_from(["conv", "maxpool", "avgpool"]), seed=st.integers(0, 2**16),
+       cuts=st.lists(st.floats(0, 1), min_size=1, max_size=3))
+def test_h_slices_with_their_own_padding_give_the_full_rows(g, kind, seed, cuts):
+    """The compile stage's contract: run a spatial kernel on an H-slice (with halo rows and the
+    slice's own padding from input_rows) and get exactly those rows of the full result."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-128, 128, (1, 4, g["h"], g["w"])).astype(np.int8)
+    pads = list(g["pads"])
+    if kind == "conv":
+        w = rng.integers(-128, 128, (4, 4 // g["group"], g["k"], g["k"])).astype(np.int8)
+        layer = _conv_layer(w, rng.integers(-99, 99, 4).astype(np.int32), g["zp"], pads,
+                            g["stride"], g["dilation"], g["group"])
+        layer.params.update(qmin=-128, qmax=127, output_dtype="int8")
+        layer.arrays["multiplier"] = rng.integers(2**29, 2**30, 4)
+        layer.arrays["shift"] = rng.integers(28, 36, 4)
+        run = lambda xs, p: conv2d(layer, xs, p)  # noqa: E731
+    else:
+        attrs = {"kernel": [g["k"], g["k"]], "stride": [g["stride"]] * 2, "dilation": [1, 1],
+                 "pads": [min(p, g["k"] - 1) for p in pads], "count_include_pad": 0}
+        layer = QLayer("p", kind, ["x"], ["y"], attrs=attrs,
+                       params={"input_zp": g["zp"], "output_zp": 0, "qmin": -128, "qmax": 127})
+        if kind == "avgpool":
+            counts = np.arange(1, g["k"] * g["k"] + 1)
+            m, n = schemes.fixed_point_array(1.0 / counts)
+            layer.arrays = {"counts": counts, "multiplier": m, "shift": n}
+        fn = maxpool2d if kind == "maxpool" else avgpool2d
+        run = lambda xs, p: fn(layer, xs, p)  # noqa: E731
+    full = run(x, None)
+    oh = full.shape[2]
+    assume(oh >= 2)
+    bounds = sorted({0, oh, *[int(c * oh) for c in cuts]})
+    top, bottom, left, right = layer.attrs["pads"]
+    parts = []
+    for r0, r1 in zip(bounds, bounds[1:]):
+        h0, h1, pt, pb = input_rows(layer, r0, r1, g["h"])
+        parts.append(run(x[:, :, h0:h1], (pt, pb, left, right)))
+    assert np.array_equal(np.concatenate(parts, axis=2), full)

@@ -1,0 +1,96 @@
+"""Calibration statistics and the four range-selection methods."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from npubuild.quant.calibrators import (CALIBRATORS, HIST_BINS, CalibrationOptions, TensorStats,
+                                        calibrated_range)
+
+OPTIONS = CalibrationOptions()
+
+
+def heavy_tailed(seed=0, n=200_000):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 1, n)
+    x[:20] = rng.uniform(20, 40, 20)  # a few outliers
+    return x.astype(np.float32)
+
+
+def observed(chunks, histogram=True):
+    stats = TensorStats(with_histogram=histogram)
+    for c in chunks:
+        stats.update(c)
+    return stats
+
+
+def test_histogram_range_doubling_is_exact():
+    rng = np.random.default_rng(1)
+    chunks = [rng.normal(0, s, 5000).astype(np.float32) for s in (0.01, 0.3, 5.0, 80.0)]
+    stats = observed(chunks)
+    direct, _ = np.histogram(np.concatenate(chunks), bins=HIST_BINS, range=(-stats.range, stats.range))
+    assert stats.hist.sum() == sum(c.size for c in chunks)
+    assert np.array_equal(stats.hist, direct)
+    assert stats.hist.size == HIST_BINS  # bounded memory whatever flows through
+
+
+def test_channel_means():
+    x = np.arange(24, dtype=np.float32).reshape(1, 2, 3, 4)
+    stats = TensorStats(channel_axis=1)
+    stats.update(x)
+    stats.update(x + 1)
+    assert np.allclose(stats.channel_mean, [6.0, 18.0])
+
+
+def test_methods_are_registered_by_their_recipe_names():
+    assert set(CALIBRATORS.names()) == {"minmax", "percentile", "kl", "mse"}
+
+
+@pytest.mark.parametrize("method", ["percentile", "kl"])
+def test_clipping_methods_cut_outliers(method):
+    stats = observed([heavy_tailed()])
+    lo, hi = calibrated_range(stats, method, "symmetric", OPTIONS)
+    assert -hi == lo
+    assert 2.0 < hi < 20.0, (method, hi)
+
+
+def test_mse_clips_a_long_tail_but_keeps_rare_far_outliers():
+    """Squared error: a Laplace tail is cheaper clipped; 20 values at 20-40 are not."""
+    laplace = np.random.default_rng(3).laplace(0, 1, 1_000_000).astype(np.float32)
+    stats = observed([laplace])
+    hi = calibrated_range(stats, "mse", "symmetric", OPTIONS)[1]
+    assert 4.0 < hi < 0.8 * stats.absmax
+    assert calibrated_range(observed([heavy_tailed()]), "mse", "symmetric", OPTIONS)[1] > 20
+
+
+def test_minmax_keeps_everything():
+    stats = observed([heavy_tailed()], histogram=False)
+    lo, hi = calibrated_range(stats, "minmax", "symmetric", OPTIONS)
+    assert (lo, hi) == (min(stats.min, 0), stats.max)
+
+
+def test_asymmetric_ranges_follow_each_side():
+    x = np.random.default_rng(2).uniform(-0.3, 6.0, 100_000).astype(np.float32)
+    stats = observed([x])
+    for method in ("percentile", "kl", "mse"):
+        lo, hi = calibrated_range(stats, method, "asymmetric", OPTIONS)
+        assert -0.31 <= lo <= 0 and 3.0 < hi <= 6.01, (method, lo, hi)
+
+
+def test_pow2_mse_picks_a_power_of_two_range():
+    stats = observed([heavy_tailed()])
+    _, hi = calibrated_range(stats, "mse", "pow2_symmetric", OPTIONS)
+    assert np.log2(hi / 128) == int(np.log2(hi / 128))
+
+
+def test_percentile_option():
+    stats = observed([heavy_tailed()])
+    loose = calibrated_range(stats, "percentile", "symmetric", CalibrationOptions(percentile=99.999))[1]
+    tight = calibrated_range(stats, "percentile", "symmetric", CalibrationOptions(percentile=99.0))[1]
+    assert tight < loose
+
+
+def test_int16_tensors_keep_the_observed_range():
+    stats = observed([heavy_tailed()])
+    assert calibrated_range(stats, "kl", "symmetric", CalibrationOptions(dtype="int16"))[1] == stats.max

@@ -1,0 +1,97 @@
+"""Calibration data: images and tensors become input samples; bad files name themselves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from npubuild.errors import UserError
+from npubuild.quant.data import InputInfo, load_samples
+from npubuild.recipe.model import Preprocess
+
+NCHW = InputInfo("images", (1, 3, 16, 20), "float32", "NCHW",
+                 Preprocess(resize=(16, 20), scale=1 / 255, mean=[0.5, 0.5, 0.5], std=0.25))
+
+
+def png(tmp_path: Path, name="a.png", mode="RGB", size=(40, 30), color=(255, 0, 128)) -> Path:
+    path = tmp_path / name
+    Image.new(mode, size, color if mode != "L" else 200).save(path)
+    return path
+
+
+def test_image_is_resized_scaled_normalised_and_laid_out(tmp_path):
+    (sample,) = load_samples([png(tmp_path)], [NCHW])
+    x = sample["images"]
+    assert x.shape == (1, 3, 16, 20) and x.dtype == np.float32
+    assert np.allclose(x[0, :, 5, 5], [(1 - 0.5) / 0.25, (0 - 0.5) / 0.25, (128 / 255 - 0.5) / 0.25], atol=1e-5)
+
+
+def test_bgr_nhwc_and_gray(tmp_path):
+    bgr = InputInfo("x", (1, 8, 8, 3), "float32", "NHWC", Preprocess(channel_order="BGR"))
+    (s,) = load_samples([png(tmp_path)], [bgr])
+    assert s["x"].shape == (1, 8, 8, 3) and list(s["x"][0, 0, 0]) == [128, 0, 255]
+    gray = InputInfo("x", (1, 1, 8, 8), "float32", "any", Preprocess(channel_order="GRAY"))
+    (s,) = load_samples([png(tmp_path, "g.png", "L")], [gray])
+    assert s["x"].shape == (1, 1, 8, 8) and s["x"].max() == 200
+
+
+def test_rgba_and_samples_limit(tmp_path):
+    files = [png(tmp_path, f"{i}.png", "RGBA", color=(1, 2, 3, 4)) for i in range(5)]
+    assert len(list(load_samples(files, [NCHW], 3))) == 3
+
+
+def test_npy_and_npz_shapes(tmp_path):
+    info = InputInfo("x", (1, 3, 4, 4))
+    np.save(tmp_path / "one.npy", np.ones((1, 3, 4, 4)))
+    np.save(tmp_path / "nobatch.npy", np.ones((3, 4, 4)))
+    np.save(tmp_path / "stack.npy", np.ones((5, 3, 4, 4)))
+    np.savez(tmp_path / "named.npz", x=np.zeros((2, 3, 4, 4)))
+    files = [tmp_path / n for n in ("one.npy", "nobatch.npy", "stack.npy", "named.npz")]
+    samples = list(load_samples(files, [info]))
+    assert len(samples) == 1 + 1 + 5 + 2
+    assert all(s["x"].shape == (1, 3, 4, 4) and s["x"].dtype == np.float32 for s in samples)
+
+
+def test_npz_for_two_inputs(tmp_path):
+    infos = [InputInfo("a", (1, 2)), InputInfo("b", (1, 3))]
+    np.savez(tmp_path / "s.npz", a=np.ones((1, 2)), b=np.ones((1, 3)))
+    (s,) = load_samples([tmp_path / "s.npz"], infos)
+    assert set(s) == {"a", "b"}
+    np.savez(tmp_path / "bad.npz", a=np.ones((1, 2)))
+    with pytest.raises(UserError, match="bad.npz.*no array for input.*'b'"):
+        list(load_samples([tmp_path / "bad.npz"], infos))
+
+
+@pytest.mark.parametrize("writer, message", [
+    (lambda p: np.save(p / "d.npy", np.ones((1, 3, 5, 5))), r"d\.npy: array for 'x' has shape \[1, 3, 5, 5\]"),
+    (lambda p: np.save(p / "d.npy", np.full((1, 3, 4, 4), np.nan)), r"d\.npy: 48 NaN or Inf"),
+    (lambda p: np.save(p / "d.npy", np.array([{"a": 1}], dtype=object)), r"d\.npy: cannot read the array"),
+    (lambda p: (p / "d.png").write_bytes(b"not a png"), r"d\.png: cannot read the image"),
+    (lambda p: (p / "d.txt").write_text("x"), r"d\.txt: cannot use 'd\.txt' as calibration data"),
+])
+def test_bad_files_are_user_errors_naming_the_file(tmp_path, writer, message):
+    writer(tmp_path)
+    (path,) = sorted(tmp_path.iterdir())
+    info = InputInfo("x", (1, 3, 4, 4), "float32", "NCHW", Preprocess())
+    with pytest.raises(UserError, match=message) as exc:
+        list(load_samples([path], [info]))
+    assert exc.value.exit_code == 2
+
+
+def test_channel_count_mismatch(tmp_path):
+    one_channel = InputInfo("x", (1, 1, 8, 8), "float32", "NCHW", Preprocess(channel_order="RGB"))
+    with pytest.raises(UserError, match=r"a\.png: input 'x' has 1 channels but images are decoded as RGB"):
+        list(load_samples([png(tmp_path)], [one_channel]))
+
+
+def test_images_need_a_single_input(tmp_path):
+    with pytest.raises(UserError, match="one input"):
+        list(load_samples([png(tmp_path)], [InputInfo("a", (1, 3, 8, 8)), InputInfo("b", (1, 3, 8, 8))]))
+
+
+def test_no_files():
+    with pytest.raises(UserError, match="no calibration files"):
+        list(load_samples([], [NCHW]))

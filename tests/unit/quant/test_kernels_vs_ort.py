@@ -1,0 +1,167 @@
+"""Every layer kind on a tiny inline model: the integer reference must agree with ONNX Runtime
+running the QDQ export (layer by layer, same integer inputs) and stay close to float."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from tests.unit.quant.helpers import check_against_ort, feeds_for, model, samples
+
+rng = np.random.default_rng(42)
+W3 = rng.normal(0, 0.3, (8, 4, 3, 3))
+B8 = rng.normal(0, 0.2, 8)
+X = {"x": [1, 4, 12, 10]}
+
+
+def conv(**attrs):
+    return model([helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)], X, {"y": None},
+                 {"w": W3, "b": B8})
+
+
+def conv_act(act, *extra):
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node(act, ["c", *extra], ["y"])]
+    inits = {"w": W3, "b": B8, "lo": np.float32(-0.5), "hi": np.float32(1.5)}
+    return model(nodes, X, {"y": None}, inits)
+
+
+def unary(op, **attrs):
+    return model([helper.make_node(op, ["x"], ["y"], **attrs)], X, {"y": None})
+
+
+def silu():
+    return model([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["x", "s"], ["y"])],
+                 X, {"y": None})
+
+
+def binary(op, b_shape=None, const=None):
+    inputs = dict(X) if const is not None else {**X, "z": b_shape}
+    inits = {"z": const} if const is not None else {}
+    return model([helper.make_node(op, ["x", "z"], ["y"])], inputs, {"y": None}, inits)
+
+
+def relu_then(op, **attrs):
+    """Average pools mostly follow a Relu: their window sums are then never negative (see the
+    avgpool note in npubuild.quant.schemes about exact ties of negative sums in pow2 graphs)."""
+    return model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node(op, ["r"], ["y"], **attrs)],
+                 X, {"y": None})
+
+
+def two(op):
+    return model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node(op, ["x", "r"], ["y"])],
+                 X, {"y": None})
+
+
+CASES = {
+    "conv_pads": lambda: conv(pads=[1, 0, 2, 1]),
+    "conv_stride_dilation": lambda: conv(strides=[2, 1], dilations=[1, 2], pads=[1, 2, 1, 2]),
+    "conv_same_upper": lambda: conv(auto_pad="SAME_UPPER", strides=[2, 2]),
+    "conv_grouped": lambda: model([helper.make_node("Conv", ["x", "w"], ["y"], group=2, pads=[1, 1, 1, 1])],
+                                  X, {"y": None}, {"w": rng.normal(0, 0.3, (6, 2, 3, 3))}),
+    "conv_depthwise": lambda: model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=4,
+                                                      strides=[2, 2], pads=[1, 1, 1, 1])],
+                                    X, {"y": None}, {"w": rng.normal(0, 0.3, (8, 1, 3, 3)), "b": B8}),
+    "conv_relu": lambda: conv_act("Relu"),
+    "conv_clip": lambda: conv_act("Clip", "lo", "hi"),
+    "gemm": lambda: model([helper.make_node("Flatten", ["x"], ["f"]),
+                           helper.make_node("Gemm", ["f", "w", "b"], ["y"], transB=1, alpha=0.5)],
+                          X, {"y": None}, {"w": rng.normal(0, 0.1, (5, 480)), "b": rng.normal(0, 1, 5)}),
+    "matmul_3d": lambda: model([helper.make_node("MatMul", ["x", "w"], ["y"])], X, {"y": None},
+                               {"w": rng.normal(0, 0.3, (10, 6))}),
+    "batchnorm": lambda: model([helper.make_node("BatchNormalization", ["x", "g", "be", "m", "v"], ["y"])],
+                               X, {"y": None}, {"g": [1.0, 2.0, 0.5, -1.0], "be": [0.1, 0, -0.2, 0.3],
+                                                "m": [0.5, 0, 0.1, -0.3], "v": [1.0, 4.0, 0.5, 2.0]}),
+    "add": lambda: binary("Add", [1, 4, 12, 10]),
+    "sub_broadcast": lambda: binary("Sub", [1, 4, 1, 1]),
+    "add_const": lambda: binary("Add", const=rng.normal(0, 2, (1, 4, 1, 10))),
+    "mul": lambda: binary("Mul", [1, 4, 12, 10]),
+    "mul_scalar": lambda: binary("Mul", const=np.float32(0.375)),
+    "div_scalar": lambda: binary("Div", const=np.float32(3.0)),
+    "div_tensor": lambda: binary("Div", const=rng.uniform(1, 4, (1, 4, 1, 1))),
+    "add_relu": lambda: model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["x", "r"], ["a"]),
+                               helper.make_node("Relu", ["a"], ["y"])], X, {"y": None}),
+    "mul_two_inputs": lambda: two("Mul"),
+    "concat": lambda: model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["x"], ["s"]),
+                             helper.make_node("Concat", ["x", "r", "s"], ["y"], axis=1)], X, {"y": None}),
+    "maxpool": lambda: model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                               pads=[1, 1, 1, 1])], X, {"y": None}),
+    "maxpool_ceil": lambda: model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                                    ceil_mode=1)], X, {"y": None}),
+    "avgpool": lambda: relu_then("AveragePool", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+    "avgpool_include_pad": lambda: relu_then("AveragePool", kernel_shape=[2, 3], pads=[1, 1, 1, 1],
+                                             count_include_pad=1),
+    "global_avgpool": lambda: unary("GlobalAveragePool"),
+    "global_maxpool": lambda: unary("GlobalMaxPool"),
+    "resize_nearest": lambda: model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest")],
+                                    X, {"y": None}, {"s": np.array([1, 1, 2, 2], np.float32)}),
+    "resize_linear": lambda: model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear")],
+                                   X, {"y": None}, {"s": np.array([1, 1, 2, 2], np.float32)}),
+    "sigmoid": lambda: unary("Sigmoid"),
+    "tanh": lambda: unary("Tanh"),
+    "leaky_relu": lambda: unary("LeakyRelu", alpha=0.1),
+    "hardsigmoid": lambda: unary("HardSigmoid"),
+    "hardswish": lambda: unary("HardSwish"),
+    "silu_pattern": silu,
+    "relu_alone": lambda: unary("Relu"),
+    "transpose": lambda: unary("Transpose", perm=[0, 2, 3, 1]),
+    "reshape": lambda: model([helper.make_node("Reshape", ["x", "s"], ["y"])], X, {"y": None},
+                             {"s": np.array([1, 4, 120], np.int64)}),
+    "slice_split": lambda: model([helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["a"]),
+                                  helper.make_node("Split", ["a"], ["y", "z"], axis=1, num_outputs=2)],
+                                 X, {"y": None, "z": None},
+                                 {"st": np.array([11, 1], np.int64), "en": np.array([-100, 9], np.int64),
+                                  "ax": np.array([2, 3], np.int64), "sp": np.array([-2, 3], np.int64)}, opset=18),
+    "pad": lambda: model([helper.make_node("Pad", ["x", "p"], ["y"])], X, {"y": None},
+                         {"p": np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64)}),
+    "softmax_on_cpu": lambda: unary("Softmax", axis=1),
+}
+SCHEMES = ["pow2_symmetric", "symmetric", "asymmetric"]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_layer_matches_onnxruntime(case, scheme):
+    m = CASES[case]()
+    qg, cc, cos = check_against_ort(m, feeds_for(m), scheme=scheme)
+    assert cc.elements > 0 or all(layer.device == "cpu" for layer in qg.layers)
+    assert cc.ok, cc.summary()
+    assert cc.max_lsb <= 1
+    assert cos > (0.97 if scheme == "pow2_symmetric" else 0.99), (case, cos)
+
+
+def test_folded_activations_and_patterns_make_one_layer():
+    for build, kind in [(lambda: conv_act("Relu"), "conv"), (silu, "lut"),
+                        (lambda: conv_act("Clip", "lo", "hi"), "conv")]:
+        qg, _, _ = check_against_ort(build(), samples(X), scheme="symmetric")
+        assert [layer.kind for layer in qg.layers] == [kind]
+
+
+def test_softmax_stays_float_with_a_reason():
+    qg, cc, _ = check_against_ort(unary("Softmax", axis=1), samples(X))
+    (layer,) = qg.layers
+    assert layer.device == "cpu" and "Softmax" in layer.attrs["reason"]
+    assert qg.tensors["y"].dtype == "float32"  # only the CPU touches it
+
+
+def test_seed_004_int8_bias_with_shift():
+    """pow2 + bias int8_shift: the bias is int8 at bias_log2scale, shifted left by bias_shift
+    into the accumulator (seed 004); the kernel sees the same int32 either way."""
+    m = conv(pads=[1, 1, 1, 1])
+    qg, cc, cos = check_against_ort(m, feeds_for(m), scheme="pow2_symmetric", bias="int8_shift")
+    (layer,) = qg.layers
+    p = layer.params
+    b8, shift = np.array(p["bias_int8"]), np.array(p["bias_shift"])
+    assert np.all(shift >= 0) and b8.dtype.kind == "i" and np.abs(b8).max() <= 128
+    assert np.array_equal(layer.arrays["bias"], b8 << shift)
+    assert np.all(shift == np.array(p["input_log2scale"]) + np.array(p["weight_log2scale"]) - p["bias_log2scale"])
+    assert cc.ok and cos > 0.97
+
+
+def test_pow2_conv_fields_follow_seed_004():
+    m = conv(pads=[1, 1, 1, 1])
+    qg, _, _ = check_against_ort(m, feeds_for(m), scheme="pow2_symmetric", granularity="per_tensor")
+    p = qg.layers[0].params
+    assert p["output_shift"] == [p["input_log2scale"] + w - p["output_log2scale"] for w in p["weight_log2scale"]]
+    assert list(qg.layers[0].arrays["multiplier"]) == [1] * 8  # pure shifts
