@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("stage", nargs="?", choices=list(STAGES), help="last stage to build")
     p.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
                    help="how long to wait for another run holding the build directory (default 600)")
+    p.add_argument("--target", action="append", default=[], metavar="CHIP",
+                   help="matrix build: build for this chip too (repeatable); see also `targets:`")
+    p.add_argument("-j", "--jobs", type=int, default=2, metavar="N",
+                   help="matrix build: chips built in parallel (default 2)")
     command("validate", cmd_validate, "check the recipe and the files it names; build nothing",
             json_opt=True)
     p = command("plan", cmd_plan, "say what `run` would do per stage, and why", build_opts=True,
@@ -114,6 +118,14 @@ def cmd_run(args) -> int:
     from npubuild import api
 
     console = _console()
+    targets = args.target or None
+    if targets is None:
+        from npubuild.recipe import load_recipe
+
+        loaded = load_recipe(args.recipe)
+        targets = loaded.recipe.targets or None
+    if targets:
+        return _run_matrix(args, console, targets)
     session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache,
                               progress=_progress(console), on_event=_stage_printer(console, args.json))
     try:
@@ -125,6 +137,32 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     return EXIT_OK
+
+
+def _run_matrix(args, console, targets: list[str]) -> int:
+    from npubuild.matrix import build_matrix, table
+    from npubuild.recipe import load_recipe
+
+    loaded = load_recipe(args.recipe)
+    for target in targets:
+        loaded.for_target(target).chip()  # an unknown chip fails before anything is built
+    console.print(f"matrix build of {loaded.recipe.name} on {', '.join(targets)}")
+    cells = build_matrix(loaded, targets, args.stage, build_root=args.build_dir,
+                         cache=args.cache, jobs=args.jobs)
+    rows = table(cells)
+    if args.json:
+        print(json.dumps({"targets": rows, "cells": cells}, indent=2, default=str))
+    else:
+        headers = list(rows[0])
+        print("| " + " | ".join(headers) + " |")
+        print("|" + "|".join("---" for _ in headers) + "|")
+        for row in rows:
+            print("| " + " | ".join(_fmt(row[h]) for h in headers) + " |")
+        for cell in cells:
+            if not cell["ok"]:
+                console.print(f"[red]{cell['target']}: {cell['error']}[/]")
+    failed = [c for c in cells if not c["ok"]]
+    return max((c["exit_code"] for c in failed), default=EXIT_OK)
 
 
 def cmd_validate(args) -> int:

@@ -63,6 +63,13 @@ class LoadedRecipe:
                              hint="set model.format to one of onnx, tf_frozen, saved_model, keras, tflite")
         return fmt
 
+    def for_target(self, target: str) -> "LoadedRecipe":
+        """This recipe built for another chip: build/<name>@<chip>/ (a matrix build's cell)."""
+        chip_name = Path(target).stem if target.endswith((".yaml", ".yml")) else target
+        recipe = self.recipe.model_copy(update={"target": target,
+                                                "name": f"{self.recipe.name}@{chip_name}"})
+        return LoadedRecipe(recipe, self.path, self.marked)
+
     def chip(self):
         from npubuild.targets import load_chip
 

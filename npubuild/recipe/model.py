@@ -211,6 +211,10 @@ class Recipe(Strict):
     model: ModelSpec
     target: str = Field("npu-16m", description="A built-in chip (`npubuild targets`) or a "
                                                "chip YAML path.")
+    targets: list[str] = Field(
+        default_factory=list, description="Matrix build: `npubuild run` builds the recipe once "
+        "per chip here, as build/<name>@<chip>/, and prints one comparison table; `target` stays "
+        "the chip of single-target commands (plan, show, infer).")
     surgery: list[SurgeryStep] = Field(default_factory=list)  # type: ignore[valid-type]
     fusion: list[FusionItem] = Field(default_factory=list)
     split: SplitSpec = Field(default_factory=SplitSpec)

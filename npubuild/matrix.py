@@ -1,0 +1,87 @@
+"""Matrix builds: one recipe against several chips, one comparison table.
+
+Each chip gets its own build directory (``build/<name>@<chip>/``). The chip-independent
+stages (import, surgery, fusion) are built once first; every cell then restores them from the
+content cache, and the cells themselves run in parallel worker processes (``--jobs``).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from npubuild.errors import NpubuildError
+from npubuild.recipe import LoadedRecipe
+from npubuild.stages import PIPELINE
+
+COLUMNS = (  # (header, path in report.json)
+    ("status", None), ("npu seg", ("split", "npu_segments")), ("cpu seg", ("split", "cpu_segments")),
+    ("cosine", None), ("bit exact", ("simulator", "bit_exact")), ("cycles", ("estimate", "cycles")),
+    ("fps", ("estimate", "fps")), ("GMEM bytes", ("estimate", "gmem_bytes")),
+    ("no-group GMEM", ("estimate", "gmem_bytes_no_grouping")),
+    ("LMEM peak", ("estimate", "lmem_peak_bytes")),
+)
+
+
+def shared_prefix(stage: str | None) -> str | None:
+    """The last chip-independent stage at or before ``stage``."""
+    last = None
+    for s in PIPELINE:
+        if s.uses_chip:
+            break
+        last = s.name
+        if s.name == stage:
+            break
+    return last
+
+
+def build_cell(recipe_path: str, target: str, stage: str | None, build_root, cache) -> dict:
+    """Build one chip's cell (in a worker process); errors come back as data."""
+    from npubuild import api
+    from npubuild.recipe import load_recipe
+
+    loaded = load_recipe(recipe_path).for_target(target)
+    session = api.session_for(loaded, build_root=build_root, cache=cache)
+    try:
+        report = api.build(session, stage)
+        return {"target": target, "ok": True, "report": report}
+    except NpubuildError as exc:
+        report = session.report(PIPELINE) if session.results else {}
+        return {"target": target, "ok": False, "error": str(exc), "exit_code": exc.exit_code,
+                "report": report}
+
+
+def build_matrix(loaded: LoadedRecipe, targets: list[str], stage: str | None, *,
+                 build_root: Path | None, cache: Path | None, jobs: int = 1) -> list[dict]:
+    from npubuild import api
+
+    prefix = shared_prefix(stage)
+    if prefix:
+        api.build(api.session_for(loaded.for_target(targets[0]), build_root=build_root,
+                                  cache=cache), prefix)
+    args = [(str(loaded.path), t, stage, build_root, cache) for t in targets]
+    if jobs <= 1 or len(targets) == 1:
+        return [build_cell(*a) for a in args]
+    with ProcessPoolExecutor(max_workers=min(jobs, len(targets))) as pool:
+        return list(pool.map(build_cell, *zip(*args)))
+
+
+def table(cells: list[dict]) -> list[dict]:
+    rows = []
+    for cell in cells:
+        report = cell.get("report") or {}
+        row = {"target": cell["target"]}
+        for header, path in COLUMNS:
+            if header == "status":
+                row[header] = "ok" if cell["ok"] else "failed"
+            elif header == "cosine":
+                outputs = (report.get("accuracy") or {}).get("outputs") or {}
+                row[header] = min((m.get("cosine") for m in outputs.values()
+                                   if m.get("cosine") is not None), default=None)
+            else:
+                value = report
+                for part in path:
+                    value = value.get(part) if isinstance(value, dict) else None
+                row[header] = value
+        rows.append(row)
+    return rows

@@ -1,0 +1,37 @@
+"""Matrix builds: one recipe, several chips, one comparison table; shared stages built once."""
+
+import json
+
+from tests.conftest import TINY_RECIPE, write_recipe
+
+
+def test_matrix_build_gives_one_row_per_chip_and_shares_chip_independent_stages(cli, tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    result = cli("run", str(recipe), "split", "--target", "npu-16m", "--target", "npu-tiny",
+                 "--json", "--build-dir", str(tmp_path / "b"), "--cache", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert [row["target"] for row in out["targets"]] == ["npu-16m", "npu-tiny"]
+    assert all(row["status"] == "ok" and row["npu seg"] >= 1 for row in out["targets"])
+    for cell in out["cells"]:
+        stages = cell["report"]["stages"]
+        assert stages["import"]["status"] in ("restored", "cached")  # built once, before the cells
+        assert stages["split"]["status"] == "built"
+        assert cell["report"]["target"] == cell["target"]
+    assert (tmp_path / "b" / "tiny@npu-tiny" / "split" / "graph_infos.json").is_file()
+
+
+def test_matrix_with_an_unknown_chip_fails_before_building(cli, tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    result = cli("run", str(recipe), "--target", "npu-16m", "--target", "npu-404",
+                 "--build-dir", str(tmp_path / "b"), "--cache", str(tmp_path / "c"))
+    assert result.returncode == 2 and "unknown target 'npu-404'" in result.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_targets_list_in_the_recipe_is_a_matrix_build(cli, tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE + "targets: [npu-16m, npu-strict]\n")
+    result = cli("run", str(recipe), "fusion", "--json", "--build-dir", str(tmp_path / "b"),
+                 "--cache", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr
+    assert [row["target"] for row in json.loads(result.stdout)["targets"]] == ["npu-16m", "npu-strict"]
