@@ -117,16 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_run(args) -> int:
     from npubuild import api
 
-    console = _console()
-    targets = args.target or None
-    if targets is None:
-        from npubuild.recipe import load_recipe
+    from npubuild.recipe import load_recipe
 
-        loaded = load_recipe(args.recipe)
-        targets = loaded.recipe.targets or None
+    console = _console()
+    loaded = load_recipe(args.recipe)
+    targets = args.target or loaded.recipe.targets
     if targets:
-        return _run_matrix(args, console, targets)
-    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache,
+        return _run_matrix(args, console, loaded, targets)
+    session = api.session_for(loaded, build_root=args.build_dir, cache=args.cache,
                               progress=_progress(console), on_event=_stage_printer(console, args.json))
     try:
         report = api.build(session, args.stage, wait_seconds=args.wait,
@@ -139,11 +137,9 @@ def cmd_run(args) -> int:
     return EXIT_OK
 
 
-def _run_matrix(args, console, targets: list[str]) -> int:
+def _run_matrix(args, console, loaded, targets: list[str]) -> int:
     from npubuild.matrix import build_matrix, table
-    from npubuild.recipe import load_recipe
 
-    loaded = load_recipe(args.recipe)
     for target in targets:
         loaded.for_target(target).chip()  # an unknown chip fails before anything is built
     console.print(f"matrix build of {loaded.recipe.name} on {', '.join(targets)}")

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from npubuild.errors import Location, UserError
 
 M = TypeVar("M", bound=BaseModel)
+SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: same marks, faster
 FieldPath = tuple[str | int, ...]
 
 
@@ -47,7 +48,7 @@ def read_yaml(path: Path, display: str | None = None) -> Marked:
         raise UserError(f"file not found: {display}") from None
     except (IsADirectoryError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read {display}: {exc}") from None
-    loader = yaml.SafeLoader(text)
+    loader = SafeLoader(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
