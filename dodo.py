@@ -1,13 +1,17 @@
 """Plain `doit` entry point: every recipe in recipes/ as tasks ``<recipe name>:<stage>``.
 
-`doit list` shows them and `doit yolov8n:import` builds one; `npubuild run` uses the same
+`doit list --all` shows them and `doit yolov8n:import` builds one; `npubuild run` uses the same
 task builder (`npubuild.build.tasks.stage_task_dicts`), so both see the same DAG and cache.
+A recipe that cannot be loaded becomes one task that fails with npubuild's message.
 """
 
 from pathlib import Path
 
+from doit.exceptions import TaskFailed
+
 from npubuild.build.engine import BuildSession
 from npubuild.build.tasks import stage_task_dicts
+from npubuild.errors import NpubuildError
 from npubuild.recipe import load_recipe
 from npubuild.stages import PIPELINE
 
@@ -17,7 +21,13 @@ DOIT_CONFIG = {"dep_file": "build/.doit-dodo.sqlite", "backend": "sqlite3", "ver
 def task_recipes():
     """Every stage of every recipe in recipes/."""
     for path in sorted(Path("recipes").glob("*.yaml")):
-        session = BuildSession(load_recipe(path))
-        for task in stage_task_dicts(session, PIPELINE):
+        try:
+            session = BuildSession(load_recipe(path, check_files=False))
+            tasks = list(stage_task_dicts(session, PIPELINE))
+        except NpubuildError as exc:
+            yield {"basename": path.stem, "actions": [lambda exc=exc: TaskFailed(str(exc))],
+                   "doc": f"{path}: cannot be loaded"}
+            continue
+        for task in tasks:
             basename, _, stage = task.pop("name").partition(":")
             yield {**task, "basename": basename, "name": stage}
