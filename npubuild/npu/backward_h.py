@@ -3,8 +3,10 @@
 Most layers read the rows they write. A convolution or pool with kernel ``k``, stride ``s``,
 top padding ``p`` and dilation ``d`` computes output row ``r`` from input rows
 ``r·s - p + i·d`` for ``i < k``; a nearest-neighbour resize by an integer factor ``f`` reads row
-``r // f``. Rows that fall outside the input are padding: the slice gets them as *effective*
-paddings, so an inner slice has none and the first and last slices keep the layer's own.
+``r // f``, and any other resize (bilinear, other coordinate modes) carries its exact
+per-output-row input span ``[lo, hi)`` in ``attrs["row_spans"]``. Rows that fall outside the
+input are padding: the slice gets them as *effective* paddings, so an inner slice has none and
+the first and last slices keep the layer's own.
 
 Neighbouring slices overlap (a halo). The seed rejects a slicing whose input overlap — rows
 loaded more than once, ``Σ len - len(union)`` — exceeds half the input height.
@@ -63,6 +65,15 @@ def split_rows(total: int, parts: int) -> list[Rows]:
     return ranges
 
 
+def share(total: int, parts: int, part: int) -> Rows:
+    """``split_rows(total, parts)[part]`` without building the list (the tiler asks per part)."""
+    if not 1 <= parts <= total or not 0 <= part < parts:
+        raise ValueError(f"cannot take part {part} of {total} rows in {parts} parts")
+    base, extra = divmod(total, parts)
+    start = part * base + min(part, extra)
+    return Rows(start, start + base + (1 if part < extra else 0))
+
+
 def window_rows(out: Rows, kernel: int, stride: int, pad_top: int, dilation: int,
                 height: int) -> Needed:
     """Input rows of a sliding window (conv/pool) for output rows ``out``, clamped to the input.
@@ -100,6 +111,9 @@ def input_rows(layer: LayerSpec, out: Rows, index: int = 0) -> Needed:
         return window_rows(out, layer.kernel_h, layer.stride_h, layer.pad_top, layer.dilation_h,
                            height)
     if layer.op == "resize":
+        spans = layer.attr("row_spans")
+        if spans is not None:  # monotone spans: the first row's start, the last row's stop
+            return Needed(Rows(spans[out.start][0], spans[out.stop - 1][1]), 0, 0)
         return Needed(Rows(out.start // layer.scale_h, (out.stop - 1) // layer.scale_h + 1), 0, 0)
     if height == layer.h_out:
         return Needed(out, 0, 0)

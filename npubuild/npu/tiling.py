@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
-from npubuild.npu.backward_h import Rows, input_rows, overlap, overlap_ok, split_rows
+from npubuild.npu.backward_h import Rows, input_rows, overlap, overlap_ok, share, split_rows
 from npubuild.npu.layers import C_SLICEABLE_OPS, Group
 
 
@@ -132,7 +132,7 @@ def _check_limits(group: Group, slicing: Slicing) -> None:
 
 
 def _h_window(group: Group, parts: int, part: int) -> HWindow:
-    rows = {t: split_rows(group.shapes[t][2], parts)[part] for t in group.outputs}
+    rows = {t: share(group.shapes[t][2], parts, part) for t in group.outputs}
     store = dict(rows)
     layers: dict[str, LayerWindow] = {}
     for layer in reversed(group.layers):
@@ -151,7 +151,7 @@ def _h_window(group: Group, parts: int, part: int) -> HWindow:
 
 def _own_share(height: int, parts: int, part: int) -> Rows:
     """Rows of a dead output (no reader, not stored): its share, or everything if too short."""
-    return split_rows(height, parts)[part] if parts <= height else Rows(0, height)
+    return share(height, parts, part) if parts <= height else Rows(0, height)
 
 
 def _hull(ranges: list[Rows]) -> Rows:

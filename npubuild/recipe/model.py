@@ -183,8 +183,19 @@ class QuantizationSpec(Strict):
 
 
 class CompileSpec(Strict):
-    layer_group: bool = True
-    on_no_fit: Literal["error", "cpu"] = "error"
+    layer_group: bool = Field(
+        True, description="Fuse runs of layers into groups that keep activations in LMEM "
+                          "(seed 001's LayerGroup); false: every layer is its own group.")
+    on_no_fit: Literal["error", "cpu"] = Field(
+        "error", description="A layer that does not fit LMEM even alone and sliced: fail the "
+                             "build naming it (error), or run it on the CPU between groups (cpu).")
+    proof_samples: int = Field(
+        2, ge=1, le=16, description="Seeded random inputs (full int8 range, then within the "
+                                    "calibrated input ranges) on which the simulator must "
+                                    "reproduce the integer reference bit for bit.")
+    ir_feature_maps: bool = Field(
+        True, description="Save every layer's output feature map (HWC .npy) in the IR dump "
+                          "compile/graph_ir_<i>/; false: weights, biases and tables only.")
 
 
 class VerifySpec(Strict):

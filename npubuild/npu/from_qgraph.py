@@ -1,0 +1,429 @@
+"""`LayerSpec`s from a quantized graph (``QGraph``), so the tiler plans the int8 graph.
+
+Every tensor gets a 4-D NCHW *view* for the tiler and the simulator: a 4-D tensor is its own
+view; a tensor of rank ≤ 3 is left-padded to rank 3, ``(N, C, L)``, and viewed as
+``(N, C, L, 1)`` (so YOLO's ``[1, 82, 2100]`` head keeps its channels in lanes and its length
+in H, where the tiler can slice it; numpy broadcasting between rank ≤ 3 operands is
+unchanged); a rank > 4 tensor merges its leading axes (only group breakers touch those). A
+view is a reshape of the C-order data, so a tensor's GMEM bytes are the same whichever shape
+reads them.
+
+A layer is *tiled* (it joins layer groups and runs from LMEM, sliced along N/H/C) when the tiler
+can map its output rows to input rows: conv (not fully connected) and pools on 4-D tensors,
+resize (exact per-row input spans), element-wise add/mul/rescale/lut whose operands broadcast
+the same way in the view, and concat/split/slice/pad that do not act along N or H. Every other
+layer is a **group breaker**: the layer list is cut around it, it runs between groups as a
+whole-tensor step on GMEM, and the tensors crossing it go through GMEM. Breakers execute as
+
+- ``dma``: data movement (reshape, transpose, slice/split/pad along N or H, a concat that only
+  copies): a GMEM → GMEM copy by the DMA engine, costing its bytes in the estimate;
+- ``cpu``: ``float`` layers (no integer kernel), dequantized → ONNX node → quantized;
+- ``npu``: integer arithmetic the tiler cannot slice (a fully connected layer, a concat along H
+  that requantizes an input, a rank mix in a broadcast): computed whole by the integer kernel
+  from GMEM, its traffic counted like a DMA step (its compute cycles are not modelled).
+
+Conv weights are stored per output channel as one record (int8 weights, then the int32 bias, the
+requantization multiplier and shift), so a C slice of a layer loads a contiguous run of records
+and the simulator reads every parameter from LMEM; a lookup table is copied to every lane.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from npubuild.npu.layer_group import CpuLayer, LayerGroups, plan_groups
+from npubuild.npu.layers import LayerGraph, LayerSpec, Shape
+from npubuild.quant import reference
+from npubuild.quant.qgraph import QGraph, QLayer
+from npubuild.targets.model import Chip
+
+ELEMENTWISE = {"add": "add", "mul": "eltwise", "rescale": "eltwise", "lut": "lut"}
+MOVES = ("reshape", "transpose", "slice", "split", "pad")  # no arithmetic: a DMA can do them
+SPATIAL = ("conv", "maxpool", "avgpool")
+
+
+class NotTiled(Exception):
+    """Why a layer is a group breaker (the message is shown in plan.json and the report)."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A tensor as the program sees it: real shape, 4-D view, integer type, quantization."""
+
+    name: str
+    shape: tuple[int, ...]
+    view: Shape
+    dtype: str
+    scale: float | None
+    zero_point: int
+    log2scale: int | None
+    constant: bool = False
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    def as_dict(self) -> dict:
+        return {"shape": list(self.shape), "view": list(self.view), "dtype": self.dtype,
+                "scale": self.scale, "zero_point": self.zero_point, "log2scale": self.log2scale,
+                "constant": self.constant}
+
+
+@dataclass(frozen=True)
+class WeightRecord:
+    """The bytes one output channel's parameters take in GMEM and LMEM, field by field.
+
+    ``fields``: (array name, stored dtype, count per channel, the array's own dtype) in record
+    order; ``replicated``: a table copied whole to every lane instead (lookup tables).
+    """
+
+    fields: tuple[tuple[str, str, int, str], ...]
+    replicated: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return sum(np.dtype(dt).itemsize * n for _, dt, n, _ in self.fields)
+
+    def as_dict(self) -> dict:
+        return {"fields": [list(f) for f in self.fields], "replicated": self.replicated,
+                "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class Breaker:
+    layer: str
+    executes: str  # dma | cpu | npu
+    reason: str
+
+
+@dataclass
+class QLayers:
+    """A QGraph ready for the tiler: layer specs, the kernels the simulator runs, breakers."""
+
+    qgraph: QGraph
+    graph: LayerGraph
+    kernels: dict[str, QLayer]  # attrs remapped to the views for tiled layers
+    tensors: dict[str, TensorInfo]
+    weights: dict[str, WeightRecord] = field(default_factory=dict)
+    breakers: dict[str, Breaker] = field(default_factory=dict)
+
+    def weight_bytes(self, layer: str) -> bytes:
+        """The layer's weights as GMEM holds them (records in output channel order)."""
+        return pack_weights(self.kernels[layer], self.weights[layer])
+
+    def segments(self) -> list[list[LayerSpec]]:
+        """Runs of tiled layers, with every breaker alone in its own run."""
+        runs: list[list[LayerSpec]] = []
+        for spec in self.graph.layers:
+            if spec.name in self.breakers or not runs or runs[-1][0].name in self.breakers:
+                runs.append([spec])
+            else:
+                runs[-1].append(spec)
+        return runs
+
+
+# ---- views --------------------------------------------------------------------------------
+
+def view4(shape) -> Shape:
+    shape = tuple(int(d) for d in shape)
+    if len(shape) == 4:
+        return shape
+    if len(shape) > 4:
+        return (prod(shape[:-3]), *shape[-3:])
+    n, c, length = (1,) * (3 - len(shape)) + shape
+    return (n, c, length, 1)
+
+
+def view_axis(axis: int, rank: int) -> int:
+    """Where axis ``axis`` of a rank-``rank`` tensor lands in its 4-D view."""
+    axis %= max(rank, 1)
+    if rank == 4:
+        return axis
+    if rank > 4:
+        raise NotTiled(f"a rank-{rank} tensor")
+    return axis + 3 - rank
+
+
+def _tensor_infos(qgraph: QGraph) -> dict[str, TensorInfo]:
+    infos = {}
+    for name, t in qgraph.tensors.items():
+        shape = tuple(t.shape) if t.shape or name not in qgraph.constants else \
+            qgraph.constants[name].shape
+        infos[name] = TensorInfo(name, tuple(shape), view4(shape), t.dtype, t.scale,
+                                 int(t.zero_point or 0), t.log2scale, name in qgraph.constants)
+    return infos
+
+
+# ---- the conversion -----------------------------------------------------------------------
+
+def layers_from_qgraph(qgraph: QGraph) -> QLayers:
+    """Every layer of ``qgraph`` as a `LayerSpec`; the ones the tiler cannot slice as breakers."""
+    tensors = _tensor_infos(qgraph)
+    specs, kernels, weights, breakers = [], {}, {}, {}
+    for layer in qgraph.layers:
+        try:
+            spec, kernel, record = _tiled(layer, tensors)
+        except NotTiled as exc:
+            spec, kernel, record = _breaker_spec(layer, tensors), layer, None
+            breakers[layer.name] = Breaker(layer.name, _executes(layer), str(exc))
+        specs.append(spec)
+        kernels[layer.name] = kernel
+        if record is not None:
+            weights[layer.name] = record
+    produced = {t for layer in qgraph.layers for t in layer.outputs}
+    read = dict.fromkeys(t for layer in qgraph.layers for t in layer.inputs)
+    inputs = [t for t in qgraph.inputs if t in read] + [
+        t for t in read if t not in produced and t not in qgraph.inputs]
+    shapes = {name: info.view for name, info in tensors.items()}
+    graph = LayerGraph(tuple(specs), tuple(inputs), tuple(qgraph.outputs), shapes)
+    return QLayers(qgraph, graph, kernels, tensors, weights, breakers)
+
+
+def _executes(layer: QLayer) -> str:
+    """cpu for float layers; dma for pure data movement; npu for integer arithmetic."""
+    if layer.kind == "float" or layer.device == "cpu":
+        return "cpu"
+    if layer.kind == "concat":
+        p = layer.params
+        moves = all(m == 1 and n == 0 and zp == p.get("output_zp", 0) for m, n, zp in
+                    zip(p["multipliers"], p["shifts"], p["input_zps"]))
+        return "dma" if moves else "npu"
+    if layer.kind == "resize":
+        return "dma" if layer.attrs["mode"] == "nearest" else "npu"
+    return "dma" if layer.kind in MOVES else "npu"
+
+
+def _act_bytes(layer: QLayer, tensors: dict[str, TensorInfo]) -> int:
+    return max(tensors[t].itemsize for t in [*layer.inputs, *layer.outputs])
+
+
+def _breaker_spec(layer: QLayer, tensors: dict[str, TensorInfo]) -> LayerSpec:
+    return LayerSpec(layer.name, "move", tuple(layer.inputs), tuple(layer.outputs),
+                     tuple(tensors[t].view for t in layer.inputs),
+                     tuple(tensors[t].view for t in layer.outputs),
+                     macs=sum(prod(tensors[t].view) for t in layer.outputs),
+                     act_bytes=_act_bytes(layer, tensors), attrs=(("kind", layer.kind),))
+
+
+def _tiled(layer: QLayer, tensors: dict[str, TensorInfo]):
+    if layer.device != "npu" or layer.kind == "float":
+        raise NotTiled("no integer kernel: runs on the CPU between groups")
+    convert = CONVERTERS.get(layer.kind)
+    if convert is None:
+        raise NotTiled(f"{layer.kind}: changes the tensor layout, runs as a whole-tensor DMA "
+                       "step between groups")
+    ranks = [len(tensors[t].shape) for t in [*layer.inputs, *layer.outputs]]
+    if max(ranks) > 4:
+        raise NotTiled(f"a rank-{max(ranks)} tensor: the tiler slices 4-D views only")
+    kernel, extra, record = convert(layer, tensors)
+    ins, outs = [tensors[t].view for t in layer.inputs], [tensors[t].view for t in layer.outputs]
+    base = dict(name=layer.name, inputs=tuple(layer.inputs), outputs=tuple(layer.outputs),
+                in_shapes=tuple(ins), out_shapes=tuple(outs),
+                act_bytes=_act_bytes(layer, tensors))
+    attrs = (("kind", layer.kind),) + extra.pop("attrs", ())
+    extra.setdefault("macs", sum(prod(o) for o in outs))
+    spec = LayerSpec(**base, **extra, attrs=attrs)
+    return spec, kernel, record
+
+
+def _kernel(layer: QLayer, **attrs) -> QLayer:
+    """The layer with some attrs replaced (the views' axes); arrays shared, not copied."""
+    return QLayer(layer.name, layer.kind, list(layer.inputs), list(layer.outputs),
+                  {**layer.attrs, **attrs}, dict(layer.params), dict(layer.arrays),
+                  list(layer.source_nodes), layer.device)
+
+
+def _rank(tensors, name) -> int:
+    return len(tensors[name].shape)
+
+
+def _need_4d(layer: QLayer, tensors) -> None:
+    if any(_rank(tensors, t) != 4 for t in [layer.inputs[0], *layer.outputs]):
+        raise NotTiled(f"{layer.kind} on a tensor that is not 4-D")
+
+
+def _window(layer: QLayer) -> dict:
+    a = layer.attrs
+    return dict(kernel_h=int(a["kernel"][0]), stride_h=int(a["stride"][0]),
+                pad_top=int(a["pads"][0]), pad_bottom=int(a["pads"][1]),
+                dilation_h=int(a.get("dilation", [1, 1])[0]))
+
+
+def _conv(layer: QLayer, tensors):
+    if layer.attrs.get("fc"):
+        raise NotTiled("a fully connected layer: computed whole between groups")
+    _need_4d(layer, tensors)
+    w = layer.arrays["weight"]
+    cout, cin_g, kh, kw = w.shape
+    group = int(layer.attrs.get("group", 1))
+    cin = tensors[layer.inputs[0]].view[1]
+    n, _, ho, wo = tensors[layer.outputs[0]].view
+    record = conv_record(layer)
+    op = "dwconv" if group > 1 and group == cin == cout else "conv"
+    extra = dict(_window(layer), op=op, weight_bytes=cout * record.bytes,
+                 macs=n * cout * ho * wo * cin_g * kh * kw,
+                 attrs=(("group", group), ("kernel", tuple(layer.attrs["kernel"]))))
+    return layer, extra, record
+
+
+def conv_record(layer: QLayer) -> WeightRecord:
+    """Weights, bias, multiplier and shift of one output channel, narrowest exact types."""
+    w = layer.arrays["weight"]
+    fields = [("weight", str(w.dtype), int(np.prod(w.shape[1:])), str(w.dtype))]
+    for key in ("bias", "multiplier", "shift"):
+        values = np.asarray(layer.arrays[key])
+        fields.append((key, _narrowest(values), 1, str(values.dtype)))
+    return WeightRecord(tuple(fields))
+
+
+def _narrowest(values: np.ndarray) -> str:
+    values = np.asarray(values)
+    for dtype in ("int8", "int16", "int32"):
+        info = np.iinfo(dtype)
+        if values.size == 0 or (values.min() >= info.min and values.max() <= info.max):
+            return dtype
+    return "int64"
+
+
+def _pool(layer: QLayer, tensors):
+    _need_4d(layer, tensors)
+    n, c, ho, wo = tensors[layer.outputs[0]].view
+    kh, kw = layer.attrs["kernel"]
+    extra = dict(_window(layer), op="pool", macs=n * c * ho * wo * kh * kw,
+                 attrs=(("kernel", tuple(layer.attrs["kernel"])),))
+    if layer.kind == "avgpool":
+        extra["scratch_elem_bytes"] = 2 if kh * kw * 256 < 2 ** 15 else 4
+    return layer, extra, None
+
+
+def _resize(layer: QLayer, tensors):
+    _need_4d(layer, tensors)
+    in_h = tensors[layer.inputs[0]].view[2]
+    out_h = tensors[layer.outputs[0]].view[2]
+    spans = tuple(reference.resize_input_rows(layer, r, r + 1, in_h) for r in range(out_h))
+    scale = out_h // in_h if out_h % in_h == 0 else 1
+    extra = dict(op="resize", scale_h=max(scale, 1),
+                 attrs=(("row_spans", spans), ("mode", layer.attrs["mode"])))
+    return layer, extra, None
+
+
+def _elementwise(layer: QLayer, tensors):
+    out = tensors[layer.outputs[0]]
+    for t in layer.inputs:
+        info = tensors[t]
+        if len(info.shape) != len(out.shape) and len(out.shape) == 4:
+            raise NotTiled(f"operand {t!r} of rank {len(info.shape)} broadcasts onto a 4-D "
+                           "tensor: computed whole between groups")
+        if info.view[0] != out.view[0] or info.view[2] not in (1, out.view[2]):
+            raise NotTiled(f"operand {t!r} broadcasts along N or H: computed whole between "
+                           "groups")
+    extra: dict[str, Any] = {"op": ELEMENTWISE[layer.kind]}
+    if layer.kind == "lut":
+        table = layer.arrays["table"]
+        extra["weight_bytes"] = table.nbytes
+        return layer, extra, WeightRecord((("table", str(table.dtype), table.size,
+                                            str(table.dtype)),), True)
+    if layer.kind == "mul":
+        extra["scratch_elem_bytes"] = 2 * max(tensors[t].itemsize for t in layer.inputs)
+    return layer, extra, None
+
+
+def _not_along_n_or_h(layer: QLayer, tensors, axes) -> list[int]:
+    rank = _rank(tensors, layer.inputs[0])
+    mapped = [view_axis(a, rank) for a in axes]
+    bad = [a for a, m in zip(axes, mapped) if m in (0, 2)]
+    if bad:
+        where = "N" if view_axis(bad[0], rank) == 0 else "H"
+        raise NotTiled(f"{layer.kind} along axis {bad[0]} ({where} of the 4-D view): runs as a "
+                       "whole-tensor DMA step between groups")
+    return mapped
+
+
+def _concat(layer: QLayer, tensors):
+    (axis,) = _not_along_n_or_h(layer, tensors, [layer.attrs["axis"]])
+    return _kernel(layer, axis=axis), {"op": "concat"}, None
+
+
+def _split(layer: QLayer, tensors):
+    (axis,) = _not_along_n_or_h(layer, tensors, [layer.attrs["axis"]])
+    return _kernel(layer, axis=axis), {"op": "split"}, None
+
+
+def _slice(layer: QLayer, tensors):
+    axes = _not_along_n_or_h(layer, tensors, list(layer.attrs["axes"]))
+    return _kernel(layer, axes=axes), {"op": "split"}, None
+
+
+def _pad(layer: QLayer, tensors):
+    rank = _rank(tensors, layer.inputs[0])
+    pads = list(layer.attrs["pads"])
+    moved = [a for a in range(rank) if pads[a] or pads[a + rank]]
+    _not_along_n_or_h(layer, tensors, moved)
+    if rank != 4:
+        raise NotTiled("pad of a tensor that is not 4-D: runs as a whole-tensor DMA step")
+    op = "move" if tensors[layer.inputs[0]].view[1] == tensors[layer.outputs[0]].view[1] \
+        else "split"
+    return layer, {"op": op}, None
+
+
+CONVERTERS = {"conv": _conv, "maxpool": _pool, "avgpool": _pool, "resize": _resize,
+              "add": _elementwise, "mul": _elementwise, "rescale": _elementwise,
+              "lut": _elementwise, "concat": _concat, "split": _split, "slice": _slice,
+              "pad": _pad}
+
+
+# ---- weights in GMEM / LMEM ---------------------------------------------------------------
+
+def pack_weights(layer: QLayer, record: WeightRecord) -> bytes:
+    """Records of every output channel, back to back (a replicated table: the table)."""
+    if record.replicated:
+        return np.ascontiguousarray(layer.arrays[record.fields[0][0]]).tobytes()
+    cout = layer.arrays[record.fields[0][0]].shape[0]
+    columns = [np.ascontiguousarray(np.asarray(layer.arrays[name]).reshape(cout, -1)
+                                    .astype(dtype)).view(np.uint8)
+               for name, dtype, _, _ in record.fields]
+    return np.concatenate(columns, axis=1).tobytes()
+
+
+def unpack_weights(raw: np.ndarray, record: WeightRecord) -> dict[str, np.ndarray]:
+    """``raw``: uint8 [channels, record bytes] → the arrays in their own dtypes, channel-major
+    (the inverse of `pack_weights`; a replicated table: ``raw`` is one copy)."""
+    out, at = {}, 0
+    for name, stored, count, dtype in record.fields:
+        width = np.dtype(stored).itemsize * count
+        block = np.ascontiguousarray(raw[:, at:at + width]).view(stored).astype(dtype)
+        if record.replicated:
+            out[name] = block.reshape(-1)
+        else:
+            out[name] = block.reshape(raw.shape[0], count) if count > 1 else block.reshape(-1)
+        at += width
+    return out
+
+
+# ---- groups ---------------------------------------------------------------------------------
+
+def plan_qgraph(layers: QLayers, chip: Chip, *, grouping: bool = True,
+                on_no_fit: str = "error") -> LayerGroups:
+    """Layer groups per run of tiled layers; each breaker between runs stays on its own."""
+    graph, items = layers.graph, []
+    for run in layers.segments():
+        if run[0].name in layers.breakers:
+            items.append(CpuLayer(run[0], layers.breakers[run[0].name].reason))
+            continue
+        items += plan_groups(_sub_graph(graph, run), chip, grouping=grouping,
+                             on_no_fit=on_no_fit).items
+    return LayerGroups(graph, chip, grouping, tuple(items))
+
+
+def _sub_graph(graph: LayerGraph, run: list[LayerSpec]) -> LayerGraph:
+    names = {spec.name for spec in run}
+    produced = {t for spec in run for t in spec.outputs}
+    inputs = dict.fromkeys(t for spec in run for t in spec.inputs if t not in produced)
+    read_outside = {t for spec in graph.layers if spec.name not in names for t in spec.inputs}
+    outputs = [t for t in dict.fromkeys(t for spec in run for t in spec.outputs)
+               if t in graph.outputs or t in read_outside]
+    return LayerGraph(tuple(run), tuple(inputs), tuple(outputs), graph.shapes)

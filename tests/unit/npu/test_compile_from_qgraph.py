@@ -1,0 +1,101 @@
+"""LayerSpecs from the quantized graph: 4-D views, group breakers, weight records, resize rows."""
+
+import numpy as np
+import pytest
+
+from npubuild.npu import Rows, input_rows
+from npubuild.npu.from_qgraph import (conv_record, layers_from_qgraph, pack_weights, plan_qgraph,
+                                      unpack_weights, view4, view_axis)
+from npubuild.npu.program import CpuStep, GroupProgram
+from npubuild.quant.reference import resize_input_rows
+from npubuild.targets import load_chip
+from tests.unit.npu.qstacks import Stack, compile_qgraph, quantize, simulate_and_compare
+
+TINY = load_chip("npu-tiny")
+
+
+def test_rank3_tensors_keep_channels_in_lanes_and_their_length_in_h():
+    assert view4([1, 82, 2100]) == (1, 82, 2100, 1)  # YOLO's head: slicable along its length
+    assert view4([1, 2100]) == (1, 1, 2100, 1)  # broadcasts like [1, 1, 2100] does
+    assert view4([1, 3, 8, 8]) == (1, 3, 8, 8)
+    assert view4([2, 3, 4, 5, 6]) == (6, 4, 5, 6)
+    assert [view_axis(a, 3) for a in (0, 1, 2, -1)] == [0, 1, 2, 2]
+    assert [view_axis(a, 2) for a in (0, 1)] == [1, 2]
+
+
+def _stack_with_breakers():
+    s = Stack((1, 8, 16, 12))
+    a = s.conv("x", 8, 3)
+    r = s.reshape(a, [1, 8, 32, 6])  # changes the layout: a DMA step between groups
+    b = s.conv(r, 8, 3)
+    c = s.concat([b, b], axis=2)  # along H: cannot be sliced by rows
+    d = s.concat([c, c], axis=1)  # along channels: tiled
+    return s.model([s.unary(d, "Softmax")])
+
+
+def test_layout_changes_h_concats_and_float_layers_break_groups_and_say_how_they_run():
+    qgraph = quantize(_stack_with_breakers())
+    layers = layers_from_qgraph(qgraph)
+    kinds = {name: (b.executes, b.reason) for name, b in layers.breakers.items()}
+    assert kinds["reshape1"][0] == "dma" and "reshape" in kinds["reshape1"][1]
+    assert kinds["concat3"] == ("dma", "concat along axis 2 (H of the 4-D view): runs as a "
+                                       "whole-tensor DMA step between groups")
+    assert kinds["softmax5"][0] == "cpu"
+    assert "concat4" not in kinds
+    groups = plan_qgraph(layers, TINY)
+    order = [spec.name for spec in layers.graph.layers]
+    assert [c.layer.name for c in groups.cpu_layers] == ["reshape1", "concat3", "softmax5"]
+    for plan in groups.npu_groups:  # a contiguous run that never reaches across a breaker
+        positions = [order.index(name) for name in plan.group.names]
+        assert positions == list(range(positions[0], positions[0] + len(positions)))
+        assert not set(plan.group.names) & set(layers.breakers)
+
+
+def test_breakers_run_between_groups_and_the_result_stays_bit_exact():
+    qgraph = quantize(_stack_with_breakers())
+    _, program, program_file = compile_qgraph(qgraph, TINY)
+    devices = [("cpu" if isinstance(g, CpuStep) else "npu") for g in program.groups]
+    assert devices.count("cpu") == 3 and isinstance(program.groups[0], GroupProgram)
+    steps = [g for g in program_file.doc["groups"] if g["device"] == "cpu"]
+    assert {s["executes"] for s in steps} == {"dma", "cpu"}
+    simulate_and_compare(qgraph, program_file)
+
+
+@pytest.mark.parametrize("scheme", ["pow2_symmetric", "asymmetric"])
+def test_conv_weight_records_round_trip_exactly(scheme):
+    s = Stack((1, 8, 8, 8))
+    qgraph = quantize(s.model([s.conv(s.conv("x", 16, 3), 8, 1)]), scheme,
+                      granularity="per_channel")
+    for layer in qgraph.layers:
+        record = conv_record(layer)
+        raw = np.frombuffer(pack_weights(layer, record), np.uint8).reshape(-1, record.bytes)
+        back = unpack_weights(raw, record)
+        assert back["weight"].reshape(layer.arrays["weight"].shape).tolist() == \
+            layer.arrays["weight"].tolist()
+        for key in ("bias", "multiplier", "shift"):
+            assert back[key].dtype == layer.arrays[key].dtype
+            np.testing.assert_array_equal(back[key], layer.arrays[key])
+        assert record.bytes == layer.arrays["weight"][0].size + sum(
+            np.dtype(dt).itemsize for name, dt, _, _ in record.fields if name != "weight")
+
+
+@pytest.mark.parametrize("mode,ctm", [("linear", "half_pixel"), ("linear", "align_corners"),
+                                      ("nearest", "asymmetric")])
+def test_resize_rows_are_the_reference_kernels_spans(mode, ctm):
+    s = Stack((1, 8, 10, 8))
+    qgraph = quantize(s.model([s.resize("x", mode, 2, ctm)]))
+    layers = layers_from_qgraph(qgraph)
+    (spec,), (layer,) = layers.graph.layers, qgraph.layers
+    for r0, r1 in [(0, 1), (3, 9), (19, 20), (0, 20)]:
+        need = input_rows(spec, Rows(r0, r1))
+        assert (need.rows.start, need.rows.stop) == resize_input_rows(layer, r0, r1, 10)
+        assert need.pad_top == need.pad_bottom == 0
+
+
+def test_an_h_sliced_linear_resize_reads_its_halo_and_stays_exact():
+    s = Stack((1, 16, 48, 96))
+    qgraph = quantize(s.model([s.conv(s.resize(s.conv("x", 16, 3), "linear", 2, "half_pixel"),
+                                      16, 3)]))
+    _, program, program_file = compile_qgraph(qgraph, TINY)
+    assert any(g.plan.slicing.h > 1 for g in program.npu_groups)
+    simulate_and_compare(qgraph, program_file)

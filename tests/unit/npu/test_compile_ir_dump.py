@@ -1,0 +1,97 @@
+"""The IR dump (seed 004): schema-valid JSON, the seed's field rules and tensor layouts."""
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+
+from npubuild import schemas
+from npubuild.npu.ir_dump import dump_ir
+from npubuild.quant.reference import run_reference
+from tests.unit.npu.qstacks import Stack, int_inputs, quantize
+
+
+def _qgraph(scheme="pow2_symmetric"):
+    s = Stack((1, 4, 10, 12))
+    a = s.conv("x", 8, 3, 2)
+    b = s.conv(a, 8, 3, depthwise=True)
+    c = s.binary(a, b)
+    d = s.pool(c, "avg", 3, 1, 1)
+    return quantize(s.model([s.concat([d, c]), s.reshape(c, [1, 8, 30])]), scheme)
+
+
+@pytest.fixture(scope="module")
+def dumped(tmp_path_factory):
+    qgraph = _qgraph()
+    values = run_reference(qgraph, int_inputs(qgraph))
+    directory = tmp_path_factory.mktemp("ir")
+    path = dump_ir(qgraph, directory, values, "seeded random int8")
+    return qgraph, values, directory, json.loads(path.read_text())
+
+
+def test_ir_dump_validates_against_its_schema(dumped):
+    qgraph, _, directory, doc = dumped
+    jsonschema.validate(doc, schemas.load("npu_ir"))
+    assert doc["graph"] == "graph_0" and [l["name"] for l in doc["layers"]] == [
+        l.name for l in qgraph.layers]
+    for layer in doc["layers"]:
+        for files in layer["tensors"].values():
+            for name in files if isinstance(files, list) else [files]:
+                assert (directory / name).is_file()
+
+
+def test_conv_weight_is_hwcico_dwconv_hwc_bias_c_and_feature_maps_hwc(dumped):
+    qgraph, values, directory, doc = dumped
+    by_name = {l["name"]: l for l in doc["layers"]}
+    conv, dw = qgraph.layers[0], qgraph.layers[1]
+    weight = np.load(directory / by_name[conv.name]["tensors"]["weight"])
+    assert weight.shape == (3, 3, 4, 8)  # H, W, Ci, Co
+    for h, w, ci, co in [(0, 0, 0, 0), (2, 1, 3, 7), (1, 2, 2, 5)]:
+        assert weight[h, w, ci, co] == conv.arrays["weight"][co, ci, h, w]
+    dw_weight = np.load(directory / by_name[dw.name]["tensors"]["weight"])
+    assert by_name[dw.name]["operation"] == "dwconv" and dw_weight.shape == (3, 3, 8)
+    np.testing.assert_array_equal(dw_weight, dw.arrays["weight"][:, 0].transpose(1, 2, 0))
+    bias = np.load(directory / by_name[conv.name]["tensors"]["bias"])
+    np.testing.assert_array_equal(bias, conv.arrays["bias"])
+    out = np.load(directory / by_name[conv.name]["tensors"]["output"][0])
+    np.testing.assert_array_equal(out, values[conv.outputs[0]][0].transpose(1, 2, 0))  # HWC
+    reshape = next(l for l in doc["layers"] if l["operation"] == "reshape")
+    assert np.load(directory / reshape["tensors"]["output"][0]).shape == (1, 8, 30)
+
+
+def test_pow2_fields_follow_seed_004(dumped):
+    _, _, _, doc = dumped
+    conv, dw, add = doc["layers"][:3]
+    assert conv["previous_layer"] == ["input"] and conv["next_layer"] == [dw["name"], add["name"]]
+    assert conv["output_shift"] == (conv["input_log2scale"] + conv["weight_log2scale"]
+                                    - conv["output_log2scale"])
+    assert conv["bias_shift"] == (conv["input_log2scale"] + conv["weight_log2scale"]
+                                  - conv["bias_log2scale"])
+    assert conv["padding"] == {"top": 1, "bottom": 1, "left": 1, "right": 1}
+    assert conv["stride"] == {"height": 2, "width": 2} and conv["kernel_size"]["height"] == 3
+    assert conv["input_size"] == {"height": 10, "width": 12} and conv["output_channel_num"] == 8
+    assert add["pl_name"] == conv["name"] and add["add_name"] == dw["name"]
+    assert add["output_shift_bit"] == add["output_log2scale"] - max(add["pl_log2scale"],
+                                                                    add["add_log2scale"])
+    ends = [l for l in doc["layers"] if "endpoint" in l["next_layer"]]
+    assert sorted(l["operation"] for l in ends) == ["concat", "reshape"]
+    pool = next(l for l in doc["layers"] if l["operation"] == "avg_pool")
+    assert "input_pre_ls" in pool and pool["kernel_size"] == {"height": 3, "width": 3}
+
+
+def test_float_scales_carry_scale_zero_point_multiplier_and_shift(tmp_path):
+    qgraph = _qgraph("asymmetric")
+    doc = json.loads(dump_ir(qgraph, tmp_path, None, None).read_text())
+    conv = doc["layers"][0]
+    assert {"input_scale", "input_zero_point", "output_scale", "multiplier", "shift"} <= set(conv)
+    assert "output_shift" not in conv and "output_shift_bit" not in doc["layers"][2]
+    assert "output" not in conv["tensors"] and "weight" in conv["tensors"]  # no feature maps
+
+
+def test_the_schema_rejects_a_conv_without_its_shifts(dumped):
+    *_, doc = dumped
+    broken = json.loads(json.dumps(doc))
+    del broken["layers"][0]["output_shift"]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schemas.load("npu_ir"))

@@ -1,0 +1,179 @@
+"""The compile stage: artifacts, the in-stage proof, no-fit handling, and YOLOv8n end to end."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+
+from npubuild import schemas
+from npubuild.errors import BuildError
+from npubuild.recipe import load_recipe
+from npubuild.stages import StageContext
+from npubuild.stages import compile as compile_stage
+from npubuild.targets import load_chip
+from npubuild.targets.model import Chip
+from tests.conftest import REPO, run_cli, shared_root
+from tests.unit.npu.qstacks import Stack, quantize
+
+RECIPE = """\
+version: 1
+name: t
+model: {{path: m.onnx, inputs: [{{name: x, shape: [1, 16, 96, 128]}}]}}
+target: npu-tiny
+compile: {{layer_group: {group}, on_no_fit: {no_fit}, proof_samples: 2}}
+"""
+
+
+def _quantized_dir(tmp_path, sample: bool = False):
+    s = Stack((1, 16, 96, 128))
+    a = s.conv("x", 16, 3)
+    b = s.pool(s.conv(a, 16, 3, 2), "max", 3, 1, 1)
+    qgraph = quantize(s.model([s.conv(s.binary(b, s.conv(b, 16, 1)), 8, 3)]))
+    qdir = tmp_path / "quantize"
+    qgraph.save(qdir / "graph_0.qgraph.json")
+    (qdir / "calibration.json").write_text(json.dumps(
+        {"graphs": {"graph_0": {"tensors": {"x": {"range": [-1.0, 1.5]}}}}}))
+    if sample:
+        np.savez(qdir / "graph_0.sample.npz",
+                 x=np.random.default_rng(9).uniform(-1, 1.5, (1, 16, 96, 128)).astype(np.float32))
+    return qdir, qgraph
+
+
+def _context(tmp_path, qdir, chip=None, group="true", no_fit="error") -> StageContext:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(RECIPE.format(group=group, no_fit=no_fit))
+    loaded = load_recipe(recipe, check_files=False)
+    out = tmp_path / "build" / "compile"
+    out.mkdir(parents=True)
+    return StageContext(loaded, chip or loaded.chip(), {"quantize": qdir}, out)
+
+
+def test_stage_writes_plan_program_timelines_and_ir_and_proves_bit_exactness(tmp_path):
+    qdir, qgraph = _quantized_dir(tmp_path, sample=True)
+    ctx = _context(tmp_path, qdir)
+    report = compile_stage.run(ctx)
+    proof = report["simulator"]["graphs"]["graph_0"]
+    assert report["simulator"]["bit_exact"] and proof["tensors_compared"] >= 1
+    assert proof["samples"][-1] == "real sample (graph_0.sample.npz)" and len(proof["samples"]) == 3
+    summary = report["compile"]["graphs"]["graph_0"]
+    assert summary["h_sliced_groups"] >= 1 and summary["tiled_layers"] == len(qgraph.layers)
+    est = report["estimate"]
+    for key in ("cycles", "gmem_bytes", "gmem_bytes_no_grouping", "lmem_peak_bytes", "fps"):
+        assert est[key] > 0 and est["graphs"]["graph_0"][key] == est[key]
+    assert est["gmem_bytes_lower_bound"] <= est["gmem_bytes"] <= est["gmem_bytes_no_grouping"]
+    graph_dir = ctx.out / "graph_0"
+    plan = json.loads((graph_dir / "plan.json").read_text())
+    assert plan["format"] == "npubuild.program/1" and plan["estimate"]["cycles"] > 0
+    assert {g["index"] for g in plan["groups"]} == {
+        int(p.stem.rsplit("_", 1)[1]) for p in graph_dir.glob("lmem_group_*.svg")}
+    assert (graph_dir / "program.npz").is_file()
+    ir = json.loads((ctx.out / "graph_ir_0" / "graph_0.json").read_text())
+    jsonschema.validate(ir, schemas.load("npu_ir"))
+    assert ir["sample"] == "real sample (graph_0.sample.npz)"
+
+
+def test_without_layer_groups_the_baseline_is_the_program(tmp_path):
+    qdir, _ = _quantized_dir(tmp_path)
+    report = compile_stage.run(_context(tmp_path, qdir, group="false"))
+    est = report["estimate"]
+    assert est["gmem_bytes"] == est["gmem_bytes_no_grouping"]
+    assert est["groups"] == report["compile"]["graphs"]["graph_0"]["tiled_layers"]
+
+
+def test_a_simulator_difference_fails_the_build_naming_group_slice_and_tensor(tmp_path,
+                                                                              monkeypatch):
+    from npubuild.runtime import simulator
+
+    qdir, _ = _quantized_dir(tmp_path)
+    real = simulator._run_kernel
+
+    def off_by_one_in_slice_1(layer, xs, step):
+        outs = real(layer, xs, step)
+        if layer.kind == "conv" and step["outputs"][0]["rows"][0] > 0:
+            outs[0] = outs[0].copy()
+            outs[0].flat[0] ^= 1
+        return outs
+
+    monkeypatch.setattr(simulator, "_run_kernel", off_by_one_in_slice_1)
+    with pytest.raises(BuildError) as failure:
+        compile_stage.run(_context(tmp_path, qdir))
+    message = str(failure.value)
+    assert message.startswith("compile: graph_0 group ") and " slice " in message
+    assert "differs from the integer reference" in message and "tensor '" in message
+
+
+def _small_lmem(bytes_per_lane: int) -> Chip:
+    data = load_chip("npu-tiny").model_dump(exclude_unset=True)
+    return Chip(**{**data, "lmem_bytes_per_lane": bytes_per_lane, "lmem_banks": 1})
+
+
+def test_a_layer_that_fits_nowhere_is_an_error_naming_it_or_moves_to_the_cpu(tmp_path):
+    qdir, qgraph = _quantized_dir(tmp_path)
+    with pytest.raises(BuildError, match=r"does not fit in LMEM even alone: it needs \d+ bytes "
+                                         r"per lane.*LMEM has 1024 bytes per lane"):
+        compile_stage.run(_context(tmp_path, qdir, _small_lmem(1024)))
+    (tmp_path / "build").rename(tmp_path / "failed")
+    report = compile_stage.run(_context(tmp_path, qdir, _small_lmem(1024), no_fit="cpu"))
+    moved = report["compile"]["graphs"]["graph_0"]["cpu_no_fit"]
+    assert moved and set(moved) <= {layer.name for layer in qgraph.layers}
+    assert report["simulator"]["bit_exact"]
+
+
+# -- YOLOv8n (shared builds) ------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def yolov8_tiny_build(tmp_path_factory, shared_cache):
+    """recipes/yolov8.yaml as a matrix cell on npu-tiny, once per run (the cache gives it the
+    chip-independent stages)."""
+    root = shared_root(tmp_path_factory) / "build"
+    result = run_cli("run", str(REPO / "recipes" / "yolov8.yaml"), "compile", "--target",
+                     "npu-tiny", "--build-dir", str(root), "--cache", str(shared_cache))
+    assert result.returncode == 0, result.stderr
+    return root / "yolov8n@npu-tiny"
+
+
+def _yolo_report(build_dir) -> dict:
+    return json.loads((build_dir / "report.json").read_text())
+
+
+@pytest.mark.slow
+def test_yolov8n_on_npu_16m_is_bit_exact_and_grouping_cuts_gmem_traffic(yolov8_build):
+    build_dir, _ = yolov8_build
+    report = _yolo_report(build_dir)
+    assert report["stages"]["compile"]["status"] in ("built", "cached", "restored")
+    assert report["simulator"]["bit_exact"] is True
+    est = report["estimate"]
+    assert est["gmem_bytes_lower_bound"] <= est["gmem_bytes"] <= 0.5 * est["gmem_bytes_no_grouping"]
+    assert est["cycles"] < est["cycles_no_grouping"] and est["lmem_peak_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_yolov8n_on_npu_tiny_slices_h_and_is_bit_exact(yolov8_tiny_build):
+    report = _yolo_report(yolov8_tiny_build)
+    assert report["simulator"]["bit_exact"] is True
+    graphs = report["compile"]["graphs"]
+    assert sum(g["h_sliced_groups"] for g in graphs.values()) >= 3
+    est = report["estimate"]
+    assert est["gmem_bytes"] <= 0.5 * est["gmem_bytes_no_grouping"]
+    assert est["lmem_peak_bytes"] <= load_chip("npu-tiny").lmem_bytes
+
+
+@pytest.mark.slow
+def test_yolov8n_through_the_runner_with_the_simulator_equals_the_integer_reference(yolov8_build):
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.qgraph import QGraph
+    from npubuild.runtime import Runner
+    from npubuild.runtime.simulator import simulator_backend
+
+    build_dir, _ = yolov8_build
+    pipeline = SplitPipeline(build_dir / "split")
+    qgraphs = {g.index: QGraph.load(build_dir / "quantize" / f"graph_{g.index}.qgraph.json")
+               for g in pipeline.npu_graphs}
+    feeds = {"images": np.random.default_rng(4).random((1, 3, 320, 320), dtype=np.float32)}
+    simulated = Runner(build_dir / "split",
+                       backends={"npu": simulator_backend(build_dir)}).run(feeds)
+    reference = pipeline.quantized_outputs(feeds, qgraphs)
+    np.testing.assert_array_equal(simulated["output0"], reference["output0"])
