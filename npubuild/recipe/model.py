@@ -205,7 +205,8 @@ class VerifySpec(Strict):
         None, description="Images or .npy/.npz tensors (globs, pkg:); default: the calibration "
                           "data.")
     samples: int = Field(4, ge=1)
-    min_cosine: float = Field(0.99, ge=-1, le=1, description="Per model output, over all samples.")
+    min_cosine: float = Field(0.99, ge=-1, le=1, description="For every model output and every "
+                              "tensor an NPU submodel hands over, on every sample.")
     min_sqnr_db: float | None = Field(None, description="Per model output, if set.")
     max_abs: float | None = Field(None, ge=0, description="Largest allowed absolute error, if set.")
     detections: Literal["yolov8"] | None = Field(

@@ -3,7 +3,9 @@
 The deployed pipeline is the split runner with CPU submodels in ONNX Runtime and NPU submodels
 in the simulator, on the recipe's verify data. Per model output: cosine, euclidean similarity,
 SQNR and max abs error against the imported (float) model; the verdict checks
-``verify.min_cosine`` (and ``min_sqnr_db`` / ``max_abs`` when set). When it fails, the stage
+``verify.min_cosine`` on every sample, for every model output and every tensor an NPU
+submodel hands over (what the NPU itself produces, even when a float CPU decode follows), and
+``min_sqnr_db`` / ``max_abs`` when set. When it fails, the stage
 bisects (`npubuild.verify.bisect`) and names the stage, tensor and rewrite/rule/layer behind the
 drop. Writes ``verify/verify.json`` (and ``verify/detections.png`` with ``verify.detections``);
 a failed verdict makes the run exit 1 (the artifacts are kept for the report).
@@ -52,50 +54,72 @@ def run(ctx: StageContext) -> dict:
     original = onnx_io.load_model(dirs["import"] / "model.onnx")
     surgery_model = onnx_io.load_model(dirs["surgery"] / "model.onnx")
     reference = FloatReference(original, pipeline.outputs, original_names(surgery_model))
+    handed_over = npu_handovers(pipeline)
     refs, gots, floats = [], [], []
     for feeds in samples:
-        gots.append(deployed.run(feeds))
+        gots.append(deployed.run(feeds, keep_intermediates=True))
         refs.append(reference(feeds))
-        floats.append(pipeline.runner.run(feeds) if reference.missing else {})
+        floats.append(pipeline.runner.run(feeds, keep_intermediates=True))
     metrics = output_metrics(refs, gots, floats, reference.missing)
-    failures = verdict(metrics, spec)
+    boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots])
+                  for name in handed_over}
+    failures = verdict(metrics, spec) + boundary_verdict(boundaries, spec)
     result = {"passed": not failures, "failures": failures, "samples": len(samples),
-              "data": [str(f) for f in files[:len(samples)]], "outputs": metrics}
+              "data": [str(f) for f in files[:len(samples)]], "outputs": metrics,
+              "npu_outputs": boundaries}
     if failures:
         result["bisection"] = bisect_sample(dirs, pipeline, reference, samples[0], spec.min_cosine)
     if spec.detections:
-        result["detections"] = detections(ctx, inputs[0], files[0], refs[0], gots[0], floats[0])
+        result["detections"] = detections(ctx, inputs[0], files[:len(samples)], refs, gots, floats,
+                                          pipeline.outputs)
     write_json(ctx.out / "verify.json", result)
     return {"accuracy": {"outputs": metrics, "data": "verify", "samples": len(samples),
                          "against": "float original (import stage)"},
             "verify": {k: v for k, v in result.items() if k not in ("outputs", "data")}}
 
 
+def npu_handovers(pipeline) -> list[str]:
+    """Tensors an NPU submodel hands to the CPU (or to the model's caller): what the NPU
+    itself produces, checked even when a float CPU decode follows it."""
+    return [t for g in pipeline.npu_graphs for t in g.outputs if t not in pipeline.outputs]
+
+
+def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray]) -> dict:
+    """Similarity over all samples together, and the worst sample's cosine."""
+    sim = similarity(np.concatenate([r.ravel() for r in refs]),
+                     np.concatenate([g.ravel() for g in gots])).as_dict()
+    sim["min_sample_cosine"] = min(similarity(r, g).cosine for r, g in zip(refs, gots))
+    return sim
+
+
 def output_metrics(refs: list[dict], gots: list[dict], floats: list[dict], missing: list[str]) -> dict:
-    """Per output, over all samples; outputs the original lacks are compared with the float
-    pipeline (the rewritten model) and say so."""
+    """Per model output, over all samples; outputs the original lacks are compared with the
+    float pipeline (the rewritten model) and say so."""
     out = {}
-    for name in gots[0]:
+    for name in [*refs[0], *(m for m in missing if m not in refs[0])]:
         source = floats if name in missing else refs
-        ref = np.concatenate([r[name].ravel() for r in source])
-        got = np.concatenate([g[name].ravel() for g in gots])
-        sim = similarity(ref, got).as_dict()
-        sim["min_sample_cosine"] = min(similarity(r[name], g[name]).cosine for r, g in zip(source, gots))
-        sim["reference"] = "float pipeline (after surgery)" if name in missing else "float original"
-        out[name] = sim
+        out[name] = tensor_metrics([r[name] for r in source], [g[name] for g in gots])
+        out[name]["reference"] = "float pipeline (after surgery)" if name in missing else "float original"
     return out
 
 
 def verdict(metrics: dict, spec) -> list[str]:
     failures = []
     for name, m in metrics.items():
-        if m["cosine"] < spec.min_cosine:
-            failures.append(f"output {name!r}: cosine {m['cosine']:.6f} < min_cosine {spec.min_cosine}")
+        if m["min_sample_cosine"] < spec.min_cosine:
+            failures.append(f"output {name!r}: cosine {m['min_sample_cosine']:.6f} < min_cosine "
+                            f"{spec.min_cosine} on the worst sample (all samples: {m['cosine']:.6f})")
         if spec.min_sqnr_db is not None and (m["sqnr_db"] is not None and m["sqnr_db"] < spec.min_sqnr_db):
             failures.append(f"output {name!r}: SQNR {m['sqnr_db']:.2f} dB < min_sqnr_db {spec.min_sqnr_db}")
         if spec.max_abs is not None and m["max_abs"] > spec.max_abs:
             failures.append(f"output {name!r}: max abs error {m['max_abs']:.4g} > max_abs {spec.max_abs}")
     return failures
+
+
+def boundary_verdict(boundaries: dict, spec) -> list[str]:
+    return [f"NPU output {name!r}: cosine {m['min_sample_cosine']:.6f} < min_cosine "
+            f"{spec.min_cosine} on the worst sample (against the float pipeline)"
+            for name, m in boundaries.items() if m["min_sample_cosine"] < spec.min_cosine]
 
 
 def bisect_sample(dirs, pipeline, reference, feeds, min_cosine: float) -> dict:
@@ -120,20 +144,40 @@ def bisect_sample(dirs, pipeline, reference, feeds, min_cosine: float) -> dict:
         "import": original,
         "surgery": model_outputs("surgery"),
         "fusion": model_outputs("fusion"),
-        "split": lambda: pipeline.runner.run(feeds),
-        "quantize": lambda: pipeline.quantized_outputs(feeds, qgraphs),
-        "compile": lambda: Runner(dirs["split"], backends={"npu": simulator_backend(dirs["compile"].parent)}).run(feeds),
+        "split": lambda: pipeline.runner.run(feeds, keep_intermediates=True),
+        "quantize": lambda: quantized_pipeline(pipeline, qgraphs).run(feeds, keep_intermediates=True),
+        "compile": lambda: Runner(dirs["split"], backends={"npu": simulator_backend(dirs["compile"].parent)}
+                                  ).run(feeds, keep_intermediates=True),
     }
     result = bisect(dirs, stage_outputs, min_cosine,
                     lambda: quantize_tensor_drops(pipeline, qgraphs, feeds))
     return result.as_dict()
 
 
-def detections(ctx, info, image: Path, ref: dict, got: dict, float_out: dict) -> dict:
+def quantized_pipeline(pipeline, qgraphs):
+    """The split runner with every NPU submodel run by the integer reference."""
+    from npubuild.quant.reference import run_quantized
+    from npubuild.runtime import Runner
+
+    return Runner(pipeline.split_dir, backends={
+        "npu": lambda g, f: run_quantized(qgraphs[g.index], f, list(g.outputs))})
+
+
+def detections(ctx, info, images: list[Path], refs: list[dict], gots: list[dict],
+               floats: list[dict], outputs: list[str]) -> dict:
+    """Boxes found by the float model and by the deployed pipeline on every verify image,
+    their agreement, and the picture of the first image."""
     from npubuild.verify import detections as det
 
     hw = tuple(info.shape[2:]) if info.layout != "NHWC" else tuple(info.shape[1:3])
-    reference = det.boxes(det.yolov8_output0({**float_out, **ref}, hw))
-    deployed = det.boxes(det.yolov8_output0(got, hw))
-    det.draw(image, hw, reference, deployed, ctx.out / "detections.png")
-    return {"image": str(image), "picture": "detections.png", **det.agreement(reference, deployed)}
+    totals = {"float_boxes": 0, "deployed_boxes": 0, "matched": 0}
+    for index, (ref, got, flt) in enumerate(zip(refs, gots, floats)):
+        reference = det.boxes(det.yolov8_output0({n: {**flt, **ref}[n] for n in outputs}, hw))
+        deployed = det.boxes(det.yolov8_output0({n: got[n] for n in outputs}, hw))
+        for key, value in det.agreement(reference, deployed).items():
+            totals[key] += value
+        if index == 0:
+            det.draw(images[0], hw, reference, deployed, ctx.out / "detections.png")
+    recall = totals["matched"] / totals["float_boxes"] if totals["float_boxes"] else None
+    return {"image": str(images[0]), "picture": "detections.png", "images": len(refs),
+            **totals, "box_recall": recall}

@@ -76,7 +76,7 @@ def explain(stage: str, tensor: str, cosine: float, dirs: Mapping[str, Path], mi
     if stage == "split":
         return Finding(stage, tensor, cosine, "the NPU/CPU cut",
                        "report this: split's own proof should have caught it")
-    if stage == "quantize":
+    if stage == "quantize":  # the first layer, in graph order, whose own output drops
         for layer, first, value in quantized_tensors():
             if value < min_cosine:
                 return Finding(stage, first, value, f"layer {layer!r}",
@@ -124,5 +124,6 @@ def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) ->
             for t in layer.outputs:
                 if t in floats:
                     deq = dequantize_tensor(qgraph, t, ints[t])
-                    rows.append((layer.name, t, similarity(floats[t], deq).cosine))
+                    node = layer.source_nodes[0] if layer.source_nodes else layer.name
+                    rows.append((node, t, similarity(floats[t], deq).cosine))
     return rows
