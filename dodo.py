@@ -15,6 +15,7 @@ from npubuild.errors import NpubuildError
 from npubuild.recipe import load_recipe
 from npubuild.stages import PIPELINE
 
+Path("build").mkdir(exist_ok=True)  # doit opens its state file before any task runs
 DOIT_CONFIG = {"dep_file": "build/.doit-dodo.sqlite", "backend": "sqlite3", "verbosity": 2}
 
 
