@@ -3,7 +3,7 @@ TensorFlow graph for recipes/mobilenetv2-tf.yaml.
 
     python3 scripts/make_mobilenetv2.py [OUT.pb]     # default: models/mobilenetv2_frozen.pb
 
-The graph's input is ``input:0`` [1, 224, 224, 3] (NHWC) and its output ``Identity:0`` [1, 1000].
+The graph's input is ``input:0`` [1, 224, 224, 3] (NHWC) and its output ``Identity:0`` [1, 1000] (logits).
 Weights come from a fixed seed, so every run writes the same model.
 """
 
@@ -22,7 +22,9 @@ def build_frozen_graph(seed: int = 0) -> bytes:
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
     tf.keras.utils.set_random_seed(seed)
-    model = tf.keras.applications.MobileNetV2(input_shape=(224, 224, 3), weights=None)
+    # Logits, not softmax: with random weights a softmax is nearly uniform and hides errors.
+    model = tf.keras.applications.MobileNetV2(input_shape=(224, 224, 3), weights=None,
+                                              classifier_activation=None)
     spec = tf.TensorSpec([1, 224, 224, 3], tf.float32, name="input")
     concrete = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec)
     frozen = convert_variables_to_constants_v2(concrete)

@@ -62,18 +62,18 @@ def prepare(model: onnx.ModelProto, keep: Iterable[str] = ()) -> onnx.ModelProto
     """Opset ≥ 13, fused ops inlined (except unary element-wise ones and the nodes in ``keep``,
     which a float override keeps whole), every node named uniquely."""
     model = onnx_io.clone(model)
-    if opset_of(model) < MIN_OPSET:
-        from onnx import version_converter
-
-        model = version_converter.convert_version(model, MIN_OPSET)
     _detach_kept_functions(model, set(keep))
     inline = [(f.domain, f.name) for f in model.functions
               if f.domain == FUSED_DOMAIN and not is_unary_elementwise(f)
               and not f.name.endswith(KEPT_SUFFIX)]
-    if inline:
+    if inline:  # before the opset conversion, which does not convert function bodies
         import onnx.inliner
 
         model = onnx.inliner.inline_selected_functions(model, inline)
+    if opset_of(model) < MIN_OPSET:
+        from onnx import version_converter
+
+        model = version_converter.convert_version(model, MIN_OPSET)
     seen: set[str] = set()
     for i, node in enumerate(model.graph.node):
         if not node.name or node.name in seen:
