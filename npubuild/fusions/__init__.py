@@ -14,7 +14,7 @@ differ within one rule are overloads of that function (``ConvAct`` overload ``Re
 Order: rules apply in the order the recipe lists them, each to the graph the previous one left.
 Built-in rules match ONNX ops, not fused ones, so a rule that absorbs another's ops comes first:
 ``conv_silu`` before ``silu``, ``conv_act`` before a user rule on bare activations. The folds
-(``conv_bn``, ``pad_conv``) come first of all. `DEFAULT_RULES` is that order.
+(``fold_affine``, ``conv_bn``, ``pad_conv``) come first of all. `DEFAULT_RULES` is that order.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ FUSIONS: Registry[FusionRule] = Registry("fusion rule", "npubuild.fusions")
 
 BUILTIN_MODULES: tuple[str, ...] = (
     "npubuild.fusions.conv_bn",
+    "npubuild.fusions.affine",
     "npubuild.fusions.pad_conv",
     "npubuild.fusions.conv",
     "npubuild.fusions.activation",
@@ -59,7 +60,7 @@ BUILTIN_MODULES: tuple[str, ...] = (
 )
 
 DEFAULT_RULES: tuple[str, ...] = (
-    "conv_bn", "pad_conv", "conv_silu", "conv_act", "silu", "hard_swish",
+    "fold_affine", "conv_bn", "pad_conv", "conv_silu", "conv_act", "silu", "hard_swish",
     "gemm_act", "matmul_add", "layer_norm",
 )
 
