@@ -58,11 +58,7 @@ def static_yolov8n(path: Path) -> Path:
     import onnxscript.optimizer
 
     model = onnx.load(package_dir("nudenet") / "320n.onnx")
-    for dim, value in zip(model.graph.input[0].type.tensor_type.shape.dim, INPUT.shape):
-        dim.ClearField("dim_param")
-        dim.dim_value = value
-    for out in model.graph.output:
-        out.type.tensor_type.ClearField("shape")
+    model = onnx_io.fix_input_shapes(model, {INPUT.name: list(INPUT.shape)})
     model = onnxscript.optimizer.optimize(model, input_size_limit=1 << 22, output_size_limit=1 << 22)
     onnx_io.save_model(model, path)
     return path

@@ -24,12 +24,10 @@ def yolov8n():
 
     from npubuild.recipe.paths import resolve
 
+    from npubuild.onnx_io import fix_input_shapes
+
     model = onnx.load(str(resolve("pkg:nudenet/320n.onnx", REPO)))
-    dims = model.graph.input[0].type.tensor_type.shape.dim
-    for dim, size in zip(dims, [1, 3, 320, 320]):
-        dim.Clear()
-        dim.dim_value = size
-    return onnx.shape_inference.infer_shapes(model)
+    return fix_input_shapes(model, {"images": [1, 3, 320, 320]})
 
 
 def synthetic(nodes: int):

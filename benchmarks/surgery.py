@@ -22,14 +22,10 @@ def yolov8n():
 
     from npubuild.recipe.paths import resolve
 
+    from npubuild.onnx_io import fix_input_shapes
+
     model = onnx.load(str(resolve("pkg:nudenet/320n.onnx", REPO)))
-    for dim, size in zip(model.graph.input[0].type.tensor_type.shape.dim, [1, 3, 320, 320]):
-        dim.Clear()
-        dim.dim_value = size
-    for out in model.graph.output:
-        out.type.tensor_type.ClearField("shape")
-    del model.graph.value_info[:]
-    return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    return fix_input_shapes(model, {"images": [1, 3, 320, 320]})
 
 
 def densenet121():

@@ -115,6 +115,28 @@ def value_dtype(value: onnx.ValueInfoProto) -> np.dtype:
     return onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
 
 
+def reinfer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy with stale shapes forgotten (value_info, symbolic output dims) and inferred again
+    from the inputs (type-checked, with data propagation so shape computations fold)."""
+    model = clone(model)
+    del model.graph.value_info[:]
+    for out in model.graph.output:
+        if out.type.HasField("tensor_type"):
+            out.type.tensor_type.ClearField("shape")
+    return onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True)
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, list[int]]) -> onnx.ModelProto:
+    """A copy whose named inputs have these fixed dims, with every shape inferred again."""
+    model = clone(model)
+    for value in model.graph.input:
+        if value.name in shapes:
+            value.type.tensor_type.ClearField("shape")
+            value.type.tensor_type.shape.dim.extend(
+                onnx.TensorShapeProto.Dimension(dim_value=d) for d in shapes[value.name])
+    return reinfer_shapes(model)
+
+
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     """Seeded random inputs with each input's own dtype and (fixed) shape.
 

@@ -122,13 +122,8 @@ def convert_opset(loaded: LoadedRecipe, model: onnx.ModelProto, opset: int) -> o
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Forget stale shapes (symbolic output dims included) and infer them from the fixed inputs."""
-    model = onnx_io.clone(model)
-    del model.graph.value_info[:]
-    for out in model.graph.output:
-        if out.type.HasField("tensor_type"):
-            out.type.tensor_type.ClearField("shape")
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True)
+        return onnx_io.reinfer_shapes(model)
     except Exception as exc:
         raise BuildError(f"shape inference failed: {exc}", stage="import") from None
 

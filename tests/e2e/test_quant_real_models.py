@@ -39,11 +39,7 @@ def static_yolov8n() -> onnx.ModelProto:
     import onnxscript.optimizer
 
     model = onnx.load(package_dir("nudenet") / "320n.onnx")
-    for dim, value in zip(model.graph.input[0].type.tensor_type.shape.dim, YOLO_INPUT.shape):
-        dim.ClearField("dim_param")
-        dim.dim_value = value
-    for out in model.graph.output:
-        out.type.tensor_type.ClearField("shape")
+    model = onnx_io.fix_input_shapes(model, {YOLO_INPUT.name: list(YOLO_INPUT.shape)})
     model = onnxscript.optimizer.optimize(model, input_size_limit=1 << 22, output_size_limit=1 << 22)
     model.ir_version = min(model.ir_version, onnx_io.MAX_ORT_IR_VERSION)
     return model

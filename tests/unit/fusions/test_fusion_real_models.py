@@ -11,6 +11,7 @@ import pytest
 from onnx import numpy_helper
 
 from npubuild.fusions import DEFAULT_RULES
+from npubuild.onnx_io import fix_input_shapes
 from npubuild.onnx_io import graph_inputs, random_feeds, run
 from npubuild.stages.fusion import fuse
 
@@ -23,10 +24,7 @@ LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 def yolov8n() -> onnx.ModelProto:
     nudenet = pytest.importorskip("nudenet")
     model = onnx.load(Path(nudenet.__file__).parent / "320n.onnx")
-    for dim, size in zip(model.graph.input[0].type.tensor_type.shape.dim, [1, 3, 320, 320]):
-        dim.ClearField("dim_param")
-        dim.dim_value = size
-    return onnx.shape_inference.infer_shapes(model)
+    return fix_input_shapes(model, {"images": [1, 3, 320, 320]})
 
 
 def silu_count(model: onnx.ModelProto) -> int:

@@ -7,6 +7,7 @@ import pytest
 
 from npubuild.npu import (build_program, conflicts, estimate, gmem_lower_bound, layers_from_onnx,
                           plan_dict, plan_groups)
+from npubuild.onnx_io import fix_input_shapes
 from npubuild.targets import load_chip
 from tests.unit.npu.npu_executor import check_program
 
@@ -16,16 +17,15 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def yolo_layers():
     model = onnx.load(str(files("nudenet") / "320n.onnx"))
-    for dim, value in zip(model.graph.input[0].type.tensor_type.shape.dim, [1, 3, 320, 320]):
-        dim.Clear()
-        dim.dim_value = value
-    return layers_from_onnx(model)
+    return layers_from_onnx(fix_input_shapes(model, {"images": [1, 3, 320, 320]}))
 
 
 def test_backbone_and_neck_become_layers(yolo_layers):
     ops = [layer.op for layer in yolo_layers.layers]
-    assert ops.count("conv") == 63 and ops.count("resize") == 2 and ops.count("pool") == 3
-    assert yolo_layers.inputs == ("images",) and len(yolo_layers.outputs) == 3
+    # 63 convs of backbone, neck and head, and the DFL's 1x1 conv (fed by the skipped Softmax)
+    assert ops.count("conv") == 64 and ops.count("resize") == 2 and ops.count("pool") == 3
+    assert yolo_layers.inputs == ("images", "/model.22/dfl/Softmax_output_0")
+    assert {f"/model.22/Concat{s}_output_0" for s in ("", "_1", "_2")} < set(yolo_layers.outputs)
 
 
 @pytest.mark.parametrize("chip_name", ["npu-16m", "npu-tiny"])

@@ -8,6 +8,7 @@ import onnx
 import pytest
 
 from npubuild.recipe.paths import resolve
+from npubuild.onnx_io import fix_input_shapes
 from npubuild.split import split_model
 from npubuild.split.plan import plan_split
 from npubuild.targets import load_chip
@@ -21,11 +22,7 @@ BACKBONE_NECK = re.compile(r"^/model\.(\d|1\d|2[01])/")  # model.0 … model.21;
 @pytest.fixture(scope="module")
 def yolov8n() -> onnx.ModelProto:
     model = onnx.load(str(resolve("pkg:nudenet/320n.onnx", REPO)))
-    dims = model.graph.input[0].type.tensor_type.shape.dim
-    for dim, size in zip(dims, [1, 3, 320, 320]):
-        dim.Clear()
-        dim.dim_value = size
-    return onnx.shape_inference.infer_shapes(model)
+    return fix_input_shapes(model, {"images": [1, 3, 320, 320]})
 
 
 def test_backbone_and_neck_are_one_npu_segment_on_npu_16m(yolov8n, tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild import surgery
+from npubuild.onnx_io import fix_input_shapes
 from npubuild.onnx_io import clone
 from npubuild.surgery import origins, proof
 from npubuild.surgery.graph import infer_types
@@ -86,13 +87,7 @@ def fixed_yolov8n() -> onnx.ModelProto:
     import nudenet
 
     model = onnx.load(str(Path(nudenet.__file__).parent / "320n.onnx"))
-    for dim, size in zip(model.graph.input[0].type.tensor_type.shape.dim, [1, 3, 320, 320]):
-        dim.Clear()
-        dim.dim_value = size
-    for out in model.graph.output:
-        out.type.tensor_type.ClearField("shape")
-    del model.graph.value_info[:]
-    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    inferred = fix_input_shapes(model, {"images": [1, 3, 320, 320]})
     out_value = next(v for v in inferred.graph.output)
     assert [d.dim_value for d in out_value.type.tensor_type.shape.dim] == [1, 22, 2100]
     return inferred
