@@ -120,10 +120,15 @@ def placements(session: BuildSession) -> list:
     return check_placement(model, session.chip, session.loaded.recipe.split)
 
 
-def infer(session: BuildSession, inputs: dict[str, Any]) -> dict:
-    """Run the deployed pipeline (the split submodels in order) on ``inputs`` by input name;
-    builds up to the last stage the runner needs first."""
+def infer(session: BuildSession, inputs: dict[str, Any], *, deployed: bool = True) -> dict:
+    """Run the pipeline on ``inputs`` (by input name): deployed = NPU submodels in the simulator
+    (builds up to `compile`), else every submodel in float ONNX Runtime (up to `split`)."""
     from npubuild.runtime import Runner
 
-    build(session, "split")
-    return Runner(session.paths.stage_dir("split")).run(inputs)
+    build(session, "compile" if deployed else "split")
+    backends = None
+    if deployed:
+        from npubuild.runtime.simulator import simulator_backend
+
+        backends = {"npu": simulator_backend(session.paths.root)}
+    return Runner(session.paths.stage_dir("split"), backends=backends).run(inputs)

@@ -97,11 +97,14 @@ def build_parser() -> argparse.ArgumentParser:
                 "model against its chip", recipe=False, json_opt=True, build_opts=True)
     p.add_argument("--check", type=Path, metavar="RECIPE",
                    help="print every node's placement (npu/cpu) on the recipe's chip, with reasons")
-    p = command("infer", cmd_infer, "run the deployed pipeline on an input", build_opts=True,
+    p = command("infer", cmd_infer, "run the deployed pipeline (NPU graphs in the simulator) on "
+                "an input", build_opts=True,
                 json_opt=True)
     p.add_argument("--input", action="append", required=True, metavar="[NAME=]FILE",
                    help=".npy/.npz tensor for a model input (NAME= picks the input; repeatable)")
     p.add_argument("--output", type=Path, help="write the outputs to this .npz")
+    p.add_argument("--float", action="store_true",
+                   help="run the float submodels (no quantization, no simulator)")
     p = command("diff", cmd_diff, "compare two recipes (or two git revisions of one): which "
                 "stages differ and why, and how the metrics moved", recipe=False,
                 build_opts=True, json_opt=True)
@@ -280,7 +283,7 @@ def cmd_infer(args) -> int:
             feeds.update({k: data[k] for k in data.files})
         else:
             feeds[name] = data
-    outputs = api.infer(session, feeds)
+    outputs = api.infer(session, feeds, deployed=not args.float)
     if args.output:
         from npubuild.atomic import atomic_path
 
