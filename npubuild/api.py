@@ -120,6 +120,30 @@ def placements(session: BuildSession) -> list:
     return check_placement(model, session.chip, session.loaded.recipe.split)
 
 
+def load_inputs(session: BuildSession, files: list[str]) -> dict:
+    """Model inputs from files: images (preprocessed as the recipe says), .npz (arrays by input
+    name) or .npy; ``NAME=FILE`` gives a .npy to a named input. Builds up to `split` first."""
+    import numpy as np
+
+    from npubuild.quant import data, onnx_inputs
+    from npubuild.quant.pipeline import SplitPipeline
+
+    build(session, "split")
+    infos = onnx_inputs.input_infos(SplitPipeline(session.paths.stage_dir("split")),
+                                    session.loaded.recipe.model.inputs)
+    feeds: dict[str, Any] = {}
+    for item in files:
+        name, _, file = item.rpartition("=")
+        if name:
+            try:
+                feeds[name] = np.load(file, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise UserError(f"cannot read {file}: {exc}", hint="give a .npy file") from None
+        else:
+            feeds.update(next(iter(data.load_samples([Path(file)], infos, 1))))
+    return feeds
+
+
 def infer(session: BuildSession, inputs: dict[str, Any], *, deployed: bool = True) -> dict:
     """Run the pipeline on ``inputs`` (by input name): deployed = NPU submodels in the simulator
     (builds up to `compile`), else every submodel in float ONNX Runtime (up to `split`)."""

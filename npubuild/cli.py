@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "an input", build_opts=True,
                 json_opt=True)
     p.add_argument("--input", action="append", required=True, metavar="[NAME=]FILE",
-                   help=".npy/.npz tensor for a model input (NAME= picks the input; repeatable)")
+                   help="an image (preprocessed as the recipe says), a .npz of inputs by name, or "
+                        "a .npy (NAME=FILE gives it to a named input); repeatable")
     p.add_argument("--output", type=Path, help="write the outputs to this .npz")
     p.add_argument("--float", action="store_true",
                    help="run the float submodels (no quantization, no simulator)")
@@ -267,22 +268,9 @@ def cmd_infer(args) -> int:
     import numpy as np
 
     from npubuild import api
-    from npubuild.errors import UserError
 
     session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache)
-    names = [spec.name for spec in session.loaded.recipe.model.inputs]
-    feeds = {}
-    for index, item in enumerate(args.input):
-        name, _, file = item.rpartition("=")
-        name = name or (names[index] if index < len(names) else "")
-        try:
-            data = np.load(file, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"cannot read {file}: {exc}", hint="give a .npy or .npz file") from None
-        if hasattr(data, "files"):
-            feeds.update({k: data[k] for k in data.files})
-        else:
-            feeds[name] = data
+    feeds = api.load_inputs(session, args.input)
     outputs = api.infer(session, feeds, deployed=not args.float)
     if args.output:
         from npubuild.atomic import atomic_path

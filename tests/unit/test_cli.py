@@ -103,4 +103,15 @@ def test_infer_with_a_pickled_npy_is_refused(cli, tmp_path):
     recipe = write_recipe(tmp_path, TINY_RECIPE)
     np.save(tmp_path / "evil.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     result = cli("infer", str(recipe), "--input", str(tmp_path / "evil.npy"), *build_args(tmp_path))
-    assert result.returncode == 2 and "Object arrays cannot be loaded" in result.stderr
+    assert result.returncode == 2 and "evil.npy" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_infer_takes_an_image_preprocessed_as_the_recipe_says(cli, tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    from PIL import Image
+
+    Image.new("RGB", (32, 24), (255, 0, 0)).save(tmp_path / "red.png")
+    result = cli("infer", str(recipe), "--float", "--input", str(tmp_path / "red.png"), "--json",
+                 *build_args(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["y"]["shape"] == [1, 4, 4, 4]
