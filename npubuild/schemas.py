@@ -27,10 +27,9 @@ def schema_text(which: str) -> str:
 
 @lru_cache(maxsize=None)
 def load(name: str) -> dict:
-    """A checked-in schema, e.g. ``load("graph_infos")``; packaged copies win when installed."""
-    packaged = Path(__file__).parent / "schema_files" / f"{name}.schema.json"
-    path = packaged if packaged.is_file() else SCHEMA_DIR / f"{name}.schema.json"
-    return json.loads(path.read_text())
+    """A checked-in schema from schemas/, e.g. ``load("graph_infos")`` (npubuild is installed
+    from its source tree, `pip install -e`, so the directory is beside the package)."""
+    return json.loads((SCHEMA_DIR / f"{name}.schema.json").read_text())
 
 
 def validate(data: dict, name: str) -> None:
