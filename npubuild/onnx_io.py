@@ -115,6 +115,29 @@ def value_dtype(value: onnx.ValueInfoProto) -> np.dtype:
     return onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
 
 
+def with_outputs(model: onnx.ModelProto, names: list[str],
+                 typed: onnx.ModelProto | None = None) -> onnx.ModelProto:
+    """``model`` whose graph outputs are ``names`` (any tensors it computes), typed from
+    ``typed``'s values or, by default, from the model's own shape inference; shapes are left
+    for ONNX Runtime to find (a cut or a dynamic source may not know them)."""
+    if [o.name for o in model.graph.output] == list(names):
+        return model
+    source = typed if typed is not None else onnx.shape_inference.infer_shapes(model)
+    graph = source.graph
+    known = {v.name: v for v in [*graph.value_info, *graph.output, *graph.input]}
+    out = clone(model)
+    del out.graph.output[:]
+    for name in names:
+        value = onnx.ValueInfoProto()
+        if name in known:
+            value.CopyFrom(known[name])
+            value.type.tensor_type.ClearField("shape")
+        else:
+            value.name = name
+        out.graph.output.append(value)
+    return out
+
+
 def reinfer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy with stale shapes forgotten (value_info, symbolic output dims) and inferred again
     from the inputs (type-checked, with data propagation so shape computations fold)."""

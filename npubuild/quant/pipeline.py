@@ -68,11 +68,14 @@ class SplitPipeline:
         """Every boundary tensor of the float pipeline."""
         return self.runner.run(dict(feeds), keep_intermediates=True)
 
-    def quantized_outputs(self, feeds: Mapping[str, np.ndarray],
-                          qgraphs: Mapping[int, QGraph]) -> dict[str, np.ndarray]:
-        """The pipeline's outputs with every NPU submodel run by the integer reference."""
+    def quantized_runner(self, qgraphs: Mapping[int, QGraph]):
+        """The split runner with every NPU submodel run by the integer reference."""
         from npubuild.runtime.runner import Runner
 
         backend = lambda g, f: run_quantized(qgraphs[g.index], f, list(g.outputs))  # noqa: E731
-        runner = Runner(self.split_dir, backends={"npu": backend})
-        return runner.run(dict(feeds))
+        return Runner(self.split_dir, backends={"npu": backend})
+
+    def quantized_outputs(self, feeds: Mapping[str, np.ndarray],
+                          qgraphs: Mapping[int, QGraph]) -> dict[str, np.ndarray]:
+        """The pipeline's outputs with every NPU submodel run by the integer reference."""
+        return self.quantized_runner(qgraphs).run(dict(feeds))

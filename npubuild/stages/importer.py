@@ -148,7 +148,7 @@ def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,
         expected = dict(zip(got, values))
         rtol, exact = TF_TOLERANCE, False
     else:
-        expected = onnx_io.run(with_outputs(source, list(got), model), feeds, list(got))
+        expected = onnx_io.run(onnx_io.with_outputs(source, list(got), model), feeds, list(got))
         rtol, exact = 0.0, True
     sims, bad = compare_outputs(expected, got, rtol=rtol, exact=exact)
     if bad:
@@ -156,22 +156,6 @@ def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,
                          hint="check model.inputs shapes and dtypes; for TF models the tf2onnx "
                               "conversion of this op may be inexact")
     return {name: {"max_abs": s.max_abs, "max_rel": s.max_rel} for name, s in sims.items()}
-
-
-def with_outputs(source: onnx.ModelProto, names: list[str], typed: onnx.ModelProto) -> onnx.ModelProto:
-    """The source model exposing ``names`` as outputs (for comparison after a cut)."""
-    existing = {o.name for o in source.graph.output}
-    if set(names) <= existing:
-        return source
-    source = onnx_io.clone(source)
-    types = {o.name: o for o in typed.graph.output}
-    del source.graph.output[:]
-    for name in names:
-        out = onnx.ValueInfoProto()
-        out.CopyFrom(types[name])
-        out.type.tensor_type.ClearField("shape")
-        source.graph.output.append(out)
-    return source
 
 
 def describe(model: onnx.ModelProto, fmt: str, proof: dict) -> dict:

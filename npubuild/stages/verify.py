@@ -145,22 +145,13 @@ def bisect_sample(dirs, pipeline, reference, feeds, min_cosine: float) -> dict:
         "surgery": model_outputs("surgery"),
         "fusion": model_outputs("fusion"),
         "split": lambda: pipeline.runner.run(feeds, keep_intermediates=True),
-        "quantize": lambda: quantized_pipeline(pipeline, qgraphs).run(feeds, keep_intermediates=True),
+        "quantize": lambda: pipeline.quantized_runner(qgraphs).run(feeds, keep_intermediates=True),
         "compile": lambda: Runner(dirs["split"], backends={"npu": simulator_backend(dirs["compile"].parent)}
                                   ).run(feeds, keep_intermediates=True),
     }
     result = bisect(dirs, stage_outputs, min_cosine,
                     lambda: quantize_tensor_drops(pipeline, qgraphs, feeds))
     return result.as_dict()
-
-
-def quantized_pipeline(pipeline, qgraphs):
-    """The split runner with every NPU submodel run by the integer reference."""
-    from npubuild.quant.reference import run_quantized
-    from npubuild.runtime import Runner
-
-    return Runner(pipeline.split_dir, backends={
-        "npu": lambda g, f: run_quantized(qgraphs[g.index], f, list(g.outputs))})
 
 
 def detections(ctx, info, images: list[Path], refs: list[dict], gots: list[dict],

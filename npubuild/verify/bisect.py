@@ -109,7 +109,6 @@ def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) ->
     """For every NPU graph, in order: (layer, output tensor, cosine of the integer reference
     against float), each NPU graph fed the float pipeline's own boundary values."""
     from npubuild.quant.reference import dequantize_tensor, quantize_inputs, run_reference
-    from npubuild.verify.reference import with_outputs
 
     values = pipeline.float_values(feeds)
     rows = []
@@ -118,7 +117,7 @@ def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) ->
         names = [t for layer in qgraph.layers for t in layer.outputs]
         known = {o for n in graph.model.graph.node for o in n.output}
         names = [t for t in names if t in known]
-        floats = onnx_io.run(with_outputs(graph.model, names), values)
+        floats = onnx_io.run(onnx_io.with_outputs(graph.model, names), values)
         ints = run_reference(qgraph, quantize_inputs(qgraph, values))
         for layer in qgraph.layers:
             for t in layer.outputs:

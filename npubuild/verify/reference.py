@@ -16,23 +16,6 @@ from npubuild import onnx_io
 from npubuild.surgery import origins
 
 
-def with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
-    """``model`` whose graph outputs are ``names`` (any tensors it computes), shape-inferred."""
-    inferred = onnx.shape_inference.infer_shapes(model)
-    known = {v.name: v for v in [*inferred.graph.value_info, *inferred.graph.output, *inferred.graph.input]}
-    out = onnx_io.clone(model)
-    del out.graph.output[:]
-    for name in names:
-        value = onnx.ValueInfoProto()
-        if name in known:
-            value.CopyFrom(known[name])
-            value.type.tensor_type.ClearField("shape")
-        else:
-            value.name = name
-        out.graph.output.append(value)
-    return out
-
-
 def original_names(later: onnx.ModelProto) -> dict[str, str]:
     """Each output of ``later`` (the surgery model) → the imported model's tensor it equals."""
     recorded = origins.read(later, origins.MODEL_KEY).get("outputs", {})
@@ -48,7 +31,7 @@ class FloatReference:
                 {i.name for i in original.graph.input}
         self.names = {out: names.get(out, out) for out in deployed_outputs if names.get(out, out) in known}
         self.missing = [out for out in deployed_outputs if out not in self.names]
-        self.session = onnx_io.session(with_outputs(original, list(dict.fromkeys(self.names.values()))))
+        self.session = onnx_io.session(onnx_io.with_outputs(original, list(dict.fromkeys(self.names.values()))))
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = onnx_io.run(self.session, feeds)
