@@ -35,10 +35,13 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
 
     stages = stage_list(stage)
     with build_lock(session.paths.lock_file, wait_seconds=wait_seconds, on_wait=on_wait):
-        run_with_doit(session, stages)
+        session.clear_orphans()
+        code = run_with_doit(session, stages)
         report = session.finish(stages)
     if session.error is not None:
         raise session.error
+    if code != 0:  # doit failed outside any stage: never report that as a success
+        raise BuildError(f"doit stopped the build (exit code {code}); see the messages above")
     verdict = report.get("verify") if "verify" in {s.name for s in stages} else None
     if verdict and not verdict.get("passed", True):
         raise BuildError("; ".join(verdict.get("failures", [])), stage="verify",
@@ -62,15 +65,15 @@ def plan(session: BuildSession, stage: str | None = None) -> list[StageResult]:
 def show(session: BuildSession) -> dict:
     """Per stage: state (current / stale / absent), its artifacts, and the last report."""
     planned = {r.stage: r for r in session.plan(PIPELINE)}
+    report = read_manifest(session.paths.report) or {}
     stages = {}
     for stage in PIPELINE:
         manifest = read_manifest(session.paths.manifest(stage.name))
         entry = {"state": planned[stage.name].status, "reason": planned[stage.name].reason}
         if manifest:
             entry["files"] = {rel: info["bytes"] for rel, info in manifest["files"].items()}
-            entry["seconds"] = manifest.get("seconds")
+            entry["seconds"] = (report.get("stages", {}).get(stage.name) or {}).get("seconds")
         stages[stage.name] = entry
-    report = read_manifest(session.paths.report) or {}
     return {"recipe": str(session.loaded.path), "build_dir": str(session.paths.root),
             "stages": stages, "report": report}
 

@@ -1,24 +1,121 @@
-"""The content-addressed stage cache (DVC's run-cache idea).
+"""The content-addressed stage cache (DVC's run-cache idea), trusted only as far as it is checked.
 
 ``<cache>/<key[:2]>/<key>/`` holds a stage's artifact files and its manifest. Entries are
-written to a temporary directory and renamed into place, so a reader never sees half of one;
-on restore every file is checked against the manifest's hash, and a corrupt entry is evicted.
+written to a ``.tmp-*`` directory and renamed into place, so a reader never sees half of one.
+Nothing in an entry is believed unchecked: its manifest must name its own key, only the files
+the manifest lists are restored, each is opened without following symlinks (so nothing outside
+the entry is ever read) and must match its hash while it is copied. `verify` and `gc` apply the
+same checks to the whole cache (``npubuild cache verify|gc``).
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import shutil
+import socket
+import stat as stat_mod
+import time
 import uuid
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Iterator
 
-from npubuild.build.hashing import sha256_file
+from npubuild.build.hashing import CHUNK
 from npubuild.build.paths import MANIFEST
+
+TMP_PREFIX = ".tmp-"
+ORPHAN_AGE_SECONDS = 3600.0  # a .tmp-* of another machine's run is an orphan after this long
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+MAX_MANIFEST_BYTES = 64 << 20
 
 
 class CacheCorrupt(Exception):
-    """A cache entry's file does not match its recorded hash."""
+    """A cache entry that fails a check: unreadable manifest, wrong key, or a file off its hash."""
+
+
+def safe_relpath(rel: object) -> PurePosixPath:
+    """A manifest's file name as a path that stays inside the entry (no ``..``, not absolute)."""
+    if not isinstance(rel, str) or not rel:
+        raise CacheCorrupt(f"bad file name {rel!r} in the manifest")
+    path = PurePosixPath(rel)
+    if path.is_absolute() or any(part in ("", ".", "..") for part in rel.split("/")):
+        raise CacheCorrupt(f"file name {rel[:80]!r} in the manifest leaves the entry")
+    return path
+
+
+def open_inside(root: Path, parts: tuple[str, ...]) -> int:
+    """Open ``root/parts...`` as a regular file, refusing a symlink or special file at every
+    step below ``root`` (``O_NOFOLLOW`` per component)."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    except OSError as exc:
+        raise CacheCorrupt(f"{'/'.join(parts)}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if not stat_mod.S_ISREG(os.fstat(leaf).st_mode):
+        os.close(leaf)
+        raise CacheCorrupt(f"{'/'.join(parts)} is not a regular file")
+    return leaf
+
+
+def copy_checked(src_fd: int, dest: Path, sha256: str | None) -> str:
+    """Copy an open file to ``dest`` (created with the umask's mode), hashing on the way."""
+    digest = hashlib.sha256()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(src_fd, "rb") as src, open(dest, "wb") as out:
+        while chunk := src.read(CHUNK):
+            digest.update(chunk)
+            out.write(chunk)
+    if sha256 is not None and digest.hexdigest() != sha256:
+        raise CacheCorrupt(f"{dest.name} does not match its hash")
+    return digest.hexdigest()
+
+
+def remove(path: Path) -> None:
+    """Delete a file, symlink or directory tree without following symlinks out of it."""
+    try:
+        if path.is_symlink() or not path.is_dir():
+            path.unlink()
+        else:
+            shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes under ``path`` (symlinks counted as links, never followed)."""
+    try:
+        if path.is_symlink() or not path.is_dir():
+            return path.lstat().st_size
+    except OSError:
+        return 0
+    total = 0
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+@dataclass
+class EntryCheck:
+    """One cache entry (or orphan) as `Cache.check_all` found it."""
+
+    path: Path
+    key: str | None
+    bytes: int
+    problem: str | None = None  # None: a good entry
+    orphan: bool = False
 
 
 class Cache:
@@ -28,40 +125,162 @@ class Cache:
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key
 
-    def manifest(self, key: str) -> dict | None:
+    def _parts(self, key: str, *rest: str) -> tuple[str, ...]:
+        return (key[:2], key, *rest)
+
+    def read_manifest(self, key: str) -> dict:
+        """The entry's manifest, checked: a JSON object for this very key, with safe file names."""
+        fd = open_inside(self.root, self._parts(key, MANIFEST))
+        with os.fdopen(fd, "rb") as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
         try:
-            return json.loads((self.entry(key) / MANIFEST).read_text())
-        except (OSError, ValueError):
+            manifest = json.loads(raw)
+        except ValueError:
+            raise CacheCorrupt("the manifest is not JSON") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            raise CacheCorrupt("the manifest has no file list")
+        if manifest.get("key") != key:
+            raise CacheCorrupt("the manifest belongs to another key")
+        for rel, info in manifest["files"].items():
+            safe_relpath(rel)
+            if not isinstance(info, dict) or not isinstance(info.get("sha256"), str):
+                raise CacheCorrupt(f"no hash for {rel[:80]!r} in the manifest")
+        return manifest
+
+    def manifest(self, key: str) -> dict | None:
+        """The checked manifest, or None when there is no usable entry for ``key``."""
+        try:
+            return self.read_manifest(key)
+        except (CacheCorrupt, OSError):
             return None
 
     def store(self, stage_dir: Path, key: str) -> None:
-        """Copy a finished stage directory into the cache (no-op when the key is present)."""
-        final = self.entry(key)
-        if (final / MANIFEST).is_file():
+        """Copy a finished stage directory's manifest and listed files into the cache.
+
+        A present, valid entry is kept (the first writer wins); anything else under the key — a
+        plain file, a symlink, an entry with a bad manifest — is replaced. Raises OSError when
+        the cache cannot be written (the caller warns and builds on without it)."""
+        if self.manifest(key) is not None:
             return
+        manifest = json.loads((stage_dir / MANIFEST).read_text())
+        final = self.entry(key)
         final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = final.parent / f".tmp-{key[:12]}-{uuid.uuid4().hex[:8]}"
+        tmp = final.parent / f"{TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            shutil.copytree(stage_dir, tmp)
-            try:
-                os.rename(tmp, final)
-            except OSError:  # another run stored the same key first; theirs is as good
-                pass
+            tmp.mkdir()
+            for rel in [*manifest["files"], MANIFEST]:
+                target = tmp / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(stage_dir / rel, target)
+            self._publish(tmp, final, key)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove(tmp)
+
+    def _publish(self, tmp: Path, final: Path, key: str) -> None:
+        try:
+            os.rename(tmp, final)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                raise
+        if self.manifest(key) is not None:  # another run stored the same key first
+            return
+        remove(final)  # a broken entry, a plain file or a symlink in the entry's place
+        os.rename(tmp, final)
 
     def restore(self, key: str, dest: Path) -> dict:
-        """Copy an entry into ``dest`` (which must not exist), verifying every file's hash."""
-        manifest = self.manifest(key)
-        if manifest is None:
-            raise CacheCorrupt(f"cache entry {key[:12]} has no readable manifest")
-        src = self.entry(key)
-        shutil.copytree(src, dest)
+        """Copy the entry's listed files into ``dest`` (which must not exist), each checked
+        against its hash while it is copied; raises CacheCorrupt naming what failed."""
+        try:
+            manifest = self.read_manifest(key)
+        except OSError as exc:
+            raise CacheCorrupt(f"unreadable: {exc.strerror or exc}") from None
+        dest.mkdir(parents=True)
         for rel, info in manifest["files"].items():
-            path = dest / rel
-            if not path.is_file() or sha256_file(path) != info["sha256"]:
-                raise CacheCorrupt(f"cache entry {key[:12]}: {rel} does not match its hash")
+            parts = safe_relpath(rel).parts
+            copy_checked(open_inside(self.root, self._parts(key, *parts)), dest.joinpath(*parts),
+                         info["sha256"])
+        copy_checked(open_inside(self.root, self._parts(key, MANIFEST)), dest / MANIFEST, None)
         return manifest
 
+    def check(self, key: str) -> str | None:
+        """Why the entry for ``key`` is bad (every file re-hashed), or None when it is good."""
+        try:
+            manifest = self.read_manifest(key)
+            listed = {MANIFEST, *manifest["files"]}
+            for rel, info in manifest["files"].items():
+                fd = open_inside(self.root, self._parts(key, *safe_relpath(rel).parts))
+                with os.fdopen(fd, "rb") as fh:
+                    digest = hashlib.file_digest(fh, "sha256").hexdigest()
+                if digest != info["sha256"]:
+                    return f"{rel} does not match its hash"
+            extra = [p for p in self._files(self.entry(key)) if p not in listed]
+            return f"files not in the manifest: {', '.join(sorted(extra)[:3])}" if extra else None
+        except CacheCorrupt as exc:
+            return str(exc)
+        except OSError as exc:
+            return exc.strerror or str(exc)
+
+    @staticmethod
+    def _files(entry: Path) -> list[str]:
+        out = []
+        for dirpath, dirs, names in os.walk(entry):  # os.walk does not follow symlinked dirs
+            rel = Path(dirpath).relative_to(entry)
+            out += [(rel / n).as_posix() for n in names + [d for d in dirs
+                                                            if os.path.islink(os.path.join(dirpath, d))]]
+        return out
+
     def evict(self, key: str) -> None:
-        shutil.rmtree(self.entry(key), ignore_errors=True)
+        remove(self.entry(key))
+
+    def check_all(self, *, now: float | None = None) -> Iterator[EntryCheck]:
+        """Every entry, checked, and every orphan (``.tmp-*`` of dead runs, stray files)."""
+        now = time.time() if now is None else now
+        if not self.root.is_dir():
+            return
+        for shard in sorted(self.root.iterdir()):
+            if shard.name.startswith(TMP_PREFIX) and _is_orphan_tmp(shard, now):
+                yield EntryCheck(shard, None, tree_bytes(shard), "left by a killed run", True)
+            if not _is_shard(shard):
+                continue  # not the cache's layout: never touched (the root may hold other things)
+            for entry in sorted(shard.iterdir()):
+                if entry.name.startswith(TMP_PREFIX):
+                    if _is_orphan_tmp(entry, now):
+                        yield EntryCheck(entry, None, tree_bytes(entry), "left by a killed run", True)
+                elif _is_key(entry.name) and entry.name.startswith(shard.name):
+                    yield EntryCheck(entry, entry.name, tree_bytes(entry), self.check(entry.name))
+
+
+HEX = frozenset("0123456789abcdef")
+
+
+def _is_key(name: str) -> bool:
+    return len(name) == 64 and set(name) <= HEX
+
+
+def _is_shard(path: Path) -> bool:
+    return len(path.name) == 2 and set(path.name) <= HEX and path.is_dir() and not path.is_symlink()
+
+
+def _is_orphan_tmp(path: Path, now: float) -> bool:
+    """A ``.tmp-<host>-<pid>-*`` whose run is gone: on this host, a dead pid; elsewhere, age."""
+    fields = path.name[len(TMP_PREFIX):].rsplit("-", 2)
+    try:
+        age = now - path.lstat().st_mtime
+    except OSError:
+        return False
+    if len(fields) == 3 and fields[0] == socket.gethostname() and fields[1].isdigit():
+        return not _pid_alive(int(fields[1])) or age > ORPHAN_AGE_SECONDS
+    return age > ORPHAN_AGE_SECONDS
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

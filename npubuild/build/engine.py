@@ -19,13 +19,16 @@ from typing import Any, Callable
 
 from npubuild import __version__
 from npubuild.atomic import write_json
-from npubuild.build.cache import Cache, CacheCorrupt
+from npubuild.build.cache import TMP_PREFIX, Cache, CacheCorrupt, remove
 from npubuild.build.hashing import HashCache, sha256_data, sha256_file
 from npubuild.build.keys import KeyParts, explain_change, key_parts, read_manifest
 from npubuild.build.paths import MANIFEST, BuildPaths, cache_dir
 from npubuild.errors import BuildError, NpubuildError
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
+from npubuild.timings import without_timings
+
+log = logging.getLogger("npubuild")
 
 NOT_IMPLEMENTED = "not built: not implemented yet"
 
@@ -57,6 +60,7 @@ class BuildSession:
     on_event: Callable[[StageResult], None] = lambda result: None
     results: dict[str, StageResult] = field(default_factory=dict)
     error: NpubuildError | None = None
+    cache_off: str | None = None  # why the cache is not written this run (warned once)
 
     @cached_property
     def paths(self) -> BuildPaths:
@@ -108,13 +112,16 @@ class BuildSession:
     def current_manifest(self, stage: Stage, key: str) -> dict | None:
         """The stage's manifest when its artifacts are there and were built for ``key``."""
         manifest = read_manifest(self.paths.manifest(stage.name))
-        if not manifest or manifest.get("key") != key:
+        if not isinstance(manifest, dict) or manifest.get("key") != key:
             return None
         stage_dir = self.paths.stage_dir(stage.name)
-        for rel, info in manifest["files"].items():
-            path = stage_dir / rel
-            if not path.is_file() or path.stat().st_size != info["bytes"]:
-                return None
+        try:
+            for rel, info in manifest["files"].items():
+                path = stage_dir / rel
+                if path.is_symlink() or not path.is_file() or self.hashes.file(path) != info["sha256"]:
+                    return None
+        except (OSError, KeyError, TypeError, AttributeError, NpubuildError):
+            return None
         return manifest
 
     def is_current(self, stage: Stage) -> bool:
@@ -163,10 +170,10 @@ class BuildSession:
         self.on_event(StageResult(stage.name, "running", key=key, reason=reason))
         scratch = self.paths.scratch / f"{stage.name}-{uuid.uuid4().hex[:8]}"
         try:
-            manifest, status = self._restore(key, scratch), "restored"
+            manifest, status = self._restore(stage, key, scratch), "restored"
             if manifest is None:
                 manifest, status = self._build(stage, parts, scratch), "built"
-                self.cache.store(scratch, key)
+                self._store(scratch, key)
             self._swap_in(stage, scratch)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -174,30 +181,66 @@ class BuildSession:
         self._record(StageResult(stage.name, status, time.perf_counter() - started, key,
                                  reason=reason, report=manifest.get("report", {})))
 
-    def _restore(self, key: str, scratch: Path) -> dict | None:
+    def _restore(self, stage: Stage, key: str, scratch: Path) -> dict | None:
+        """The stage's artifacts from the cache, checked file by file; a corrupt entry is
+        reported, evicted and rebuilt (never healed silently), an unreadable cache skipped."""
         if self.cache.manifest(key) is None:
             return None
         try:
             return self.cache.restore(key, scratch)
-        except CacheCorrupt:
+        except CacheCorrupt as exc:
+            log.warning("cache entry %s for `%s` is corrupt (%s): evicted, the stage is rebuilt",
+                        key[:12], stage.name, exc)
+            self._evict(key)
+        except OSError as exc:
+            self._cache_unusable(exc)
+        shutil.rmtree(scratch, ignore_errors=True)
+        return None
+
+    def _store(self, scratch: Path, key: str) -> None:
+        if self.cache_off:
+            return
+        try:
+            self.cache.store(scratch, key)
+        except OSError as exc:
+            self._cache_unusable(exc)
+
+    def _evict(self, key: str) -> None:
+        try:
             self.cache.evict(key)
-            shutil.rmtree(scratch, ignore_errors=True)
-            return None
+        except OSError as exc:
+            self._cache_unusable(exc)
+
+    def _cache_unusable(self, exc: OSError) -> None:
+        """The cache is an optimisation: one warning, then the build goes on without it."""
+        if not self.cache_off:
+            self.cache_off = f"{exc.strerror or exc}"
+            log.warning("the cache %s cannot be used (%s); building without it",
+                        self.cache.root, self.cache_off)
+
+    def clear_orphans(self) -> None:
+        """Remove what killed runs left in the build directory (scratch dirs, ``.tmp-*`` files);
+        called under the build lock, so no live run owns them."""
+        remove(self.paths.scratch)
+        for path in self.paths.root.glob(f"{TMP_PREFIX}*"):
+            remove(path)
+        for stage in PIPELINE:
+            for path in self.paths.stage_dir(stage.name).glob(f"{TMP_PREFIX}*"):
+                remove(path)
 
     def _build(self, stage: Stage, parts: KeyParts, scratch: Path) -> dict:
         scratch.mkdir(parents=True)
         upstream = {u: self.paths.stage_dir(u) for u in stage.needs}
         ctx = StageContext(self.loaded, self.chip if stage.uses_chip else None, upstream,
                            scratch, self.progress)
-        started = time.perf_counter()
         report = stage.function()(ctx) or {}
-        files = {str(p.relative_to(scratch)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-                 for p in sorted(scratch.rglob("*")) if p.is_file()}
+        files = {p.relative_to(scratch).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+                 for p in sorted(scratch.rglob("*")) if p.is_file() and not p.is_symlink()}
+        # the manifest is an artifact too: no timings in it (they go to report.json)
         manifest = {"stage": stage.name, "key": parts.key, "npubuild": __version__,
-                    "seconds": round(time.perf_counter() - started, 3), "files": files,
-                    "parts": parts.as_dict(), "report": report}
+                    "files": files, "parts": parts.as_dict(), "report": without_timings(report)}
         write_json(scratch / MANIFEST, manifest)
-        return manifest
+        return {**manifest, "report": report}
 
     def _swap_in(self, stage: Stage, scratch: Path) -> None:
         """Replace the stage directory by ``scratch`` with two renames; a kill between them

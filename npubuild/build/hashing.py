@@ -1,20 +1,40 @@
-"""Content hashes: of files, directories, and JSON-able data, with a stat cache for big inputs."""
+"""Content hashes: of files, directories, and JSON-able data, with a stat cache for big inputs.
+
+The stat cache keys a file's hash on (size, mtime_ns, ctime_ns, inode). A changed byte always
+changes ``ctime``: the kernel sets it on every write *and* on every ``utime`` call, and no user
+can set it back, so a flip that restores the old mtime (``touch -d``, ``os.utime``) still misses
+the cache and the file is read again.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat as stat_mod
 from pathlib import Path
 from typing import Any
 
 from npubuild.atomic import write_json
+from npubuild.errors import UserError
 
 CHUNK = 1 << 20
 
 
+def open_regular(path: Path) -> int:
+    """An fd for reading ``path``, which must be a regular file: a FIFO or a device (``/dev/zero``)
+    would block or never end, so it is refused before the first read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{path} is not a regular file (a FIFO, device or socket cannot be read "
+                        "as a model or data file)")
+    return fd
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with os.fdopen(open_regular(path), "rb") as fh:
         while chunk := fh.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
@@ -26,36 +46,47 @@ def sha256_data(data: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def stat_key(st: os.stat_result) -> list[int]:
+    """What must be unchanged for a remembered hash to stand (see the module docstring)."""
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
 class HashCache:
-    """Remembers file hashes by (size, mtime) so a no-op run does not re-read big models."""
+    """Remembers file hashes by `stat_key` so a no-op run does not re-read big files."""
 
     def __init__(self, path: Path):
         self.path = path
         self.dirty = False
         try:
             self.table: dict[str, list] = json.loads(path.read_text())
+            if not isinstance(self.table, dict):
+                self.table = {}
         except (OSError, ValueError):
             self.table = {}
 
     def file(self, path: Path) -> str:
-        stat = path.stat()
+        st = path.stat()
         key = str(path.resolve())
         entry = self.table.get(key)
-        if entry and entry[0] == stat.st_size and entry[1] == stat.st_mtime_ns:
-            return entry[2]
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == stat_key(st):
+            return entry[1]
         digest = sha256_file(path)
-        self.table[key] = [stat.st_size, stat.st_mtime_ns, digest]
+        self.table[key] = [stat_key(st), digest]
         self.dirty = True
         return digest
 
     def any(self, path: Path) -> str:
         """A file's hash, or a directory's: the hash of its files' relative paths and hashes."""
         if path.is_dir():
-            return sha256_data({str(p.relative_to(path)): self.file(p)
+            return sha256_data({p.relative_to(path).as_posix(): self.file(p)
                                 for p in sorted(path.rglob("*")) if p.is_file()})
         return self.file(path)
 
     def save(self) -> None:
+        """Write the table; a build directory that cannot take it only loses the speed-up."""
         if self.dirty:
-            write_json(self.path, self.table)
+            try:
+                write_json(self.path, self.table)
+            except OSError:
+                pass
             self.dirty = False

@@ -4,6 +4,7 @@ the external files it reads, and npubuild's version — and the reason a key cha
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,6 +52,26 @@ def upstream_digest(manifest: dict | None) -> str:
     return sha256_data(manifest["files"]) if manifest else "missing"
 
 
+def file_label(path: Path, base_dir: Path) -> str:
+    """A name for an input file that is the same on every machine, so keys agree across
+    checkouts: relative to the recipe's folder, else ``pkg:`` + relative to the installed-
+    packages folder holding it, else the absolute path."""
+    resolved = path.resolve()
+    try:
+        return resolved.relative_to(base_dir.resolve()).as_posix()
+    except ValueError:
+        pass
+    for root in _package_roots():
+        if resolved.is_relative_to(root):
+            return "pkg:" + resolved.relative_to(root).as_posix()
+    return str(resolved)
+
+
+def _package_roots() -> list[Path]:
+    roots = {Path(p).resolve() for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+    return sorted(roots, key=lambda r: -len(r.parts))
+
+
 def key_parts(stage: "Stage", loaded: "LoadedRecipe", upstream: dict[str, dict | None],
               hashes: HashCache, chip_digest: str | None, version: str) -> KeyParts:
     """The parts of ``stage``'s key; ``upstream`` maps each needed stage to its manifest."""
@@ -60,7 +81,7 @@ def key_parts(stage: "Stage", loaded: "LoadedRecipe", upstream: dict[str, dict |
         sections={s: sha256_data(section_value(data, s)) for s in stage.sections},
         upstream={u: upstream_digest(upstream.get(u)) for u in stage.needs},
         chip=chip_digest if stage.uses_chip else None,
-        files={str(p): hashes.any(p) for p in stage.external_files(loaded)})
+        files={file_label(p, loaded.base_dir): hashes.any(p) for p in stage.external_files(loaded)})
 
 
 def explain_change(old: dict | None, new: KeyParts) -> str:

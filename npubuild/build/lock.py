@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
@@ -9,15 +10,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from npubuild.errors import BuildLocked
+from npubuild.errors import BuildLocked, UserError
 
 
 @contextmanager
 def build_lock(path: Path, *, wait_seconds: float = 600.0,
                on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold the lock; wait up to ``wait_seconds`` for another run to finish, then fail clearly."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # O_NOFOLLOW: a planted symlink must not make the run overwrite its target with a pid
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise UserError(f"cannot lock the build directory {path.parent}: "
+                        f"{'the lock file is a symlink' if exc.errno == errno.ELOOP else exc.strerror or exc}",
+                        hint="build somewhere writable (--build-dir DIR)") from None
     try:
         deadline = time.monotonic() + wait_seconds
         told = False

@@ -51,7 +51,13 @@ def stage_task_dicts(session: BuildSession, stages: tuple[Stage, ...]) -> Iterat
 
 
 def _uptodate(session: BuildSession, stage: Stage) -> bool:
-    return session.is_current(stage)
+    """Current or not; a check that cannot decide says "not current", and the action then
+    meets the same problem and reports it through npubuild's errors (doit would print a
+    traceback and carry on)."""
+    try:
+        return session.is_current(stage)
+    except Exception:  # noqa: BLE001 — re-raised by the action, where it is reported
+        return False
 
 
 def _action(session: BuildSession, stage: Stage):
@@ -60,8 +66,11 @@ def _action(session: BuildSession, stage: Stage):
         session.execute(stage)
     except NpubuildError as exc:
         return _fail(session, stage, exc)
+    except OSError as exc:  # the machine, not npubuild: a full disk, a read-only build dir
+        err = BuildError(f"cannot write or read {exc.filename or 'a file'}: {exc.strerror or exc}",
+                         stage=stage.name, hint="free disk space or build elsewhere (--build-dir)")
     except Exception as exc:  # a bug, or a library error a stage did not translate
-        err = BuildError(f"{type(exc).__name__}: {exc}", stage=stage.name,
+        err = BuildError(f"{type(exc).__name__}: {str(exc)[:500]}", stage=stage.name,
                          hint="this is likely a bug in npubuild; run with -v for the traceback")
         err.__cause__ = exc
         return _fail(session, stage, err)
@@ -79,17 +88,16 @@ def _fail(session: BuildSession, stage: Stage, exc: NpubuildError) -> TaskFailed
 class SessionLoader(TaskLoader2):
     """Feeds doit the tasks of one build session."""
 
-    def __init__(self, session: BuildSession, stages: tuple[Stage, ...], num_process: int = 0):
+    def __init__(self, session: BuildSession, tasks: list, num_process: int = 0):
         super().__init__()
-        self.session, self.stages, self.num_process = session, stages, num_process
+        self.session, self.tasks, self.num_process = session, tasks, num_process
 
     def load_doit_config(self) -> dict:
         return {"dep_file": str(self.session.paths.doit_db), "backend": "sqlite3",
                 "reporter": "zero", "verbosity": 2, "num_process": self.num_process}
 
     def load_tasks(self, cmd, pos_args):
-        tasks = []
-        return [dict_to_task(d) for d in stage_task_dicts(self.session, self.stages)]
+        return self.tasks
 
 
 def run_with_doit(session: BuildSession, stages: tuple[Stage, ...]) -> int:
@@ -97,5 +105,8 @@ def run_with_doit(session: BuildSession, stages: tuple[Stage, ...]) -> int:
     targets = [task_name(session, s) for s in buildable(stages)]
     if not targets:
         return 0
+    # made before doit runs: an error here (a data glob that matches nothing) is npubuild's to
+    # report with its recipe location and exit code, not a traceback inside doit's loader
+    tasks = [dict_to_task(d) for d in stage_task_dicts(session, stages)]
     session.paths.root.mkdir(parents=True, exist_ok=True)
-    return DoitMain(SessionLoader(session, stages), config_filenames=()).run(["run", *targets])
+    return DoitMain(SessionLoader(session, tasks), config_filenames=()).run(["run", *targets])

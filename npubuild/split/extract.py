@@ -63,8 +63,8 @@ def submodel(model: onnx.ModelProto, og: OpGraph, seg: Segment, io: SegmentIO,
     used = {t for i in seg.nodes for t in og.uses[i]} | set(io.outputs)
     consts = [og.free_consts[t] for t in og.free_consts if t in used]
     inits = [t for t in model.graph.initializer if t.name in used]
-    produced = {o for n in nodes for o in n.output}
-    internal = [infos[t] for t in produced if t in infos and t not in io.outputs]
+    produced = [o for n in nodes for o in n.output]  # node order, never set order: reproducible
+    internal = [infos[t] for t in dict.fromkeys(produced) if t in infos and t not in io.outputs]
     graph = helper.make_graph(
         consts + nodes, f"graph_{seg.index}",
         [_boundary_info(t, infos, shapes, seg) for t in io.inputs],

@@ -5,7 +5,7 @@ Reads ``<surgery>/model.onnx`` and the recipe's ``fusion:`` list (built-in rule 
 
 - ``model.onnx``: fused ops as model-local functions in domain ``npubuild.fused`` (ONNX Runtime
   runs their bodies), folds (``conv_bn``, ``pad_conv``) as plain Convs;
-- ``log.json``: per rule how often it fired, the nodes it made, its numerical check, seconds,
+- ``log.json``: per rule how often it fired, the nodes it made, its numerical check,
   and the nearest candidates that did not match and why.
 
 A rule that fired nowhere is a warning (log, report, logger); why its nearest candidate failed
@@ -30,6 +30,7 @@ from npubuild.fusions import FUSED_DOMAIN, FusionReport, load_builtins
 from npubuild.metrics import compare_outputs
 from npubuild.onnx_io import load_model, random_feeds, run as run_model, save_model
 from npubuild.stages import no_progress
+from npubuild.timings import without_timings
 
 SEED = 0
 TOLERANCE = 1e-5
@@ -43,13 +44,14 @@ def run(ctx) -> dict:
     items = list(ctx.recipe.fusion)
     if not items:
         write_bytes(ctx.out / "model.onnx", source.read_bytes())
-        write_json(ctx.out / "log.json", {"input": str(source), "rules": [],
+        write_json(ctx.out / "log.json", {"input": "surgery/model.onnx", "rules": [],
                                           "note": "no fusion rules: the model is copied"})
         return {STAGE: {"rules": {}, "fused_ops": {}, "warnings": []}}
     model = load_model(source)
     log = fuse(model, items, ctx.log, ctx.progress)
     save_model(log.pop("model"), ctx.out / "model.onnx")
-    write_json(ctx.out / "log.json", {"input": str(source), **log})
+    # the input by its place in the build, not its path: artifacts name no directory
+    write_json(ctx.out / "log.json", {"input": "surgery/model.onnx", **without_timings(log)})
     return {STAGE: _summary(log)}
 
 

@@ -24,6 +24,7 @@ from npubuild.surgery import SURGERY, SurgeryError, load_builtins
 from npubuild.surgery import origins as org
 from npubuild.surgery import proof
 from npubuild.surgery.graph import node_label
+from npubuild.timings import without_timings
 
 DEFAULT_RTOL = 1e-5
 MAX_NAMES = 20
@@ -37,7 +38,7 @@ def run(ctx: StageContext) -> dict:
     if composed["outputs"] or composed["inputs"]:
         org.write(model, composed, org.MODEL_KEY)
     onnx_io.save_model(model, ctx.out / "model.onnx")
-    write_json(ctx.out / "log.json", {"steps": entries})
+    write_json(ctx.out / "log.json", {"steps": without_timings(entries)})  # timings: report.json
     return {"surgery": summary(entries, model)}
 
 
