@@ -89,6 +89,26 @@ def clean(session: BuildSession) -> Path:
     return session.paths.root
 
 
+def cache_check(cache: Path | None = None) -> list:
+    """Every entry of the content cache re-hashed, and its orphans (`npubuild cache verify`)."""
+    from npubuild.build.cache import Cache
+    from npubuild.build.paths import cache_dir
+
+    return list(Cache(cache_dir(cache)).check_all())
+
+
+def cache_gc(cache: Path | None = None) -> list:
+    """Remove orphans (``.tmp-*`` of killed runs) and entries that fail their check
+    (`npubuild cache gc`); returns every check, the removed ones being those with a problem."""
+    from npubuild.build.cache import remove
+
+    checks = cache_check(cache)
+    for item in checks:
+        if item.problem:
+            remove(item.path)
+    return checks
+
+
 @contextmanager
 def recipe_at_revision(recipe: Path, rev: str) -> Iterator[Path]:
     """The recipe as git revision ``rev`` has it, as a temporary file beside the recipe (so its

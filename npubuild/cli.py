@@ -106,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, help="write the outputs to this .npz")
     p.add_argument("--float", action="store_true",
                    help="run the float submodels (no quantization, no simulator)")
+    p = command("cache", cmd_cache, "check the content cache (verify) or remove its orphans and "
+                "corrupt entries (gc)", recipe=False, json_opt=True)
+    p.add_argument("action", choices=["verify", "gc"], help="verify: re-hash every entry; gc: "
+                   "remove what verify finds bad and the .tmp-* that killed runs left")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="content cache directory (default: $NPUBUILD_CACHE or ./.npubuild/cache)")
     p = command("diff", cmd_diff, "compare two recipes (or two git revisions of one): which "
                 "stages differ and why, and how the metrics moved", recipe=False,
                 build_opts=True, json_opt=True)
@@ -133,9 +139,12 @@ def cmd_run(args) -> int:
     try:
         report = api.build(session, args.stage, wait_seconds=args.wait,
                            on_wait=lambda msg: console.print(f"[yellow]{msg}[/]"))
-    finally:
-        if not args.json:
+    except NpubuildError as exc:  # a stage failed: say what ran; anything else printed no stages
+        if not args.json and exc is session.error:
             _print_summary(console, session)
+        raise
+    if not args.json:
+        _print_summary(console, session)
     if args.json:
         print(json.dumps(report, indent=2))
     return EXIT_OK
@@ -287,6 +296,33 @@ def cmd_infer(args) -> int:
             print(f"{k}: shape {v['shape']} {v['dtype']}  min {v['min']:.4g}  max {v['max']:.4g}  "
                   f"mean {v['mean']:.4g}")
     return EXIT_OK
+
+
+def cmd_cache(args) -> int:
+    from npubuild import api
+
+    checks = api.cache_check(args.cache) if args.action == "verify" else api.cache_gc(args.cache)
+    bad = [c for c in checks if c.problem]
+    good = [c for c in checks if not c.problem]
+    if args.json:
+        print(json.dumps({"action": args.action, "entries": len(good) + len(bad) - sum(c.orphan for c in bad),
+                          "bytes": sum(c.bytes for c in checks),
+                          "problems": [{"path": str(c.path), "key": c.key, "bytes": c.bytes,
+                                        "problem": c.problem, "orphan": c.orphan} for c in bad]},
+                         indent=2))
+    else:
+        verb = "removed" if args.action == "gc" else "bad"
+        for c in bad:
+            print(f"  {verb}: {c.path} ({_size(c.bytes)}): {c.problem}")
+        if args.action == "verify":
+            print(f"{len(good)} good entries ({_size(sum(c.bytes for c in good))}), {len(bad)} bad "
+                  f"({_size(sum(c.bytes for c in bad))})" + ("; `npubuild cache gc` removes them"
+                                                             if bad else ""))
+        else:
+            print(f"removed {sum(not c.orphan for c in bad)} corrupt entries and "
+                  f"{sum(c.orphan for c in bad)} orphans ({_size(sum(c.bytes for c in bad))}); "
+                  f"kept {len(good)} entries ({_size(sum(c.bytes for c in good))})")
+    return EXIT_FAILED if args.action == "verify" and bad else EXIT_OK
 
 
 def cmd_diff(args) -> int:

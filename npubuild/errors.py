@@ -28,6 +28,9 @@ class Location:
         return ":".join(parts)
 
 
+MAX_MESSAGE = 4000  # a message quoting hostile input (a 1 MB string) stays readable
+
+
 class NpubuildError(Exception):
     """Base of every error npubuild reports as one message instead of a traceback."""
 
@@ -46,6 +49,8 @@ class NpubuildError(Exception):
             [f"{self.location}: " if self.location else "",
              f"{self.field}: " if self.field else "",
              self.message])
+        if len(head) > MAX_MESSAGE:
+            head = f"{head[:MAX_MESSAGE]}… ({len(head) - MAX_MESSAGE:,} more characters)"
         return head + (f"\n  hint: {self.hint}" if self.hint else "")
 
 

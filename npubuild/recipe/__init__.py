@@ -102,5 +102,8 @@ def check_recipe_files(loaded: LoadedRecipe) -> None:
         raise loaded.error(f"model file not found: {model_path}", "model", "path",
                            hint="paths are relative to the recipe file; pkg:<package>/<path> "
                                 "names a file inside an installed package")
+    if not (model_path.is_file() or model_path.is_dir()):  # a FIFO or /dev/zero never ends
+        raise loaded.error(f"{model_path} is not a regular file or a SavedModel folder",
+                           "model", "path")
     loaded.model_format  # noqa: B018 — raises when the format cannot be told
     loaded.chip()

@@ -7,6 +7,8 @@ each value's position. A pydantic error's location is mapped back onto those mar
 from __future__ import annotations
 
 import difflib
+import reprlib
+import stat as stat_mod
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,48 +42,170 @@ class Marked:
         return Location(self.file, line, col)
 
 
+MAX_BYTES = 1 << 20  # a recipe or chip file is a few KiB; 1 MiB leaves room and bounds the rest
+MAX_DEPTH = 64  # nesting, counted after aliases are expanded
+MAX_VALUES = 50_000  # scalars, mappings and sequences, counted after aliases are expanded
+MERGE_TAG = "tag:yaml.org,2002:merge"
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlist = _REPR.maxdict = _REPR.maxtuple = _REPR.maxset = 6
+_REPR.maxlevel = 3
+
+
+def short(value: Any) -> str:
+    """``repr`` bounded to a line: messages never carry a huge value (a 1 MB string, an
+    expanded alias bomb) back to the user."""
+    return _REPR.repr(value)
+
+
 def read_yaml(path: Path, display: str | None = None) -> Marked:
+    """Compose ``path`` with marks, within `MAX_BYTES`, `MAX_DEPTH` and `MAX_VALUES`.
+
+    The limits are checked before anything walks the document: nesting on the flat event
+    stream (libyaml's composer recurses in C), then the alias-expanded size and depth on the
+    composed node graph (a billion-laughs file is 2 KiB of anchors), so neither marks, the
+    constructor nor pydantic ever see an unbounded document."""
     display = display or str(path)
+    text = _read_text(path, display)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"file not found: {display}") from None
-    except (IsADirectoryError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {display}: {exc}") from None
-    loader = SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
+        _check_nesting(text, display)
+        loader = SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is not None:
+                _check_expansion(node, display)
+                marked = Marked(display, None)
+                _record_marks(node, (), marked)
+                marked.data = loader.construct_document(node)
+            else:
+                marked = Marked(display, None)
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        where = Location(display, mark.line + 1, mark.column + 1) if mark else Location(display)
-        raise UserError(f"YAML syntax error: {exc.problem or exc.context}", location=where) from None
+        where = Location(display, mark.line + 1, mark.column + 1) if mark else Location(display, 1, 1)
+        raise UserError(f"YAML syntax error: {short(exc.problem or exc.context)[1:-1]}",
+                        location=where) from None
     except yaml.YAMLError as exc:
-        raise UserError(f"YAML error: {exc}", location=Location(display)) from None
-    finally:
-        loader.dispose()
-    marked = Marked(display, data)
-    if node is not None:
-        _record_marks(node, (), marked)
+        raise UserError(f"YAML error: {str(exc)[:300]}", location=Location(display, 1, 1)) from None
     return marked
+
+
+def _read_text(path: Path, display: str) -> str:
+    try:
+        st = path.stat()
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise UserError(f"{display} is not a regular file")
+        if st.st_size > MAX_BYTES:
+            raise UserError(f"{display} is {st.st_size:,} bytes; a recipe may have at most "
+                            f"{MAX_BYTES:,}", location=Location(display, 1, 1))
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise UserError(f"{display} has more than {MAX_BYTES:,} bytes",
+                            location=Location(display, 1, 1))
+        return raw.decode("utf-8")
+    except FileNotFoundError:
+        raise UserError(f"file not found: {display}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{display} is not UTF-8 text (byte {exc.start})",
+                        location=Location(display, 1, 1)) from None
+    except OSError as exc:
+        raise UserError(f"cannot read {display}: {exc.strerror or exc}") from None
+
+
+def _too_deep(display: str, mark) -> UserError:
+    return UserError(f"the YAML nests deeper than {MAX_DEPTH} levels (aliases included)",
+                     location=Location(display, mark.line + 1, mark.column + 1))
+
+
+def _check_nesting(text: str, display: str) -> None:
+    depth = 0
+    for event in yaml.parse(text, Loader=SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _too_deep(display, event.start_mark)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_expansion(root: yaml.Node, display: str) -> None:
+    """Size and depth of the document as if every alias were copied out, without copying:
+    each shared node is measured once (iteratively: no recursion on hostile input)."""
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            kids = _children(node)
+            size[id(node)] = 1 + sum(size[id(k)] for k in kids)
+            depth[id(node)] = 1 + max((depth[id(k)] for k in kids), default=0)
+            on_path.discard(id(node))
+            mark = node.start_mark
+            if size[id(node)] > MAX_VALUES:
+                raise UserError(f"the YAML expands to more than {MAX_VALUES:,} values (aliases "
+                                "copy what their anchor names)",
+                                location=Location(display, mark.line + 1, mark.column + 1))
+            if depth[id(node)] > MAX_DEPTH:
+                raise _too_deep(display, mark)
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in on_path:
+            mark = node.start_mark
+            raise UserError("recursive alias: an anchor is used inside itself",
+                            location=Location(display, mark.line + 1, mark.column + 1))
+        on_path.add(id(node))
+        stack.append((node, True))
+        stack.extend((k, False) for k in _children(node) if id(k) not in size)
 
 
 def _record_marks(node: yaml.Node, path: FieldPath, marked: Marked) -> None:
     marked.values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
     if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.start_mark)
-            if path + (key,) in marked.keys:
-                first_line = marked.keys[path + (key,)][0]
-                raise UserError(f"duplicate key {key!r} (first given on line {first_line})",
-                                location=Location(marked.file, key_node.start_mark.line + 1,
-                                                  key_node.start_mark.column + 1),
-                                field=dotted(path + (key,)))
+        for key, key_node, value_node in _mapping_pairs(node, marked.file, path):
             marked.keys[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             _record_marks(value_node, path + (key,), marked)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             _record_marks(item, path + (index,), marked)
+
+
+def _mapping_pairs(node: yaml.MappingNode, file: str, path: FieldPath):
+    """A mapping's effective (key, key node, value node) triples as YAML's merge key defines
+    them: the mapping's own keys (each once), then merged keys it does not set itself, the
+    first merged mapping winning."""
+    own: dict[Any, tuple] = {}
+    merged: list[yaml.Node] = []
+    for key_node, value_node in node.value:
+        if key_node.tag == MERGE_TAG:
+            merged += value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            continue
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.start_mark)
+        if key in own:
+            first_line = own[key][0].start_mark.line + 1
+            raise UserError(f"duplicate key {short(key)} (first given on line {first_line})",
+                            location=Location(file, key_node.start_mark.line + 1,
+                                              key_node.start_mark.column + 1),
+                            field=dotted(path + (key,)))
+        own[key] = (key_node, value_node)
+    out = {k: (kn, vn) for k, (kn, vn) in own.items()}
+    for source in merged:
+        if isinstance(source, yaml.MappingNode):
+            for key, key_node, value_node in _mapping_pairs(source, file, path):
+                out.setdefault(key, (key_node, value_node))
+    return [(k, kn, vn) for k, (kn, vn) in out.items()]
 
 
 def validate(marked: Marked, model: type[M]) -> M:
@@ -130,8 +254,8 @@ def path_is_tag(part: Any) -> bool:
 def _pick_errors(errors: list[dict], marked: Marked) -> list[tuple[FieldPath, dict]]:
     """One error per field; an error at a union's root yields to one inside a branch."""
     located = [(_data_path(e["loc"], marked.data), e) for e in errors]
-    keep = [(p, e) for p, e in located
-            if not any(len(q) > len(p) and q[:len(p)] == p for q, _ in located)]
+    ancestors = {q[:n] for q, _ in located for n in range(len(q))}  # linear, not pairwise
+    keep = [(p, e) for p, e in located if p not in ancestors]
     seen, unique = set(), []
     for p, e in keep:
         if p not in seen:
@@ -162,8 +286,8 @@ def _describe(err: dict, path: FieldPath, marked: Marked, model: type[BaseModel]
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "extra_forbidden":
         allowed = _allowed_keys(model, err["loc"][:-1])
-        close = difflib.get_close_matches(str(path[-1]), allowed, n=1)
-        text = f"unknown key {path[-1]!r}"
+        close = difflib.get_close_matches(str(path[-1])[:100], allowed, n=1)
+        text = f"unknown key {short(path[-1])}"
         text += f"; did you mean {close[0]!r}?" if close else ""
         text += f" (allowed: {', '.join(allowed)})" if allowed else ""
         return text, marked.location(path, key=True)
@@ -171,15 +295,15 @@ def _describe(err: dict, path: FieldPath, marked: Marked, model: type[BaseModel]
         return f"missing required key {path[-1]!r}", marked.location(path[:-1])
     if kind == "literal_error":
         allowed = ", ".join(a.strip(" '") for a in ctx["expected"].replace(" or ", ", ").split(","))
-        return f"{value!r} is not one of {allowed}", marked.location(path)
+        return f"{short(value)} is not one of {allowed}", marked.location(path)
     if kind == "unknown_step":
         name = next(iter(value)) if isinstance(value, dict) and value else value
-        text = (f"unknown surgery step {name!r}" if isinstance(value, dict) and len(value) == 1
+        text = (f"unknown surgery step {short(name)}" if isinstance(value, dict) and len(value) == 1
                 else "a surgery step is a mapping with exactly one key, the rewrite's name")
         return f"{text}; known: {ctx.get('known', '')}", marked.location(path)
     message = err["msg"]
     if kind.endswith("_type") or kind.endswith("_parsing"):
-        message += f", got {value!r}"
+        message += f", got {short(value)}"
     return message[0].lower() + message[1:], marked.location(path)
 
 

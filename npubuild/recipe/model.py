@@ -8,9 +8,10 @@ name, built from the surgery registry, so an unknown step is reported as unknown
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, create_model,
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, create_model,
                       field_validator, model_validator)
 
 from npubuild import fusions, surgery
@@ -21,18 +22,46 @@ DType = Literal["float32", "float16", "float64", "int8", "uint8", "int16", "int3
 Layout = Literal["NCHW", "NHWC", "NC", "NCW", "NWC", "any"]
 
 
+# strict: YAML has real types, so "7" is not a count and `true` is not 1; no NaN or infinity
+# (a NaN threshold compares false and would switch its check off)
+STRICT_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+MAX_DIM = 2**31 - 1
+MAX_ELEMENTS = 2**28  # 1 GiB of float32 per input tensor: beyond it a sample cannot be held
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT_CONFIG
 
 
 class Preprocess(Strict):
     """How an image becomes this input tensor (calibration and verify data)."""
 
-    resize: tuple[int, int] | None = Field(None, description="[height, width] to resize images to.")
+    resize: tuple[StrictInt, StrictInt] | None = Field(
+        None, strict=False, description="[height, width] to resize images to.")
     scale: float = Field(1.0, description="Multiply pixel values (0..255) by this first.")
     mean: list[float] | float = Field(0.0, description="Subtracted after scaling, per channel.")
     std: list[float] | float = Field(1.0, description="Divided by after subtracting the mean.")
     channel_order: Literal["RGB", "BGR", "GRAY"] = "RGB"
+
+    @field_validator("resize")
+    @classmethod
+    def _resize_bounded(cls, resize):
+        if resize is not None and (min(resize) < 1 or resize[0] * resize[1] * 3 > MAX_ELEMENTS):
+            raise ValueError(f"resize {list(resize)} must be >= 1 and at most {MAX_ELEMENTS:,} "
+                             "values per image")
+        return resize
+
+    @model_validator(mode="after")
+    def _one_value_per_channel(self):
+        channels = 1 if self.channel_order == "GRAY" else 3
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            if isinstance(value, list) and len(value) not in (1, channels):
+                raise ValueError(f"{name} has {len(value)} values; {self.channel_order} images "
+                                 f"have {channels} channel{'s' * (channels > 1)}: give 1 or {channels}")
+        if any(v == 0 for v in (self.std if isinstance(self.std, list) else [self.std])):
+            raise ValueError("std must not be 0 (pixels are divided by it)")
+        return self
 
 
 class InputSpec(Strict):
@@ -46,8 +75,14 @@ class InputSpec(Strict):
     @field_validator("shape")
     @classmethod
     def _positive_dims(cls, shape):
-        if shape is not None and any(d < 0 for d in shape):
-            raise ValueError("every dimension must be >= 0 (use the real size of dynamic dims)")
+        if shape is None:
+            return shape
+        if any(d < 1 or d > MAX_DIM for d in shape):
+            raise ValueError(f"every dimension must be between 1 and {MAX_DIM} (give the real "
+                             "size of dynamic dims; an empty tensor cannot be deployed)")
+        if math.prod(shape) > MAX_ELEMENTS:
+            raise ValueError(f"{shape} has {math.prod(shape):,} elements; an input may have at "
+                             f"most {MAX_ELEMENTS:,} (1 GiB of float32)")
         return shape
 
 
@@ -218,7 +253,7 @@ class Recipe(Strict):
     """A deployment: the model, the rewrites, the split, quantization, the target chip."""
 
     version: Literal[1] = Field(description="Recipe format version.")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100,
                       description="Names the build directory build/<name>/.")
     model: ModelSpec
     target: str = Field("npu-16m", description="A built-in chip (`npubuild targets`) or a "
@@ -233,6 +268,13 @@ class Recipe(Strict):
     quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
     compile: CompileSpec = Field(default_factory=CompileSpec)
     verify: VerifySpec = Field(default_factory=VerifySpec)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_is_a_number(cls, version):
+        if isinstance(version, bool):  # Literal[1] takes True as 1 even in strict mode
+            raise ValueError(f"version must be the number {RECIPE_VERSION}, not {version}")
+        return version
 
     @field_validator("fusion")
     @classmethod

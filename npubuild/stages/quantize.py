@@ -16,6 +16,7 @@ and never differs by more than one step (else the stage fails).
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 from npubuild.atomic import write_json
@@ -47,6 +48,27 @@ def calibration_files(loaded) -> list[Path]:
     return loaded.resolve_glob(spec.data, *CALIBRATION_FIELD)
 
 
+def check_override_names(loaded, pipeline: SplitPipeline) -> None:
+    """Every node and tensor an override names must exist in the split model (on any device),
+    as `split.force_cpu` requires: a misspelt name would otherwise change nothing, silently."""
+    nodes, tensors = set(), set()
+    for graph in pipeline.graphs:
+        model = graph.model
+        nodes.update(n.name for n in model.graph.node)
+        tensors.update(o for n in model.graph.node for o in n.output)
+        tensors.update(i.name for i in model.graph.input)
+    for i, override in enumerate(loaded.recipe.quantization.overrides):
+        for kind, names, known in (("nodes", override.nodes, nodes), ("tensors", override.tensors, tensors)):
+            for j, name in enumerate(names):
+                if name not in known:
+                    close = difflib.get_close_matches(name, sorted(known), n=1)
+                    raise loaded.error(
+                        f"no {kind[:-1]} is called {name[:200]!r} in the split model"
+                        + (f"; did you mean {close[0]!r}?" if close else ""),
+                        "quantization", "overrides", i, kind, j,
+                        hint="`npubuild targets --check RECIPE` lists the nodes")
+
+
 def options(spec, chip) -> Options:
     config = QuantConfig(scheme=spec.scheme, granularity=spec.granularity,
                          method=spec.calibration.method, percentile=spec.calibration.percentile,
@@ -59,6 +81,7 @@ def options(spec, chip) -> Options:
 def run(ctx: StageContext) -> dict:
     spec = ctx.recipe.quantization
     pipeline = SplitPipeline(ctx.upstream["split"])
+    check_override_names(ctx.loaded, pipeline)
     if not pipeline.npu_graphs:
         ctx.log.info("quantize: no NPU submodel, nothing to quantize")
         write_json(ctx.out / "calibration.json", {"scheme": spec.scheme, "graphs": {}})
