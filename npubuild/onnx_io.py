@@ -49,6 +49,17 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
             raise UserError(f"tensor {tensor.name!r} keeps its data at {info.get('location')!r}, "
                             "outside the model's folder; refusing to read it",
                             location=Location(str(path)))
+        if not target.is_file():  # a directory, a FIFO or a device: nothing onnx can read
+            raise UserError(f"tensor {tensor.name!r} keeps its data at {info.get('location')!r}, "
+                            "which is not a regular file", location=Location(str(path)))
+        try:
+            end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        except ValueError:
+            end = -1
+        if end < 0 or end > target.stat().st_size:
+            raise UserError(f"tensor {tensor.name!r}: its external data (offset + length {end}) "
+                            f"does not lie inside {info.get('location')!r} "
+                            f"({target.stat().st_size} bytes)", location=Location(str(path)))
 
 
 def with_loadable_ir(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -140,10 +140,56 @@ def _tensor_samples(path: Path, inputs: Sequence[InputInfo]) -> Iterator[dict[st
         yield {name: samples[i] for name, samples in per_input.items()}
 
 
+MAX_ARRAY_BYTES = 1 << 30  # one data array; a header may not promise more than this
+
+
+def _check_npy_header(fh, available: int, path: Path, what: str) -> None:
+    """Refuse an array whose header declares more bytes than its file holds (a 100-byte .npy
+    claiming 114 GiB) or than `MAX_ARRAY_BYTES`, before numpy allocates anything."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fh)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"unsupported .npy format version {version}")
+        read_header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, dtype = read_header(fh)
+    except (ValueError, OSError, EOFError, SyntaxError) as exc:
+        raise _error(path, f"{what} is not a .npy array ({exc})") from None
+    if dtype.hasobject:
+        raise _error(path, f"{what} holds Python objects, not numbers")
+    declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    holds = available - fh.tell()
+    if declared > min(holds, MAX_ARRAY_BYTES):
+        raise _error(path, f"{what} declares shape {list(shape)} {dtype} ({declared:,} bytes) but "
+                           f"holds {holds:,} bytes" + (f" (at most {MAX_ARRAY_BYTES:,} are read)"
+                                                        if declared > MAX_ARRAY_BYTES else ""))
+
+
+def _check_sizes(path: Path) -> None:
+    import zipfile
+
+    if path.suffix.lower() == ".npy":
+        with open(path, "rb") as fh:
+            _check_npy_header(fh, path.stat().st_size, path, "the file")
+        return
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for member in zf.infolist():
+                if member.file_size > MAX_ARRAY_BYTES:
+                    raise _error(path, f"{member.filename!r} inflates to {member.file_size:,} "
+                                       f"bytes; at most {MAX_ARRAY_BYTES:,} are read")
+                if member.filename.endswith(".npy"):
+                    with zf.open(member) as fh:
+                        _check_npy_header(fh, member.file_size, path, repr(member.filename))
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise _error(path, f"cannot read the .npz archive ({type(exc).__name__}: {exc})") from None
+
+
 def _read_arrays(path: Path, inputs: Sequence[InputInfo]) -> dict[str, np.ndarray]:
+    _check_sizes(path)
     try:
         loaded = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, MemoryError) as exc:
         raise _error(path, f"cannot read the array file ({type(exc).__name__}: {exc})",
                      hint="save plain numeric arrays with numpy.save / numpy.savez") from None
     if isinstance(loaded, np.ndarray):

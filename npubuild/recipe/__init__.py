@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Iterator
 
 from npubuild.errors import Location, UserError
 from npubuild.recipe import paths
@@ -32,6 +33,17 @@ class LoadedRecipe:
     def error(self, message: str, *field_path: str | int, hint: str | None = None) -> UserError:
         return UserError(message, location=self.location(*field_path),
                          field=dotted(tuple(field_path)) or None, hint=hint)
+
+    def located(self, items: Iterator, *field_path: str | int) -> Iterator:
+        """``items`` (e.g. data samples), with a data file's error moved to the recipe line that
+        brought the file in: ``recipe.yaml:12:11: verify.data: img.png: cannot read ...``."""
+        try:
+            yield from items
+        except UserError as exc:
+            if exc.location is not None and exc.location.line is not None:
+                raise
+            where = f"{exc.location.file}: " if exc.location else ""
+            raise self.error(where + exc.message, *field_path, hint=exc.hint) from None
 
     def resolve(self, spec: str, *field_path: str | int) -> Path:
         try:

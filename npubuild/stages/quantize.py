@@ -92,14 +92,17 @@ def run(ctx: StageContext) -> dict:
     workflow = Workflow(pipeline, options(spec, ctx.chip), ctx.progress)
 
     cal_files = calibration_files(ctx.loaded)
-    samples = data.load_samples(cal_files, inputs, spec.calibration.samples)
+    samples = ctx.loaded.located(data.load_samples(cal_files, inputs, spec.calibration.samples),
+                                 *CALIBRATION_FIELD)
     count = workflow.calibrate(samples, total=min(spec.calibration.samples, len(cal_files)))
     workflow.quantize()
     files = workflow.write(ctx.out)
 
     verify_data = ctx.recipe.verify.data
     compare_files = ctx.loaded.resolve_glob(verify_data, "verify", "data") if verify_data else cal_files
-    compare = list(data.load_samples(compare_files, inputs, spec.compare_samples))
+    compare_field = ("verify", "data") if verify_data else CALIBRATION_FIELD
+    compare = list(ctx.loaded.located(data.load_samples(compare_files, inputs, spec.compare_samples),
+                                      *compare_field))
     evaluation = workflow.evaluate(compare)
     per_layer = evaluation.per_layer()
     crosscheck = evaluation.crosscheck_summary()

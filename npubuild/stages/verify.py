@@ -48,7 +48,9 @@ def run(ctx: StageContext) -> dict:
     pipeline = SplitPipeline(dirs["split"])
     inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
     files = data_files(ctx.loaded)
-    samples = list(ctx.progress(data.load_samples(files, inputs, spec.samples),
+    field = ("verify", "data") if spec.data else ("quantization", "calibration", "data")
+    samples = list(ctx.progress(ctx.loaded.located(data.load_samples(files, inputs, spec.samples),
+                                                   *field),
                                 total=min(spec.samples, len(files)), description="verify"))
     deployed = Runner(dirs["split"], backends={"npu": simulator_backend(dirs["compile"].parent)})
     original = onnx_io.load_model(dirs["import"] / "model.onnx")
