@@ -193,6 +193,9 @@ class _TFLite:
     """A TFLite flatbuffer; its tensor names are the names (the recipe may cut at any tensor)."""
 
     def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
+        from npubuild.frontends.tflite_check import check_tflite
+
+        check_tflite(path)  # the interpreter crashes the process on a truncated file
         tf = _tensorflow()
         self.path = path
         interpreter = _load(path, "a TFLite model", lambda: _interpreter(tf, path))

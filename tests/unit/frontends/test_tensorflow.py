@@ -216,3 +216,16 @@ def test_importing_the_frontend_does_not_load_tensorflow():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[3])
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", [0.5, 0.9, 0.99])
+def test_truncated_tflite_is_refused_before_the_interpreter_can_crash(models, tmp_path, keep):
+    from npubuild.frontends.tflite_check import check_tflite
+
+    whole = models.paths["tflite"].read_bytes()
+    check_tflite(models.paths["tflite"])  # the whole file passes
+    path = tmp_path / "cut.tflite"
+    path.write_bytes(whole[:int(len(whole) * keep)])
+    with pytest.raises(UserError, match="truncated or corrupt"):
+        check_tflite(path)
