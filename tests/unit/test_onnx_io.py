@@ -62,3 +62,14 @@ def test_random_feeds_follow_each_inputs_dtype_and_shape():
     feeds = onnx_io.random_feeds(helper.make_model(graph), seed=1)
     assert feeds["ids"].dtype == np.int64 and feeds["ids"].shape == (2, 3)
     assert feeds["s"].dtype == np.float32 and feeds["s"].shape == ()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda folder: (folder / "weights.bin").mkdir(), "not a regular file"),
+    (lambda folder: (folder / "weights.bin").write_bytes(b"\0" * 8), "does not lie inside"),
+])
+def test_external_data_must_be_a_file_holding_its_range(tmp_path, make, message):
+    path = model_with_external_weight(tmp_path, "weights.bin")
+    make(path.parent)
+    with pytest.raises(UserError, match=message):
+        onnx_io.load_model(path)

@@ -1,0 +1,213 @@
+"""The content cache trusts nothing it has not checked, and is only ever an optimisation."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+
+import pytest
+
+from npubuild import api
+from npubuild.build.cache import Cache
+from npubuild.build.paths import MANIFEST
+from npubuild.stages import importer
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    counter = {"import": 0}
+    real = importer.run
+
+    def counting(ctx):
+        counter["import"] += 1
+        return real(ctx)
+
+    monkeypatch.setattr(importer, "run", counting)
+    return counter
+
+
+def build(recipe, tmp_path, cache=None):
+    session = api.session_for(recipe, build_root=tmp_path / "build",
+                              cache=cache or tmp_path / "cache")
+    api.build(session, "import")
+    return session
+
+
+def fresh_build(recipe, tmp_path, cache=None):
+    """A build with an empty build dir: the import stage restores or builds."""
+    shutil.rmtree(tmp_path / "build", ignore_errors=True)
+    return build(recipe, tmp_path, cache)
+
+
+def status(session):
+    return session.results["import"].status
+
+
+def import_key(recipe, tmp_path):
+    session = build(recipe, tmp_path)
+    return session.results["import"].key, session.cache
+
+
+def spoil_missing(entry):
+    (entry / MANIFEST).unlink()
+
+
+def spoil_garbled(entry):
+    (entry / MANIFEST).write_text("{not json")
+
+
+def spoil_symlinked(entry):
+    real = entry.parent / "elsewhere.json"
+    (entry / MANIFEST).rename(real)
+    (entry / MANIFEST).symlink_to(real)
+
+
+def spoil_plain_file(entry):
+    shutil.rmtree(entry)
+    entry.write_text("not a directory")
+
+
+@pytest.mark.parametrize("spoil", [spoil_missing, spoil_garbled, spoil_symlinked, spoil_plain_file])
+def test_a_spoilt_entry_is_rebuilt_once_and_stored_again(tiny_recipe, tmp_path, calls, spoil):
+    key, cache = import_key(tiny_recipe, tmp_path)
+    spoil(cache.entry(key))
+    assert status(fresh_build(tiny_recipe, tmp_path)) == "built"
+    assert cache.check(key) is None  # the rebuilt stage replaced the spoilt entry
+    assert status(fresh_build(tiny_recipe, tmp_path)) == "restored"
+    assert calls["import"] == 2
+
+
+def test_an_entry_under_the_wrong_key_is_not_restored(tiny_recipe, tmp_path, calls):
+    key, cache = import_key(tiny_recipe, tmp_path)
+    other = "f" * 64
+    shutil.copytree(cache.entry(key), cache.entry(other))
+    assert cache.manifest(other) is None
+    assert cache.check(other) == "the manifest belongs to another key"
+
+
+def test_only_listed_files_are_restored_and_symlinks_are_never_followed(tiny_recipe, tmp_path, calls):
+    key, cache = import_key(tiny_recipe, tmp_path)
+    entry = cache.entry(key)
+    (entry / "planted.txt").write_text("not in the manifest")
+    (entry / "system").symlink_to("/etc", target_is_directory=True)
+    (entry / "loop").symlink_to(entry / "loop")
+    session = fresh_build(tiny_recipe, tmp_path)
+    assert status(session) == "restored"
+    restored = sorted(p.name for p in session.paths.stage_dir("import").iterdir())
+    assert restored == ["import.json", MANIFEST, "model.onnx"]
+    assert "files not in the manifest" in cache.check(key)
+
+
+def test_a_listed_file_that_is_a_symlink_out_of_the_entry_is_corrupt(tiny_recipe, tmp_path, calls,
+                                                                     caplog):
+    key, cache = import_key(tiny_recipe, tmp_path)
+    model = cache.entry(key) / "model.onnx"
+    outside = tmp_path / "outside.onnx"
+    shutil.copy(model, outside)  # the same bytes: only the symlink is wrong
+    model.unlink()
+    model.symlink_to(outside)
+    with caplog.at_level(logging.WARNING, logger="npubuild"):
+        assert status(fresh_build(tiny_recipe, tmp_path)) == "built"
+    assert "is corrupt" in caplog.text and key[:12] in caplog.text
+
+
+def test_corruption_is_reported_not_healed_silently(tiny_recipe, tmp_path, calls, caplog):
+    key, cache = import_key(tiny_recipe, tmp_path)
+    model = cache.entry(key) / "model.onnx"
+    model.write_bytes(model.read_bytes()[:-3] + b"xyz")
+    with caplog.at_level(logging.WARNING, logger="npubuild"):
+        assert status(fresh_build(tiny_recipe, tmp_path)) == "built"
+    assert "model.onnx does not match its hash" in caplog.text
+
+
+def test_a_cache_path_naming_a_file_warns_once_and_builds(tiny_recipe, tmp_path, caplog):
+    blocker = tmp_path / "cache-file"
+    blocker.write_text("")
+    with caplog.at_level(logging.WARNING, logger="npubuild"):
+        session = build(tiny_recipe, tmp_path, cache=blocker / "sub")
+    assert status(session) == "built"
+    assert caplog.text.count("building without it") == 1
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_a_full_or_read_only_cache_warns_and_builds(tiny_recipe, tmp_path, monkeypatch, caplog, code):
+    def refuse(self, *args):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(Cache, "store", refuse)
+    with caplog.at_level(logging.WARNING, logger="npubuild"):
+        assert status(build(tiny_recipe, tmp_path)) == "built"
+    assert os.strerror(code) in caplog.text
+
+
+def test_a_byte_flip_that_keeps_size_and_mtime_is_rebuilt(tiny_recipe, tmp_path, calls):
+    session = build(tiny_recipe, tmp_path)
+    model = session.paths.stage_dir("import") / "model.onnx"
+    build(tiny_recipe, tmp_path)  # the hash of the current file is now remembered
+    before = model.stat()
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    model.write_bytes(bytes(data))
+    os.utime(model, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert model.stat().st_size == before.st_size
+    assert status(build(tiny_recipe, tmp_path)) == "restored"
+    assert bytes(data) != model.read_bytes()
+
+
+def test_the_lock_file_never_follows_a_symlink(tiny_recipe, tmp_path):
+    from npubuild.errors import UserError
+
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    lock = tmp_path / "build" / "tiny" / ".lock"
+    lock.parent.mkdir(parents=True)
+    lock.symlink_to(target)
+    with pytest.raises(UserError, match="symlink"):
+        build(tiny_recipe, tmp_path)
+    assert target.read_text() == "keep me"
+
+
+def test_artifacts_and_cache_entries_honour_the_umask(tiny_recipe, tmp_path):
+    old = os.umask(0o022)
+    try:
+        session = build(tiny_recipe, tmp_path)
+    finally:
+        os.umask(old)
+    files = [*session.paths.stage_dir("import").iterdir(),
+             *session.cache.entry(session.results["import"].key).iterdir(), session.paths.report]
+    assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o644"}
+
+
+def test_a_run_removes_what_killed_runs_left_and_gc_cleans_the_cache(tiny_recipe, tmp_path, cli):
+    session = build(tiny_recipe, tmp_path)
+    root = session.paths.root
+    (root / ".tmp" / "import-dead").mkdir(parents=True)
+    (root / ".tmp-report.json.x1y2").write_text("half")
+    (root / "import" / ".tmp-model.onnx.z9").write_text("half")
+    dead = session.cache.root / "00" / f".tmp-{socket.gethostname()}-999999999-deadbeef"
+    dead.mkdir(parents=True)
+    (dead / "model.onnx").write_bytes(b"x" * 1000)
+    build(tiny_recipe, tmp_path)
+    assert not any(p.name.startswith(".tmp") for p in [*root.iterdir(), *(root / "import").iterdir()])
+    verify = cli("cache", "verify", "--cache", str(session.cache.root))
+    assert verify.returncode == 1 and "left by a killed run" in verify.stdout
+    gc = cli("cache", "gc", "--cache", str(session.cache.root), "--json")
+    removed = json.loads(gc.stdout)["problems"]
+    assert gc.returncode == 0 and [p["path"] for p in removed] == [str(dead)]
+    assert removed[0]["bytes"] == 1000 and not dead.exists()
+    assert cli("cache", "verify", "--cache", str(session.cache.root)).returncode == 0
+
+
+def test_cache_gc_removes_entries_failing_their_hash_and_keeps_good_ones(tiny_recipe, tmp_path, cli):
+    session = build(tiny_recipe, tmp_path)
+    key = session.results["import"].key
+    (session.cache.entry(key) / "import.json").write_text("{}")
+    verify = cli("cache", "verify", "--cache", str(session.cache.root))
+    assert verify.returncode == 1 and "import.json does not match its hash" in verify.stdout
+    gc = cli("cache", "gc", "--cache", str(session.cache.root))
+    assert gc.returncode == 0 and "removed 1 corrupt entries and 0 orphans" in gc.stdout
+    assert not session.cache.entry(key).exists()

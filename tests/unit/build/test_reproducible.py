@@ -1,0 +1,98 @@
+"""The build's guarantee (README, ARCHITECTURE §9): two clean builds of a recipe in different
+processes, directories and hash seeds write byte-identical artifacts, manifests, cache entries
+and keys; timings live only in report.json. Plus: every failure is reported as one, with the
+exit code that says what kind it was."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_RECIPE, run_cli, write_recipe
+
+RUN_STATE = {"report.json", "report.html", ".doit.sqlite", ".lock", ".hashes.json"}
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name not in RUN_STATE}
+
+
+def clean_build(workdir: Path, recipe: Path, seed: str, *stage: str) -> dict:
+    """Build ``recipe`` from a fresh copy in ``workdir`` (own cwd, build dir and cache)."""
+    workdir.mkdir(parents=True)
+    shutil.copy(recipe, workdir / recipe.name)
+    result = run_cli("run", recipe.name, *stage, "--build-dir", "out", "--cache", "store",
+                     cwd=workdir, env={"PYTHONHASHSEED": seed})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(next((workdir / "out").glob("*/report.json")).read_text())
+    return {"keys": {s: v["key"] for s, v in report["stages"].items()},
+            "build": tree(next((workdir / "out").iterdir())), "cache": tree(workdir / "store")}
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    assert a["keys"] == b["keys"] and all(a["keys"].values())
+    assert sorted(a["build"]) == sorted(b["build"])
+    differ = [name for name in a["build"] if a["build"][name] != b["build"][name]]
+    assert differ == []
+    assert a["cache"] == b["cache"]
+
+
+def test_two_clean_builds_of_the_tiny_recipe_are_byte_identical(tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE, name="tiny.yaml")
+    first = clean_build(tmp_path / "one", recipe, "1")
+    second = clean_build(tmp_path / "elsewhere" / "two", recipe, "4242")
+    assert len(first["build"]) > 20  # every stage's artifacts, not just a few
+    assert_identical(first, second)
+
+
+@pytest.mark.slow
+def test_two_clean_builds_of_yolov8n_are_byte_identical(tmp_path):
+    from tests.conftest import REPO
+
+    recipe = tmp_path / "yolov8.yaml"
+    recipe.write_text((REPO / "recipes" / "yolov8.yaml").read_text())
+    assert_identical(clean_build(tmp_path / "one", recipe, "7"),
+                     clean_build(tmp_path / "two", recipe, "9001"))
+
+
+@pytest.mark.parametrize("data", ['"pkg:skimage/data/nothing_here*.png"', "[]",
+                                  '"pkg:no_such_pkg_npubuild/*.png"'])
+def test_data_that_matches_nothing_fails_with_exit_2_and_no_success_line(tmp_path, data):
+    recipe = write_recipe(tmp_path, TINY_RECIPE.replace('"pkg:skimage/data/[a-c]*.png"', data))
+    result = run_cli("run", str(recipe), "--build-dir", str(tmp_path / "b"),
+                     "--cache", str(tmp_path / "c"))
+    assert result.returncode == 2, result.stderr
+    assert "quantization.calibration" in result.stderr and f"{recipe}:11:" in result.stderr
+    assert "Traceback" not in result.stderr and "artifacts in" not in result.stderr
+
+
+def test_a_lock_timeout_prints_no_success_line(tmp_path):
+    from npubuild.build.lock import build_lock
+
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    with build_lock(tmp_path / "b" / "tiny" / ".lock"):
+        result = run_cli("run", str(recipe), "import", "--wait", "0", "--build-dir",
+                         str(tmp_path / "b"), "--cache", str(tmp_path / "c"))
+    assert result.returncode == 2 and "another npubuild run" in result.stderr
+    assert "artifacts in" not in result.stderr
+
+
+def test_a_missing_override_node_is_a_located_user_error(tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE + "  overrides: [{nodes: [no_such_node]}]\n")
+    result = run_cli("run", str(recipe), "quantize", "--build-dir", str(tmp_path / "b"),
+                     "--cache", str(tmp_path / "c"))
+    assert result.returncode == 2
+    assert "quantization.overrides[0].nodes[0]: no node is called 'no_such_node'" in result.stderr
+
+
+def test_a_bad_data_file_is_reported_at_the_recipe_line_that_names_it(tmp_path):
+    (tmp_path / "bad.npy").write_bytes(b"\x93NUMPY garbage")
+    recipe = write_recipe(tmp_path, TINY_RECIPE.replace('"pkg:skimage/data/[a-c]*.png"', "bad.npy"))
+    result = run_cli("run", str(recipe), "quantize", "--build-dir", str(tmp_path / "b"),
+                     "--cache", str(tmp_path / "c"))
+    assert result.returncode == 2
+    assert f"{recipe}:11:23: quantization.calibration.data: {tmp_path / 'bad.npy'}:" in result.stderr
