@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -34,16 +35,25 @@ class LoadedRecipe:
         return UserError(message, location=self.location(*field_path),
                          field=dotted(tuple(field_path)) or None, hint=hint)
 
-    def located(self, items: Iterator, *field_path: str | int) -> Iterator:
-        """``items`` (e.g. data samples), with a data file's error moved to the recipe line that
-        brought the file in: ``recipe.yaml:12:11: verify.data: img.png: cannot read ...``."""
+    @contextmanager
+    def relocated(self, *field_path: str | int) -> Iterator[None]:
+        """Move a model or data file's error to the recipe line that brought the file in:
+        ``recipe.yaml:12:11: verify.data: img.png: cannot read ...`` (errors already located in
+        a YAML file, e.g. a chip file, keep their place)."""
         try:
-            yield from items
+            yield
         except UserError as exc:
             if exc.location is not None and exc.location.line is not None:
                 raise
             where = f"{exc.location.file}: " if exc.location else ""
-            raise self.error(where + exc.message, *field_path, hint=exc.hint) from None
+            path = _field_path(exc.field) if exc.field else field_path
+            raise UserError(where + exc.message, location=self.location(*path),
+                            field=exc.field or dotted(field_path) or None, hint=exc.hint) from None
+
+    def located(self, items: Iterator, *field_path: str | int) -> Iterator:
+        """``items`` (e.g. data samples) under `relocated`."""
+        with self.relocated(*field_path):
+            yield from items
 
     def resolve(self, spec: str, *field_path: str | int) -> Path:
         try:
@@ -91,6 +101,15 @@ class LoadedRecipe:
             if exc.location is not None:  # the chip file itself is bad
                 raise
             raise self.error(exc.message, "target", hint=exc.hint) from None
+
+
+def _field_path(dotted_field: str) -> tuple[str | int, ...]:
+    """``model.inputs[0].shape`` -> ("model", "inputs", 0, "shape")."""
+    parts: list[str | int] = []
+    for piece in dotted_field.replace("]", "").split("."):
+        name, *indices = piece.split("[")
+        parts += ([name] if name else []) + [int(i) for i in indices if i.isdigit()]
+    return tuple(parts)
 
 
 def load_recipe(path: str | Path, *, check_files: bool = True) -> LoadedRecipe:

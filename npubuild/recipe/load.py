@@ -44,7 +44,7 @@ class Marked:
 
 MAX_BYTES = 1 << 20  # a recipe or chip file is a few KiB; 1 MiB leaves room and bounds the rest
 MAX_DEPTH = 64  # nesting, counted after aliases are expanded
-MAX_VALUES = 50_000  # scalars, mappings and sequences, counted after aliases are expanded
+MAX_VALUES = 10_000  # scalars, mappings and sequences, counted after aliases are expanded
 MERGE_TAG = "tag:yaml.org,2002:merge"
 _REPR = reprlib.Repr()
 _REPR.maxstring = _REPR.maxother = 80
@@ -119,8 +119,15 @@ def _too_deep(display: str, mark) -> UserError:
                      location=Location(display, mark.line + 1, mark.column + 1))
 
 
+def _too_many(display: str, mark) -> UserError:
+    return UserError(f"the YAML holds more than {MAX_VALUES:,} values (aliases expanded: an "
+                     "alias copies what its anchor names)",
+                     location=Location(display, mark.line + 1, mark.column + 1))
+
+
 def _check_nesting(text: str, display: str) -> None:
-    depth = 0
+    """Nesting and node count on the flat event stream, stopping at the first excess."""
+    depth = nodes = 0
     for event in yaml.parse(text, Loader=SafeLoader):
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
@@ -128,6 +135,10 @@ def _check_nesting(text: str, display: str) -> None:
                 raise _too_deep(display, event.start_mark)
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
+        if isinstance(event, (yaml.CollectionStartEvent, yaml.ScalarEvent)):
+            nodes += 1
+            if nodes > MAX_VALUES:
+                raise _too_many(display, event.start_mark)
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -154,9 +165,7 @@ def _check_expansion(root: yaml.Node, display: str) -> None:
             on_path.discard(id(node))
             mark = node.start_mark
             if size[id(node)] > MAX_VALUES:
-                raise UserError(f"the YAML expands to more than {MAX_VALUES:,} values (aliases "
-                                "copy what their anchor names)",
-                                location=Location(display, mark.line + 1, mark.column + 1))
+                raise _too_many(display, mark)
             if depth[id(node)] > MAX_DEPTH:
                 raise _too_deep(display, mark)
             continue

@@ -33,6 +33,12 @@ def source_files(loaded: LoadedRecipe) -> list[Path]:
 
 
 def run(ctx: StageContext) -> dict:
+    """Import the model; a problem with the model file is reported at ``model.path``."""
+    with ctx.loaded.relocated("model", "path"):
+        return _import(ctx)
+
+
+def _import(ctx: StageContext) -> dict:
     loaded = ctx.loaded
     fmt = loaded.model_format
     if fmt == "onnx":

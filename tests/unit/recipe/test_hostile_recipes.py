@@ -25,13 +25,13 @@ def located(path: Path, exc: UserError) -> bool:
 
 
 @pytest.mark.parametrize("text, message", [
-    (LAUGHS, "expands to more than"),
+    (LAUGHS, "more than 10,000 values"),
     ("version: 1\na: &a [1, *a]\n", "recursive alias"),
     ("version: 1\nx: " + "[" * 1000 + "]" * 1000 + "\n", f"deeper than {MAX_DEPTH}"),
     ("x: " + "[" * 100_000 + "]" * 100_000 + "\n", f"deeper than {MAX_DEPTH}"),
-    ("version: 1\n" + "".join(f"k{i}: 1\n" for i in range(40_000)), "expands to more than"),
+    ("version: 1\n" + "".join(f"k{i}: 1\n" for i in range(40_000)), "more than 10,000 values"),
     ("a: &a {k: [1, 2]}\n" + "b: &b [" + ", ".join(["*a"] * 64) + "]\n" +
-     "c: [" + ", ".join(["*b"] * 200) + "]\n", "expands to more than"),
+     "c: [" + ", ".join(["*b"] * 200) + "]\n", "more than 10,000 values"),
 ])
 def test_unbounded_yaml_is_refused_before_it_is_walked(tmp_path, text, message):
     path = tmp_path / "r.yaml"
