@@ -175,6 +175,7 @@ class BuildSession:
                 manifest, status = self._build(stage, parts, scratch), "built"
                 self._store(scratch, key)
             self._swap_in(stage, scratch)
+            self._remember_hashes(stage, manifest)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
             self.hashes.save()
@@ -241,6 +242,13 @@ class BuildSession:
                     "files": files, "parts": parts.as_dict(), "report": without_timings(report)}
         write_json(scratch / MANIFEST, manifest)
         return {**manifest, "report": report}
+
+    def _remember_hashes(self, stage: Stage, manifest: dict) -> None:
+        """The artifacts' hashes were just computed (built) or checked (restored): keep them
+        for the next up-to-date check, which then re-reads only files changed since."""
+        stage_dir = self.paths.stage_dir(stage.name)
+        for rel, info in manifest["files"].items():
+            self.hashes.remember(stage_dir / rel, info["sha256"])
 
     def _swap_in(self, stage: Stage, scratch: Path) -> None:
         """Replace the stage directory by ``scratch`` with two renames; a kill between them

@@ -75,6 +75,11 @@ class HashCache:
         self.dirty = True
         return digest
 
+    def remember(self, path: Path, digest: str) -> None:
+        """Record a hash this run has just computed or checked for ``path`` (as it is now)."""
+        self.table[str(path.resolve())] = [stat_key(path.stat()), digest]
+        self.dirty = True
+
     def any(self, path: Path) -> str:
         """A file's hash, or a directory's: the hash of its files' relative paths and hashes."""
         if path.is_dir():

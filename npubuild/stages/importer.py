@@ -84,6 +84,11 @@ def fix_inputs(loaded: LoadedRecipe, model: onnx.ModelProto) -> onnx.ModelProto:
         if any(not isinstance(d, int) or d <= 0 for d in dims) and value.type.HasField("tensor_type"):
             if not value.type.tensor_type.HasField("shape"):
                 continue  # unknown rank: ORT will tell at run time
+            if all(isinstance(d, int) for d in dims):  # a 0 dim is an empty tensor, not a free one
+                raise loaded.error(f"input {value.name!r} has an empty dim in {dims}; an empty "
+                                   "tensor cannot be deployed", "model", "inputs",
+                                   hint=f"give its real size: model.inputs: [{{name: {value.name}, "
+                                        "shape: [...]}]")
             raise loaded.error(f"input {value.name!r} has dynamic dims {dims}", "model", "inputs",
                                hint=f"fix them: model.inputs: [{{name: {value.name}, shape: [...]}}]")
     return model

@@ -23,7 +23,9 @@ def test_generated_hostile_recipes_give_only_honest_exits(tmp_path, monkeypatch)
     tally = benchmark("hostile").run_all(25, seed=7, workdir=tmp_path, log=lambda _: None)
     assert tally["tracebacks"] == 0 and set(tally["codes"]) <= {0, 1, 2}
     assert tally["exit2"] and tally["exit2_located"] == tally["exit2"]
-    assert [f for f in tally["failures"] if not f[2][0].endswith(" s")] == []  # time: benchmark
+    behaviour = [(name, command, problem) for name, command, problems, _ in tally["failures"]
+                 for problem in problems if not problem.endswith((" s", " MB"))]
+    assert behaviour == []  # time and memory are the benchmark's to measure, in its own process
 
 
 def test_kills_in_a_cache_store_and_a_swap_resume_to_a_clean_build(tmp_path):
