@@ -322,7 +322,7 @@ def main() -> int:
         tally = run_all(args.cases, args.seed, Path(tmp))
     total = time.perf_counter() - started
     located = tally["exit2_located"] / max(tally["exit2"], 1)
-    print(f"| recipes | runs | exit 0 / 1 / 2 / other | tracebacks | exit 2 with file:line:col "
+    print("| recipes | runs | exit 0 / 1 / 2 / other | tracebacks | exit 2 with file:line:col "
           f"| slowest run | peak memory | failures | wall time |")
     print("|---|---|---|---|---|---|---|---|---|")
     codes = tally["codes"]

@@ -14,20 +14,6 @@ import pytest
 from npubuild import api
 from npubuild.build.cache import Cache
 from npubuild.build.paths import MANIFEST
-from npubuild.stages import importer
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    counter = {"import": 0}
-    real = importer.run
-
-    def counting(ctx):
-        counter["import"] += 1
-        return real(ctx)
-
-    monkeypatch.setattr(importer, "run", counting)
-    return counter
 
 
 def build(recipe, tmp_path, cache=None):

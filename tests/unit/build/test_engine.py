@@ -15,22 +15,7 @@ import pytest
 
 from npubuild import api
 from npubuild.build.hashing import sha256_file
-from npubuild.stages import importer
 from tests.conftest import REPO, TINY_RECIPE, write_recipe
-
-
-@pytest.fixture
-def calls(monkeypatch):
-    """Counts how often the import stage function really runs."""
-    counter = {"import": 0}
-    real = importer.run
-
-    def counting(ctx):
-        counter["import"] += 1
-        return real(ctx)
-
-    monkeypatch.setattr(importer, "run", counting)
-    return counter
 
 
 def build(recipe, tmp_path, stage="import"):
@@ -115,8 +100,7 @@ def test_report_and_lock_record_stage_status_and_artifact_hashes(tiny_recipe, tm
 SLOW_STAGE_SCRIPT = textwrap.dedent("""
     import sys, time
     from npubuild import api
-    from npubuild.stages import importer
-    real = importer.run
+        real = importer.run
     def slow(ctx):
         out = real(ctx)
         (ctx.out / "model.onnx").write_bytes(b"half-written")

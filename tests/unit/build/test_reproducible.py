@@ -50,13 +50,23 @@ def test_two_clean_builds_of_the_tiny_recipe_are_byte_identical(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_clean_builds_of_yolov8n_are_byte_identical(tmp_path):
+def test_a_clean_yolov8n_build_is_byte_identical_to_the_shared_one(tmp_path, yolov8_build):
+    """The session's shared build (its own process, directory, cache and random hash seed)
+    against one more clean build here: one extra YOLOv8n build, not two."""
     from tests.conftest import REPO
 
-    recipe = tmp_path / "yolov8.yaml"
-    recipe.write_text((REPO / "recipes" / "yolov8.yaml").read_text())
-    assert_identical(clean_build(tmp_path / "one", recipe, "7"),
-                     clean_build(tmp_path / "two", recipe, "9001"))
+    work = tmp_path / "elsewhere"
+    (work / "recipes").mkdir(parents=True)
+    shutil.copy(REPO / "recipes" / "yolov8.yaml", work / "recipes" / "yolov8.yaml")
+    result = run_cli("run", "recipes/yolov8.yaml", "--build-dir", "out", "--cache", "store",
+                     cwd=work, env={"PYTHONHASHSEED": "9001"})
+    assert result.returncode == 0, result.stderr
+    mine, shared = work / "out" / "yolov8n", yolov8_build
+    keys = [{s: v["key"] for s, v in json.loads((d / "report.json").read_text())["stages"].items()}
+            for d in (mine, shared)]
+    assert keys[0] == keys[1] and all(keys[0].values())
+    assert_identical({"keys": keys[0], "build": tree(mine), "cache": {}},
+                     {"keys": keys[1], "build": tree(shared), "cache": {}})
 
 
 @pytest.mark.parametrize("data", ['"pkg:skimage/data/nothing_here*.png"', "[]",
