@@ -323,7 +323,7 @@ def main() -> int:
     total = time.perf_counter() - started
     located = tally["exit2_located"] / max(tally["exit2"], 1)
     print("| recipes | runs | exit 0 / 1 / 2 / other | tracebacks | exit 2 with file:line:col "
-          f"| slowest run | peak memory | failures | wall time |")
+          "| slowest run | peak memory | failures | wall time |")
     print("|---|---|---|---|---|---|---|---|---|")
     codes = tally["codes"]
     other = sum(v for k, v in codes.items() if k not in (0, 1, 2))

@@ -100,7 +100,8 @@ def test_report_and_lock_record_stage_status_and_artifact_hashes(tiny_recipe, tm
 SLOW_STAGE_SCRIPT = textwrap.dedent("""
     import sys, time
     from npubuild import api
-        real = importer.run
+    from npubuild.stages import importer
+    real = importer.run
     def slow(ctx):
         out = real(ctx)
         (ctx.out / "model.onnx").write_bytes(b"half-written")
