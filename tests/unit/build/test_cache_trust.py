@@ -197,3 +197,16 @@ def test_cache_gc_removes_entries_failing_their_hash_and_keeps_good_ones(tiny_re
     gc = cli("cache", "gc", "--cache", str(session.cache.root))
     assert gc.returncode == 0 and "removed 1 corrupt entries and 0 orphans" in gc.stdout
     assert not session.cache.entry(key).exists()
+
+
+def test_a_read_only_build_dir_is_a_clear_user_error(tiny_recipe, tmp_path, monkeypatch):
+    """(Root ignores chmod, so the read-only mount is simulated where the lock opens.)"""
+    from npubuild.build import lock
+    from npubuild.errors import UserError
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(lock.os, "open", read_only)
+    with pytest.raises(UserError, match="cannot lock the build directory .*Read-only file system"):
+        build(tiny_recipe, tmp_path)
