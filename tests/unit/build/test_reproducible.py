@@ -61,7 +61,7 @@ def test_a_clean_yolov8n_build_is_byte_identical_to_the_shared_one(tmp_path, yol
     result = run_cli("run", "recipes/yolov8.yaml", "--build-dir", "out", "--cache", "store",
                      cwd=work, env={"PYTHONHASHSEED": "9001"})
     assert result.returncode == 0, result.stderr
-    mine, shared = work / "out" / "yolov8n", yolov8_build
+    mine, shared = work / "out" / "yolov8n", yolov8_build[0]
     keys = [{s: v["key"] for s, v in json.loads((d / "report.json").read_text())["stages"].items()}
             for d in (mine, shared)]
     assert keys[0] == keys[1] and all(keys[0].values())
