@@ -156,7 +156,8 @@ def _check_npy_header(fh, available: int, path: Path, what: str) -> None:
     except (ValueError, OSError, EOFError, SyntaxError) as exc:
         raise _error(path, f"{what} is not a .npy array ({exc})") from None
     if dtype.hasobject:
-        raise _error(path, f"{what} holds Python objects, not numbers")
+        raise _error(path, f"cannot read the array file: {what} holds Python objects, not numbers",
+                     hint="save plain numeric arrays with numpy.save / numpy.savez")
     declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
     holds = available - fh.tell()
     if declared > min(holds, MAX_ARRAY_BYTES):
