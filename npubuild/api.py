@@ -109,6 +109,35 @@ def recipe_at_revision(recipe: Path, rev: str) -> Iterator[Path]:
         os.unlink(tmp)
 
 
+def diff_inputs(recipes: list[Path], revs: list[str], stack) -> tuple[list[Path], tuple[str, str]]:
+    """The two recipe files `npubuild diff` compares, and their labels: ``A.yaml B.yaml``, or one
+    recipe with ``--rev REV`` (vs the working copy), ``--rev A..B`` or ``--rev A --rev B``
+    (git revisions, checked out into temporary files that ``stack`` removes)."""
+    revs = [part for rev in revs for part in _rev_range(rev)]
+    if not revs:
+        if len(recipes) != 2:
+            raise UserError("give two recipes (A.yaml B.yaml) or one recipe with --rev A..B")
+        return list(recipes), (str(recipes[0]), str(recipes[1]))
+    if len(recipes) != 1 or len(revs) > 2:
+        raise UserError("with --rev give one recipe and a revision (REV, A..B, or --rev twice)")
+    recipe = recipes[0]
+    paths = [stack.enter_context(recipe_at_revision(recipe, r)) for r in revs]
+    labels = [f"{recipe}@{r}" for r in revs]
+    if len(revs) == 1:
+        paths.append(recipe)
+        labels.append(f"{recipe} (working copy)")
+    return paths, (labels[0], labels[1])
+
+
+def _rev_range(rev: str) -> list[str]:
+    if ".." not in rev:
+        return [rev]
+    first, _, second = rev.partition("..")
+    if not first or not second or second.startswith("."):
+        raise UserError(f"--rev {rev}: give a range as A..B (two revisions)")
+    return [first, second]
+
+
 def placements(session: BuildSession) -> list:
     """Per node of the fused model: NPU or CPU on the recipe's chip, and why (builds up to
     `fusion` first, from the cache when it can)."""
