@@ -138,6 +138,30 @@ def _rev_range(rev: str) -> list[str]:
     return [first, second]
 
 
+VIEWABLE = {"import": "model.onnx", "surgery": "model.onnx", "fusion": "model.onnx",
+            "split": "graph_{graph}.onnx", "quantize": "graph_{graph}.qdq.onnx"}
+
+
+def model_file(session: BuildSession, stage: str = "fusion", graph: int | None = None) -> Path:
+    """The ONNX model a stage wrote (a submodel for `split`, its QDQ model for `quantize`),
+    built (or restored from the cache) first."""
+    if stage not in VIEWABLE:
+        raise UserError(f"stage {stage!r} writes no ONNX model to view",
+                        hint=f"choose one of {', '.join(VIEWABLE)}")
+    build(session, stage)
+    directory = session.paths.stage_dir(stage)
+    if "{graph}" not in VIEWABLE[stage]:
+        return directory / VIEWABLE[stage]
+    found = sorted(directory.glob(VIEWABLE[stage].format(graph="*")))
+    if graph is None and found:
+        return found[0]
+    path = directory / VIEWABLE[stage].format(graph=graph)
+    if not path.is_file():
+        raise UserError(f"{stage} wrote no {path.name}",
+                        hint="its models: " + (", ".join(p.name for p in found) or "none"))
+    return path
+
+
 def placements(session: BuildSession) -> list:
     """Per node of the fused model: NPU or CPU on the recipe's chip, and why (builds up to
     `fusion` first, from the cache when it can)."""

@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, help="write the outputs to this .npz")
     p.add_argument("--float", action="store_true",
                    help="run the float submodels (no quantization, no simulator)")
+    p = command("view", cmd_view, "open a stage's ONNX model in Netron (or print its path)",
+                build_opts=True)
+    p.add_argument("stage", nargs="?", default="fusion",
+                   choices=["import", "surgery", "fusion", "split", "quantize"],
+                   help="whose model (default: fusion, the whole model after rewrites)")
+    p.add_argument("--graph", type=int, metavar="N", help="split/quantize: submodel N (default: the first)")
     p = command("diff", cmd_diff, "compare two recipes (or two git revisions of one): which "
                 "stages differ and why, and how the metrics moved", recipe=False,
                 build_opts=True, json_opt=True)
@@ -302,6 +308,27 @@ def cmd_infer(args) -> int:
         for k, v in summary.items():
             print(f"{k}: shape {v['shape']} {v['dtype']}  min {v['min']:.4g}  max {v['max']:.4g}  "
                   f"mean {v['mean']:.4g}")
+    return EXIT_OK
+
+
+def cmd_view(args) -> int:
+    import importlib.util
+
+    from npubuild import api
+
+    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache)
+    path = api.model_file(session, args.stage, args.graph)
+    if importlib.util.find_spec("netron") is None:
+        print(path)
+        print("Netron is not installed: `pip install netron` (or npubuild[view]) to open it here, "
+              "or open the file above in any ONNX viewer", file=sys.stderr)
+        return EXIT_OK
+    import netron
+
+    host, port = netron.start(str(path))  # serves the file and opens the browser
+    print(path)
+    print(f"Netron: http://{host}:{port} (Ctrl+C stops it)", file=sys.stderr)
+    netron.wait()
     return EXIT_OK
 
 
