@@ -76,6 +76,48 @@ def _num(v: Any) -> str:
     return f"{v:.2f}" if isinstance(v, (int, float)) else "—"
 
 
+# -- calibration histograms --------------------------------------------------------------------
+def histogram_chart(row: dict) -> str:
+    """One tensor's float values over its quantized range (log counts), with what the range
+    clips on either side: a range too wide wastes levels, too narrow clips."""
+    hist = row.get("histogram") or {}
+    counts, span = hist.get("counts"), hist.get("range")
+    if not counts or not span or len(span) != 2:
+        return ""
+    width, height, left, top, plot_h = 372, 170, 10, 34, 96
+    plot_w = width - 2 * left
+    peak = math.log10(1 + max(counts)) or 1.0
+    step = plot_w / len(counts)
+    name = str(row.get("tensor"))
+    body = [_text(left, 13, _clip_middle(name, 52), extra=' font-weight="600"'),
+            _text(left, 27, f"cosine {row.get('cosine', 0):.6f} · {row.get('kind', '')} · "
+                  f"{row.get('graph', '')}", extra=' fill="#57606a"'),
+            f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="#fbfbfb" '
+            'stroke="#d0d7de"/>']
+    lo, hi = span
+    for i, c in enumerate(counts):
+        h = math.log10(1 + c) / peak * plot_h
+        a, b = lo + (hi - lo) * i / len(counts), lo + (hi - lo) * (i + 1) / len(counts)
+        body.append(f'<rect x="{left + i * step:.1f}" y="{top + plot_h - h:.1f}" '
+                    f'width="{max(step - 0.5, 0.5):.1f}" height="{h:.1f}" fill="#4e79a7">'
+                    f"<title>[{a:.4g}, {b:.4g}): {c:,} values</title></rect>")
+    total = sum(counts) + hist.get("below", 0) + hist.get("above", 0)
+    clipped = (hist.get("below", 0) + hist.get("above", 0)) / total if total else 0.0
+    body += [_text(left, top + plot_h + 14, f"{lo:.4g}"),
+             _text(left + plot_w, top + plot_h + 14, f"{hi:.4g}", "end"),
+             _text(left + plot_w / 2, top + plot_h + 14, "quantized range", "middle",
+                   ' fill="#57606a"'),
+             _text(left, top + plot_h + 30,
+                   f"seen {hist.get('min', 0):.4g} … {hist.get('max', 0):.4g}; clipped "
+                   f"{clipped:.3%} ({hist.get('below', 0):,} below, {hist.get('above', 0):,} above)",
+                   extra=' fill="#c62828"' if clipped > 0.001 else "")]
+    return svg(width, height, body, f"calibration histogram of {name}")
+
+
+def _clip_middle(text: str, keep: int) -> str:
+    return text if len(text) <= keep else text[: keep // 2 - 1] + "…" + text[-(keep // 2):]
+
+
 # -- LMEM timeline -------------------------------------------------------------------------------
 def lmem_timeline(group: dict, capacity: int, bank_bytes: int | None = None) -> str:
     """Buffers of one layer group: x = timestep, y = LMEM address per lane; then the bytes

@@ -42,7 +42,24 @@ def quantization_section(a: BuildArtifacts) -> str:
                                      (a.recipe.get("verify") or {}).get("min_cosine"))
     if chart:
         out += f"<h3>Error per layer, input to output</h3><figure>{chart}</figure>"
+    out += _histograms(tensors)
     return out + _layers(tensors) + _ranges(calibration)
+
+
+HISTOGRAMS_SHOWN = 6
+
+
+def _histograms(tensors: list[dict]) -> str:
+    """Calibration histograms of the worst tensors that recorded one (quantize keeps them for
+    its worst few)."""
+    worst = sorted((t for t in tensors if t.get("histogram")), key=_worst_first)[:HISTOGRAMS_SHOWN]
+    if not worst:
+        return ""
+    cells = "".join(f"<figure>{charts.histogram_chart(t)}</figure>" for t in worst)
+    return (f"<h3>Calibration histograms of the {len(worst)} worst tensors</h3>"
+            f'<div class="gallery">{cells}</div>'
+            + para("float values on the verify data over each tensor's quantized range "
+                   "(log counts); values outside the range are clipped", "note"))
 
 
 def network_order(a: BuildArtifacts, tensors: list[dict]) -> list[dict]:

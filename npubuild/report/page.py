@@ -81,7 +81,7 @@ svg.chart { display: block; max-width: 100%; height: auto; font: 12px system-ui,
 svg.chart text { fill: #1f2328; } svg.chart .axis { stroke: #8c959f; }
 svg.chart rect:hover, svg.chart path.hover:hover { stroke: #111; stroke-width: 1.5; }
 .gallery { display: flex; flex-wrap: wrap; gap: 12px; }
-.gallery figure { flex: 0 1 300px; margin: 0; }
+.gallery figure { flex: 0 1 372px; margin: 0; }
 """
 
 PAGE = Template("""<!DOCTYPE html>

@@ -39,7 +39,8 @@ def nodes_and_edges(infos: dict, support: dict | None) -> tuple[list[dict], list
     ops: dict[int, Counter] = {}
     for node in (support or {}).get("nodes") or []:
         if isinstance(node.get("graph"), int) and node.get("op") != "Constant":
-            ops.setdefault(node["graph"], Counter())[node.get("op")] += 1
+            op = str(node.get("op")).removeprefix("fused op ")  # support.json's label
+            ops.setdefault(node["graph"], Counter())[op] += 1
     vertices, edges, seen = [], [], set()
 
     def tensor(name: str) -> str:
