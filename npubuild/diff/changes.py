@@ -7,7 +7,6 @@ sixty characters.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any

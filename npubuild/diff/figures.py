@@ -25,6 +25,7 @@ COSINES = (  # (label prefix, path to {name: metrics}) in the order a reviewer r
     ("cosine output", ("accuracy", "outputs")),
     ("cosine NPU hand-over", ("verify", "npu_outputs")),
     ("cosine slice", ("verify", "slices")),
+    ("cosine slice", ("accuracy", "slices")),
 )
 
 

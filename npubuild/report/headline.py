@@ -52,6 +52,9 @@ def tiles(a: BuildArtifacts, verdict: tuple[str, str], limits: dict) -> list[tup
     split, estimate = report.get("split") or {}, report.get("estimate") or {}
     kind, text = verdict
     limit_text = ", ".join(f"{k} {exact(v)}" for k, v in limits.items()) or "no thresholds"
+    task = (a.json("verify/verify.json") or {}).get("task")
+    if isinstance(task, dict) and isinstance(task.get("agreement"), (int, float)):
+        limit_text += f"; {task.get('agreement_is', 'task agreement')} {task['agreement']:.3f}"
     out = [("verdict", f'<span class="badge big {esc(kind)}">{esc(text)}</span>', esc(limit_text))]
     cosines = worst_cosines(a)
     if cosines:
