@@ -37,6 +37,7 @@ window.addEventListener("load", () => {
 </body>"""
 CROPS = {  # file: (from the top of, to the bottom of)
     "report-headline.png": (None, "stages"),
+    "report-verify.png": ("verify", "verify"),
     "report-split.png": ("segments", "segments"),
     "report-quantization.png": ("quantization", "histograms"),
     "report-lmem.png": ("lmem", "lmem"),
