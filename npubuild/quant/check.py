@@ -130,7 +130,7 @@ class TensorComparison:
 
     FIELDS = ("cosine", "euclid", "sqnr_db", "max_abs")
     HISTOGRAM_BINS = 48
-    HISTOGRAM_SAMPLE = 65536  # elements per tensor and sample (every k-th): enough for a shape
+    HISTOGRAM_SAMPLE = 16384  # elements per tensor and sample (every k-th): enough for a shape
 
     def __init__(self, qgraph: QGraph):
         self.qgraph = qgraph
