@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from npubuild.report import charts
+from npubuild.report import charts, timeline
 from npubuild.report.artifacts import BuildArtifacts
 from npubuild.report.html import Raw, details, esc, fmt, generic, kv_table, para, table
 
@@ -146,7 +146,7 @@ def lmem_section(a: BuildArtifacts) -> str:
         capacity, bank = chip.get("lmem_bytes_per_lane"), chip.get("bank_bytes")
         npu = [g for g in plan.get("groups") or [] if g.get("device", "npu") == "npu"]
         for i, group in enumerate(npu[:PICTURE_LIMIT]):
-            figure = charts.lmem_timeline(group, capacity or 0, bank)
+            figure = timeline.lmem_timeline(group, capacity or 0, bank)
             if not figure:
                 continue
             summary = (f"LMEM timeline of group {group.get('index')}: "

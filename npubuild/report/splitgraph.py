@@ -65,31 +65,37 @@ def nodes_and_edges(infos: dict, support: dict | None) -> tuple[list[dict], list
     return vertices, edges
 
 
-def split_graph_svg(infos: dict, support: dict | None) -> str:
-    """The inline SVG, or "" when there is nothing to draw."""
+def layout(vertices: list[dict], edges: list[tuple[str, str]]) -> tuple[dict, list]:
+    """grandalf's Sugiyama layout, top-down with the box sides swapped (drawn left-right):
+    the placed vertices by id and, per edge, its view with the bend points."""
     from grandalf.graphs import Edge, Graph, Vertex
     from grandalf.layouts import SugiyamaLayout
 
-    vertices, edges = nodes_and_edges(infos, support)
-    if not vertices:
-        return ""
     by_id = {}
     for v in vertices:
         vertex = Vertex(v["id"])
         w, h = (SEGMENT_W, SEGMENT_H) if v["kind"] == "segment" else (TENSOR_W, TENSOR_H)
-        vertex.view = _View(h + 12, w)  # laid out top-down, drawn left-right: swap the sides
+        vertex.view = _View(h + 12, w)
         by_id[v["id"]] = vertex
     links = []
     for a, b in edges:
         edge = Edge(by_id[a], by_id[b])
         edge.view = _EdgeView()
         links.append(edge)
-    graph = Graph(list(by_id.values()), links)
-    for component in graph.C:
-        layout = SugiyamaLayout(component)
-        layout.yspace, layout.xspace = GAP_LAYERS, 12
-        layout.init_all()
-        layout.draw()
+    for component in Graph(list(by_id.values()), links).C:
+        sugiyama = SugiyamaLayout(component)
+        sugiyama.yspace, sugiyama.xspace = GAP_LAYERS, 12
+        sugiyama.init_all()
+        sugiyama.draw()
+    return by_id, links
+
+
+def split_graph_svg(infos: dict, support: dict | None) -> str:
+    """The inline SVG, or "" when there is nothing to draw."""
+    vertices, edges = nodes_and_edges(infos, support)
+    if not vertices:
+        return ""
+    by_id, links = layout(vertices, edges)
     # grandalf's y runs along the layers: it becomes our x
     xs = [by_id[v["id"]].view.xy[1] for v in vertices]
     ys = [by_id[v["id"]].view.xy[0] for v in vertices]
@@ -105,14 +111,14 @@ def split_graph_svg(infos: dict, support: dict | None) -> str:
             'markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" '
             'fill="#57606a"/></marker></defs>']
     for edge, (a, b) in zip(links, edges):
-        body.append(_edge(edge.view.points, by_id[a], by_id[b], vertices, at))
+        body.append(_edge(edge.view.points, by_id[a], by_id[b], at))
     for v in vertices:
         cx, cy = at(by_id[v["id"]].view.xy)
         body.append(_segment(v, cx, cy) if v["kind"] == "segment" else _tensor(v, cx, cy))
     return svg(width, height, body, "split graph: segments and the tensors between them")
 
 
-def _edge(points, a, b, vertices, at) -> str:
+def _edge(points, a, b, at) -> str:
     """A path from the right side of ``a`` to the left side of ``b`` through grandalf's bends."""
     pts = [at(p) for p in points] if points else [at(a.view.xy), at(b.view.xy)]
     start, end = at(a.view.xy), at(b.view.xy)

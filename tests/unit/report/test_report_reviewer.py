@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 
 from npubuild.report import SECTIONS, render_report
-from npubuild.report.charts import WIDTH, layer_error_chart, live_bytes, lmem_timeline
+from npubuild.report.charts import WIDTH, layer_error_chart
+from npubuild.report.timeline import live_bytes, lmem_timeline
 from npubuild.report.splitgraph import nodes_and_edges, split_graph_svg
 
 
