@@ -316,8 +316,9 @@ class BuildSession:
 
     def _built_seconds(self, result: StageResult, before: dict | None) -> float | None:
         """Seconds of the run that built the stage's current artifacts: this run's when it
-        built them, else what an earlier report.json (or the manifest) kept for the same key;
-        None when no run on this machine timed them (restored from someone else's cache)."""
+        built them, else what an earlier report.json kept for the same key (or the manifest of a
+        build older than timing-free manifests); None when no run on this machine timed them
+        (restored from someone else's cache)."""
         if result.status == "built":
             return round(result.seconds, 3)
         if not result.key:
