@@ -115,7 +115,7 @@ def cut_outputs(loaded: LoadedRecipe, model: onnx.ModelProto) -> onnx.ModelProto
 
 def convert_opset(loaded: LoadedRecipe, model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     try:
-        return onnx.version_converter.convert_version(model, opset)
+        return onnx_io.convert_version(model, opset)
     except Exception as exc:
         raise loaded.error(f"cannot convert the model to opset {opset}: {exc}", "model", "opset") from None
 
