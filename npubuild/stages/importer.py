@@ -2,12 +2,13 @@
 
 ONNX sources are loaded directly; TensorFlow (frozen graph, SavedModel, Keras) and TFLite
 sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when needed).
-Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred and the
-checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the
-proof inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first
-calibration sample, else seeded random values), saved as ``proof_inputs.npz`` for every later
-proof (ONNX: ONNX Runtime on the original, bit-identical; TF/TFLite: the source framework,
-within 1e-4 of the scale of the values involved).
+Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
+arithmetic the fixed shapes make constant is folded; `npubuild.frontends.onnx`) and the checker
+runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
+inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
+sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
+ONNX Runtime on the original, bit-identical; TF/TFLite: the source framework, within 1e-4 of the
+scale of the values involved).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import onnx
 from npubuild import onnx_io, proofs
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError
+from npubuild.frontends import onnx as onnx_frontend
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import StageContext
 
@@ -40,7 +42,7 @@ def run(ctx: StageContext) -> dict:
     loaded = ctx.loaded
     fmt = loaded.model_format
     if fmt == "onnx":
-        source = onnx_io.load_model(loaded.model_path)
+        source = onnx_frontend.normalise_ir(onnx_io.load_model(loaded.model_path))
         model = fix_inputs(loaded, source)
     else:
         from npubuild.frontends import tensorflow as tf_frontend
@@ -53,7 +55,7 @@ def run(ctx: StageContext) -> dict:
         model = cut_outputs(loaded, model)
     if loaded.recipe.model.opset and fmt == "onnx":
         model = convert_opset(loaded, model, loaded.recipe.model.opset)
-    model = infer_shapes(model)
+    model = onnx_frontend.resolve_shapes(model, declared=source or model)
     check(model)
     feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
     proof = prove(loaded, fmt, source, model, feeds)
