@@ -316,6 +316,46 @@ def input_scales(model: onnx.ModelProto, values: Mapping[str, np.ndarray],
             for name in tensors if name in producers}
 
 
+LINEAR = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+def products_scales(model: onnx.ModelProto, values: Mapping[str, np.ndarray],
+                    tensors: Iterable[str]) -> dict[str, float]:
+    """Per tensor a Conv, ConvTranspose, Gemm or MatMul of ``model`` computes: the largest
+    sum of the magnitudes of the products it adds up, Σ|w||x| (the same node run on |x| and
+    |w|). A dot product's float rounding is bounded relative to that sum, not to its result:
+    folding a BatchNormalization scale into the weights moves the rounding by it."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    out = {}
+    for name in tensors:
+        node = producers.get(name)
+        if node is None or node.op_type not in LINEAR or node.domain not in ("", "ai.onnx"):
+            continue
+        operands = {i: np.abs(values[i] if i in values else inits[i]) for i in node.input
+                    if i and (i in values or i in inits)}
+        if len(operands) < len([i for i in node.input if i]):
+            continue
+        out[name] = _magnitude(_run_node(model, node, operands)[0])
+    return out
+
+
+def _run_node(model: onnx.ModelProto, node: onnx.NodeProto, feeds: Mapping[str, np.ndarray]):
+    single = onnx.NodeProto()
+    single.CopyFrom(node)
+    for attr in single.attribute:  # |alpha|, |beta|: every product counted positive
+        if attr.name in ("alpha", "beta"):
+            attr.f = abs(attr.f)
+    graph = onnx.helper.make_graph(
+        [single], "products",
+        [onnx.helper.make_tensor_value_info(k, onnx.helper.np_dtype_to_tensor_dtype(v.dtype),
+                                            list(v.shape)) for k, v in feeds.items()],
+        [onnx.ValueInfoProto(name=o) for o in node.output if o])
+    probe = onnx.helper.make_model(graph, opset_imports=list(model.opset_import),
+                                   ir_version=onnx_io.MAX_ORT_IR_VERSION)
+    return list(onnx_io.run(probe, feeds).values())
+
+
 def producer_inputs(model: onnx.ModelProto, tensors: Sequence[str]) -> list[str]:
     """The non-constant tensors the producers of ``tensors`` read (to run them as outputs)."""
     producers = {o: n for n in model.graph.node for o in n.output}

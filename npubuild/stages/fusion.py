@@ -162,6 +162,8 @@ class _Proof:
         names = [*outputs, *rewritten]
         reference = {t: self.reference[t] for t in names}
         scales = proofs.input_scales(before, self.reference, names)
+        for name, scale in proofs.products_scales(model, actual, rewritten).items():
+            scales[name] = max(scales.get(name, 0.0), scale)
         sims, bad = proofs.compare(reference, actual, tolerance=tolerance, scales=scales)
         if bad:
             what = "outputs" if bad[0].tensor in outputs else "values"

@@ -174,3 +174,30 @@ def test_the_proofs_print_nothing_of_onnx_runtime(speech):
                      "--cache", str(speech / "cache"))
     assert result.returncode == 0, result.stderr
     assert "onnxruntime" not in result.stderr.lower() and "[W:" not in result.stderr
+
+
+@pytest.mark.slow
+def test_pp_ocr_det_is_proven_on_its_calibration_image(tmp_path, shared_cache):
+    from npubuild.quant.data import InputInfo, image_tensor
+    from npubuild.recipe.model import Preprocess
+    from npubuild.recipe.paths import package_dir
+
+    pre = "{resize: [320, 320], scale: 0.00392156862745098, mean: [0.485, 0.456, 0.406], " \
+          "std: [0.229, 0.224, 0.225]}"
+    recipe = write_recipe(tmp_path, f"""\
+version: 1
+name: det
+model:
+  path: pkg:rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx
+  inputs: [{{name: x, shape: [1, 3, 320, 320], layout: NCHW, preprocess: {pre}}}]
+quantization: {{calibration: {{data: "pkg:skimage/data/text.png"}}}}
+""")
+    result = run_cli("run", str(recipe), "import", "--build-dir", str(tmp_path / "build"),
+                     "--cache", str(shared_cache))
+    assert result.returncode == 0, result.stderr
+    image = package_dir("skimage") / "data" / "text.png"
+    spec = load_recipe(recipe).recipe.model.inputs[0]
+    expected = image_tensor(image, InputInfo("x", (1, 3, 320, 320), "float32", "NCHW",
+                                             Preprocess(**spec.preprocess.model_dump())))
+    with np.load(tmp_path / "build" / "det" / "import" / proofs.FILE_NAME) as saved:
+        np.testing.assert_array_equal(saved["x"], expected)
