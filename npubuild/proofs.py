@@ -59,7 +59,7 @@ def make_feeds(model: onnx.ModelProto, loaded: "LoadedRecipe | None" = None,
         index, spec = specs.get(value.name, (None, None))
         if spec is not None:
             feeds[value.name] = _from_recipe(loaded, index, spec, value.name, shape, dtype, rng)
-        elif sample is not None and value.name in sample:
+        elif sample is not None and np.size(sample.get(value.name, ())) == int(np.prod(shape)):
             feeds[value.name] = np.reshape(np.asarray(sample[value.name]), shape).astype(dtype)
         else:
             feeds[value.name] = _random(rng, shape, dtype)
@@ -103,7 +103,8 @@ def _from_recipe(loaded, index: int, spec, name: str, shape: list[int], dtype: n
     if spec.values is not None:
         values, field = np.asarray(spec.values), "values"
     else:
-        values, field = _read_file(loaded, loaded.resolve(spec.data, *where, "data"), name), "data"
+        path = loaded.resolve(spec.data, *where, "data")
+        values, field = _read_file(loaded, path, name, (*where, "data")), "data"
     size = int(np.prod(shape))
     if values.size not in (1, size):
         raise loaded.error(f"input {name!r} takes {size} value(s) (shape {shape}), the proof "
@@ -117,8 +118,7 @@ def _from_recipe(loaded, index: int, spec, name: str, shape: list[int], dtype: n
                            shape).copy()
 
 
-def _read_file(loaded, path: Path, name: str) -> np.ndarray:
-    where = ("model", "inputs")
+def _read_file(loaded, path: Path, name: str, where: tuple) -> np.ndarray:
     if not path.is_file() or path.suffix.lower() not in (".npy", ".npz"):
         raise loaded.error(f"proof data {str(path)!r} is not a .npy or .npz file", *where)
     try:

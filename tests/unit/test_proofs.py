@@ -86,6 +86,18 @@ def test_compare_judges_a_difference_against_the_scale_of_the_values_involved():
     assert "of 12, the magnitude of the values it is computed from" in str(bad[0])
 
 
+def test_a_dot_products_scale_is_the_sum_of_its_products_magnitudes():
+    """x·w cancels to ~0, but its rounding is bounded by Σ|x||w| = 2000·(1 + 1)."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+        [numpy_helper.from_array(np.full((2, 1), 1000, np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    x = np.array([[1.0, -1.0]], np.float32)
+    assert proofs.products_scales(model, {"x": x}, ["y"]) == {"y": 2000.0}
+
+
 # ---- a speech-style model: an integer sample rate selects a branch and sizes the frames -------
 
 def speech_model() -> onnx.ModelProto:
