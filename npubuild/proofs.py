@@ -162,6 +162,21 @@ def calibration_sample(loaded: "LoadedRecipe", model: onnx.ModelProto
         return None
 
 
+def recipe_files(loaded: "LoadedRecipe") -> list[Path]:
+    """The ``model.inputs[].proof.data`` files (part of the import stage's key); a missing one
+    is a recipe error located at its field."""
+    files = []
+    for index, spec in enumerate(loaded.recipe.model.inputs):
+        if spec.proof is not None and spec.proof.data:
+            where = ("model", "inputs", index, "proof", "data")
+            path = loaded.resolve(spec.proof.data, *where)
+            if not path.is_file():
+                raise loaded.error(f"proof data file not found: {path}", *where,
+                                   hint="paths are relative to the recipe file")
+            files.append(path)
+    return files
+
+
 def calibration_files(loaded: "LoadedRecipe") -> list[Path]:
     """The calibration files the first sample is read from (part of the import stage's key)."""
     spec = loaded.recipe.quantization.calibration

@@ -33,9 +33,7 @@ TF_FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
 def source_files(loaded: LoadedRecipe) -> list[Path]:
     """The source model (a file, or a SavedModel directory) and what the proof inputs are made
     from (recipe proof files, the first calibration sample) are part of the stage's key."""
-    proof_files = [loaded.resolve(s.proof.data, "model", "inputs", i, "proof", "data")
-                   for i, s in enumerate(loaded.recipe.model.inputs) if s.proof and s.proof.data]
-    return [loaded.model_path, *proof_files, *proofs.calibration_files(loaded)]
+    return [loaded.model_path, *proofs.recipe_files(loaded), *proofs.calibration_files(loaded)]
 
 
 def run(ctx: StageContext) -> dict:

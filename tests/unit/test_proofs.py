@@ -213,3 +213,12 @@ quantization: {{calibration: {{data: "pkg:skimage/data/text.png"}}}}
                                              Preprocess(**spec.preprocess.model_dump())))
     with np.load(tmp_path / "build" / "det" / "import" / proofs.FILE_NAME) as saved:
         np.testing.assert_array_equal(saved["x"], expected)
+
+
+def test_a_missing_proof_file_is_a_located_recipe_error(speech):
+    recipe = write_recipe(speech, SPEECH.format(proof=", proof: {data: missing.npy}"))
+    result = run_cli("run", str(recipe), "import", "--build-dir", str(speech / "build"),
+                     "--cache", str(speech / "cache"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "recipe.yaml:7:" in result.stderr
+    assert "model.inputs[1].proof.data: proof data file not found" in result.stderr
