@@ -234,7 +234,13 @@ class BuildSession:
         upstream = {u: self.paths.stage_dir(u) for u in stage.needs}
         ctx = StageContext(self.loaded, self.chip if stage.uses_chip else None, upstream,
                            scratch, self.progress)
-        report = stage.function()(ctx) or {}
+        try:
+            report = stage.function()(ctx) or {}
+        except BuildError as exc:
+            if exc.stage:
+                raise
+            raise BuildError(exc.message, stage=stage.name, location=exc.location,
+                             field=exc.field, hint=exc.hint) from None  # say which stage failed
         files = {p.relative_to(scratch).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
                  for p in sorted(scratch.rglob("*")) if p.is_file() and not p.is_symlink()}
         # the manifest is an artifact too: no timings in it (they go to report.json)
