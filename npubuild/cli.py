@@ -92,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     command("clean", cmd_clean, "delete the recipe's build directory (the cache is kept)",
             build_opts=True)
     p = command("schema", cmd_schema, "print a JSON Schema", recipe=False)
-    p.add_argument("which", nargs="?", choices=["recipe", "chip"], default="recipe")
+    from npubuild.schemas import NAMES as SCHEMA_NAMES
+
+    p.add_argument("which", nargs="?", choices=SCHEMA_NAMES, default="recipe")
     p = command("targets", cmd_targets, "list the built-in target chips, or check a recipe's "
                 "model against its chip", recipe=False, json_opt=True, build_opts=True)
     p.add_argument("--check", type=Path, metavar="RECIPE",
