@@ -28,8 +28,11 @@ TF_FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
 
 
 def source_files(loaded: LoadedRecipe) -> list[Path]:
-    """The source model (a file, or a SavedModel directory) is part of the stage's key."""
-    return [loaded.model_path]
+    """The source model (a file, or a SavedModel directory) is part of the stage's key; a missing
+    one is the recipe's error (so plain `doit` reports it as the failing task, not a crash)."""
+    from npubuild.recipe import check_model_file
+
+    return [check_model_file(loaded)]
 
 
 def run(ctx: StageContext) -> dict:
