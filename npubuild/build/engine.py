@@ -28,6 +28,8 @@ from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
 
 NOT_IMPLEMENTED = "not built: not implemented yet"
+# What `plan` says for each outcome of `run` (a test compares the two).
+PLANNED = {"cached": "cached", "restored": "will restore", "built": "will run"}
 
 
 @dataclass
@@ -38,9 +40,20 @@ class StageResult:
     key: str | None = None
     reason: str = ""
     report: dict[str, Any] = field(default_factory=dict)
+    built_seconds: float | None = None  # the stage function's time in the run that built it
+
+    @property
+    def passed(self) -> bool:
+        """False when the stage ran but one of its checks says it did not pass (verify)."""
+        return not any(isinstance(section, dict) and section.get("passed") is False
+                       for section in self.report.values())
 
     def as_dict(self) -> dict:
-        out = {"status": self.status, "seconds": round(self.seconds, 3), "key": self.key}
+        """``seconds``: how long the stage took to build (kept when a later run finds it cached
+        or restores it); ``run_seconds``: what this run spent on it."""
+        seconds = self.seconds if self.built_seconds is None else self.built_seconds
+        out = {"status": self.status, "seconds": round(seconds, 3),
+               "run_seconds": round(self.seconds, 3), "key": self.key}
         if self.reason:
             out["reason"] = self.reason
         return out
@@ -123,35 +136,51 @@ class BuildSession:
         manifest = self.current_manifest(stage, parts.key)
         if manifest is None:
             return False
-        self._record(StageResult(stage.name, "cached", 0.0, parts.key, report=manifest.get("report", {})))
+        self._record_cached(stage, parts.key, manifest)
         return True
 
+    def _record_cached(self, stage: Stage, key: str, manifest: dict) -> None:
+        self._record(StageResult(stage.name, "cached", 0.0, key, report=manifest.get("report", {}),
+                                 built_seconds=manifest.get("seconds")))
+
     def plan(self, stages: tuple[Stage, ...]) -> list[StageResult]:
-        """What a run would do per stage, and why, without running anything."""
-        out, stale = [], False
+        """What a run would do per stage, and why, without running anything.
+
+        A stage's key follows from its upstream manifests: the build directory's when current,
+        the cache's when it will be restored (the same content). Only downstream of a stage
+        that will really be built is the key unknown until that stage has run."""
+        out: list[StageResult] = []
+        manifests: dict[str, dict | None] = {}
+        statuses: dict[str, str] = {}
         for stage in stages:
-            if not stage.implemented:
-                out.append(StageResult(stage.name, NOT_IMPLEMENTED))
-                stale = True
-                continue
-            try:
-                parts = self.parts(stage)
-            except NpubuildError as exc:  # e.g. its data files are missing: say so, go on
-                out.append(StageResult(stage.name, "cannot run", reason=exc.message))
-                stale = True
-                continue
-            current = self.current_manifest(stage, parts.key)
-            if current and not stale:
-                out.append(StageResult(stage.name, "cached", key=parts.key))
-            elif stale:
-                out.append(StageResult(stage.name, "will run", key=None, reason="an input stage will run first"))
-            else:
-                stale = True
-                old = read_manifest(self.paths.manifest(stage.name))
-                reason = explain_change(old, parts)
-                status = "will restore" if self.cache.manifest(parts.key) else "will run"
-                out.append(StageResult(stage.name, status, key=parts.key, reason=reason))
+            result, manifests[stage.name] = self._plan_one(stage, manifests, statuses)
+            statuses[stage.name] = result.status
+            out.append(result)
         return out
+
+    def _plan_one(self, stage: Stage, manifests: dict[str, dict | None],
+                  statuses: dict[str, str]) -> tuple[StageResult, dict | None]:
+        if not stage.implemented:
+            return StageResult(stage.name, NOT_IMPLEMENTED), None
+        blocked = [u for u in stage.needs if statuses.get(u) not in PLANNED.values()]
+        if blocked:
+            return StageResult(stage.name, "cannot run",
+                               reason=f"{', '.join(blocked)} cannot run"), None
+        waits_for = [u for u in stage.needs if statuses.get(u) == "will run"]
+        if waits_for:
+            return StageResult(stage.name, "will run", reason=f"after {', '.join(waits_for)} "
+                               "is built (its key follows from that output)"), None
+        try:
+            parts = self.parts(stage, {u: manifests.get(u) for u in stage.needs})
+        except NpubuildError as exc:  # e.g. its data files are missing: say so, go on
+            return StageResult(stage.name, "cannot run", reason=exc.message), None
+        current = self.current_manifest(stage, parts.key)
+        if current is not None:
+            return StageResult(stage.name, "cached", key=parts.key), current
+        reason = explain_change(read_manifest(self.paths.manifest(stage.name)), parts)
+        cached = self.cache.manifest(parts.key)
+        return StageResult(stage.name, "will restore" if cached else "will run", key=parts.key,
+                           reason=reason), cached
 
     # -- running one stage ----------------------------------------------------------------
     def execute(self, stage: Stage) -> None:
@@ -159,6 +188,10 @@ class BuildSession:
         started = time.perf_counter()
         parts = self.parts(stage)
         key = parts.key
+        current = self.current_manifest(stage, key)
+        if current is not None:  # doit reruns a task whose upstream manifest was rewritten
+            self._record_cached(stage, key, current)  # even when its own key did not change
+            return
         reason = explain_change(read_manifest(self.paths.manifest(stage.name)), parts)
         self.on_event(StageResult(stage.name, "running", key=key, reason=reason))
         scratch = self.paths.scratch / f"{stage.name}-{uuid.uuid4().hex[:8]}"
@@ -172,7 +205,8 @@ class BuildSession:
             shutil.rmtree(scratch, ignore_errors=True)
             self.hashes.save()
         self._record(StageResult(stage.name, status, time.perf_counter() - started, key,
-                                 reason=reason, report=manifest.get("report", {})))
+                                 reason=reason, report=manifest.get("report", {}),
+                                 built_seconds=manifest.get("seconds")))
 
     def _restore(self, key: str, scratch: Path) -> dict | None:
         if self.cache.manifest(key) is None:
