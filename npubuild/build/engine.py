@@ -168,8 +168,8 @@ class BuildSession:
                                reason=f"{', '.join(blocked)} cannot run"), None
         waits_for = [u for u in stage.needs if statuses.get(u) == "will run"]
         if waits_for:
-            return StageResult(stage.name, "will run", reason=f"after {', '.join(waits_for)} "
-                               "is built (its key follows from that output)"), None
+            return StageResult(stage.name, "will run", reason=f"its input {waits_for[-1]!r} "
+                               "will be built first"), None
         try:
             parts = self.parts(stage, {u: manifests.get(u) for u in stage.needs})
         except NpubuildError as exc:  # e.g. its data files are missing: say so, go on
@@ -258,6 +258,10 @@ class BuildSession:
             if not stage.implemented:
                 status = NOT_IMPLEMENTED
             elif stage not in stages:
+                still = self._still_current(stage)
+                if still is not None:  # built by an earlier run and still current: keep its
+                    self._record(still)  # figures (a partial build, e.g. infer's, drops none)
+                    continue
                 status = "not requested"
             else:
                 status = "skipped" if blocked or self.error else "not built"
@@ -269,6 +273,18 @@ class BuildSession:
         write_json(self.paths.recipe_lock, self.lock_data())
         self.write_html()
         return report
+
+    def _still_current(self, stage: Stage) -> StageResult | None:
+        """A stage this run did not ask for, as "cached" when its artifacts are current."""
+        try:
+            parts = self.parts(stage)
+        except NpubuildError:
+            return None
+        manifest = self.current_manifest(stage, parts.key)
+        if manifest is None:
+            return None
+        return StageResult(stage.name, "cached", 0.0, parts.key, report=manifest.get("report", {}),
+                           built_seconds=manifest.get("seconds"))
 
     def write_html(self) -> None:
         """report.html beside report.json, from this run's artifacts (a page that cannot be
