@@ -50,3 +50,38 @@ def test_schema_command_prints_the_recipe_schema(cli):
     result = cli("schema", "recipe")
     assert result.returncode == 0
     assert json.loads(result.stdout)["title"] == "npubuild recipe"
+
+
+def undescribed(node, path="") -> list[str]:
+    """Every object's property (anywhere in the schema) that has no description."""
+    found = []
+    if isinstance(node, dict):
+        for name, prop in (node.get("properties") or {}).items():
+            if not prop.get("description"):
+                found.append(f"{path}.{name}")
+        for key, value in node.items():
+            found += undescribed(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += undescribed(value, f"{path}[{i}]")
+    return found
+
+
+@pytest.mark.parametrize("which", ["recipe", "chip"])
+def test_every_section_and_field_is_described_in_user_words(which):
+    schema = json.loads(schema_text(which))
+    assert undescribed(schema) == []
+    assert "seed 0" not in schema_text(which)
+
+
+def test_chip_and_fusion_rule_names_are_enums_and_a_chip_file_is_allowed():
+    schema = json.loads(schema_text("recipe"))
+    target = schema["properties"]["target"]["anyOf"]
+    assert target[0]["enum"] == preset_names() and target[1]["pattern"]
+    rules = schema["properties"]["fusion"]["items"]["anyOf"][0]
+    assert "conv_silu" in rules["enum"]
+    jsonschema.validate({"version": 1, "name": "x", "model": {"path": "m.onnx"},
+                         "target": "chips/mine.yaml"}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"version": 1, "name": "x", "model": {"path": "m.onnx"},
+                             "target": "npu-17m"}, schema)
