@@ -52,7 +52,8 @@ def headline_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"NPU coverage {h['npu_nodes']}/{h['nodes']} nodes ({share:.0%})")
     if "fps" in h:
         npu = f" (NPU alone {h['npu_fps']:,.0f})" if "npu_fps" in h else ""
-        lines.append(f"estimated {h['fps']:,.1f} fps{npu}")
+        fps = f"{h['fps']:,.0f}" if h["fps"] >= 100 else f"{h['fps']:.1f}"
+        lines.append(f"estimated {fps} fps{npu}")
     if h.get("gmem_bytes_no_grouping"):
         ratio = h["gmem_bytes"] / h["gmem_bytes_no_grouping"]
         lines.append(f"GMEM {h['gmem_bytes']:,} bytes per frame, {ratio:.2f} of layer by layer "
