@@ -40,7 +40,6 @@ class StageResult:
     key: str | None = None
     reason: str = ""
     report: dict[str, Any] = field(default_factory=dict)
-    built_seconds: float | None = None  # the stage function's time in the run that built it
 
     @property
     def passed(self) -> bool:
@@ -49,11 +48,7 @@ class StageResult:
                        for section in self.report.values())
 
     def as_dict(self) -> dict:
-        """``seconds``: how long the stage took to build (kept when a later run finds it cached
-        or restores it); ``run_seconds``: what this run spent on it."""
-        seconds = self.seconds if self.built_seconds is None else self.built_seconds
-        out = {"status": self.status, "seconds": round(seconds, 3),
-               "run_seconds": round(self.seconds, 3), "key": self.key}
+        out = {"status": self.status, "seconds": round(self.seconds, 3), "key": self.key}
         if self.reason:
             out["reason"] = self.reason
         return out
@@ -140,8 +135,7 @@ class BuildSession:
         return True
 
     def _record_cached(self, stage: Stage, key: str, manifest: dict) -> None:
-        self._record(StageResult(stage.name, "cached", 0.0, key, report=manifest.get("report", {}),
-                                 built_seconds=manifest.get("seconds")))
+        self._record(StageResult(stage.name, "cached", 0.0, key, report=manifest.get("report", {})))
 
     def plan(self, stages: tuple[Stage, ...]) -> list[StageResult]:
         """What a run would do per stage, and why, without running anything.
@@ -205,8 +199,7 @@ class BuildSession:
             shutil.rmtree(scratch, ignore_errors=True)
             self.hashes.save()
         self._record(StageResult(stage.name, status, time.perf_counter() - started, key,
-                                 reason=reason, report=manifest.get("report", {}),
-                                 built_seconds=manifest.get("seconds")))
+                                 reason=reason, report=manifest.get("report", {})))
 
     def _restore(self, key: str, scratch: Path) -> dict | None:
         if self.cache.manifest(key) is None:
@@ -283,8 +276,7 @@ class BuildSession:
         manifest = self.current_manifest(stage, parts.key)
         if manifest is None:
             return None
-        return StageResult(stage.name, "cached", 0.0, parts.key, report=manifest.get("report", {}),
-                           built_seconds=manifest.get("seconds"))
+        return StageResult(stage.name, "cached", 0.0, parts.key, report=manifest.get("report", {}))
 
     def write_html(self) -> None:
         """report.html beside report.json, from this run's artifacts (a page that cannot be
@@ -302,6 +294,9 @@ class BuildSession:
                                   "npubuild": __version__,
                                   "stages": {s.name: self.results[s.name].as_dict() for s in stages
                                              if s.name in self.results}}
+        previous = (read_manifest(self.paths.report) or {}).get("stages") or {}
+        for name, entry in report["stages"].items():
+            entry["built_seconds"] = self._built_seconds(self.results[name], previous.get(name))
         for stage in stages:
             result = self.results.get(stage.name)
             if result and result.status in ("built", "restored", "cached"):
@@ -309,6 +304,20 @@ class BuildSession:
         if self.error is not None:
             report["error"] = str(self.error)
         return report
+
+    def _built_seconds(self, result: StageResult, before: dict | None) -> float | None:
+        """Seconds of the run that built the stage's current artifacts: this run's when it
+        built them, else what an earlier report.json (or the manifest) kept for the same key;
+        None when no run on this machine timed them (restored from someone else's cache)."""
+        if result.status == "built":
+            return round(result.seconds, 3)
+        if not result.key:
+            return None
+        if before and before.get("key") == result.key and before.get("built_seconds") is not None:
+            return before["built_seconds"]
+        manifest = read_manifest(self.paths.manifest(result.stage)) or {}
+        seconds = manifest.get("seconds") if manifest.get("key") == result.key else None
+        return seconds if isinstance(seconds, (int, float)) else None
 
     def lock_data(self) -> dict:
         stages = {}

@@ -1,61 +1,40 @@
-"""The few figures a finished run ends with (`npubuild run` prints them): verdict, worst
-cosine, NPU coverage, frames per second, GMEM traffic. Read from report.json's content; a
-figure whose stage was not built is left out."""
+"""The few lines a finished `npubuild run` ends with: verdict, worst cosine, NPU coverage,
+frames per second, GMEM traffic — the text form of report.html's headline row, read from the
+same artifacts through the same functions; a figure whose stage was not built is left out."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+
+from npubuild.report.artifacts import BuildArtifacts
+from npubuild.report.headline import worst_cosines
+from npubuild.report.overview import verdict
 
 
-def headline(report: dict[str, Any]) -> dict[str, Any]:
-    """The headline figures as data (absent ones omitted)."""
-    out: dict[str, Any] = {}
-    verify = report.get("verify")
-    if isinstance(verify, dict) and "passed" in verify:
-        out["verdict"] = "passed" if verify["passed"] else "failed"
-    worst = worst_cosine(report)
-    if worst:
-        out["worst_cosine"], out["worst_tensor"] = worst
-    split = report.get("split") or {}
-    if "npu_nodes" in split:
-        out["npu_nodes"] = split["npu_nodes"]
-        out["nodes"] = split["npu_nodes"] + split.get("cpu_nodes", 0)
-    estimate = report.get("estimate") or {}
-    for name in ("fps", "npu_fps", "gmem_bytes", "gmem_bytes_no_grouping"):
-        if estimate.get(name) is not None:
-            out[name] = estimate[name]
-    return out
-
-
-def worst_cosine(report: dict[str, Any]) -> tuple[float, str] | None:
-    """The lowest cosine on any sample of any model output, NPU hand-over tensor or output
-    slice that the run measured, with the tensor's (or slice's) name."""
-    verify = report.get("verify") or {}
-    judged = {**((report.get("accuracy") or {}).get("outputs") or {}),
-              **(verify.get("npu_outputs") or {}), **(verify.get("slices") or {})}
-    scored = [(m.get("min_sample_cosine", m.get("cosine")), name) for name, m in judged.items()
-              if isinstance(m, dict)]
-    scored = [(c, name) for c, name in scored if isinstance(c, (int, float))]
-    return min(scored) if scored else None
-
-
-def headline_lines(report: dict[str, Any]) -> list[str]:
-    """The headline as text, one line per figure."""
-    h = headline(report)
+def headline_lines(root: Path) -> list[str]:
+    """The headline of the build in ``root`` (build/<name>/), one line per figure."""
+    a = BuildArtifacts(Path(root))
+    split, estimate = a.report.get("split") or {}, a.report.get("estimate") or {}
     lines = []
-    if "verdict" in h:
-        lines.append(f"verify {h['verdict']}")
-    if "worst_cosine" in h:
-        lines.append(f"worst cosine {h['worst_cosine']:.6f} ({h['worst_tensor']}, worst sample)")
-    if "nodes" in h:
-        share = h["npu_nodes"] / h["nodes"] if h["nodes"] else 0.0
-        lines.append(f"NPU coverage {h['npu_nodes']}/{h['nodes']} nodes ({share:.0%})")
-    if "fps" in h:
-        npu = f" (NPU alone {h['npu_fps']:,.0f})" if "npu_fps" in h else ""
-        fps = f"{h['fps']:,.0f}" if h["fps"] >= 100 else f"{h['fps']:.1f}"
-        lines.append(f"estimated {fps} fps{npu}")
-    if h.get("gmem_bytes_no_grouping"):
-        ratio = h["gmem_bytes"] / h["gmem_bytes_no_grouping"]
-        lines.append(f"GMEM {h['gmem_bytes']:,} bytes per frame, {ratio:.2f} of layer by layer "
-                     f"({h['gmem_bytes_no_grouping']:,})")
+    kind, text = verdict(a)
+    if kind != "none":
+        lines.append(f"verify {'passed' if kind == 'pass' else 'failed' if kind == 'fail' else text}")
+    judged = [(worst, f"{group} {name}") for group, name, worst, _ in worst_cosines(a)
+              if worst is not None]
+    if judged:
+        worst, where = min(judged)
+        lines.append(f"worst cosine {worst:.6f} ({where}, worst sample)")
+    if "npu_nodes" in split:
+        nodes = split["npu_nodes"] + split.get("cpu_nodes", 0)
+        share = split["npu_nodes"] / nodes if nodes else 0.0
+        lines.append(f"NPU coverage {split['npu_nodes']}/{nodes} nodes ({share:.0%})")
+    if isinstance(estimate.get("fps"), (int, float)):
+        fps = estimate["fps"]
+        npu = f" (NPU alone {estimate['npu_fps']:,.0f})" if estimate.get("npu_fps") else ""
+        lines.append(f"estimated {fps:,.0f} fps{npu}" if fps >= 100 else
+                     f"estimated {fps:.1f} fps{npu}")
+    grouped, per_layer = estimate.get("gmem_bytes"), estimate.get("gmem_bytes_no_grouping")
+    if grouped is not None and per_layer:
+        lines.append(f"GMEM {grouped:,} bytes per frame, {grouped / per_layer:.2f} of layer by "
+                     f"layer ({per_layer:,})")
     return lines

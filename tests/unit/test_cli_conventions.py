@@ -65,7 +65,7 @@ def test_a_no_op_run_keeps_the_build_seconds(built):
     assert again.returncode == 0 and again.stderr == ""
     stages = json.loads((tmp / "build" / "tiny" / "report.json").read_text())["stages"]
     assert stages["verify"]["status"] == "cached"
-    assert stages["verify"]["seconds"] > 0 and stages["verify"]["run_seconds"] == 0
+    assert stages["verify"]["built_seconds"] > 0 and stages["verify"]["seconds"] == 0
 
 
 def test_infer_writes_its_own_report_and_keeps_the_builds(built):

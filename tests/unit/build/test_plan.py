@@ -55,5 +55,4 @@ def test_the_steps_exercise_every_outcome(history):
 def test_restored_stages_keep_the_seconds_of_the_run_that_built_them(history):
     stages = history["report"]["stages"]
     assert all(s["status"] == "restored" for s in stages.values())
-    assert stages["quantize"]["seconds"] > 0
-    assert all(s["run_seconds"] >= 0 for s in stages.values())
+    assert all(s["built_seconds"] > 0 for s in stages.values())
