@@ -78,7 +78,8 @@ def test_chip_and_fusion_rule_names_are_enums_and_a_chip_file_is_allowed():
     schema = json.loads(schema_text("recipe"))
     target = schema["properties"]["target"]["anyOf"]
     assert target[0]["enum"] == preset_names() and target[1]["pattern"]
-    rules = schema["properties"]["fusion"]["items"]["anyOf"][0]
+    items = schema["properties"]["fusion"]["items"]
+    rules = (items.get("oneOf") or items["anyOf"])[0]
     assert "conv_silu" in rules["enum"]
     jsonschema.validate({"version": 1, "name": "x", "model": {"path": "m.onnx"},
                          "target": "chips/mine.yaml"}, schema)
