@@ -19,6 +19,12 @@ Path("build").mkdir(exist_ok=True)  # doit opens its state file before any task 
 DOIT_CONFIG = {"dep_file": "build/.doit-dodo.sqlite", "backend": "sqlite3", "verbosity": 2}
 
 
+def group_doc(path: Path, session: BuildSession) -> str:
+    """What `doit list` shows for a recipe: its file, model and chip."""
+    recipe = session.loaded.recipe
+    return f"{path}: {recipe.model.path} on {recipe.target}"
+
+
 def task_recipes():
     """Every stage of every recipe in recipes/."""
     for path in sorted(Path("recipes").glob("*.yaml")):
@@ -29,6 +35,8 @@ def task_recipes():
             yield {"basename": path.stem, "actions": [lambda exc=exc: TaskFailed(str(exc))],
                    "doc": f"{path}: cannot be loaded"}
             continue
+        yield {"basename": session.loaded.recipe.name, "name": None,
+               "doc": group_doc(path, session)}
         for task in tasks:
             basename, _, stage = task.pop("name").partition(":")
             yield {**task, "basename": basename, "name": stage}

@@ -224,8 +224,11 @@ def load_inputs(session: BuildSession, files: list[str]) -> dict:
 
 def infer(session: BuildSession, inputs: dict[str, Any], *, deployed: bool = True) -> dict:
     """Run the pipeline on ``inputs`` (by input name): deployed = NPU submodels in the simulator
-    (builds up to `compile`), else every submodel in float ONNX Runtime (up to `split`)."""
+    (builds up to `compile`), else every submodel in float ONNX Runtime (up to `split`).
+    Writes its own report, build/<name>/infer.json; report.json keeps every current stage."""
     from npubuild.runtime import Runner
+
+    from npubuild.atomic import write_json
 
     build(session, "compile" if deployed else "split")
     backends = None
@@ -233,4 +236,14 @@ def infer(session: BuildSession, inputs: dict[str, Any], *, deployed: bool = Tru
         from npubuild.runtime.simulator import simulator_backend
 
         backends = {"npu": simulator_backend(session.paths.root)}
-    return Runner(session.paths.stage_dir("split"), backends=backends).run(inputs)
+    outputs = Runner(session.paths.stage_dir("split"), backends=backends).run(inputs)
+    write_json(session.paths.infer_report, {
+        "pipeline": "deployed (NPU graphs in the simulator)" if deployed else "float",
+        "inputs": array_summary(inputs), "outputs": array_summary(outputs)})
+    return outputs
+
+
+def array_summary(arrays: dict[str, Any]) -> dict[str, dict]:
+    """Per array: shape, dtype, min, max, mean (what `infer` reports)."""
+    return {k: {"shape": list(v.shape), "dtype": str(v.dtype), "min": float(v.min()),
+                "max": float(v.max()), "mean": float(v.mean())} for k, v in arrays.items()}

@@ -3,6 +3,10 @@
 Exit codes: 0 ok · 1 a build or a check failed · 2 bad recipe or bad input.
 Errors print as one ``error:`` message (file:line:column: field: what, and a hint), never a
 traceback; ``-v`` adds the traceback of unexpected errors for bug reports.
+
+Results go to stdout, progress and logs to stderr (``-q`` silences them). Off a terminal, or
+with ``NO_COLOR`` set, nothing is wrapped or styled. ``--json`` prints exactly one JSON
+document on stdout, with an ``error`` object when the command fails.
 """
 
 from __future__ import annotations
@@ -10,50 +14,115 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
 
 from npubuild import __version__
-from npubuild.errors import NpubuildError
+from npubuild.errors import NpubuildError, UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE
 
 STATUS_STYLE = {"built": "green", "restored": "cyan", "cached": "dim", "failed": "bold red",
                 "will run": "yellow", "will restore": "cyan"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        return args.func(args) or EXIT_OK
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        return _report_error(exc, argparse.Namespace(json="--json" in argv, verbose=0))
+    logging.basicConfig(level=_log_level(args), format="%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        code = args.func(args) or EXIT_OK
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+        return code
+    except BrokenPipeError:  # `npubuild plan --json R | head`: the reader has enough
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     except NpubuildError as exc:
-        if args.verbose and exc.__cause__ is not None:
-            traceback.print_exception(exc.__cause__, file=sys.stderr)
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return _report_error(exc, args)
     except Exception as exc:  # a bug: one line for users, the traceback with -v
-        if args.verbose:
-            traceback.print_exc()
-        print(f"error: internal error: {type(exc).__name__}: {exc}\n  hint: this is a bug in "
-              "npubuild; rerun with -v and report the traceback", file=sys.stderr)
-        return EXIT_FAILED
+        return _report_error(exc, args)
     except KeyboardInterrupt:
         print("error: interrupted; finished stages are kept, the interrupted one left nothing "
               "behind", file=sys.stderr)
         return 130
 
 
+def _log_level(args) -> int:
+    if getattr(args, "quiet", False):
+        return logging.ERROR
+    return {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+
+
+def _report_error(exc: Exception, args) -> int:
+    """One ``error:`` message on stderr; with --json also the one JSON document on stdout (what
+    the command had so far, in ``args.partial``, plus an ``error`` object)."""
+    known = isinstance(exc, NpubuildError)
+    if args.verbose and (exc.__cause__ is not None or not known):
+        traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)
+    text = str(exc) if known else (f"internal error: {type(exc).__name__}: {exc}\n  hint: this is "
+                                   "a bug in npubuild; rerun with -v and report the traceback")
+    code = exc.exit_code if known else EXIT_FAILED
+    if getattr(args, "json", False):
+        doc = {**(getattr(args, "partial", None) or {}), "error": error_object(exc, code)}
+        try:
+            print(json.dumps(doc, indent=2, default=str))
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _drop_stdout()
+    print(f"error: {text}", file=sys.stderr)
+    return code
+
+
+def error_object(exc: Exception, exit_code: int) -> dict:
+    """The ``error`` member of a --json document."""
+    if not isinstance(exc, NpubuildError):
+        return {"kind": "internal", "exit_code": exit_code,
+                "message": f"{type(exc).__name__}: {exc}"}
+    out = {"kind": "user" if exc.exit_code == EXIT_BAD_INPUT else "build",
+           "exit_code": exit_code, "message": exc.message}
+    if exc.location is not None:
+        out["location"] = {"file": exc.location.file, "line": exc.location.line,
+                           "column": exc.location.column}
+    for name in ("field", "hint", "stage"):
+        if getattr(exc, name, None):
+            out[name] = getattr(exc, name)
+    return out
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+class UsageError(UserError):
+    """A command line argparse cannot parse (exit 2, like any bad input)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so --json can still answer with a document."""
+
+    def error(self, message):
+        raise UsageError(message, hint=f"see `{self.prog} --help`")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="npubuild", description="Build an NPU deployment from a YAML recipe: import → "
         "surgery → fusion → split → quantize → compile → verify, cached and checked at every step.",
         epilog="exit codes: 0 ok, 1 build or check failed, 2 bad recipe or input")
     parser.add_argument("--version", action="version", version=f"npubuild {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="explain more (logs, tracebacks of bugs)")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="explain more (logs; tracebacks of bugs); -vv for debug logs")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress or log lines on stderr (errors still)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name, func, help_text, *, recipe=True, build_opts=False, json_opt=False):
@@ -67,8 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="content cache directory (default: $NPUBUILD_CACHE or ./.npubuild/cache)")
         if json_opt:
             p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+        p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                        help="explain more")
+        p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                       help="no progress or log lines")
         return p
 
     from npubuild.stages import STAGES
@@ -94,11 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     command("clean", cmd_clean, "delete the recipe's build directory (the cache is kept)",
             build_opts=True)
     p = command("schema", cmd_schema, "print a JSON Schema", recipe=False)
-    p.add_argument("which", nargs="?", choices=["recipe", "chip"], default="recipe")
-    p = command("targets", cmd_targets, "list the built-in target chips, or check a recipe's "
-                "model against its chip", recipe=False, json_opt=True, build_opts=True)
-    p.add_argument("--check", type=Path, metavar="RECIPE",
-                   help="print every node's placement (npu/cpu) on the recipe's chip, with reasons")
+    from npubuild.schemas import NAMES as SCHEMA_NAMES
+
+    p.add_argument("which", nargs="?", choices=SCHEMA_NAMES, default="recipe")
+    p = command("targets", cmd_targets, "list the built-in target chips (`targets`), or check a "
+                "recipe's model against its chip (`targets check R`)", recipe=False,
+                json_opt=True, build_opts=True)
+    p.add_argument("action", nargs="?", choices=["list", "check"], default="list",
+                   help="list (default) or check")
+    p.add_argument("check_recipe", nargs="?", type=Path, metavar="RECIPE",
+                   help="for check: print every node's placement (npu/cpu) on the recipe's chip, "
+                        "with reasons")
+    p.add_argument("--check", type=Path, metavar="RECIPE", help=argparse.SUPPRESS)  # old spelling
     p = command("infer", cmd_infer, "run the deployed pipeline (NPU graphs in the simulator) on "
                 "an input", build_opts=True,
                 json_opt=True)
@@ -136,28 +214,49 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_run(args) -> int:
     from npubuild import api
-
     from npubuild.recipe import load_recipe
 
-    console = _console()
+    console = _console(args)
     loaded = load_recipe(args.recipe)
     targets = args.target or loaded.recipe.targets
     if targets:
         return _run_matrix(args, console, loaded, targets)
     session = api.session_for(loaded, build_root=args.build_dir, cache=args.cache,
-                              progress=_progress(console), on_event=_stage_printer(console, args.json))
+                              progress=_progress(console), on_event=_stage_printer(console))
     try:
         report = api.build(session, args.stage, wait_seconds=args.wait,
-                           on_wait=lambda msg: console.print(f"[yellow]{msg}[/]"))
-    except NpubuildError as exc:  # a stage failed: say what ran; anything else printed no stages
-        if not args.json and exc is session.error:
-            _print_summary(console, session)
+                           on_wait=lambda msg: console.print(msg, style="yellow", markup=False))
+    except NpubuildError:
+        args.partial = _written_report(session)
+        if session.results:  # a stage failed: say what ran (a bad recipe printed no stages)
+            _print_progress_summary(console, session)
+            _print_headline(args, session)
         raise
-    if not args.json:
-        _print_summary(console, session)
     if args.json:
         print(json.dumps(report, indent=2))
+        return EXIT_OK
+    _print_progress_summary(console, session)
+    _print_headline(args, session)
     return EXIT_OK
+
+
+def _written_report(session) -> dict:
+    """report.json as the failed run left it (empty when it was not written)."""
+    from npubuild.build.keys import read_manifest
+
+    return read_manifest(session.paths.report) or {}
+
+
+def _print_headline(args, session) -> None:
+    """The run's result on stdout: verdict, worst cosine, NPU coverage, fps, GMEM, the page."""
+    from npubuild.report.summary import headline_lines
+
+    if args.json:
+        return
+    for line in headline_lines(session.paths.root):
+        print(line)
+    if session.paths.report_html.is_file():
+        print(f"report: {session.paths.report_html}")
 
 
 def _run_matrix(args, console, loaded, targets: list[str]) -> int:
@@ -165,7 +264,7 @@ def _run_matrix(args, console, loaded, targets: list[str]) -> int:
 
     for target in targets:
         loaded.for_target(target).chip()  # an unknown chip fails before anything is built
-    console.print(f"matrix build of {loaded.recipe.name} on {', '.join(targets)}")
+    console.print(f"matrix build of {loaded.recipe.name} on {', '.join(targets)}", markup=False)
     cells = build_matrix(loaded, targets, args.stage, build_root=args.build_dir,
                          cache=args.cache, jobs=args.jobs)
     rows = table(cells)
@@ -179,7 +278,7 @@ def _run_matrix(args, console, loaded, targets: list[str]) -> int:
             print("| " + " | ".join(_fmt(row[h]) for h in headers) + " |")
         for cell in cells:
             if not cell["ok"]:
-                console.print(f"[red]{cell['target']}: {cell['error']}[/]")
+                console.print(f"{cell['target']}: {cell['error']}", style="red", markup=False)
     failed = [c for c in cells if not c["ok"]]
     return max((c["exit_code"] for c in failed), default=EXIT_OK)
 
@@ -192,12 +291,14 @@ def cmd_validate(args) -> int:
     results, worst = [], EXIT_OK
     for path in args.recipes:
         try:
+            args.partial = {"recipe": str(path), "valid": False}
             loaded = load_recipe(path)
             chip = loaded.chip()
         except NpubuildError as exc:
             if len(args.recipes) == 1:
                 raise
             print(f"error: {exc}", file=sys.stderr)
+            results.append({**args.partial, "error": error_object(exc, exc.exit_code)})
             worst = max(worst, exc.exit_code)
             continue
         results.append({"recipe": str(path), "name": loaded.recipe.name, "valid": True,
@@ -221,12 +322,10 @@ def cmd_plan(args) -> int:
         print(json.dumps({r.stage: {"action": r.status, "reason": r.reason, "key": r.key}
                           for r in results}, indent=2))
         return EXIT_OK
-    console = _console()
+    out = _console(args, stdout=True)
     for r in results:
-        style = STATUS_STYLE.get(r.status, "")
         reason = f" — {r.reason}" if r.reason else ""
-        console.print(f"  {r.stage:<9} [{style}]{r.status}[/]{reason}" if style
-                      else f"  {r.stage:<9} {r.status}{reason}")
+        out.print(_line(f"  {r.stage:<9} ", (r.status, STATUS_STYLE.get(r.status, "")), reason))
     return EXIT_OK
 
 
@@ -237,14 +336,14 @@ def cmd_show(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_OK
-    console = _console()
-    console.print(f"{info['recipe']} → {info['build_dir']}")
+    console = _console(args, stdout=True)
+    console.print(f"{info['recipe']} → {info['build_dir']}", markup=False)
     for name, entry in info["stages"].items():
         files = entry.get("files", {})
         shown = ", ".join(f"{rel} ({_size(b)})" for rel, b in list(files.items())[:4]
                           if rel != "manifest.json")
         more = f" +{len(files) - 5} more" if len(files) > 5 else ""
-        console.print(f"  {name:<9} {entry['state']:<32} {shown}{more}", highlight=False)
+        console.print(f"  {name:<9} {entry['state']:<32} {shown}{more}", markup=False)
     return EXIT_OK
 
 
@@ -266,8 +365,14 @@ def cmd_schema(args) -> int:
 def cmd_targets(args) -> int:
     from npubuild.targets import describe, load_chip, preset_names
 
-    if args.check:
-        return _check_targets(args)
+    if args.action == "check" or args.check:
+        recipe = args.check_recipe or args.check
+        if recipe is None:
+            raise UserError("`targets check` needs a recipe", hint="npubuild targets check R.yaml")
+        return _check_targets(args, recipe)
+    if args.check_recipe:
+        raise UserError(f"unexpected {args.check_recipe}: `targets` lists chips",
+                        hint="to check a recipe: npubuild targets check R.yaml")
     chips = [describe(load_chip(name)) for name in preset_names()]
     if args.json:
         print(json.dumps(chips, indent=2))
@@ -279,16 +384,16 @@ def cmd_targets(args) -> int:
     return EXIT_OK
 
 
-def _check_targets(args) -> int:
+def _check_targets(args, recipe: Path) -> int:
     from npubuild import api
 
-    session = api.session_for(args.check, build_root=args.build_dir, cache=args.cache)
+    session = api.session_for(recipe, build_root=args.build_dir, cache=args.cache)
     nodes = api.placements(session)
     if args.json:
         print(json.dumps([n.as_dict() for n in nodes], indent=2))
         return EXIT_OK
     on_npu = sum(n.device == "npu" for n in nodes)
-    print(f"{args.check}: {on_npu} of {len(nodes)} nodes on the NPU ({session.chip.name})")
+    print(f"{recipe}: {on_npu} of {len(nodes)} nodes on the NPU ({session.chip.name})")
     for n in nodes:
         reasons = "; ".join(n.reasons)
         print(f"  {n.device}  {n.op:<18} {n.name}" + (f"  — {reasons}" if reasons else ""))
@@ -309,8 +414,7 @@ def cmd_infer(args) -> int:
         with atomic_path(args.output) as tmp:
             with open(tmp, "wb") as fh:
                 np.savez(fh, **outputs)
-    summary = {k: {"shape": list(v.shape), "dtype": str(v.dtype), "min": float(v.min()),
-                   "max": float(v.max()), "mean": float(v.mean())} for k, v in outputs.items()}
+    summary = api.array_summary(outputs)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -395,17 +499,31 @@ def _fmt(value) -> str:
 
 # -- output helpers --------------------------------------------------------------------------
 
-def _console():
+def _console(args, *, stdout: bool = False):
+    """A rich console on stderr (progress, logs; silent with -q) or stdout (results). Off a
+    terminal or with NO_COLOR set it writes plain text: no styles, no control codes; it never
+    wraps lines (a file name stays whole when output goes to a file)."""
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    stream = sys.stdout if stdout else sys.stderr
+    plain = not stream.isatty() or bool(os.environ.get("NO_COLOR"))
+    return Console(file=stream, highlight=False, soft_wrap=True, emoji=False,
+                   color_system=None if plain else "auto", no_color=plain,
+                   quiet=not stdout and getattr(args, "quiet", False))
+
+
+def _line(*parts):
+    """A line of plain strings and (text, style) pairs, safe from rich markup ([brackets])."""
+    from rich.text import Text
+
+    return Text.assemble(*parts)
 
 
 def _progress(console):
-    """Wrap long stage loops in a progress bar when stderr is a terminal."""
+    """Progress bars on a terminal, counted in what a stage loops over (samples, steps)."""
 
     def progress(items, total=None, description=""):
-        if not console.is_terminal:
+        if not console.is_terminal or console.quiet:
             yield from items
             return
         from rich.progress import track
@@ -416,29 +534,34 @@ def _progress(console):
     return progress
 
 
-def _stage_printer(console, quiet: bool):
-    """One line per stage that ran; a spinner while a stage runs (on a terminal)."""
+def _stage_printer(console):
+    """One line when a stage starts (a spinner on a terminal) and one when it is done; a stage
+    whose own check fails (verify) is shown failed, never built."""
     spinner = {}
 
     def on_event(result) -> None:
         if "status" in spinner:
             spinner.pop("status").stop()
-        if quiet:
+        if result.status == "running":
+            if console.is_terminal and not console.quiet:
+                spinner["status"] = console.status(f"{result.stage}: running ({result.reason})")
+                spinner["status"].start()
+            else:
+                console.print(f"  {result.stage:<9} started    ({result.reason})", markup=False)
             return
-        if result.status == "running" and console.is_terminal:
-            spinner["status"] = console.status(f"{result.stage}: running ({result.reason})")
-            spinner["status"].start()
         if result.status not in ("built", "restored", "failed"):
             return
-        style = STATUS_STYLE.get(result.status, "yellow")
+        status = result.status if result.passed else "failed"
         seconds = f"{result.seconds:7.2f} s" if result.seconds else " " * 9
-        reason = f"  ({result.reason})" if result.reason and result.status != "failed" else ""
-        console.print(f"  {result.stage:<9} [{style}]{result.status:<10}[/] {seconds}{reason}")
+        reason = f"  ({result.reason})" if result.reason and status != "failed" else ""
+        console.print(_line(f"  {result.stage:<9} ", (f"{status:<10}", STATUS_STYLE[status]),
+                            f" {seconds}{reason}"))
 
     return on_event
 
 
-def _print_summary(console, session) -> None:
+def _print_progress_summary(console, session) -> None:
+    """What this run did not build (cached, skipped, not implemented), on stderr."""
     results = session.results.values()
     ran = [r for r in results if r.status in ("built", "restored")]
     cached = [r.stage for r in results if r.status == "cached"]
@@ -452,8 +575,6 @@ def _print_summary(console, session) -> None:
     skipped = [r.stage for r in results if r.status == "skipped"]
     if skipped:
         console.print(f"skipped after the failure: {', '.join(skipped)}", style="yellow")
-    if session.error is None:
-        console.print(f"artifacts in {session.paths.root}/, report: {session.paths.report}")
 
 
 def _size(n: int) -> str:

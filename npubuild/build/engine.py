@@ -31,6 +31,8 @@ from npubuild.timings import without_timings
 log = logging.getLogger("npubuild")
 
 NOT_IMPLEMENTED = "not built: not implemented yet"
+# What `plan` says for each outcome of `run` (a test compares the two).
+PLANNED = {"cached": "cached", "restored": "will restore", "built": "will run"}
 
 
 @dataclass
@@ -41,6 +43,12 @@ class StageResult:
     key: str | None = None
     reason: str = ""
     report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """False when the stage ran but one of its checks says it did not pass (verify)."""
+        return not any(isinstance(section, dict) and section.get("passed") is False
+                       for section in self.report.values())
 
     def as_dict(self) -> dict:
         out = {"status": self.status, "seconds": round(self.seconds, 3), "key": self.key}
@@ -130,35 +138,50 @@ class BuildSession:
         manifest = self.current_manifest(stage, parts.key)
         if manifest is None:
             return False
-        self._record(StageResult(stage.name, "cached", 0.0, parts.key, report=manifest.get("report", {})))
+        self._record_cached(stage, parts.key, manifest)
         return True
 
+    def _record_cached(self, stage: Stage, key: str, manifest: dict) -> None:
+        self._record(StageResult(stage.name, "cached", 0.0, key, report=manifest.get("report", {})))
+
     def plan(self, stages: tuple[Stage, ...]) -> list[StageResult]:
-        """What a run would do per stage, and why, without running anything."""
-        out, stale = [], False
+        """What a run would do per stage, and why, without running anything.
+
+        A stage's key follows from its upstream manifests: the build directory's when current,
+        the cache's when it will be restored (the same content). Only downstream of a stage
+        that will really be built is the key unknown until that stage has run."""
+        out: list[StageResult] = []
+        manifests: dict[str, dict | None] = {}
+        statuses: dict[str, str] = {}
         for stage in stages:
-            if not stage.implemented:
-                out.append(StageResult(stage.name, NOT_IMPLEMENTED))
-                stale = True
-                continue
-            try:
-                parts = self.parts(stage)
-            except NpubuildError as exc:  # e.g. its data files are missing: say so, go on
-                out.append(StageResult(stage.name, "cannot run", reason=exc.message))
-                stale = True
-                continue
-            current = self.current_manifest(stage, parts.key)
-            if current and not stale:
-                out.append(StageResult(stage.name, "cached", key=parts.key))
-            elif stale:
-                out.append(StageResult(stage.name, "will run", key=None, reason="an input stage will run first"))
-            else:
-                stale = True
-                old = read_manifest(self.paths.manifest(stage.name))
-                reason = explain_change(old, parts)
-                status = "will restore" if self.cache.manifest(parts.key) else "will run"
-                out.append(StageResult(stage.name, status, key=parts.key, reason=reason))
+            result, manifests[stage.name] = self._plan_one(stage, manifests, statuses)
+            statuses[stage.name] = result.status
+            out.append(result)
         return out
+
+    def _plan_one(self, stage: Stage, manifests: dict[str, dict | None],
+                  statuses: dict[str, str]) -> tuple[StageResult, dict | None]:
+        if not stage.implemented:
+            return StageResult(stage.name, NOT_IMPLEMENTED), None
+        blocked = [u for u in stage.needs if statuses.get(u) not in PLANNED.values()]
+        if blocked:
+            return StageResult(stage.name, "cannot run",
+                               reason=f"{', '.join(blocked)} cannot run"), None
+        waits_for = [u for u in stage.needs if statuses.get(u) == "will run"]
+        if waits_for:
+            return StageResult(stage.name, "will run", reason=f"its input {waits_for[-1]!r} "
+                               "will be built first"), None
+        try:
+            parts = self.parts(stage, {u: manifests.get(u) for u in stage.needs})
+        except NpubuildError as exc:  # e.g. its data files are missing: say so, go on
+            return StageResult(stage.name, "cannot run", reason=exc.message), None
+        current = self.current_manifest(stage, parts.key)
+        if current is not None:
+            return StageResult(stage.name, "cached", key=parts.key), current
+        reason = explain_change(read_manifest(self.paths.manifest(stage.name)), parts)
+        cached = self.cache.manifest(parts.key)
+        return StageResult(stage.name, "will restore" if cached else "will run", key=parts.key,
+                           reason=reason), cached
 
     # -- running one stage ----------------------------------------------------------------
     def execute(self, stage: Stage) -> None:
@@ -166,6 +189,10 @@ class BuildSession:
         started = time.perf_counter()
         parts = self.parts(stage)
         key = parts.key
+        current = self.current_manifest(stage, key)
+        if current is not None:  # doit reruns a task whose upstream manifest was rewritten
+            self._record_cached(stage, key, current)  # even when its own key did not change
+            return
         reason = explain_change(read_manifest(self.paths.manifest(stage.name)), parts)
         self.on_event(StageResult(stage.name, "running", key=key, reason=reason))
         scratch = self.paths.scratch / f"{stage.name}-{uuid.uuid4().hex[:8]}"
@@ -281,6 +308,10 @@ class BuildSession:
             if not stage.implemented:
                 status = NOT_IMPLEMENTED
             elif stage not in stages:
+                still = self._still_current(stage)
+                if still is not None:  # built by an earlier run and still current: keep its
+                    self._record(still)  # figures (a partial build, e.g. infer's, drops none)
+                    continue
                 status = "not requested"
             else:
                 status = "skipped" if blocked or self.error else "not built"
@@ -292,6 +323,17 @@ class BuildSession:
         write_json(self.paths.recipe_lock, self.lock_data())
         self.write_html()
         return report
+
+    def _still_current(self, stage: Stage) -> StageResult | None:
+        """A stage this run did not ask for, as "cached" when its artifacts are current."""
+        try:
+            parts = self.parts(stage)
+        except NpubuildError:
+            return None
+        manifest = self.current_manifest(stage, parts.key)
+        if manifest is None:
+            return None
+        return StageResult(stage.name, "cached", 0.0, parts.key, report=manifest.get("report", {}))
 
     def write_html(self) -> None:
         """report.html beside report.json, from this run's artifacts (a page that cannot be

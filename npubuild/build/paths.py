@@ -5,6 +5,7 @@
     build/<recipe name>/report.json        what every run updates (ARCHITECTURE §6)
     build/<recipe name>/report.html        the same for people, with pictures (every run)
     build/<recipe name>/recipe.lock        the resolved recipe and every artifact's hash
+    build/<recipe name>/infer.json         the last `npubuild infer` (never touches report.json's figures)
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class BuildPaths:
     @property
     def report_html(self) -> Path:
         return self.root / "report.html"
+
+    @property
+    def infer_report(self) -> Path:
+        return self.root / "infer.json"
 
     @property
     def recipe_lock(self) -> Path:

@@ -43,11 +43,21 @@ def stage_task_dicts(session: BuildSession, stages: tuple[Stage, ...]) -> Iterat
             "doc": stage.description,
             "actions": [(_action, (session, stage))],
             "file_dep": [str(session.paths.manifest(u)) for u in stage.needs]
-                        + [str(p) for p in stage.external_files(session.loaded) if p.is_file()],
+                        + _existing_inputs(session, stage),
             "targets": [str(session.paths.manifest(stage.name))],
             "uptodate": [(_uptodate, (session, stage))],
             "verbosity": 2,  # never capture: stages report through callbacks
         }
+
+
+def _existing_inputs(session: BuildSession, stage: Stage) -> list[str]:
+    """The stage's external files that exist; a missing one fails the stage's own action with
+    npubuild's message (doit would stop on a missing file_dep with its own wording)."""
+    try:
+        files = stage.external_files(session.loaded)
+    except NpubuildError:
+        return []
+    return [str(p) for p in files if p.is_file()]
 
 
 def _uptodate(session: BuildSession, stage: Stage) -> bool:

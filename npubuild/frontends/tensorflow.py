@@ -383,6 +383,10 @@ def _tensorflow():
     try:
         import tensorflow as tf
         import tf2onnx.convert  # noqa: F401
+    except ImportError as exc:  # an ONNX-only install: say which extra brings TensorFlow in
+        raise UserError(f"this recipe's model is a TensorFlow model, and {_missing(exc)} is not "
+                        "installed", hint="install npubuild's `tf` extra: "
+                        "pip install 'npubuild[tf]' (tensorflow-cpu and tf2onnx)") from None
     finally:
         if saved is None:
             os.environ.pop(_LOG_ENV, None)
@@ -390,6 +394,11 @@ def _tensorflow():
             os.environ[_LOG_ENV] = saved
     _absl_to_real_stderr()
     return tf
+
+
+def _missing(exc: ImportError) -> str:
+    """The top-level package an ImportError names (``tensorflow``), else both candidates."""
+    return (exc.name or "").partition(".")[0] or "TensorFlow or tf2onnx"
 
 
 def _absl_to_real_stderr() -> None:

@@ -128,6 +128,13 @@ def load_recipe(path: str | Path, *, check_files: bool = True) -> LoadedRecipe:
 
 
 def check_recipe_files(loaded: LoadedRecipe) -> None:
+    check_model_file(loaded)
+    loaded.model_format  # noqa: B018 — raises when the format cannot be told
+    loaded.chip()
+
+
+def check_model_file(loaded: LoadedRecipe) -> Path:
+    """The model's path, or the recipe's error (file:line:col of `model.path`) when it is missing."""
     model_path = loaded.model_path
     if not model_path.exists():
         raise loaded.error(f"model file not found: {model_path}", "model", "path",
@@ -136,5 +143,4 @@ def check_recipe_files(loaded: LoadedRecipe) -> None:
     if not (model_path.is_file() or model_path.is_dir()):  # a FIFO or /dev/zero never ends
         raise loaded.error(f"{model_path} is not a regular file or a SavedModel folder",
                            "model", "path")
-    loaded.model_format  # noqa: B018 — raises when the format cannot be told
-    loaded.chip()
+    return model_path

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag, create_model,
-                      field_validator, model_validator)
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag,
+                      WithJsonSchema, create_model, field_validator, model_validator)
 
 from npubuild import fusions, surgery
 
@@ -24,7 +24,9 @@ Layout = Literal["NCHW", "NHWC", "NC", "NCW", "NWC", "any"]
 
 # strict: YAML has real types, so "7" is not a count and `true` is not 1; no NaN or infinity
 # (a NaN threshold compares false and would switch its check off)
-STRICT_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+# A docstring under a field is its description in the JSON Schema (what editors show).
+STRICT_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False,
+                           use_attribute_docstrings=True)
 MAX_DIM = 2**31 - 1
 MAX_ELEMENTS = 2**28  # 1 GiB of float32 per input tensor: beyond it a sample cannot be held
 
@@ -42,6 +44,7 @@ class Preprocess(Strict):
     mean: list[float] | float = Field(0.0, description="Subtracted after scaling, per channel.")
     std: list[float] | float = Field(1.0, description="Divided by after subtracting the mean.")
     channel_order: Literal["RGB", "BGR", "GRAY"] = "RGB"
+    """Channel order the model expects (images are read as RGB)."""
 
     @field_validator("resize")
     @classmethod
@@ -94,12 +97,16 @@ class ProofInput(Strict):
 
 
 class InputSpec(Strict):
+    """One model input: its name, the shape and dtype to fix, and how images become it."""
+
     name: str = Field(description="Input tensor name in the model (for TF: 'x:0' or 'x').")
     shape: list[int] | None = Field(
         None, description="Fixes the input's shape (dynamic dims included). Default: the model's.")
     dtype: DType | None = Field(None, description="Default: the model's input dtype.")
     layout: Layout = "any"
+    """Axis order of the input (NCHW, NHWC, ...): where images put height, width and channels."""
     preprocess: Preprocess | None = None
+    """How calibration and verify images are turned into this input."""
     proof: ProofInput | None = Field(
         None, description="Values for the stages' equivalence proofs (e.g. an integer control "
                           "input that must be 8000 or 16000). Default: the first calibration "
@@ -123,10 +130,13 @@ ModelFormat = Literal["onnx", "tf_frozen", "saved_model", "keras", "tflite"]
 
 
 class ModelSpec(Strict):
+    """The source model: its file, its inputs and (optionally) where to cut it."""
+
     path: str = Field(description="Model file: .onnx, frozen .pb, SavedModel dir, .keras/.h5, "
                                   ".tflite; relative to the recipe or pkg:<package>/<path>.")
     format: ModelFormat | None = Field(None, description="Default: from the file name.")
     inputs: list[InputSpec] = Field(default_factory=list)
+    """The model inputs to fix (shape, dtype) and how images feed them."""
     outputs: list[str] | None = Field(None, description="Cut the model at these tensors.")
     opset: int | None = Field(None, ge=7, description="Convert to this opset (default: keep; "
                                                       "TF/TFLite conversions use 17).")
@@ -217,24 +227,48 @@ def _fusion_item_kind(value: Any) -> str:
     return "Options"
 
 
+def _fusion_rule_names() -> dict:
+    """Editors offer and check the registered rule names (the validator below says the same)."""
+    return {"type": "string", "enum": fusions.load_builtins().names(),
+            "description": "A fusion rule by name."}
+
+
 FusionItem = Annotated[Union[
-    Annotated[str, Tag("Rule")],
+    Annotated[str, Tag("Rule"), WithJsonSchema(_fusion_rule_names())],
     Annotated[UserFusionRule, Tag("Pattern")],
     Annotated[dict[str, FusionOptions], Tag("Options")],
 ], Discriminator(_fusion_item_kind)]
 
 
+def _chip_names() -> dict:
+    """A built-in chip's name, or a chip file: editors flag an unknown chip name."""
+    from npubuild.targets import preset_names
+
+    return {"anyOf": [{"type": "string", "enum": preset_names()},
+                      {"type": "string", "pattern": r"\.ya?ml$",
+                       "description": "A chip YAML file, relative to the recipe."}]}
+
+
+ChipName = Annotated[str, WithJsonSchema(_chip_names())]
+
+
 class SplitSpec(Strict):
+    """Which nodes run on the NPU and which stay on the CPU."""
+
     policy: Literal["npu_first", "cpu_only", "manual", "min_cost"] = "npu_first"
+    """npu_first: every node the chip supports goes to the NPU; cpu_only: nothing does; manual: as `placement` says; min_cost: the placement with the least estimated time."""
     force_cpu: list[str] = Field(default_factory=list,
                                  description="Node names, op types or output tensor names.")
     force_npu: list[str] = Field(default_factory=list)
+    """Node names, op types or output tensor names to put on the NPU even when a cheaper split would not."""
     placement: dict[str, Literal["npu", "cpu"]] = Field(
         default_factory=dict, description="For policy manual: node name -> device.")
     min_npu_nodes: int = Field(1, ge=1, description="Smaller NPU islands go to the CPU.")
 
 
 class CalibrationSpec(Strict):
+    """The data quantization measures activation ranges on, and how ranges are chosen."""
+
     data: str | list[str] | None = Field(
         None, description="Images or .npy/.npz tensors; globs; pkg:<package>/<glob>.")
     samples: int = Field(8, ge=1, description="Use at most this many samples.")
@@ -256,17 +290,21 @@ class Override(Strict):
 
 
 class QuantizationSpec(Strict):
+    """How the NPU submodels become int8: scheme, weight granularity, calibration, exceptions."""
+
     scheme: Literal["pow2_symmetric", "symmetric", "asymmetric"] = Field(
         "pow2_symmetric", description="pow2_symmetric: scales are powers of two and requantizing "
-                                      "is a shift (seed 004); symmetric: float scale, zero point "
+                                      "is a shift; symmetric: float scale, zero point "
                                       "0; asymmetric: float scale and zero point.")
     granularity: Literal["per_tensor", "per_channel"] = Field(
         "per_tensor", description="Weight scales: one per tensor or one per output channel.")
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    """The data activation ranges are measured on, and the method."""
     overrides: list[Override] = Field(default_factory=list)
+    """Nodes or tensors kept in float (on the CPU) or int16."""
     bias: Literal["int32", "int8_shift"] = Field(
         "int32", description="Bias storage: int32 at the accumulator scale, or (pow2_symmetric) "
-                             "seed 004's int8 with a left shift bias_shift.")
+                             "int8 with a left shift (bias_shift).")
     bias_correction: bool = Field(
         True, description="Fold the mean output shift caused by weight rounding into the bias "
                           "(from the calibration means of each input channel).")
@@ -276,9 +314,11 @@ class QuantizationSpec(Strict):
 
 
 class CompileSpec(Strict):
+    """How NPU submodels are compiled for the chip: layer groups, memory, the simulator proof."""
+
     layer_group: bool = Field(
         True, description="Fuse runs of layers into groups that keep activations in LMEM "
-                          "(seed 001's LayerGroup); false: every layer is its own group.")
+                          "(layer groups); false: every layer is its own group.")
     on_no_fit: Literal["error", "cpu"] = Field(
         "error", description="A layer that does not fit LMEM even alone and sliced: fail the "
                              "build naming it (error), or run it on the CPU between groups (cpu).")
@@ -298,6 +338,7 @@ class VerifySpec(Strict):
         None, description="Images or .npy/.npz tensors (globs, pkg:); default: the calibration "
                           "data.")
     samples: int = Field(4, ge=1)
+    """Use at most this many verify samples."""
     min_cosine: float = Field(0.99, ge=-1, le=1, description="For every model output and every "
                               "tensor an NPU submodel hands over, on every sample.")
     min_sqnr_db: float | None = Field(None, description="Per model output, if set.")
@@ -319,20 +360,26 @@ class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100,
                       description="Names the build directory build/<name>/.")
     model: ModelSpec
-    target: str = Field("npu-16m", description="A built-in chip (`npubuild targets`) or a "
+    """The source model: file, inputs, outputs."""
+    target: ChipName = Field("npu-16m", description="A built-in chip (`npubuild targets`) or a "
                                                "chip YAML path.")
-    targets: list[str] = Field(
+    targets: list[ChipName] = Field(
         default_factory=list, description="Matrix build: `npubuild run` builds the recipe once "
         "per chip here, as build/<name>@<chip>/, and prints one comparison table; `target` stays "
         "the chip of single-target commands (plan, show, infer).")
     surgery: list[SurgeryStep] = Field(default_factory=list)  # type: ignore[valid-type]
+    """Graph rewrites, applied in order; each is checked to keep the model's outputs equal."""
     fusion: list[FusionItem] = Field(  # type: ignore[valid-type]
         default_factory=list, description="Fusion rules in order: a built-in rule's name, "
         "{<rule>: {tolerance: ...}}, or a pattern rule {name: ..., pattern: [...]}.")
     split: SplitSpec = Field(default_factory=SplitSpec)
+    """Which nodes run on the NPU and which on the CPU."""
     quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+    """How the NPU submodels become int8."""
     compile: CompileSpec = Field(default_factory=CompileSpec)
+    """How NPU submodels are compiled for the chip."""
     verify: VerifySpec = Field(default_factory=VerifySpec)
+    """The end-to-end check of the deployed pipeline against the float model."""
 
     @field_validator("version", mode="before")
     @classmethod
@@ -360,4 +407,26 @@ def recipe_json_schema() -> dict:
     schema = Recipe.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "npubuild recipe"
+    _steps_as_one_object(schema)
     return schema
+
+
+def _steps_as_one_object(schema: dict) -> None:
+    """Write a surgery step as one object whose properties are the step names (at most one).
+
+    pydantic writes the tagged union as a oneOf of one-key objects; editors then offer each
+    step twice and report an unknown step as "Missing property" of the first alternative. One
+    object offers each name once and reports an unknown name as a property that is not allowed.
+    """
+    items = schema["properties"]["surgery"]["items"]
+    if "oneOf" not in items:
+        return
+    steps = {}
+    for variant in items["oneOf"]:
+        step = schema["$defs"].pop(variant["$ref"].rsplit("/", 1)[-1])
+        (name, args), = step["properties"].items()
+        steps[name] = {**args, "description": step.get("description", name)}
+    schema["properties"]["surgery"]["items"] = {
+        "type": "object", "properties": steps, "additionalProperties": False,
+        "minProperties": 1, "maxProperties": 1,
+        "description": "One rewrite: `- <step name>: {arguments}`."}

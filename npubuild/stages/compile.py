@@ -28,7 +28,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -57,8 +57,7 @@ def run(ctx: StageContext) -> dict:
     paths = sorted(qdir.glob("graph_*.qgraph.json"), key=_graph_index)
     if not paths:
         return no_npu_report(ctx)
-    results = [compile_graph(QGraph.load(p), ctx, qdir)
-               for p in ctx.progress(paths, total=len(paths), description="compiling")]
+    results = [compile_graph(QGraph.load(p), ctx, qdir) for p in paths]
     return report(results, ctx)
 
 
@@ -107,7 +106,9 @@ def compile_graph(qgraph: QGraph, ctx: StageContext, qdir: Path) -> Compiled:
     write_timelines(program, out)
     times["write"] = time.perf_counter() - start - times["plan"]
     samples = list(proof_inputs(qgraph, qdir, spec.proof_samples))
-    proof = prove(load_program(program_path), qgraph, samples)
+    proof = prove(load_program(program_path), qgraph,
+                  ctx.progress(samples, total=len(samples),
+                               description=f"compile: {qgraph.name} simulator proof, samples"))
     times["simulator"] = proof["seconds"]
     label, inputs = samples[-1]  # the real sample if there is one, else calibrated-range data
     values = run_reference(qgraph, inputs) if spec.ir_feature_maps else None
@@ -164,12 +165,14 @@ def _random_input(qgraph: QGraph, name: str, rng, real_range) -> np.ndarray:
     return schemes.quantize(rng.uniform(*real_range, t.shape), t.scale, t.zero_point, t.dtype)
 
 
-def prove(program: ProgramFile, qgraph: QGraph, samples: list[tuple[str, dict]]) -> dict:
+def prove(program: ProgramFile, qgraph: QGraph, samples: Iterable[tuple[str, dict]]) -> dict:
     """Simulator vs integer reference on every GMEM tensor; raises on the first difference."""
     sim = Simulator(program)
+    labels = []
     skip = set(program.doc["inputs"])
     compared = sorted(set(program.doc["gmem"]["tensors"]) - skip)
-    for label, inputs in samples:
+    for label, inputs in samples:  # lazily: `samples` may be a progress bar
+        labels.append(label)
         try:
             got = sim.run(inputs)
         except SimulatorFault as exc:
@@ -179,10 +182,10 @@ def prove(program: ProgramFile, qgraph: QGraph, samples: list[tuple[str, dict]])
             if not np.array_equal(got[t], want[t]):
                 raise BuildError(_difference(program.doc, t, got[t], want[t], label),
                                  stage=STAGE)
-    return {"bit_exact": True, "samples": [label for label, _ in samples],
+    return {"bit_exact": True, "samples": labels,
             "tensors_compared": len(compared), "seconds": round(sim.stats.seconds, 3),
-            "seconds_per_run": round(sim.stats.seconds / max(len(samples), 1), 3),
-            "steps_per_run": sim.stats.steps // max(len(samples), 1)}
+            "seconds_per_run": round(sim.stats.seconds / max(len(labels), 1), 3),
+            "steps_per_run": sim.stats.steps // max(len(labels), 1)}
 
 
 def _in_program_order(doc: dict, tensors: list[str]) -> list[str]:

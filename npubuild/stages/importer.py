@@ -32,8 +32,12 @@ TF_FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
 
 def source_files(loaded: LoadedRecipe) -> list[Path]:
     """The source model (a file, or a SavedModel directory) and what the proof inputs are made
-    from (recipe proof files, the first calibration sample) are part of the stage's key."""
-    return [loaded.model_path, *proofs.recipe_files(loaded), *proofs.calibration_files(loaded)]
+    from (recipe proof files, the first calibration sample) are part of the stage's key; a
+    missing model is the recipe's error (plain `doit` reports it as the failing task)."""
+    from npubuild.recipe import check_model_file
+
+    return [check_model_file(loaded), *proofs.recipe_files(loaded),
+            *proofs.calibration_files(loaded)]
 
 
 def run(ctx: StageContext) -> dict:

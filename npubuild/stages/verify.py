@@ -51,16 +51,14 @@ def run(ctx: StageContext) -> dict:
     inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
     files = data_files(ctx.loaded)
     field = ("verify", "data") if spec.data else ("quantization", "calibration", "data")
-    samples = list(ctx.progress(ctx.loaded.located(data.load_samples(files, inputs, spec.samples),
-                                                   *field),
-                                total=min(spec.samples, len(files)), description="verify"))
+    samples = list(ctx.loaded.located(data.load_samples(files, inputs, spec.samples), *field))
     deployed = Runner(dirs["split"], backends={"npu": simulator_backend(dirs["compile"].parent)})
     original = onnx_io.load_model(dirs["import"] / "model.onnx")
     surgery_model = onnx_io.load_model(dirs["surgery"] / "model.onnx")
     reference = FloatReference(original, pipeline.outputs, original_names(surgery_model))
     handed_over = npu_handovers(pipeline)
     refs, gots, floats = [], [], []
-    for feeds in samples:
+    for feeds in ctx.progress(samples, total=len(samples), description="verify: samples"):
         gots.append(deployed.run(feeds, keep_intermediates=True))
         refs.append(reference(feeds))
         floats.append(pipeline.runner.run(feeds, keep_intermediates=True))

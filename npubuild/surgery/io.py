@@ -101,7 +101,7 @@ class UpdateIoShapeArgs(StepArgs):
 
 @rewrite("update_io_shape", UpdateIoShapeArgs, data_movement=True)
 def update_io_shape(model: onnx.ModelProto, args: UpdateIoShapeArgs) -> onnx.ModelProto:
-    """Declare new shapes for graph inputs or outputs (seed 002's ``oh.update_io_shape``)."""
+    """Declare new shapes for graph inputs or outputs."""
     ed = Editor(model, "update_io_shape")
     values = {v.name: v for v in list(ed.graph.input) + list(ed.graph.output)}
     for name, shape in args.shapes.items():

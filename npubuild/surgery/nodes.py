@@ -141,10 +141,11 @@ def set_attribute(model: onnx.ModelProto, args: SetAttributeArgs) -> onnx.ModelP
 class ConstantInput(BaseModel):
     """A constant input written in the recipe."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     value: float | int | list[Any] = Field(description="A number or a nested list.")
     dtype: Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"] = "float32"
+    """Element type of the constant."""
 
 
 class InsertOpArgs(StepArgs):
@@ -154,10 +155,12 @@ class InsertOpArgs(StepArgs):
                                     "input, and the op's output replaces it for its consumers.")
     op_type: str = Field(description="The op to insert.")
     domain: str = ""
+    """The op's domain (empty: standard ONNX)."""
     inputs: list[Union[str, ConstantInput]] = Field(
         default_factory=list, description="Further inputs: tensor names or constants "
                                           "({value: [1, -1, 1, 1], dtype: int64}).")
     attributes: dict[str, AttrValue] = Field(default_factory=dict)
+    """The new node's attributes by name."""
     consumers: list[str] | None = Field(
         None, description="Only these consumer nodes read the new output (default: all, and "
                           "the graph output when the tensor is one).")

@@ -1,23 +1,36 @@
-"""Target chips: built-in presets (YAML files beside this module) and user chip files."""
+"""Target chips: built-in presets (YAML files shipped in this package, read through
+`importlib.resources`) and user chip files."""
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 from npubuild.errors import Location, UserError
 from npubuild.targets.model import Chip
 
-PRESET_DIR = Path(__file__).parent
+PRESETS = resources.files(__package__)
 
 
 def preset_names() -> list[str]:
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    return sorted(entry.name.removesuffix(".yaml") for entry in PRESETS.iterdir()
+                  if entry.name.endswith(".yaml"))
+
+
+def preset_file(name: str) -> Path:
+    """The file of a built-in chip (a package resource on disk: setuptools installs the package
+    unzipped, which `chip_file`'s callers rely on to hash and read it as a path)."""
+    entry = PRESETS.joinpath(f"{name}.yaml")
+    if not isinstance(entry, Path):
+        raise UserError(f"npubuild's chip presets are not on disk ({entry}); install npubuild "
+                        "unzipped (pip does by default)")
+    return entry
 
 
 def chip_file(name_or_path: str, base_dir: Path | None = None) -> Path:
     """The YAML file behind a chip name (a preset) or path (relative to ``base_dir``)."""
     if name_or_path in preset_names():
-        return PRESET_DIR / f"{name_or_path}.yaml"
+        return preset_file(name_or_path)
     if name_or_path.endswith((".yaml", ".yml")):
         path = Path(name_or_path)
         path = path if path.is_absolute() or base_dir is None else base_dir / path
@@ -43,4 +56,4 @@ def describe(chip: Chip) -> dict:
             "ops": len(chip.ops), "description": chip.description}
 
 
-__all__ = ["Chip", "Location", "chip_file", "describe", "load_chip", "preset_names"]
+__all__ = ["Chip", "Location", "chip_file", "describe", "preset_file", "load_chip", "preset_names"]

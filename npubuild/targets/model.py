@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # A docstring under a field is its description in the JSON Schema (what editors show).
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class OpSupport(Strict):
@@ -30,18 +31,25 @@ class OpSupport(Strict):
     kernel_sizes: list[int] | None = Field(
         None, description="Allowed sizes of each kernel dimension (a small kernel set).")
     max_stride: int | None = Field(None, ge=1)
+    """Max stride along each axis."""
     max_dilation: int | None = Field(None, ge=1)
+    """Max dilation along each axis."""
     max_pad: int | None = Field(None, ge=0)
+    """Max padding on each side."""
     groups: Literal["any", "one", "depthwise", "one_or_depthwise"] = "any"
+    """Allowed convolution groups: any, one (dense), depthwise, or either of those two."""
     max_channels: int | None = Field(None, ge=1, description="Max input and output channels.")
     axes: list[int] | None = Field(None, description="Allowed axes (Concat, Split, Softmax), "
                                                     "normalised to non-negative for 4-D.")
     resize_modes: list[str] | None = None
+    """Allowed Resize modes (nearest, linear, ...)."""
     resize_integer_scales: bool = False
+    """Resize only by whole-number scales."""
     resize_coordinate_modes: list[str] | None = Field(
         None, description="Allowed Resize coordinate_transformation_mode values.")
     pad_modes: list[str] | None = Field(None, description="Allowed Pad modes.")
     broadcast: Literal["any", "same_shape", "channel", "scalar_or_channel"] = "any"
+    """How the inputs of an elementwise op may differ in shape: any broadcast, same shape, per channel, or scalar or per channel."""
     note: str | None = Field(None, description="Free text shown in SUPPORTED_OPS.md.")
 
 
@@ -49,14 +57,20 @@ class Chip(Strict):
     """A simulated NPU: memory, compute, bandwidth and the op table."""
 
     name: str
+    """The chip's name (`target:` in a recipe)."""
     description: str = ""
+    """One line shown by `npubuild targets`."""
     modelled_on: str = Field("", description="Public datasheet figures this preset borrows.")
     lanes: int = Field(ge=1, description="Parallel lanes (NPUs); LMEM is split among them.")
     lmem_bytes_per_lane: int = Field(ge=1024)
+    """Local memory (LMEM) per lane, in bytes."""
     lmem_banks: int = Field(ge=1, description="Banks per lane; buffers avoid crossing them.")
     gmem_bytes: int = Field(ge=1)
+    """Global memory (GMEM, DRAM) size in bytes."""
     gmem_bandwidth_bytes_per_cycle: float = Field(gt=0)
+    """Bytes moved between GMEM and LMEM per clock cycle."""
     clock_mhz: float = Field(gt=0)
+    """Clock frequency in MHz (for cycles to seconds)."""
     macs_per_cycle_per_lane: int = Field(ge=1, description="int8 MACs per cycle per lane.")
     int16: bool = Field(False, description="Whether int16 activations are supported.")
     dtypes: list[str] = Field(["float32", "float16"], description=(

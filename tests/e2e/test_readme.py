@@ -1,0 +1,52 @@
+"""The README is tested: every YAML block in it is a valid recipe (against the pydantic models
+and the generated JSON Schema), and the example recipe it shows builds and passes verify."""
+
+import json
+import re
+
+import jsonschema
+import pytest
+import yaml
+
+from npubuild.recipe import load_recipe
+from tests.conftest import REPO, run_cli
+
+README = REPO / "README.md"
+YAML_BLOCK = re.compile(r"^```yaml\n(.*?)^```$", re.S | re.M)
+
+
+def readme_yaml_blocks() -> list[str]:
+    return YAML_BLOCK.findall(README.read_text())
+
+
+def recipe_file(directory, text: str, index: int):
+    """A README block as a recipe file one folder below the repo root, as recipes/ are, so
+    its `$schema` comment and relative paths mean what they mean in the README."""
+    path = directory / f"readme_{index}.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_the_readme_has_a_recipe_block():
+    assert readme_yaml_blocks(), "README.md lost its ```yaml recipe"
+
+
+@pytest.mark.parametrize("index", range(len(readme_yaml_blocks())))
+def test_every_readme_yaml_block_is_a_valid_recipe(index, tmp_path):
+    text = readme_yaml_blocks()[index]
+    load_recipe(recipe_file(tmp_path, text, index))  # raises the user's error message
+    schema = json.loads((REPO / "schemas" / "recipe.schema.json").read_text())
+    jsonschema.validate(yaml.safe_load(text), schema)
+
+
+@pytest.mark.slow
+def test_the_readme_example_builds_and_passes_verify(tmp_path, yolov8_build, shared_cache):
+    """Built in its own directory with the session's shared cache: when the example equals
+    recipes/yolov8.yaml (as the README says) its stages are restored, else they are built."""
+    recipe = recipe_file(tmp_path, readme_yaml_blocks()[0], 0)
+    result = run_cli("run", str(recipe), "--build-dir", str(tmp_path / "build"),
+                     "--cache", str(shared_cache))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "build" / "yolov8n" / "report.json").read_text())
+    assert report["verify"]["passed"] is True
+    assert set(report["stages"]) >= {"import", "split", "quantize", "compile", "verify"}
