@@ -23,6 +23,7 @@ from npubuild.build.cache import Cache, CacheCorrupt
 from npubuild.build.hashing import HashCache, sha256_data, sha256_file
 from npubuild.build.keys import KeyParts, explain_change, key_parts, read_manifest
 from npubuild.build.paths import MANIFEST, BuildPaths, cache_dir
+from npubuild.build.remote import RemoteCache, resolve_remote_url
 from npubuild.errors import BuildError, NpubuildError
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
@@ -57,6 +58,13 @@ class BuildSession:
     on_event: Callable[[StageResult], None] = lambda result: None
     results: dict[str, StageResult] = field(default_factory=dict)
     error: NpubuildError | None = None
+    remote_url: str | None = None
+
+    @cached_property
+    def remote(self) -> RemoteCache | None:
+        """The shared second cache level (``--remote``/``$NPUBUILD_REMOTE``), if any."""
+        url = resolve_remote_url(self.remote_url)
+        return RemoteCache(url) if url else None
 
     @cached_property
     def paths(self) -> BuildPaths:
@@ -100,7 +108,8 @@ class BuildSession:
             except NpubuildError as exc:
                 out[stage.name], manifests[stage.name] = (None, None, exc.message), None
                 continue
-            manifest = self.current_manifest(stage, parts.key) or self.cache.manifest(parts.key)
+            manifest = (self.current_manifest(stage, parts.key) or self.cache.manifest(parts.key)
+                        or self.remote_manifest(parts.key))
             manifests[stage.name] = manifest
             out[stage.name] = (parts, manifest, "built" if manifest else "not built")
         return out
@@ -149,7 +158,11 @@ class BuildSession:
                 stale = True
                 old = read_manifest(self.paths.manifest(stage.name))
                 reason = explain_change(old, parts)
-                status = "will restore" if self.cache.manifest(parts.key) else "will run"
+                status = "will run"
+                if self.cache.manifest(parts.key):
+                    status = "will restore"
+                elif self.remote_manifest(parts.key):
+                    status, reason = "will restore", f"{reason} (from the remote cache)"
                 out.append(StageResult(stage.name, status, key=parts.key, reason=reason))
         return out
 
@@ -167,6 +180,8 @@ class BuildSession:
             if manifest is None:
                 manifest, status = self._build(stage, parts, scratch), "built"
                 self.cache.store(scratch, key)
+                if self.remote is not None:
+                    self.remote.push(key, self.cache)
             self._swap_in(stage, scratch)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -174,8 +189,12 @@ class BuildSession:
         self._record(StageResult(stage.name, status, time.perf_counter() - started, key,
                                  reason=reason, report=manifest.get("report", {})))
 
+    def remote_manifest(self, key: str) -> dict | None:
+        return self.remote.manifest(key) if self.remote is not None else None
+
     def _restore(self, key: str, scratch: Path) -> dict | None:
-        if self.cache.manifest(key) is None:
+        if self.cache.manifest(key) is None and (self.remote is None
+                                                 or not self.remote.pull(key, self.cache)):
             return None
         try:
             return self.cache.restore(key, scratch)
