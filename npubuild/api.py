@@ -22,13 +22,15 @@ from npubuild.stages import PIPELINE, no_progress
 def session_for(recipe: str | Path | LoadedRecipe, *, build_root: Path | None = None,
                 cache: str | Path | None = None, progress: Callable[..., Any] = no_progress,
                 on_event: Callable[[StageResult], None] = lambda r: None,
-                remote: str | None = None) -> BuildSession:
+                remote: str | None = None, scheduler: str | None = None) -> BuildSession:
     """A build session; ``cache`` is a local folder or, as a URL (``s3://…``), the remote
-    level behind the default local cache (``remote`` names the remote explicitly)."""
+    level behind the default local cache (``remote`` names the remote explicitly);
+    ``scheduler`` fans calibration batches out on Dask."""
     loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
     if is_url(cache):
         cache, remote = None, remote or str(cache)
-    return BuildSession(loaded, build_root, cache, progress, on_event, remote_url=remote)
+    return BuildSession(loaded, build_root, cache, progress, on_event, remote_url=remote,
+                        scheduler=scheduler)
 
 
 def build(session: BuildSession, stage: str | None = None, *, wait_seconds: float = 600.0,

@@ -63,8 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("recipe", type=Path, help="recipe YAML file")
         if build_opts:
             p.add_argument("--build-dir", type=Path, default=None, help="build root (default: ./build)")
-            p.add_argument("--cache", type=Path, default=None,
-                           help="content cache directory (default: $NPUBUILD_CACHE or ./.npubuild/cache)")
+            p.add_argument("--cache", default=None, metavar="DIR|URL",
+                           help="content cache directory (default: $NPUBUILD_CACHE or ./.npubuild/cache); "
+                                "a URL (s3://bucket/prefix, gs://…, file://…) is a shared remote "
+                                "level behind the default local cache")
+            p.add_argument("--remote", default=None, metavar="URL",
+                           help="shared remote cache on fsspec (default: $NPUBUILD_REMOTE); "
+                                "credentials come from the usual AWS_*/fsspec environment")
         if json_opt:
             p.add_argument("--json", action="store_true", help="print machine-readable JSON")
         p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
@@ -82,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matrix build: build for this chip too (repeatable); see also `targets:`")
     p.add_argument("-j", "--jobs", type=int, default=2, metavar="N",
                    help="matrix build: chips built in parallel (default 2)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run matrix cells and calibration batches on Dask: tcp://HOST:PORT, or "
+                        "local:N for a local cluster of N workers (default: $NPUBUILD_SCHEDULER)")
     command("validate", cmd_validate, "check the recipe and the files it names; build nothing",
             json_opt=True)
     p = command("plan", cmd_plan, "say what `run` would do per stage, and why", build_opts=True,
@@ -118,6 +126,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- commands --------------------------------------------------------------------------------
 
+def _session(args, recipe, **options):
+    """A build session with the command's --build-dir, --cache and --remote."""
+    from npubuild import api
+
+    return api.session_for(recipe, build_root=args.build_dir, cache=args.cache,
+                           remote=args.remote, **options)
+
+
 def cmd_run(args) -> int:
     from npubuild import api
 
@@ -128,8 +144,10 @@ def cmd_run(args) -> int:
     targets = args.target or loaded.recipe.targets
     if targets:
         return _run_matrix(args, console, loaded, targets)
-    session = api.session_for(loaded, build_root=args.build_dir, cache=args.cache,
-                              progress=_progress(console), on_event=_stage_printer(console, args.json))
+    from npubuild.distributed import resolve_scheduler
+
+    session = _session(args, loaded, scheduler=resolve_scheduler(args.scheduler),
+                       progress=_progress(console), on_event=_stage_printer(console, args.json))
     try:
         report = api.build(session, args.stage, wait_seconds=args.wait,
                            on_wait=lambda msg: console.print(f"[yellow]{msg}[/]"))
@@ -142,13 +160,15 @@ def cmd_run(args) -> int:
 
 
 def _run_matrix(args, console, loaded, targets: list[str]) -> int:
+    from npubuild.distributed import resolve_scheduler
     from npubuild.matrix import build_matrix, table
 
     for target in targets:
         loaded.for_target(target).chip()  # an unknown chip fails before anything is built
     console.print(f"matrix build of {loaded.recipe.name} on {', '.join(targets)}")
     cells = build_matrix(loaded, targets, args.stage, build_root=args.build_dir,
-                         cache=args.cache, jobs=args.jobs)
+                         cache=args.cache, jobs=args.jobs, remote=args.remote,
+                         scheduler=resolve_scheduler(args.scheduler))
     rows = table(cells)
     if args.json:
         print(json.dumps({"targets": rows, "cells": cells}, indent=2, default=str))
@@ -184,7 +204,7 @@ def cmd_validate(args) -> int:
 def cmd_plan(args) -> int:
     from npubuild import api
 
-    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache)
+    session = _session(args, args.recipe)
     results = api.plan(session, args.stage)
     if args.json:
         print(json.dumps({r.stage: {"action": r.status, "reason": r.reason, "key": r.key}
@@ -202,7 +222,7 @@ def cmd_plan(args) -> int:
 def cmd_show(args) -> int:
     from npubuild import api
 
-    info = api.show(api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache))
+    info = api.show(_session(args, args.recipe))
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_OK
@@ -220,7 +240,7 @@ def cmd_show(args) -> int:
 def cmd_clean(args) -> int:
     from npubuild import api
 
-    root = api.clean(api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache))
+    root = api.clean(_session(args, args.recipe))
     print(f"removed {root} (the cache is kept)")
     return EXIT_OK
 
@@ -251,7 +271,7 @@ def cmd_targets(args) -> int:
 def _check_targets(args) -> int:
     from npubuild import api
 
-    session = api.session_for(args.check, build_root=args.build_dir, cache=args.cache)
+    session = _session(args, args.check)
     nodes = api.placements(session)
     if args.json:
         print(json.dumps([n.as_dict() for n in nodes], indent=2))
@@ -269,7 +289,7 @@ def cmd_infer(args) -> int:
 
     from npubuild import api
 
-    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache)
+    session = _session(args, args.recipe)
     feeds = api.load_inputs(session, args.input)
     outputs = api.infer(session, feeds, deployed=not args.float)
     if args.output:
@@ -306,7 +326,7 @@ def cmd_diff(args) -> int:
             paths = list(args.recipes)
         else:
             raise UserError("give two recipes (A.yaml B.yaml) or one recipe with --rev REV")
-        a, b = (api.session_for(p, build_root=args.build_dir, cache=args.cache) for p in paths)
+        a, b = (_session(args, p) for p in paths)
         result = diff_sessions(a, b)
     if args.json:
         print(json.dumps(result, indent=2))

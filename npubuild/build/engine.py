@@ -20,6 +20,7 @@ from typing import Any, Callable
 from npubuild import __version__
 from npubuild.atomic import write_json
 from npubuild.build.cache import Cache, CacheCorrupt
+from npubuild.build.fetch import StageArtifacts
 from npubuild.build.hashing import HashCache, sha256_data, sha256_file
 from npubuild.build.keys import KeyParts, explain_change, key_parts, read_manifest
 from npubuild.build.paths import MANIFEST, BuildPaths, cache_dir
@@ -59,6 +60,7 @@ class BuildSession:
     results: dict[str, StageResult] = field(default_factory=dict)
     error: NpubuildError | None = None
     remote_url: str | None = None
+    scheduler: str | None = None
 
     @cached_property
     def remote(self) -> RemoteCache | None:
@@ -207,7 +209,8 @@ class BuildSession:
         scratch.mkdir(parents=True)
         upstream = {u: self.paths.stage_dir(u) for u in stage.needs}
         ctx = StageContext(self.loaded, self.chip if stage.uses_chip else None, upstream,
-                           scratch, self.progress)
+                           scratch, self.progress, scheduler=self.scheduler,
+                           sources=self._sources(stage) if self.scheduler else {})
         started = time.perf_counter()
         report = stage.function()(ctx) or {}
         files = {str(p.relative_to(scratch)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
@@ -217,6 +220,17 @@ class BuildSession:
                     "parts": parts.as_dict(), "report": report}
         write_json(scratch / MANIFEST, manifest)
         return manifest
+
+    def _sources(self, stage: Stage) -> dict[str, StageArtifacts]:
+        """The upstream stages by key, for workers that fetch them through the caches."""
+        remote = self.remote.url if self.remote is not None and self.remote.available else None
+        out = {}
+        for name in stage.needs:
+            manifest = read_manifest(self.paths.manifest(name))
+            if manifest:
+                out[name] = StageArtifacts(name, manifest["key"], str(self.cache.root.resolve()),
+                                           remote)
+        return out
 
     def _swap_in(self, stage: Stage, scratch: Path) -> None:
         """Replace the stage directory by ``scratch`` with two renames; a kill between them
