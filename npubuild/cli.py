@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, help="write the outputs to this .npz")
     p.add_argument("--float", action="store_true",
                    help="run the float submodels (no quantization, no simulator)")
+    p = command("cache", cmd_cache, "the content caches: per stage, where the recipe's current "
+                "artifacts are (status), upload them to the remote (push), download them (pull)",
+                recipe=False, build_opts=True, json_opt=True)
+    p.add_argument("action", choices=["status", "push", "pull"], help="what to do")
+    p.add_argument("recipe", type=Path, help="recipe YAML file")
     p = command("diff", cmd_diff, "compare two recipes (or two git revisions of one): which "
                 "stages differ and why, and how the metrics moved", recipe=False,
                 build_opts=True, json_opt=True)
@@ -157,6 +162,24 @@ def cmd_run(args) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     return EXIT_OK
+
+
+def cmd_cache(args) -> int:
+    from npubuild.build import sync
+
+    session = _session(args, args.recipe)
+    result = getattr(sync, args.action)(session)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif args.action == "status":
+        print("| stage | key | build | local | remote |\n|---|---|---|---|---|")
+        for row in result:
+            marks = ["yes" if row[k] else "no" for k in ("build", "local", "remote")]
+            print(f"| {row['stage']} | {(row['key'] or '-')[:12]} | " + " | ".join(marks) + " |")
+    else:
+        for outcome, stages in result.items():
+            print(f"{outcome}: {', '.join(stages) if stages else '-'}")
+    return EXIT_FAILED if result.get("failed") else EXIT_OK
 
 
 def _run_matrix(args, console, loaded, targets: list[str]) -> int:

@@ -7,6 +7,7 @@ one remote; B must restore every stage from the remote without running any stage
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import uuid
 from pathlib import Path
@@ -155,3 +156,32 @@ def test_a_file_remote_round_trips_an_entry(tiny_recipe, tmp_path):
     api.build(b, "import")
     assert b.results["import"].status == "restored"
     assert tree_digest(b.paths.root / "import") == tree_digest(a.paths.root / "import")
+
+
+def test_cache_push_then_pull_on_another_machine_then_run_restores(s3_server, bucket, tiny_recipe, tmp_path, cli):
+    url = f"s3://{bucket}/cache"
+    env = {k: v for k, v in __import__("os").environ.items() if k.startswith("AWS_")}
+    a = ["--build-dir", str(tmp_path / "a"), "--cache", str(tmp_path / "ca")]
+    b = ["--build-dir", str(tmp_path / "b"), "--cache", str(tmp_path / "cb")]
+    api.build(api.session_for(tiny_recipe, build_root=tmp_path / "a", cache=tmp_path / "ca"), "split")
+
+    pushed = cli("cache", "push", str(tiny_recipe), *a, "--remote", url, "--json", env=env)
+    assert pushed.returncode == 0, pushed.stderr
+    assert json.loads(pushed.stdout)["pushed"] == ["import", "surgery", "fusion", "split"]
+
+    status = cli("cache", "status", str(tiny_recipe), *b, "--remote", url, "--json", env=env)
+    rows = {r["stage"]: r for r in json.loads(status.stdout)}
+    assert rows["split"]["remote"] and not rows["split"]["local"] and not rows["split"]["build"]
+
+    pulled = cli("cache", "pull", str(tiny_recipe), *b, "--remote", url, "--json", env=env)
+    assert json.loads(pulled.stdout)["pulled"] == ["import", "surgery", "fusion", "split"]
+    session_b = api.session_for(tiny_recipe, build_root=tmp_path / "b", cache=tmp_path / "cb")
+    api.build(session_b, "split")  # no remote: everything comes from the pulled local cache
+    assert {r.status for r in session_b.results.values() if r.key} == {"restored"}
+
+
+def test_cache_push_without_a_remote_says_how_to_configure_one(tiny_recipe, tmp_path, cli):
+    result = cli("cache", "push", str(tiny_recipe), "--build-dir", str(tmp_path / "b"),
+                 env={"NPUBUILD_REMOTE": ""})
+    assert result.returncode == 2
+    assert "no remote cache is configured" in result.stderr and "--remote" in result.stderr
