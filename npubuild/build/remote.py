@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from npubuild.build.paths import MANIFEST
+from npubuild.build.paths import CACHE_ENV, MANIFEST
 
 REMOTE_ENV = "NPUBUILD_REMOTE"
 KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
@@ -43,8 +43,11 @@ def is_url(text: str | os.PathLike | None) -> bool:
 
 
 def resolve_remote_url(override: str | None = None) -> str | None:
-    """``--remote`` (or a URL given to ``--cache``) wins, then ``$NPUBUILD_REMOTE``."""
-    return override or os.environ.get(REMOTE_ENV) or None
+    """``--remote`` (or a URL given to ``--cache``) wins, then ``$NPUBUILD_REMOTE``, then a URL
+    in ``$NPUBUILD_CACHE``."""
+    cache_env = os.environ.get(CACHE_ENV)
+    return (override or os.environ.get(REMOTE_ENV)
+            or (cache_env if is_url(cache_env) else None) or None)
 
 
 @dataclass

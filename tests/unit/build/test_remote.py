@@ -185,3 +185,15 @@ def test_cache_push_without_a_remote_says_how_to_configure_one(tiny_recipe, tmp_
                  env={"NPUBUILD_REMOTE": ""})
     assert result.returncode == 2
     assert "no remote cache is configured" in result.stderr and "--remote" in result.stderr
+
+
+def test_a_url_in_npubuild_cache_is_the_remote_and_the_local_cache_stays_a_folder(monkeypatch, tmp_path):
+    from npubuild.build.paths import DEFAULT_CACHE_DIR, cache_dir
+    from npubuild.build.remote import resolve_remote_url
+
+    monkeypatch.delenv("NPUBUILD_REMOTE", raising=False)
+    monkeypatch.setenv("NPUBUILD_CACHE", "s3://team-bucket/npubuild")
+    assert resolve_remote_url(None) == "s3://team-bucket/npubuild"
+    assert cache_dir(None) == DEFAULT_CACHE_DIR
+    monkeypatch.setenv("NPUBUILD_CACHE", str(tmp_path))
+    assert resolve_remote_url(None) is None and cache_dir(None) == tmp_path
