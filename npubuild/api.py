@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 from npubuild.build.engine import BuildSession, StageResult, stage_list
 from npubuild.build.keys import read_manifest
+from npubuild.build.remote import is_url
 from npubuild.build.lock import build_lock
 from npubuild.errors import BuildError, UserError
 from npubuild.recipe import LoadedRecipe, load_recipe
@@ -19,10 +20,17 @@ from npubuild.stages import PIPELINE, no_progress
 
 
 def session_for(recipe: str | Path | LoadedRecipe, *, build_root: Path | None = None,
-                cache: Path | None = None, progress: Callable[..., Any] = no_progress,
-                on_event: Callable[[StageResult], None] = lambda r: None) -> BuildSession:
+                cache: str | Path | None = None, progress: Callable[..., Any] = no_progress,
+                on_event: Callable[[StageResult], None] = lambda r: None,
+                remote: str | None = None, scheduler: str | None = None) -> BuildSession:
+    """A build session; ``cache`` is a local folder or, as a URL (``s3://…``), the remote
+    level behind the default local cache (``remote`` names the remote explicitly);
+    ``scheduler`` fans calibration batches out on Dask."""
     loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
-    return BuildSession(loaded, build_root, cache, progress, on_event)
+    if is_url(cache):
+        cache, remote = None, remote or str(cache)
+    return BuildSession(loaded, build_root, cache, progress, on_event, remote_url=remote,
+                        scheduler=scheduler)
 
 
 def build(session: BuildSession, stage: str | None = None, *, wait_seconds: float = 600.0,

@@ -132,8 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("recipe", type=Path, help="recipe YAML file")
         if build_opts:
             p.add_argument("--build-dir", type=Path, default=None, help="build root (default: ./build)")
-            p.add_argument("--cache", type=Path, default=None,
-                           help="content cache directory (default: $NPUBUILD_CACHE or ./.npubuild/cache)")
+            p.add_argument("--cache", default=None, metavar="DIR|URL",
+                           help="content cache directory (default: $NPUBUILD_CACHE or ./.npubuild/cache); "
+                                "a URL (s3://bucket/prefix, gs://…, file://…) is a shared remote "
+                                "level behind the default local cache")
+            p.add_argument("--remote", default=None, metavar="URL",
+                           help="shared remote cache on fsspec (default: $NPUBUILD_REMOTE); "
+                                "credentials come from the usual AWS_*/fsspec environment")
         if json_opt:
             p.add_argument("--json", action="store_true", help="print machine-readable JSON")
         p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
@@ -153,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matrix build: build for this chip too (repeatable); see also `targets:`")
     p.add_argument("-j", "--jobs", type=int, default=2, metavar="N",
                    help="matrix build: chips built in parallel (default 2)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run matrix cells and calibration batches on Dask: tcp://HOST:PORT, or "
+                        "local:N for a local cluster of N workers (default: $NPUBUILD_SCHEDULER)")
     p = command("validate", cmd_validate, "check recipes and the files they name; build nothing",
                 recipe=False, json_opt=True)
     p.add_argument("recipes", type=Path, nargs="+", metavar="recipe",
@@ -186,12 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, help="write the outputs to this .npz")
     p.add_argument("--float", action="store_true",
                    help="run the float submodels (no quantization, no simulator)")
-    p = command("cache", cmd_cache, "check the content cache (verify) or remove its orphans and "
-                "corrupt entries (gc)", recipe=False, json_opt=True)
-    p.add_argument("action", choices=["verify", "gc"], help="verify: re-hash every entry; gc: "
-                   "remove what verify finds bad and the .tmp-* that killed runs left")
-    p.add_argument("--cache", type=Path, default=None,
-                   help="content cache directory (default: $NPUBUILD_CACHE or ./.npubuild/cache)")
+    p = command("cache", cmd_cache, "the content caches: check every entry (verify), remove "
+                "orphans and corrupt entries (gc), and per recipe: where its stages are (status), "
+                "upload them to the remote (push), download them (pull)",
+                recipe=False, build_opts=True, json_opt=True)
+    p.add_argument("action", choices=["verify", "gc", "status", "push", "pull"],
+                   help="verify: re-hash every entry; gc: remove what verify finds bad and the "
+                        ".tmp-* that killed runs left; status/push/pull RECIPE: its stages between "
+                        "the build, the local cache and the remote (--remote)")
+    p.add_argument("recipe", type=Path, nargs="?", help="recipe YAML file (status, push, pull)")
     p = command("view", cmd_view, "open a stage's ONNX model in Netron (or print its path)",
                 build_opts=True)
     p.add_argument("stage", nargs="?", default="fusion",
@@ -212,6 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- commands --------------------------------------------------------------------------------
 
+def _session(args, recipe, **options):
+    """A build session with the command's --build-dir, --cache and --remote."""
+    from npubuild import api
+
+    return api.session_for(recipe, build_root=args.build_dir, cache=args.cache,
+                           remote=args.remote, **options)
+
+
 def cmd_run(args) -> int:
     from npubuild import api
     from npubuild.recipe import load_recipe
@@ -221,8 +240,10 @@ def cmd_run(args) -> int:
     targets = args.target or loaded.recipe.targets
     if targets:
         return _run_matrix(args, console, loaded, targets)
-    session = api.session_for(loaded, build_root=args.build_dir, cache=args.cache,
-                              progress=_progress(console), on_event=_stage_printer(console))
+    from npubuild.distributed import resolve_scheduler
+
+    session = _session(args, loaded, scheduler=resolve_scheduler(args.scheduler),
+                       progress=_progress(console), on_event=_stage_printer(console))
     try:
         report = api.build(session, args.stage, wait_seconds=args.wait,
                            on_wait=lambda msg: console.print(msg, style="yellow", markup=False))
@@ -259,14 +280,37 @@ def _print_headline(args, session) -> None:
         print(f"report: {session.paths.report_html}")
 
 
+def _cache_sync(args) -> int:
+    from npubuild.build import sync
+
+    if args.recipe is None:
+        raise UserError(f"npubuild cache {args.action} needs a recipe",
+                        hint=f"npubuild cache {args.action} recipes/yolov8.yaml --remote s3://bucket/prefix")
+    session = _session(args, args.recipe)
+    result = getattr(sync, args.action)(session)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif args.action == "status":
+        print("| stage | key | build | local | remote |\n|---|---|---|---|---|")
+        for row in result:
+            marks = ["yes" if row[k] else "no" for k in ("build", "local", "remote")]
+            print(f"| {row['stage']} | {(row['key'] or '-')[:12]} | " + " | ".join(marks) + " |")
+    else:
+        for outcome, stages in result.items():
+            print(f"{outcome}: {', '.join(stages) if stages else '-'}")
+    return EXIT_FAILED if result.get("failed") else EXIT_OK
+
+
 def _run_matrix(args, console, loaded, targets: list[str]) -> int:
+    from npubuild.distributed import resolve_scheduler
     from npubuild.matrix import build_matrix, table
 
     for target in targets:
         loaded.for_target(target).chip()  # an unknown chip fails before anything is built
     console.print(f"matrix build of {loaded.recipe.name} on {', '.join(targets)}", markup=False)
     cells = build_matrix(loaded, targets, args.stage, build_root=args.build_dir,
-                         cache=args.cache, jobs=args.jobs)
+                         cache=args.cache, jobs=args.jobs, remote=args.remote,
+                         scheduler=resolve_scheduler(args.scheduler))
     rows = table(cells)
     if args.json:
         print(json.dumps({"targets": rows, "cells": cells}, indent=2, default=str))
@@ -316,7 +360,7 @@ def cmd_validate(args) -> int:
 def cmd_plan(args) -> int:
     from npubuild import api
 
-    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache)
+    session = _session(args, args.recipe)
     results = api.plan(session, args.stage)
     if args.json:
         print(json.dumps({r.stage: {"action": r.status, "reason": r.reason, "key": r.key}
@@ -332,7 +376,7 @@ def cmd_plan(args) -> int:
 def cmd_show(args) -> int:
     from npubuild import api
 
-    info = api.show(api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache))
+    info = api.show(_session(args, args.recipe))
     if args.json:
         print(json.dumps(info, indent=2))
         return EXIT_OK
@@ -350,7 +394,7 @@ def cmd_show(args) -> int:
 def cmd_clean(args) -> int:
     from npubuild import api
 
-    root = api.clean(api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache))
+    root = api.clean(_session(args, args.recipe))
     print(f"removed {root} (the cache is kept)")
     return EXIT_OK
 
@@ -387,7 +431,7 @@ def cmd_targets(args) -> int:
 def _check_targets(args, recipe: Path) -> int:
     from npubuild import api
 
-    session = api.session_for(recipe, build_root=args.build_dir, cache=args.cache)
+    session = _session(args, recipe)
     nodes = api.placements(session)
     if args.json:
         print(json.dumps([n.as_dict() for n in nodes], indent=2))
@@ -405,7 +449,7 @@ def cmd_infer(args) -> int:
 
     from npubuild import api
 
-    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache)
+    session = _session(args, args.recipe)
     feeds = api.load_inputs(session, args.input)
     outputs = api.infer(session, feeds, deployed=not args.float)
     if args.output:
@@ -425,6 +469,8 @@ def cmd_infer(args) -> int:
 
 
 def cmd_cache(args) -> int:
+    if args.action in ("status", "push", "pull"):
+        return _cache_sync(args)
     from npubuild import api
 
     checks = api.cache_check(args.cache) if args.action == "verify" else api.cache_gc(args.cache)
@@ -456,7 +502,7 @@ def cmd_view(args) -> int:
 
     from npubuild import api
 
-    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache)
+    session = _session(args, args.recipe)
     path = api.model_file(session, args.stage, args.graph)
     if importlib.util.find_spec("netron") is None:
         print(path)
@@ -482,8 +528,7 @@ def cmd_diff(args) -> int:
     with ExitStack() as stack:
         paths, labels = api.diff_inputs(args.recipes, args.rev, stack)
         loaded = [load_recipe(p) for p in paths]
-        result = diff_recipes(*loaded, lambda r: api.session_for(
-            r, build_root=args.build_dir, cache=args.cache), labels=labels)
+        result = diff_recipes(*loaded, lambda r: _session(args, r), labels=labels)
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:

@@ -2,14 +2,15 @@
 
 Each chip gets its own build directory (``build/<name>@<chip>/``). The chip-independent
 stages (import, surgery, fusion) are built once first; every cell then restores them from the
-content cache, and the cells themselves run in parallel worker processes (``--jobs``).
+content cache, and the cells themselves run in parallel worker processes (``--jobs``) or as
+Dask tasks (``--scheduler``), which exchange artifacts only through the content cache.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from npubuild.distributed import map_tasks
 from npubuild.errors import NpubuildError
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE
@@ -35,13 +36,14 @@ def shared_prefix(stage: str | None) -> str | None:
     return last
 
 
-def build_cell(recipe_path: str, target: str, stage: str | None, build_root, cache) -> dict:
-    """Build one chip's cell (in a worker process); errors come back as data."""
+def build_cell(recipe_path: str, target: str, stage: str | None, build_root, cache,
+               remote: str | None = None) -> dict:
+    """Build one chip's cell (in a worker process or a Dask worker); errors come back as data."""
     from npubuild import api
     from npubuild.recipe import load_recipe
 
     loaded = load_recipe(recipe_path).for_target(target)
-    session = api.session_for(loaded, build_root=build_root, cache=cache)
+    session = api.session_for(loaded, build_root=build_root, cache=cache, remote=remote)
     try:
         report = api.build(session, stage)
         return {"target": target, "ok": True, "report": report}
@@ -52,18 +54,17 @@ def build_cell(recipe_path: str, target: str, stage: str | None, build_root, cac
 
 
 def build_matrix(loaded: LoadedRecipe, targets: list[str], stage: str | None, *,
-                 build_root: Path | None, cache: Path | None, jobs: int = 1) -> list[dict]:
+                 build_root: Path | None, cache: Path | None, jobs: int = 1,
+                 scheduler: str | None = None, remote: str | None = None) -> list[dict]:
+    """Build the shared stages once, then one cell per chip (``scheduler``: on Dask)."""
     from npubuild import api
 
     prefix = shared_prefix(stage)
     if prefix:
         api.build(api.session_for(loaded.for_target(targets[0]), build_root=build_root,
-                                  cache=cache), prefix)
-    args = [(str(loaded.path), t, stage, build_root, cache) for t in targets]
-    if jobs <= 1 or len(targets) == 1:
-        return [build_cell(*a) for a in args]
-    with ProcessPoolExecutor(max_workers=min(jobs, len(targets))) as pool:
-        return list(pool.map(build_cell, *zip(*args)))
+                                  cache=cache, remote=remote), prefix)
+    calls = [(str(loaded.path), t, stage, build_root, cache, remote) for t in targets]
+    return map_tasks(build_cell, calls, scheduler=scheduler, jobs=jobs)
 
 
 def table(cells: list[dict]) -> list[dict]:

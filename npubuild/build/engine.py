@@ -20,9 +20,11 @@ from typing import Any, Callable
 from npubuild import __version__
 from npubuild.atomic import write_json
 from npubuild.build.cache import TMP_PREFIX, Cache, CacheCorrupt, remove
+from npubuild.build.fetch import StageArtifacts
 from npubuild.build.hashing import HashCache, sha256_data, sha256_file
 from npubuild.build.keys import KeyParts, explain_change, key_parts, read_manifest
 from npubuild.build.paths import MANIFEST, BuildPaths, cache_dir
+from npubuild.build.remote import RemoteCache, resolve_remote_url
 from npubuild.errors import BuildError, NpubuildError
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
@@ -69,6 +71,14 @@ class BuildSession:
     results: dict[str, StageResult] = field(default_factory=dict)
     error: NpubuildError | None = None
     cache_off: str | None = None  # why the cache is not written this run (warned once)
+    remote_url: str | None = None
+    scheduler: str | None = None
+
+    @cached_property
+    def remote(self) -> RemoteCache | None:
+        """The shared second cache level (``--remote``/``$NPUBUILD_REMOTE``), if any."""
+        url = resolve_remote_url(self.remote_url)
+        return RemoteCache(url) if url else None
 
     @cached_property
     def paths(self) -> BuildPaths:
@@ -112,7 +122,8 @@ class BuildSession:
             except NpubuildError as exc:
                 out[stage.name], manifests[stage.name] = (None, None, exc.message), None
                 continue
-            manifest = self.current_manifest(stage, parts.key) or self.cache.manifest(parts.key)
+            manifest = (self.current_manifest(stage, parts.key) or self.cache.manifest(parts.key)
+                        or self.remote_manifest(parts.key))
             manifests[stage.name] = manifest
             out[stage.name] = (parts, manifest, "built" if manifest else "not built")
         return out
@@ -180,6 +191,8 @@ class BuildSession:
             return StageResult(stage.name, "cached", key=parts.key), current
         reason = explain_change(read_manifest(self.paths.manifest(stage.name)), parts)
         cached = self.cache.manifest(parts.key)
+        if cached is None and (cached := self.remote_manifest(parts.key)) is not None:
+            reason = f"{reason} (from the remote cache)"
         return StageResult(stage.name, "will restore" if cached else "will run", key=parts.key,
                            reason=reason), cached
 
@@ -201,6 +214,8 @@ class BuildSession:
             if manifest is None:
                 manifest, status = self._build(stage, parts, scratch), "built"
                 self._store(scratch, key)
+                if self.remote is not None:
+                    self.remote.push(key, self.cache)
             self._swap_in(stage, scratch)
             self._remember_hashes(stage, manifest)
         finally:
@@ -209,10 +224,15 @@ class BuildSession:
         self._record(StageResult(stage.name, status, time.perf_counter() - started, key,
                                  reason=reason, report=manifest.get("report", {})))
 
+    def remote_manifest(self, key: str) -> dict | None:
+        return self.remote.manifest(key) if self.remote is not None else None
+
     def _restore(self, stage: Stage, key: str, scratch: Path) -> dict | None:
-        """The stage's artifacts from the cache, checked file by file; a corrupt entry is
-        reported, evicted and rebuilt (never healed silently), an unreadable cache skipped."""
-        if self.cache.manifest(key) is None:
+        """The stage's artifacts from the cache (pulled from the remote first when only the
+        remote has them), checked file by file; a corrupt entry is reported, evicted and
+        rebuilt (never healed silently), an unreadable cache skipped."""
+        if self.cache.manifest(key) is None and (self.remote is None
+                                                 or not self.remote.pull(key, self.cache)):
             return None
         try:
             return self.cache.restore(key, scratch)
@@ -260,7 +280,8 @@ class BuildSession:
         scratch.mkdir(parents=True)
         upstream = {u: self.paths.stage_dir(u) for u in stage.needs}
         ctx = StageContext(self.loaded, self.chip if stage.uses_chip else None, upstream,
-                           scratch, self.progress)
+                           scratch, self.progress, scheduler=self.scheduler,
+                           sources=self._sources(stage) if self.scheduler else {})
         try:
             report = stage.function()(ctx) or {}
         except BuildError as exc:
@@ -282,6 +303,17 @@ class BuildSession:
         stage_dir = self.paths.stage_dir(stage.name)
         for rel, info in manifest["files"].items():
             self.hashes.remember(stage_dir / rel, info["sha256"])
+
+    def _sources(self, stage: Stage) -> dict[str, StageArtifacts]:
+        """The upstream stages by key, for workers that fetch them through the caches."""
+        remote = self.remote.url if self.remote is not None and self.remote.available else None
+        out = {}
+        for name in stage.needs:
+            manifest = read_manifest(self.paths.manifest(name))
+            if manifest:
+                out[name] = StageArtifacts(name, manifest["key"], str(self.cache.root.resolve()),
+                                           remote)
+        return out
 
     def _swap_in(self, stage: Stage, scratch: Path) -> None:
         """Replace the stage directory by ``scratch`` with two renames; a kill between them

@@ -21,8 +21,10 @@ MANIFEST = "manifest.json"
 
 
 def cache_dir(override: str | Path | None = None) -> Path:
-    """``--cache`` wins, then ``$NPUBUILD_CACHE``, then ``.npubuild/cache``."""
-    return Path(override or os.environ.get(CACHE_ENV) or DEFAULT_CACHE_DIR)
+    """``--cache`` wins, then ``$NPUBUILD_CACHE``, then ``.npubuild/cache``; a URL in either
+    names the remote level (``npubuild.build.remote``), not this folder."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(override or (env if env and "://" not in env else None) or DEFAULT_CACHE_DIR)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,17 @@ class Observer:
                 self.stats[layer.inputs[0]].channel_axis = -1 if layer.attrs.get("fc") else 1
         self._computed = [t for t in self.tensors if t not in fg.inputs]
         self.samples = 0
+        self._method, self._every_tensor = method, every_tensor
+
+    def empty_like(self) -> "Observer":
+        """A new observer of the same graph and tensors, with nothing observed yet."""
+        return Observer(self.fg, self.probe, self._method, every_tensor=self._every_tensor)
+
+    def merge(self, stats: Mapping[str, TensorStats], samples: int) -> None:
+        """Add the statistics of ``samples`` later samples (e.g. one batch, from a worker)."""
+        for name, later in stats.items():
+            self.stats[name].merge(later)
+        self.samples += samples
 
     def update(self, feeds: Mapping[str, np.ndarray]) -> None:
         values = self.probe.run(feeds, self._computed)

@@ -37,6 +37,10 @@ class TensorStats:
     hist: np.ndarray | None = field(default=None, repr=False)
     channel_axis: int | None = None
     channel_sum: np.ndarray | None = field(default=None, repr=False)
+    # Zeros seen before the first non-zero value: the histogram's range is then chosen by the
+    # first non-zero value alone, so it depends only on the largest |x|, never on which sample
+    # came first, and statistics of sample batches merge into exactly the one-pass result.
+    pending_zeros: int = 0
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x)
@@ -61,8 +65,10 @@ class TensorStats:
 
     def _add_to_histogram(self, x: np.ndarray, absmax: float) -> None:
         if self.hist is None:
-            self.hist = np.zeros(HIST_BINS, dtype=np.int64)
-            self.range = 2.0 ** (np.floor(np.log2(absmax)) + 1) if absmax > 0 else 2.0 ** -20
+            if absmax == 0:
+                self.pending_zeros += x.size
+                return
+            self._start_histogram(2.0 ** (np.floor(np.log2(absmax)) + 1))
         while absmax >= self.range:
             self._double_range()
         half = HIST_BINS // 2
@@ -70,12 +76,43 @@ class TensorStats:
         np.clip(idx, 0, HIST_BINS - 1, out=idx)
         self.hist += np.bincount(idx, minlength=HIST_BINS)
 
-    def _double_range(self) -> None:
-        merged = self.hist.reshape(-1, 2).sum(axis=1)
-        quarter = HIST_BINS // 4
+    def _start_histogram(self, value_range: float) -> None:
         self.hist = np.zeros(HIST_BINS, dtype=np.int64)
-        self.hist[quarter: quarter + merged.size] = merged
+        self.range = float(value_range)
+        self.hist[HIST_BINS // 2] += self.pending_zeros  # 0 always falls in the middle bin
+        self.pending_zeros = 0
+
+    def _double_range(self) -> None:
+        self.hist = _doubled(self.hist)
         self.range *= 2
+
+    def merge(self, later: "TensorStats") -> None:
+        """Add the statistics of samples observed after these ones. Exact: merging the
+        statistics of consecutive batches in order equals observing all samples in one pass
+        with the same batches (min/max/counts/histograms exactly; channel sums add per batch)."""
+        if later.count == 0:
+            return
+        self.min, self.max = min(self.min, later.min), max(self.max, later.max)
+        self.count += later.count
+        if later.channel_sum is not None:
+            self.channel_sum = (later.channel_sum.copy() if self.channel_sum is None
+                                else self.channel_sum + later.channel_sum)
+        if not self.with_histogram:
+            return
+        if later.hist is None:
+            if self.hist is None:
+                self.pending_zeros += later.pending_zeros
+            else:
+                self.hist[HIST_BINS // 2] += later.pending_zeros
+            return
+        if self.hist is None:
+            self._start_histogram(later.range)
+        while self.range < later.range:
+            self._double_range()
+        hist, value_range = later.hist, later.range
+        while value_range < self.range:
+            hist, value_range = _doubled(hist), value_range * 2
+        self.hist = self.hist + hist
 
     @property
     def absmax(self) -> float:
@@ -89,6 +126,16 @@ class TensorStats:
 
     def as_dict(self) -> dict:
         return {"min": self.min, "max": self.max, "count": self.count}
+
+
+def _doubled(hist: np.ndarray) -> np.ndarray:
+    """The same counts over twice the range: adjacent bins merge pairwise (exact, since every
+    range is a power of two and bin edges stay aligned)."""
+    merged = hist.reshape(-1, 2).sum(axis=1)
+    quarter = HIST_BINS // 4
+    out = np.zeros(HIST_BINS, dtype=np.int64)
+    out[quarter: quarter + merged.size] = merged
+    return out
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from itertools import islice
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -25,6 +26,9 @@ from npubuild.quant.qgraph import QGraph
 from npubuild.quant.reference import quantize_inputs, run_reference
 
 MAX_CROSSCHECK_SAMPLES = 4
+# Samples per calibration batch. Fixed (not derived from the number of workers) so that the
+# floating-point sums inside the statistics happen in the same order on any cluster.
+CALIBRATION_BATCH = 8
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class GraphState:
 
 
 Progress = Callable[..., Iterator]
+BatchMapper = Callable[[Iterable[list]], Iterable[tuple[int, list[dict]]]]
 
 
 def _no_progress(items, total=None, description=""):
@@ -118,16 +123,35 @@ class Workflow:
 
     # ---- calibration and quantization ---------------------------------------------------
 
-    def calibrate(self, samples: Iterable[Mapping[str, np.ndarray]], total: int | None = None) -> int:
+    def calibrate(self, samples: Iterable[Mapping[str, np.ndarray]], total: int | None = None,
+                  map_batches: BatchMapper | None = None) -> int:
+        """Observe the calibration samples through the float pipeline.
+
+        Samples go in batches of ``CALIBRATION_BATCH`` whose statistics merge in order, in
+        this process or, through ``map_batches`` (e.g. on Dask workers, which must return
+        :meth:`observe_batch`'s result per batch, in order), elsewhere: the batches are the
+        same either way, so the statistics are byte-identical however many workers ran."""
+        fed = self.progress(samples, total=total, description="calibrating")
+        batches = iter(lambda it=iter(fed): list(islice(it, CALIBRATION_BATCH)), [])
+        observed = map_batches(batches) if map_batches else map(self.observe_batch, batches)
         count = 0
-        for feeds in self.progress(samples, total=total, description="calibrating"):
-            values = self.pipeline.float_values(feeds)
-            for state in self.states:
-                state.observer.update({t: values[t] for t in state.fg.inputs})
-            count += 1
+        for samples_in_batch, stats in observed:
+            for state, graph_stats in zip(self.states, stats):
+                state.observer.merge(graph_stats, samples_in_batch)
+            count += samples_in_batch
         if count == 0:
             raise BuildError("no calibration sample was read", stage="quantize")
         return count
+
+    def observe_batch(self, batch: Sequence[Mapping[str, np.ndarray]]
+                      ) -> tuple[int, list[dict[str, calibrate.TensorStats]]]:
+        """One batch's statistics per NPU graph (picklable: what a worker sends back)."""
+        observers = [state.observer.empty_like() for state in self.states]
+        for feeds in batch:
+            values = self.pipeline.float_values(feeds)
+            for state, observer in zip(self.states, observers):
+                observer.update({t: values[t] for t in state.fg.inputs})
+        return len(batch), [observer.stats for observer in observers]
 
     def quantize(self) -> None:
         for state in self.states:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 if TYPE_CHECKING:
+    from npubuild.build.fetch import StageArtifacts
     from npubuild.recipe import LoadedRecipe
     from npubuild.targets.model import Chip
 
@@ -35,6 +36,10 @@ class StageContext:
     out: Path
     progress: Callable[..., Iterator[Any]] = no_progress
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("npubuild"))
+    # Fan-out (``--scheduler``): where Dask runs sample batches, and the upstream stages by
+    # content key, which workers fetch through the cache instead of reading ``upstream``.
+    scheduler: str | None = None
+    sources: dict[str, "StageArtifacts"] = field(default_factory=dict)
 
     @property
     def recipe(self):

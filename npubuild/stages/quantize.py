@@ -96,7 +96,8 @@ def run(ctx: StageContext) -> dict:
     cal_files = calibration_files(ctx.loaded)
     samples = ctx.loaded.located(data.load_samples(cal_files, inputs, spec.calibration.samples),
                                  *CALIBRATION_FIELD)
-    count = workflow.calibrate(samples, total=min(spec.calibration.samples, len(cal_files)))
+    count = workflow.calibrate(samples, total=min(spec.calibration.samples, len(cal_files)),
+                               map_batches=_batch_mapper(ctx, workflow))
     workflow.quantize()
     files = workflow.write(ctx.out)
 
@@ -129,6 +130,19 @@ def run(ctx: StageContext) -> dict:
                               for row in per_layer[:5]], "overrides": overrides},
         "accuracy": {"outputs": outputs, "data": "verify" if verify_data else "calibration"},
     }
+
+
+def _batch_mapper(ctx: StageContext, workflow: Workflow):
+    """Calibration batches on Dask when the build has a scheduler, else in this process."""
+    if not ctx.scheduler:
+        return None
+    from npubuild.quant.fanout import calibration_on_dask
+
+    if "split" not in ctx.sources:
+        ctx.log.warning("quantize: the split artifacts are not in a cache the workers can "
+                        "reach; calibrating in this process")
+        return None
+    return calibration_on_dask(ctx.scheduler, ctx.sources["split"], workflow.options)
 
 
 def _graph_summary(qgraph) -> dict:

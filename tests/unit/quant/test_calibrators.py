@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from npubuild.quant.calibrators import (CALIBRATORS, HIST_BINS, CalibrationOptions, TensorStats,
                                         calibrated_range)
@@ -94,3 +96,26 @@ def test_percentile_option():
 def test_int16_tensors_keep_the_observed_range():
     stats = observed([heavy_tailed()])
     assert calibrated_range(stats, "kl", "symmetric", CalibrationOptions(dtype="int16"))[1] == stats.max
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1e-9, 3e-7, 0.02, 1.5, 40.0, 900.0]), min_size=1, max_size=12),
+       st.integers(min_value=1, max_value=5), st.integers(min_value=0, max_value=2 ** 16))
+def test_batch_statistics_merge_into_exactly_the_one_pass_histogram(scales, batch, seed):
+    rng = np.random.default_rng(seed)
+    samples = [rng.normal(size=(1, 3, 4, 4)) * s for s in scales]
+    one_pass = TensorStats(with_histogram=True)
+    for x in samples:
+        one_pass.update(x)
+    merged = TensorStats(with_histogram=True)
+    for start in range(0, len(samples), batch):
+        part = TensorStats(with_histogram=True)
+        for x in samples[start:start + batch]:
+            part.update(x)
+        merged.merge(part)
+    assert (merged.min, merged.max, merged.count) == (one_pass.min, one_pass.max, one_pass.count)
+    assert merged.range == one_pass.range
+    if one_pass.hist is None:
+        assert merged.hist is None and merged.pending_zeros == one_pass.pending_zeros
+    else:
+        assert np.array_equal(merged.hist, one_pass.hist)

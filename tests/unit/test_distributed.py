@@ -1,0 +1,81 @@
+"""Fan-out on Dask: the same cells and artifacts as in one process, and clear errors."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from npubuild.distributed import dask_client, map_tasks, resolve_scheduler
+from npubuild.errors import UserError
+from npubuild.matrix import build_matrix
+from npubuild.recipe import load_recipe
+
+pytest.importorskip("distributed", reason="the Dask tests need distributed")
+
+
+def digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.parent != root}
+
+
+def test_matrix_cells_on_a_local_dask_cluster_equal_the_in_process_build(tiny_recipe, tmp_path):
+    loaded = load_recipe(tiny_recipe)
+    targets = ["npu-16m", "npu-tiny"]
+    serial = build_matrix(loaded, targets, "compile", build_root=tmp_path / "serial",
+                          cache=tmp_path / "cache-serial", jobs=1)
+    on_dask = build_matrix(loaded, targets, "compile", build_root=tmp_path / "dask",
+                           cache=tmp_path / "cache-dask", scheduler="local:2")
+
+    assert [c["target"] for c in on_dask] == targets and all(c["ok"] for c in on_dask)
+    for a, b in zip(serial, on_dask):
+        assert {s: v["key"] for s, v in a["report"]["stages"].items()} == \
+               {s: v["key"] for s, v in b["report"]["stages"].items()}
+    for target in targets:
+        cell = f"tiny@{target}"
+        assert digests(tmp_path / "dask" / cell) == digests(tmp_path / "serial" / cell)
+
+
+def test_map_tasks_keeps_the_order_of_the_calls_on_dask():
+    assert map_tasks(pow, [(2, k) for k in range(6)], scheduler="local:1") == [2 ** k for k in range(6)]
+
+
+def test_a_scheduler_that_is_not_there_is_a_user_error_with_a_hint():
+    with pytest.raises(UserError, match="cannot reach the Dask scheduler") as info:
+        with dask_client("tcp://127.0.0.1:9"):
+            pass
+    assert "local:N" in info.value.hint
+
+
+@pytest.mark.parametrize("address", ["local:0", "localhost"])
+def test_a_malformed_scheduler_address_is_a_user_error(address):
+    with pytest.raises(UserError):
+        with dask_client(address):
+            pass
+
+
+def test_the_environment_names_the_scheduler_when_no_flag_does(monkeypatch):
+    monkeypatch.setenv("NPUBUILD_SCHEDULER", "local:3")
+    assert resolve_scheduler(None) == "local:3"
+    assert resolve_scheduler("tcp://h:1") == "tcp://h:1"
+    monkeypatch.delenv("NPUBUILD_SCHEDULER")
+    assert resolve_scheduler(None) is None
+
+
+def test_calibration_batches_on_dask_give_byte_identical_quantize_artifacts(tmp_path):
+    from npubuild import api
+    from tests.conftest import TINY_RECIPE, write_recipe
+
+    many = TINY_RECIPE.replace('"pkg:skimage/data/[a-c]*.png", samples: 2',
+                               '"pkg:skimage/data/*.png", samples: 20, method: kl')
+    assert many != TINY_RECIPE
+    recipe = write_recipe(tmp_path, many)
+    serial = api.session_for(recipe, build_root=tmp_path / "s", cache=tmp_path / "cs")
+    api.build(serial, "quantize")
+    fanned = api.session_for(recipe, build_root=tmp_path / "d", cache=tmp_path / "cd",
+                             scheduler="local:2")
+    api.build(fanned, "quantize")
+
+    assert fanned.results["quantize"].report["quantization"]["calibration_samples"] == 20
+    assert digests(tmp_path / "d" / "tiny" / "quantize") == digests(tmp_path / "s" / "tiny" / "quantize")
