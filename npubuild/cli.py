@@ -167,11 +167,14 @@ def _run_matrix(args, console, loaded, targets: list[str]) -> int:
 
 def cmd_validate(args) -> int:
     from npubuild.recipe import load_recipe
+    from npubuild.stages import importer
 
     loaded = load_recipe(args.recipe)
     chip = loaded.chip()
+    signature = importer.check_signature(loaded)
     result = {"recipe": str(args.recipe), "name": loaded.recipe.name, "valid": True,
-              "model": str(loaded.model_path), "format": loaded.model_format, "target": chip.name}
+              "model": str(loaded.model_path), "format": loaded.model_format, "target": chip.name,
+              **signature}
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -78,6 +78,14 @@ def convert(path: Path, fmt: str, inputs: list, outputs: list[str] | None,
     return with_loadable_ir(model)
 
 
+def signature(path: Path, fmt: str, inputs: list, outputs: list[str] | None) -> dict:
+    """The model's input and output names (ONNX spelling) after resolving the recipe's names,
+    without converting: what `npubuild validate` checks. Unknown names raise `UserError`."""
+    with _quiet():
+        source = _open(Path(path), fmt, inputs, outputs)
+    return {"inputs": [p.name for p in source.inputs], "outputs": [p.name for p in source.outputs]}
+
+
 def run_source(path: Path, fmt: str, feeds: dict[str, np.ndarray], inputs: list,
                outputs: list[str] | None) -> list[np.ndarray]:
     """Run the source model in its own framework on `feeds` (keyed by the ONNX input names);
