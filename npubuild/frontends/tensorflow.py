@@ -394,7 +394,51 @@ def _tensorflow():
         else:
             os.environ[_LOG_ENV] = saved
     _absl_to_real_stderr()
+    _transposes_through_elementwise_ops()
     return tf
+
+
+# Elementwise ops tf2onnx 1.17's transpose optimizer has no handler for: a Transpose stops at
+# them, so a TFLite MobileNetV3 (HARD_SWISH → ONNX HardSwish) keeps one pair per block.
+_ELEMENTWISE_UNARY = ("HardSwish", "HardSigmoid", "Floor", "Ceil", "Round", "Sign", "Softsign",
+                      "Celu", "Mish", "ThresholdedRelu", "Sin", "Cos", "Not", "Gelu")
+_ELEMENTWISE_BINARY = ("Div", "Pow")
+
+
+def _transposes_through_elementwise_ops() -> None:
+    """Teach tf2onnx's transpose optimizer (patched once per process) what it misses, so that an
+    NHWC model's NHWC↔NCHW Transposes cancel and only those at the graph's edges remain.
+
+    - Every elementwise op above passes a Transpose through as Relu does (unary) or as Max
+      does (binary, constants reshaped for the new layout).
+    - ``Add(x, scalar)``: its handler takes ``max()`` of the constant's shape to merge it into a
+      Conv bias; for a rank-0 constant (hard-swish's ``x + 3`` after a Conv, as Keras exports it)
+      that raises, tf2onnx catches it and skips the whole transpose optimisation (MobileNetV3
+      keeps two Transposes per Conv). A scalar is never a Conv bias, so it takes the broadcast
+      handler too.
+    """
+    from tf2onnx.optimizer.transpose_optimizer import TransposeOptimizer
+
+    if getattr(TransposeOptimizer, "npubuild_patched", False):
+        return
+    add, init = TransposeOptimizer._add_handler, TransposeOptimizer._initialize_handlers
+
+    def add_handler(self, trans, node):
+        other = node.inputs[1]
+        if other.is_const() and other.get_tensor_value(as_list=False).ndim == 0:
+            return self._handle_node_having_branches(trans, node)
+        return add(self, trans, node)
+
+    def initialize_handlers(self):
+        init(self)
+        for op in _ELEMENTWISE_UNARY:
+            self._handler_map.setdefault(op, self._simple_through_handler)
+        for op in _ELEMENTWISE_BINARY:
+            self._handler_map.setdefault(op, self._maxmin_handler)
+
+    TransposeOptimizer._add_handler = add_handler
+    TransposeOptimizer._initialize_handlers = initialize_handlers
+    TransposeOptimizer.npubuild_patched = True
 
 
 def _absl_to_real_stderr() -> None:

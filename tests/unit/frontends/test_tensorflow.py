@@ -1,4 +1,5 @@
-"""The TensorFlow frontend on one small Keras CNN saved in every format it reads.
+"""The TensorFlow frontend on one small Keras CNN (Conv+BatchNorm+ReLU, then a MobileNetV3
+block: hard-swish and squeeze-and-excite) saved in every format it reads.
 
 Each conversion is checked three ways on the same random input: ONNX Runtime on the converted
 model vs `run_source` (the source framework) within 1e-4, and `run_source` vs the Keras model
@@ -57,7 +58,12 @@ def _cnn(keras):
     norm = keras.layers.BatchNormalization()
     x = keras.layers.ReLU()(norm(x))
     features = keras.layers.GlobalAveragePooling2D(name="features")(x)
-    logits = keras.layers.Dense(5, name="logits")(features)
+    # MobileNetV3's block: 1x1 conv, hard-swish (x + 3 with a scalar), squeeze-and-excite Mul
+    y = keras.layers.Activation("hard_swish")(keras.layers.Conv2D(6, 1)(x))
+    excite = keras.layers.Conv2D(6, 1, activation="hard_sigmoid")(
+        keras.layers.GlobalAveragePooling2D(keepdims=True)(y))
+    y = keras.layers.Multiply()([y, excite])
+    logits = keras.layers.Dense(5, name="logits")(keras.layers.GlobalAveragePooling2D()(y))
     rng = np.random.default_rng(0)  # non-trivial statistics, so folding BatchNorm is tested
     norm.set_weights([rng.uniform(0.5, 2, 8), rng.normal(0, 1, 8), rng.normal(0, 1, 8),
                       rng.uniform(0.5, 2, 8)])
@@ -103,6 +109,8 @@ def test_conversion_matches_the_source_framework(models, case):
     if fmt != "tflite":  # the recipe's batch reached tf2onnx (its TFLite path ignores shapes)
         assert all(value_shape(o)[0] == 1 for o in model.graph.output)
     assert model.ir_version <= MAX_ORT_IR_VERSION
+    # NHWC → NCHW once at the input; none left between the ops (layout, issue class 9)
+    assert [n.op_type for n in model.graph.node].count("Transpose") == 1
     assert {(o.domain, o.version) for o in model.opset_import} >= {("", 17)}
 
     feeds = {input_name: models.x}
