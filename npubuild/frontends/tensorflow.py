@@ -416,18 +416,27 @@ def _transposes_through_elementwise_ops() -> None:
       that raises, tf2onnx catches it and skips the whole transpose optimisation (MobileNetV3
       keeps two Transposes per Conv). A scalar is never a Conv bias, so it takes the broadcast
       handler too.
+    - ``Mul(x, y)`` where ``y`` is computed, not constant (squeeze-and-excite's channel weights
+      as a TFLite model reshapes them): the broadcast handler, which weighs the Transposes it
+      would add against those it removes, instead of giving up.
     """
     from tf2onnx.optimizer.transpose_optimizer import TransposeOptimizer
 
     if getattr(TransposeOptimizer, "npubuild_patched", False):
         return
-    add, init = TransposeOptimizer._add_handler, TransposeOptimizer._initialize_handlers
+    add, mul = TransposeOptimizer._add_handler, TransposeOptimizer._mul_handler
+    init = TransposeOptimizer._initialize_handlers
 
     def add_handler(self, trans, node):
         other = node.inputs[1]
         if other.is_const() and other.get_tensor_value(as_list=False).ndim == 0:
             return self._handle_node_having_branches(trans, node)
         return add(self, trans, node)
+
+    def mul_handler(self, trans, node):
+        if mul(self, trans, node):
+            return True
+        return self._handle_node_having_branches(trans, node)
 
     def initialize_handlers(self):
         init(self)
@@ -437,6 +446,7 @@ def _transposes_through_elementwise_ops() -> None:
             self._handler_map.setdefault(op, self._maxmin_handler)
 
     TransposeOptimizer._add_handler = add_handler
+    TransposeOptimizer._mul_handler = mul_handler
     TransposeOptimizer._initialize_handlers = initialize_handlers
     TransposeOptimizer.npubuild_patched = True
 
