@@ -213,11 +213,15 @@ class _TFLite:
         self.outputs = _output_ports(outputs, self.graph_outputs, tensors, path)
 
     def to_onnx(self, opset: int) -> onnx.ModelProto:
+        import tempfile
+
         from tf2onnx import convert as tf2onnx_convert
 
-        model, _ = tf2onnx_convert.from_tflite(
-            str(self.path), input_names=[p.key for p in self.inputs],
-            output_names=[p.key for p in self.outputs], opset=opset)
+        with tempfile.TemporaryDirectory() as tmp:
+            dense = _densified(_tensorflow(), self.path, Path(tmp))
+            model, _ = tf2onnx_convert.from_tflite(
+                str(dense), input_names=[p.key for p in self.inputs],
+                output_names=[p.key for p in self.outputs], opset=opset)
         # tf2onnx keeps TFLite tensor names; give recipe-named tensors the recipe's spelling
         _rename_values(model.graph, {p.key: p.name for p in self.inputs + self.outputs})
         return model
@@ -235,6 +239,45 @@ class _TFLite:
             interpreter.set_tensor(index[port.key], array)
         interpreter.invoke()
         return [interpreter.get_tensor(index[p.key]).copy() for p in self.outputs]
+
+
+def _densified(tf, path: Path, tmp: Path) -> Path:
+    """`path`, or a copy in `tmp` whose sparse weights are dense constants.
+
+    A TFLite model converted with sparsity keeps each sparse weight behind a DENSIFY op, which
+    tf2onnx reads as a dense constant of the wrong size ("cannot reshape array of size 88 into
+    shape (16,3,3,3)"). The interpreter runs DENSIFY itself: its outputs become constant
+    buffers and the ops go, so tf2onnx sees the dense model the interpreter computes with."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(path.read_bytes()))
+    graph = model.subgraphs[0]
+    densify = [op for op in graph.operators
+               if _builtin_code(model.operatorCodes[op.opcodeIndex]) == schema.BuiltinOperator.DENSIFY]
+    if not densify:
+        return path
+    interpreter = _interpreter(tf, path, keep_all_tensors=True)
+    interpreter.allocate_tensors()
+    interpreter.invoke()  # DENSIFY reads constants only: whatever the inputs hold
+    for op in densify:
+        out = int(op.outputs[0])
+        buffer = schema.BufferT()
+        buffer.data = np.frombuffer(interpreter.get_tensor(out).tobytes(), np.uint8)
+        model.buffers.append(buffer)
+        # the sparse input too: tf2onnx reads every constant, used or not, at its dense shape
+        for index in (out, int(op.inputs[0])):
+            graph.tensors[index].buffer = len(model.buffers) - 1
+            graph.tensors[index].sparsity = None
+    graph.operators = [op for op in graph.operators if not any(op is d for d in densify)]
+    dense = tmp / path.name
+    dense.write_bytes(bytes(flatbuffer_utils.convert_object_to_bytearray(model)))
+    return dense
+
+
+def _builtin_code(code) -> int:
+    """An operator code's builtin op (schema ≥ 3a keeps codes above 127 in builtinCode)."""
+    return max(code.builtinCode, code.deprecatedBuiltinCode)
 
 
 _SOURCES = {"tf_frozen": _FrozenGraph, "saved_model": _SavedModel, "keras": _Keras,

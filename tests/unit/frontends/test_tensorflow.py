@@ -224,3 +224,33 @@ def test_importing_the_frontend_does_not_load_tensorflow():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[3])
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+def test_sparse_tflite_weights_are_densified_before_tf2onnx(tmp_path):
+    tf = tf_frontend._tensorflow()
+    keras = tf.keras
+    with tf_frontend._quiet():
+        keras.utils.set_random_seed(0)
+        image = keras.Input(SHAPE[1:], name="image")
+        x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(image)
+        model = keras.Model(image, keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(24, 1)(x)))
+        rng = np.random.default_rng(1)
+        for layer in model.layers:  # 80 % zeros: the converter stores the weights sparse
+            if isinstance(layer, keras.layers.Conv2D):
+                kernel, bias = layer.get_weights()
+                layer.set_weights([kernel * (rng.random(kernel.shape) < 0.2), bias])
+        converter = tf.lite.TFLiteConverter.from_keras_model(model)
+        converter.optimizations = [tf.lite.Optimize.EXPERIMENTAL_SPARSITY]
+        path = tmp_path / "sparse.tflite"
+        path.write_bytes(converter.convert())
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    codes = flatbuffer_utils.read_model(str(path)).operatorCodes
+    assert 124 in {c.builtinCode for c in codes}  # DENSIFY: the model really is sparse
+    inputs = [spec("serving_default_image")]
+    converted = tf_frontend.convert(path, "tflite", inputs, None)
+    feeds = {"serving_default_image": np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32)}
+    (source,) = tf_frontend.run_source(path, "tflite", feeds, inputs, None)
+    _, bad = compare_outputs({converted.graph.output[0].name: source}, run(converted, feeds), rtol=1e-4)
+    assert not bad, [str(b) for b in bad]
