@@ -331,6 +331,7 @@ def cmd_validate(args) -> int:
     """One recipe, or many (as pre-commit passes the changed ones): each is checked, every
     error is printed, and the exit code is the worst one."""
     from npubuild.recipe import load_recipe
+    from npubuild.stages import importer
 
     results, worst = [], EXIT_OK
     for path in args.recipes:
@@ -338,6 +339,7 @@ def cmd_validate(args) -> int:
             args.partial = {"recipe": str(path), "valid": False}
             loaded = load_recipe(path)
             chip = loaded.chip()
+            signature = importer.check_signature(loaded)
         except NpubuildError as exc:
             if len(args.recipes) == 1:
                 raise
@@ -347,7 +349,7 @@ def cmd_validate(args) -> int:
             continue
         results.append({"recipe": str(path), "name": loaded.recipe.name, "valid": True,
                         "model": str(loaded.model_path), "format": loaded.model_format,
-                        "target": chip.name})
+                        "target": chip.name, **signature})
         if not args.json:
             print(f"{path}: valid — model {loaded.model_path.name} ({loaded.model_format}), "
                   f"target {chip.name}, {len(loaded.recipe.surgery)} surgery steps, "
