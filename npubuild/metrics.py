@@ -83,3 +83,23 @@ def compare_outputs(reference: dict[str, np.ndarray], actual: dict[str, np.ndarr
             bad.append(Mismatch(name, sim, f"max abs diff {sim.max_abs:.3g} = {sim.max_rel:.3g} of its "
                                            f"magnitude, above the tolerance {rtol:g}"))
     return sims, bad
+
+
+def range_errors(reference: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
+    """Max and RMS absolute error relative to the reference's range (max − min): meaningful for
+    near-zero and one-element tensors, where cosine and SQNR are not (0 when both are equal)."""
+    ref = np.asarray(reference, dtype=np.float64).ravel()
+    diff = ref - np.asarray(actual, dtype=np.float64).ravel()
+    if not diff.size or not np.any(diff):
+        return 0.0, 0.0
+    span = float(ref.max() - ref.min())
+    if span == 0:
+        span = float(np.abs(ref).max())
+    if span == 0:
+        return float("inf"), float("inf")
+    return float(np.abs(diff).max()) / span, float(np.sqrt(np.mean(diff**2))) / span
+
+
+def rms(values: np.ndarray) -> float:
+    values = np.asarray(values, dtype=np.float64)
+    return float(np.sqrt(np.mean(values**2))) if values.size else 0.0
