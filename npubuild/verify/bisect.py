@@ -41,7 +41,7 @@ class Finding:
 class TensorDrop:
     """One quantized tensor against float: its cosine and the worst of its layer's inputs'."""
 
-    node: str  # the ONNX node producing it (the layer's first source node)
+    node: str  # the submodel's node producing it (a fused node, not its inlined body)
     kind: str
     tensor: str
     cosine: float
@@ -197,8 +197,9 @@ def _largest_rule(log: Path) -> str:
 
 def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) -> list[TensorDrop]:
     """For every NPU graph, in order: each layer's output (integer reference, dequantized)
-    against float, with the worst cosine of the layer's inputs; each NPU graph is fed the float
-    pipeline's own boundary values, so a drop is the graph's own."""
+    against float, with the worst cosine of the layer's inputs (1 for tensors inside a fused
+    node, which float does not expose); each NPU graph is fed the float pipeline's own boundary
+    values, so a drop is the graph's own."""
     from npubuild.quant.reference import dequantize_tensor, quantize_inputs, run_reference
 
     values = pipeline.float_values(feeds)
@@ -210,14 +211,15 @@ def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) ->
         floats = onnx_io.run(onnx_io.with_outputs(graph.model, [t for t in names if t in known]),
                              values)
         floats.update({t: values[t] for t in qgraph.inputs if t in values})
+        producers = {o: n.name for n in graph.model.graph.node for o in n.output}
         ints = run_reference(qgraph, quantize_inputs(qgraph, values))
         cosines = {t: similarity(floats[t], dequantize_tensor(qgraph, t, ints[t])).cosine
                    for t in qgraph.inputs if t in floats and t in ints}
         for layer in qgraph.layers:
             before = min((cosines[t] for t in layer.inputs if t in cosines), default=1.0)
-            node = layer.source_nodes[0] if layer.source_nodes else layer.name
             for t in layer.outputs:
                 if t in floats and t in ints:
                     cosines[t] = similarity(floats[t], dequantize_tensor(qgraph, t, ints[t])).cosine
-                    rows.append(TensorDrop(node, layer.kind, t, cosines[t], before))
+                    rows.append(TensorDrop(producers.get(t, layer.name), layer.kind, t,
+                                           cosines[t], before))
     return rows
