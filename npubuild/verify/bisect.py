@@ -46,6 +46,7 @@ class TensorDrop:
     tensor: str
     cosine: float
     input_cosine: float
+    clipped: float = 0.0  # fraction of the float values outside the tensor's integer range
 
     @property
     def drop(self) -> float:
@@ -150,17 +151,25 @@ def explain_quantize(tensor: str, cosine: float, drops: list[TensorDrop], min_co
                    producer=culprit.node, input_cosine=culprit.input_cosine)
 
 
+CLIPPED = 1e-3  # above this fraction of clipped values, the range is wrong, not the resolution
+
+
 def layer_fixes(culprit: TensorDrop, fixes: RecipeFixes) -> str:
-    """Fixes for one layer, leaving out what the recipe already has."""
+    """Fixes for one layer, leaving out what the recipe already has. A tensor whose float values
+    fall outside its calibrated range was clipped: more bits on the same range gain nothing, so
+    int16 is offered only when the loss is resolution."""
     node = culprit.node
     tries = []
+    if culprit.clipped > CLIPPED:
+        tries.append(f"calibrate on data that covers this input: {culprit.clipped:.1%} of its "
+                     "float values fall outside the calibrated range (quantization.calibration.data)")
     if node not in fixes.overridden and culprit.tensor not in fixes.overridden:
-        if fixes.int16:
+        if fixes.int16 and culprit.clipped <= CLIPPED:
             tries.append(f"give it 16-bit activations (quantization.overrides: [{{nodes: "
                          f"[{node!r}], precision: int16}}])")
         tries.append(f"keep it in float (quantization.overrides: [{{nodes: [{node!r}]}}])")
     tries.append(f"move it to the CPU (split.force_cpu: [{node!r}])")
-    return "; or ".join(tries + calibration_fixes(fixes))
+    return "; or ".join(tries + (calibration_fixes(fixes) if culprit.clipped <= CLIPPED else []))
 
 
 def accumulated_fixes(fixes: RecipeFixes) -> str:
@@ -221,5 +230,17 @@ def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) ->
                 if t in floats and t in ints:
                     cosines[t] = similarity(floats[t], dequantize_tensor(qgraph, t, ints[t])).cosine
                     rows.append(TensorDrop(producers.get(t, layer.name), layer.kind, t,
-                                           cosines[t], before))
+                                           cosines[t], before, clipped(qgraph, t, floats[t])))
     return rows
+
+
+def clipped(qgraph, name: str, value: np.ndarray) -> float:
+    """The fraction of ``value`` (float) outside tensor ``name``'s representable range."""
+    from npubuild.quant.schemes import qrange
+
+    t = qgraph.tensors[name]
+    if t.is_float or not t.scale:
+        return 0.0
+    low, high = ((q - t.zero_point) * t.scale for q in qrange(t.dtype))
+    value = np.asarray(value)
+    return float(np.mean((value < low - t.scale / 2) | (value > high + t.scale / 2))) if value.size else 0.0

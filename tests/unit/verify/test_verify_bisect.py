@@ -50,3 +50,10 @@ def test_the_stage_that_takes_a_tensor_furthest_below_its_own_limit_is_explained
     assert (result.finding.stage, result.finding.tensor) == ("quantize", "b")
     passing = bisect({}, stages, {"y": 0.99}, lambda: DROPS)
     assert passing.finding is None
+
+
+def test_a_clipped_tensor_asks_for_calibration_data_not_more_bits():
+    collapse = [TensorDrop("/m.8/ConvSilu", "lut", "b", 0.37, 1.0, clipped=0.2)]
+    suggestion = explain_quantize("out", 0.3, collapse, 0.99, RecipeFixes(int16=True)).suggestion
+    assert suggestion.startswith("calibrate on data that covers this input: 20.0% of its float")
+    assert "int16" not in suggestion and "nodes: ['/m.8/ConvSilu']" in suggestion
