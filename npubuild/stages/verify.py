@@ -26,6 +26,8 @@ from npubuild.verify.bisect import RecipeFixes
 from npubuild.verify.judge import Thresholds, tensor_metrics
 from npubuild.verify.judge import failures as failures_of
 
+NO_NPU_NOTE = ("no NPU graph: the deployed pipeline is the CPU submodels alone (ONNX Runtime), "
+               "checked against the float original")
 DIRS = ("import", "surgery", "fusion", "split", "quantize", "compile")
 
 
@@ -99,7 +101,9 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
               if (lines := failures_of(label, m, limits, against))]
     failures = [line for *_, lines in failed for line in lines]
     result = {"samples": len(refs), "data": [str(f) for f in images], "outputs": metrics,
-              "npu_outputs": boundaries, "slices": slices}
+              "npu_outputs": boundaries, "npu_graphs": len(pipeline.npu_graphs), "slices": slices}
+    if not pipeline.npu_graphs:
+        result["note"] = NO_NPU_NOTE
     if spec.detections or spec.task == "detector":
         result["detections"] = detections(ctx, info, images, refs, gots, floats, pipeline.outputs)
     if spec.task:
