@@ -43,8 +43,10 @@ def session(model: onnx.ModelProto):
 
 def median_seconds(model: onnx.ModelProto, shapes: Mapping[str, list[int]] | None = None) -> float:
     """The median time of one run of ``model`` (inputs of ``shapes`` when its own are unknown)."""
+    from npubuild.proofs import make_feeds
+
     sess = session(model)
-    feeds = _feeds(sess, shapes or {}) if shapes else onnx_io.random_feeds(model)
+    feeds = _feeds(sess, shapes or {}) if shapes else make_feeds(model)
     sess.run(None, feeds)
     times: list[float] = []
     while len(times) < REPEATS and sum(times) < BUDGET_SECONDS:
