@@ -50,3 +50,23 @@ def similarity(reference: np.ndarray, actual: np.ndarray) -> Similarity:
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
     max_rel = max_abs / scale if scale else (0.0 if max_abs == 0 else float("inf"))
     return Similarity(cosine, euclid, sqnr, max_abs, max_rel, identical)
+
+
+def range_errors(reference: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
+    """Max and RMS absolute error relative to the reference's range (max − min): meaningful for
+    near-zero and one-element tensors, where cosine and SQNR are not (0 when both are equal)."""
+    ref = np.asarray(reference, dtype=np.float64).ravel()
+    diff = ref - np.asarray(actual, dtype=np.float64).ravel()
+    if not diff.size or not np.any(diff):
+        return 0.0, 0.0
+    span = float(ref.max() - ref.min())
+    if span == 0:
+        span = float(np.abs(ref).max())
+    if span == 0:
+        return float("inf"), float("inf")
+    return float(np.abs(diff).max()) / span, float(np.sqrt(np.mean(diff**2))) / span
+
+
+def rms(values: np.ndarray) -> float:
+    values = np.asarray(values, dtype=np.float64)
+    return float(np.sqrt(np.mean(values**2))) if values.size else 0.0

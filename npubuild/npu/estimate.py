@@ -5,6 +5,10 @@ and DMA ``bytes ÷ gmem_bandwidth_bytes_per_cycle``; they overlap, so the timest
 larger. A group costs the sum over its slices' timesteps (slices do not overlap each other), the
 model the sum over its NPU groups; fps is the chip clock over that. The baseline compiles the same
 layers with one layer per group; the lower bound moves each weight, model input and output once.
+
+A split model also runs float work on the host CPU (its CPU submodels, float layers kept inside
+NPU graphs): `with_cpu` adds those seconds (measured by `npubuild.runtime.cpu_time`) to the NPU
+time, with no overlap, so the deployment's fps counts both.
 """
 
 from __future__ import annotations
@@ -107,3 +111,19 @@ def report_fields(grouped: Estimate, baseline: Estimate) -> dict:
             "lmem_peak_bytes": grouped.lmem_peak_bytes, "fps": round(grouped.fps, 2),
             "groups": len(grouped.groups), "cycles_no_grouping": baseline.cycles,
             "fps_no_grouping": round(baseline.fps, 2)}
+
+
+def with_cpu(cycles: int, cycles_no_grouping: int, clock_hz: float, cpu_parts: dict,
+             method: str) -> dict:
+    """The deployment's fps (NPU cycles plus the CPU parts' seconds, run one after the other),
+    the NPU-only fps, and the CPU parts themselves, as ``report.json`` estimate fields."""
+    cpu = sum(p["seconds"] for p in cpu_parts.values())
+
+    def fps(npu_cycles: int) -> float:
+        total = npu_cycles / clock_hz + cpu
+        return round(1.0 / total, 2) if total > 0 else 0.0
+
+    return {"fps": fps(cycles), "fps_no_grouping": fps(cycles_no_grouping),
+            "npu_fps": round(clock_hz / cycles, 2) if cycles else 0.0,
+            "npu_seconds": round(cycles / clock_hz, 9), "cpu_seconds": round(cpu, 6),
+            "cpu": {"method": method, "parts": cpu_parts}}

@@ -331,6 +331,43 @@ class CompileSpec(Strict):
                           "compile/graph_ir_<i>/; false: weights, biases and tables only.")
 
 
+class Limits(Strict):
+    """Thresholds a verified tensor must reach (unset: reported, not judged)."""
+
+    min_cosine: float | None = Field(
+        None, ge=-1, le=1, description="Cosine over all samples, and on every sample whose "
+        "reference is not near zero (RMS ≥ 5 % of the tensor's over all samples).")
+    min_sqnr_db: float | None = Field(None, description="SQNR over all samples.")
+    max_abs: float | None = Field(None, ge=0, description="Largest absolute error.")
+    max_range_error: float | None = Field(
+        None, ge=0, description="Largest absolute error as a fraction of the reference's range "
+        "(max − min) over all samples: meaningful for near-zero and one-element tensors.")
+    min_channel_cosine: float | None = Field(
+        None, ge=-1, le=1, description="Worst channel's cosine over all samples (channels "
+        "spanning ≥ 5 % of the tensor's range). A dead channel — constant where the reference "
+        "varies — fails whatever this is.")
+    min_sample_cosine: float | None = Field(
+        None, ge=-1, le=1, description="Worst sample's cosine (samples whose reference is not "
+        "near zero); default: min_cosine.")
+
+
+class SliceCheck(Limits):
+    """Part of a tensor judged on its own, e.g. YOLOv8's class scores: output0 channels 4.."""
+
+    tensor: str = Field(description="A model output or a tensor an NPU submodel hands over.")
+    axis: int = Field(1, description="The axis to cut along.")
+    start: int = Field(0, description="First index (negative: from the end).")
+    end: int | None = Field(None, description="One past the last index; unset: to the end.")
+    name: str | None = Field(None, description="Shown in the report; default tensor[axis=start:end].")
+    min_cosine: float | None = Field(
+        None, ge=-1, le=1, description="Default: verify.min_cosine. Over all samples, and on "
+        "every sample whose reference is not near zero.")
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.tensor}[axis {self.axis}: {self.start}:{'' if self.end is None else self.end}]"
+
+
 class VerifySpec(Strict):
     """End-to-end check: the deployed pipeline (NPU graphs in the simulator) vs the float model."""
 
@@ -339,10 +376,33 @@ class VerifySpec(Strict):
                           "data.")
     samples: int = Field(4, ge=1)
     """Use at most this many verify samples."""
-    min_cosine: float = Field(0.99, ge=-1, le=1, description="For every model output and every "
-                              "tensor an NPU submodel hands over, on every sample.")
+    min_cosine: float = Field(0.99, ge=-1, le=1, description="For every model output: over all "
+                              "samples, and on every sample whose reference is not near zero.")
     min_sqnr_db: float | None = Field(None, description="Per model output, if set.")
     max_abs: float | None = Field(None, ge=0, description="Largest allowed absolute error, if set.")
+    max_range_error: float | None = Field(
+        None, ge=0, description="Per model output, if set: largest absolute error as a fraction "
+        "of the reference's range over all samples.")
+    min_channel_cosine: float | None = Field(
+        None, ge=-1, le=1, description="Per model output, if set: the worst channel's cosine "
+        "(axis 1). A dead channel fails whatever this is.")
+    min_sample_cosine: float | None = Field(
+        None, ge=-1, le=1, description="Per model output: the worst sample's cosine (samples "
+        "whose reference is not near zero); default: min_cosine.")
+    slices: list[SliceCheck] = Field(
+        default_factory=list, description="Parts of outputs or hand-over tensors judged on their "
+        "own, e.g. {tensor: output0, axis: 1, start: 4, name: class_scores, min_cosine: 0.9}.")
+    handover: Limits = Field(
+        default_factory=Limits, description="Thresholds for every tensor an NPU submodel hands "
+        "to the CPU (reported always, judged only where set, so an intermediate does not fail "
+        "a model whose outputs pass unless asked). Dead channels fail always.")
+    task: Literal["classifier", "detector", "text_detection"] | None = Field(
+        None, description="Task-level agreement: classifier — top-1/top-5 agreement of the first "
+        "output; detector — YOLOv8 box recall (IoU ≥ 0.5, same class); text_detection — IoU of "
+        "the first output's text maps binarized at 0.3.")
+    min_task_agreement: float | None = Field(
+        None, ge=0, le=1, description="Threshold on the task's figure (top-1 agreement, box "
+        "recall, text-map IoU), if set.")
     detections: Literal["yolov8"] | None = Field(
         None, description="Find boxes with the float model and with the deployed pipeline on "
                           "every verify image and draw them (verify/detections.png): the outputs "

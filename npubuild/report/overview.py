@@ -18,6 +18,9 @@ from npubuild.report.html import (Raw, badge, details, esc, fmt, generic, kv_tab
                                   pre_json, table)
 
 METRICS = ("cosine", "euclid", "sqnr_db", "max_abs")
+# verify.json fields that explain a figure rather than judge it: in verify.json, not as columns
+BOOKKEEPING = {"identical", "max_rel", "rms_range_error", "worst_sample", "samples_judged",
+               "channel_axis", "channels_judged", "axis", "start", "end"}
 PASS_WORDS = ("pass", "passed", "ok", "accept", "accepted", "true")
 KNOWN_VERIFY = {"outputs", "accuracy", "verdict", "passed", "reasons", "failures", "thresholds",
                 "bisection", "simulator", "npu_outputs", "detections", "data"}
@@ -86,7 +89,7 @@ def metrics_table(outputs: Any, limits: dict, label: str = "output") -> str:
     if not isinstance(outputs, dict) or not outputs:
         return para("no per-output metrics recorded", "not-built")
     extra = [k for m in outputs.values() if isinstance(m, dict) for k in m
-             if k not in METRICS and not isinstance(m[k], (dict, list))]
+             if k not in METRICS and k not in BOOKKEEPING and not isinstance(m[k], (dict, list))]
     extra.sort(key=lambda k: k != "min_sample_cosine")  # the verdict's figure next to cosine
     columns = [*METRICS, *dict.fromkeys(extra)]
     rows, classes = [], []

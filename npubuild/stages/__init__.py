@@ -90,7 +90,7 @@ PIPELINE: tuple[Stage, ...] = (
           uses_chip=True, entry="npubuild.stages.quantize:run",
           file_inputs="npubuild.stages.quantize:data_files",
           description="int8 NPU submodels, calibration, per-layer accuracy"),
-    Stage("compile", ("compile",), needs=("quantize",), uses_chip=True,
+    Stage("compile", ("compile",), needs=("quantize", "split"), uses_chip=True,
           entry="npubuild.stages.compile:run",
           description="layer groups, LMEM plan, simulator program"),
     Stage("verify", ("verify", "model.inputs"), needs=("import", "surgery", "fusion", "split",

@@ -15,6 +15,10 @@ and writes into ``compile/``:
 - ``graph_<i>/lmem_group_<k>.svg``: the LMEM allocation timeline of every group;
 - ``graph_ir_<i>/``: the IR dump (seed 004; `npubuild.npu.ir_dump`), validated on write.
 
+The estimate in ``report.json`` adds the CPU part of the deployment — the split's CPU submodels
+(``split/graph_infos.json``) and float layers inside NPU graphs — timed with ONNX Runtime on the
+build machine (`npubuild.runtime.cpu_time`): ``fps`` is the deployment's, ``npu_fps`` the NPU's.
+
 Proves: the simulator, executing ``program.npz`` on a real LMEM array, reproduces the integer
 reference (``run_reference``) bit for bit on every tensor that crosses GMEM — every NPU graph
 output and every group-boundary tensor — for ``compile.proof_samples`` seeded random inputs
@@ -35,7 +39,7 @@ import numpy as np
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError
 from npubuild.npu import build_program, conflicts, estimate, gmem_lower_bound, write_timelines
-from npubuild.npu.estimate import Estimate
+from npubuild.npu.estimate import Estimate, with_cpu
 from npubuild.npu.from_qgraph import QLayers, layers_from_qgraph, plan_qgraph
 from npubuild.npu.ir_dump import dump_ir
 from npubuild.npu.program import Program
@@ -43,6 +47,7 @@ from npubuild.npu.program_file import ProgramFile, load_program, program_documen
 from npubuild.quant import schemes
 from npubuild.quant.qgraph import QGraph
 from npubuild.quant.reference import quantize_inputs, run_reference
+from npubuild.runtime import cpu_time
 from npubuild.runtime.simulator import Simulator, SimulatorFault
 from npubuild.stages import StageContext
 
@@ -274,7 +279,9 @@ def no_npu_report(ctx: StageContext) -> dict:
                     "graphs": {}, "npu_graphs": 0, "note": NO_NPU_NOTE},
             "simulator": {"graphs": {}, "note": "no NPU graph: nothing ran in the simulator"},
             "estimate": {"cycles": 0, "groups": 0, "gmem_bytes": 0, "lmem_peak_bytes": 0,
-                         "note": "no NPU graph: the NPU estimate is empty"}}
+                         "note": "no NPU graph: the NPU estimate is empty",
+                         **with_cpu(0, 0, ctx.chip.clock_mhz * 1e6, cpu_time.deployment_parts(
+                             ctx.upstream.get("split"), []), cpu_time.METHOD)}}
 
 
 def report(results: list[Compiled], ctx: StageContext) -> dict:
@@ -289,6 +296,8 @@ def report(results: list[Compiled], ctx: StageContext) -> dict:
              "groups": sum(e["groups"] for e in estimates)}
     for key in ("gmem_bytes", "gmem_bytes_no_grouping", "gmem_bytes_lower_bound"):
         total[key] = sum(e[key] for e in estimates)
+    parts = cpu_time.deployment_parts(ctx.upstream.get("split"), [c.layers.qgraph for c in results])
+    total.update(with_cpu(cycles, base, clock, parts, cpu_time.METHOD))
     proofs = {c.name: c.proof for c in results}
     return {
         STAGE: {"chip": ctx.chip.name, "layer_group": ctx.recipe.compile.layer_group,

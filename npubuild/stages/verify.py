@@ -1,13 +1,15 @@
 """Stage `verify`: the deployed pipeline against the float original, end to end.
 
 The deployed pipeline is the split runner with CPU submodels in ONNX Runtime and NPU submodels
-in the simulator, on the recipe's verify data. Per model output: cosine, euclidean similarity,
-SQNR and max abs error against the imported (float) model; the verdict checks
-``verify.min_cosine`` on every sample, for every model output and every tensor an NPU
-submodel hands over (what the NPU itself produces, even when a float CPU decode follows), and
-``min_sqnr_db`` / ``max_abs`` when set. When it fails, the stage
-bisects (`npubuild.verify.bisect`) and names the stage, tensor and rewrite/rule/layer behind the
-drop. Writes ``verify/verify.json`` (and ``verify/detections.png`` with ``verify.detections``);
+in the simulator, on the recipe's verify data. Every model output is compared with the imported
+(float) model, every tensor an NPU submodel hands over (what the NPU itself produces, even when
+a float CPU decode follows) with the float pipeline, by `npubuild.verify.judge`: similarity over
+all samples, error relative to the range, the worst meaningful sample, the worst and the dead
+channels. Model outputs are judged by ``verify``'s thresholds (``min_cosine`` ...), hand-over
+tensors by ``verify.handover``, ``verify.slices`` (e.g. YOLOv8's class-score channels) by their
+own, and ``verify.task`` adds top-1/top-5 agreement, box recall or text-map IoU
+(`npubuild.verify.tasks`). When it fails, the stage bisects (`npubuild.verify.bisect`) and names
+the stage, the tensor with the largest drop and the rewrite/rule/layer behind it. Writes ``verify/verify.json`` (and ``verify/detections.png`` with ``verify.detections``);
 a failed verdict makes the run exit 1 (the artifacts are kept for the report).
 """
 
@@ -19,8 +21,10 @@ import numpy as np
 
 from npubuild import onnx_io
 from npubuild.atomic import write_json
-from npubuild.metrics import similarity
 from npubuild.stages import StageContext
+from npubuild.verify.bisect import RecipeFixes
+from npubuild.verify.judge import Thresholds, tensor_metrics
+from npubuild.verify.judge import failures as failures_of
 
 NO_NPU_NOTE = ("no NPU graph: the deployed pipeline is the CPU submodels alone (ONNX Runtime), "
                "checked against the float original")
@@ -56,44 +60,67 @@ def run(ctx: StageContext) -> dict:
     original = onnx_io.load_model(dirs["import"] / "model.onnx")
     surgery_model = onnx_io.load_model(dirs["surgery"] / "model.onnx")
     reference = FloatReference(original, pipeline.outputs, original_names(surgery_model))
-    handed_over = npu_handovers(pipeline)
     refs, gots, floats = [], [], []
     for feeds in ctx.progress(samples, total=len(samples), description="verify: samples"):
         gots.append(deployed.run(feeds, keep_intermediates=True))
         refs.append(reference(feeds))
         floats.append(pipeline.runner.run(feeds, keep_intermediates=True))
-    metrics = output_metrics(refs, gots, floats, reference.missing)
+    used = files[:len(samples)]
+    result = judge(ctx, refs, gots, floats, pipeline, reference.missing, inputs[0], used)
+    plan = result.pop("bisect")
+    if not result["passed"]:
+        fixes = RecipeFixes.from_recipe(ctx.recipe.quantization, bool(ctx.chip and ctx.chip.int16))
+        result["bisection"] = bisect_sample(dirs, pipeline, reference, samples[plan["sample"]],
+                                            plan["limits"], spec.slices, fixes)
+        result["bisection"]["sample"] = str(used[plan["sample"]])
+    write_json(ctx.out / "verify.json", result)
+    accuracy = {"outputs": result["outputs"], "data": "verify", "samples": len(samples),
+                "against": "float original (import stage)"}
+    accuracy.update({k: result[k] for k in ("slices", "task") if result.get(k)})
+    return {"accuracy": accuracy,
+            "verify": {k: v for k, v in result.items() if k not in ("outputs", "data")}}
+
+
+def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline, missing: list[str],
+          info, images: list[Path]) -> dict:
+    """Every metric and verdict of verify.json: outputs, hand-over tensors, slices, the task;
+    ``bisect`` says what to bisect when something failed (tensor → cosine limit, and the sample
+    where the first failing tensor is worst)."""
+    spec = ctx.recipe.verify
+    handed_over = npu_handovers(pipeline)
+    metrics = output_metrics(refs, gots, floats, missing)
     boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots])
                   for name in handed_over}
-    failures = verdict(metrics, spec) + boundary_verdict(boundaries, spec)
-    result = {"passed": not failures, "failures": failures, "samples": len(samples),
-              "data": [str(f) for f in files[:len(samples)]], "outputs": metrics,
-              "npu_outputs": boundaries, "npu_graphs": len(pipeline.npu_graphs)}
+    slices = slice_metrics(ctx.loaded, spec, refs, gots, floats, handed_over)
+    checks = ([(name, f"output {name!r}", m, output_limits(spec), "") for name, m in metrics.items()]
+              + [(name, f"NPU output {name!r}", m, handover_limits(spec), "against the float pipeline")
+                 for name, m in boundaries.items()]
+              + [(c.label, f"slice {c.label!r}", slices[c.label], slice_limits(spec, c), "")
+                 for c in spec.slices])
+    failed = [(name, m, limits, lines) for name, label, m, limits, against in checks
+              if (lines := failures_of(label, m, limits, against))]
+    failures = [line for *_, lines in failed for line in lines]
+    result = {"samples": len(refs), "data": [str(f) for f in images], "outputs": metrics,
+              "npu_outputs": boundaries, "npu_graphs": len(pipeline.npu_graphs), "slices": slices}
     if not pipeline.npu_graphs:
         result["note"] = NO_NPU_NOTE
-    if failures:
-        result["bisection"] = bisect_sample(dirs, pipeline, reference, samples[0], spec.min_cosine)
-    if spec.detections:
-        result["detections"] = detections(ctx, inputs[0], files[:len(samples)], refs, gots, floats,
-                                          pipeline.outputs)
-    write_json(ctx.out / "verify.json", result)
-    return {"accuracy": {"outputs": metrics, "data": "verify", "samples": len(samples),
-                         "against": "float original (import stage)"},
-            "verify": {k: v for k, v in result.items() if k not in ("outputs", "data")}}
+    if spec.detections or spec.task == "detector":
+        result["detections"] = detections(ctx, info, images, refs, gots, floats, pipeline.outputs)
+    if spec.task:
+        result["task"] = task_check(spec.task, result.get("detections"), refs, gots, floats,
+                                    pipeline.outputs)
+        failures += task_verdict(result["task"], spec.min_task_agreement)
+    limits = {name: lim.min_cosine if lim.min_cosine is not None else (lim.sample_cosine or 0.0)
+              for name, _, lim, _ in failed} or {name: spec.min_cosine for name in metrics}
+    sample = next((m["worst_sample"] for _, m, _, _ in failed if m.get("worst_sample") is not None), 0)
+    return {"passed": not failures, "failures": failures, **result,
+            "bisect": {"limits": limits, "sample": sample}}
 
 
 def npu_handovers(pipeline) -> list[str]:
     """Tensors an NPU submodel hands to the CPU (or to the model's caller): what the NPU
     itself produces, checked even when a float CPU decode follows it."""
     return [t for g in pipeline.npu_graphs for t in g.outputs if t not in pipeline.outputs]
-
-
-def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray]) -> dict:
-    """Similarity over all samples together, and the worst sample's cosine."""
-    sim = similarity(np.concatenate([r.ravel() for r in refs]),
-                     np.concatenate([g.ravel() for g in gots])).as_dict()
-    sim["min_sample_cosine"] = min(similarity(r, g).cosine for r, g in zip(refs, gots))
-    return sim
 
 
 def output_metrics(refs: list[dict], gots: list[dict], floats: list[dict], missing: list[str]) -> dict:
@@ -107,27 +134,94 @@ def output_metrics(refs: list[dict], gots: list[dict], floats: list[dict], missi
     return out
 
 
+def output_limits(spec) -> Thresholds:
+    return Thresholds.of(spec)
+
+
+def slice_limits(spec, check) -> Thresholds:
+    """A slice's own thresholds; its min_cosine defaults to verify.min_cosine."""
+    return Thresholds.of(check, min_cosine=spec.min_cosine)
+
+
+def handover_limits(spec) -> Thresholds:
+    """Hand-over tensors: verify.handover only (dead channels fail always)."""
+    return Thresholds.of(spec.handover)
+
+
 def verdict(metrics: dict, spec) -> list[str]:
-    failures = []
-    for name, m in metrics.items():
-        if m["min_sample_cosine"] < spec.min_cosine:
-            failures.append(f"output {name!r}: cosine {m['min_sample_cosine']:.6f} < min_cosine "
-                            f"{spec.min_cosine} on the worst sample (all samples: {m['cosine']:.6f})")
-        if spec.min_sqnr_db is not None and (m["sqnr_db"] is not None and m["sqnr_db"] < spec.min_sqnr_db):
-            failures.append(f"output {name!r}: SQNR {m['sqnr_db']:.2f} dB < min_sqnr_db {spec.min_sqnr_db}")
-        if spec.max_abs is not None and m["max_abs"] > spec.max_abs:
-            failures.append(f"output {name!r}: max abs error {m['max_abs']:.4g} > max_abs {spec.max_abs}")
-    return failures
+    return [line for name, m in metrics.items()
+            for line in failures_of(f"output {name!r}", m, output_limits(spec))]
 
 
 def boundary_verdict(boundaries: dict, spec) -> list[str]:
-    return [f"NPU output {name!r}: cosine {m['min_sample_cosine']:.6f} < min_cosine "
-            f"{spec.min_cosine} on the worst sample (against the float pipeline)"
-            for name, m in boundaries.items() if m["min_sample_cosine"] < spec.min_cosine]
+    return [line for name, m in boundaries.items() for line in failures_of(
+        f"NPU output {name!r}", m, handover_limits(spec), "against the float pipeline")]
 
 
-def bisect_sample(dirs, pipeline, reference, feeds, min_cosine: float) -> dict:
-    """Stage by stage on one sample: original → surgery → fusion → split → quantize → compile."""
+def slice_metrics(loaded, spec, refs: list[dict], gots: list[dict], floats: list[dict],
+                  handed_over: list[str]) -> dict:
+    """Metrics of every ``verify.slices`` entry, by label (model outputs against the float
+    original, hand-over tensors against the float pipeline)."""
+    out = {}
+    for i, check in enumerate(spec.slices):
+        source = refs if check.tensor in refs[0] else floats if check.tensor in handed_over else None
+        if source is None:
+            raise loaded.error(f"verify.slices: no model output or NPU hand-over tensor is called "
+                               f"{check.tensor!r}", "verify", "slices", i, "tensor",
+                               hint="outputs: " + ", ".join(map(repr, refs[0]))
+                               + "; hand-over tensors: " + (", ".join(map(repr, handed_over)) or "none"))
+        cut = [cut_slice(loaded, i, check, s[check.tensor]) for s in source]
+        got = [cut_slice(loaded, i, check, g[check.tensor]) for g in gots]
+        out[check.label] = {"tensor": check.tensor, "axis": check.axis, "start": check.start,
+                            "end": check.end, "shape": list(np.shape(cut[0])),
+                            **tensor_metrics(cut, got)}
+    return out
+
+
+def cut_slice(loaded, index: int, check, value: np.ndarray) -> np.ndarray:
+    """``verify.slices[index]`` of one sample's tensor (a user error when it does not fit)."""
+    if not -np.ndim(value) <= check.axis < np.ndim(value):
+        raise loaded.error(f"verify.slices: tensor {check.tensor!r} has {np.ndim(value)} axes, "
+                           f"no axis {check.axis}", "verify", "slices", index, "axis")
+    part = cut(check, value)
+    if part.size == 0:
+        raise loaded.error(f"verify.slices: {check.start}:{check.end} along axis {check.axis} of "
+                           f"{check.tensor!r} (shape {list(np.shape(value))}) is empty",
+                           "verify", "slices", index, "start")
+    return part
+
+
+def cut(check, value: np.ndarray) -> np.ndarray:
+    where = [slice(None)] * np.ndim(value)
+    where[check.axis] = slice(check.start, check.end)
+    return np.asarray(value)[tuple(where)]
+
+
+def task_check(task: str, detections: dict | None, refs: list[dict], gots: list[dict],
+               floats: list[dict], outputs: list[str]) -> dict:
+    """The task's agreement on the first model output (detector: the detection comparison)."""
+    from npubuild.verify import tasks
+
+    if task == "detector":
+        return tasks.detector(detections)
+    first = outputs[0]
+    source = refs if first in refs[0] else floats
+    check = tasks.classifier if task == "classifier" else tasks.text_detection
+    return check([s[first] for s in source], [g[first] for g in gots])
+
+
+def task_verdict(result: dict, minimum: float | None) -> list[str]:
+    value = result.get("agreement")
+    if minimum is None or (value is not None and value >= minimum):
+        return []
+    shown = "undefined" if value is None else f"{value:.4f}"
+    return [f"task {result['task']}: {result['agreement_is']} {shown} < min_task_agreement {minimum}"]
+
+
+def bisect_sample(dirs, pipeline, reference, feeds, limits: dict[str, float], slices=(),
+                  fixes: RecipeFixes = RecipeFixes()) -> dict:
+    """Stage by stage on one sample: original → surgery → fusion → split → quantize → compile,
+    on the failing tensors (``limits``: name → cosine threshold; slices by their label)."""
     from npubuild.quant.qgraph import QGraph
     from npubuild.runtime import Runner
     from npubuild.runtime.simulator import simulator_backend
@@ -144,6 +238,9 @@ def bisect_sample(dirs, pipeline, reference, feeds, min_cosine: float) -> dict:
         surgery = model_outputs("surgery")()
         return {**surgery, **values}  # outputs the original lacks compare surgery with itself
 
+    def with_slices(values: dict) -> dict:
+        return {**values, **{c.label: cut(c, values[c.tensor]) for c in slices if c.tensor in values}}
+
     stage_outputs = {
         "import": original,
         "surgery": model_outputs("surgery"),
@@ -153,8 +250,9 @@ def bisect_sample(dirs, pipeline, reference, feeds, min_cosine: float) -> dict:
         "compile": lambda: Runner(dirs["split"], backends={"npu": simulator_backend(dirs["compile"].parent)}
                                   ).run(feeds, keep_intermediates=True),
     }
-    result = bisect(dirs, stage_outputs, min_cosine,
-                    lambda: quantize_tensor_drops(pipeline, qgraphs, feeds))
+    stage_outputs = {stage: (lambda fn=fn: with_slices(fn())) for stage, fn in stage_outputs.items()}
+    result = bisect(dirs, stage_outputs, limits,
+                    lambda: quantize_tensor_drops(pipeline, qgraphs, feeds), fixes)
     return result.as_dict()
 
 

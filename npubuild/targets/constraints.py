@@ -352,6 +352,16 @@ def broadcast_form(node: NodeView, spec: OpSupport) -> str | None:
     return None
 
 
+# ---- what npubuild's quantizer can express -------------------------------------------------
+
+@constraint()
+def integer_kernel(node: NodeView, spec: OpSupport) -> str | None:
+    """The quantizer has no integer kernel for it"""
+    from npubuild.targets.integer import lowering_failure
+
+    return lowering_failure(node)
+
+
 # ---- the node-level answer -----------------------------------------------------------------
 
 HAS_SUBGRAPH_REASON = "Op has a subgraph (control flow runs on the CPU)"
@@ -401,8 +411,18 @@ def _body_reasons(view: NodeView, chip: Chip) -> list[str]:
     views = body_views(view)
     if views is None:
         return [f"fused op {view.op}: its function body is missing from the model"]
+    # quantize turns a unary element-wise body into one lookup table, whatever its nodes are
+    table = integer_kernel.__doc__ if _is_lookup_table(view) else None
     return [f"in its body, {op_label(inner.node)}: {reason}"
-            for inner in views if inner.op != "Constant" for reason in node_reasons(inner, chip)]
+            for inner in views if inner.op != "Constant" for reason in node_reasons(inner, chip)
+            if table is None or not reason.startswith(table)]
+
+
+def _is_lookup_table(view: NodeView) -> bool:
+    from npubuild.quant.lower import is_unary_elementwise
+
+    function = view.facts.functions.get((view.node.domain, view.op, view.node.overload))
+    return function is not None and is_unary_elementwise(function)
 
 
 def inapplicable_fields(op: str, spec: OpSupport) -> list[str]:

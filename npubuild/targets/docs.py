@@ -9,7 +9,9 @@ from __future__ import annotations
 import onnx
 
 from npubuild.targets.constraints import (CONSTRAINTS, HAS_SUBGRAPH_REASON, PARAM_INPUTS,
-                                          either, effective_spec, params_constant)
+                                          either, effective_spec, integer_kernel,
+                                          params_constant)
+from npubuild.targets.integer import conditions
 from npubuild.targets.model import Chip
 
 INTRO = """\
@@ -42,6 +44,8 @@ def supported_ops_markdown(chips: list[Chip] | None = None) -> str:
         chips = [load_chip(name) for name in preset_names()]
     generic = [f"- {c.template}" + (f" ({', '.join(sorted(PARAM_INPUTS))}: shapes, sizes, "
                                      "pads, scales)" if c.check is params_constant else "")
+               + (" (the lowering rules of `npubuild.quant.ops`, which quantize uses; the "
+                  "reason carries the rule's own text)" if c.check is integer_kernel else "")
                for c in CONSTRAINTS if c.field is None]
     lines = [INTRO.format(subgraph=HAS_SUBGRAPH_REASON, generic="\n".join(generic))]
     for chip in chips:
@@ -71,4 +75,12 @@ def _op_reasons(chip: Chip, op: str) -> list[str]:
                and c.active(spec) and c.concerns(op)]
     if spec.dtypes != chip.dtypes:
         reasons.insert(0, f"Tensor type is not {either(spec.dtypes)}")
-    return reasons + ([spec.note] if spec.note else [])
+    return reasons + _quantizer_reasons(op) + ([spec.note] if spec.note else [])
+
+
+def _quantizer_reasons(op: str) -> list[str]:
+    """What the quantizer's lowering rule for ``op`` rejects (fused ops: their body nodes')."""
+    if not onnx.defs.has(op):
+        return []
+    texts = conditions(op)
+    return [f"{integer_kernel.__doc__}: {' / '.join(texts)}"] if texts else []

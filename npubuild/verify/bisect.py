@@ -1,7 +1,14 @@
 """Stage bisection: when the deployed pipeline misses its thresholds, compare tensors stage by
 stage (import → surgery → fusion → split → quantize → compile) on one verify sample and name
-the first stage whose output drops, the first tensor, and the rewrite, rule or layer behind it,
-with a fix to try.
+the stage whose outputs drop most against the stage before it, the tensor, and the rewrite, rule
+or layer behind it, with a fix to try.
+
+Inside quantize, the culprit is the tensor with the largest *drop*: its cosine against float
+subtracted from the worst cosine of the layer's inputs. Errors accumulate along a network, so
+the first tensor below the threshold is usually an innocent one downstream of a collapse (a GELU
+table at 0.05 feeding layers at 0.97); the largest drop is the collapse itself. A fix the recipe
+already has (per_channel weights, the calibration method in use, an override of that node) is
+never suggested again.
 """
 
 from __future__ import annotations
@@ -26,6 +33,40 @@ class Finding:
     cosine: float
     introduced_by: str
     suggestion: str
+    producer: str | None = None
+    input_cosine: float | None = None
+
+
+@dataclass(frozen=True)
+class TensorDrop:
+    """One quantized tensor against float: its cosine and the worst of its layer's inputs'."""
+
+    node: str  # the submodel's node producing it (a fused node, not its inlined body)
+    kind: str
+    tensor: str
+    cosine: float
+    input_cosine: float
+    clipped: float = 0.0  # fraction of the float values outside the tensor's integer range
+
+    @property
+    def drop(self) -> float:
+        return self.input_cosine - self.cosine
+
+
+@dataclass(frozen=True)
+class RecipeFixes:
+    """What the recipe already does, so a hint never suggests it again."""
+
+    granularity: str = "per_tensor"
+    method: str = "minmax"
+    overridden: frozenset[str] = frozenset()  # node or tensor names in quantization.overrides
+    int16: bool = False  # the chip has int16 activations
+
+    @classmethod
+    def from_recipe(cls, quantization, chip_int16: bool = False) -> "RecipeFixes":
+        names = {n for o in quantization.overrides for n in (*o.nodes, *o.tensors)}
+        return cls(quantization.granularity, quantization.calibration.method, frozenset(names),
+                   chip_int16)
 
 
 @dataclass
@@ -37,34 +78,48 @@ class Bisection:
         return {"checked": self.checked, "finding": asdict(self.finding) if self.finding else None}
 
 
-def worst(reference: Values, actual: Values) -> tuple[str, float]:
-    """The output with the lowest cosine similarity (name, cosine)."""
-    scores = {n: similarity(reference[n], actual[n]).cosine for n in actual if n in reference}
-    name = min(scores, key=scores.get)
-    return name, scores[name]
+def worst(reference: Values, actual: Values, limits: Mapping[str, float] | None = None
+          ) -> tuple[str | None, float, float]:
+    """The tensor furthest below its limit: (name, cosine, cosine − limit); without ``limits``,
+    of every tensor both have, against 0 (the lowest cosine). (None, 1, inf) when the two share
+    none of them (a hand-over tensor exists from the split on)."""
+    names = [n for n in (limits or actual) if n in actual and n in reference]
+    if not names:
+        return None, 1.0, float("inf")
+    scores = {n: similarity(reference[n], actual[n]).cosine for n in names}
+    margin = {n: scores[n] - (limits or {}).get(n, 0.0) for n in names}
+    name = min(margin, key=margin.get)
+    return name, scores[name], margin[name]
 
 
 def bisect(dirs: Mapping[str, Path], stage_outputs: Mapping[str, Callable[[], Values]],
-           min_cosine: float, quantized_tensors: Callable[[], list[tuple[str, str, float]]]) -> Bisection:
-    """Walk the stages in order; ``stage_outputs[stage]()`` gives that stage's outputs on the
-    sample (the first entry is the float original), ``quantized_tensors()`` the quantize stage's
-    (layer, tensor, cosine) list in graph order."""
+           limits: Mapping[str, float], quantized_tensors: Callable[[], list[TensorDrop]],
+           fixes: RecipeFixes = RecipeFixes()) -> Bisection:
+    """Compare every stage with the one before; ``stage_outputs[stage]()`` gives that stage's
+    tensors on the sample (the first entry is the float original), ``limits`` the failing
+    tensors' cosine thresholds, ``quantized_tensors()`` the quantize stage's tensors against
+    float. The stage that takes a tensor furthest below its limit is explained."""
     result = Bisection()
     names = list(stage_outputs)
     previous = stage_outputs[names[0]]()
+    margins = {}
     for stage in names[1:]:
         current = stage_outputs[stage]()
-        tensor, cosine = worst(previous, current)
-        result.checked.append({"stage": stage, "worst_output": tensor, "cosine": cosine})
-        if cosine < min_cosine:
-            result.finding = explain(stage, tensor, cosine, dirs, min_cosine, quantized_tensors)
-            return result
+        tensor, cosine, margins[stage] = worst(previous, current, limits)
+        if tensor is not None:
+            result.checked.append({"stage": stage, "worst_output": tensor, "cosine": cosine})
         previous = current
+    lowest = min(margins, key=margins.get, default=None)
+    if lowest is not None and margins[lowest] < 0:
+        row = next(c for c in result.checked if c["stage"] == lowest)
+        result.finding = explain(lowest, row["worst_output"], row["cosine"], dirs,
+                                 limits[row["worst_output"]], quantized_tensors, fixes)
     return result
 
 
 def explain(stage: str, tensor: str, cosine: float, dirs: Mapping[str, Path], min_cosine: float,
-            quantized_tensors: Callable[[], list[tuple[str, str, float]]]) -> Finding:
+            quantized_tensors: Callable[[], list[TensorDrop]],
+            fixes: RecipeFixes = RecipeFixes()) -> Finding:
     if stage == "surgery":
         step = _largest_step(dirs["surgery"] / "log.json")
         return Finding(stage, tensor, cosine, step,
@@ -76,17 +131,61 @@ def explain(stage: str, tensor: str, cosine: float, dirs: Mapping[str, Path], mi
     if stage == "split":
         return Finding(stage, tensor, cosine, "the NPU/CPU cut",
                        "report this: split's own proof should have caught it")
-    if stage == "quantize":  # the first layer, in graph order, whose own output drops
-        for layer, first, value in quantized_tensors():
-            if value < min_cosine:
-                return Finding(stage, first, value, f"layer {layer!r}",
-                               f"keep it in float (quantization.overrides: [{{nodes: [{layer!r}]}}]), "
-                               f"move it to the CPU (split.force_cpu), or calibrate with another "
-                               f"method (percentile, kl, mse) on more representative data")
-        return Finding(stage, tensor, cosine, "the accumulated quantization error",
-                       "try per_channel weights, another calibration method, or more calibration data")
+    if stage == "quantize":
+        return explain_quantize(tensor, cosine, quantized_tensors(), min_cosine, fixes)
     return Finding(stage, tensor, cosine, "the compiled program",
                    "the simulator should equal the integer reference bit for bit: report this")
+
+
+def explain_quantize(tensor: str, cosine: float, drops: list[TensorDrop], min_cosine: float,
+                     fixes: RecipeFixes) -> Finding:
+    """The tensor with the largest drop and its producer, or the accumulated error when no
+    single layer loses more than the threshold allows."""
+    culprit = max(drops, key=lambda d: (d.drop, -d.cosine), default=None)
+    if culprit is None or culprit.drop <= 1 - min_cosine:
+        return Finding("quantize", tensor, cosine, "the accumulated quantization error",
+                       accumulated_fixes(fixes))
+    return Finding("quantize", culprit.tensor, culprit.cosine,
+                   f"layer {culprit.node!r} ({culprit.kind}; its inputs at cosine "
+                   f"{culprit.input_cosine:.4f})", layer_fixes(culprit, fixes),
+                   producer=culprit.node, input_cosine=culprit.input_cosine)
+
+
+CLIPPED = 1e-3  # above this fraction of clipped values, the range is wrong, not the resolution
+
+
+def layer_fixes(culprit: TensorDrop, fixes: RecipeFixes) -> str:
+    """Fixes for one layer, leaving out what the recipe already has. A tensor whose float values
+    fall outside its calibrated range was clipped: more bits on the same range gain nothing, so
+    int16 is offered only when the loss is resolution."""
+    node = culprit.node
+    tries = []
+    if culprit.clipped > CLIPPED:
+        tries.append(f"calibrate on data that covers this input: {culprit.clipped:.1%} of its "
+                     "float values fall outside the calibrated range (quantization.calibration.data)")
+    if node not in fixes.overridden and culprit.tensor not in fixes.overridden:
+        if fixes.int16 and culprit.clipped <= CLIPPED:
+            tries.append(f"give it 16-bit activations (quantization.overrides: [{{nodes: "
+                         f"[{node!r}], precision: int16}}])")
+        tries.append(f"keep it in float (quantization.overrides: [{{nodes: [{node!r}]}}])")
+    tries.append(f"move it to the CPU (split.force_cpu: [{node!r}])")
+    return "; or ".join(tries + (calibration_fixes(fixes) if culprit.clipped <= CLIPPED else []))
+
+
+def accumulated_fixes(fixes: RecipeFixes) -> str:
+    tries = (["use per_channel weights (quantization.granularity)"]
+             if fixes.granularity != "per_channel" else [])
+    tries += calibration_fixes(fixes)
+    tries.append("keep the most sensitive layers (per_layer.json, worst first) in int16 or float")
+    return "; or ".join(tries)
+
+
+def calibration_fixes(fixes: RecipeFixes) -> list[str]:
+    from npubuild.quant.calibrators import CALIBRATORS
+
+    others = [m for m in CALIBRATORS if m != fixes.method]
+    return [f"calibrate with another method than {fixes.method} ({', '.join(others)}) on more "
+            "representative data"] if others else ["calibrate on more representative data"]
 
 
 def _largest_step(log: Path) -> str:
@@ -105,9 +204,11 @@ def _largest_rule(log: Path) -> str:
         if fired else "a fusion rule"
 
 
-def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) -> list[tuple[str, str, float]]:
-    """For every NPU graph, in order: (layer, output tensor, cosine of the integer reference
-    against float), each NPU graph fed the float pipeline's own boundary values."""
+def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) -> list[TensorDrop]:
+    """For every NPU graph, in order: each layer's output (integer reference, dequantized)
+    against float, with the worst cosine of the layer's inputs (1 for tensors inside a fused
+    node, which float does not expose); each NPU graph is fed the float pipeline's own boundary
+    values, so a drop is the graph's own."""
     from npubuild.quant.reference import dequantize_tensor, quantize_inputs, run_reference
 
     values = pipeline.float_values(feeds)
@@ -116,13 +217,30 @@ def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) ->
         qgraph = qgraphs[graph.index]
         names = [t for layer in qgraph.layers for t in layer.outputs]
         known = {o for n in graph.model.graph.node for o in n.output}
-        names = [t for t in names if t in known]
-        floats = onnx_io.run(onnx_io.with_outputs(graph.model, names), values)
+        floats = onnx_io.run(onnx_io.with_outputs(graph.model, [t for t in names if t in known]),
+                             values)
+        floats.update({t: values[t] for t in qgraph.inputs if t in values})
+        producers = {o: n.name for n in graph.model.graph.node for o in n.output}
         ints = run_reference(qgraph, quantize_inputs(qgraph, values))
+        cosines = {t: similarity(floats[t], dequantize_tensor(qgraph, t, ints[t])).cosine
+                   for t in qgraph.inputs if t in floats and t in ints}
         for layer in qgraph.layers:
+            before = min((cosines[t] for t in layer.inputs if t in cosines), default=1.0)
             for t in layer.outputs:
-                if t in floats:
-                    deq = dequantize_tensor(qgraph, t, ints[t])
-                    node = layer.source_nodes[0] if layer.source_nodes else layer.name
-                    rows.append((node, t, similarity(floats[t], deq).cosine))
+                if t in floats and t in ints:
+                    cosines[t] = similarity(floats[t], dequantize_tensor(qgraph, t, ints[t])).cosine
+                    rows.append(TensorDrop(producers.get(t, layer.name), layer.kind, t,
+                                           cosines[t], before, clipped(qgraph, t, floats[t])))
     return rows
+
+
+def clipped(qgraph, name: str, value: np.ndarray) -> float:
+    """The fraction of ``value`` (float) outside tensor ``name``'s representable range."""
+    from npubuild.quant.schemes import qrange
+
+    t = qgraph.tensors[name]
+    if t.is_float or not t.scale:
+        return 0.0
+    low, high = ((q - t.zero_point) * t.scale for q in qrange(t.dtype))
+    value = np.asarray(value)
+    return float(np.mean((value < low - t.scale / 2) | (value > high + t.scale / 2))) if value.size else 0.0

@@ -1,0 +1,120 @@
+"""Metrics of one tensor over every verify sample, and the verdict against thresholds.
+
+One cosine over a whole tensor hides a dead channel, and one cosine per sample is meaningless
+for a one-element tensor (always ±1) or a near-zero one (a text map of an image without text:
+rounding noise decides it). So a tensor is judged by
+
+- the similarity over all samples together (cosine, SQNR, max abs error) and the error relative
+  to the reference's range (``range_error`` max, ``rms_range_error``);
+- the worst sample's cosine, over the samples where a per-sample cosine means something: more
+  than one element, and a reference RMS of at least ``QUIET`` × the tensor's RMS over all
+  samples (the others count in the aggregate metrics only);
+- per channel (``axis``, NCHW's 1 by default), over all samples: the worst cosine of the
+  channels spanning at least ``QUIET`` × the tensor's range, and the *dead* channels — constant
+  in the deployed result while the reference's channel spans at least ``DEAD_SPAN`` × the
+  tensor's range (below a quarter of an int8 step of the whole tensor: YOLOv8's class scores
+  beside its box coordinates, all rounded to zero, are dead). A dead channel always fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from npubuild.metrics import range_errors, rms, similarity
+
+QUIET = 0.05
+DEAD_SPAN = 1e-3
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """What a tensor must reach; None: reported, not judged."""
+
+    min_cosine: float | None = None
+    min_sqnr_db: float | None = None
+    max_abs: float | None = None
+    max_range_error: float | None = None
+    min_channel_cosine: float | None = None
+    min_sample_cosine: float | None = None  # None: min_cosine
+
+    @classmethod
+    def of(cls, spec, **defaults) -> "Thresholds":
+        """From a recipe section with these fields (``defaults`` fill the unset ones)."""
+        values = {f: getattr(spec, f, None) for f in cls.__dataclass_fields__}
+        return cls(**{f: defaults.get(f) if v is None else v for f, v in values.items()})
+
+    @property
+    def sample_cosine(self) -> float | None:
+        return self.min_cosine if self.min_sample_cosine is None else self.min_sample_cosine
+
+
+def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int | None = 1) -> dict:
+    """Metrics of one tensor over every sample (``refs``/``gots``: one array per sample)."""
+    ref = np.concatenate([np.ravel(r) for r in refs])
+    got = np.concatenate([np.ravel(g) for g in gots])
+    out = similarity(ref, got).as_dict()
+    out["range_error"], out["rms_range_error"] = (_finite(v) for v in range_errors(ref, got))
+    loud = {i: similarity(r, g).cosine for i, (r, g) in enumerate(zip(refs, gots))
+            if np.size(r) > 1 and rms(r) >= QUIET * rms(ref) and rms(ref) > 0}
+    worst = min(loud, key=loud.get) if loud else None
+    out["min_sample_cosine"] = None if worst is None else loud[worst]
+    out["worst_sample"], out["samples_judged"] = worst, len(loud)
+    if axis is not None and np.ndim(refs[0]) > axis and np.shape(refs[0])[axis] > 1:
+        out.update(channel_metrics(refs, gots, axis))
+    return out
+
+
+def channel_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int) -> dict:
+    """The worst channel's cosine and the dead channels, over every sample."""
+    ref = np.concatenate([np.moveaxis(np.asarray(r, np.float64), axis, 0).reshape(
+        np.shape(r)[axis], -1) for r in refs], axis=1)
+    got = np.concatenate([np.moveaxis(np.asarray(g, np.float64), axis, 0).reshape(
+        np.shape(g)[axis], -1) for g in gots], axis=1)
+    spans = ref.max(axis=1) - ref.min(axis=1)
+    full = float(ref.max() - ref.min()) if ref.size else 0.0
+    judged = np.nonzero(spans >= QUIET * full)[0] if full else []
+    cosines = {int(c): similarity(ref[c], got[c]).cosine for c in judged}
+    dead = [int(c) for c in np.nonzero(spans >= DEAD_SPAN * full)[0]
+            if float(np.ptp(got[c])) == 0.0] if full else []
+    worst = min(cosines, key=cosines.get) if cosines else None
+    return {"channel_axis": axis, "channels_judged": len(cosines), "dead_channels": dead[:16],
+            "dead_channel_count": len(dead),
+            "worst_channel": None if worst is None else {"index": worst, "cosine": cosines[worst]}}
+
+
+def _finite(value: float) -> float | None:
+    return value if np.isfinite(value) else None
+
+
+def failures(label: str, m: dict, limits: Thresholds, against: str = "") -> list[str]:
+    """One line per threshold ``m`` misses (``label``: "output 'x'", "slice 'y'" ...)."""
+    out, tail = [], f" ({against})" if against else ""
+    if limits.min_cosine is not None and m["cosine"] < limits.min_cosine:
+        out.append(f"{label}: cosine {m['cosine']:.6f} < min_cosine {limits.min_cosine} "
+                   f"over all samples{tail}")
+    elif (limits.sample_cosine is not None and m["min_sample_cosine"] is not None
+          and m["min_sample_cosine"] < limits.sample_cosine):
+        name = "min_cosine" if limits.min_sample_cosine is None else "min_sample_cosine"
+        out.append(f"{label}: cosine {m['min_sample_cosine']:.6f} < {name} "
+                   f"{limits.sample_cosine} on the worst sample (#{m['worst_sample']}; all "
+                   f"samples: {m['cosine']:.6f}){tail}")
+    if m.get("dead_channel_count"):
+        out.append(f"{label}: {m['dead_channel_count']} dead channel(s) along axis "
+                   f"{m['channel_axis']} (constant where the reference varies): "
+                   f"{m['dead_channels']}{tail}")
+    worst = m.get("worst_channel")
+    if limits.min_channel_cosine is not None and worst and worst["cosine"] < limits.min_channel_cosine:
+        out.append(f"{label}: channel {worst['index']} cosine {worst['cosine']:.6f} < "
+                   f"min_channel_cosine {limits.min_channel_cosine}{tail}")
+    if limits.min_sqnr_db is not None and m["sqnr_db"] is not None and m["sqnr_db"] < limits.min_sqnr_db:
+        out.append(f"{label}: SQNR {m['sqnr_db']:.2f} dB < min_sqnr_db {limits.min_sqnr_db}{tail}")
+    if limits.max_abs is not None and m["max_abs"] > limits.max_abs:
+        out.append(f"{label}: max abs error {m['max_abs']:.4g} > max_abs {limits.max_abs}{tail}")
+    error = m["range_error"]
+    if limits.max_range_error is not None and (error is None or error > limits.max_range_error):
+        shown = "unbounded" if error is None else f"{error:.4g}"
+        out.append(f"{label}: max error {shown} of the reference's range > max_range_error "
+                   f"{limits.max_range_error}{tail}")
+    return out

@@ -1,0 +1,103 @@
+"""Stage `verify` end to end on a small inline model that the split cuts in three (an op the
+quantizer cannot lower sits in the middle): one truth about placement in support.json, quantize
+and the estimate; slices, hand-over thresholds and the classifier task in verify.json."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.conftest import run_cli, write_recipe
+from tests.unit.split.split_models import Net
+
+RECIPE = """\
+version: 1
+name: mixed
+model:
+  path: m.onnx
+  inputs: [{{name: x, shape: [1, 3, 16, 16], preprocess: {{resize: [16, 16], scale: 0.00392156862745098}}}}]
+target: npu-16m
+quantization:
+  scheme: symmetric
+  granularity: per_channel
+  calibration: {{data: "pkg:skimage/data/[a-c]*.png", samples: 3}}
+verify:
+  data: "pkg:skimage/data/[d-h]*.png"
+  samples: 3
+  min_cosine: 0.9
+  slices: [{{tensor: fc_out, axis: 1, start: 5, name: last_five, min_cosine: {slice_min}}}]
+  handover: {{min_cosine: 0.9}}
+  task: classifier
+"""
+
+
+def mixed_model() -> onnx.ModelProto:
+    """conv, conv → Max (no integer kernel: CPU) → conv → pool → Gemm → fc_out [1, 10]."""
+    net = Net(seed=3)
+    x = net.input("x", [1, 3, 16, 16])
+    a = net.op("Relu", [net.conv(x, 3, 8, name="conv_a")])
+    b = net.op("Relu", [net.conv(x, 3, 8, name="conv_b")])
+    m = net.op("Max", [a, b], name="max")
+    c = net.op("GlobalAveragePool", [net.op("Relu", [net.conv(m, 8, 16, name="conv_c")])])
+    flat = net.op("Flatten", [c], name="flat")
+    w = net.init("fc.w", net.rng.standard_normal((10, 16)).astype(np.float32))
+    return net.model([net.op("Gemm", [flat, w], name="fc", transB=1)])
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mixed")
+    onnx.save(mixed_model(), root / "m.onnx")
+    recipe = write_recipe(root, RECIPE.format(slice_min=0.9))
+    result = run_cli("run", str(recipe), "--build-dir", str(root / "build"),
+                     "--cache", str(root / "cache"))
+    assert result.returncode == 0, result.stderr
+    return root, json.loads((root / "build" / "mixed" / "report.json").read_text())
+
+
+def test_what_quantize_cannot_lower_is_a_cpu_segment_everywhere(built):
+    root, report = built
+    support = json.loads((root / "build" / "mixed" / "split" / "support.json").read_text())
+    text = json.dumps(support)
+    assert "The quantizer has no integer kernel for it" in text
+    assert report["split"]["cpu_ops"] == {"Max": 1} and report["split"]["npu_segments"] == 2
+    graphs = report["quantization"]["graphs"]
+    assert all(g["cpu_layers"] == [] for g in graphs.values())
+
+
+def test_the_estimate_counts_the_measured_cpu_segment(built):
+    _, report = built
+    estimate = report["estimate"]
+    parts = estimate["cpu"]["parts"]
+    assert list(parts) == ["graph_1"] and parts["graph_1"]["nodes"] == 1
+    assert estimate["cpu_seconds"] == parts["graph_1"]["seconds"] > 0
+    assert estimate["fps"] == pytest.approx(1 / (estimate["npu_seconds"] + estimate["cpu_seconds"]),
+                                            rel=1e-3)
+    assert estimate["fps"] < estimate["npu_fps"]
+
+
+def test_verify_reports_slices_hand_overs_and_the_task(built):
+    _, report = built
+    verify = report["verify"]
+    assert verify["passed"] is True
+    assert verify["slices"]["last_five"]["shape"] == [1, 5]
+    assert len(verify["npu_outputs"]) == 2  # the two ReLU outputs the NPU hands to Max
+    task = verify["task"]
+    assert task["task"] == "classifier" and task["classes"] == 10
+    assert 0 <= task["top5_agreement"] <= 1 and task["agreement"] == task["top1_agreement"]
+
+
+def test_a_slice_below_its_threshold_fails_the_run_and_is_bisected(built):
+    root, _ = built
+    recipe = write_recipe(root, RECIPE.format(slice_min=1.0), name="strict.yaml")
+    result = run_cli("run", str(recipe), "--build-dir", str(root / "build"),
+                     "--cache", str(root / "cache"))
+    assert result.returncode == 1
+    assert "error: verify: slice 'last_five': cosine" in result.stderr
+    assert "< min_cosine 1.0 over all samples" in result.stderr
+    verify = json.loads((root / "build" / "mixed" / "verify" / "verify.json").read_text())
+    assert verify["bisection"]["finding"]["stage"] == "quantize"
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,77 @@
+"""verify's tensor metrics and verdict: meaningful for one-element and near-zero tensors, and a
+dead channel fails even when the whole tensor's cosine is high."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.verify.judge import DEAD_SPAN, Thresholds, failures, tensor_metrics
+
+RNG = np.random.default_rng(0)
+
+
+def noisy(values: np.ndarray, scale: float) -> np.ndarray:
+    return values + RNG.normal(0, scale, values.shape)
+
+
+def test_a_one_element_output_is_judged_over_samples_not_per_sample():
+    refs = [np.array([v]) for v in (0.9, 0.1, 0.5, 0.7)]
+    gots = [np.array([v]) for v in (0.1, 0.9, 0.5, 0.3)]  # every sample wrong
+    m = tensor_metrics(refs, gots)
+    assert m["samples_judged"] == 0 and m["min_sample_cosine"] is None  # ±1 per sample: not judged
+    assert m["range_error"] == 1.0  # 0.8 off on a range of 0.8
+    assert failures("output 'p'", m, Thresholds(min_cosine=0.99, max_range_error=0.1)) == [
+        f"output 'p': cosine {m['cosine']:.6f} < min_cosine 0.99 over all samples",
+        "output 'p': max error 1 of the reference's range > max_range_error 0.1"]
+
+
+def test_a_near_zero_sample_counts_in_the_aggregate_only():
+    text = RNG.uniform(0, 1, (1, 1, 32, 32))
+    empty = RNG.uniform(0, 1e-3, (1, 1, 32, 32))  # an image without text
+    refs, gots = [text, empty], [noisy(text, 0.01), np.zeros_like(empty)]
+    m = tensor_metrics(refs, gots)
+    assert m["samples_judged"] == 1 and m["worst_sample"] == 0
+    assert m["min_sample_cosine"] > 0.99 and m["cosine"] > 0.99
+    assert failures("output 'maps'", m, Thresholds(min_cosine=0.99)) == []
+
+
+def test_a_dead_channel_fails_although_the_tensor_cosine_is_high():
+    ref = RNG.uniform(0, 1, (1, 6, 50))
+    ref[:, 0] *= 300  # a large channel rules the whole tensor's cosine (YOLOv8's boxes)
+    got = noisy(ref, 0.001)
+    got[:, 5] = 0.0
+    m = tensor_metrics([ref], [got])
+    assert m["cosine"] > 0.999
+    assert m["dead_channels"] == [5]
+    lines = failures("slice 'scores'", m, Thresholds(min_cosine=0.99))
+    assert lines == ["slice 'scores': 1 dead channel(s) along axis 1 (constant where the "
+                     "reference varies): [5]"]
+
+
+def test_channels_that_barely_vary_are_not_judged():
+    ref = RNG.uniform(0, 1, (1, 3, 40))
+    ref[:, 2] = 0.5 + RNG.uniform(0, DEAD_SPAN / 10, 40)  # float noise around a constant
+    got = ref.copy()
+    got[:, 2] = 0.5
+    m = tensor_metrics([ref], [got])
+    assert m["channels_judged"] == 2 and m["dead_channel_count"] == 0
+
+
+def test_the_worst_sample_and_the_worst_channel_have_their_own_thresholds():
+    ref = [RNG.uniform(-1, 1, (1, 4, 30)) for _ in range(3)]
+    got = [r.copy() for r in ref]
+    got[2] = noisy(ref[2], 0.3)
+    m = tensor_metrics(ref, got)
+    assert m["worst_sample"] == 2
+    limits = Thresholds(min_cosine=m["cosine"] - 0.01, min_sample_cosine=0.99,
+                        min_channel_cosine=0.999)
+    lines = failures("output 'y'", m, limits)
+    assert lines[0].startswith("output 'y': cosine") and "< min_sample_cosine 0.99 on the worst " \
+        "sample (#2;" in lines[0]
+    assert lines[1].startswith(f"output 'y': channel {m['worst_channel']['index']} cosine")
+
+
+def test_unset_thresholds_report_without_judging():
+    ref = [RNG.uniform(-1, 1, (1, 4, 30))]
+    m = tensor_metrics(ref, [-ref[0]])
+    assert m["cosine"] < -0.99 and failures("NPU output 't'", m, Thresholds()) == []
