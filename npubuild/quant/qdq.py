@@ -53,6 +53,7 @@ class _Builder:
     inits: list = field(default_factory=list)
     functions: dict = field(default_factory=dict)
     opsets: dict = field(default_factory=dict)
+    prequant: dict = field(default_factory=dict)  # integer tensor → float value QuantizeLinear reads
     _dq_done: set = field(default_factory=set)
 
     def const(self, name: str, value) -> str:
@@ -99,6 +100,7 @@ class _Builder:
             lo, hi = (self.const(f"{t}::lo", np.float32(clamp[0])),
                       self.const(f"{t}::hi", np.float32(clamp[1])))
             value = self.node("Clip", [value, lo, hi], [f"{t}::clipped"])
+        self.prequant[t] = value
         self.node("QuantizeLinear", [value, *self.qparams(t)], [self.out_q[t]])
 
 
@@ -379,7 +381,8 @@ def export_qdq(qg: QGraph, *, opset: int = 17) -> onnx.ModelProto:
 
 def layerwise_qdq(qg: QGraph, *, opset: int = 17) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Every layer fed from graph inputs (its integer inputs), every layer output a graph
-    output. Returns the model and {tensor: graph output name}."""
+    output. Returns the model and {tensor: graph output name}; ``"<tensor>::pre"`` names the
+    float value ORT quantized into ``tensor`` (so the cross-check can tell a rounding tie)."""
     ints = [t for t, info in qg.tensors.items() if not info.is_float]
     b = _Builder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::qo" for t in ints},
                  {t: t for t, info in qg.tensors.items() if info.is_float})
@@ -397,5 +400,6 @@ def layerwise_qdq(qg: QGraph, *, opset: int = 17) -> tuple[onnx.ModelProto, dict
         if f"{t}::q" in read:
             b.const(f"{t}::q", qg.constants[t])
     out_names = {t: (f"{t}::fo" if qg.tensors[t].is_float else f"{t}::qo") for t in produced}
+    out_names.update({f"{t}::pre": v for t, v in b.prequant.items() if t in produced})
     outputs = [onnx.ValueInfoProto(name=n) for n in out_names.values()]
     return _model(b, inputs, outputs, _opset(qg, opset)), out_names

@@ -177,6 +177,11 @@ class QuantizationSpec(Strict):
     bias_correction: bool = Field(
         True, description="Fold the mean output shift caused by weight rounding into the bias "
                           "(from the calibration means of each input channel).")
+    int16_where_underflows: bool = Field(
+        False, description="On chips with int16: a tensor whose typical value is under 2 int8 "
+                          "steps (mean |x|), and the input of a lookup table whose int8 steps alone cost "
+                          "its output more than 30 dB SQNR, become int16 (tiny activations and "
+                          "steep tables keep their resolution).")
     compare_samples: int = Field(
         4, ge=1, description="Samples (verify.data if set, else calibration data) for "
                              "per_layer.json, the ONNX Runtime cross-check and accuracy.outputs.")
