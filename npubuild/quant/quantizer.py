@@ -428,8 +428,24 @@ def _lut(q: Quantizer, layer: FLayer) -> QLayer:
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
     model = q.fg.node_model(layer)
     return _qlayer(layer, attrs=dict(layer.attrs),
-                   arrays={"table": schemes.build_lut(layer.fn, x, y),
+                   arrays={"table": schemes.build_lut(onnx_function(model), x, y),
                            "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+
+
+def onnx_function(model) -> Callable[[np.ndarray], np.ndarray]:
+    """An element-wise fragment as a function, evaluated by ONNX Runtime: a table built from it
+    holds exactly what the QDQ model computes (ORT's Sigmoid/Tanh kernels approximate to an
+    absolute, not relative, error: an int16 table of tiny outputs would differ by hundreds of
+    steps if NumPy computed it)."""
+    from npubuild import onnx_io
+
+    session = onnx_io.session(model)
+    name = session.get_inputs()[0].name
+
+    def fn(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, np.float32)
+        return np.asarray(session.run(None, {name: x.ravel()})[0], np.float32).reshape(x.shape)
+    return fn
 
 
 def _pad(q: Quantizer, layer: FLayer) -> QLayer:

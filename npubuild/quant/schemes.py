@@ -286,7 +286,8 @@ def build_lut(fn, src: QParams, dst: QParams) -> np.ndarray:
 
     A table is data, not arithmetic: its entries are computed exactly as the QDQ model computes
     the op (``DequantizeLinear`` in float32, ``fn`` in float32, ``QuantizeLinear``: float32
-    quotient, ties to even), so ONNX Runtime reproduces every entry."""
+    quotient, ties to even), so ONNX Runtime reproduces every entry when ``fn`` is its own
+    kernel (the quantizer passes ``quantizer.onnx_function`` of the layer's fragment)."""
     q = np.arange(src.qmin, src.qmax + 1, dtype=np.float32)
     x = (q - np.float32(src.zero_point)) * np.float32(src.scale)
     with np.errstate(all="ignore"):
