@@ -105,3 +105,19 @@ def test_output_concat_of_unlike_slices_keeps_each_slice_at_its_own_scale():
         ref = onnx_io.run(sess, f)["y"]
         got = run_reference(qg, quantize_inputs(qg, f))["y"]
         assert metrics.similarity(ref[:, 4:], got[:, 4:]).cosine > 0.999
+
+
+def test_int16_qdq_export_converts_old_opset_cpu_fragments():
+    """int16 Q/DQ needs opset 21; an opset-13 ReduceMean (axes as an attribute) on the CPU
+    must be rewritten to that opset, or ONNX Runtime refuses the QDQ model."""
+    from npubuild.quant import qdq
+
+    m = model([helper.make_node("Mul", ["x", "k"], ["h"]),
+               helper.make_node("ReduceMean", ["h"], ["y"], axes=[2], keepdims=1)],
+              {"x": [1, 4, 8, 8]}, {"y": None}, {"k": np.array(1.5, np.float32)}, opset=13)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(2)]
+    qg, _, _ = quantize(m, feeds, int16_tensors=frozenset({"h"}))
+    assert qg.tensors["h"].dtype == "int16" and qg.layers[-1].kind == "float"
+    onnx_io.session(qdq.export_qdq(qg))
+    onnx_io.session(qdq.layerwise_qdq(qg)[0])
