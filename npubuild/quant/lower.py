@@ -20,7 +20,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import onnx
 
-from npubuild import onnx_io
+from npubuild import onnx_io, proofs
 from npubuild.quant import ops
 from npubuild.quant.floatgraph import FLayer, FloatGraph, Probe, Unsupported, fragment_model
 
@@ -71,9 +71,7 @@ def prepare(model: onnx.ModelProto, keep: Iterable[str] = ()) -> onnx.ModelProto
 
         model = onnx.inliner.inline_selected_functions(model, inline)
     if opset_of(model) < MIN_OPSET:
-        from onnx import version_converter
-
-        model = version_converter.convert_version(model, MIN_OPSET)
+        model = onnx_io.convert_version(model, MIN_OPSET)
     seen: set[str] = set()
     for i, node in enumerate(model.graph.node):
         if not node.name or node.name in seen:
@@ -107,7 +105,7 @@ def lower(model: onnx.ModelProto, *, float_nodes: Iterable[str] = ()) -> tuple[F
     float_nodes = set(float_nodes)
     model = prepare(model, keep=float_nodes)
     probe = Probe(model)
-    values = probe.run(onnx_io.random_feeds(model))
+    values = probe.run(proofs.make_feeds(model))
     constants = _constants(model, values)
     shapes = {name: list(np.shape(v)) for name, v in {**values, **constants}.items()}
     for value in onnx_io.graph_inputs(model):

@@ -363,9 +363,7 @@ def _at_opset(data: bytes, opset: int) -> onnx.ModelProto:
     own = next((o.version for o in frag.opset_import if o.domain in ("", "ai.onnx")), opset)
     if own >= AXES_AS_INPUT or opset < AXES_AS_INPUT:
         return frag  # same operator forms: splices as it is
-    from onnx import version_converter
-
-    return version_converter.convert_version(frag, opset)
+    return onnx_io.convert_version(frag, opset)  # fused functions' bodies too
 
 
 def _opset(qg: QGraph, base: int) -> int:

@@ -2,10 +2,13 @@
 
 ONNX sources are loaded directly; TensorFlow (frozen graph, SavedModel, Keras) and TFLite
 sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when needed).
-Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred and the
-checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the same
-seeded input (ONNX: ONNX Runtime on the original, bit-identical; TF/TFLite: the source framework,
-within 1e-4 of the output's magnitude).
+Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
+arithmetic the fixed shapes make constant is folded; `npubuild.frontends.onnx`) and the checker
+runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
+inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
+sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
+ONNX Runtime on the original, bit-identical; TF/TFLite: the source framework, within 1e-4 of the
+scale of the values involved).
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from npubuild import onnx_io
+from npubuild import onnx_io, proofs
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError
-from npubuild.metrics import compare_outputs
+from npubuild.frontends import onnx as onnx_frontend
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import StageContext
 
@@ -28,15 +31,16 @@ TF_FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
 
 
 def source_files(loaded: LoadedRecipe) -> list[Path]:
-    """The source model (a file, or a SavedModel directory) is part of the stage's key."""
-    return [loaded.model_path]
+    """The source model (a file, or a SavedModel directory) and what the proof inputs are made
+    from (recipe proof files, the first calibration sample) are part of the stage's key."""
+    return [loaded.model_path, *proofs.recipe_files(loaded), *proofs.calibration_files(loaded)]
 
 
 def run(ctx: StageContext) -> dict:
     loaded = ctx.loaded
     fmt = loaded.model_format
     if fmt == "onnx":
-        source = onnx_io.load_model(loaded.model_path)
+        source = onnx_frontend.normalise_ir(onnx_io.load_model(loaded.model_path))
         model = fix_inputs(loaded, source)
     else:
         from npubuild.frontends import tensorflow as tf_frontend
@@ -49,10 +53,12 @@ def run(ctx: StageContext) -> dict:
         model = cut_outputs(loaded, model)
     if loaded.recipe.model.opset and fmt == "onnx":
         model = convert_opset(loaded, model, loaded.recipe.model.opset)
-    model = infer_shapes(model)
+    model = onnx_frontend.resolve_shapes(model, declared=source or model)
     check(model)
-    proof = prove(loaded, fmt, source, model)
+    feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
+    proof = prove(loaded, fmt, source, model, feeds)
     onnx_io.save_model(model, ctx.out / "model.onnx")
+    proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
     write_json(ctx.out / "import.json", summary)
     return {"import": summary}
@@ -115,7 +121,7 @@ def cut_outputs(loaded: LoadedRecipe, model: onnx.ModelProto) -> onnx.ModelProto
 
 def convert_opset(loaded: LoadedRecipe, model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     try:
-        return onnx.version_converter.convert_version(model, opset)
+        return onnx_io.convert_version(model, opset)
     except Exception as exc:
         raise loaded.error(f"cannot convert the model to opset {opset}: {exc}", "model", "opset") from None
 
@@ -136,21 +142,21 @@ def check(model: onnx.ModelProto) -> None:
 
 
 def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,
-          model: onnx.ModelProto) -> dict:
-    """Run the result and the source on one seeded input and compare every output."""
-    feeds = onnx_io.random_feeds(model, seed=0)
-    got = onnx_io.run(model, feeds)
+          model: onnx.ModelProto, feeds: dict) -> dict:
+    """Run the result and the source on the proof inputs and compare every output."""
+    names = [o.name for o in model.graph.output]
+    got, scales = proofs.run_with_scales(model, feeds, names)
     if fmt in TF_FORMATS:
         from npubuild.frontends import tensorflow as tf_frontend
 
         values = tf_frontend.run_source(loaded.model_path, fmt, feeds, loaded.recipe.model.inputs,
                                         loaded.recipe.model.outputs)
         expected = dict(zip(got, values))
-        rtol, exact = TF_TOLERANCE, False
+        tolerance, exact = TF_TOLERANCE, False
     else:
-        expected = onnx_io.run(onnx_io.with_outputs(source, list(got), model), feeds, list(got))
-        rtol, exact = 0.0, True
-    sims, bad = compare_outputs(expected, got, rtol=rtol, exact=exact)
+        expected = proofs.run(onnx_io.with_outputs(source, names, model), feeds, names)
+        tolerance, exact = 0.0, True
+    sims, bad = proofs.compare(expected, got, tolerance=tolerance, exact=exact, scales=scales)
     if bad:
         raise BuildError(f"the imported model differs from the source: {bad[0]}", stage="import",
                          hint="check model.inputs shapes and dtypes; for TF models the tf2onnx "
