@@ -1,15 +1,26 @@
-"""Quantization on YOLOv8n: npubuild against ONNX Runtime's ``quantize_static``, side by side.
+"""Quantization accuracy over real models: npubuild against ONNX Runtime and TFLite.
 
-YOLOv8n (nudenet 320n.onnx, 1x3x320x320, constants folded) as one NPU graph; the 14 RGB photos
-of scikit-image split alternately, 7 to calibrate and 7 to compare. Two tables:
+Every model is quantized whole (one graph: what npubuild cannot lower runs in float, counted in
+the ``cpu layers`` column) from the same calibration photos and compared on the same held-out
+photos (scikit-image's RGB photos, alternately 7 to calibrate and 7 to compare):
 
-1. time: calibration + quantization (npubuild: lowering, statistics, parameters, integer
-   weights; ORT: its calibration pass and QDQ rewrite), median of ``--runs``;
-2. accuracy: mean output cosine vs the float model on the 7 held-out photos, for every scheme ×
-   granularity × method; npubuild through its integer reference, ORT through its QDQ model
-   (``Percentile`` at 99.99, ``Entropy`` for kl; ORT has no mse and no power-of-two scheme).
+- npubuild: ``asymmetric`` activations, per-channel weights, minmax, int16 where int8
+  underflows (``quantization.int16_where_underflows`` on an int16 chip such as npu-16m), run
+  through its integer reference; ``x-check`` is the fraction of the integer reference's
+  elements identical to ONNX Runtime running npubuild's own QDQ export (layer by layer, same
+  integer inputs) and the largest difference in steps;
+- ONNX Runtime: ``quantize_static`` (QDQ, int8 asymmetric activations, per-channel symmetric
+  weights, MinMax: its defaults), the same photos;
+- TFLite (Keras MobileNetV2 only): the TFLite converter's full-int8 model on the same weights
+  and photos.
 
-    python3 benchmarks/quant.py [--runs 3] [--json out.json]
+Columns: output cosine against the float model (mean over photos), the cosine of a slice
+(YOLOv8n: class scores, channels 4..), and top-1 agreement with the float model (classifiers;
+PP-OCR rec: the argmax character per time step).
+
+    pip install -e ".[examples]"    # PP-OCRv4 models (rapidocr-onnxruntime)
+    python3 benchmarks/quant.py [--models yolov8n,mobilenetv2,...] [--json out.json]
+    python3 benchmarks/quant.py --schemes      # YOLOv8n: every scheme x granularity x method
 """
 
 from __future__ import annotations
@@ -18,11 +29,13 @@ import argparse
 import contextlib
 import io
 import json
-import statistics
+import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -30,19 +43,32 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from npubuild import metrics, onnx_io  # noqa: E402
-from npubuild.quant import calibrate, quantizer  # noqa: E402
+from npubuild.quant import calibrate, check, quantizer  # noqa: E402
 from npubuild.quant.data import InputInfo, load_samples  # noqa: E402
 from npubuild.quant.lower import lower  # noqa: E402
-from npubuild.quant.reference import run_quantized  # noqa: E402
+from npubuild.quant.reference import quantize_inputs, run_quantized, run_reference  # noqa: E402
 from npubuild.recipe.model import Preprocess  # noqa: E402
 from npubuild.recipe.paths import package_dir  # noqa: E402
 
-INPUT = InputInfo("images", (1, 3, 320, 320), "float32", "NCHW",
-                  Preprocess(resize=(320, 320), scale=1 / 255, channel_order="RGB"))
 SCHEMES = ("symmetric", "asymmetric", "pow2_symmetric")
 GRANULARITIES = ("per_tensor", "per_channel")
 METHODS = ("minmax", "percentile", "kl", "mse")
 ORT_METHODS = {"minmax": "MinMax", "percentile": "Percentile", "kl": "Entropy"}
+CROSSCHECK_SAMPLES = 2
+IMAGENET = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+
+
+@dataclass
+class Case:
+    """One benchmark model: how to build it, its input, and how to judge its output."""
+
+    name: str
+    build: Callable[[Path], Path]              # writes a static-shape ONNX model, returns it
+    input: InputInfo
+    slice_: tuple[int, int | None] | None = None   # (first, end) along axis 1 of the output
+    top1_axis: int | None = None               # argmax axis for top-1 agreement
+    tflite: Callable[[list, list], list] | None = None  # (cal, ver) -> outputs of TFLite int8
+    config: dict = field(default_factory=dict)  # extra QuantConfig fields
 
 
 def photos() -> list[Path]:
@@ -53,25 +79,135 @@ def photos() -> list[Path]:
     return [f for f in files if Image.open(f).mode in ("RGB", "RGBA")]
 
 
-def static_yolov8n(path: Path) -> Path:
-    import onnx
+def _optimized(model, shapes: dict, path: Path) -> Path:
     import onnxscript.optimizer
 
-    model = onnx.load(package_dir("nudenet") / "320n.onnx")
-    model = onnx_io.fix_input_shapes(model, {INPUT.name: list(INPUT.shape)})
+    model = onnx_io.fix_input_shapes(model, shapes)
     model = onnxscript.optimizer.optimize(model, input_size_limit=1 << 22, output_size_limit=1 << 22)
     onnx_io.save_model(model, path)
     return path
 
 
-def npubuild_quantize(model, cal, scheme, granularity, method):
+def _onnx_file(path: Path, info: InputInfo) -> Callable[[Path], Path]:
+    def build(out: Path) -> Path:
+        import onnx
+
+        return _optimized(onnx.load(path), {info.name: list(info.shape)}, out)
+    return build
+
+
+# ---- Keras MobileNetV2 with BatchNorm statistics from photos ----------------------------------
+
+KERAS_INPUT = InputInfo("input", (1, 224, 224, 3), "float32", "NHWC",
+                        Preprocess(resize=(224, 224), scale=1 / 127.5, mean=1.0))
+
+
+def keras_mobilenetv2(files: list[Path]):
+    """MobileNetV2 (random weights, fixed seed) whose BatchNorm moving statistics are the batch
+    statistics of ``files``: a network whose activations look trained (no download)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.applications.MobileNetV2(input_shape=(224, 224, 3), weights=None,
+                                              classifier_activation=None)
+    batch = np.concatenate([s[KERAS_INPUT.name] for s in load_samples(files, [KERAS_INPUT])])
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.BatchNormalization):
+            layer.momentum = 0.0          # one training-mode call sets the moving statistics
+    model(batch, training=True)
+    return model
+
+
+def _keras_case() -> Case:
+    state: dict = {}
+
+    def model_for(files):
+        if "model" not in state:
+            state["model"] = keras_mobilenetv2(files)
+        return state["model"]
+
+    def build(out: Path) -> Path:
+        import tensorflow as tf
+        import tf2onnx
+
+        model = model_for(photos())
+        spec = (tf.TensorSpec([1, 224, 224, 3], tf.float32, name="input"),)
+        fn = tf.function(lambda x: model(x, training=False))
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            onnx_model, _ = tf2onnx.convert.from_function(fn, input_signature=spec, opset=17)
+        return _optimized(onnx_model, {onnx_model.graph.input[0].name: [1, 224, 224, 3]}, out)
+
+    def tflite(cal, ver):
+        import tensorflow as tf
+
+        model = model_for(photos())
+        converter = tf.lite.TFLiteConverter.from_keras_model(model)
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = lambda: ([s[KERAS_INPUT.name]] for s in cal)
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = tf.int8
+        converter.inference_output_type = tf.int8
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            blob = converter.convert()
+        interp = tf.lite.Interpreter(model_content=blob)
+        interp.allocate_tensors()
+        inp, outp = interp.get_input_details()[0], interp.get_output_details()[0]
+        outs = []
+        for s in ver:
+            (si, zi), (so, zo) = inp["quantization"], outp["quantization"]
+            q = np.clip(np.rint(s[KERAS_INPUT.name] / si) + zi, -128, 127).astype(np.int8)
+            interp.set_tensor(inp["index"], q)
+            interp.invoke()
+            outs.append((interp.get_tensor(outp["index"]).astype(np.float32) - zo) * so)
+        return outs
+
+    return Case("mobilenetv2 (keras)", build, KERAS_INPUT, top1_axis=-1, tflite=tflite)
+
+
+def _installed(package: str, sub: str) -> Path | None:
+    import importlib.util
+
+    return Path(package_dir(package)) / sub if importlib.util.find_spec(package) else None
+
+
+def cases() -> list[Case]:
+    light = Path(package_dir("onnx")) / "backend" / "test" / "data" / "light"
+    ocr = _installed("rapidocr_onnxruntime", "models")
+    yolo = InputInfo("images", (1, 3, 320, 320), "float32", "NCHW",
+                     Preprocess(resize=(320, 320), scale=1 / 255, channel_order="RGB"))
+    det = InputInfo("x", (1, 3, 320, 320), "float32", "NCHW",
+                    Preprocess(resize=(320, 320), scale=1 / 255, channel_order="BGR", **IMAGENET))
+    rec = InputInfo("x", (1, 3, 48, 320), "float32", "NCHW",
+                    Preprocess(resize=(48, 320), scale=1 / 127.5, mean=1.0, channel_order="BGR"))
+    caffe = dict(resize=(224, 224), scale=1.0, mean=[104.0, 117.0, 123.0], channel_order="BGR")
+    out = [Case("yolov8n", _onnx_file(package_dir("nudenet") / "320n.onnx", yolo), yolo,
+                slice_=(4, None)),
+           _keras_case()]
+    for name, inp in (("squeezenet", "data_0"), ("shufflenet", "gpu_0/data_0")):
+        info = InputInfo(inp, (1, 3, 224, 224), "float32", "NCHW", Preprocess(**caffe))
+        out.append(Case(name, _onnx_file(light / f"light_{name}.onnx", info), info, top1_axis=-1))
+    if ocr is None:
+        print("  PP-OCRv4 skipped: pip install -e '.[examples]' (rapidocr-onnxruntime)", file=sys.stderr)
+        return out
+    out.append(Case("ppocrv4_det", _onnx_file(ocr / "ch_PP-OCRv4_det_infer.onnx", det), det))
+    out.append(Case("ppocrv4_rec", _onnx_file(ocr / "ch_PP-OCRv4_rec_infer.onnx", rec), rec,
+                    top1_axis=-1))
+    return out
+
+
+# ---- quantizers -------------------------------------------------------------------------------
+
+def npubuild_quantize(model, cal, scheme="asymmetric", granularity="per_channel", method="minmax",
+                      **extra):
     fg, probe = lower(model)
     stats = calibrate.observe(fg, probe, cal, method)
-    config = quantizer.QuantConfig(scheme=scheme, granularity=granularity, method=method)
+    config = quantizer.QuantConfig(scheme=scheme, granularity=granularity, method=method, **extra)
     return quantizer.quantize_graph(fg, stats, config, "graph_0")[0]
 
 
-def ort_quantize(model_path: Path, out: Path, cal, scheme, granularity, method) -> Path:
+def ort_quantize(model_path: Path, out: Path, cal, scheme="asymmetric", granularity="per_channel",
+                 method="minmax") -> Path:
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat,
                                           QuantType, quantize_static)
 
@@ -82,86 +218,130 @@ def ort_quantize(model_path: Path, out: Path, cal, scheme, granularity, method) 
         def get_next(self):
             return next(self.it, None)
 
-    symmetric = scheme == "symmetric"
     with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print progress
         quantize_static(str(model_path), str(out), Reader(), quant_format=QuantFormat.QDQ,
                         per_channel=granularity == "per_channel", activation_type=QuantType.QInt8,
                         weight_type=QuantType.QInt8,
                         calibrate_method=getattr(CalibrationMethod, ORT_METHODS[method]),
-                        extra_options={"ActivationSymmetric": symmetric, "WeightSymmetric": True,
-                                       "CalibPercentile": 99.99})
+                        extra_options={"ActivationSymmetric": scheme == "symmetric",
+                                       "WeightSymmetric": True, "CalibPercentile": 99.99})
     return out
 
 
-def mean_cosine(refs, outputs) -> float:
-    return float(np.mean([metrics.similarity(r, o).cosine for r, o in zip(refs, outputs)]))
+# ---- metrics ----------------------------------------------------------------------------------
+
+def scores(case: Case, refs: list, outs: list) -> dict:
+    """Mean output cosine, slice cosine and top-1 agreement of ``outs`` against ``refs``."""
+    row = {"cosine": float(np.mean([metrics.similarity(r, o).cosine for r, o in zip(refs, outs)]))}
+    if case.slice_:
+        lo, hi = case.slice_
+        row["slice"] = float(np.mean([metrics.similarity(r[:, lo:hi], o[:, lo:hi]).cosine
+                                      for r, o in zip(refs, outs)]))
+    if case.top1_axis is not None:
+        row["top1"] = float(np.mean([np.mean(np.argmax(r, case.top1_axis) == np.argmax(o, case.top1_axis))
+                                     for r, o in zip(refs, outs)]))
+    return row
 
 
-def timing(model, model_path, cal, runs, tmp):
-    rows = []
-    for method in ("minmax", "kl"):
-        ours = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            npubuild_quantize(model, cal, "symmetric", "per_channel", method)
-            ours.append(time.perf_counter() - start)
-        theirs = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            ort_quantize(model_path, tmp / "t.onnx", cal, "symmetric", "per_channel", method)
-            theirs.append(time.perf_counter() - start)
-        rows.append((method, statistics.median(ours), statistics.median(theirs)))
-    return rows
+def crosscheck(qg, ver) -> dict:
+    checker = check.CrossChecker(qg)
+    for s in ver[:CROSSCHECK_SAMPLES]:
+        checker.add(run_reference(qg, quantize_inputs(qg, s)))
+    return checker.result.summary()
 
 
-def accuracy(model, model_path, cal, ver, refs, tmp):
-    rows = []
+def measure(case: Case, tmp: Path, npubuild_config: dict) -> dict:
+    import onnx
+
+    start = time.perf_counter()
+    path = case.build(tmp / f"{case.name.split()[0]}.onnx")
+    model = onnx.load(path)
+    samples = list(load_samples(photos(), [case.input]))
+    cal, ver = samples[0::2], samples[1::2]
+    sess = onnx_io.session(model)
+    out_name = sess.get_outputs()[0].name
+    refs = [onnx_io.run(sess, s)[out_name] for s in ver]
+    qg = npubuild_quantize(model, cal, **{**npubuild_config, **case.config})
+    ours = scores(case, refs, [run_quantized(qg, s, [out_name])[out_name] for s in ver])
+    ours["cpu_layers"] = sum(layer.device == "cpu" for layer in qg.layers)
+    xc = crosscheck(qg, ver)
+    ours["xcheck"] = (xc["identical_fraction"], xc["max_lsb"])
+    try:
+        ort_sess = onnx_io.session(ort_quantize(path, tmp / "ort.onnx", cal))
+        theirs = scores(case, refs, [onnx_io.run(ort_sess, s)[out_name] for s in ver])
+    except Exception as exc:  # noqa: BLE001 - a benchmark row says what failed
+        theirs = {"error": str(exc).splitlines()[0][:120]}
+    row = {"model": case.name, "npubuild": ours, "ort": theirs}
+    if case.tflite:
+        row["tflite"] = scores(case, refs, case.tflite(cal, ver))
+    row["seconds"] = time.perf_counter() - start
+    print(f"  {case.name}: {json.dumps(row)}", file=sys.stderr, flush=True)
+    return row
+
+
+def _fmt(row: dict | None, key: str) -> str:
+    value = (row or {}).get(key)
+    return "—" if value is None else f"{value:.4f}"
+
+
+def zoo_table(rows: list[dict]) -> str:
+    lines = ["| model | npubuild cosine | ORT cosine | TFLite cosine | npubuild slice | ORT slice "
+             "| npubuild top-1 | ORT top-1 | TFLite top-1 | cpu layers | x-check identical, max LSB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        n, o, t = r["npubuild"], r["ort"], r.get("tflite")
+        frac, lsb = n["xcheck"]
+        lines.append(f"| {r['model']} | {_fmt(n, 'cosine')} | {_fmt(o, 'cosine')} | "
+                     f"{_fmt(t, 'cosine')} | {_fmt(n, 'slice')} | {_fmt(o, 'slice')} | "
+                     f"{_fmt(n, 'top1')} | {_fmt(o, 'top1')} | {_fmt(t, 'top1')} | "
+                     f"{n['cpu_layers']} | {100 * frac:.4f} %, {lsb} |")
+    return "\n".join(lines)
+
+
+def scheme_table(tmp: Path) -> str:
+    """YOLOv8n: every scheme x granularity x method, npubuild and (where it has one) ORT."""
+    import onnx
+
+    case = cases()[0]
+    path = case.build(tmp / "yolov8n.onnx")
+    model = onnx.load(path)
+    samples = list(load_samples(photos(), [case.input]))
+    cal, ver = samples[0::2], samples[1::2]
+    refs = [onnx_io.run(onnx_io.session(model), s)["output0"] for s in ver]
+    lines = ["| scheme | granularity | method | npubuild cosine | ORT cosine |", "|---|---|---|---|---|"]
     for scheme in SCHEMES:
         for granularity in GRANULARITIES:
             for method in METHODS:
                 qg = npubuild_quantize(model, cal, scheme, granularity, method)
-                ours = mean_cosine(refs, [run_quantized(qg, s)["output0"] for s in ver])
-                theirs = None
+                ours = scores(case, refs, [run_quantized(qg, s)["output0"] for s in ver])["cosine"]
+                theirs = "—"
                 if scheme != "pow2_symmetric" and method in ORT_METHODS:
-                    path = ort_quantize(model_path, tmp / "a.onnx", cal, scheme, granularity, method)
-                    sess = onnx_io.session(path)
-                    theirs = mean_cosine(refs, [onnx_io.run(sess, s)["output0"] for s in ver])
-                rows.append((scheme, granularity, method, ours, theirs))
-                print(f"  {scheme:15s} {granularity:12s} {method:10s} {ours:.5f} "
-                      f"{'' if theirs is None else f'{theirs:.5f}'}", file=sys.stderr, flush=True)
-    return rows
+                    sess = onnx_io.session(ort_quantize(path, tmp / "a.onnx", cal, scheme,
+                                                        granularity, method))
+                    theirs = f"{scores(case, refs, [onnx_io.run(sess, s)['output0'] for s in ver])['cosine']:.5f}"
+                lines.append(f"| {scheme} | {granularity} | {method} | {ours:.5f} | {theirs} |")
+                print(lines[-1], file=sys.stderr, flush=True)
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--models", help="comma-separated names (default: all)")
+    parser.add_argument("--schemes", action="store_true", help="YOLOv8n scheme x method table")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    import onnx
-
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        model_path = static_yolov8n(tmp / "yolov8n.onnx")
-        model = onnx.load(model_path)
-        samples = list(load_samples(photos(), [INPUT]))
-        cal, ver = samples[0::2], samples[1::2]
-        sess = onnx_io.session(model)
-        refs = [onnx_io.run(sess, s)["output0"] for s in ver]
-        times = timing(model, model_path, cal, args.runs, tmp)
-        table = accuracy(model, model_path, cal, ver, refs, tmp)
-
-    print(f"YOLOv8n 320, {len(cal)} calibration photos, {len(ver)} held out\n")
-    print("| calibration + quantization | npubuild | ONNX Runtime quantize_static |")
-    print("|---|---|---|")
-    for method, ours, theirs in times:
-        print(f"| symmetric per_channel {method} | {ours:.2f} s | {theirs:.2f} s |")
-    print("\n| scheme | granularity | method | npubuild cosine | ONNX Runtime cosine |")
-    print("|---|---|---|---|---|")
-    for scheme, granularity, method, ours, theirs in table:
-        print(f"| {scheme} | {granularity} | {method} | {ours:.5f} | "
-              f"{'—' if theirs is None else f'{theirs:.5f}'} |")
+        if args.schemes:
+            print(scheme_table(tmp))
+            return
+        wanted = set(args.models.split(",")) if args.models else None
+        rows = [measure(c, tmp, {"int16_underflow": True}) for c in cases()
+                if wanted is None or c.name.split()[0] in wanted]
+    print(f"{len(photos()) // 2} calibration photos, {len(photos()) - len(photos()) // 2} held out\n")
+    print(zoo_table(rows))
     if args.json:
-        args.json.write_text(json.dumps({"times": times, "accuracy": table}, indent=1))
+        args.json.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

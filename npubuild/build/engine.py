@@ -8,6 +8,7 @@ a scratch directory → manifest → cache → atomic swap into ``build/<name>/<
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -416,10 +417,14 @@ class BuildSession:
             if manifest:
                 stages[stage.name] = {"key": manifest["key"],
                                       "files": {k: v["sha256"] for k, v in manifest["files"].items()}}
+        resolved = self.loaded.recipe.model_dump(mode="json")
+        auto = self.paths.stage_dir("quantize") / "auto.json"
+        if "quantize" in stages and auto.is_file():  # what quantization.auto chose
+            resolved["quantization"]["auto_overrides"] = json.loads(auto.read_text())["overrides"]
         return {"recipe": str(self.loaded.path),
                 "recipe_sha256": sha256_file(self.loaded.path),
                 "npubuild": __version__,
-                "resolved": self.loaded.recipe.model_dump(mode="json"),
+                "resolved": resolved,
                 "stages": stages}
 
 

@@ -27,6 +27,9 @@ class Observer:
         for layer in fg.layers:  # per-channel means of conv inputs, for bias correction
             if layer.kind == "conv" and layer.inputs[0] in self.stats:
                 self.stats[layer.inputs[0]].channel_axis = -1 if layer.attrs.get("fc") else 1
+            if layer.kind == "lut" and layer.inputs[0] in self.stats:
+                # the quantizer judges a table's resolution on its input's distribution
+                self.stats[layer.inputs[0]].with_histogram = True
         self._computed = [t for t in self.tensors if t not in fg.inputs]
         self.samples = 0
         self._method, self._every_tensor = method, every_tensor

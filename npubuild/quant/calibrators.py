@@ -33,6 +33,7 @@ class TensorStats:
     min: float = float("inf")
     max: float = float("-inf")
     count: int = 0
+    sum_abs: float = 0.0
     range: float = 0.0
     hist: np.ndarray | None = field(default=None, repr=False)
     channel_axis: int | None = None
@@ -49,6 +50,7 @@ class TensorStats:
         lo, hi = float(x.min()), float(x.max())
         self.min, self.max = min(self.min, lo), max(self.max, hi)
         self.count += x.size
+        self.sum_abs += float(np.abs(x).sum(dtype=np.float64))
         if self.with_histogram:
             self._add_to_histogram(x.ravel(), max(-lo, hi))
         if self.channel_axis is not None:
@@ -113,6 +115,12 @@ class TensorStats:
         while value_range < self.range:
             hist, value_range = _doubled(hist), value_range * 2
         self.hist = self.hist + hist
+
+    @property
+    def mean_abs(self) -> float:
+        """Mean of ``|x|`` over everything observed (0 before the first value): the typical
+        magnitude, which one large outlier moves far less than the RMS."""
+        return self.sum_abs / self.count if self.count else 0.0
 
     @property
     def absmax(self) -> float:

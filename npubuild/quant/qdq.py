@@ -41,6 +41,7 @@ from npubuild.quant.qgraph import QGraph, QLayer
 
 ONNX_INT = {"int8": TensorProto.INT8, "int16": TensorProto.INT16}
 INT64_MIN = -(2 ** 63)
+AXES_AS_INPUT = 18  # opset where the Reduce* ops' axes attribute became an input
 
 
 @dataclass
@@ -53,6 +54,8 @@ class _Builder:
     inits: list = field(default_factory=list)
     functions: dict = field(default_factory=dict)
     opsets: dict = field(default_factory=dict)
+    opset: int = 17                                # the model's default-domain opset
+    prequant: dict = field(default_factory=dict)  # integer tensor → float value QuantizeLinear reads
     _dq_done: set = field(default_factory=set)
 
     def const(self, name: str, value) -> str:
@@ -99,6 +102,7 @@ class _Builder:
             lo, hi = (self.const(f"{t}::lo", np.float32(clamp[0])),
                       self.const(f"{t}::hi", np.float32(clamp[1])))
             value = self.node("Clip", [value, lo, hi], [f"{t}::clipped"])
+        self.prequant[t] = value
         self.node("QuantizeLinear", [value, *self.qparams(t)], [self.out_q[t]])
 
 
@@ -307,8 +311,7 @@ def _data(b: _Builder, layer: QLayer, key: str):
 
 def _fragment(b: _Builder, layer: QLayer, key: str):
     """Splice the layer's float ONNX fragment (LUT functions, CPU layers) between Q/DQ."""
-    frag = onnx.ModelProto()
-    frag.ParseFromString(layer.arrays["model"].tobytes())
+    frag = _at_opset(layer.arrays["model"].tobytes(), b.opset)
     names = {i.name: b.read(t) for i, t in zip(frag.graph.input, layer.inputs)}
     outs = {o.name: f"{key}::{j}" for j, o in enumerate(frag.graph.output)}
     rename = lambda n: "" if not n else names.get(n) or outs.get(n) or f"{key}::{n}"  # noqa: E731
@@ -352,6 +355,17 @@ def _model(b: _Builder, inputs, outputs, opset: int) -> onnx.ModelProto:
     return model
 
 
+def _at_opset(data: bytes, opset: int) -> onnx.ModelProto:
+    """A fragment at the export's opset: int16 Q/DQ needs opset 21, where older fragments'
+    ops changed form (ReduceMean's axes became an input), so the converter rewrites them."""
+    frag = onnx.ModelProto()
+    frag.ParseFromString(data)
+    own = next((o.version for o in frag.opset_import if o.domain in ("", "ai.onnx")), opset)
+    if own >= AXES_AS_INPUT or opset < AXES_AS_INPUT:
+        return frag  # same operator forms: splices as it is
+    return onnx_io.convert_version(frag, opset)  # fused functions' bodies too
+
+
 def _opset(qg: QGraph, base: int) -> int:
     uses_int16 = any(t.dtype == "int16" for t in qg.tensors.values())
     return max(base, 21 if uses_int16 else 13)
@@ -361,7 +375,7 @@ def export_qdq(qg: QGraph, *, opset: int = 17) -> onnx.ModelProto:
     """The QDQ model with the float submodel's interface: float in, float out."""
     ints = [t for t, info in qg.tensors.items() if not info.is_float]
     b = _Builder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::q" for t in ints},
-                 {t: t for t, info in qg.tensors.items() if info.is_float})
+                 {t: t for t, info in qg.tensors.items() if info.is_float}, opset=_opset(qg, opset))
     for t in ints:
         if t in qg.constants:
             b.const(f"{t}::q", qg.constants[t])
@@ -374,15 +388,16 @@ def export_qdq(qg: QGraph, *, opset: int = 17) -> onnx.ModelProto:
             b.node("Identity", [b.read(t)], [t])
     value = lambda t: helper.make_tensor_value_info(t, TensorProto.FLOAT, qg.tensors[t].shape)  # noqa: E731
     inputs, outputs = [value(t) for t in qg.inputs], [value(t) for t in qg.outputs]
-    return _model(b, inputs, outputs, _opset(qg, opset))
+    return _model(b, inputs, outputs, b.opset)
 
 
 def layerwise_qdq(qg: QGraph, *, opset: int = 17) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Every layer fed from graph inputs (its integer inputs), every layer output a graph
-    output. Returns the model and {tensor: graph output name}."""
+    output. Returns the model and {tensor: graph output name}; ``"<tensor>::pre"`` names the
+    float value ORT quantized into ``tensor`` (so the cross-check can tell a rounding tie)."""
     ints = [t for t, info in qg.tensors.items() if not info.is_float]
     b = _Builder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::qo" for t in ints},
-                 {t: t for t, info in qg.tensors.items() if info.is_float})
+                 {t: t for t, info in qg.tensors.items() if info.is_float}, opset=_opset(qg, opset))
     produced = {t for layer in qg.layers for t in layer.outputs}
     b.float_name.update({t: f"{t}::fo" for t in produced if qg.tensors[t].is_float})
     _layers(b)
@@ -397,5 +412,6 @@ def layerwise_qdq(qg: QGraph, *, opset: int = 17) -> tuple[onnx.ModelProto, dict
         if f"{t}::q" in read:
             b.const(f"{t}::q", qg.constants[t])
     out_names = {t: (f"{t}::fo" if qg.tensors[t].is_float else f"{t}::qo") for t in produced}
+    out_names.update({f"{t}::pre": v for t, v in b.prequant.items() if t in produced})
     outputs = [onnx.ValueInfoProto(name=n) for n in out_names.values()]
-    return _model(b, inputs, outputs, _opset(qg, opset)), out_names
+    return _model(b, inputs, outputs, b.opset), out_names

@@ -6,7 +6,7 @@ as two files beside each other, ``graph_<i>.qgraph.json`` (structure and paramet
 
     {"format": "npubuild.qgraph", "version": 1, "name": "graph_1",
      "scheme": "pow2_symmetric" | "symmetric" | "asymmetric",
-     "granularity": "per_tensor" | "per_channel", "rounding": "half_up",
+     "granularity": "per_tensor" | "per_channel", "rounding": "half_up" | "half_even",
      "inputs": [tensor, ...], "outputs": [tensor, ...],
      "tensors": {name: {"shape": [1, 16, 160, 160], "dtype": "int8" | "int16" | "float32",
                         "scale": 0.0625, "zero_point": 0, "log2scale": 4 | null}},
@@ -20,8 +20,9 @@ as two files beside each other, ``graph_<i>.qgraph.json`` (structure and paramet
 Real value of a tensor: ``(q - zero_point) · scale``; ``log2scale`` is set for pow2 graphs
 (``scale == 2^-log2scale``). Float tensors (``dtype: float32``) only touch ``cpu`` layers.
 Every layer that rounds (conv, add, mul, rescale, concat, avgpool, resize linear) computes
-``requantize(acc, multiplier, shift)`` of ``npubuild.quant.schemes`` and clamps to
-``[qmin, qmax]`` (params); the others move data and keep their input's parameters.
+``requantize(acc, multiplier, shift)`` of ``npubuild.quant.schemes`` with ties rounded as its
+``params.rounding`` says (the graph's ``rounding``: half_up for pow2, half_even for float
+scales) and clamps to ``[qmin, qmax]`` (params); the others move data and keep their input's parameters.
 The integer semantics of every kind are defined in ``npubuild.quant.schemes`` and computed by
 ``npubuild.quant.reference``; the fields each kind carries:
 
@@ -68,6 +69,7 @@ import numpy as np
 
 from npubuild.atomic import atomic_path, write_json
 from npubuild.errors import BuildError
+from npubuild.quant import schemes
 from npubuild.quant.schemes import QParams
 
 FORMAT = "npubuild.qgraph"
@@ -178,7 +180,8 @@ class QGraph:
             constants[name] = f"C{j}"
             arrays[f"C{j}"] = np.asarray(value)
         return {"format": FORMAT, "version": VERSION, "name": self.name, "scheme": self.scheme,
-                "granularity": self.granularity, "rounding": "half_up",
+                "granularity": self.granularity,
+                "rounding": schemes.rounding_for(self.scheme),
                 "inputs": self.inputs, "outputs": self.outputs,
                 "tensors": {n: t.as_dict() for n, t in self.tensors.items()},
                 "constants": constants, "layers": layers}

@@ -26,6 +26,17 @@ from npubuild.quant.reference import window_counts
 from npubuild.quant.schemes import QParams
 
 PASS_THROUGH = {"maxpool", "reshape", "transpose", "slice", "split", "pad"}
+# A tensor whose calibrated mean |x| is below this many int8 steps underflows int8 (its typical
+# value rounds to a step or two); with ``int16_underflow`` it becomes int16.
+MIN_TYPICAL_STEPS = 2.0
+# A graph-output concat whose inputs' ranges differ by more than this factor would lose more
+# than 4 bits of its smallest input on one shared scale (YOLO's boxes in pixels beside scores
+# in [0, 1]): its inputs keep their own scales and the host joins them.
+UNLIKE_RANGES = 16.0
+# A lookup table whose int8 input steps alone cost its output more than this (estimated on the
+# calibrated input histogram) reads int16 instead, with ``int16_underflow``: a sigmoid of
+# logits around -10 turns an input step of 0.2 into a 20 % relative error.
+MIN_LUT_SQNR_DB = 30.0
 SHARES_CONCAT_SCALE = {"conv", "lut", "add", "mul", "rescale", "avgpool", "concat"}
 
 
@@ -39,6 +50,7 @@ class QuantConfig:
     bias_correction: bool = True
     int16_tensors: frozenset[str] = frozenset()
     float_tensors: frozenset[str] = frozenset()
+    int16_underflow: bool = False   # the chip has int16: tensors that underflow int8 use it
 
     @property
     def per_channel(self) -> bool:
@@ -92,7 +104,34 @@ class Quantizer:
             return replace(layer, kind="float", inputs=[t for t in layer.inputs
                                                           if t not in self.fg.constants],
                            reason="touches a tensor kept in float by a quantization override")
+        ratio = self._unlike_output_slices(layer)
+        if ratio:
+            return replace(layer, kind="float", reason=(
+                f"output concat of slices whose ranges differ {ratio:.0f}x: each slice leaves "
+                "the NPU at its own scale and the host joins them"))
         return layer
+
+    def _unlike_output_slices(self, layer: FLayer) -> float | None:
+        """The range ratio of a graph-output concat's inputs, when one scale cannot hold them."""
+        if layer.kind != "concat" or not set(layer.outputs) & set(self.fg.outputs):
+            return None
+        spans = [self.stats[t].absmax for t in layer.inputs if t in self.stats]
+        if len(spans) < 2 or min(spans) <= 0:
+            return None
+        ratio = max(spans) / min(spans)
+        return ratio if ratio > UNLIKE_RANGES else None
+
+    def _underflows(self, t: str) -> bool:
+        """Whether int8 parameters from the calibrated range leave ``t``'s typical value (its
+        mean |x|) under ``MIN_TYPICAL_STEPS`` steps: tiny activations beside a rare large one."""
+        stats = self.stats.get(t)
+        if stats is None or not stats.count or stats.mean_abs == 0:
+            return False
+        method = "minmax" if t in self.fg.outputs else self.config.method
+        lo, hi = calibrators.calibrated_range(
+            stats, method, self.config.scheme, calibrators.CalibrationOptions(self.config.percentile))
+        step = schemes.choose_params(self.config.scheme, lo, hi, "int8").scale
+        return stats.mean_abs < MIN_TYPICAL_STEPS * step
 
     def _dtypes(self, layers: list[FLayer]) -> dict[str, str]:
         consumers: dict[str, list[FLayer]] = {}
@@ -112,12 +151,49 @@ class Quantizer:
             if made_on_cpu and used_on_cpu:
                 dtypes[t] = "float32"
             else:
-                dtypes[t] = "int16" if t in self.config.int16_tensors else "int8"
+                wide = t in self.config.int16_tensors or (
+                    self.config.int16_underflow and self._underflows(t))
+                dtypes[t] = "int16" if wide else "int8"
+        if self.config.int16_underflow:
+            for layer in layers:
+                if layer.kind == "lut" and self._lut_input_sqnr_db(layer) < MIN_LUT_SQNR_DB:
+                    dtypes[layer.inputs[0]] = "int16"
+        uses = {t: len(c) for t, c in consumers.items()}
         for layer in reversed(layers):  # data movement keeps its input's type: int16 goes upstream
-            if layer.kind != "float" and self._passes_through(layer) and any(
-                    dtypes.get(t) == "int16" for t in layer.outputs):
+            if layer.kind == "float" or not any(dtypes.get(t) == "int16" for t in layer.outputs):
+                continue
+            if self._passes_through(layer):
                 dtypes[layer.inputs[0]] = "int16"
+            elif layer.kind == "concat":  # inputs written straight at the concat's type
+                for t in layer.inputs:
+                    src = producer.get(t)
+                    if (src is not None and src.kind in SHARES_CONCAT_SCALE and uses.get(t) == 1
+                            and t not in self.fg.outputs):
+                        dtypes[t] = "int16"
         return dtypes
+
+    def _lut_input_sqnr_db(self, layer: FLayer) -> float:
+        """SQNR of a table's output caused by int8 input steps alone, over the calibrated input
+        histogram (inf without one)."""
+        stats = self.stats.get(layer.inputs[0])
+        if stats is None or stats.hist is None or layer.fn is None or not stats.hist.any():
+            return float("inf")
+        half = calibrators.HIST_BINS // 2
+        centers = (np.arange(calibrators.HIST_BINS) - half + 0.5) * (stats.range / half)
+        keep = stats.hist > 0
+        x, weight = centers[keep].astype(np.float32), stats.hist[keep].astype(np.float64)
+        lo, hi = calibrators.calibrated_range(stats, self.config.method, self.config.scheme,
+                                              calibrators.CalibrationOptions(self.config.percentile))
+        p = schemes.choose_params(self.config.scheme, lo, hi, "int8")
+        xq = schemes.dequantize(schemes.quantize(x, p.scale, p.zero_point, p.dtype), p.scale,
+                                p.zero_point)
+        with np.errstate(all="ignore"):
+            f = np.asarray(layer.fn(x), np.float64)
+            fq = np.asarray(layer.fn(xq), np.float64)
+        signal, noise = float(np.sum(weight * f * f)), float(np.sum(weight * (f - fq) ** 2))
+        if not np.isfinite(signal + noise) or noise == 0:
+            return float("inf")
+        return 10.0 * np.log10(signal / noise) if signal > 0 else float("-inf")
 
     def _tensor_names(self, layers: list[FLayer]) -> list[str]:
         seen = dict.fromkeys(self.fg.inputs)
@@ -209,7 +285,8 @@ class Quantizer:
             out = self.params[layer.outputs[0]]
             lo, hi = schemes.clamp_bounds(*layer.activation, out)
             q.params.update(output_zp=out.zero_point, output_dtype=out.dtype, qmin=lo, qmax=hi,
-                            activation=layer.activation[0])
+                            activation=layer.activation[0],
+                            rounding=schemes.rounding_for(self.config.scheme))
         return q
 
     def p(self, t: str) -> QParams:
@@ -351,8 +428,24 @@ def _lut(q: Quantizer, layer: FLayer) -> QLayer:
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
     model = q.fg.node_model(layer)
     return _qlayer(layer, attrs=dict(layer.attrs),
-                   arrays={"table": schemes.build_lut(layer.fn, x, y),
+                   arrays={"table": schemes.build_lut(onnx_function(model), x, y),
                            "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+
+
+def onnx_function(model) -> Callable[[np.ndarray], np.ndarray]:
+    """An element-wise fragment as a function, evaluated by ONNX Runtime: a table built from it
+    holds exactly what the QDQ model computes (ORT's Sigmoid/Tanh kernels approximate to an
+    absolute, not relative, error: an int16 table of tiny outputs would differ by hundreds of
+    steps if NumPy computed it)."""
+    from npubuild import onnx_io
+
+    session = onnx_io.session(model)
+    name = session.get_inputs()[0].name
+
+    def fn(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, np.float32)
+        return np.asarray(session.run(None, {name: x.ravel()})[0], np.float32).reshape(x.shape)
+    return fn
 
 
 def _pad(q: Quantizer, layer: FLayer) -> QLayer:

@@ -1,6 +1,7 @@
 """The integer reference: every NPU layer of a ``QGraph`` computed exactly.
 
-The arithmetic is the one defined in ``npubuild.quant.schemes`` (round half up, saturation);
+The arithmetic is the one defined in ``npubuild.quant.schemes`` (rounding per the layer's
+``params.rounding``, saturation);
 this module only arranges it per layer kind. ``run_reference(qgraph, int_inputs)`` returns every
 tensor. The compile stage's simulator must match it bit for bit and may call the kernels
 directly on pieces of activations:
@@ -37,7 +38,7 @@ Kernel = Callable[[QLayer, Sequence[np.ndarray]], list[np.ndarray]]
 def _requant(layer: QLayer, acc, multiplier, shift) -> np.ndarray:
     p = layer.params
     return schemes.requantize(acc, multiplier, shift, p["output_zp"], p["qmin"], p["qmax"],
-                              p.get("output_dtype", "int8"))
+                              p.get("output_dtype", "int8"), p.get("rounding", "half_up"))
 
 
 def _channel(values: np.ndarray, ndim: int, axis: int = 1) -> np.ndarray:

@@ -14,13 +14,25 @@ Tensors
     - ``asymmetric``: ``scale = (hi - lo) / (qmax - qmin)`` over ``lo ≤ 0 ≤ hi``,
       ``zero_point = qmin - round(lo / scale)`` (so real 0 is exactly representable).
 
-Rounding: ONE mode for all integer arithmetic, round half up (towards +∞):
-``round(v) = floor(v + 1/2)``. It is what an arithmetic right shift by ``n`` after adding
-``2^(n-1)`` computes, as seed 004's shifts and ARCHITECTURE §4 say; every requantization and
-every float → int conversion (inputs, weights, biases) uses it. ONNX Runtime's QuantizeLinear
-rounds half to even instead; the two differ only on exact ties, which the QDQ export breaks
-upwards (see ``npubuild.quant.qdq``). Lookup tables are data, computed offline exactly as the
-QDQ model computes the op (``build_lut``), so they need no rounding rule of their own.
+Rounding, defined here once (``ROUNDINGS``, ``rounding_for``, ``rounding_shift``):
+
+- float → integer conversions (``quantize``: graph inputs, CPU-layer outputs, weights,
+  constants) round half to **even**, exactly as ONNX's ``QuantizeLinear`` (and so ONNX
+  Runtime) does;
+- integer requantization (``requantize``) rounds as the graph's scheme says
+  (``rounding_for``): ``pow2_symmetric`` rounds half **up** (towards +∞),
+  ``round(v) = floor(v + 1/2)``, which is what seed 004's arithmetic right shift by ``n``
+  after adding ``2^(n-1)`` computes (ARCHITECTURE §4); ``symmetric`` and ``asymmetric`` round
+  half to **even**, as ONNX Runtime's QuantizeLinear does on the QDQ model, so the
+  cross-check is exact on ties (``acc · M / 2^n`` exactly ``k + 1/2``). The pow2 QDQ export
+  turns ties upwards with a nudge instead (``npubuild.quant.qdq``). The one inherent
+  difference left is float32: ORT computes ``Σ x·w·s`` and ``/ s_y`` in float32, so where
+  the exact value lies within a float32 rounding error of a tie the two can differ by one
+  step; ``check.MAX_LSB`` bounds it and ``docs/quantization.md`` says how often it happens.
+- Offline parameters (fixed-point multipliers, bias) round half up; they are data, not
+  arithmetic the cross-check compares. Lookup tables are data too, computed offline exactly
+  as the QDQ model computes the op (``build_lut``).
+
 Saturation: every result is clamped to ``[qmin, qmax]`` of its dtype, or the narrower clamp of
 a folded Relu/Clip.
 
@@ -28,7 +40,8 @@ Requantization (``requantize``): an integer accumulator ``acc`` (int32 for int8 
 for int16) at real scale ``s_acc`` becomes an output of scale ``s_y`` by the real factor
 ``r = s_acc / s_y``, represented as a fixed-point multiplier ``M`` and shift ``n`` with
 ``r ≈ M · 2^-n`` (``fixed_point``): ``y = clamp(round(acc · M / 2^n) + zp_y)`` computed as
-``(acc·M + 2^(n-1)) >> n`` in int64 (``n ≤ 0`` is an exact left shift by ``-n``). ``M`` has up to
+``(acc·M + 2^(n-1)) >> n`` in int64, less one on an exact tie with an odd result when the
+rounding is half to even (``n ≤ 0`` is an exact left shift by ``-n``). ``M`` has up to
 31 bits (``|M| < 2^31``), fewer when the accumulator bound needs them so ``acc·M`` fits int64.
 In ``pow2_symmetric`` graphs every conv/add/concat/pool factor is a power of two: ``M = 1`` and
 ``n`` is seed 004's ``output_shift = in_log2scale + w_log2scale - out_log2scale``.
@@ -62,6 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 SCHEMES = ("pow2_symmetric", "symmetric", "asymmetric")
+ROUNDINGS = ("half_up", "half_even")
 DTYPES = {"int8": np.int8, "int16": np.int16}
 RESIZE_FRAC_BITS = 10
 MAX_MULTIPLIER_BITS = 31
@@ -92,9 +106,19 @@ class QParams:
         return qrange(self.dtype)[1]
 
 
+def rounding_for(scheme: str) -> str:
+    """How a graph of ``scheme`` rounds its integer requantization (see the module text)."""
+    return "half_up" if scheme == "pow2_symmetric" else "half_even"
+
+
 def round_half_up(values) -> np.ndarray:
-    """``floor(v + 1/2)``: the one rounding mode, for floats (exact for float64 inputs)."""
+    """``floor(v + 1/2)`` for floats (offline parameters: multipliers, biases)."""
     return np.floor(np.asarray(values, dtype=np.float64) + 0.5)
+
+
+def round_half_even(values) -> np.ndarray:
+    """Nearest integer, ties to even: ONNX QuantizeLinear's rounding (float64, exact)."""
+    return np.rint(np.asarray(values, dtype=np.float64))
 
 
 def log2scale_for(threshold: float, dtype: str = "int8") -> int:
@@ -141,9 +165,10 @@ def weight_params(scheme: str, weight: np.ndarray, per_channel: bool,
 
 
 def quantize(x: np.ndarray, scale, zero_point=0, dtype: str = "int8") -> np.ndarray:
-    """Float → integer: ``clamp(round_half_up(x / scale) + zp)`` (scale may broadcast)."""
+    """Float → integer: ``clamp(round_half_even(x / scale) + zp)`` (scale may broadcast), as
+    ONNX's QuantizeLinear."""
     qmin, qmax = qrange(dtype)
-    q = round_half_up(np.asarray(x, dtype=np.float64) / np.asarray(scale, dtype=np.float64))
+    q = round_half_even(np.asarray(x, dtype=np.float64) / np.asarray(scale, dtype=np.float64))
     return np.clip(q + zero_point, qmin, qmax).astype(DTYPES[dtype])
 
 
@@ -217,9 +242,10 @@ def multiplier_bits(acc_bound: float) -> int:
     return int(min(MAX_MULTIPLIER_BITS, 62 - acc_bits))
 
 
-def rounding_shift(prod: np.ndarray, shift) -> np.ndarray:
-    """``round_half_up(prod / 2^shift)`` on int64, shifts per element (``shift ≤ 0``: exact
-    left shift, inputs first clipped to ±2^31 so the result only needs to saturate)."""
+def rounding_shift(prod: np.ndarray, shift, rounding: str = "half_up") -> np.ndarray:
+    """``prod / 2^shift`` rounded to nearest on int64 (ties up, or to even with
+    ``rounding="half_even"``), shifts per element (``shift ≤ 0``: exact left shift, inputs
+    first clipped to ±2^31 so the result only needs to saturate)."""
     prod = np.asarray(prod, dtype=np.int64)
     shift = np.asarray(shift, dtype=np.int64)
     right = np.maximum(shift, 0)
@@ -227,12 +253,19 @@ def rounding_shift(prod: np.ndarray, shift) -> np.ndarray:
     if np.any(left):
         prod = np.clip(prod, -(1 << 31), 1 << 31) << np.minimum(left, 31)
     half = (np.int64(1) << right) >> 1
-    return (prod + half) >> right
+    out = (prod + half) >> right
+    if rounding == "half_even":
+        tie = (right > 0) & ((prod & ((np.int64(1) << right) - 1)) == half)
+        out = out - (tie & ((out & 1) == 1))
+    elif rounding != "half_up":
+        raise ValueError(f"unknown rounding {rounding!r}")
+    return out
 
 
 def requantize(acc, multiplier, shift, zero_point: int, qmin: int, qmax: int,
-               dtype: str = "int8") -> np.ndarray:
-    """``clamp(round_half_up(acc · M / 2^n) + zp, qmin, qmax)`` exactly, in int64.
+               dtype: str = "int8", rounding: str = "half_up") -> np.ndarray:
+    """``clamp(round(acc · M / 2^n) + zp, qmin, qmax)`` exactly, in int64, ties rounded as
+    ``rounding`` says (``rounding_for`` the graph's scheme).
 
     ``multiplier`` and ``shift`` broadcast against ``acc`` (per-channel arrays must be shaped
     to the channel axis by the caller). This is the only place results are rounded.
@@ -243,7 +276,7 @@ def requantize(acc, multiplier, shift, zero_point: int, qmin: int, qmax: int,
             float(np.abs(acc).max()) * float(np.abs(multiplier).max()) >= 2.0**62):
         raise OverflowError("requantize: acc · multiplier leaves int64 (the multiplier width "
                             "must follow the accumulator bound, see multiplier_bits)")
-    y = rounding_shift(acc * multiplier, shift) + zero_point
+    y = rounding_shift(acc * multiplier, shift, rounding) + zero_point
     return np.clip(y, qmin, qmax).astype(DTYPES[dtype])
 
 
@@ -253,7 +286,8 @@ def build_lut(fn, src: QParams, dst: QParams) -> np.ndarray:
 
     A table is data, not arithmetic: its entries are computed exactly as the QDQ model computes
     the op (``DequantizeLinear`` in float32, ``fn`` in float32, ``QuantizeLinear``: float32
-    quotient, ties to even), so ONNX Runtime reproduces every entry."""
+    quotient, ties to even), so ONNX Runtime reproduces every entry when ``fn`` is its own
+    kernel (the quantizer passes ``quantizer.onnx_function`` of the layer's fragment)."""
     q = np.arange(src.qmin, src.qmax + 1, dtype=np.float32)
     x = (q - np.float32(src.zero_point)) * np.float32(src.scale)
     with np.errstate(all="ignore"):

@@ -205,6 +205,27 @@ class Workflow:
                            self.pipeline.outputs)
         return ev
 
+    def auto_precision(self, samples: Sequence[Mapping[str, np.ndarray]],
+                       target: AutoTarget) -> AutoResult:
+        """Search the fewest overrides reaching ``target`` (``AutoSearch``), adopt them and
+        quantize again."""
+        if target.precision == "int16" and not self.options.chip_int16:
+            raise UserError("the target chip has no int16 support, so auto cannot keep tensors "
+                            "in int16", field="quantization.auto.precision",
+                            hint="use precision: float, or a chip with int16: true")
+        search = AutoSearch(self, samples)
+        evaluation = Evaluation({s.graph.index: check.TensorComparison(s.qgraph) for s in self.states}, {})
+        for feeds, values in zip(search.samples, search.references):
+            for state in self.states:
+                inputs = {t: values[t] for t in state.fg.inputs}
+                float_values = {**state.probe.run(inputs), **inputs}
+                env = run_reference(state.qgraph, quantize_inputs(state.qgraph, inputs))
+                evaluation.tensors[state.graph.index].add(float_values, env)
+        result = search.run(target, self.options.overrides, evaluation)
+        self.options = replace(self.options, overrides=(*self.options.overrides, *result.chosen))
+        self.quantize()
+        return result
+
     def run_quantized_pipeline(self, feeds, qgraphs: Mapping[int, QGraph]) -> dict[str, np.ndarray]:
         return self.pipeline.quantized_outputs(feeds, qgraphs)
 
@@ -231,6 +252,97 @@ class Workflow:
                          "output_cosine_with": cos_with, "output_cosine_without": cos_without,
                          "cosine_gain": cos_with - cos_without})
         return rows
+
+
+@dataclass(frozen=True)
+class AutoTarget:
+    """``quantization.auto`` as the library sees it."""
+
+    min_cosine: float
+    precision: str = "int16"
+    max_overrides: int = 8
+    candidates: int = 24
+
+
+@dataclass
+class AutoResult:
+    target: AutoTarget
+    before: float
+    after: float
+    chosen: list[OverrideSpec]
+    tried: list[dict]
+
+    @property
+    def reached(self) -> bool:
+        return self.after >= self.target.min_cosine
+
+    def as_dict(self) -> dict:
+        return {"min_cosine": self.target.min_cosine, "precision": self.target.precision,
+                "output_cosine_before": self.before, "output_cosine_after": self.after,
+                "reached": self.reached,
+                "overrides": [{"tensors": list(o.tensors), "precision": o.precision}
+                              for o in self.chosen],
+                "tried": self.tried}
+
+
+class AutoSearch:
+    """Greedy mixed-precision search (as TPU-MLIR's qtable search): rank every NPU layer's
+    output by the cosine it loses over its inputs, add the most sensitive one as an override
+    while it raises the output cosine, until the target holds; then drop every chosen override
+    the target does not need. A deterministic function of the calibration statistics and the
+    compare samples, so the stage's cache key covers it."""
+
+    def __init__(self, workflow: "Workflow", samples: Sequence[Mapping[str, np.ndarray]]):
+        self.workflow = workflow
+        self.samples = list(samples)
+        self.references = [workflow.pipeline.float_values(f) for f in self.samples]
+
+    def output_cosine(self, overrides: Sequence[OverrideSpec]) -> float:
+        wf = self.workflow
+        qgraphs = {s.graph.index: wf._quantized(s, overrides)[0] for s in wf.states}
+        ev = Evaluation({}, {})
+        for feeds, ref in zip(self.samples, self.references):
+            ev.add_outputs(ref, wf.run_quantized_pipeline(feeds, qgraphs), wf.pipeline.outputs)
+        return float(np.mean([v["cosine"] for v in ev.outputs().values()]))
+
+    def ranked(self, evaluation: "Evaluation") -> list[str]:
+        """NPU tensors that a layer rounds, largest cosine drop over the layer first."""
+        rows = []
+        for state in self.workflow.states:
+            cos = {r["tensor"]: r["cosine"] for r in evaluation.tensors[state.graph.index].rows()}
+            for layer in state.qgraph.layers:
+                if layer.device != "npu" or layer.kind not in ROUNDING_KINDS:
+                    continue
+                ins = [cos[t] for t in layer.inputs if t in cos]
+                for t in layer.outputs:
+                    if t in cos:
+                        rows.append((-(min(ins, default=1.0) - cos[t]), t))
+        return [t for _, t in sorted(rows)]
+
+    def run(self, target: AutoTarget, base: Sequence[OverrideSpec],
+            evaluation: "Evaluation") -> AutoResult:
+        before = current = self.output_cosine(base)
+        chosen: list[OverrideSpec] = []
+        tried = []
+        for tensor in self.ranked(evaluation)[:target.candidates]:
+            if current >= target.min_cosine or len(chosen) >= target.max_overrides:
+                break
+            candidate = OverrideSpec(tensors=(tensor,), precision=target.precision)
+            cos = self.output_cosine([*base, *chosen, candidate])
+            kept = cos > current
+            tried.append({"tensor": tensor, "output_cosine": cos, "kept": kept})
+            if kept:
+                chosen, current = [*chosen, candidate], cos
+        if current >= target.min_cosine:
+            for ov in list(chosen):  # fewest: drop what the target does not need
+                rest = [o for o in chosen if o is not ov]
+                cos = self.output_cosine([*base, *rest])
+                if cos >= target.min_cosine:
+                    chosen, current = rest, cos
+        return AutoResult(target, before, current, chosen, tried)
+
+
+ROUNDING_KINDS = {"conv", "add", "mul", "rescale", "concat", "avgpool", "resize", "lut"}
 
 
 @dataclass

@@ -289,6 +289,21 @@ class Override(Strict):
                              "16-bit activations, where the chip supports them.")
 
 
+class AutoPrecisionSpec(Strict):
+    """Automatic mixed precision: the fewest tensors kept out of int8 to reach a target."""
+
+    min_cosine: float = Field(
+        gt=0, le=1, description="Target: the mean output cosine against float on the compare "
+                                "samples that the search must reach.")
+    precision: Literal["int16", "float"] | None = Field(
+        None, description="What a chosen tensor becomes; default int16 on chips with int16, "
+                          "else float (its producer runs on the CPU).")
+    max_overrides: int = Field(8, ge=1, le=64, description="Give up after this many tensors.")
+    candidates: int = Field(
+        24, ge=1, le=256, description="How many of the most sensitive tensors (largest cosine "
+                                      "drop over their layer) the greedy search tries.")
+
+
 class QuantizationSpec(Strict):
     """How the NPU submodels become int8: scheme, weight granularity, calibration, exceptions."""
 
@@ -308,6 +323,15 @@ class QuantizationSpec(Strict):
     bias_correction: bool = Field(
         True, description="Fold the mean output shift caused by weight rounding into the bias "
                           "(from the calibration means of each input channel).")
+    auto: AutoPrecisionSpec | None = Field(
+        None, description="Search the fewest int16/float overrides (added to `overrides`) that "
+                          "lift the output cosine to auto.min_cosine, from per-layer sensitivity; "
+                          "the chosen ones are in report.json and recipe.lock.")
+    int16_where_underflows: bool = Field(
+        False, description="On chips with int16: a tensor whose typical value is under 2 int8 "
+                          "steps (mean |x|), and the input of a lookup table whose int8 steps alone cost "
+                          "its output more than 30 dB SQNR, become int16 (tiny activations and "
+                          "steep tables keep their resolution).")
     compare_samples: int = Field(
         4, ge=1, description="Samples (verify.data if set, else calibration data) for "
                              "per_layer.json, the ONNX Runtime cross-check and accuracy.outputs.")

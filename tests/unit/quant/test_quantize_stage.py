@@ -74,11 +74,11 @@ quantization:
   calibration: {{data: "cal/*.npy", samples: 6, method: {method}}}
   overrides: {overrides}
   compare_samples: 3
-"""
+{extra}"""
 
 
 def context(tmp_path, scheme="pow2_symmetric", method="minmax", overrides="[]", target="npu-16m",
-            data=None):
+            data=None, extra=""):
     (tmp_path / "cal").mkdir()
     rng = np.random.default_rng(1)
     for i in range(8):
@@ -86,7 +86,8 @@ def context(tmp_path, scheme="pow2_symmetric", method="minmax", overrides="[]", 
     if data is not None:
         data(tmp_path / "cal")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(RECIPE.format(scheme=scheme, method=method, overrides=overrides, target=target))
+    recipe.write_text(RECIPE.format(scheme=scheme, method=method, overrides=overrides, target=target,
+                                    extra=extra))
     loaded = load_recipe(recipe, check_files=False)
     out = tmp_path / "build" / "quantize"
     out.mkdir(parents=True)
@@ -135,6 +136,20 @@ def test_int16_override(tmp_path):
     qg = QGraph.load(ctx.out / "graph_1.qgraph.json")
     assert qg.tensors["p"].dtype == "int16" and qg.tensors["q"].dtype == "int8"
     assert report["quantization"]["crosscheck"]["graph_1"]["ok"]
+
+
+def test_auto_finds_the_fewest_int16_tensors_that_reach_the_target(tmp_path):
+    ctx = context(tmp_path, extra="  auto: {min_cosine: 0.9999}\n")
+    report = quantize_stage.run(ctx)
+    auto = report["quantization"]["auto"]
+    assert auto["precision"] == "int16" and auto["reached"], auto
+    assert auto["output_cosine_before"] < 0.9999 <= auto["output_cosine_after"]
+    chosen = [t for o in auto["overrides"] for t in o["tensors"]]
+    assert chosen and len(chosen) <= sum(row["kept"] for row in auto["tried"])
+    qg = QGraph.load(ctx.out / "graph_1.qgraph.json")
+    assert all(qg.tensors[t].dtype == "int16" for t in chosen)
+    assert json.loads((ctx.out / "auto.json").read_text()) == auto
+    assert report["accuracy"]["outputs"]["y"]["cosine"] >= 0.9999
 
 
 def test_int16_needs_a_chip_with_int16(tmp_path):

@@ -1,0 +1,123 @@
+"""Where int8 loses a model and what the quantizer does about it: ties rounded as ONNX Runtime
+rounds them, int16 for tensors that underflow int8 and for steep lookup tables, and an output
+concat of unlike slices kept at its inputs' scales."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from npubuild import metrics, onnx_io
+from npubuild.quant.reference import quantize_inputs, run_reference
+from tests.unit.quant.helpers import check_against_ort, model, quantize
+
+
+def _resize_x2():
+    return model([helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="linear",
+                                   coordinate_transformation_mode="asymmetric")],
+                 {"x": [1, 2, 6, 6]}, {"y": None},
+                 {"sc": np.array([1, 1, 2, 2], np.float32)})
+
+
+@pytest.mark.parametrize("scheme", ["symmetric", "asymmetric"])
+def test_ties_differ_from_onnxruntime_only_by_float32_and_are_counted_apart(scheme):
+    """A ×2 resize keeps its input's range, so ``(3a + b) / 4`` ties are everywhere. With a
+    float scale ORT's float32 lands a hair either side of each tie: every difference is one
+    step on a tie, which the cross-check counts apart (it passes), never a real error."""
+    m = _resize_x2()
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.integers(-60, 60, (1, 2, 6, 6)).astype(np.float32) / 16} for _ in range(3)]
+    qg, cc, _ = check_against_ort(m, feeds, scheme=scheme)
+    assert cc.tie_fraction > 0.01, cc.summary()
+    assert cc.identical_fraction + cc.tie_fraction == 1.0 and cc.max_lsb == 1 and cc.ok
+
+
+def test_pow2_ties_agree_with_onnxruntime_exactly():
+    """Power-of-two scales: float32 is exact, every tie is a tie for ORT too (the export
+    nudges them up), so nothing differs."""
+    m = _resize_x2()
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.integers(-60, 60, (1, 2, 6, 6)).astype(np.float32) / 16} for _ in range(3)]
+    qg, cc, _ = check_against_ort(m, feeds, scheme="pow2_symmetric")
+    assert cc.elements > 0 and cc.identical_fraction == 1.0, cc.summary()
+
+
+def _cosine(m, qg, feeds, name="y", skip: int = 0):
+    """Mean cosine of ``name`` against float, over the elements after the first ``skip``."""
+    sess = onnx_io.session(m)
+    cos = []
+    for f in feeds:
+        env = run_reference(qg, quantize_inputs(qg, f))
+        t = qg.tensors[name]
+        got = env[name] if t.is_float else (env[name].astype(np.float64) - t.zero_point) * t.scale
+        ref = onnx_io.run(sess, f)[name]
+        cos.append(metrics.similarity(ref.ravel()[skip:], np.ravel(got)[skip:]).cosine)
+    return float(np.mean(cos))
+
+
+def _tiny_with_outlier(shape, n=4, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        x = rng.normal(0, 0.01, shape).astype(np.float32)
+        x.flat[0] = 6.0
+        out.append({"x": x})
+    return out
+
+
+def test_a_tensor_that_underflows_int8_becomes_int16_on_int16_chips():
+    """Squeeze-excite-like: values ~0.01 beside one 6.0 are 0 or 1 step in int8."""
+    m = model([helper.make_node("Mul", ["x", "k"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+              {"x": [1, 4, 8, 8]}, {"y": None}, {"k": np.array(1.5, np.float32)})
+    feeds = _tiny_with_outlier([1, 4, 8, 8])
+    narrow, _, _ = quantize(m, feeds)
+    wide, _, _ = quantize(m, feeds, int16_underflow=True)
+    assert narrow.tensors["h"].dtype == "int8" and wide.tensors["h"].dtype == "int16"
+    assert _cosine(m, wide, feeds, skip=1) > 0.999 > _cosine(m, narrow, feeds, skip=1)
+
+
+def test_a_steep_lookup_table_reads_int16():
+    """Sigmoid of logits around -14: an int8 input step of ~0.16 is a 16 % output error."""
+    m = model([helper.make_node("Sigmoid", ["x"], ["y"])], {"x": [1, 64]}, {"y": None})
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.uniform(-20, -8, (1, 64)).astype(np.float32)} for _ in range(4)]
+    narrow, _, _ = quantize(m, feeds)
+    wide, _, _ = quantize(m, feeds, int16_underflow=True)
+    assert narrow.tensors["x"].dtype == "int8" and wide.tensors["x"].dtype == "int16"
+    assert wide.layers[0].arrays["table"].size == 65536
+    assert _cosine(m, wide, feeds) > 0.9999 > _cosine(m, narrow, feeds)
+
+
+def test_output_concat_of_unlike_slices_keeps_each_slice_at_its_own_scale():
+    """YOLO's output: boxes in pixels beside scores in [0, 1]. One scale zeroes the scores."""
+    m = model([helper.make_node("Mul", ["x", "k"], ["box"]), helper.make_node("Sigmoid", ["x"], ["s"]),
+               helper.make_node("Concat", ["box", "s"], ["y"], axis=1)],
+              {"x": [1, 4, 16]}, {"y": [1, 8, 16]}, {"k": np.array(300.0, np.float32)})
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.uniform(-1, 1, (1, 4, 16)).astype(np.float32)} for _ in range(3)]
+    qg, _, _ = quantize(m, feeds)
+    concat = next(layer for layer in qg.layers if "Concat" in layer.name)
+    assert concat.device == "cpu" and "own scale" in concat.attrs["reason"]
+    assert [qg.tensors[t].dtype for t in ("box", "s")] == ["int8", "int8"]
+    sess = onnx_io.session(m)
+    for f in feeds:
+        ref = onnx_io.run(sess, f)["y"]
+        got = run_reference(qg, quantize_inputs(qg, f))["y"]
+        assert metrics.similarity(ref[:, 4:], got[:, 4:]).cosine > 0.999
+
+
+def test_int16_qdq_export_converts_old_opset_cpu_fragments():
+    """int16 Q/DQ needs opset 21; an opset-13 ReduceMean (axes as an attribute) on the CPU
+    must be rewritten to that opset, or ONNX Runtime refuses the QDQ model."""
+    from npubuild.quant import qdq
+
+    m = model([helper.make_node("Mul", ["x", "k"], ["h"]),
+               helper.make_node("ReduceMean", ["h"], ["y"], axes=[2], keepdims=1)],
+              {"x": [1, 4, 8, 8]}, {"y": None}, {"k": np.array(1.5, np.float32)}, opset=13)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.uniform(-1, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(2)]
+    qg, _, _ = quantize(m, feeds, int16_tensors=frozenset({"h"}))
+    assert qg.tensors["h"].dtype == "int16" and qg.layers[-1].kind == "float"
+    onnx_io.session(qdq.export_qdq(qg))
+    onnx_io.session(qdq.layerwise_qdq(qg)[0])
