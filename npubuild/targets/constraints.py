@@ -157,7 +157,16 @@ def output_rank(node: NodeView, spec: OpSupport) -> str | None:
                   if node.shape(t) is not None and len(node.shape(t)) not in spec.ranks)
 
 
-@constraint(field="max_channels")
+@constraint(field="max_channels", ops={"Conv"})
+def conv_input_channels(node: NodeView, spec: OpSupport) -> str | None:
+    """Each output channel reads more than {max_channels} input channels (the compiler splits output channels, not input channels)"""
+    weight = node.shape(node.input(1))
+    if weight and len(weight) >= 2 and isinstance(weight[1], int) and weight[1] > spec.max_channels:
+        return f"weight {node.input(1)!r} has shape {show_shape(weight)}"
+    return None
+
+
+@constraint(field="max_channels", ops=CONV_OPS - {"Conv"})
 def channels(node: NodeView, spec: OpSupport) -> str | None:
     """Channels are more than {max_channels}"""
     for t in [*node.activations, *node.outputs]:
@@ -350,6 +359,28 @@ def broadcast_form(node: NodeView, spec: OpSupport) -> str | None:
         if form not in _BROADCAST_OK[spec.broadcast]:
             return f"{name!r} has shape {show_shape(shape)}, the output {show_shape(out)}"
     return None
+
+
+# ---- layout no-ops ---------------------------------------------------------------------------
+
+#: Ops that only rename the dimensions of a contiguous tensor: on the NPU they move no data.
+LAYOUT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+LAYOUT_NOOP_NOTE = ("Reshape, Flatten, Squeeze and Unsqueeze between two NPU ops run on the NPU "
+                    "as layout no-ops (they move no data) on every chip, listed in its table or "
+                    "not, when their shapes are static and their shape inputs constant")
+
+
+def layout_noop_reasons(view: NodeView, chip: Chip) -> list[str] | None:
+    """Why a layout op cannot be an NPU layout no-op (None: ``view`` is no layout op).
+
+    Its table entry (or its absence) and ranks do not matter: between two NPU ops the NPU
+    keeps the tensor where it is. Static shapes, constant shape inputs and the chip's dtypes do.
+    """
+    if view.op not in LAYOUT_OPS or view.node.domain not in STANDARD_DOMAINS:
+        return None
+    spec = OpSupport(dtypes=list(chip.dtypes))
+    return [_with_detail(c.reason(spec), detail) for c in CONSTRAINTS
+            if c.field in (None, "dtypes") and (detail := c.check(view, spec)) is not None]
 
 
 # ---- the node-level answer -----------------------------------------------------------------

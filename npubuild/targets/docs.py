@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import onnx
 
-from npubuild.targets.constraints import (CONSTRAINTS, HAS_SUBGRAPH_REASON, PARAM_INPUTS,
-                                          either, effective_spec, params_constant)
+from npubuild.targets.constraints import (CONSTRAINTS, HAS_SUBGRAPH_REASON, LAYOUT_NOOP_NOTE,
+                                          PARAM_INPUTS, either, effective_spec, params_constant)
 from npubuild.targets.model import Chip
 
 INTRO = """\
@@ -31,6 +31,7 @@ simulated; each says what its figures are modelled on.
 - Fused ops (domain `npubuild.fused`): every node of the function body is checked at the fused
   node's real shapes; a fused op the table does not name is accepted only when the chip sets
   `accept_fused_bodies`.
+- {layout_noop}.
 """
 
 
@@ -43,7 +44,8 @@ def supported_ops_markdown(chips: list[Chip] | None = None) -> str:
     generic = [f"- {c.template}" + (f" ({', '.join(sorted(PARAM_INPUTS))}: shapes, sizes, "
                                      "pads, scales)" if c.check is params_constant else "")
                for c in CONSTRAINTS if c.field is None]
-    lines = [INTRO.format(subgraph=HAS_SUBGRAPH_REASON, generic="\n".join(generic))]
+    lines = [INTRO.format(subgraph=HAS_SUBGRAPH_REASON, generic="\n".join(generic),
+                          layout_noop=LAYOUT_NOOP_NOTE)]
     for chip in chips:
         lines += _chip_section(chip)
     return "\n".join(lines).rstrip() + "\n"
