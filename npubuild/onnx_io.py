@@ -17,7 +17,8 @@ import onnx
 from npubuild.atomic import atomic_path
 from npubuild.errors import BuildError, Location, UserError
 
-MAX_ORT_IR_VERSION = 10  # what onnxruntime ≥ 1.16 reads; onnx ≥ 1.15 can write it
+MAX_ORT_IR_VERSION = 10
+RUNTIME_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")  # ops ONNX Runtime implements  # what onnxruntime ≥ 1.16 reads; onnx ≥ 1.15 can write it
 
 
 def load_model(path: str | Path, *, load_external: bool = True) -> onnx.ModelProto:
@@ -77,6 +78,11 @@ def session(model: onnx.ModelProto | str | Path):
     """An ONNX Runtime CPU session (graph optimisations off: we check *our* rewrites)."""
     import onnxruntime as ort
 
+    if not isinstance(model, (str, Path)) and (missing := missing_functions(model)):
+        raise BuildError(f"the model calls {', '.join(missing)} but carries no function for "
+                         "it (a model-local function was dropped on the way)",
+                         hint="every model a stage writes must keep the functions its nodes "
+                              "call; report this with the recipe")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
@@ -158,6 +164,53 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, list[int]]) ->
             value.type.tensor_type.shape.dim.extend(
                 onnx.TensorShapeProto.Dimension(dim_value=d) for d in shapes[value.name])
     return reinfer_shapes(model)
+
+
+def convert_version(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model`` converted to ONNX opset ``opset``, its model-local functions included (their
+    bodies converted too): ``onnx.version_converter`` alone drops ``model.functions``, which
+    leaves every fused op (``npubuild.fused``) unresolvable downstream."""
+    from onnx import version_converter
+
+    converted = version_converter.convert_version(model, opset)
+    del converted.functions[:]
+    converted.functions.extend(_convert_function(f, opset) for f in model.functions)
+    return converted
+
+
+def _convert_function(function: onnx.FunctionProto, opset: int) -> onnx.FunctionProto:
+    from onnx import version_converter
+
+    current = next((o.version for o in function.opset_import if o.domain in ("", "ai.onnx")), None)
+    if current is None or current == opset:
+        return function
+    body = onnx.helper.make_graph(list(function.node), function.name,
+                                  [onnx.ValueInfoProto(name=i) for i in function.input],
+                                  [onnx.ValueInfoProto(name=o) for o in function.output])
+    wrapper = onnx.helper.make_model(body, opset_imports=list(function.opset_import),
+                                     ir_version=MAX_ORT_IR_VERSION)
+    try:
+        converted = version_converter.convert_version(wrapper, opset)
+    except Exception as exc:
+        raise BuildError(f"cannot convert the body of function {function.domain}:{function.name} "
+                         f"from opset {current} to {opset}: {exc}") from None
+    out = onnx.FunctionProto()
+    out.CopyFrom(function)
+    del out.node[:]
+    out.node.extend(converted.graph.node)
+    del out.opset_import[:]
+    out.opset_import.extend(converted.opset_import)
+    return out
+
+
+def missing_functions(model: onnx.ModelProto) -> list[str]:
+    """``domain:op`` of every node (in the graph or a function body) whose domain is neither
+    ONNX's nor one ONNX Runtime implements and whose function the model does not carry."""
+    carried = {(f.domain, f.name) for f in model.functions}
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    missing = {f"{n.domain}:{n.op_type}" for n in nodes
+               if n.domain not in RUNTIME_DOMAINS and (n.domain, n.op_type) not in carried}
+    return sorted(missing)
 
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:

@@ -190,7 +190,13 @@ class BuildSession:
         ctx = StageContext(self.loaded, self.chip if stage.uses_chip else None, upstream,
                            scratch, self.progress)
         started = time.perf_counter()
-        report = stage.function()(ctx) or {}
+        try:
+            report = stage.function()(ctx) or {}
+        except BuildError as exc:
+            if exc.stage:
+                raise
+            raise BuildError(exc.message, stage=stage.name, location=exc.location,
+                             field=exc.field, hint=exc.hint) from None  # say which stage failed
         files = {str(p.relative_to(scratch)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
                  for p in sorted(scratch.rglob("*")) if p.is_file()}
         manifest = {"stage": stage.name, "key": parts.key, "npubuild": __version__,

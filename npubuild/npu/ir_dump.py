@@ -17,11 +17,12 @@ feature maps HWC (NHWC when the batch is larger than one; tensors that are not 4
 shape). Every layer's output is saved from one sample (``<layer>_output.npy``); a layer's
 inputs are its producers' output files (``tensors.input``) or ``input_<tensor>.npy`` for graph
 inputs. The document is validated against ``schemas/npu_ir.schema.json`` when it is written.
+File names come from layer and tensor names through `npubuild.filenames` (safe, bounded, a
+short hash where a name had to change); ``names.json`` maps every file back to its name and role.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,12 +30,15 @@ import numpy as np
 
 from npubuild import schemas
 from npubuild.atomic import atomic_path, write_bytes, write_json
+from npubuild.filenames import safe_stem
 from npubuild.quant.qgraph import QGraph, QLayer, QTensor
 
 FORMAT = "npubuild.ir"
 VERSION = 1
 ACTIVATIONS = {"none": "None", "relu": "Relu", "clip": "Clip"}
 DIMS = "NCHW"
+NAME_MAP = "names.json"
+PREFIXED = ("input", "constant")  # roles written before the name: input_<tensor>.npy
 
 
 def dump_ir(qgraph: QGraph, directory: str | Path, values: Mapping[str, np.ndarray] | None,
@@ -51,9 +55,9 @@ def dump_ir(qgraph: QGraph, directory: str | Path, values: Mapping[str, np.ndarr
             consumers.setdefault(t, []).append(layer.name)
     outputs: dict[str, str | None] = {}
     for t in qgraph.inputs:
-        outputs[t] = files.save(f"input_{t}", feature_map(values[t])) if values else None
+        outputs[t] = files.save(t, "input", feature_map(values[t])) if values else None
     for t, value in qgraph.constants.items():
-        outputs[t] = files.save(f"constant_{t}", feature_map(value))
+        outputs[t] = files.save(t, "constant", feature_map(value))
     doc_layers = []
     for layer in qgraph.layers:
         entry = _Layer(qgraph, layer, producers, consumers).describe()
@@ -68,6 +72,7 @@ def dump_ir(qgraph: QGraph, directory: str | Path, values: Mapping[str, np.ndarr
            "constants": [_io(qgraph.tensors[t], outputs[t]) for t in qgraph.constants],
            "layers": doc_layers}
     schemas.validate(doc, "npu_ir")
+    files.write_map()
     return write_json(directory / f"{qgraph.name}.json", doc)
 
 
@@ -88,56 +93,62 @@ def conv_weight(weight: np.ndarray, depthwise: bool) -> np.ndarray:
 
 
 class _Files:
-    """Unique file names from layer names (``/`` and friends become ``_``)."""
+    """The dump's files: names made safe and bounded from layer and tensor names
+    (`npubuild.filenames`), and the map from every file back to the name and role it holds."""
 
     def __init__(self, directory: Path):
-        self.directory, self.used = directory, set()
+        self.directory = directory
+        self.names: dict[str, dict[str, str]] = {}
 
-    def name(self, stem: str, suffix: str) -> str:
-        base = re.sub(r"[^A-Za-z0-9_.-]+", "_", stem).strip("_.") or "tensor"
-        name, k = f"{base}{suffix}", 1
-        while name in self.used:
-            name, k = f"{base}_{k}{suffix}", k + 1
-        self.used.add(name)
-        return name
+    def name(self, name: str, role: str, suffix: str) -> str:
+        stem = f"{role}_{name}" if role in PREFIXED else f"{name}_{role}"
+        entry = {"name": name, "role": role}
+        file = f"{safe_stem(stem)}{suffix}"
+        if self.names.get(file, entry) != entry:  # two plain names met (input_x vs layer input)
+            file = f"{safe_stem(stem, hashed=True)}{suffix}"
+        self.names[file] = entry
+        return file
 
-    def save(self, stem: str, value: np.ndarray) -> str:
-        name = self.name(stem, ".npy")
-        with atomic_path(self.directory / name) as tmp:
+    def save(self, name: str, role: str, value: np.ndarray) -> str:
+        file = self.name(name, role, ".npy")
+        with atomic_path(self.directory / file) as tmp:
             with open(tmp, "wb") as fh:
                 np.save(fh, np.asarray(value), allow_pickle=False)
-        return name
+        return file
 
-    def save_bytes(self, stem: str, suffix: str, data: bytes) -> str:
-        name = self.name(stem, suffix)
-        write_bytes(self.directory / name, data)
-        return name
+    def save_bytes(self, name: str, role: str, suffix: str, data: bytes) -> str:
+        file = self.name(name, role, suffix)
+        write_bytes(self.directory / file, data)
+        return file
+
+    def write_map(self) -> Path:
+        """``names.json``: file → the layer or tensor name it was made from, and its role."""
+        return write_json(self.directory / NAME_MAP, dict(sorted(self.names.items())))
 
 
 def _layer_files(qgraph: QGraph, layer: QLayer, files: _Files, values, outputs) -> dict:
     found: dict[str, Any] = {}
     if layer.kind == "conv" and not layer.attrs.get("fc"):
         depthwise = _operation(qgraph, layer) == "dwconv"
-        found["weight"] = files.save(f"{layer.name}_weight",
+        found["weight"] = files.save(layer.name, "weight",
                                      conv_weight(layer.arrays["weight"], depthwise))
     elif layer.kind == "conv":
-        found["weight"] = files.save(f"{layer.name}_weight", layer.arrays["weight"][:, :, 0, 0].T)
+        found["weight"] = files.save(layer.name, "weight", layer.arrays["weight"][:, :, 0, 0].T)
     if layer.kind == "conv":
         bias = layer.params.get("bias_int8")
-        found["bias"] = files.save(f"{layer.name}_bias", np.asarray(
+        found["bias"] = files.save(layer.name, "bias", np.asarray(
             bias, np.int8) if bias is not None else layer.arrays["bias"])
     if layer.kind == "lut":
-        found["table"] = files.save(f"{layer.name}_table", layer.arrays["table"])
+        found["table"] = files.save(layer.name, "table", layer.arrays["table"])
     if layer.kind == "float":
-        found["model"] = files.save_bytes(layer.name, ".onnx", layer.arrays["model"].tobytes())
+        found["model"] = files.save_bytes(layer.name, "model", ".onnx", layer.arrays["model"].tobytes())
     if values is None:
         return found
     found["input"] = [outputs[t] for t in layer.inputs]
     found["output"] = []
     for t in layer.outputs:
-        outputs[t] = files.save(f"{layer.name}_output" + (f"_{len(found['output'])}"
-                                                          if len(layer.outputs) > 1 else ""),
-                                feature_map(values[t]))
+        role = "output" + (f"_{len(found['output'])}" if len(layer.outputs) > 1 else "")
+        outputs[t] = files.save(layer.name, role, feature_map(values[t]))
         found["output"].append(outputs[t])
     return found
 

@@ -71,9 +71,7 @@ def prepare(model: onnx.ModelProto, keep: Iterable[str] = ()) -> onnx.ModelProto
 
         model = onnx.inliner.inline_selected_functions(model, inline)
     if opset_of(model) < MIN_OPSET:
-        from onnx import version_converter
-
-        model = version_converter.convert_version(model, MIN_OPSET)
+        model = onnx_io.convert_version(model, MIN_OPSET)
     seen: set[str] = set()
     for i, node in enumerate(model.graph.node):
         if not node.name or node.name in seen:

@@ -56,7 +56,7 @@ def run(ctx: StageContext) -> dict:
     qdir = Path(ctx.upstream["quantize"])
     paths = sorted(qdir.glob("graph_*.qgraph.json"), key=_graph_index)
     if not paths:
-        raise BuildError(f"no quantized NPU graph (graph_<i>.qgraph.json) in {qdir}", stage=STAGE)
+        return no_npu_report(ctx)
     results = [compile_graph(QGraph.load(p), ctx, qdir)
                for p in ctx.progress(paths, total=len(paths), description="compiling")]
     return report(results, ctx)
@@ -256,6 +256,22 @@ def graph_report(c: Compiled) -> tuple[dict, dict]:
            "compute_cycles": c.grouped.compute_cycles, "dma_cycles": c.grouped.dma_cycles,
            "between_groups_gmem_bytes": extra_bytes, "between_groups_cycles": extra_cycles}
     return summary, est
+
+
+NO_NPU_NOTE = ("the split placed every node on the CPU: there is no NPU graph to compile, "
+               "and the deployed pipeline runs entirely in ONNX Runtime")
+
+
+def no_npu_report(ctx: StageContext) -> dict:
+    """Zero NPU segments (``split.policy: cpu_only``, or nothing the chip runs): nothing to
+    compile, said so in the report and in ``compile/compile.json``; the NPU estimate is zero."""
+    ctx.log.warning("compile: %s", NO_NPU_NOTE)
+    write_json(ctx.out / "compile.json", {"graphs": {}, "note": NO_NPU_NOTE})
+    return {STAGE: {"chip": ctx.chip.name, "layer_group": ctx.recipe.compile.layer_group,
+                    "graphs": {}, "npu_graphs": 0, "note": NO_NPU_NOTE},
+            "simulator": {"graphs": {}, "note": "no NPU graph: nothing ran in the simulator"},
+            "estimate": {"cycles": 0, "groups": 0, "gmem_bytes": 0, "lmem_peak_bytes": 0,
+                         "note": "no NPU graph: the NPU estimate is empty"}}
 
 
 def report(results: list[Compiled], ctx: StageContext) -> dict:

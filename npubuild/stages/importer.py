@@ -2,8 +2,9 @@
 
 ONNX sources are loaded directly; TensorFlow (frozen graph, SavedModel, Keras) and TFLite
 sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when needed).
-Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred and the
-checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the same
+Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
+arithmetic the fixed shapes make constant is folded; `npubuild.frontends.onnx`) and the checker
+runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the same
 seeded input (ONNX: ONNX Runtime on the original, bit-identical; TF/TFLite: the source framework,
 within 1e-4 of the output's magnitude).
 """
@@ -19,6 +20,7 @@ import onnx
 from npubuild import onnx_io
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError
+from npubuild.frontends import onnx as onnx_frontend
 from npubuild.metrics import compare_outputs
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import StageContext
@@ -36,7 +38,7 @@ def run(ctx: StageContext) -> dict:
     loaded = ctx.loaded
     fmt = loaded.model_format
     if fmt == "onnx":
-        source = onnx_io.load_model(loaded.model_path)
+        source = onnx_frontend.normalise_ir(onnx_io.load_model(loaded.model_path))
         model = fix_inputs(loaded, source)
     else:
         from npubuild.frontends import tensorflow as tf_frontend
@@ -49,7 +51,7 @@ def run(ctx: StageContext) -> dict:
         model = cut_outputs(loaded, model)
     if loaded.recipe.model.opset and fmt == "onnx":
         model = convert_opset(loaded, model, loaded.recipe.model.opset)
-    model = infer_shapes(model)
+    model = onnx_frontend.resolve_shapes(model, declared=source or model)
     check(model)
     proof = prove(loaded, fmt, source, model)
     onnx_io.save_model(model, ctx.out / "model.onnx")
@@ -115,7 +117,7 @@ def cut_outputs(loaded: LoadedRecipe, model: onnx.ModelProto) -> onnx.ModelProto
 
 def convert_opset(loaded: LoadedRecipe, model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     try:
-        return onnx.version_converter.convert_version(model, opset)
+        return onnx_io.convert_version(model, opset)
     except Exception as exc:
         raise loaded.error(f"cannot convert the model to opset {opset}: {exc}", "model", "opset") from None
 

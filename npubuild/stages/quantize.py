@@ -26,6 +26,7 @@ from npubuild.quant.quantizer import QuantConfig
 from npubuild.quant.workflow import Options, OverrideSpec, Workflow
 from npubuild.stages import StageContext
 
+NO_NPU_NOTE = "the split placed every node on the CPU: no NPU graph to quantize"
 CALIBRATION_FIELD = ("quantization", "calibration", "data")
 
 
@@ -60,11 +61,12 @@ def run(ctx: StageContext) -> dict:
     spec = ctx.recipe.quantization
     pipeline = SplitPipeline(ctx.upstream["split"])
     if not pipeline.npu_graphs:
-        ctx.log.info("quantize: no NPU submodel, nothing to quantize")
-        write_json(ctx.out / "calibration.json", {"scheme": spec.scheme, "graphs": {}})
+        ctx.log.warning("quantize: %s", NO_NPU_NOTE)
+        write_json(ctx.out / "calibration.json", {"scheme": spec.scheme, "graphs": {},
+                                                  "note": NO_NPU_NOTE})
         write_json(ctx.out / "per_layer.json", {"tensors": [], "crosscheck": {}})
-        return {"quantization": {"scheme": spec.scheme, "graphs": {},
-                                 "note": "the split placed every node on the CPU"}}
+        return {"quantization": {"scheme": spec.scheme, "graphs": {}, "npu_graphs": 0,
+                                 "note": NO_NPU_NOTE}}
     inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
     workflow = Workflow(pipeline, options(spec, ctx.chip), ctx.progress)
 

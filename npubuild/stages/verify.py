@@ -22,6 +22,8 @@ from npubuild.atomic import write_json
 from npubuild.metrics import similarity
 from npubuild.stages import StageContext
 
+NO_NPU_NOTE = ("no NPU graph: the deployed pipeline is the CPU submodels alone (ONNX Runtime), "
+               "checked against the float original")
 DIRS = ("import", "surgery", "fusion", "split", "quantize", "compile")
 
 
@@ -66,7 +68,9 @@ def run(ctx: StageContext) -> dict:
     failures = verdict(metrics, spec) + boundary_verdict(boundaries, spec)
     result = {"passed": not failures, "failures": failures, "samples": len(samples),
               "data": [str(f) for f in files[:len(samples)]], "outputs": metrics,
-              "npu_outputs": boundaries}
+              "npu_outputs": boundaries, "npu_graphs": len(pipeline.npu_graphs)}
+    if not pipeline.npu_graphs:
+        result["note"] = NO_NPU_NOTE
     if failures:
         result["bisection"] = bisect_sample(dirs, pipeline, reference, samples[0], spec.min_cosine)
     if spec.detections:

@@ -62,3 +62,31 @@ def test_random_feeds_follow_each_inputs_dtype_and_shape():
     feeds = onnx_io.random_feeds(helper.make_model(graph), seed=1)
     assert feeds["ids"].dtype == np.int64 and feeds["ids"].shape == (2, 3)
     assert feeds["s"].dtype == np.float32 and feeds["s"].shape == ()
+
+
+def _model_with_function(opset: int) -> onnx.ModelProto:
+    """y = Fn(x) with Fn = Unsqueeze(x, axes=[0]) at ``opset`` (axes moved to an input at 13)."""
+    body = helper.make_node("Unsqueeze", ["a"], ["b"], axes=[0])
+    fn = helper.make_function("npubuild.fused", "Fn", ["a"], ["b"], [body],
+                              [helper.make_opsetid("", opset)])
+    graph = helper.make_graph([helper.make_node("Fn", ["x"], ["y"], domain="npubuild.fused")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])])
+    return helper.make_model(graph, functions=[fn], ir_version=8, opset_imports=[
+        helper.make_opsetid("", opset), helper.make_opsetid("npubuild.fused", 1)])
+
+
+def test_convert_version_keeps_and_converts_model_local_functions():
+    converted = onnx_io.convert_version(_model_with_function(12), 13)
+    assert [f.name for f in converted.functions] == ["Fn"]
+    assert [n.op_type for n in converted.functions[0].node] == ["Constant", "Unsqueeze"]
+    x = np.arange(2, dtype=np.float32)
+    np.testing.assert_array_equal(onnx_io.run(converted, {"x": x})["y"], x[None])
+
+
+def test_a_model_that_lost_a_function_is_named_before_onnx_runtime_sees_it():
+    model = _model_with_function(13)
+    del model.functions[:]
+    assert onnx_io.missing_functions(model) == ["npubuild.fused:Fn"]
+    with pytest.raises(onnx_io.BuildError, match="calls npubuild.fused:Fn but carries no function"):
+        onnx_io.session(model)

@@ -95,3 +95,43 @@ def test_the_schema_rejects_a_conv_without_its_shifts(dumped):
     del broken["layers"][0]["output_shift"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, schemas.load("npu_ir"))
+
+
+def _long_names(model, prefix):
+    """Every node and tensor but the input renamed to a TF-export-like scope far over 255 bytes."""
+    rename = {}
+    for node in model.graph.node:
+        node.name = prefix + node.name
+        for i, t in enumerate(node.output):
+            rename[t] = prefix + t
+            node.output[i] = rename[t]
+    for node in model.graph.node:
+        for i, t in enumerate(node.input):
+            node.input[i] = rename.get(t, t)
+    for value in model.graph.output:
+        value.name = rename[value.name]
+    return model
+
+
+def test_long_and_unsafe_tensor_names_give_bounded_unique_files_and_a_name_map(tmp_path):
+    """Class 7 of issue 11: the IR dump failed with `File name too long` on real models."""
+    s = Stack((1, 4, 10, 12))
+    a = s.conv("x", 8, 3, 2)
+    b = s.conv(a, 8, 3, depthwise=True)
+    prefix = "model/" + "very_long_scope:0 with spaces/" * 12
+    qgraph = quantize(_long_names(s.model([s.binary(a, b)]), prefix))
+    values = run_reference(qgraph, int_inputs(qgraph))
+    first = dump_ir(qgraph, tmp_path / "a", values, "seeded")
+    dump_ir(qgraph, tmp_path / "b", values, "seeded")
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir())  # deterministic
+    assert all(len(f.encode()) <= 120 and "/" not in f and " " not in f for f in files)
+    names = json.loads((tmp_path / "a" / "names.json").read_text())
+    doc = json.loads(first.read_text())
+    for layer in doc["layers"]:
+        assert layer["name"].startswith(prefix)
+        assert names[layer["tensors"]["output"][0]] == {"name": layer["name"], "role": "output"}
+        if "weight" in layer["tensors"]:
+            assert names[layer["tensors"]["weight"]] == {"name": layer["name"], "role": "weight"}
+    assert set(names) == set(files) - {"names.json", first.name}
+    assert len(set(names)) == len(names)

@@ -9,6 +9,7 @@ import pytest
 
 from npubuild import onnx_io
 from tests.conftest import TINY_MODEL, write_recipe
+from tests.unit.frontends import onnx_models
 from tests.unit.frontends.test_tensorflow import models  # noqa: F401 — the shared TF fixture
 
 
@@ -76,3 +77,51 @@ def test_tensorflow_formats_import_and_match_the_source(cli, tmp_path, models, f
     got = sorted(onnx_io.run(model, {onnx_io.graph_inputs(model)[0].name: x}).values(), key=np.size)
     np.testing.assert_allclose(got[0], models.expected[5], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[1], models.expected[8], rtol=1e-4, atol=1e-5)
+
+
+def test_paddle_style_reshape_imports_with_every_shape_known(cli, tmp_path):
+    onnx.save(onnx_models.paddle_reshape(), str(tmp_path / "paddle.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(
+        tmp_path / "paddle.onnx", "    - {name: x, shape: [1, 4, 8, 8]}\n"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["import"]["outputs"]["logits"]["shape"] == [1, 3]
+
+
+def test_old_ir_model_passes_fusion_and_split(cli, tmp_path):
+    onnx.save(onnx_models.old_ir_conv_bn(), str(tmp_path / "old.onnx"))
+    recipe = write_recipe(tmp_path, recipe_text(tmp_path / "old.onnx") + "fusion: [conv_bn]\n")
+    result = cli("run", str(recipe), "split", "--build-dir", str(tmp_path / "b"),
+                 "--cache", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr
+    split = onnx.load(str(tmp_path / "b/imp/split/graph_0.onnx"))
+    assert [i.name for i in split.graph.input] == ["x"]
+
+
+OCR_MODELS = {"ch_PP-OCRv4_det_infer": ([1, 3, 96, 160], [1, 1, 96, 160]),
+              "ch_PP-OCRv4_rec_infer": ([1, 3, 48, 160], [1, 20, 6625]),
+              "ch_ppocr_mobile_v2.0_cls_infer": ([1, 3, 48, 192], [1, 2])}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", sorted(OCR_MODELS))
+def test_pp_ocr_models_import_with_static_shapes(cli, tmp_path, shared_cache, model):
+    shape, out_shape = OCR_MODELS[model]
+    recipe = write_recipe(tmp_path, recipe_text(f"pkg:rapidocr_onnxruntime/models/{model}.onnx",
+                                                f"    - {{name: x, shape: {shape}}}\n"))
+    result = cli("run", str(recipe), "import", "--json", "--build-dir", str(tmp_path / "b"),
+                 "--cache", str(shared_cache))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)["import"]
+    assert [o["shape"] for o in summary["outputs"].values()] == [out_shape]
+    assert all(p["max_abs"] == 0.0 for p in summary["proof"].values())
+
+
+@pytest.mark.slow
+def test_light_densenet121_passes_split(cli, tmp_path, shared_cache):
+    recipe = write_recipe(tmp_path, recipe_text(
+        "pkg:onnx/backend/test/data/light/light_densenet121.onnx",
+        "    - {name: data_0, shape: [1, 3, 224, 224]}\n", name="densenet121")
+        + "fusion: [conv_bn, conv_act]\n")
+    result = cli("run", str(recipe), "split", "--build-dir", str(tmp_path / "b"),
+                 "--cache", str(shared_cache))
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,46 @@
+"""Zero NPU segments (``split.policy: cpu_only``, or nothing the chip runs): quantize, compile
+and verify still run, say so in the report, and verify checks the CPU-only pipeline against the
+float original."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tests.conftest import TINY_RECIPE, run_cli, write_recipe
+
+
+def _exp_log_model(path) -> None:
+    """Exp → Log: ops no preset chip runs, so the split has no NPU node under any policy."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])
+    graph = helper.make_graph([helper.make_node("Exp", ["x"], ["e"], name="exp"),
+                               helper.make_node("Log", ["e"], ["y"], name="log")], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(path))
+
+
+@pytest.mark.parametrize("case", ["cpu_only_policy", "nothing_the_chip_runs"])
+def test_a_build_without_npu_graphs_passes_verify_and_says_why(tmp_path, case):
+    body = TINY_RECIPE
+    if case == "cpu_only_policy":
+        body += "split: {policy: cpu_only}\n"
+    else:
+        _exp_log_model(tmp_path / "explog.onnx")
+        body = body.replace(body.split("path: ")[1].splitlines()[0], str(tmp_path / "explog.onnx"))
+    recipe = write_recipe(tmp_path, body)
+    result = run_cli("run", str(recipe), "--json", "--build-dir", str(tmp_path / "build"),
+                     "--cache", str(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["split"]["npu_segments"] == 0
+    assert report["quantization"]["npu_graphs"] == 0 and "CPU" in report["quantization"]["note"]
+    assert report["compile"]["npu_graphs"] == 0 and "no NPU graph" in report["compile"]["note"]
+    assert report["verify"]["passed"] and report["verify"]["npu_graphs"] == 0
+    cosine = report["accuracy"]["outputs"]["y"]["min_sample_cosine"]
+    assert np.isclose(cosine, 1.0), cosine
+    assert "Traceback" not in result.stderr
