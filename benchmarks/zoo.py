@@ -6,7 +6,8 @@ when it exists), then each recipe is built as a matrix build (``build/<name>@<ch
 chip-independent stages once, restored from the content cache for every chip) and one table is
 printed: model x chip -> the last stage reached, NPU/CPU segments and nodes, output cosine over
 all verify samples / on the worst sample, simulator bit-exact, GMEM ratio (grouped / one layer
-per group), fps, seconds per stage, and the first line of the error if any.
+per group), fps, seconds per stage (to build it, from the stage's manifest, also when this run
+restored it from the content cache), and the first line of the error if any.
 
 fps is end to end: the NPU segments' estimated cycles at the chip's clock plus the CPU
 segments' median time in ONNX Runtime on this machine (one thread).
@@ -90,8 +91,10 @@ def build_recipe(recipe: str, chips: list[str], build_root: str | None,
         except Exception as exc:  # noqa: BLE001
             cell = _crash(recipe, chip, exc)
         cell["recipe"], cell["wall_seconds"] = recipe, round(time.perf_counter() - started, 2)
+        session = api.session_for(loaded.for_target(chip), build_root=root, cache=cache_dir)
+        cell["build_seconds"] = _build_seconds(session)
         if cell.get("ok"):
-            cell["cpu_seconds"] = _cpu_segment_seconds(loaded.for_target(chip), root)
+            cell["cpu_seconds"] = _cpu_segment_seconds(session)
         cells.append(cell)
     return cells
 
@@ -103,14 +106,23 @@ def _crash(recipe: str, chip: str, exc: Exception) -> dict:
             "error": f"uncaught {type(exc).__name__}{at}: {exc}"}
 
 
-def _cpu_segment_seconds(loaded, build_root: Path | None) -> float:
+def _build_seconds(session) -> dict[str, float]:
+    """Seconds each stage took to build, from its manifest: the same figure when this run
+    restored the stage from the cache (a restore takes milliseconds and says nothing)."""
+    from npubuild.build.keys import read_manifest
+    from npubuild.stages import PIPELINE
+
+    found = {s.name: (read_manifest(session.paths.manifest(s.name)) or {}).get("seconds")
+             for s in PIPELINE}
+    return {stage: seconds for stage, seconds in found.items() if seconds is not None}
+
+
+def _cpu_segment_seconds(session) -> float:
     """Median ONNX Runtime time of every CPU submodel (zeros in, one thread), summed."""
     import numpy as np
     import onnxruntime as ort
 
-    from npubuild import api
-
-    split = api.session_for(loaded, build_root=build_root).paths.stage_dir("split")
+    split = session.paths.stage_dir("split")
     infos = json.loads((split / "graph_infos.json").read_text())
     options = ort.SessionOptions()
     options.intra_op_num_threads, options.log_severity_level = 1, 3
@@ -171,8 +183,8 @@ def row(cell: dict) -> dict:
         "bit_exact": (report.get("simulator") or {}).get("bit_exact"),
         "gmem_ratio": grouped / per_layer if grouped and per_layer else None,
         "fps": fps, "npu_fps": npu_fps, "cpu_seconds": cpu_s,
-        "seconds": {s: (stages.get(s) or {}).get("seconds") for s in STAGE_ABBREV
-                    if (stages.get(s) or {}).get("seconds") is not None},
+        "seconds": {s: t for s, t in (cell.get("build_seconds") or {}).items()
+                    if s in STAGE_ABBREV and s in done},
         "wall_seconds": cell.get("wall_seconds"),
         "error": error.splitlines()[0] if error else "",
         "unexplained": any(u in error for u in UNEXPLAINED),
