@@ -77,6 +77,10 @@ def build_recipe(recipe: str, chips: list[str], build_root: str | None,
     cache_dir = Path(cache) if cache else None
     try:
         loaded = load_recipe(recipe)
+    except NpubuildError as exc:
+        return [{"recipe": recipe, "target": chip, "ok": False, "exit_code": exc.exit_code,
+                 "report": {}, "error": str(exc)} for chip in chips]
+    try:
         api.build(api.session_for(loaded.for_target(chips[0]), build_root=root, cache=cache_dir),
                   shared_prefix(None))
     except NpubuildError:
