@@ -13,6 +13,7 @@ fps is end to end: the NPU segments' estimated cycles at the chip's clock plus t
 segments' median time in ONNX Runtime on this machine (one thread).
 
     python3 benchmarks/zoo.py [--models GLOB ...] [--chips npu-16m ...] [-j 2] [--json out.json]
+    python3 benchmarks/zoo.py --from-json a.json b.json     # one table from earlier runs
 
 Exit code 0 when every cell on npu-16m passed verify and no cell anywhere failed with an
 unexplained error ("likely a bug", "internal error" or an uncaught exception); 1 otherwise.
@@ -246,11 +247,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-generate", action="store_true",
                    help="skip the model-generation scripts (their outputs must exist)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write every row as JSON")
+    p.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
+                   help="build nothing: print one table from earlier runs' --json files (a "
+                        "later file's row replaces an earlier one for the same model and chip)")
     return p.parse_args(argv)
+
+
+def rows_from_json(files: list[Path]) -> list[dict]:
+    merged: dict[tuple[str, str], dict] = {}
+    for file in files:
+        for r in json.loads(file.read_text())["rows"]:
+            merged[(r["model"], r["chip"])] = r
+    return [merged[k] for k in sorted(merged)]
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.from_json:
+        rows = rows_from_json(args.from_json)
+        print(markdown(rows))
+        print(f"\n{summary(rows)}")
+        return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if not args.no_generate:
         run_generators()

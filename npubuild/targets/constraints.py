@@ -219,9 +219,13 @@ def dilation_bound(node: NodeView, spec: OpSupport) -> str | None:
 
 
 def pads(node: NodeView) -> list[int]:
+    """Spatial padding (a kernel's window border). A Pad's batch and channel pads are left
+    out: appending zero channels (TFLite's channel padding) is a fill, not a window border."""
     if node.op == "Pad":
         value = node.const(1)
-        return [int(p) for p in value] if value is not None else list(node.attr("pads", []))
+        raw = [int(p) for p in value] if value is not None else list(node.attr("pads", []))
+        rank = len(raw) // 2
+        return raw[2:rank] + raw[rank + 2:] if rank > 2 else raw
     if node.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
         return _same_pads(node)
     return list(node.attr("pads", []))

@@ -78,3 +78,14 @@ def test_a_reshape_at_the_edge_or_forced_to_the_cpu_stays_on_the_cpu():
     forced = plan_split(_conv_reshape_conv("Squeeze"), STRICT, SplitSpec(force_cpu=["squeeze"]))
     devices = {forced.graph.label(i): npu for i, npu in enumerate(forced.on_npu)}
     assert devices == {"a": True, "squeeze": False, "unsqueeze": False, "b": True}
+
+
+def test_channel_padding_is_a_fill_not_a_window_border():
+    """TFLite's channel padding (zeros appended along C, as in MediaPipe's face models) is not
+    bounded by max_pad, which is about the spatial border a kernel reads."""
+    from tests.unit.targets.test_targets_constraints import one
+
+    channels = one("Pad", [[1, 4, 8, 8], [8]], {1: np.array([0, 0, 0, 0, 0, 64, 0, 0])})
+    spatial = one("Pad", [[1, 4, 8, 8], [8]], {1: np.array([0, 0, 16, 0, 0, 0, 16, 0])})
+    assert reasons_of(channels, "npu-16m") == []
+    assert reasons_of(spatial, "npu-16m") == ["Padding is larger than 15: pads [16, 0, 16, 0]"]
