@@ -247,10 +247,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-generate", action="store_true",
                    help="skip the model-generation scripts (their outputs must exist)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write every row as JSON")
+    p.add_argument("--from-build", action="store_true",
+                   help="build nothing: one row per cell from the report.json and manifests "
+                        "already in --build-dir (cells never built are left out; no CPU timing)")
     p.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
                    help="build nothing: print one table from earlier runs' --json files (a "
                         "later file's row replaces an earlier one for the same model and chip)")
     return p.parse_args(argv)
+
+
+def rows_from_build(recipes: list[Path], chips: list[str], build_root: Path) -> list[dict]:
+    from npubuild import api
+    from npubuild.build.keys import read_manifest
+    from npubuild.recipe import load_recipe
+
+    rows = []
+    for recipe in recipes:
+        loaded = load_recipe(recipe)
+        for chip in chips:
+            session = api.session_for(loaded.for_target(chip), build_root=build_root)
+            report = read_manifest(session.paths.report)
+            if not report:
+                continue
+            verdict = report.get("verify") or {}
+            error = report.get("error") or "; ".join(verdict.get("failures") or [])
+            rows.append(row({"recipe": str(recipe), "target": chip, "report": report,
+                             "ok": not error and verdict.get("passed") is True,
+                             "error": error, "build_seconds": _build_seconds(session)}))
+    return rows
 
 
 def rows_from_json(files: list[Path]) -> list[dict]:
@@ -263,8 +287,9 @@ def rows_from_json(files: list[Path]) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    if args.from_json:
-        rows = rows_from_json(args.from_json)
+    if args.from_json or args.from_build:
+        rows = (rows_from_json(args.from_json) if args.from_json else
+                rows_from_build(zoo_recipes(args.models), args.chips, args.build_dir))
         print(markdown(rows))
         print(f"\n{summary(rows)}")
         return 0
