@@ -292,6 +292,8 @@ def main(argv: list[str]) -> int:
                 rows_from_build(zoo_recipes(args.models), args.chips, args.build_dir))
         print(markdown(rows))
         print(f"\n{summary(rows)}")
+        if args.json:
+            args.json.write_text(json.dumps({"rows": rows}, indent=2, default=str))
         return 0
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if not args.no_generate:
