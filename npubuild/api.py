@@ -109,6 +109,59 @@ def recipe_at_revision(recipe: Path, rev: str) -> Iterator[Path]:
         os.unlink(tmp)
 
 
+def diff_inputs(recipes: list[Path], revs: list[str], stack) -> tuple[list[Path], tuple[str, str]]:
+    """The two recipe files `npubuild diff` compares, and their labels: ``A.yaml B.yaml``, or one
+    recipe with ``--rev REV`` (vs the working copy), ``--rev A..B`` or ``--rev A --rev B``
+    (git revisions, checked out into temporary files that ``stack`` removes)."""
+    revs = [part for rev in revs for part in _rev_range(rev)]
+    if not revs:
+        if len(recipes) != 2:
+            raise UserError("give two recipes (A.yaml B.yaml) or one recipe with --rev A..B")
+        return list(recipes), (str(recipes[0]), str(recipes[1]))
+    if len(recipes) != 1 or len(revs) > 2:
+        raise UserError("with --rev give one recipe and a revision (REV, A..B, or --rev twice)")
+    recipe = recipes[0]
+    paths = [stack.enter_context(recipe_at_revision(recipe, r)) for r in revs]
+    labels = [f"{recipe}@{r}" for r in revs]
+    if len(revs) == 1:
+        paths.append(recipe)
+        labels.append(f"{recipe} (working copy)")
+    return paths, (labels[0], labels[1])
+
+
+def _rev_range(rev: str) -> list[str]:
+    if ".." not in rev:
+        return [rev]
+    first, _, second = rev.partition("..")
+    if not first or not second or second.startswith("."):
+        raise UserError(f"--rev {rev}: give a range as A..B (two revisions)")
+    return [first, second]
+
+
+VIEWABLE = {"import": "model.onnx", "surgery": "model.onnx", "fusion": "model.onnx",
+            "split": "graph_{graph}.onnx", "quantize": "graph_{graph}.qdq.onnx"}
+
+
+def model_file(session: BuildSession, stage: str = "fusion", graph: int | None = None) -> Path:
+    """The ONNX model a stage wrote (a submodel for `split`, its QDQ model for `quantize`),
+    built (or restored from the cache) first."""
+    if stage not in VIEWABLE:
+        raise UserError(f"stage {stage!r} writes no ONNX model to view",
+                        hint=f"choose one of {', '.join(VIEWABLE)}")
+    build(session, stage)
+    directory = session.paths.stage_dir(stage)
+    if "{graph}" not in VIEWABLE[stage]:
+        return directory / VIEWABLE[stage]
+    found = sorted(directory.glob(VIEWABLE[stage].format(graph="*")))
+    if graph is None and found:
+        return found[0]
+    path = directory / VIEWABLE[stage].format(graph=graph)
+    if not path.is_file():
+        raise UserError(f"{stage} wrote no {path.name}",
+                        hint="its models: " + (", ".join(p.name for p in found) or "none"))
+    return path
+
+
 def placements(session: BuildSession) -> list:
     """Per node of the fused model: NPU or CPU on the recipe's chip, and why (builds up to
     `fusion` first, from the cache when it can)."""

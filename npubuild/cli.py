@@ -82,8 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="matrix build: build for this chip too (repeatable); see also `targets:`")
     p.add_argument("-j", "--jobs", type=int, default=2, metavar="N",
                    help="matrix build: chips built in parallel (default 2)")
-    command("validate", cmd_validate, "check the recipe and the files it names; build nothing",
-            json_opt=True)
+    p = command("validate", cmd_validate, "check recipes and the files they name; build nothing",
+                recipe=False, json_opt=True)
+    p.add_argument("recipes", type=Path, nargs="+", metavar="recipe",
+                   help="recipe YAML file(s), e.g. the changed ones pre-commit passes")
     p = command("plan", cmd_plan, "say what `run` would do per stage, and why", build_opts=True,
                 json_opt=True)
     p.add_argument("stage", nargs="?", choices=list(STAGES), help="last stage to consider")
@@ -106,13 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, help="write the outputs to this .npz")
     p.add_argument("--float", action="store_true",
                    help="run the float submodels (no quantization, no simulator)")
+    p = command("view", cmd_view, "open a stage's ONNX model in Netron (or print its path)",
+                build_opts=True)
+    p.add_argument("stage", nargs="?", default="fusion",
+                   choices=["import", "surgery", "fusion", "split", "quantize"],
+                   help="whose model (default: fusion, the whole model after rewrites)")
+    p.add_argument("--graph", type=int, metavar="N", help="split/quantize: submodel N (default: the first)")
     p = command("diff", cmd_diff, "compare two recipes (or two git revisions of one): which "
                 "stages differ and why, and how the metrics moved", recipe=False,
                 build_opts=True, json_opt=True)
     p.add_argument("recipes", type=Path, nargs="+", metavar="RECIPE", help="A.yaml B.yaml, or one "
                    "recipe with --rev")
     p.add_argument("--rev", action="append", default=[], metavar="REV",
-                   help="git revision of the recipe (once: REV vs the working copy; twice: REV1 vs REV2)")
+                   help="git revision of the recipe: REV (vs the working copy), A..B, or twice")
+    p.add_argument("--markdown", action="store_true",
+                   help="print a Markdown pull-request comment")
     return parser
 
 
@@ -166,19 +176,33 @@ def _run_matrix(args, console, loaded, targets: list[str]) -> int:
 
 
 def cmd_validate(args) -> int:
+    """One recipe, or many (as pre-commit passes the changed ones): each is checked, every
+    error is printed, and the exit code is the worst one."""
     from npubuild.recipe import load_recipe
+    from npubuild.stages import importer
 
-    loaded = load_recipe(args.recipe)
-    chip = loaded.chip()
-    result = {"recipe": str(args.recipe), "name": loaded.recipe.name, "valid": True,
-              "model": str(loaded.model_path), "format": loaded.model_format, "target": chip.name}
+    results, worst = [], EXIT_OK
+    for path in args.recipes:
+        try:
+            loaded = load_recipe(path)
+            chip = loaded.chip()
+            signature = importer.check_signature(loaded)
+        except NpubuildError as exc:
+            if len(args.recipes) == 1:
+                raise
+            print(f"error: {exc}", file=sys.stderr)
+            worst = max(worst, exc.exit_code)
+            continue
+        results.append({"recipe": str(path), "name": loaded.recipe.name, "valid": True,
+                        "model": str(loaded.model_path), "format": loaded.model_format,
+                        "target": chip.name, **signature})
+        if not args.json:
+            print(f"{path}: valid — model {loaded.model_path.name} ({loaded.model_format}), "
+                  f"target {chip.name}, {len(loaded.recipe.surgery)} surgery steps, "
+                  f"{len(loaded.recipe.fusion)} fusion rules")
     if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(f"{args.recipe}: valid — model {loaded.model_path.name} ({loaded.model_format}), "
-              f"target {chip.name}, {len(loaded.recipe.surgery)} surgery steps, "
-              f"{len(loaded.recipe.fusion)} fusion rules")
-    return EXIT_OK
+        print(json.dumps(results[0] if len(args.recipes) == 1 else results, indent=2))
+    return worst
 
 
 def cmd_plan(args) -> int:
@@ -289,39 +313,43 @@ def cmd_infer(args) -> int:
     return EXIT_OK
 
 
+def cmd_view(args) -> int:
+    import importlib.util
+
+    from npubuild import api
+
+    session = api.session_for(args.recipe, build_root=args.build_dir, cache=args.cache)
+    path = api.model_file(session, args.stage, args.graph)
+    if importlib.util.find_spec("netron") is None:
+        print(path)
+        print("Netron is not installed: `pip install netron` (or npubuild[view]) to open it here, "
+              "or open the file above in any ONNX viewer", file=sys.stderr)
+        return EXIT_OK
+    import netron
+
+    host, port = netron.start(str(path))  # serves the file and opens the browser
+    print(path)
+    print(f"Netron: http://{host}:{port} (Ctrl+C stops it)", file=sys.stderr)
+    netron.wait()
+    return EXIT_OK
+
+
 def cmd_diff(args) -> int:
     from contextlib import ExitStack
 
     from npubuild import api
-    from npubuild.diff import diff_sessions
-    from npubuild.errors import UserError
+    from npubuild.diff import diff_recipes, render
+    from npubuild.recipe import load_recipe
 
     with ExitStack() as stack:
-        if args.rev:
-            if len(args.recipes) != 1 or len(args.rev) > 2:
-                raise UserError("with --rev give one recipe and one or two revisions")
-            revs = [stack.enter_context(api.recipe_at_revision(args.recipes[0], r)) for r in args.rev]
-            paths = revs + [args.recipes[0]] if len(revs) == 1 else revs
-        elif len(args.recipes) == 2:
-            paths = list(args.recipes)
-        else:
-            raise UserError("give two recipes (A.yaml B.yaml) or one recipe with --rev REV")
-        a, b = (api.session_for(p, build_root=args.build_dir, cache=args.cache) for p in paths)
-        result = diff_sessions(a, b)
+        paths, labels = api.diff_inputs(args.recipes, args.rev, stack)
+        loaded = [load_recipe(p) for p in paths]
+        result = diff_recipes(*loaded, lambda r: api.session_for(
+            r, build_root=args.build_dir, cache=args.cache), labels=labels)
     if args.json:
-        print(json.dumps(result, indent=2))
-        return EXIT_OK
-    labels = [f"{r}" for r in args.rev] + ["working copy"] if args.rev else [str(p) for p in args.recipes]
-    print(f"a: {labels[0]}\nb: {labels[1]}")
-    for stage in result["stages"]:
-        state = "same" if stage["same"] else "differs"
-        print(f"  {stage['stage']:<9} {state}")
-        for reason in stage["reasons"]:
-            print(f"              {reason}")
-    if result["metrics"]:
-        print("metrics (a -> b):")
-        for row in result["metrics"]:
-            print(f"  {row['metric']:<24} {_fmt(row['a'])} -> {_fmt(row['b'])}")
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        sys.stdout.write(render.markdown(result) if args.markdown else render.text(result))
     return EXIT_OK
 
 

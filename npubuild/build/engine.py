@@ -258,6 +258,9 @@ class BuildSession:
                                   "npubuild": __version__,
                                   "stages": {s.name: self.results[s.name].as_dict() for s in stages
                                              if s.name in self.results}}
+        previous = (read_manifest(self.paths.report) or {}).get("stages") or {}
+        for name, entry in report["stages"].items():
+            entry["built_seconds"] = self._built_seconds(self.results[name], previous.get(name))
         for stage in stages:
             result = self.results.get(stage.name)
             if result and result.status in ("built", "restored", "cached"):
@@ -265,6 +268,20 @@ class BuildSession:
         if self.error is not None:
             report["error"] = str(self.error)
         return report
+
+    def _built_seconds(self, result: StageResult, before: dict | None) -> float | None:
+        """Seconds of the run that built the stage's current artifacts: this run's when it
+        built them, else what an earlier report.json (or the manifest) kept for the same key;
+        None when no run on this machine timed them (restored from someone else's cache)."""
+        if result.status == "built":
+            return round(result.seconds, 3)
+        if not result.key:
+            return None
+        if before and before.get("key") == result.key and before.get("built_seconds") is not None:
+            return before["built_seconds"]
+        manifest = read_manifest(self.paths.manifest(result.stage)) or {}
+        seconds = manifest.get("seconds") if manifest.get("key") == result.key else None
+        return seconds if isinstance(seconds, (int, float)) else None
 
     def lock_data(self) -> dict:
         stages = {}

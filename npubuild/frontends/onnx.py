@@ -46,14 +46,14 @@ def resolve_shapes(model: onnx.ModelProto, declared: onnx.ModelProto) -> onnx.Mo
     `declared` is the model as its source wrote it: a graph output inference leaves without a
     shape keeps the shape declared there. Raises `BuildError` naming each output that has none.
     """
-    model = onnx_io.reinfer_shapes(model)
+    model = _infer(model)
     for _ in range(MAX_FOLD_ROUNDS):
-        if not _missing(model):
+        if _first_unknown(model) is None:
             break
         folded = fold_shape_arithmetic(model)
         if folded is None:
             break
-        model = onnx_io.reinfer_shapes(folded)
+        model = _infer(folded)
     _keep_declared(model, declared)
     missing = [o.name for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
     if missing:
@@ -140,8 +140,11 @@ def _fold_shape_reads(ed) -> set[str]:
     return folded
 
 
-def _missing(model: onnx.ModelProto) -> bool:
-    return _first_unknown(model) is not None
+def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    try:
+        return onnx_io.reinfer_shapes(model)
+    except Exception as exc:  # onnx raises InferenceError, ValidationError and friends
+        raise BuildError(f"shape inference failed: {exc}", stage="import") from None
 
 
 def _first_unknown(model: onnx.ModelProto) -> str | None:

@@ -78,6 +78,14 @@ def convert(path: Path, fmt: str, inputs: list, outputs: list[str] | None,
     return with_loadable_ir(model)
 
 
+def signature(path: Path, fmt: str, inputs: list, outputs: list[str] | None) -> dict:
+    """The model's input and output names (ONNX spelling) after resolving the recipe's names,
+    without converting: what `npubuild validate` checks. Unknown names raise `UserError`."""
+    with _quiet():
+        source = _open(Path(path), fmt, inputs, outputs)
+    return {"inputs": [p.name for p in source.inputs], "outputs": [p.name for p in source.outputs]}
+
+
 def run_source(path: Path, fmt: str, feeds: dict[str, np.ndarray], inputs: list,
                outputs: list[str] | None) -> list[np.ndarray]:
     """Run the source model in its own framework on `feeds` (keyed by the ONNX input names);
@@ -205,11 +213,15 @@ class _TFLite:
         self.outputs = _output_ports(outputs, self.graph_outputs, tensors, path)
 
     def to_onnx(self, opset: int) -> onnx.ModelProto:
+        import tempfile
+
         from tf2onnx import convert as tf2onnx_convert
 
-        model, _ = tf2onnx_convert.from_tflite(
-            str(self.path), input_names=[p.key for p in self.inputs],
-            output_names=[p.key for p in self.outputs], opset=opset)
+        with tempfile.TemporaryDirectory() as tmp:
+            dense = _densified(_tensorflow(), self.path, Path(tmp))
+            model, _ = tf2onnx_convert.from_tflite(
+                str(dense), input_names=[p.key for p in self.inputs],
+                output_names=[p.key for p in self.outputs], opset=opset)
         # tf2onnx keeps TFLite tensor names; give recipe-named tensors the recipe's spelling
         _rename_values(model.graph, {p.key: p.name for p in self.inputs + self.outputs})
         return model
@@ -227,6 +239,45 @@ class _TFLite:
             interpreter.set_tensor(index[port.key], array)
         interpreter.invoke()
         return [interpreter.get_tensor(index[p.key]).copy() for p in self.outputs]
+
+
+def _densified(tf, path: Path, tmp: Path) -> Path:
+    """`path`, or a copy in `tmp` whose sparse weights are dense constants.
+
+    A TFLite model converted with sparsity keeps each sparse weight behind a DENSIFY op, which
+    tf2onnx reads as a dense constant of the wrong size ("cannot reshape array of size 88 into
+    shape (16,3,3,3)"). The interpreter runs DENSIFY itself: its outputs become constant
+    buffers and the ops go, so tf2onnx sees the dense model the interpreter computes with."""
+    from tensorflow.lite.python import schema_py_generated as schema
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(path.read_bytes()))
+    graph = model.subgraphs[0]
+    densify = [op for op in graph.operators
+               if _builtin_code(model.operatorCodes[op.opcodeIndex]) == schema.BuiltinOperator.DENSIFY]
+    if not densify:
+        return path
+    interpreter = _interpreter(tf, path, keep_all_tensors=True)
+    interpreter.allocate_tensors()
+    interpreter.invoke()  # DENSIFY reads constants only: whatever the inputs hold
+    for op in densify:
+        out = int(op.outputs[0])
+        buffer = schema.BufferT()
+        buffer.data = np.frombuffer(interpreter.get_tensor(out).tobytes(), np.uint8)
+        model.buffers.append(buffer)
+        # the sparse input too: tf2onnx reads every constant, used or not, at its dense shape
+        for index in (out, int(op.inputs[0])):
+            graph.tensors[index].buffer = len(model.buffers) - 1
+            graph.tensors[index].sparsity = None
+    graph.operators = [op for op in graph.operators if not any(op is d for d in densify)]
+    dense = tmp / path.name
+    dense.write_bytes(bytes(flatbuffer_utils.convert_object_to_bytearray(model)))
+    return dense
+
+
+def _builtin_code(code) -> int:
+    """An operator code's builtin op (schema ≥ 3a keeps codes above 127 in builtinCode)."""
+    return max(code.builtinCode, code.deprecatedBuiltinCode)
 
 
 _SOURCES = {"tf_frozen": _FrozenGraph, "saved_model": _SavedModel, "keras": _Keras,
@@ -386,7 +437,61 @@ def _tensorflow():
         else:
             os.environ[_LOG_ENV] = saved
     _absl_to_real_stderr()
+    _transposes_through_elementwise_ops()
     return tf
+
+
+# Elementwise ops tf2onnx 1.17's transpose optimizer has no handler for: a Transpose stops at
+# them, so a TFLite MobileNetV3 (HARD_SWISH → ONNX HardSwish) keeps one pair per block.
+_ELEMENTWISE_UNARY = ("HardSwish", "HardSigmoid", "Floor", "Ceil", "Round", "Sign", "Softsign",
+                      "Celu", "Mish", "ThresholdedRelu", "Sin", "Cos", "Not", "Gelu")
+_ELEMENTWISE_BINARY = ("Div", "Pow")
+
+
+def _transposes_through_elementwise_ops() -> None:
+    """Teach tf2onnx's transpose optimizer (patched once per process) what it misses, so that an
+    NHWC model's NHWC↔NCHW Transposes cancel and only those at the graph's edges remain.
+
+    - Every elementwise op above passes a Transpose through as Relu does (unary) or as Max
+      does (binary, constants reshaped for the new layout).
+    - ``Add(x, scalar)``: its handler takes ``max()`` of the constant's shape to merge it into a
+      Conv bias; for a rank-0 constant (hard-swish's ``x + 3`` after a Conv, as Keras exports it)
+      that raises, tf2onnx catches it and skips the whole transpose optimisation (MobileNetV3
+      keeps two Transposes per Conv). A scalar is never a Conv bias, so it takes the broadcast
+      handler too.
+    - ``Mul(x, y)`` where ``y`` is computed, not constant (squeeze-and-excite's channel weights
+      as a TFLite model reshapes them): the broadcast handler, which weighs the Transposes it
+      would add against those it removes, instead of giving up.
+    """
+    from tf2onnx.optimizer.transpose_optimizer import TransposeOptimizer
+
+    if getattr(TransposeOptimizer, "npubuild_patched", False):
+        return
+    add, mul = TransposeOptimizer._add_handler, TransposeOptimizer._mul_handler
+    init = TransposeOptimizer._initialize_handlers
+
+    def add_handler(self, trans, node):
+        other = node.inputs[1]
+        if other.is_const() and other.get_tensor_value(as_list=False).ndim == 0:
+            return self._handle_node_having_branches(trans, node)
+        return add(self, trans, node)
+
+    def mul_handler(self, trans, node):
+        if mul(self, trans, node):
+            return True
+        return self._handle_node_having_branches(trans, node)
+
+    def initialize_handlers(self):
+        init(self)
+        for op in _ELEMENTWISE_UNARY:
+            self._handler_map.setdefault(op, self._simple_through_handler)
+        for op in _ELEMENTWISE_BINARY:
+            self._handler_map.setdefault(op, self._maxmin_handler)
+
+    TransposeOptimizer._add_handler = add_handler
+    TransposeOptimizer._mul_handler = mul_handler
+    TransposeOptimizer._initialize_handlers = initialize_handlers
+    TransposeOptimizer.npubuild_patched = True
 
 
 def _absl_to_real_stderr() -> None:

@@ -129,11 +129,14 @@ class TensorComparison:
     """Similarity of every quantized tensor to its float value, averaged over samples."""
 
     FIELDS = ("cosine", "euclid", "sqnr_db", "max_abs")
+    HISTOGRAM_BINS = 48
+    HISTOGRAM_SAMPLE = 16384  # elements per tensor and sample (every k-th): enough for a shape
 
     def __init__(self, qgraph: QGraph):
         self.qgraph = qgraph
         self.sums: dict[str, dict[str, float]] = {}
         self.counts: dict[str, int] = {}
+        self.histograms: dict[str, dict] = {}
 
     def add(self, float_values: Mapping[str, np.ndarray], env: Mapping[str, np.ndarray]) -> None:
         for name, info in self.qgraph.tensors.items():
@@ -146,6 +149,26 @@ class TensorComparison:
                 row[key] = (max(row[key], value) if key == "max_abs"
                             else row[key] + (value if np.isfinite(value) else 200.0))
             self.counts[name] = self.counts.get(name, 0) + 1
+            self._histogram(name, info, float_values[name])
+
+    def _histogram(self, name: str, info, values: np.ndarray) -> None:
+        """Float values over the tensor's quantized range (its calibration), with the counts
+        that fall outside it (clipped): what a calibration histogram shows."""
+        if info.scale is None or not np.issubdtype(np.dtype(info.dtype), np.integer):
+            return
+        limits = np.iinfo(np.dtype(info.dtype))
+        lo = (limits.min - info.zero_point) * info.scale
+        hi = (limits.max - info.zero_point) * info.scale
+        flat = np.asarray(values).ravel()
+        flat = flat[:: max(1, flat.size // self.HISTOGRAM_SAMPLE)].astype(np.float64)
+        counts, _ = np.histogram(flat, self.HISTOGRAM_BINS, range=(lo, hi))
+        entry = self.histograms.setdefault(name, {
+            "range": [float(lo), float(hi)], "counts": [0] * self.HISTOGRAM_BINS,
+            "below": 0, "above": 0, "min": float("inf"), "max": float("-inf")})
+        entry["counts"] = [a + int(b) for a, b in zip(entry["counts"], counts)]
+        entry["below"] += int((flat < lo).sum())
+        entry["above"] += int((flat > hi).sum())
+        entry["min"], entry["max"] = min(entry["min"], float(flat.min())), max(entry["max"], float(flat.max()))
 
     def rows(self) -> list[dict]:
         """One row per tensor, worst cosine first (TPU-MLIR's comparison order)."""
@@ -158,5 +181,6 @@ class TensorComparison:
                         "kind": layer.kind if layer else "input",
                         "device": layer.device if layer else "npu",
                         "dtype": self.qgraph.tensors[name].dtype, "samples": n,
-                        **{k: (v if k == "max_abs" else v / n) for k, v in sums.items()}})
+                        **{k: (v if k == "max_abs" else v / n) for k, v in sums.items()},
+                        **({"histogram": self.histograms[name]} if name in self.histograms else {})})
         return sorted(out, key=lambda r: r["cosine"])

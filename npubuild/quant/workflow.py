@@ -231,9 +231,15 @@ class Evaluation:
                          "max_abs": float(max(s.max_abs for s in sims)), "samples": len(sims)}
         return out
 
+    HISTOGRAMS_KEPT = 12
+
     def per_layer(self) -> list[dict]:
+        """Every NPU tensor, worst cosine first; the worst keep their calibration histogram."""
         rows = [dict(graph=f"graph_{i}", **row) for i, cmp in self.tensors.items() for row in cmp.rows()]
-        return sorted(rows, key=lambda r: r["cosine"])
+        rows = sorted(rows, key=lambda r: r["cosine"])
+        for row in rows[self.HISTOGRAMS_KEPT:]:
+            row.pop("histogram", None)
+        return rows
 
     def crosscheck_summary(self) -> dict:
         return {f"graph_{i}": c.result.summary() for i, c in self.crosscheck.items()}

@@ -210,8 +210,13 @@ class VerifySpec(Strict):
     min_sqnr_db: float | None = Field(None, description="Per model output, if set.")
     max_abs: float | None = Field(None, ge=0, description="Largest allowed absolute error, if set.")
     detections: Literal["yolov8"] | None = Field(
-        None, description="Draw float and deployed boxes on the first verify image: the outputs "
+        None, description="Find boxes with the float model and with the deployed pipeline on "
+                          "every verify image and draw them (verify/detections.png): the outputs "
                           "are YOLOv8's (output0, or the per-scale head tensors p3/p4/p5).")
+    class_names: list[str] | None = Field(
+        None, description="Detection class names by class id, for the boxes' labels; default: "
+                          "the model's `names` metadata (as Ultralytics exports write it), else "
+                          "the class ids.")
 
 
 class Recipe(Strict):

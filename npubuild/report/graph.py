@@ -8,6 +8,7 @@ from collections import Counter
 
 from npubuild.report.artifacts import BuildArtifacts
 from npubuild.report.html import details, fmt, generic, kv_table, para, records, table
+from npubuild.report.splitgraph import split_graph_svg
 
 NODE_LIMIT = 500
 
@@ -112,19 +113,17 @@ def _graph(index) -> str:
 
 # -- segments ----------------------------------------------------------------------------------
 def segments_section(a: BuildArtifacts) -> str:
-    out = ""
-    if a.exists("split/segments.svg"):
-        out += (f"<figure>{a.picture(a.path('split/segments.svg'), 'NPU and CPU submodels')}"
-                "<figcaption>split/segments.svg: the submodels in run order</figcaption></figure>")
-    else:
-        out += a.not_built("split", "split/segments.svg")
     infos = a.json("split/graph_infos.json")
     if infos is None:
-        return out + a.not_built("split", "split/graph_infos.json")
+        return a.not_built("split", "split/graph_infos.json")
+    picture = split_graph_svg(infos, a.json("split/support.json"))
+    out = (f"<figure>{picture}<figcaption>split/graph_infos.json, laid out by grandalf: "
+           "submodels in green (NPU) and grey (CPU), the tensors between them; hover for names. "
+           "<code>npubuild view RECIPE split</code> opens a submodel in Netron.</figcaption></figure>"
+           if picture else "")
     rows = [[f"graph_{i}", g.get("device"), ", ".join(g.get("inputs") or []),
              ", ".join(g.get("outputs") or []), (g.get("model_info") or {}).get("model_path")]
             for i, g in enumerate(infos.get("graphs") or [])]
     out += table(["submodel", "device", "inputs", "outputs", "file"], rows)
     extra = {k: infos.get(k) for k in ("platform", "layout", "dynamic", "graph_num")}
-    return out + generic(extra)
-
+    return out + details("graph_infos.json fields", generic(extra))

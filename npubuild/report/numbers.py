@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from npubuild.report import charts, timeline
 from npubuild.report.artifacts import BuildArtifacts
 from npubuild.report.html import Raw, details, esc, fmt, generic, kv_table, para, table
 
@@ -34,8 +35,45 @@ def quantization_section(a: BuildArtifacts) -> str:
     out += _cpu_layers(summary.get("graphs") or {})
     crosscheck = per_layer.get("crosscheck") or summary.get("crosscheck")
     if crosscheck:
-        out += "<h3>Integer reference vs QDQ model in ONNX Runtime</h3>" + generic(crosscheck)
-    return out + _layers(per_layer.get("tensors") or []) + _ranges(calibration)
+        out += details("integer reference vs the QDQ model in ONNX Runtime (cross-check)",
+                       generic(crosscheck))
+    tensors = per_layer.get("tensors") or []
+    chart = charts.layer_error_chart(network_order(a, tensors),
+                                     (a.recipe.get("verify") or {}).get("min_cosine"))
+    if chart:
+        out += f"<h3>Error per layer, input to output</h3><figure>{chart}</figure>"
+    out += _histograms(tensors)
+    return out + _layers(tensors) + _ranges(calibration)
+
+
+HISTOGRAMS_SHOWN = 6
+
+
+def _histograms(tensors: list[dict]) -> str:
+    """Calibration histograms of the worst tensors that recorded one (quantize keeps them for
+    its worst few)."""
+    worst = sorted((t for t in tensors if t.get("histogram")), key=_worst_first)[:HISTOGRAMS_SHOWN]
+    if not worst:
+        return ""
+    cells = "".join(f"<figure>{charts.histogram_chart(t)}</figure>" for t in worst)
+    return (f"<h3>Calibration histograms of the {len(worst)} worst tensors</h3>"
+            f'<div class="gallery">{cells}</div>'
+            + para("float values on the verify data over each tensor's quantized range "
+                   "(log counts); values outside the range are clipped", "note"))
+
+
+def network_order(a: BuildArtifacts, tensors: list[dict]) -> list[dict]:
+    """Per-layer rows in the order the quantized graphs compute them (their ``layers``), so the
+    chart shows where along the network the error grows; rows the graphs do not name last."""
+    position: dict[tuple, int] = {}
+    for path in a.glob("quantize/graph_*.qgraph.json"):
+        graph = path.name.split(".")[0]
+        layers = (a.json(a.rel(path)) or {}).get("layers") or []
+        for layer in layers:
+            for out in layer.get("outputs") or []:
+                position.setdefault((graph, out), len(position))
+    end = len(position)
+    return sorted(tensors, key=lambda r: position.get((r.get("graph"), r.get("tensor")), end))
 
 
 def _cpu_layers(graphs: dict) -> str:
@@ -98,19 +136,26 @@ def _ranges(calibration: dict) -> str:
 # -- compile: groups and LMEM timelines --------------------------------------------------------
 def lmem_section(a: BuildArtifacts) -> str:
     plans = a.glob("compile/**/plan*.json")
-    pictures = a.glob("compile/**/*.svg")
-    if not plans and not pictures:
+    if not plans:
         return a.not_built("compile", "compile/…/plan.json")
-    out = "".join(_plan(a, path) for path in plans)
-    if not pictures:
-        return out + para("no LMEM timeline pictures in compile/", "not-built")
-    out += f"<h3>LMEM timelines ({len(pictures)})</h3>"
-    for i, path in enumerate(pictures[:PICTURE_LIMIT]):
-        figure = f'<figure class="wide">{a.picture(path, f"LMEM timeline {path.stem}")}</figure>'
-        out += details(a.rel(path), figure, open_=i < OPEN_PICTURES)
-    if len(pictures) > PICTURE_LIMIT:
-        out += para(f"{len(pictures) - PICTURE_LIMIT} more timelines in compile/ not shown",
-                    "hidden-note")
+    out = ""
+    for path in plans:
+        plan = a.json(a.rel(path))
+        out += _plan(a, path)
+        chip = plan.get("chip") or {}
+        capacity, bank = chip.get("lmem_bytes_per_lane"), chip.get("bank_bytes")
+        npu = [g for g in plan.get("groups") or [] if g.get("device", "npu") == "npu"]
+        for i, group in enumerate(npu[:PICTURE_LIMIT]):
+            figure = timeline.lmem_timeline(group, capacity or 0, bank)
+            if not figure:
+                continue
+            summary = (f"LMEM timeline of group {group.get('index')}: "
+                       f"{len(group.get('buffers') or [])} buffers over "
+                       f"{group.get('timesteps')} timesteps (hover a buffer for its name)")
+            out += details(summary, f"<figure>{figure}</figure>", open_=i < OPEN_PICTURES)
+        if len(npu) > PICTURE_LIMIT:
+            out += para(f"{len(npu) - PICTURE_LIMIT} more groups' timelines not drawn "
+                        f"(see {a.rel(path)})", "hidden-note")
     return out
 
 
@@ -182,5 +227,5 @@ def _estimate_table(estimate: dict) -> str:
         rows.append([label, with_, without, ratio])
         used |= {grouped, baseline}
     out = table(["", "with layer grouping", "one layer per group", "ratio"], rows)
-    extra = [(k, v) for k, v in estimate.items() if k not in used]
+    extra = [(k, v) for k, v in estimate.items() if k not in used and k != "graphs"]
     return out + (kv_table(extra) if extra else "")

@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from npubuild.report.artifacts import BuildArtifacts
+from npubuild.report.headline import exact
 from npubuild.report.html import (Raw, badge, details, esc, fmt, generic, kv_table, para,
                                   pre_json, table)
 
 METRICS = ("cosine", "euclid", "sqnr_db", "max_abs")
 PASS_WORDS = ("pass", "passed", "ok", "accept", "accepted", "true")
 KNOWN_VERIFY = {"outputs", "accuracy", "verdict", "passed", "reasons", "failures", "thresholds",
-                "bisection", "simulator"}
+                "bisection", "simulator", "npu_outputs", "detections", "data"}
 OK_STATUS = {"built": "ok", "cached": "ok", "restored": "ok", "failed": "bad"}
 
 
@@ -55,6 +56,9 @@ def verify_section(a: BuildArtifacts) -> str:
         kind, text = verdict(a)
         out = f'<p class="verdict">{badge(text, kind)}</p>' + _reasons(data)
         out += metrics_table(_outputs(data), thresholds(a, data))
+        if isinstance(data.get("npu_outputs"), dict) and data["npu_outputs"]:
+            out += ("<h3>Tensors the NPU hands over (vs the float pipeline)</h3>"
+                    + metrics_table(data["npu_outputs"], thresholds(a, data), label="tensor"))
         if data.get("bisection"):
             out += "<h3>Stage bisection</h3>" + generic(data["bisection"])
         extra = {k: v for k, v in data.items() if k not in KNOWN_VERIFY}
@@ -62,7 +66,11 @@ def verify_section(a: BuildArtifacts) -> str:
             out += details("other verify fields", generic(extra))
     simulator = (data or {}).get("simulator") or a.report.get("simulator")
     if simulator:
-        out += "<h3>Simulator</h3>" + generic(simulator)
+        out += "<h3>Simulator vs integer reference</h3>" + kv_table(
+            [(k, v) for k, v in simulator.items() if not isinstance(v, (dict, list))])
+        nested = {k: v for k, v in simulator.items() if isinstance(v, (dict, list))}
+        if nested:
+            out += details("per submodel", generic(nested))
     return out + _detections(a, data or {})
 
 
@@ -74,31 +82,32 @@ def thresholds(a: BuildArtifacts, data: dict) -> dict:
             if spec.get(k) is not None}
 
 
-def metrics_table(outputs: Any, limits: dict) -> str:
+def metrics_table(outputs: Any, limits: dict, label: str = "output") -> str:
     if not isinstance(outputs, dict) or not outputs:
         return para("no per-output metrics recorded", "not-built")
     extra = [k for m in outputs.values() if isinstance(m, dict) for k in m
              if k not in METRICS and not isinstance(m[k], (dict, list))]
+    extra.sort(key=lambda k: k != "min_sample_cosine")  # the verdict's figure next to cosine
     columns = [*METRICS, *dict.fromkeys(extra)]
     rows, classes = [], []
     for name, m in outputs.items():
         m = m if isinstance(m, dict) else {}
         rows.append([name, *(_metric(m.get(c), c) for c in columns)])
         classes.append(["", *(_judge(m.get(c), c, limits) for c in columns)])
-    out = table(["output", *columns], rows, classes=classes)
+    out = table([label, *columns], rows, classes=classes)
     if limits:
-        out += para("thresholds: " + ", ".join(f"{k} {fmt(v)}" for k, v in limits.items()), "note")
+        out += para("thresholds: " + ", ".join(f"{k} {exact(v)}" for k, v in limits.items()), "note")
     return out
 
 
 def _metric(value: Any, column: str) -> Any:
-    return Raw(esc(fmt(value, 6))) if column == "cosine" else value
+    return Raw(esc(fmt(value, 6))) if "cosine" in column else value
 
 
 def _judge(value: Any, column: str, limits: dict) -> str:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return ""
-    low = limits.get(f"min_{column}")
+    low = limits.get("min_cosine" if column == "min_sample_cosine" else f"min_{column}")
     high = limits.get(column) if column == "max_abs" else limits.get(f"max_{column}")
     if (low is not None and value < low) or (high is not None and value > high):
         return "bad"
@@ -121,14 +130,32 @@ def _reasons(data: dict) -> str:
 
 def _detections(a: BuildArtifacts, data: dict) -> str:
     pictures = a.glob("verify/detections*.png") + a.glob("verify/detections*.jpg")
-    if not pictures:
+    info = data.get("detections") if isinstance(data.get("detections"), dict) else {}
+    if not pictures and not info:
         return ""
-    out = "<h3>Detections: float vs deployed</h3>"
+    out = "<h3>Detections: float (green) vs deployed (red)</h3>"
+    if info:
+        out += para(f"{fmt(info.get('matched'))} of {fmt(info.get('float_boxes'))} float boxes "
+                    f"found again by the deployed pipeline (same class, IoU ≥ 0.5) on "
+                    f"{fmt(info.get('images'))} images; class names from "
+                    f"{info.get('class_names', 'the model')}.")
     for path in pictures:
         out += f"<figure>{a.picture(path, 'detections: float and deployed boxes')}"
         out += f"<figcaption>{esc(a.rel(path))}</figcaption></figure>"
-    info = data.get("detections")
-    return out + (generic(info) if isinstance(info, (dict, list)) else "")
+    images = info.get("per_image") or []
+    if images:
+        rows = [[i.get("image"), _boxes(i.get("float")), _boxes(i.get("deployed")),
+                 i.get("matched")] for i in images if isinstance(i, dict)]
+        out += details(f"boxes per image ({len(rows)})",
+                       table(["image", "float", "deployed", "matched"], rows, limit=len(rows)))
+    return out
+
+
+def _boxes(found: Any) -> str:
+    if not isinstance(found, list) or not found:
+        return "—"
+    return "; ".join(f"{b.get('name', b.get('class'))} {fmt(b.get('score'))}"
+                     for b in found if isinstance(b, dict))
 
 
 # -- recipe and lock ---------------------------------------------------------------------------
@@ -148,7 +175,7 @@ def recipe_section(a: BuildArtifacts) -> str:
         files += len(info.get("files") or {})
     out += "<h3>Lock: stage keys and artifact hashes</h3>"
     return out + details(f"{len(rows) - files} stage keys, {files} artifact hashes (recipe.lock)",
-                         table(["stage", "file", "sha256"], rows, limit=500), open_=True)
+                         table(["stage", "file", "sha256"], rows, limit=500))
 
 
 def _hash(digest: Any) -> Raw:
@@ -175,15 +202,27 @@ def stages_section(a: BuildArtifacts) -> str:
     stages = a.report.get("stages")
     if not stages:
         return a.not_built("the build", "report.json")
-    rows = []
+    rows, total = [], 0.0
     for name, info in stages.items():
         status = str(info.get("status", "?"))
-        rows.append([name, badge(status, OK_STATUS.get(status, "muted")), info.get("seconds"),
-                     _hash(info.get("key")), info.get("reason", "")])
-    total = sum(info.get("seconds") or 0.0 for info in stages.values())
-    out = table(["stage", "status", "seconds", "key", "why it ran"], rows)
-    return out + para(f"last run: {fmt(total)} s in stages; built = ran now, restored = copied "
-                      "from the content cache, cached = already current", "note")
+        built_in = build_seconds(a, name, info)
+        total += built_in or 0.0
+        rows.append([name, badge(status, OK_STATUS.get(status, "muted")), built_in,
+                     info.get("seconds"), _hash(info.get("key")), info.get("reason", "")])
+    out = table(["stage", "this run", "build seconds", "seconds this run", "key", "why"], rows)
+    return out + para(f"build seconds: how long the run that built each stage's artifacts took "
+                      f"({fmt(total)} s in all). built = ran in this run, "
+                      "restored = copied from the content cache, cached = already current.", "note")
+
+
+def build_seconds(a: BuildArtifacts, stage: str, info: dict) -> float | None:
+    """Seconds the stage took in the run that built its current artifacts (report.json's
+    ``built_seconds``, else the manifest's), not this run's 0 s for a cached stage."""
+    if isinstance(info.get("built_seconds"), (int, float)):
+        return float(info["built_seconds"])
+    manifest = a.json(f"{stage}/manifest.json")
+    seconds = manifest.get("seconds") if isinstance(manifest, dict) else None
+    return float(seconds) if isinstance(seconds, (int, float)) else None
 
 
 def header_facts(a: BuildArtifacts) -> list[tuple[str, Any]]:

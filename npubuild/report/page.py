@@ -15,20 +15,21 @@ from typing import Callable
 from npubuild.atomic import write_text
 from npubuild.report import graph, numbers, overview
 from npubuild.report.artifacts import BuildArtifacts, UnreadableArtifact
-from npubuild.report.html import badge, esc, kv_table
+from npubuild.report.headline import headline
+from npubuild.report.html import esc, fmt
 
 log = logging.getLogger("npubuild")
 
 SECTIONS: tuple[tuple[str, str, Callable[[BuildArtifacts], str]], ...] = (
-    ("verify", "Verdict and verify metrics", overview.verify_section),
-    ("recipe", "Recipe and lock hashes", overview.recipe_section),
     ("stages", "Stages", overview.stages_section),
-    ("model", "Model and rewrites", graph.model_section),
+    ("verify", "Verify: deployed pipeline vs float", overview.verify_section),
+    ("segments", "Split: segments and the tensors between them", graph.segments_section),
     ("coverage", "Op coverage", graph.coverage_section),
-    ("segments", "Segments", graph.segments_section),
     ("quantization", "Quantization per layer", numbers.quantization_section),
-    ("lmem", "Layer groups and LMEM timelines", numbers.lmem_section),
+    ("lmem", "Layer groups and LMEM", numbers.lmem_section),
     ("estimate", "Performance estimate", numbers.estimate_section),
+    ("model", "Model and rewrites", graph.model_section),
+    ("recipe", "Recipe and lock hashes", overview.recipe_section),
 )
 
 # What an artifact in an unexpected shape raises while a section reads it.
@@ -36,14 +37,28 @@ SECTION_ERRORS = (UnreadableArtifact, KeyError, TypeError, ValueError, Attribute
                   IndexError, StopIteration, OSError)
 
 CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; color: #222; margin: 0 auto; max-width: 1200px;
-       padding: 0 24px 48px; }
-header { border-bottom: 2px solid #ddd; margin-bottom: 8px; }
-h1 { font-size: 24px; margin: 20px 0 6px; } h2 { font-size: 19px; margin: 0 0 8px; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328;
+       margin: 0 auto; max-width: 1240px; padding: 0 24px 48px; }
+header { border-bottom: 2px solid #d0d7de; margin-bottom: 8px; padding-bottom: 6px; }
+h1 { font-size: 22px; margin: 18px 0 2px; } h2 { font-size: 18px; margin: 0 0 8px; }
 h3 { font-size: 15px; margin: 16px 0 6px; } h4 { font-size: 13px; margin: 10px 0 4px; }
-nav a { margin-right: 12px; white-space: nowrap; }
+p.facts { margin: 0 0 10px; color: #57606a; font-size: 13px; }
+nav { font-size: 13px; margin-top: 8px; } nav a { margin-right: 12px; white-space: nowrap; }
 section { border-top: 1px solid #e4e4e4; padding: 14px 0; }
-table { border-collapse: collapse; margin: 6px 0; font-size: 13px; }
+.headline { display: grid; gap: 10px;
+            grid-template-columns: minmax(120px, .8fr) minmax(300px, 2.3fr) repeat(4, minmax(140px, 1fr)); }
+.tile { border: 1px solid #d0d7de; border-radius: 8px; padding: 8px 12px; background: #f6f8fa;
+        min-width: 0; }
+table.mini { margin: 0; font-size: 12px; } table.mini td, table.mini th { border: 0;
+  padding: 0 8px 0 0; font-weight: normal; background: none; position: static; }
+table.mini th { color: #6e7781; } table.mini code { font-size: 11.5px; }
+table.mini tr.bad td { color: #c62828; font-weight: 600; }
+.tile-title { font-size: 12px; color: #57606a; text-transform: uppercase; letter-spacing: .03em; }
+.tile-value { font-size: 22px; font-weight: 650; margin: 2px 0; font-variant-numeric: tabular-nums; }
+.tile-detail { font-size: 12px; color: #424a53; font-variant-numeric: tabular-nums; }
+.tile-detail div { overflow-wrap: anywhere; }
+.tile-detail .bad { color: #c62828; font-weight: 600; } .muted { color: #6e7781; }
+table { border-collapse: collapse; margin: 6px 0; font-size: 13px; font-variant-numeric: tabular-nums; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top;
          max-width: 520px; overflow-wrap: break-word; }
 th { white-space: nowrap; }
@@ -54,7 +69,7 @@ td.bad { background: #fde2e1; } td.warn { background: #fff1cc; } td.ok { backgro
          font-weight: 600; background: #eee; color: #444; }
 .badge.pass, .badge.ok { background: #2e7d32; color: white; }
 .badge.fail, .badge.bad { background: #c62828; color: white; }
-.verdict .badge { font-size: 18px; padding: 4px 16px; }
+.badge.big { font-size: 20px; padding: 2px 16px; }
 .not-built { color: #777; font-style: italic; }
 .note, .hidden-note { color: #666; font-size: 12px; }
 .warn { color: #8a5a00; } p.ok { color: #2e7d32; } .error { color: #c62828; }
@@ -62,7 +77,11 @@ details { margin: 6px 0; } summary { cursor: pointer; color: #1a4f8b; }
 pre { background: #f6f6f6; padding: 8px; overflow: auto; max-height: 480px; font-size: 12px; }
 code.hash { font-size: 12px; } figure { margin: 8px 0; } img { max-width: 100%; height: auto; }
 figcaption { color: #666; font-size: 12px; }
-figure.wide { overflow-x: auto; } figure.wide img { max-width: none; }
+svg.chart { display: block; max-width: 100%; height: auto; font: 12px system-ui, sans-serif; }
+svg.chart text { fill: #1f2328; } svg.chart .axis { stroke: #8c959f; }
+svg.chart rect:hover, svg.chart path.hover:hover { stroke: #111; stroke-width: 1.5; }
+.gallery { display: flex; flex-wrap: wrap; gap: 12px; }
+.gallery figure { flex: 0 1 372px; margin: 0; }
 """
 
 PAGE = Template("""<!DOCTYPE html>
@@ -75,8 +94,9 @@ PAGE = Template("""<!DOCTYPE html>
 </head>
 <body>
 <header>
-<h1>$title $verdict</h1>
+<h1>$title</h1>
 $facts
+$headline
 <nav>$nav</nav>
 </header>
 $sections
@@ -95,14 +115,21 @@ def render_report(build_dir: Path, *, stage_dirs: dict[str, Path] | None = None)
     """
     a = BuildArtifacts(Path(build_dir), {k: Path(v) for k, v in (stage_dirs or {}).items()})
     name = a.recipe.get("name") or Path(build_dir).name
-    kind, text = _guarded(lambda: overview.verdict(a),
-                          ("none", "no verdict: verify.json unreadable"))
-    facts = _guarded(lambda: kv_table(overview.header_facts(a)), "")
+    verdict = _guarded(lambda: overview.verdict(a), ("none", "no verdict: verify.json unreadable"))
+    facts = _guarded(lambda: facts_line(overview.header_facts(a)), "")
+    top = _guarded(lambda: headline(a, verdict, overview.thresholds(
+        a, a.json("verify/verify.json") or {})), "")
     return PAGE.substitute(
-        title=esc(f"npubuild report: {name}"), css=CSS, verdict=badge(text, kind), facts=facts,
+        title=esc(f"npubuild report: {name}"), css=CSS, headline=top, facts=facts,
         nav="\n".join(f'<a href="#{key}">{esc(title)}</a>' for key, title, _ in SECTIONS),
         sections="\n".join(_section(a, *entry) for entry in SECTIONS),
         build_dir=esc(Path(build_dir).name))
+
+
+def facts_line(facts: list) -> str:
+    """recipe · model · target · npubuild on one line under the title."""
+    return '<p class="facts">' + " · ".join(
+        f"{esc(k)} <code>{esc(fmt(v))}</code>" for k, v in facts if v is not None) + "</p>"
 
 
 def write_report(build_dir: Path, out: Path, *,

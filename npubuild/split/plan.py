@@ -88,9 +88,12 @@ class SplitPlan:
         count = Counter(s.device for s in self.segments)
         npu_nodes = sum(self.on_npu)
         cpu_ops = Counter(n.op_type for n, npu in zip(self.graph.nodes, self.on_npu) if not npu)
+        macs = [node_macs(NodeView(n, self.facts)) for n in self.graph.nodes]
+        npu_macs = sum(m for m, npu in zip(macs, self.on_npu) if npu)
         return {"chip": self.chip.name, "policy": self.spec.policy,
                 "npu_segments": count[NPU], "cpu_segments": count[CPU],
                 "npu_nodes": npu_nodes, "cpu_nodes": len(self.graph) - npu_nodes,
+                "npu_macs": npu_macs, "cpu_macs": sum(macs) - npu_macs,
                 "graphs": [{"index": s.index, "device": s.device, "nodes": len(s.nodes)}
                            for s in self.segments],
                 "cpu_ops": dict(cpu_ops.most_common())}

@@ -11,15 +11,18 @@ within 1e-4 of the output's magnitude).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import onnx
 
 from npubuild import onnx_io
 from npubuild.atomic import write_json
-from npubuild.errors import BuildError
+from npubuild.errors import BuildError, UserError
 from npubuild.frontends import onnx as onnx_frontend
 from npubuild.metrics import compare_outputs
 from npubuild.recipe import LoadedRecipe
@@ -44,8 +47,9 @@ def run(ctx: StageContext) -> dict:
         from npubuild.frontends import tensorflow as tf_frontend
 
         source = None
-        model = tf_frontend.convert(loaded.model_path, fmt, loaded.recipe.model.inputs,
-                                    loaded.recipe.model.outputs, loaded.recipe.model.opset or 17)
+        with at_recipe_fields(loaded):
+            model = tf_frontend.convert(loaded.model_path, fmt, loaded.recipe.model.inputs,
+                                        loaded.recipe.model.outputs, loaded.recipe.model.opset or 17)
         model = fix_inputs(loaded, model)
     if loaded.recipe.model.outputs and fmt == "onnx":
         model = cut_outputs(loaded, model)
@@ -60,15 +64,68 @@ def run(ctx: StageContext) -> dict:
     return {"import": summary}
 
 
+def check_signature(loaded: LoadedRecipe) -> dict:
+    """Check the recipe's input and output names against the model's signature without
+    converting anything (`npubuild validate`); return the model's input and output names.
+
+    ONNX is read without its external data and without TensorFlow; TensorFlow formats are
+    opened as import opens them (which resolves the same names). Errors point at the recipe
+    field and list the names the model has."""
+    fmt = loaded.model_format
+    if fmt != "onnx":
+        from npubuild.frontends import tensorflow as tf_frontend
+
+        with at_recipe_fields(loaded):
+            return tf_frontend.signature(loaded.model_path, fmt, loaded.recipe.model.inputs,
+                                         loaded.recipe.model.outputs)
+    model = onnx_io.load_model(loaded.model_path, load_external=False)
+    inputs = {v.name: v for v in onnx_io.graph_inputs(model)}
+    for index, spec in enumerate(loaded.recipe.model.inputs):
+        _input_named(loaded, inputs, spec.name, index)
+    _check_cut(loaded, model)
+    return {"inputs": list(inputs), "outputs": [o.name for o in model.graph.output]}
+
+
+@contextmanager
+def at_recipe_fields(loaded: LoadedRecipe) -> Iterator[None]:
+    """Re-raise a frontend's error about a recipe field (``model.inputs[0].name``) at that
+    field's line and column in the recipe."""
+    try:
+        yield
+    except UserError as exc:
+        if not exc.field or not exc.field.startswith("model."):
+            raise
+        path = [int(part) if part.isdigit() else part
+                for part in re.findall(r"[^.\[\]]+", exc.field)]
+        raise loaded.error(exc.message, *path, hint=exc.hint) from None
+
+
+def _check_cut(loaded: LoadedRecipe, model: onnx.ModelProto) -> None:
+    """Every ``model.outputs`` name is a tensor the model has."""
+    tensors = {v.name for v in model.graph.input} | {o for n in model.graph.node for o in n.output}
+    for index, name in enumerate(loaded.recipe.model.outputs or []):
+        if name not in tensors:
+            raise loaded.error(f"the model has no tensor {name!r} to cut at; its outputs: "
+                               f"{', '.join(o.name for o in model.graph.output)}",
+                               "model", "outputs", index,
+                               hint="model.outputs may name any tensor the model computes")
+
+
+def _input_named(loaded: LoadedRecipe, inputs: dict, name: str, index: int):
+    """The graph input the recipe's ``model.inputs[index]`` names (``x`` or ``x:0``)."""
+    value = inputs.get(name) or inputs.get(name.removesuffix(":0"))
+    if value is None:
+        raise loaded.error(f"the model has no input {name!r}; its inputs: "
+                           f"{', '.join(inputs) or '(none)'}", "model", "inputs", index, "name")
+    return value
+
+
 def fix_inputs(loaded: LoadedRecipe, model: onnx.ModelProto) -> onnx.ModelProto:
     """Apply the recipe's input shapes and check names, ranks and dtypes against the model."""
     model = onnx_io.clone(model)
     by_name = {v.name: v for v in onnx_io.graph_inputs(model)}
     for index, spec in enumerate(loaded.recipe.model.inputs):
-        value = by_name.get(spec.name) or by_name.get(spec.name.removesuffix(":0"))
-        if value is None:
-            raise loaded.error(f"the model has no input {spec.name!r}; its inputs: "
-                               f"{', '.join(by_name) or '(none)'}", "model", "inputs", index, "name")
+        value = _input_named(loaded, by_name, spec.name, index)
         if spec.dtype and np.dtype(spec.dtype) != onnx_io.value_dtype(value):
             raise loaded.error(f"input {value.name!r} is {onnx_io.value_dtype(value)} in the model, "
                                f"not {spec.dtype}", "model", "inputs", index, "dtype",
@@ -105,10 +162,7 @@ def set_shape(loaded: LoadedRecipe, value: onnx.ValueInfoProto, shape: list[int]
 def cut_outputs(loaded: LoadedRecipe, model: onnx.ModelProto) -> onnx.ModelProto:
     """Keep only what ``model.outputs`` needs (onnx.utils.Extractor)."""
     inferred = infer_shapes(model)
-    known = {o for n in inferred.graph.node for o in n.output} | {i.name for i in inferred.graph.input}
-    for index, name in enumerate(loaded.recipe.model.outputs or []):
-        if name not in known:
-            raise loaded.error(f"the model has no tensor {name!r} to cut at", "model", "outputs", index)
+    _check_cut(loaded, inferred)
     inputs = [v.name for v in onnx_io.graph_inputs(inferred)]
     extracted = onnx.utils.Extractor(inferred).extract_model(inputs, list(loaded.recipe.model.outputs))
     extracted.functions.extend(model.functions)

@@ -99,7 +99,8 @@ def run(ctx: StageContext) -> dict:
             "graphs": {q.name: _graph_summary(q) for q in workflow.qgraphs().values()},
             "files": files, "crosscheck": {g: {k: v for k, v in c.items() if k != "worst_layers"}
                                            for g, c in crosscheck.items()},
-            "worst_tensors": per_layer[:5], "overrides": overrides},
+            "worst_tensors": [{k: v for k, v in row.items() if k != "histogram"}
+                              for row in per_layer[:5]], "overrides": overrides},
         "accuracy": {"outputs": outputs, "data": "verify" if verify_data else "calibration"},
     }
 

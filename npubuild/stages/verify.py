@@ -160,19 +160,26 @@ def bisect_sample(dirs, pipeline, reference, feeds, min_cosine: float) -> dict:
 
 def detections(ctx, info, images: list[Path], refs: list[dict], gots: list[dict],
                floats: list[dict], outputs: list[str]) -> dict:
-    """Boxes found by the float model and by the deployed pipeline on every verify image,
-    their agreement, and the picture of the first image."""
+    """Boxes found by the float model and by the deployed pipeline on every verify image, their
+    agreement, and the picture of every image (green: float, red: deployed, class names)."""
     from npubuild.verify import detections as det
 
     hw = tuple(info.shape[2:]) if info.layout != "NHWC" else tuple(info.shape[1:3])
+    names = det.class_names(onnx_io.load_model(ctx.upstream["import"] / "model.onnx"),
+                            ctx.recipe.verify.class_names)
     totals = {"float_boxes": 0, "deployed_boxes": 0, "matched": 0}
-    for index, (ref, got, flt) in enumerate(zip(refs, gots, floats)):
+    found, per_image = [], []
+    for path, ref, got, flt in zip(images, refs, gots, floats):
         reference = det.boxes(det.yolov8_output0({n: {**flt, **ref}[n] for n in outputs}, hw))
         deployed = det.boxes(det.yolov8_output0({n: got[n] for n in outputs}, hw))
-        for key, value in det.agreement(reference, deployed).items():
+        agreement = det.agreement(reference, deployed)
+        for key, value in agreement.items():
             totals[key] += value
-        if index == 0:
-            det.draw(images[0], hw, reference, deployed, ctx.out / "detections.png")
+        found.append((reference, deployed))
+        per_image.append({"image": path.name, "float": det.as_records(reference, names),
+                          "deployed": det.as_records(deployed, names), **agreement})
+    det.draw(images[:len(found)], hw, found, names, ctx.out / "detections.png")
     recall = totals["matched"] / totals["float_boxes"] if totals["float_boxes"] else None
-    return {"image": str(images[0]), "picture": "detections.png", "images": len(refs),
-            **totals, "box_recall": recall}
+    return {"picture": "detections.png", "images": len(refs), **totals, "box_recall": recall,
+            "class_names": "recipe" if ctx.recipe.verify.class_names else
+            "model metadata" if names else "none (class ids)", "per_image": per_image}

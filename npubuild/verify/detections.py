@@ -53,23 +53,71 @@ def agreement(reference: list, deployed: list) -> dict:
     return {"float_boxes": len(reference), "deployed_boxes": len(deployed), "matched": matched}
 
 
-def draw(image_path: Path, input_hw: tuple[int, int], reference: list, deployed: list,
-         out: Path) -> Path:
-    """The image at the model's input size with float boxes (green) and deployed ones (red)."""
-    from PIL import Image, ImageDraw
+def class_names(model, given: list[str] | None) -> list[str]:
+    """Class names by id: the recipe's ``verify.class_names``, else the model's ``names``
+    metadata (Ultralytics writes ``{0: 'person', ...}``), else none (boxes show ids)."""
+    import ast
+
+    if given:
+        return list(given)
+    meta = {p.key: p.value for p in model.metadata_props}
+    try:
+        names = ast.literal_eval(meta.get("names", "")) if meta.get("names") else None
+    except (ValueError, SyntaxError):
+        return []
+    if isinstance(names, dict):
+        return [str(names[k]) for k in sorted(names)]
+    return [str(n) for n in names] if isinstance(names, (list, tuple)) else []
+
+
+def label(cls: int, names: list[str]) -> str:
+    return names[cls] if 0 <= cls < len(names) else f"class {cls}"
+
+
+def as_records(found: list, names: list[str]) -> list[dict]:
+    """Boxes for verify.json: corners in input pixels (0.1 px), class id and name, score."""
+    return [{"box": [round(v, 1) for v in b[:4]], "class": b[4], "name": label(b[4], names),
+             "score": round(b[5], 3)} for b in found]
+
+
+TILE = 300          # px per image in the picture (the model input rescaled)
+COLUMNS = 4
+FONT_PX = 14
+
+
+def draw(images: list[Path], input_hw: tuple[int, int], found: list[tuple[list, list]],
+         names: list[str], out: Path) -> Path:
+    """Every verify image at the model's input size, float boxes (green, thick) and deployed
+    boxes (red), each labelled with its class name and score, in a grid with a caption row."""
+    from PIL import Image, ImageDraw, ImageFont
 
     from npubuild.atomic import atomic_path
 
-    with Image.open(image_path) as img:
-        canvas = img.convert("RGB").resize((input_hw[1], input_hw[0]))
-    scale = 2
-    canvas = canvas.resize((canvas.width * scale, canvas.height * scale))
-    pen = ImageDraw.Draw(canvas)
-    for colour, found, width in (("#22c55e", reference, 4), ("#ef4444", deployed, 2)):
-        for x1, y1, x2, y2, cls, score in found:
-            pen.rectangle([x1 * scale, y1 * scale, x2 * scale, y2 * scale], outline=colour, width=width)
-            pen.text((x1 * scale + 3, y1 * scale + 2), f"{cls}:{score:.2f}", fill=colour)
-    pen.text((6, 6), "green: float   red: deployed", fill="#ffffff")
+    font = ImageFont.load_default(size=FONT_PX)
+    rows = -(-len(images) // COLUMNS)
+    caption = FONT_PX + 12
+    sheet = Image.new("RGB", (TILE * min(COLUMNS, len(images)), rows * (TILE + caption)), "white")
+    for i, (path, (reference, deployed)) in enumerate(zip(images, found)):
+        with Image.open(path) as img:
+            tile = img.convert("RGB").resize((input_hw[1], input_hw[0])).resize((TILE, TILE))
+        sx, sy = TILE / input_hw[1], TILE / input_hw[0]
+        pen = ImageDraw.Draw(tile)
+        for colour, boxes, width, below in (("#16a34a", reference, 4, False),
+                                            ("#dc2626", deployed, 2, True)):
+            for x1, y1, x2, y2, cls, score in boxes:
+                box = [x1 * sx, y1 * sy, x2 * sx, y2 * sy]
+                pen.rectangle(box, outline=colour, width=width)
+                text = f"{label(cls, names)} {score:.2f}"
+                tx, ty = box[0] + 2, (box[3] - FONT_PX - 6) if below else box[1] + 2
+                left, top, right, bottom = pen.textbbox((tx, ty), text, font=font)
+                pen.rectangle([left - 2, top - 2, right + 2, bottom + 2], fill=colour)
+                pen.text((tx, ty), text, fill="white", font=font)
+        x, y = (i % COLUMNS) * TILE, (i // COLUMNS) * (TILE + caption)
+        sheet.paste(tile, (x, y))
+        ImageDraw.Draw(sheet).text(
+            (x + 6, y + TILE + 4), f"{path.name}: {len(reference)} float / {len(deployed)} deployed",
+            fill="#111", font=font)
     with atomic_path(out) as tmp:
-        canvas.save(tmp, format="PNG")
+        # an adaptive 256-colour palette keeps the photos recognisable at a third of the size
+        sheet.quantize(colors=256).save(tmp, format="PNG", optimize=True)
     return out

@@ -34,6 +34,17 @@ window.addEventListener("load", () => {
 </body>"""
 
 
+FIT_PROBE = """<script>
+window.addEventListener("load", () => {
+  const widths = Array.from(document.querySelectorAll("svg")).map(s => s.getBoundingClientRect().width);
+  document.body.dataset.scrollWidth = document.documentElement.scrollWidth;
+  document.body.dataset.headlineBottom = Math.round(document.querySelector(".headline").getBoundingClientRect().bottom);
+  document.body.dataset.widestSvg = Math.round(Math.max(0, ...widths));
+});
+</script>
+</body>"""
+
+
 def chromium(profile: Path, *args: str) -> str:
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
            "--no-first-run", "--disable-background-networking", "--disable-component-update",
@@ -63,6 +74,21 @@ def test_report_renders_to_a_screenshot_that_is_not_blank(page, tmp_path):
 
 
 @NEEDS_CHROMIUM
+def test_the_headline_and_the_charts_fit_a_laptop_screen(page, tmp_path):
+    """At 1280 px nothing is wider than the window (the LMEM timeline of 157 timesteps used to
+    be 7,106 px), and the headline row is on the first screen."""
+    probe = tmp_path / "fit.html"
+    probe.write_text(page.read_text().replace("</body>", FIT_PROBE))
+    dom = chromium(tmp_path / "profile", "--window-size=1280,900", "--dump-dom", probe.as_uri())
+    fit = re.search(r'data-scroll-width="(\d+)" data-headline-bottom="(\d+)" '
+                    r'data-widest-svg="(\d+)"', dom)
+    assert fit, "the layout probe did not run"
+    scroll_width, headline_bottom, widest_svg = map(int, fit.groups())
+    assert scroll_width <= 1280 and widest_svg <= 1240
+    assert headline_bottom < 900
+
+
+@NEEDS_CHROMIUM
 def test_report_shows_every_section_and_loads_every_picture(page, tmp_path):
     html = page.read_text()
     probe = tmp_path / "probe.html"
@@ -75,7 +101,7 @@ def test_report_shows_every_section_and_loads_every_picture(page, tmp_path):
     images = int(body.group(1))
     assert images == html.count("<img ") >= 1 and body.group(2) == "0"
     assert 'class="error"' not in dom, "a section could not be drawn from the real artifacts"
-    assert "segments.svg" in dom and "Op coverage" in dom
+    assert "graph_0 · NPU" in dom and "Op coverage" in dom
 
 
 @NEEDS_CHROMIUM

@@ -28,8 +28,12 @@ def test_full_yolov8_run_passes_verify_with_sane_report_figures(yolov8_build):
     assert report["split"]["npu_segments"] == 1
     detections = report["verify"]["detections"]
     assert detections["float_boxes"] >= 1 and detections["box_recall"] >= 0.5
-    picture = Image.open(build_dir / "verify" / "detections.png")
-    assert picture.size == (640, 640) and np.asarray(picture).std() > 10
+    images = detections["per_image"]
+    assert len(images) == detections["images"] == 7
+    named = [b["name"] for i in images for b in i["float"] + i["deployed"]]
+    assert named and all(n.isupper() for n in named)  # nudenet's labels, not class ids
+    picture = Image.open(build_dir / "verify" / "detections.png")  # every image, 4 per row
+    assert picture.size == (1200, 2 * (300 + 26)) and np.asarray(picture.convert("L")).std() > 10
     assert (build_dir / "report.html").stat().st_size > 10_000
 
 

@@ -169,3 +169,16 @@ def test_second_concurrent_run_fails_clearly_when_it_may_not_wait(tiny_recipe, t
         with pytest.raises(BuildLocked, match="another npubuild run .* is writing"):
             api.build(session, "import", wait_seconds=0.3)
         assert time.monotonic() - started < 5
+
+
+def test_a_cached_stage_keeps_the_build_time_of_the_run_that_built_it(tiny_recipe, tmp_path):
+    first = build(tiny_recipe, tmp_path, "split")
+    built = {s: r.seconds for s, r in first.results.items() if r.status == "built"}
+    build(tiny_recipe, tmp_path, "split")
+    stages = {s: e for s, e in json.loads(
+        (tmp_path / "build" / "tiny" / "report.json").read_text())["stages"].items() if s in built}
+    assert len(built) == 4 and {s: e["status"] for s, e in stages.items()} == dict.fromkeys(
+        built, "cached")
+    assert all(e["seconds"] == 0 for e in stages.values())
+    assert {s: e["built_seconds"] for s, e in stages.items()} == {
+        s: round(v, 3) for s, v in built.items()}

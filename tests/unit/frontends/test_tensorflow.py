@@ -1,4 +1,5 @@
-"""The TensorFlow frontend on one small Keras CNN saved in every format it reads.
+"""The TensorFlow frontend on one small Keras CNN (Conv+BatchNorm+ReLU, then a MobileNetV3
+block: hard-swish and squeeze-and-excite) saved in every format it reads.
 
 Each conversion is checked three ways on the same random input: ONNX Runtime on the converted
 model vs `run_source` (the source framework) within 1e-4, and `run_source` vs the Keras model
@@ -57,7 +58,12 @@ def _cnn(keras):
     norm = keras.layers.BatchNormalization()
     x = keras.layers.ReLU()(norm(x))
     features = keras.layers.GlobalAveragePooling2D(name="features")(x)
-    logits = keras.layers.Dense(5, name="logits")(features)
+    # MobileNetV3's block: 1x1 conv, hard-swish (x + 3 with a scalar), squeeze-and-excite Mul
+    y = keras.layers.Activation("hard_swish")(keras.layers.Conv2D(6, 1)(x))
+    excite = keras.layers.Conv2D(6, 1, activation="hard_sigmoid")(
+        keras.layers.GlobalAveragePooling2D(keepdims=True)(y))
+    y = keras.layers.Multiply()([y, excite])
+    logits = keras.layers.Dense(5, name="logits")(keras.layers.GlobalAveragePooling2D()(y))
     rng = np.random.default_rng(0)  # non-trivial statistics, so folding BatchNorm is tested
     norm.set_weights([rng.uniform(0.5, 2, 8), rng.normal(0, 1, 8), rng.normal(0, 1, 8),
                       rng.uniform(0.5, 2, 8)])
@@ -103,6 +109,8 @@ def test_conversion_matches_the_source_framework(models, case):
     if fmt != "tflite":  # the recipe's batch reached tf2onnx (its TFLite path ignores shapes)
         assert all(value_shape(o)[0] == 1 for o in model.graph.output)
     assert model.ir_version <= MAX_ORT_IR_VERSION
+    # NHWC → NCHW once at the input; none left between the ops (layout, issue class 9)
+    assert [n.op_type for n in model.graph.node].count("Transpose") == 1
     assert {(o.domain, o.version) for o in model.opset_import} >= {("", 17)}
 
     feeds = {input_name: models.x}
@@ -216,3 +224,33 @@ def test_importing_the_frontend_does_not_load_tensorflow():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parents[3])
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.slow
+def test_sparse_tflite_weights_are_densified_before_tf2onnx(tmp_path):
+    tf = tf_frontend._tensorflow()
+    keras = tf.keras
+    with tf_frontend._quiet():
+        keras.utils.set_random_seed(0)
+        image = keras.Input(SHAPE[1:], name="image")
+        x = keras.layers.Conv2D(16, 3, padding="same", activation="relu")(image)
+        model = keras.Model(image, keras.layers.GlobalAveragePooling2D()(keras.layers.Conv2D(24, 1)(x)))
+        rng = np.random.default_rng(1)
+        for layer in model.layers:  # 80 % zeros: the converter stores the weights sparse
+            if isinstance(layer, keras.layers.Conv2D):
+                kernel, bias = layer.get_weights()
+                layer.set_weights([kernel * (rng.random(kernel.shape) < 0.2), bias])
+        converter = tf.lite.TFLiteConverter.from_keras_model(model)
+        converter.optimizations = [tf.lite.Optimize.EXPERIMENTAL_SPARSITY]
+        path = tmp_path / "sparse.tflite"
+        path.write_bytes(converter.convert())
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    codes = flatbuffer_utils.read_model(str(path)).operatorCodes
+    assert 124 in {c.builtinCode for c in codes}  # DENSIFY: the model really is sparse
+    inputs = [spec("serving_default_image")]
+    converted = tf_frontend.convert(path, "tflite", inputs, None)
+    feeds = {"serving_default_image": np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32)}
+    (source,) = tf_frontend.run_source(path, "tflite", feeds, inputs, None)
+    _, bad = compare_outputs({converted.graph.output[0].name: source}, run(converted, feeds), rtol=1e-4)
+    assert not bad, [str(b) for b in bad]

@@ -20,8 +20,6 @@ from npubuild.report.overview import verdict
 from tests.conftest import TINY_RECIPE, write_recipe
 
 EVIL = '<img src=x onerror="alert(1)">&amp;/model.0/Conv'
-SVG = ('<svg xmlns="http://www.w3.org/2000/svg" width="40" height="20">'
-       '<rect width="40" height="20" fill="#2e7d32"/></svg>\n')
 
 
 def section(html: str, key: str) -> str:
@@ -67,12 +65,15 @@ def synthetic(tmp_path) -> Path:
     dump(root / "quantize" / "per_layer.json", {"tensors": [
         {"tensor": f"t{i}", "layer": f"l{i}", "cosine": c}
         for i, c in enumerate([0.99, 0.5, None, 0.9])]})
-    dump(root / "compile" / "graph_ir_0" / "plan.json", {"groups": [
-        {"index": 0, "device": "npu", "layers": ["a", "b"], "slicing": {"n": 1, "h": 2, "c": 1},
-         "timesteps": 4, "lmem": {"peak_bytes_per_lane": 64, "bank_crossings": 0}},
-        {"index": 1, "device": "cpu", "layer": EVIL, "reason": "no kernel"}]})
-    for i in (0, 1, 10, 2):
-        (root / "compile" / f"lmem_group_{i}.svg").write_text(SVG)
+    buffers = [{"id": i, "kind": ("activation", "weight")[i % 2], "name": f"buf{i}",
+                "layer": EVIL if i == 3 else None, "lifetime": [i % 4, i % 4 + 1],
+                "bytes_per_lane": 16, "addr": 16 * (i % 3)} for i in range(6)]
+    dump(root / "compile" / "graph_0" / "plan.json", {
+        "chip": {"lanes": 4, "lmem_bytes_per_lane": 128, "bank_bytes": 32},
+        "groups": [{"index": 0, "device": "npu", "layers": ["a", "b"],
+                    "slicing": {"n": 1, "h": 2, "c": 1}, "timesteps": 6, "buffers": buffers,
+                    "lmem": {"peak_bytes_per_lane": 64, "bank_crossings": 0}},
+                   {"index": 1, "device": "cpu", "layer": EVIL, "reason": "no kernel"}]})
     dump(root / "verify" / "verify.json", {
         "verdict": {"passed": False, "reasons": ["cosine 0.5 < 0.99"]},
         "outputs": {"output0": {"cosine": 0.5, "max_abs": 3.0}},
@@ -116,20 +117,15 @@ def test_node_names_and_reasons_are_escaped(tiny_split, tmp_path):
     assert "rank &lt;4&gt; &amp; &lt;/td&gt; broken" in coverage
 
 
-def test_every_picture_is_inlined_and_decodes_to_its_file(synthetic, tiny_split):
-    (synthetic / "split").mkdir()
-    shutil.copyfile(tiny_split / "split" / "segments.svg", synthetic / "split" / "segments.svg")
+def test_pictures_are_inlined_and_charts_are_inline_svg(synthetic, tiny_split):
+    shutil.copytree(tiny_split / "split", synthetic / "split")
     html = render_report(synthetic)
-    pictures = {"segments.svg", "detections.png", *(f"lmem_group_{i}.svg" for i in (0, 1, 2, 10))}
-    sources = images(html)
-    assert len(sources) == len(pictures)
-    files = {p.name: p.read_bytes() for p in synthetic.rglob("*") if p.name in pictures}
-    decoded = [base64.b64decode(src.split(",", 1)[1]) for src in sources]
-    assert all(src.startswith(("data:image/svg+xml;base64,", "data:image/png;base64,"))
-               for src in sources)
-    assert sorted(decoded) == sorted(files.values())
+    (source,) = images(html)  # the one raster picture: the detections
+    assert base64.b64decode(source.split(",", 1)[1]) == png_bytes()
     lmem = section(html, "lmem")
-    assert [int(i) for i in re.findall(r"lmem_group_(\d+)\.svg</summary>", lmem)] == [0, 1, 2, 10]
+    assert lmem.count("<title>buffer #") == 6 and "&lt;img src=x" in lmem and "<img" not in lmem
+    segments = section(html, "segments")
+    assert segments.count('<svg class="chart"') == 1 and "graph_0 · NPU" in segments
 
 
 def test_no_link_leaves_the_page(synthetic):
@@ -145,8 +141,9 @@ def test_verdict_metrics_bisection_and_detections(synthetic):
     assert 'badge fail">FAIL' in verify and "cosine 0.5 &lt; 0.99" in verify
     assert '<td class="bad">0.5</td>' in verify
     assert "Stage bisection" in verify and "&lt;img src=x" in verify
-    assert "Detections: float vs deployed" in verify and "data:image/png;base64," in verify
-    assert 'badge fail">FAIL' in html.split("<nav>")[0]  # also in the page header
+    assert "Detections: float (green) vs deployed (red)" in verify
+    assert "data:image/png;base64," in verify
+    assert 'badge big fail">FAIL' in html.split("<nav>")[0]  # also in the headline
 
 
 @pytest.mark.parametrize("value, kind", [("pass", "pass"), ("PASSED", "pass"), (True, "pass"),

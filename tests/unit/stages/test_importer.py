@@ -125,3 +125,42 @@ def test_light_densenet121_passes_split(cli, tmp_path, shared_cache):
     result = cli("run", str(recipe), "split", "--build-dir", str(tmp_path / "b"),
                  "--cache", str(shared_cache))
     assert result.returncode == 0, result.stderr
+
+
+def test_validate_lists_the_real_input_names_at_the_recipe_field(cli, tmp_path):
+    recipe = write_recipe(tmp_path, recipe_text(TINY_MODEL, "    - {name: images, shape: [1, 3, 8, 8]}\n"))
+    result = cli("validate", str(recipe))
+    assert result.returncode == 2
+    assert f"{recipe}:6:14: model.inputs[0].name: the model has no input 'images'; its inputs: x" \
+        in result.stderr
+
+
+def test_validate_lists_the_real_outputs_for_an_unknown_cut(cli, tmp_path):
+    recipe = write_recipe(tmp_path, recipe_text(
+        TINY_MODEL, "    - {name: x, shape: [1, 3, 8, 8]}\n", "[relu, nope]"))
+    result = cli("validate", str(recipe))
+    assert result.returncode == 2
+    assert f"{recipe}:7:19: model.outputs[1]: the model has no tensor 'nope' to cut at; its " \
+           "outputs: y" in result.stderr
+
+
+def test_validate_reads_an_onnx_signature_without_tensorflow(tmp_path):
+    import subprocess
+    import sys
+
+    recipe = write_recipe(tmp_path, recipe_text(TINY_MODEL, "    - {name: x, shape: [1, 3, 8, 8]}\n"))
+    code = ("import sys; from npubuild.recipe import load_recipe; from npubuild.stages import importer; "
+            f"print(importer.check_signature(load_recipe({str(recipe)!r}))); "
+            "print('tensorflow' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["{'inputs': ['x'], 'outputs': ['y']}", "False"]
+
+
+@pytest.mark.slow
+def test_validate_checks_tensorflow_names_at_the_recipe_field(cli, tmp_path, models):  # noqa: F811
+    recipe = write_recipe(tmp_path, recipe_text(models.paths["tflite"],
+                                                "    - {name: image, shape: [1, 16, 16, 3]}\n"))
+    result = cli("validate", str(recipe))
+    assert result.returncode == 2
+    assert f"{recipe}:6:14: model.inputs[0].name: 'image' is not a tensor of this model" in result.stderr
+    assert "hint: the model's inputs: serving_default_image:0" in result.stderr
