@@ -34,6 +34,8 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
     from npubuild.build.tasks import run_with_doit
 
     stages = stage_list(stage)
+    for each in stages:  # a missing model or data file is a recipe error; doit would trace it
+        each.external_files(session.loaded)
     with build_lock(session.paths.lock_file, wait_seconds=wait_seconds, on_wait=on_wait):
         run_with_doit(session, stages)
         report = session.finish(stages)

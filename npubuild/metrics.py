@@ -1,4 +1,4 @@
-"""Tensor comparison metrics, with TPU-MLIR's semantics, used by every stage's proof.
+"""Tensor comparison metrics, with TPU-MLIR's semantics (the proofs' verdict is `npubuild.proofs.compare`).
 
 - cosine similarity of the flattened tensors;
 - euclidean similarity ``1 - ||a-b|| / ||(a+b)/2||``;
@@ -50,36 +50,3 @@ def similarity(reference: np.ndarray, actual: np.ndarray) -> Similarity:
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
     max_rel = max_abs / scale if scale else (0.0 if max_abs == 0 else float("inf"))
     return Similarity(cosine, euclid, sqnr, max_abs, max_rel, identical)
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    tensor: str
-    similarity: Similarity | None
-    reason: str
-
-    def __str__(self) -> str:
-        return f"tensor {self.tensor!r}: {self.reason}"
-
-
-def compare_outputs(reference: dict[str, np.ndarray], actual: dict[str, np.ndarray], *,
-                    rtol: float = 1e-5, exact: bool = False) -> tuple[dict[str, Similarity], list[Mismatch]]:
-    """Compare every reference output; a mismatch is a missing tensor, a shape or dtype change,
-    or a difference above ``rtol`` × the reference's max magnitude (any difference if ``exact``)."""
-    sims, bad = {}, []
-    for name, ref in reference.items():
-        if name not in actual:
-            bad.append(Mismatch(name, None, "missing from the result"))
-            continue
-        got = actual[name]
-        if np.shape(ref) != np.shape(got):
-            bad.append(Mismatch(name, None, f"shape changed from {list(np.shape(ref))} to {list(np.shape(got))}"))
-            continue
-        sim = similarity(ref, got)
-        sims[name] = sim
-        if exact and not sim.identical:
-            bad.append(Mismatch(name, sim, f"not bit-identical (max abs diff {sim.max_abs:.3g})"))
-        elif not exact and not (sim.max_rel <= rtol):
-            bad.append(Mismatch(name, sim, f"max abs diff {sim.max_abs:.3g} = {sim.max_rel:.3g} of its "
-                                           f"magnitude, above the tolerance {rtol:g}"))
-    return sims, bad

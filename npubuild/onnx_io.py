@@ -83,9 +83,12 @@ def session(model: onnx.ModelProto | str | Path):
                          "it (a model-local function was dropped on the way)",
                          hint="every model a stage writes must keep the functions its nodes "
                               "call; report this with the recipe")
+    # Fatal only: every error ONNX Runtime logs also reaches us as its exception, which we
+    # word for the user; printed too, it is noise (and warnings more so).
+    ort.set_default_logger_severity(4)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options.log_severity_level = 4
     options.intra_op_num_threads = max(1, min(2, os.cpu_count() or 1))
     source = (str(model) if isinstance(model, (str, Path))
               else with_loadable_ir(model).SerializeToString())
@@ -211,26 +214,3 @@ def missing_functions(model: onnx.ModelProto) -> list[str]:
     missing = {f"{n.domain}:{n.op_type}" for n in nodes
                if n.domain not in RUNTIME_DOMAINS and (n.domain, n.op_type) not in carried}
     return sorted(missing)
-
-
-def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random inputs with each input's own dtype and (fixed) shape.
-
-    Floats are standard normal; integers are small non-negative values (they are often
-    indices or sizes); bools are random. Symbolic dims must have been fixed by import.
-    """
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for value in graph_inputs(model):
-        shape = value_shape(value)
-        if any(not isinstance(d, int) for d in shape):
-            raise BuildError(f"input {value.name!r} still has dynamic dims {shape}",
-                             hint="fix them with model.inputs[].shape in the recipe")
-        dtype = value_dtype(value)
-        if dtype == np.bool_:
-            feeds[value.name] = rng.random(shape) < 0.5
-        elif np.issubdtype(dtype, np.integer):
-            feeds[value.name] = rng.integers(0, 4, size=shape).astype(dtype)
-        else:
-            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
-    return feeds

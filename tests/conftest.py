@@ -88,3 +88,36 @@ def yolov8_build(tmp_path_factory, shared_cache):
                      "--cache", str(shared_cache))
     assert result.returncode == 0, result.stderr
     return build_root / "yolov8n", result
+
+
+PPOCR_CLS_RECIPE = """\
+version: 1
+name: {name}
+model:
+  path: pkg:rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx
+  inputs:
+    - name: x
+      shape: [1, 3, 48, 192]
+      layout: NCHW
+      preprocess: {{resize: [48, 192], scale: 0.00784313725490196, mean: 1.0}}
+fusion: [conv_bn, hard_swish]
+split: {{policy: {policy}}}
+quantization:
+  calibration: {{data: "pkg:skimage/data/text.png", samples: 1}}
+verify: {{data: "pkg:skimage/data/text.png", samples: 1, min_cosine: 0.9}}
+"""
+
+
+def ppocr_cls_build(tmp_path_factory, shared_cache, policy: str) -> tuple[Path, CliResult]:
+    """PP-OCR's direction classifier (rapidocr-onnxruntime) built end to end once per run."""
+    root = shared_root(tmp_path_factory)
+    name = f"ppocr-cls-{policy.replace('_', '-')}"
+    recipe = write_recipe(root, PPOCR_CLS_RECIPE.format(name=name, policy=policy), f"{name}.yaml")
+    result = run_cli("run", str(recipe), "--build-dir", str(root / "build"),
+                     "--cache", str(shared_cache))
+    return root / "build" / name, result
+
+
+@pytest.fixture(scope="session")
+def ppocr_cls(tmp_path_factory, shared_cache):
+    return ppocr_cls_build(tmp_path_factory, shared_cache, "npu_first")

@@ -20,7 +20,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import onnx
 
-from npubuild import onnx_io
+from npubuild import onnx_io, proofs
 from npubuild.quant import ops
 from npubuild.quant.floatgraph import FLayer, FloatGraph, Probe, Unsupported, fragment_model
 
@@ -105,7 +105,7 @@ def lower(model: onnx.ModelProto, *, float_nodes: Iterable[str] = ()) -> tuple[F
     float_nodes = set(float_nodes)
     model = prepare(model, keep=float_nodes)
     probe = Probe(model)
-    values = probe.run(onnx_io.random_feeds(model))
+    values = probe.run(proofs.make_feeds(model))
     constants = _constants(model, values)
     shapes = {name: list(np.shape(v)) for name, v in {**values, **constants}.items()}
     for value in onnx_io.graph_inputs(model):

@@ -35,6 +35,35 @@ class Preprocess(Strict):
     channel_order: Literal["RGB", "BGR", "GRAY"] = "RGB"
 
 
+ProofScalar = Union[bool, int, float]
+
+
+class ProofInput(Strict):
+    """What this input gets in every stage's equivalence proof, instead of seeded random values
+    (or the first calibration sample, when the calibration data covers the input). Give one of
+    ``values``, ``data`` or ``range``."""
+
+    values: list[ProofScalar] | ProofScalar | None = Field(
+        None, description="The input's values: one value for every element, or a single value "
+                          "repeated (e.g. a sample rate: [16000]); cast to the input's dtype.")
+    data: str | None = Field(
+        None, description="A .npy file, or a .npz with an array under the input's name; relative "
+                          "to the recipe or pkg:<package>/<path>.")
+    range: tuple[float, float] | None = Field(
+        None, description="Seeded random values in [low, high] (integers: both ends included), "
+                          "e.g. token ids [0, 30521].")
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        given = [k for k in ("values", "data", "range") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of values, data or range"
+                             + (f" (got {', '.join(given)})" if given else ""))
+        if self.range is not None and self.range[0] > self.range[1]:
+            raise ValueError(f"range {list(self.range)}: low is above high")
+        return self
+
+
 class InputSpec(Strict):
     name: str = Field(description="Input tensor name in the model (for TF: 'x:0' or 'x').")
     shape: list[int] | None = Field(
@@ -42,6 +71,10 @@ class InputSpec(Strict):
     dtype: DType | None = Field(None, description="Default: the model's input dtype.")
     layout: Layout = "any"
     preprocess: Preprocess | None = None
+    proof: ProofInput | None = Field(
+        None, description="Values for the stages' equivalence proofs (e.g. an integer control "
+                          "input that must be 8000 or 16000). Default: the first calibration "
+                          "sample where it covers this input, else seeded random values.")
 
     @field_validator("shape")
     @classmethod
@@ -119,6 +152,9 @@ class UserFusionRule(Strict):
                                   "op type takes the previous op as its first input.")
     attributes: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Op type -> attribute values the match requires.")
+    tolerance: float | None = Field(
+        None, gt=0, description="Largest difference allowed in the rule's proof, relative to the "
+                                "scale of the values involved (default 1e-5).")
 
     @model_validator(mode="after")
     def _connected_pattern(self):
@@ -128,7 +164,29 @@ class UserFusionRule(Strict):
         return self
 
 
-FusionItem = Union[str, UserFusionRule]
+class FusionOptions(Strict):
+    """Options of one built-in fusion rule: ``- conv_bn: {tolerance: 1e-4}``."""
+
+    tolerance: float | None = Field(
+        None, gt=0, description="Largest difference allowed in the rule's proof, relative to the "
+                                "scale of the values involved (default 1e-5).")
+
+
+def _fusion_item_kind(value: Any) -> str:
+    """The variant of a fusion entry (tags are capitalised so error paths skip them)."""
+    if isinstance(value, str):
+        return "Rule"
+    if isinstance(value, UserFusionRule) or (isinstance(value, dict)
+                                             and ({"name", "pattern"} & set(value))):
+        return "Pattern"
+    return "Options"
+
+
+FusionItem = Annotated[Union[
+    Annotated[str, Tag("Rule")],
+    Annotated[UserFusionRule, Tag("Pattern")],
+    Annotated[dict[str, FusionOptions], Tag("Options")],
+], Discriminator(_fusion_item_kind)]
 
 
 class SplitSpec(Strict):
@@ -233,7 +291,9 @@ class Recipe(Strict):
         "per chip here, as build/<name>@<chip>/, and prints one comparison table; `target` stays "
         "the chip of single-target commands (plan, show, infer).")
     surgery: list[SurgeryStep] = Field(default_factory=list)  # type: ignore[valid-type]
-    fusion: list[FusionItem] = Field(default_factory=list)
+    fusion: list[FusionItem] = Field(  # type: ignore[valid-type]
+        default_factory=list, description="Fusion rules in order: a built-in rule's name, "
+        "{<rule>: {tolerance: ...}}, or a pattern rule {name: ..., pattern: [...]}.")
     split: SplitSpec = Field(default_factory=SplitSpec)
     quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
     compile: CompileSpec = Field(default_factory=CompileSpec)
@@ -244,9 +304,13 @@ class Recipe(Strict):
     def _known_fusion_rules(cls, items):
         registry = fusions.load_builtins()
         for item in items:
-            if isinstance(item, str) and item not in registry:
-                raise ValueError(f"unknown fusion rule {item!r}; known: "
-                                 f"{', '.join(registry.names()) or '(none)'}")
+            if isinstance(item, dict) and len(item) != 1:
+                raise ValueError(f"a fusion entry with options names one rule ({{conv_bn: "
+                                 f"{{tolerance: 1e-4}}}}), not {len(item)}")
+            for name in [item] if isinstance(item, str) else item if isinstance(item, dict) else []:
+                if name not in registry:
+                    raise ValueError(f"unknown fusion rule {name!r}; known: "
+                                     f"{', '.join(registry.names()) or '(none)'}")
         return items
 
 

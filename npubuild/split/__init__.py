@@ -20,17 +20,18 @@ from npubuild.targets.model import Chip
 
 
 def split_model(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None, out: str | Path,
-                layout: str | None = None, seed: int = 0) -> dict:
-    """Split ``model`` for ``chip`` into ``out`` and prove the submodels reproduce it.
+                layout: str | None = None, feeds: dict | None = None) -> dict:
+    """Split ``model`` for ``chip`` into ``out`` and prove, on the proof inputs ``feeds``
+    (default: `npubuild.proofs.make_feeds`), that the submodels reproduce it.
 
     Returns the report fragment (segments, node counts, the proof's max difference).
     """
-    from npubuild import onnx_io
+    from npubuild import proofs
     from npubuild.split.outputs import default_layout, prove, write_split
 
     out = Path(out)
     plan = plan_split(model, chip, spec)
-    feeds = onnx_io.random_feeds(model, seed=seed)
+    feeds = feeds if feeds is not None else proofs.make_feeds(model)
     _, reference = write_split(plan, out, feeds, layout or default_layout(model))
     return {**plan.summary(), "proof": prove(out, feeds, reference)}
 

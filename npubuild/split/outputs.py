@@ -15,7 +15,7 @@ import onnx
 from npubuild import onnx_io
 from npubuild.atomic import write_json, write_text
 from npubuild.errors import BuildError
-from npubuild.metrics import compare_outputs
+from npubuild.proofs import compare
 from npubuild.split import graph_infos
 from npubuild.split.draw import segments_svg
 from npubuild.split.extract import SegmentIO, segment_io, submodel
@@ -82,7 +82,7 @@ def prove(out: Path, feeds: dict[str, np.ndarray], reference: dict[str, np.ndarr
     worst = 0.0
     for graph in runner.graphs:
         ref = {t: reference[t] for t in graph.outputs}
-        sims, bad = compare_outputs(ref, got, rtol=TOLERANCE)
+        sims, bad = compare(ref, got, tolerance=TOLERANCE)
         if bad:
             raise BuildError(f"running the submodels in order differs from the unsplit model: "
                              f"{graph.name} output {bad[0]}", stage="split",

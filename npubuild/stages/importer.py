@@ -4,9 +4,11 @@ ONNX sources are loaded directly; TensorFlow (frozen graph, SavedModel, Keras) a
 sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when needed).
 Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
 arithmetic the fixed shapes make constant is folded; `npubuild.frontends.onnx`) and the checker
-runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the same
-seeded input (ONNX: ONNX Runtime on the original, bit-identical; TF/TFLite: the source framework,
-within 1e-4 of the output's magnitude).
+runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
+inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
+sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
+ONNX Runtime on the original, bit-identical; TF/TFLite: the source framework, within 1e-4 of the
+scale of the values involved).
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ from typing import Iterator
 import numpy as np
 import onnx
 
-from npubuild import onnx_io
+from npubuild import onnx_io, proofs
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError, UserError
 from npubuild.frontends import onnx as onnx_frontend
-from npubuild.metrics import compare_outputs
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import StageContext
 
@@ -33,8 +34,9 @@ TF_FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
 
 
 def source_files(loaded: LoadedRecipe) -> list[Path]:
-    """The source model (a file, or a SavedModel directory) is part of the stage's key."""
-    return [loaded.model_path]
+    """The source model (a file, or a SavedModel directory) and what the proof inputs are made
+    from (recipe proof files, the first calibration sample) are part of the stage's key."""
+    return [loaded.model_path, *proofs.recipe_files(loaded), *proofs.calibration_files(loaded)]
 
 
 def run(ctx: StageContext) -> dict:
@@ -57,8 +59,10 @@ def run(ctx: StageContext) -> dict:
         model = convert_opset(loaded, model, loaded.recipe.model.opset)
     model = onnx_frontend.resolve_shapes(model, declared=source or model)
     check(model)
-    proof = prove(loaded, fmt, source, model)
+    feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
+    proof = prove(loaded, fmt, source, model, feeds)
     onnx_io.save_model(model, ctx.out / "model.onnx")
+    proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
     write_json(ctx.out / "import.json", summary)
     return {"import": summary}
@@ -192,21 +196,21 @@ def check(model: onnx.ModelProto) -> None:
 
 
 def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,
-          model: onnx.ModelProto) -> dict:
-    """Run the result and the source on one seeded input and compare every output."""
-    feeds = onnx_io.random_feeds(model, seed=0)
-    got = onnx_io.run(model, feeds)
+          model: onnx.ModelProto, feeds: dict) -> dict:
+    """Run the result and the source on the proof inputs and compare every output."""
+    names = [o.name for o in model.graph.output]
+    got, scales = proofs.run_with_scales(model, feeds, names)
     if fmt in TF_FORMATS:
         from npubuild.frontends import tensorflow as tf_frontend
 
         values = tf_frontend.run_source(loaded.model_path, fmt, feeds, loaded.recipe.model.inputs,
                                         loaded.recipe.model.outputs)
         expected = dict(zip(got, values))
-        rtol, exact = TF_TOLERANCE, False
+        tolerance, exact = TF_TOLERANCE, False
     else:
-        expected = onnx_io.run(onnx_io.with_outputs(source, list(got), model), feeds, list(got))
-        rtol, exact = 0.0, True
-    sims, bad = compare_outputs(expected, got, rtol=rtol, exact=exact)
+        expected = proofs.run(onnx_io.with_outputs(source, names, model), feeds, names)
+        tolerance, exact = 0.0, True
+    sims, bad = proofs.compare(expected, got, tolerance=tolerance, exact=exact, scales=scales)
     if bad:
         raise BuildError(f"the imported model differs from the source: {bad[0]}", stage="import",
                          hint="check model.inputs shapes and dtypes; for TF models the tf2onnx "

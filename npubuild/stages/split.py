@@ -2,12 +2,14 @@
 
 Reads ``model.onnx`` from the upstream stage's directory, the chip and the recipe's ``split:``
 section; writes ``graph_<i>.onnx``, ``graph_infos.json``, ``support.json`` and
-``segments.svg`` into ``ctx.out``. Running the submodels in order must reproduce the unsplit
-model (ONNX Runtime on both sides, within 1e-5) or the stage fails naming the tensor.
+``segments.svg`` into ``ctx.out``. Running the submodels in order on the proof inputs
+(``fusion/proof_inputs.npz``, `npubuild.proofs`) must reproduce the unsplit model (ONNX Runtime on
+both sides, within 1e-5) or the stage fails naming the tensor.
 """
 
 from __future__ import annotations
 
+from npubuild import proofs
 from npubuild.errors import BuildError
 from npubuild.onnx_io import load_model
 from npubuild.split import SelectorError, split_model
@@ -21,7 +23,8 @@ def run(ctx: StageContext) -> dict:
     model = load_model(upstream / "model.onnx")
     layout = next((i.layout for i in ctx.recipe.model.inputs if i.layout != "any"), None)
     try:
-        report = split_model(model, ctx.chip, ctx.recipe.split, ctx.out, layout=layout)
+        report = split_model(model, ctx.chip, ctx.recipe.split, ctx.out, layout=layout,
+                             feeds=proofs.load(upstream, model))
     except SelectorError as exc:
         raise ctx.loaded.error(exc.message, *exc.path, hint=exc.hint) from None
     ctx.log.info("split: %d NPU + %d CPU submodels", report["npu_segments"], report["cpu_segments"])

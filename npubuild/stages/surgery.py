@@ -1,9 +1,11 @@
 """Stage `surgery`: the recipe's rewrites, in order, each proven against its input.
 
 Reads ``import/model.onnx``; writes ``surgery/model.onnx`` and ``surgery/log.json``. After every
-step: ``onnx.checker``, strict shape inference, and ONNX Runtime on seeded inputs compared with
-the step's input — bit-identical for pure data movement, else within the step's tolerance
-(default 1e-5 of each output's magnitude). Outputs a step renames, splits or moves are matched
+step: ``onnx.checker``, strict shape inference, and ONNX Runtime on the proof inputs
+(``import/proof_inputs.npz``, carried through renamed or reshaped inputs; the final model's are
+saved as ``surgery/proof_inputs.npz``) compared with the step's input — bit-identical for pure
+data movement, else within the step's tolerance (default 1e-5 of the scale of the values
+involved, `npubuild.proofs.compare`). Outputs a step renames, splits or moves are matched
 through the origins it records; whatever cannot be matched is listed in the log as not
 comparable. Bad arguments raise a located ``UserError``; a failed check a ``BuildError``. Nothing
 is written unless every step passes.
@@ -16,7 +18,7 @@ from collections import Counter
 
 import onnx
 
-from npubuild import onnx_io
+from npubuild import onnx_io, proofs
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError, NpubuildError
 from npubuild.stages import StageContext
@@ -27,35 +29,39 @@ from npubuild.surgery.graph import node_label
 
 DEFAULT_RTOL = 1e-5
 MAX_NAMES = 20
-SEED = 0
 
 
 def run(ctx: StageContext) -> dict:
     model = onnx_io.load_model(ctx.upstream["import"] / "model.onnx")
     steps = list(ctx.recipe.surgery)
-    model, entries, composed = apply_steps(ctx, model, steps)
+    feeds = proofs.load(ctx.upstream["import"], model)
+    model, entries, composed, feeds = apply_steps(ctx, model, steps, feeds)
     if composed["outputs"] or composed["inputs"]:
         org.write(model, composed, org.MODEL_KEY)
     onnx_io.save_model(model, ctx.out / "model.onnx")
+    proofs.save(ctx.out, feeds)
     write_json(ctx.out / "log.json", {"steps": entries})
     return {"surgery": summary(entries, model)}
 
 
-def apply_steps(ctx: StageContext, model: onnx.ModelProto, steps: list):
-    """Apply and prove every step; return the final model, the log entries, the origins."""
+def apply_steps(ctx: StageContext, model: onnx.ModelProto, steps: list, feeds: dict | None = None):
+    """Apply and prove every step on the proof inputs ``feeds``; return the final model, the
+    log entries, the origins and the final model's proof inputs."""
     load_builtins()
     composed = org.pop(model, org.MODEL_KEY)
     entries = []
+    feeds = feeds if feeds is not None else proofs.make_feeds(model)
     for index, step in ctx.progress(enumerate(steps), total=len(steps), description="surgery"):
         name = next(iter(type(step).model_fields))
         args = getattr(step, name)
-        model, entry, step_origins = apply_step(ctx, index, name, args, model)
+        model, entry, step_origins, feeds = apply_step(ctx, index, name, args, model, feeds)
         composed = org.compose(composed, step_origins)
         entries.append(entry)
-    return model, entries, composed
+    return model, entries, composed, feeds
 
 
-def apply_step(ctx: StageContext, index: int, name: str, args, before: onnx.ModelProto):
+def apply_step(ctx: StageContext, index: int, name: str, args, before: onnx.ModelProto,
+               feeds: dict):
     rw = SURGERY[name]
     where = f"step {index} ({name})"
     started = time.perf_counter()
@@ -75,12 +81,14 @@ def apply_step(ctx: StageContext, index: int, name: str, args, before: onnx.Mode
     exact = rw.data_movement and args.tolerance is None
     rtol = args.tolerance if args.tolerance is not None else DEFAULT_RTOL
     try:
-        comparison = proof.compare(before, after, step_origins, exact=exact, rtol=rtol, seed=SEED)
+        comparison = proof.compare(before, after, step_origins, exact=exact, rtol=rtol,
+                                   feeds=feeds)
     except NpubuildError:
         raise
     except Exception as exc:  # ONNX Runtime refused to run one of the two models
         raise BuildError(f"{where}: ONNX Runtime cannot run the models to compare them: "
-                         f"{str(exc).strip().splitlines()[-1][:400]}", stage="surgery") from None
+                         f"{str(exc).strip().splitlines()[-1][:400]}", stage="surgery",
+                         hint=proofs.HINT) from None
     expect_change = bool(getattr(args, "expect_change", False))
     if comparison.failures and not expect_change:
         also = " or set expect_change: true" if hasattr(args, "expect_change") else ""
@@ -94,7 +102,7 @@ def apply_step(ctx: StageContext, index: int, name: str, args, before: onnx.Mode
         ctx.log.warning("surgery %s: %r not compared: %s", where, tensor, reason)
     if step_origins["outputs"] or step_origins["inputs"]:
         entry["origins"] = step_origins
-    return after, entry, step_origins
+    return after, entry, step_origins, proofs.make_feeds(after, sample=comparison.feeds)
 
 
 def log_entry(index, name, args, before, after, comparison: proof.Comparison, *, exact: bool,

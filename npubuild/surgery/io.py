@@ -141,10 +141,10 @@ def _set_dims(value: onnx.ValueInfoProto, shape: list[int]) -> None:
 
 def _check_runs(ed: Editor) -> None:
     """Shape inference lets some misfits through (a Reshape's element count): run the model."""
-    from npubuild import onnx_io
+    from npubuild import onnx_io, proofs
 
     try:
-        onnx_io.run(ed.model, onnx_io.random_feeds(ed.model))
+        onnx_io.run(ed.model, proofs.make_feeds(ed.model))
     except Exception as exc:
         lines = str(exc).strip().splitlines()
         raise SurgeryError("the new shapes do not fit the graph: ONNX Runtime says "

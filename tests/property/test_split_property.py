@@ -10,7 +10,7 @@ import onnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from npubuild import onnx_io
+from npubuild import onnx_io, proofs
 from npubuild.recipe.model import SplitSpec
 from npubuild.runtime import Runner
 from npubuild.split import plan_split, split_model
@@ -65,7 +65,7 @@ def test_random_dags_split_into_convex_ordered_segments_that_reproduce_the_model
         assert graph_infos.problems(infos) == []
         for g in infos["graphs"]:
             onnx.checker.check_model(onnx.load(f"{out}/{g['model_info']['model_path']}"))
-        feeds = onnx_io.random_feeds(model, seed=11)
+        feeds = proofs.make_feeds(model, seed=11)
         expected = onnx_io.run(model, feeds)
         got = Runner(out).run(feeds)
         for name, value in expected.items():

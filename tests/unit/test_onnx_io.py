@@ -52,18 +52,6 @@ def test_saved_model_has_an_ir_version_onnx_runtime_reads(tmp_path):
     onnx_io.session(tmp_path / "out.onnx")
 
 
-def test_random_feeds_follow_each_inputs_dtype_and_shape():
-    graph = helper.make_graph(
-        [helper.make_node("Identity", ["ids"], ["o1"]), helper.make_node("Identity", ["s"], ["o2"])], "g",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3]),
-         helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
-        [helper.make_tensor_value_info("o1", TensorProto.INT64, [2, 3]),
-         helper.make_tensor_value_info("o2", TensorProto.FLOAT, [])])
-    feeds = onnx_io.random_feeds(helper.make_model(graph), seed=1)
-    assert feeds["ids"].dtype == np.int64 and feeds["ids"].shape == (2, 3)
-    assert feeds["s"].dtype == np.float32 and feeds["s"].shape == ()
-
-
 def _model_with_function(opset: int) -> onnx.ModelProto:
     """y = Fn(x) with Fn = Unsqueeze(x, axes=[0]) at ``opset`` (axes moved to an input at 13)."""
     body = helper.make_node("Unsqueeze", ["a"], ["b"], axes=[0])

@@ -18,7 +18,7 @@ import pytest
 
 from npubuild.errors import UserError
 from npubuild.frontends import tensorflow as tf_frontend
-from npubuild.metrics import compare_outputs
+from npubuild.proofs import compare
 from npubuild.onnx_io import MAX_ORT_IR_VERSION, graph_inputs, run, value_shape
 from npubuild.recipe.model import InputSpec
 
@@ -116,7 +116,7 @@ def test_conversion_matches_the_source_framework(models, case):
     feeds = {input_name: models.x}
     converted = run(model, feeds)
     source = dict(zip(names, tf_frontend.run_source(path, fmt, feeds, inputs, outputs)))
-    _, bad = compare_outputs(source, converted, rtol=1e-4)
+    _, bad = compare(source, converted, tolerance=1e-4)
     assert not bad, [str(b) for b in bad]
     for name, value in source.items():  # the source run is the Keras model's own result
         want = models.expected[value.shape[-1]]
@@ -139,7 +139,7 @@ def test_tflite_can_be_cut_at_an_inner_tensor(models):
     feeds = {"serving_default_image:0": models.x}
     (source,) = tf_frontend.run_source(path, "tflite", feeds, inputs, [relu])
     assert source.shape == (1, 16, 16, 8) and source.min() >= 0
-    _, bad = compare_outputs({relu: source}, run(model, feeds), rtol=1e-4)
+    _, bad = compare({relu: source}, run(model, feeds), tolerance=1e-4)
     assert not bad, [str(b) for b in bad]
 
 

@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npubuild import fusions
 from npubuild.fusions import FUSED_DOMAIN
-from npubuild.metrics import compare_outputs
-from npubuild.onnx_io import random_feeds, run
+from npubuild.onnx_io import run
+from npubuild.proofs import compare, make_feeds
 
 
 class Tiny:
@@ -51,8 +51,8 @@ class Tiny:
 
     def assert_equivalent(self, model, fused, *, exact: bool = True) -> None:
         onnx.checker.check_model(fused, full_check=True)
-        feeds = random_feeds(model, seed=3)
-        _, bad = compare_outputs(run(model, feeds), run(fused, feeds), rtol=1e-5, exact=exact)
+        feeds = make_feeds(model, seed=3)
+        _, bad = compare(run(model, feeds), run(fused, feeds), tolerance=1e-5, exact=exact)
         assert not bad, [str(b) for b in bad]
 
     @staticmethod

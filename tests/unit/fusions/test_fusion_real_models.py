@@ -12,7 +12,8 @@ from onnx import numpy_helper
 
 from npubuild.fusions import DEFAULT_RULES
 from npubuild.onnx_io import fix_input_shapes
-from npubuild.onnx_io import graph_inputs, random_feeds, run
+from npubuild.onnx_io import graph_inputs, run
+from npubuild.proofs import make_feeds as random_feeds
 from npubuild.stages.fusion import fuse
 
 pytestmark = pytest.mark.slow

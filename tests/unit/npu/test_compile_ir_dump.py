@@ -135,3 +135,15 @@ def test_long_and_unsafe_tensor_names_give_bounded_unique_files_and_a_name_map(t
             assert names[layer["tensors"]["weight"]] == {"name": layer["name"], "role": "weight"}
     assert set(names) == set(files) - {"names.json", first.name}
     assert len(set(names)) == len(names)
+
+
+@pytest.mark.slow
+def test_a_real_models_ir_dump_has_a_name_map_and_bounded_file_names(ppocr_cls):
+    build, result = ppocr_cls
+    assert result.returncode == 0, result.stderr
+    dumps = sorted((build / "compile").glob("graph_ir_*"))
+    assert dumps
+    for dump in dumps:
+        names = json.loads((dump / "names.json").read_text())
+        files = {p.name for p in dump.iterdir()} - {"names.json", f"graph_{dump.name[9:]}.json"}
+        assert set(names) == files and all(len(f.encode()) <= 120 for f in files)

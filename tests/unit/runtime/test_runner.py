@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from npubuild import onnx_io
+from npubuild import onnx_io, proofs
 from npubuild.errors import BuildError, UserError
 from npubuild.runtime import OnnxRuntimeBackend, Runner
 from npubuild.split import split_model
@@ -31,7 +31,7 @@ def test_npu_backend_is_pluggable(split_dir):
         calls.append((graph.index, graph.device, sorted(feeds), graph.context_dir.name))
         return ort(graph, feeds)
 
-    feeds = onnx_io.random_feeds(model, seed=4)
+    feeds = proofs.make_feeds(model, seed=4)
     got = Runner(out, backends={"npu": simulator}).run(feeds)
     assert calls == [(0, "npu", ["x"], "graph_ir_0"), (2, "npu", ["n1_out"], "graph_ir_2")]
     np.testing.assert_array_equal(got["n3_out"], onnx_io.run(model, feeds)["n3_out"])
@@ -39,7 +39,7 @@ def test_npu_backend_is_pluggable(split_dir):
 
 def test_keep_intermediates_returns_every_boundary_tensor(split_dir):
     out, model = split_dir
-    feeds = onnx_io.random_feeds(model)
+    feeds = proofs.make_feeds(model)
     runner = Runner(out)
     assert sorted(runner.run(feeds)) == ["n3_out"]
     everything = runner.run(feeds, keep_intermediates=True)

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from npubuild import onnx_io
+from npubuild import onnx_io, proofs
 from npubuild.errors import BuildError
 from npubuild.recipe.model import SplitSpec
 from npubuild.runtime import Runner
@@ -28,7 +28,7 @@ def devices(report: dict) -> list[tuple[str, int]]:
 
 
 def runner_equals_original(model, out, seed=1):
-    feeds = onnx_io.random_feeds(model, seed=seed)
+    feeds = proofs.make_feeds(model, seed=seed)
     expected = onnx_io.run(model, feeds)
     got = Runner(out).run(feeds)
     assert got.keys() == expected.keys()
@@ -184,7 +184,7 @@ def test_proof_names_the_first_tensor_that_differs(tmp_path):
 
     model = chain("Conv", "Erf", "Conv")
     plan = plan_split(model, NPU16)
-    feeds = onnx_io.random_feeds(model)
+    feeds = proofs.make_feeds(model)
     _, reference = write_split(plan, tmp_path, feeds)
     reference["n0_out"] = reference["n0_out"] + 1
     with pytest.raises(BuildError, match="split: .*graph_0 output tensor 'n0_out': max abs diff 1"):

@@ -128,3 +128,15 @@ def test_a_fused_model_goes_through_quantize_compile_and_verify(tmp_path, rule):
     for path in written:
         assert onnx_io.missing_functions(onnx_io.load_model(path)) == [], path
     assert report["stages"]["verify"]["status"] == "built", report["stages"]
+
+
+@pytest.mark.slow
+def test_pp_ocr_cls_with_hard_swish_goes_through_quantize_compile_and_verify(ppocr_cls):
+    """Where class 4 appeared: PP-OCR (opset 12) with hard_swish fused."""
+    build, result = ppocr_cls
+    assert result.returncode == 0, result.stderr
+    log = (build / "fusion" / "log.json").read_text()
+    assert '"rule": "hard_swish"' in log and '"HardSwish"' in log
+    for path in sorted(build.glob("*/*.onnx")):
+        assert onnx_io.missing_functions(onnx_io.load_model(path)) == [], path
+    assert (build / "compile").is_dir() and (build / "verify" / "verify.json").is_file()

@@ -44,3 +44,14 @@ def test_a_build_without_npu_graphs_passes_verify_and_says_why(tmp_path, case):
     cosine = report["accuracy"]["outputs"]["y"]["min_sample_cosine"]
     assert np.isclose(cosine, 1.0), cosine
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_pp_ocr_cls_with_the_cpu_only_policy_passes_verify(tmp_path_factory, shared_cache):
+    from tests.conftest import ppocr_cls_build
+
+    build, result = ppocr_cls_build(tmp_path_factory, shared_cache, "cpu_only")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((build / "report.json").read_text())
+    assert report["split"]["npu_segments"] == 0 and report["compile"]["npu_graphs"] == 0
+    assert report["verify"]["passed"] and report["verify"]["npu_graphs"] == 0
