@@ -252,5 +252,5 @@ def test_sparse_tflite_weights_are_densified_before_tf2onnx(tmp_path):
     converted = tf_frontend.convert(path, "tflite", inputs, None)
     feeds = {"serving_default_image": np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32)}
     (source,) = tf_frontend.run_source(path, "tflite", feeds, inputs, None)
-    _, bad = compare_outputs({converted.graph.output[0].name: source}, run(converted, feeds), rtol=1e-4)
+    _, bad = compare({converted.graph.output[0].name: source}, run(converted, feeds), tolerance=1e-4)
     assert not bad, [str(b) for b in bad]
