@@ -3,7 +3,9 @@
 Groups are searched from the tail towards the head: a group starts as the last unplaced layer
 and grows towards the head while the longer group still fits. A group fits when some slicing —
 N first, then H (backward-H, overlap ≤ h/2), and for a lone layer whose weights are too big, C —
-gives buffers the allocator can place in ``chip.lmem_bytes_per_lane``. The slicing search takes
+gives buffers the allocator can place in ``chip.lmem_bytes_per_lane``. A convolution with more
+output channels than the chip computes in one step (``Conv``'s ``max_channels``) runs alone,
+sliced along C into pieces within that limit, as an NPU compiler splits it. The slicing search takes
 the smallest N, then bisects H between 2 and the largest count the overlap rule allows (fit is
 close to monotone in H), then tries a few more H counts if fragmentation defeats the allocator.
 
@@ -25,6 +27,7 @@ from npubuild.npu.tiling import GroupTiling, Slicing, TilingRejected, tile_group
 from npubuild.targets.model import Chip
 
 EXTRA_H_TRIES = 8
+CONV_FAMILIES = frozenset({"conv", "dwconv"})  # tiler op families lowered from ONNX Conv
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,8 @@ def _no_fit(layer: LayerSpec, why: NoFit, chip: Chip, on_no_fit: str) -> CpuLaye
     message = (f"layer {layer.name!r} ({layer.op}) does not fit in LMEM even alone: it needs "
                f"{why.need} bytes per lane{at}, LMEM has {chip.lmem_bytes_per_lane} bytes per "
                f"lane ({chip.lanes} lanes × {chip.lmem_bytes_per_lane}); {why.reason}")
+    if why.slicing is None and not why.need:  # refused before any slicing was tried
+        message = f"layer {layer.name!r} ({layer.op}) cannot run on the NPU: {why.reason}"
     if on_no_fit == "cpu":
         return CpuLayer(layer, message)
     raise BuildError(message, stage="compile",
@@ -137,12 +142,33 @@ def _no_fit(layer: LayerSpec, why: NoFit, chip: Chip, on_no_fit: str) -> CpuLaye
 def fit_group(group: Group, chip: Chip) -> GroupPlan | NoFit:
     """The first slicing (N, then H, then C for a lone layer) whose buffers fit LMEM."""
     trials = _Trials(group, chip)
-    c_max = _c_max(group)
-    found = trials.search(1)
-    if found is None and c_max > 1:
-        c = _bisect_first(2, c_max, lambda c: trials.search(c) is not None)
+    c_max, c_min = _c_max(group), _c_min(group, chip)
+    if c_min > 1 and (c_max == 1 or len(group) > 1):
+        wide = next(l for l in group.layers if channel_slices(l, chip) > 1)
+        return NoFit(f"layer {wide.name!r} has {wide.c_out} output channels, more than the chip "
+                     f"computes in one step ({channel_limit(wide, chip)}): it runs alone, "
+                     f"sliced along C", 0, None)
+    found = trials.search(c_min)
+    if found is None and c_max > c_min:
+        c = _bisect_first(c_min + 1, c_max, lambda c: trials.search(c) is not None)
         found = trials.search(c) if c is not None else None
     return found or NoFit(trials.reason, trials.need, trials.need_at)
+
+
+def channel_limit(layer: LayerSpec, chip: Chip) -> int | None:
+    """The most output channels one NPU step of ``layer`` computes (``Conv``'s max_channels)."""
+    spec = chip.ops.get("Conv") if layer.op in CONV_FAMILIES else None
+    return spec.max_channels if spec is not None else None
+
+
+def channel_slices(layer: LayerSpec, chip: Chip) -> int:
+    """How many C slices ``layer`` needs at least to stay within the chip's channel limit."""
+    limit = channel_limit(layer, chip)
+    return -(-layer.c_out // limit) if limit else 1
+
+
+def _c_min(group: Group, chip: Chip) -> int:
+    return max(channel_slices(layer, chip) for layer in group.layers)
 
 
 def _c_max(group: Group) -> int:

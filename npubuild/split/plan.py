@@ -20,7 +20,7 @@ from npubuild.recipe.model import SplitSpec
 from npubuild.split.cost import elements, island_cost, node_macs
 from npubuild.split.graph import OpGraph, build_op_graph
 from npubuild.split.partition import CPU, NPU, Segment, npu_islands, partition, segment_of
-from npubuild.targets.constraints import node_reasons, op_label
+from npubuild.targets.constraints import layout_noop_reasons, node_reasons, op_label
 from npubuild.targets.model import Chip
 from npubuild.targets.view import GraphFacts, NodeView
 
@@ -114,6 +114,8 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
     og = build_op_graph(inferred.graph)
     facts = GraphFacts.from_model(inferred)
     on_npu, reasons, pinned = _initial(og, facts, chip, spec)
+    if spec.policy != "cpu_only":
+        _layout_noops_between_npu_ops(og, facts, chip, on_npu, reasons, pinned)
     while True:
         segments = partition(og.preds, on_npu)
         moved = _demote_islands(og, facts, chip, spec, segments, on_npu, reasons, pinned)
@@ -157,6 +159,36 @@ def _initial(og: OpGraph, facts: GraphFacts, chip: Chip, spec: SplitSpec):
         on_npu.append(device == NPU)
         reasons.append(why)
     return on_npu, reasons, pinned
+
+
+def _layout_noops_between_npu_ops(og: OpGraph, facts: GraphFacts, chip: Chip,
+                                  on_npu: list[bool], reasons: list[list[str]],
+                                  pinned: set[int]) -> None:
+    """Reshape-family nodes the chip check sent to the CPU but whose every producer and
+    consumer runs on the NPU go to the NPU: there they move no data (chains of them too).
+
+    Only nodes on the CPU for the chip check's reasons move; a recipe's force_cpu or manual
+    placement stands. A node whose output leaves the model stays where it is.
+    """
+    candidates = {i for i, node in enumerate(og.nodes)
+                  if not on_npu[i] and i not in pinned and not _forced(reasons[i])
+                  and layout_noop_reasons(NodeView(node, facts), chip) == []
+                  and not set(node.output) & set(og.outputs) and og.succs[i]}
+    changed = True
+    while changed:
+        changed = False
+        for i in sorted(candidates):
+            producers = {og.producer.get(og.nodes[i].input[0])} - {None}
+            neighbours = producers | set(og.succs[i])
+            if not producers or not all(on_npu[j] or j in candidates for j in neighbours):
+                candidates.discard(i)
+                changed = True
+    for i in candidates:
+        on_npu[i], reasons[i] = True, []
+
+
+def _forced(why: list[str]) -> bool:
+    return any(r.startswith(("forced to the CPU", "placed on the")) for r in why)
 
 
 def _demote_islands(og, facts, chip, spec, segments, on_npu, reasons, pinned) -> bool:

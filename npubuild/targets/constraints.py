@@ -157,7 +157,16 @@ def output_rank(node: NodeView, spec: OpSupport) -> str | None:
                   if node.shape(t) is not None and len(node.shape(t)) not in spec.ranks)
 
 
-@constraint(field="max_channels")
+@constraint(field="max_channels", ops={"Conv"})
+def conv_input_channels(node: NodeView, spec: OpSupport) -> str | None:
+    """Each output channel reads more than {max_channels} input channels (the compiler splits output channels, not input channels)"""
+    weight = node.shape(node.input(1))
+    if weight and len(weight) >= 2 and isinstance(weight[1], int) and weight[1] > spec.max_channels:
+        return f"weight {node.input(1)!r} has shape {show_shape(weight)}"
+    return None
+
+
+@constraint(field="max_channels", ops=CONV_OPS - {"Conv"})
 def channels(node: NodeView, spec: OpSupport) -> str | None:
     """Channels are more than {max_channels}"""
     for t in [*node.activations, *node.outputs]:
@@ -210,9 +219,13 @@ def dilation_bound(node: NodeView, spec: OpSupport) -> str | None:
 
 
 def pads(node: NodeView) -> list[int]:
+    """Spatial padding (a kernel's window border). A Pad's batch and channel pads are left
+    out: appending zero channels (TFLite's channel padding) is a fill, not a window border."""
     if node.op == "Pad":
         value = node.const(1)
-        return [int(p) for p in value] if value is not None else list(node.attr("pads", []))
+        raw = [int(p) for p in value] if value is not None else list(node.attr("pads", []))
+        rank = len(raw) // 2
+        return raw[2:rank] + raw[rank + 2:] if rank > 2 else raw
     if node.attr("auto_pad", "NOTSET") in ("SAME_UPPER", "SAME_LOWER"):
         return _same_pads(node)
     return list(node.attr("pads", []))
@@ -360,6 +373,28 @@ def integer_kernel(node: NodeView, spec: OpSupport) -> str | None:
     from npubuild.targets.integer import lowering_failure
 
     return lowering_failure(node)
+
+
+# ---- layout no-ops ---------------------------------------------------------------------------
+
+#: Ops that only rename the dimensions of a contiguous tensor: on the NPU they move no data.
+LAYOUT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+LAYOUT_NOOP_NOTE = ("Reshape, Flatten, Squeeze and Unsqueeze between two NPU ops run on the NPU "
+                    "as layout no-ops (they move no data) on every chip, listed in its table or "
+                    "not, when their shapes are static and their shape inputs constant")
+
+
+def layout_noop_reasons(view: NodeView, chip: Chip) -> list[str] | None:
+    """Why a layout op cannot be an NPU layout no-op (None: ``view`` is no layout op).
+
+    Its table entry (or its absence) and ranks do not matter: between two NPU ops the NPU
+    keeps the tensor where it is. Static shapes, constant shape inputs and the chip's dtypes do.
+    """
+    if view.op not in LAYOUT_OPS or view.node.domain not in STANDARD_DOMAINS:
+        return None
+    spec = OpSupport(dtypes=list(chip.dtypes))
+    return [_with_detail(c.reason(spec), detail) for c in CONSTRAINTS
+            if c.field in (None, "dtypes") and (detail := c.check(view, spec)) is not None]
 
 
 # ---- the node-level answer -----------------------------------------------------------------

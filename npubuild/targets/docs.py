@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import onnx
 
-from npubuild.targets.constraints import (CONSTRAINTS, HAS_SUBGRAPH_REASON, PARAM_INPUTS,
-                                          either, effective_spec, integer_kernel,
+from npubuild.targets.constraints import (CONSTRAINTS, HAS_SUBGRAPH_REASON, LAYOUT_NOOP_NOTE,
+                                          PARAM_INPUTS, either, effective_spec, integer_kernel,
                                           params_constant)
 from npubuild.targets.integer import conditions
 from npubuild.targets.model import Chip
@@ -33,6 +33,7 @@ simulated; each says what its figures are modelled on.
 - Fused ops (domain `npubuild.fused`): every node of the function body is checked at the fused
   node's real shapes; a fused op the table does not name is accepted only when the chip sets
   `accept_fused_bodies`.
+- {layout_noop}.
 """
 
 
@@ -47,7 +48,8 @@ def supported_ops_markdown(chips: list[Chip] | None = None) -> str:
                + (" (the lowering rules of `npubuild.quant.ops`, which quantize uses; the "
                   "reason carries the rule's own text)" if c.check is integer_kernel else "")
                for c in CONSTRAINTS if c.field is None]
-    lines = [INTRO.format(subgraph=HAS_SUBGRAPH_REASON, generic="\n".join(generic))]
+    lines = [INTRO.format(subgraph=HAS_SUBGRAPH_REASON, generic="\n".join(generic),
+                          layout_noop=LAYOUT_NOOP_NOTE)]
     for chip in chips:
         lines += _chip_section(chip)
     return "\n".join(lines).rstrip() + "\n"

@@ -38,7 +38,11 @@ class OpSupport(Strict):
     """Max padding on each side."""
     groups: Literal["any", "one", "depthwise", "one_or_depthwise"] = "any"
     """Allowed convolution groups: any, one (dense), depthwise, or either of those two."""
-    max_channels: int | None = Field(None, ge=1, description="Max input and output channels.")
+    max_channels: int | None = Field(
+        None, ge=1, description="Conv: the most input channels one output channel reads, and "
+                                "the most output channels one NPU step computes (the compiler "
+                                "splits a wider layer into output-channel slices); ConvTranspose: "
+                                "max input and output channels.")
     axes: list[int] | None = Field(None, description="Allowed axes (Concat, Split, Softmax), "
                                                     "normalised to non-negative for 4-D.")
     resize_modes: list[str] | None = None

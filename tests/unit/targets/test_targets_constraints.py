@@ -59,8 +59,16 @@ CASES = {
     "pad": (conv(k=3, pad=5), "npu-strict", "Padding is larger than 3: pads [5, 5, 5, 5]"),
     "groups": (conv(group=2), "npu-strict", "Convolution groups are not 1 or depthwise "
                                            "(groups = channels): group=2, 4 input channels"),
-    "channels": (conv(cin=1032, cout=4, size=4), "npu-tiny",
-                 "Channels are more than 1024: 'x' has 1032 channels"),
+    "conv input channels": (conv(cin=1032, cout=4, size=4), "npu-tiny",
+                            "Each output channel reads more than 1024 input channels (the "
+                            "compiler splits output channels, not input channels): weight "
+                            "'n.w' has shape [4, 1032, 3, 3]"),
+    "channels": (one("ConvTranspose", [[1, 12, 4, 4], [12, 4, 3, 3]],
+                     {1: np.zeros((12, 4, 3, 3), np.float32)}),
+                 load_chip("npu-16m").model_copy(update={"ops": {
+                     "ConvTranspose": load_chip("npu-16m").ops["ConvTranspose"].model_copy(
+                         update={"max_channels": 8})}}),
+                 "Channels are more than 8: 'x0' has 12 channels"),
     "3-D input": (one("Relu", [[1, 4, 8]]), "npu-strict",
                   "Input is not 4D tensor: 'x0' has shape [1, 4, 8]"),
     "broadcast": (one("Add", [[1, 4, 8, 8], [1, 1, 8, 1]]), "npu-strict",
@@ -171,7 +179,8 @@ def test_supported_ops_doc_is_generated_from_the_checks():
     assert doc == supported_ops_markdown(), (
         "docs/SUPPORTED_OPS.md is stale: run `python -c 'from npubuild.targets.docs "
         "import supported_ops_markdown as m; print(m(), end=\"\")' > docs/SUPPORTED_OPS.md`")
-    assert "| Conv | Input is not 4D tensor; Output is not 4D tensor; Channels are more than 2048" in doc
+    assert ("| Conv | Input is not 4D tensor; Output is not 4D tensor; Each output channel reads "
+            "more than 2048 input channels") in doc
 
 
 def test_presets_are_honest_about_being_simulated():

@@ -1,0 +1,322 @@
+"""The zoo conformance table: every recipe in recipes/zoo/ (and recipes/zoo/keras/ when present)
+built on every preset chip (ARCHITECTURE §8).
+
+First the model-generation scripts run (scripts/make_zoo_models.py, and scripts/make_keras_zoo.py
+when it exists), then each recipe is built as a matrix build (``build/<name>@<chip>/``: the
+chip-independent stages once, restored from the content cache for every chip) and one table is
+printed: model x chip -> the last stage reached, NPU/CPU segments and nodes, output cosine over
+all verify samples / on the worst sample, simulator bit-exact, GMEM ratio (grouped / one layer
+per group), fps, seconds per stage (to build it, from the stage's manifest, also when this run
+restored it from the content cache), and the first line of the error if any.
+
+fps is end to end: the NPU segments' estimated cycles at the chip's clock plus the CPU
+segments' median time in ONNX Runtime on this machine (one thread).
+
+    python3 benchmarks/zoo.py [--models GLOB ...] [--chips npu-16m ...] [-j 2] [--json out.json]
+    python3 benchmarks/zoo.py --from-json a.json b.json     # one table from earlier runs
+
+Exit code 0 when every cell on npu-16m passed verify and no cell anywhere failed with an
+unexplained error ("likely a bug", "internal error" or an uncaught exception); 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+ZOO = REPO / "recipes" / "zoo"
+GENERATORS = (REPO / "scripts" / "make_zoo_models.py", REPO / "scripts" / "make_keras_zoo.py")
+CHIPS = ("npu-16m", "npu-strict", "npu-tiny")
+MUST_PASS = "npu-16m"
+STAGE_ABBREV = {"import": "imp", "surgery": "sur", "fusion": "fus", "split": "spl",
+                "quantize": "qnt", "compile": "cmp", "verify": "ver"}
+UNEXPLAINED = ("likely a bug", "internal error", "Traceback", "uncaught ")
+
+
+def zoo_recipes(patterns: list[str] | None) -> list[Path]:
+    """recipes/zoo/*.yaml then recipes/zoo/keras/*.yaml, filtered by name globs."""
+    found = sorted(ZOO.glob("*.yaml")) + sorted((ZOO / "keras").glob("*.yaml"))
+    if not patterns:
+        return found
+    return [p for p in found if any(fnmatch.fnmatch(p.stem, pat) for pat in patterns)]
+
+
+def run_generators() -> None:
+    for script in GENERATORS:
+        if script.exists():
+            started = time.perf_counter()
+            subprocess.run([sys.executable, str(script)], check=True, cwd=REPO,
+                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                           stdout=subprocess.DEVNULL)
+            print(f"# {script.relative_to(REPO)}: {time.perf_counter() - started:.1f} s",
+                  file=sys.stderr)
+
+
+# ---- one recipe on every chip (in a worker process) ----------------------------------------
+
+def build_recipe(recipe: str, chips: list[str], build_root: str | None,
+                 cache: str | None) -> list[dict]:
+    """Build ``recipe`` for each chip; every outcome (an uncaught exception included) is data."""
+    from npubuild import api
+    from npubuild.errors import NpubuildError
+    from npubuild.matrix import build_cell, shared_prefix
+    from npubuild.recipe import load_recipe
+
+    root = Path(build_root) if build_root else None
+    cache_dir = Path(cache) if cache else None
+    try:
+        loaded = load_recipe(recipe)
+    except NpubuildError as exc:
+        return [{"recipe": recipe, "target": chip, "ok": False, "exit_code": exc.exit_code,
+                 "report": {}, "error": str(exc)} for chip in chips]
+    try:
+        api.build(api.session_for(loaded.for_target(chips[0]), build_root=root, cache=cache_dir),
+                  shared_prefix(None))
+    except NpubuildError:
+        pass  # each cell meets the same error and records it with its report
+    except Exception as exc:  # noqa: BLE001 - the table shows what npubuild did not explain
+        return [_crash(recipe, chip, exc) for chip in chips]
+    cells = []
+    for chip in chips:
+        started = time.perf_counter()
+        try:
+            cell = build_cell(recipe, chip, None, root, cache_dir)
+        except Exception as exc:  # noqa: BLE001
+            cell = _crash(recipe, chip, exc)
+        cell["recipe"], cell["wall_seconds"] = recipe, round(time.perf_counter() - started, 2)
+        session = api.session_for(loaded.for_target(chip), build_root=root, cache=cache_dir)
+        cell["build_seconds"] = _build_seconds(session)
+        if cell.get("ok"):
+            cell["cpu_seconds"] = _cpu_segment_seconds(session)
+        cells.append(cell)
+    return cells
+
+
+def _crash(recipe: str, chip: str, exc: Exception) -> dict:
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+    return {"recipe": recipe, "target": chip, "ok": False, "exit_code": None, "report": {},
+            "error": f"uncaught {type(exc).__name__}{at}: {exc}"}
+
+
+def _build_seconds(session) -> dict[str, float]:
+    """Seconds each stage took to build, from its manifest: the same figure when this run
+    restored the stage from the cache (a restore takes milliseconds and says nothing)."""
+    from npubuild.build.keys import read_manifest
+    from npubuild.stages import PIPELINE
+
+    found = {s.name: (read_manifest(session.paths.manifest(s.name)) or {}).get("seconds")
+             for s in PIPELINE}
+    return {stage: seconds for stage, seconds in found.items() if seconds is not None}
+
+
+def _cpu_segment_seconds(session) -> float:
+    """Median ONNX Runtime time of every CPU submodel (zeros in, one thread), summed."""
+    import numpy as np
+    import onnxruntime as ort
+
+    split = session.paths.stage_dir("split")
+    infos = json.loads((split / "graph_infos.json").read_text())
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.log_severity_level = 1, 3
+    total = 0.0
+    for graph in infos["graphs"]:
+        if graph["device"] != "cpu":
+            continue
+        sess = ort.InferenceSession(str(split / graph["model_info"]["model_path"]), options,
+                                    providers=["CPUExecutionProvider"])
+        feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape],
+                                  _np_dtype(i.type)) for i in sess.get_inputs()}
+        runs = []
+        for _ in range(3):
+            started = time.perf_counter()
+            sess.run(None, feeds)
+            runs.append(time.perf_counter() - started)
+        total += statistics.median(runs)
+    return total
+
+
+def _np_dtype(ort_type: str):
+    import numpy as np
+
+    return {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+            "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
+            "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
+            "tensor(double)": np.float64}.get(ort_type, np.float32)
+
+
+# ---- the table -----------------------------------------------------------------------------
+
+def row(cell: dict) -> dict:
+    """One table row from a cell: figures from its report.json, None where a stage did not run."""
+    from npubuild.stages import PIPELINE
+
+    report = cell.get("report") or {}
+    stages = report.get("stages") or {}
+    done = [s.name for s in PIPELINE
+            if (stages.get(s.name) or {}).get("status") in ("built", "restored", "cached")]
+    split, est = report.get("split") or {}, report.get("estimate") or {}
+    outputs = (report.get("accuracy") or {}).get("outputs") or {}
+    cos = [m["cosine"] for m in outputs.values() if m.get("cosine") is not None]
+    worst = [m["min_sample_cosine"] for m in outputs.values()
+             if m.get("min_sample_cosine") is not None]
+    grouped, per_layer = est.get("gmem_bytes"), est.get("gmem_bytes_no_grouping")
+    npu_fps = est.get("fps")
+    cpu_s = cell.get("cpu_seconds")
+    fps = None
+    if cell.get("ok") and (npu_fps or cpu_s):
+        fps = 1.0 / ((1.0 / npu_fps if npu_fps else 0.0) + (cpu_s or 0.0))
+    error = cell.get("error") or ""
+    return {
+        "model": Path(cell["recipe"]).stem, "chip": cell["target"],
+        "reached": done[-1] if done else "-", "passed": bool(cell.get("ok")),
+        "segments": [split.get("npu_segments"), split.get("cpu_segments")],
+        "nodes": [split.get("npu_nodes"), split.get("cpu_nodes")],
+        "cosine": min(cos) if cos else None, "worst_cosine": min(worst) if worst else None,
+        "bit_exact": (report.get("simulator") or {}).get("bit_exact"),
+        "gmem_ratio": grouped / per_layer if grouped and per_layer else None,
+        "fps": fps, "npu_fps": npu_fps, "cpu_seconds": cpu_s,
+        "seconds": {s: t for s, t in (cell.get("build_seconds") or {}).items()
+                    if s in STAGE_ABBREV and s in done},
+        "wall_seconds": cell.get("wall_seconds"),
+        "error": error.splitlines()[0] if error else "",
+        "unexplained": any(u in error for u in UNEXPLAINED),
+    }
+
+
+def _pair(values: list) -> str:
+    return "-" if values[0] is None else f"{values[0]}/{values[1]}"
+
+
+def _num(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ("| model | chip | reached | seg NPU/CPU | nodes NPU/CPU | cosine all / worst | "
+            "bit-exact | GMEM ratio | fps | s per stage (imp sur fus spl qnt cmp ver) | error |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        cos = "-" if r["cosine"] is None else f"{r['cosine']:.4f} / {_num(r['worst_cosine'], '.4f')}"
+        secs = " ".join(_num(r["seconds"].get(s), ".1f") for s in STAGE_ABBREV)
+        exact = {True: "yes", False: "NO", None: "-"}[r["bit_exact"]]
+        error = r["error"].replace("|", "\\|")
+        error = error if len(error) <= 160 else error[:157] + "..."
+        lines.append(f"| {r['model']} | {r['chip']} | {r['reached']} | {_pair(r['segments'])} | "
+                     f"{_pair(r['nodes'])} | {cos} | {exact} | {_num(r['gmem_ratio'], '.3f')} | "
+                     f"{_num(r['fps'], ',.0f')} | {secs} | {error} |")
+    return "\n".join(lines)
+
+
+def summary(rows: list[dict]) -> str:
+    must = [r for r in rows if r["chip"] == MUST_PASS]
+    passed = {c: sum(r["passed"] for r in rows if r["chip"] == c) for c in dict.fromkeys(
+        r["chip"] for r in rows)}
+    unexplained = [f"{r['model']}@{r['chip']}" for r in rows if r["unexplained"]]
+    parts = [f"{c}: {n}/{sum(r['chip'] == c for r in rows)} pass verify" for c, n in passed.items()]
+    text = f"{len(dict.fromkeys(r['model'] for r in rows))} models; " + "; ".join(parts)
+    if unexplained:
+        text += f"; unexplained errors: {', '.join(unexplained)}"
+    return text + ("" if not must or all(r["passed"] for r in must) else
+                   f"; FAILING on {MUST_PASS}: "
+                   + ", ".join(r["model"] for r in must if not r["passed"]))
+
+
+# ---- main ----------------------------------------------------------------------------------
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", metavar="GLOB", help="recipe names (file stems) to "
+                   "build, globs allowed (default: the whole zoo)")
+    p.add_argument("--chips", nargs="+", default=list(CHIPS), help="chips (default: the presets)")
+    p.add_argument("-j", "--jobs", type=int, default=1, help="recipes built in parallel")
+    p.add_argument("--build-dir", type=Path, default=REPO / "build")
+    p.add_argument("--cache", type=Path, default=None, help="content cache (default: npubuild's)")
+    p.add_argument("--no-generate", action="store_true",
+                   help="skip the model-generation scripts (their outputs must exist)")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write every row as JSON")
+    p.add_argument("--from-build", action="store_true",
+                   help="build nothing: one row per cell from the report.json and manifests "
+                        "already in --build-dir (cells never built are left out; no CPU timing)")
+    p.add_argument("--from-json", type=Path, nargs="+", metavar="FILE",
+                   help="build nothing: print one table from earlier runs' --json files (a "
+                        "later file's row replaces an earlier one for the same model and chip)")
+    return p.parse_args(argv)
+
+
+def rows_from_build(recipes: list[Path], chips: list[str], build_root: Path) -> list[dict]:
+    from npubuild import api
+    from npubuild.build.keys import read_manifest
+    from npubuild.recipe import load_recipe
+
+    rows = []
+    for recipe in recipes:
+        loaded = load_recipe(recipe)
+        for chip in chips:
+            session = api.session_for(loaded.for_target(chip), build_root=build_root)
+            report = read_manifest(session.paths.report)
+            if not report:
+                continue
+            verdict = report.get("verify") or {}
+            error = report.get("error") or "; ".join(verdict.get("failures") or [])
+            rows.append(row({"recipe": str(recipe), "target": chip, "report": report,
+                             "ok": not error and verdict.get("passed") is True,
+                             "error": error, "build_seconds": _build_seconds(session)}))
+    return rows
+
+
+def rows_from_json(files: list[Path]) -> list[dict]:
+    merged: dict[tuple[str, str], dict] = {}
+    for file in files:
+        for r in json.loads(file.read_text())["rows"]:
+            merged[(r["model"], r["chip"])] = r
+    return [merged[k] for k in sorted(merged)]
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.from_json or args.from_build:
+        rows = (rows_from_json(args.from_json) if args.from_json else
+                rows_from_build(zoo_recipes(args.models), args.chips, args.build_dir))
+        print(markdown(rows))
+        print(f"\n{summary(rows)}")
+        if args.json:
+            args.json.write_text(json.dumps({"rows": rows}, indent=2, default=str))
+        return 0
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if not args.no_generate:
+        run_generators()
+    recipes = zoo_recipes(args.models)
+    if not recipes:
+        print(f"no zoo recipe matches {args.models}", file=sys.stderr)
+        return 2
+    jobs = [(str(r), args.chips, str(args.build_dir), str(args.cache) if args.cache else None)
+            for r in recipes]
+    started = time.perf_counter()
+    # One fresh worker per recipe: TensorFlow, ONNX Runtime sessions and a crash stay contained.
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), max_tasks_per_child=1) as pool:
+        cells = [c for result in pool.map(build_recipe, *zip(*jobs)) for c in result]
+    rows = [row(c) for c in cells]
+    print(markdown(rows))
+    print(f"\n{summary(rows)}; {time.perf_counter() - started:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "cells": cells}, indent=2, default=str))
+    bad = any(r["unexplained"] for r in rows) or any(
+        not r["passed"] for r in rows if r["chip"] == MUST_PASS)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,42 @@
+"""CI's fast subset of the zoo (benchmarks/zoo.py builds the whole zoo on every chip): a few
+small zoo recipes, each built end to end on npu-16m through the benchmark's own cell builder,
+must pass verify bit-exact; the cache is the test run's shared one."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.conftest import REPO, shared_root
+
+pytestmark = pytest.mark.slow
+
+FAST_ZOO = ["speech-vad", "transformer-encoder", "light-squeezenet"]
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def zoo_bench():
+    """benchmarks/zoo.py as a module, with the hand-built zoo models written (seeded: every
+    worker writes the same bytes, atomically)."""
+    _load(REPO / "scripts" / "make_zoo_models.py", "make_zoo_models").main([])
+    return _load(REPO / "benchmarks" / "zoo.py", "zoo_bench")
+
+
+@pytest.mark.parametrize("name", FAST_ZOO)
+def test_zoo_recipe_passes_verify_on_npu_16m(name, zoo_bench, tmp_path_factory, shared_cache):
+    root = shared_root(tmp_path_factory) / "zoo-build"
+    [cell] = zoo_bench.build_recipe(str(REPO / "recipes" / "zoo" / f"{name}.yaml"), ["npu-16m"],
+                                    str(root), str(shared_cache))
+    row = zoo_bench.row(cell)
+    assert row["passed"], row["error"]
+    assert row["reached"] == "verify" and row["bit_exact"] is True
+    assert row["worst_cosine"] >= 0.95 and row["nodes"][0] > 0
+    assert not row["unexplained"]

@@ -1,0 +1,91 @@
+"""Issue 11, class 10: chip limits an NPU compiler works around instead of leaving to the CPU.
+
+A convolution wider than the chip computes in one step is split by output channels, and
+Reshape-family ops between two NPU ops are layout no-ops on the NPU (on every chip).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from npubuild.recipe.model import SplitSpec
+from npubuild.split import plan_split
+from npubuild.targets import load_chip
+from tests.unit.split.split_models import Net
+from tests.unit.targets.test_targets_constraints import reasons_of
+
+TINY = load_chip("npu-tiny")
+STRICT = load_chip("npu-strict")
+
+
+def pointwise(cin: int, cout: int) -> "onnx.ModelProto":  # noqa: F821
+    net = Net()
+    return net.model([net.conv(net.input("x", [1, cin, 7, 7]), cin, cout, k=1, name="n")])
+
+
+def test_a_1280_channel_1x1_conv_runs_on_the_1024_channel_chip():
+    assert TINY.ops["Conv"].max_channels == 1024
+    assert reasons_of(pointwise(320, 1280), TINY) == []
+
+
+def test_a_conv_reading_more_input_channels_than_the_chip_allows_says_why():
+    [reason] = reasons_of(pointwise(1280, 16), TINY)
+    assert reason == ("Each output channel reads more than 1024 input channels (the compiler "
+                      "splits output channels, not input channels): weight 'n.w' has shape "
+                      "[16, 1280, 1, 1]")
+
+
+def test_a_wide_depthwise_conv_is_split_by_channels_too():
+    net = Net()
+    x = net.input("x", [1, 1280, 7, 7])
+    model = net.model([net.conv(x, 1280, 1280, k=3, group=1280, name="n")])
+    assert reasons_of(model, TINY) == []
+
+
+def _conv_reshape_conv(op: str) -> "onnx.ModelProto":  # noqa: F821
+    """conv -> (Flatten | Squeeze + Unsqueeze | Reshape) -> conv on 4-D tensors."""
+    net = Net()
+    a = net.conv(net.input("x", [1, 8, 1, 1]), 8, 8, k=1, name="a")
+    if op == "Flatten":
+        mid = net.op("Reshape", [net.op("Flatten", [a], name="flat"),
+                                 net.init("shape4", np.array([1, 8, 1, 1], np.int64))],
+                     name="back")
+    elif op == "Squeeze":
+        sq = net.op("Squeeze", [a, net.init("axes", np.array([3], np.int64))], name="squeeze")
+        mid = net.op("Unsqueeze", [sq, net.init("axes2", np.array([3], np.int64))],
+                     name="unsqueeze")
+    else:
+        mid = net.op("Reshape", [a, net.init("shape", np.array([1, 2, 4, 1], np.int64))],
+                     name="reshape")
+    return net.model([net.conv(mid, 8 if op != "Reshape" else 2, 4, k=1, name="b")])
+
+
+def test_reshape_family_between_npu_ops_stays_on_the_npu_on_every_chip():
+    for op in ("Flatten", "Squeeze", "Reshape"):
+        for chip in (TINY, STRICT):
+            plan = plan_split(_conv_reshape_conv(op), chip, SplitSpec())
+            assert all(plan.on_npu), (op, chip.name, plan.reasons)
+            assert len(plan.segments) == 1
+
+
+def test_a_reshape_at_the_edge_or_forced_to_the_cpu_stays_on_the_cpu():
+    net = Net()
+    a = net.conv(net.input("x", [1, 8, 2, 2]), 8, 8, k=1, name="a")
+    out = net.op("Flatten", [a], name="flat")  # its output leaves the model: CPU post-processing
+    plan = plan_split(net.model([out]), STRICT, SplitSpec())
+    assert plan.on_npu == [True, False]
+    assert plan.reasons[1] == ["op Flatten is not supported by chip npu-strict"]
+    forced = plan_split(_conv_reshape_conv("Squeeze"), STRICT, SplitSpec(force_cpu=["squeeze"]))
+    devices = {forced.graph.label(i): npu for i, npu in enumerate(forced.on_npu)}
+    assert devices == {"a": True, "squeeze": False, "unsqueeze": False, "b": True}
+
+
+def test_channel_padding_is_a_fill_not_a_window_border():
+    """TFLite's channel padding (zeros appended along C, as in MediaPipe's face models) is not
+    bounded by max_pad, which is about the spatial border a kernel reads."""
+    from tests.unit.targets.test_targets_constraints import one
+
+    channels = one("Pad", [[1, 4, 8, 8], [8]], {1: np.array([0, 0, 0, 0, 0, 64, 0, 0])})
+    spatial = one("Pad", [[1, 4, 8, 8], [8]], {1: np.array([0, 0, 16, 0, 0, 0, 16, 0])})
+    assert reasons_of(channels, "npu-16m") == []
+    assert reasons_of(spatial, "npu-16m") == ["Padding is larger than 15: pads [16, 0, 16, 0]"]
