@@ -20,7 +20,9 @@ SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[Healt
 def test_tiled_stacks_on_npu_tiny_equal_the_untiled_reference(stack_outputs, scheme, granularity):
     stack, outputs = stack_outputs
     qgraph = quantize(stack.model(outputs), scheme, granularity=granularity)
-    _, program, program_file = compile_qgraph(qgraph, TINY)
+    # a layer too big for npu-tiny even alone (a wide, tall depthwise conv) runs on the CPU:
+    # the rest must still be tiled exactly
+    _, program, program_file = compile_qgraph(qgraph, TINY, on_no_fit="cpu")
     sliced = [g for g in program.npu_groups if g.plan.slicing.h > 1]
     event(f"H-sliced groups: {'some' if sliced else 'none'}")
     for group in program.npu_groups:
