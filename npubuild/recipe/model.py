@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag,
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictFloat, StrictInt, Tag,
                       WithJsonSchema, create_model, field_validator, model_validator)
 
 from npubuild import fusions, surgery
@@ -81,8 +81,8 @@ class ProofInput(Strict):
     data: str | None = Field(
         None, description="A .npy file, or a .npz with an array under the input's name; relative "
                           "to the recipe or pkg:<package>/<path>.")
-    range: tuple[float, float] | None = Field(
-        None, description="Seeded random values in [low, high] (integers: both ends included), "
+    range: tuple[StrictFloat, StrictFloat] | None = Field(  # YAML gives a list; items stay strict
+        None, strict=False, description="Seeded random values in [low, high] (integers: both ends included), "
                           "e.g. token ids [0, 30521].")
 
     @model_validator(mode="after")
