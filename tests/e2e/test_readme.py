@@ -1,14 +1,17 @@
-"""The README is tested: every YAML block in it is a valid recipe (against the pydantic models
-and the generated JSON Schema), and the example recipe it shows builds and passes verify."""
+"""The README is tested: every YAML block in it is a valid recipe, or a valid section of one
+(against the pydantic models and the generated JSON Schema), and the example recipe it shows
+builds and passes verify."""
 
 import json
 import re
+import textwrap
 
 import jsonschema
 import pytest
 import yaml
 
 from npubuild.recipe import load_recipe
+from npubuild.recipe.model import ModelSpec, Recipe
 from tests.conftest import REPO, run_cli
 
 README = REPO / "README.md"
@@ -31,12 +34,25 @@ def test_the_readme_has_a_recipe_block():
     assert readme_yaml_blocks(), "README.md lost its ```yaml recipe"
 
 
+def as_recipe(text: str) -> dict:
+    """A block as a whole recipe: a fragment (a section's fields, shown indented) is put into
+    the README's example recipe at the section it belongs to."""
+    data = yaml.safe_load(textwrap.dedent(text))
+    if "version" in data:
+        return data
+    recipe = yaml.safe_load(readme_yaml_blocks()[0])
+    if set(data) <= set(Recipe.model_fields):
+        return {**recipe, **data}
+    assert set(data) <= set(ModelSpec.model_fields), f"README block fits no recipe section: {text}"
+    return {**recipe, "model": {**recipe["model"], **data}}
+
+
 @pytest.mark.parametrize("index", range(len(readme_yaml_blocks())))
 def test_every_readme_yaml_block_is_a_valid_recipe(index, tmp_path):
-    text = readme_yaml_blocks()[index]
-    load_recipe(recipe_file(tmp_path, text, index))  # raises the user's error message
+    data = as_recipe(readme_yaml_blocks()[index])
+    load_recipe(recipe_file(tmp_path, yaml.safe_dump(data), index))  # raises the user's error
     schema = json.loads((REPO / "schemas" / "recipe.schema.json").read_text())
-    jsonschema.validate(yaml.safe_load(text), schema)
+    jsonschema.validate(data, schema)
 
 
 @pytest.mark.slow
