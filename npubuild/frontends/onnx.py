@@ -69,11 +69,11 @@ def resolve_shapes(model: onnx.ModelProto, declared: onnx.ModelProto) -> onnx.Mo
 def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """Replace Shape/Size of statically shaped tensors, and the shape arithmetic that then reads
     only constants, by initializers; None when nothing folds."""
-    from npubuild.surgery.folding import evaluate
+    from npubuild.surgery.folding import evaluate, fold_shape_reads
     from npubuild.surgery.graph import Editor, subgraph_inputs
 
     ed = Editor(model, "import")
-    derived = _fold_shape_reads(ed)
+    derived = fold_shape_reads(ed)
     if not derived:
         return None
     constant = {t.name for t in ed.graph.initializer if not ed.overridable(t.name)}
@@ -116,28 +116,6 @@ def _reaching(ed, computable: list[onnx.NodeProto], derived: set[str]) -> list[o
             keep.add(id(node))
             wanted.update(node.input)
     return [n for n in computable if id(n) in keep]
-
-
-def _fold_shape_reads(ed) -> set[str]:
-    """Shape/Size nodes of tensors with a static shape become initializers; their names."""
-    folded = set()
-    for node in list(ed.graph.node):
-        if node.op_type not in ("Shape", "Size") or ed.is_graph_output(node.output[0]):
-            continue
-        shape = ed.shape(node.input[0])
-        if shape is None:
-            continue
-        if node.op_type == "Size":
-            value = np.array(int(np.prod(shape)), np.int64)
-        else:
-            attrs = {a.name: a.i for a in node.attribute}
-            rank = len(shape)
-            start, end = attrs.get("start", 0), attrs.get("end", rank)
-            value = np.array(shape[slice(start, end)], np.int64)
-        ed.remove(node)
-        ed.set_initializer(node.output[0], value)
-        folded.add(node.output[0])
-    return folded
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -39,7 +39,7 @@ def fold_constants(model: onnx.ModelProto, args: FoldConstantsArgs) -> onnx.Mode
     ed = Editor(model, "fold_constants")
     limit = None if args.size_limit_mb is None else int(args.size_limit_mb * 2**20)
     for _ in range(args.max_rounds):
-        changed = _fold_shapes(ed)
+        changed = bool(fold_shape_reads(ed))
         changed |= _fold_constant_nodes(ed, limit)
         if args.remove_noops:
             changed |= _remove_noops(ed)
@@ -49,9 +49,9 @@ def fold_constants(model: onnx.ModelProto, args: FoldConstantsArgs) -> onnx.Mode
     return ed.finish()
 
 
-def _fold_shapes(ed: Editor) -> bool:
-    """Shape and Size of tensors whose shape is static become initializers."""
-    changed = False
+def fold_shape_reads(ed: Editor) -> set[str]:
+    """Shape and Size of tensors whose shape is static become initializers; their names."""
+    folded = set()
     for node in list(ed.graph.node):
         if node.op_type not in ("Shape", "Size") or ed.is_graph_output(node.output[0]):
             continue
@@ -66,8 +66,8 @@ def _fold_shapes(ed: Editor) -> bool:
             value = np.array(shape[_clamp(start, rank):_clamp(end, rank)], np.int64)
         ed.remove(node)
         ed.set_initializer(node.output[0], value)
-        changed = True
-    return changed
+        folded.add(node.output[0])
+    return folded
 
 
 def _clamp(index: int, rank: int) -> int:
