@@ -46,6 +46,24 @@ def safe_relpath(rel: object) -> PurePosixPath:
     return path
 
 
+def parse_manifest(raw: bytes, key: str) -> dict:
+    """A cache entry's manifest from its bytes, checked: a JSON object for this very key, whose
+    files have safe names and hashes (the local cache and the remote one read it alike)."""
+    try:
+        manifest = json.loads(raw)
+    except ValueError:
+        raise CacheCorrupt("the manifest is not JSON") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise CacheCorrupt("the manifest has no file list")
+    if manifest.get("key") != key:
+        raise CacheCorrupt("the manifest belongs to another key")
+    for rel, info in manifest["files"].items():
+        safe_relpath(rel)
+        if not isinstance(info, dict) or not isinstance(info.get("sha256"), str):
+            raise CacheCorrupt(f"no hash for {rel[:80]!r} in the manifest")
+    return manifest
+
+
 def open_inside(root: Path, parts: tuple[str, ...]) -> int:
     """Open ``root/parts...`` as a regular file, refusing a symlink or special file at every
     step below ``root`` (``O_NOFOLLOW`` per component)."""
@@ -132,20 +150,7 @@ class Cache:
         """The entry's manifest, checked: a JSON object for this very key, with safe file names."""
         fd = open_inside(self.root, self._parts(key, MANIFEST))
         with os.fdopen(fd, "rb") as fh:
-            raw = fh.read(MAX_MANIFEST_BYTES + 1)
-        try:
-            manifest = json.loads(raw)
-        except ValueError:
-            raise CacheCorrupt("the manifest is not JSON") from None
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-            raise CacheCorrupt("the manifest has no file list")
-        if manifest.get("key") != key:
-            raise CacheCorrupt("the manifest belongs to another key")
-        for rel, info in manifest["files"].items():
-            safe_relpath(rel)
-            if not isinstance(info, dict) or not isinstance(info.get("sha256"), str):
-                raise CacheCorrupt(f"no hash for {rel[:80]!r} in the manifest")
-        return manifest
+            return parse_manifest(fh.read(MAX_MANIFEST_BYTES + 1), key)
 
     def manifest(self, key: str) -> dict | None:
         """The checked manifest, or None when there is no usable entry for ``key``."""

@@ -15,7 +15,6 @@ from the usual fsspec/boto environment (``AWS_*``, ``FSSPEC_S3_*``), never from 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from npubuild.build.cache import CacheCorrupt, parse_manifest
 from npubuild.build.paths import CACHE_ENV, MANIFEST
 
 REMOTE_ENV = "NPUBUILD_REMOTE"
@@ -120,11 +120,9 @@ class RemoteCache:
         staging = Path(tempfile.mkdtemp(prefix=".pull-", dir=local.root))
         try:
             for rel, info in sorted(manifest["files"].items()):
-                target = _confined(staging, rel)
-                if target is None or not isinstance(info, dict):
-                    return False
+                target = staging.joinpath(*PurePosixPath(rel).parts)  # names checked above
                 data = self.fs.cat_file(self._file(key, rel))
-                if hashlib.sha256(data).hexdigest() != info.get("sha256"):
+                if hashlib.sha256(data).hexdigest() != info["sha256"]:
                     log.warning("remote cache: %s of entry %s does not match its hash; "
                                 "building instead", rel, key[:12])
                     return False
@@ -180,22 +178,10 @@ class RemoteCache:
 
 
 def _parse_manifest(raw: bytes | None, key: str) -> dict | None:
-    """A manifest that belongs to ``key`` and lists files, else None (a miss)."""
+    """The checked manifest (as the local cache checks it), or None: a miss."""
     if raw is None:
         return None
     try:
-        manifest = json.loads(raw)
-    except ValueError:
+        return parse_manifest(raw, key)
+    except CacheCorrupt:
         return None
-    if not isinstance(manifest, dict) or manifest.get("key") != key \
-            or not isinstance(manifest.get("files"), dict):
-        return None
-    return manifest
-
-
-def _confined(root: Path, rel: str) -> Path | None:
-    """``root/rel`` when ``rel`` is a plain relative path inside ``root``, else None."""
-    parts = PurePosixPath(rel).parts
-    if not parts or PurePosixPath(rel).is_absolute() or any(p in ("..", "") for p in parts):
-        return None
-    return root.joinpath(*parts)

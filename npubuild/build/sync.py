@@ -24,8 +24,9 @@ def status(session: BuildSession) -> list[dict]:
     """Per stage: the key the recipe needs now (when its inputs are known), and whether the
     build directory, the local cache and the remote have it."""
     rows = []
+    expected = session.expected()
     for stage in PIPELINE:
-        parts, _, note = session.expected()[stage.name]
+        parts, _, note = expected[stage.name]
         key = parts.key if parts else None
         rows.append({"stage": stage.name, "key": key, "note": "" if key else note,
                      "build": bool(key and session.current_manifest(stage, key)),
