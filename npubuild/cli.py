@@ -298,7 +298,8 @@ def _cache_sync(args) -> int:
     else:
         for outcome, stages in result.items():
             print(f"{outcome}: {', '.join(stages) if stages else '-'}")
-    return EXIT_FAILED if result.get("failed") else EXIT_OK
+    failed = args.action != "status" and result.get("failed")
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def _run_matrix(args, console, loaded, targets: list[str]) -> int:

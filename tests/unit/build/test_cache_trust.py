@@ -84,7 +84,8 @@ def test_only_listed_files_are_restored_and_symlinks_are_never_followed(tiny_rec
     session = fresh_build(tiny_recipe, tmp_path)
     assert status(session) == "restored"
     restored = sorted(p.name for p in session.paths.stage_dir("import").iterdir())
-    assert restored == ["import.json", MANIFEST, "model.onnx"]
+    assert restored == sorted([*cache.read_manifest(key)["files"], MANIFEST])
+    assert "model.onnx" in restored and "planted.txt" not in restored
     assert "files not in the manifest" in cache.check(key)
 
 

@@ -27,14 +27,16 @@ def history(tmp_path_factory):
     """(planned, ran) for each step of a recipe's life."""
     tmp_path = tmp_path_factory.mktemp("plan")
     recipe = write_recipe(tmp_path, TINY_RECIPE)
+    report = tmp_path / "build" / "tiny" / "report.json"
     steps = {"fresh": plan_and_run(recipe, tmp_path), "no-op": plan_and_run(recipe, tmp_path)}
+    steps["no-op report"] = json.loads(report.read_text())
     recipe.write_text(TINY_RECIPE.replace("scheme: symmetric", "scheme: asymmetric"))
     steps["edit"] = plan_and_run(recipe, tmp_path)
     recipe.write_text(TINY_RECIPE)
     steps["revert"] = plan_and_run(recipe, tmp_path)
     shutil.rmtree(tmp_path / "build")
     steps["lost build dir"] = plan_and_run(recipe, tmp_path)
-    steps["report"] = json.loads((tmp_path / "build" / "tiny" / "report.json").read_text())
+    steps["report"] = json.loads(report.read_text())
     return steps
 
 
@@ -52,7 +54,14 @@ def test_the_steps_exercise_every_outcome(history):
     assert set(history["lost build dir"][0].values()) == {"will restore"}
 
 
-def test_restored_stages_keep_the_seconds_of_the_run_that_built_them(history):
+def test_cached_stages_keep_the_seconds_of_the_run_that_built_them(history):
+    stages = history["no-op report"]["stages"]
+    assert all(s["status"] == "cached" for s in stages.values())
+    assert all(s["built_seconds"] > 0 for s in stages.values())
+
+
+def test_stages_restored_with_no_record_of_their_build_have_no_seconds(history):
+    # the build directory (and its report.json) is gone: no run on record timed these artifacts
     stages = history["report"]["stages"]
     assert all(s["status"] == "restored" for s in stages.values())
-    assert all(s["built_seconds"] > 0 for s in stages.values())
+    assert all(s["built_seconds"] is None for s in stages.values())
