@@ -18,6 +18,13 @@ from npubuild.atomic import atomic_path
 from npubuild.errors import BuildError, Location, UserError
 
 MAX_ORT_IR_VERSION = 10
+# Initializers larger than this (elements) are weights: structural tools (shape inference,
+# the version converter, the inliner) work on a skeleton without them, and ONNX Runtime
+# receives them as in-memory external data instead of inside the serialized model. A VGG-19
+# carries 574 MB of weights; serializing and parsing them once per session, per inference
+# and per conversion cost minutes per stage.
+LARGE_ELEMENTS = 4096
+LARGE_SESSION_BYTES = 1 << 24
 RUNTIME_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")  # ops ONNX Runtime implements  # what onnxruntime ≥ 1.16 reads; onnx ≥ 1.15 can write it
 
 
@@ -85,6 +92,89 @@ def clone(model: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
+def _elements(tensor: onnx.TensorProto) -> int:
+    return int(np.prod(tensor.dims, dtype=np.int64))
+
+
+def _copy_except(message, skipped: str):
+    """A copy of a protobuf message without one field (which is never copied)."""
+    copy = type(message)()
+    for fd, value in message.ListFields():
+        if fd.name == skipped:
+            continue
+        if fd.is_repeated:
+            getattr(copy, fd.name).extend(value)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(copy, fd.name).CopyFrom(value)
+        else:
+            setattr(copy, fd.name, value)
+    return copy
+
+
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    """The initializers' size from their dims (``ByteSize`` walks the data: seconds for GBs)."""
+    return sum(_elements(t) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+               for t in model.graph.initializer if t.data_type != onnx.TensorProto.STRING)
+
+
+def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of everything but the graph's initializers, which are never copied."""
+    light = _copy_except(model, "graph")
+    light.graph.CopyFrom(_copy_except(model.graph, "initializer"))
+    return light
+
+
+def skeleton(model: onnx.ModelProto, max_elements: int = LARGE_ELEMENTS) -> onnx.ModelProto:
+    """A copy for structural tools: initializers over ``max_elements`` become typed graph
+    inputs (shape inference, the version converter and the inliner see the same types and
+    shapes, and the small constants they propagate, without copying the weights)."""
+    light = _without_initializers(model)
+    large = [t for t in model.graph.initializer if _elements(t) > max_elements]
+    names = {t.name for t in large}
+    listed = {i.name for i in light.graph.input}  # old IR lists initializers as inputs
+    light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in large if t.name not in listed)
+    light.graph.initializer.extend(t for t in model.graph.initializer if t.name not in names)
+    return light
+
+
+def with_weights(skeleton_model: onnx.ModelProto, original: onnx.ModelProto,
+                 max_elements: int = LARGE_ELEMENTS) -> onnx.ModelProto:
+    """``skeleton_model`` (a structural transform of ``skeleton(original)``) with the large
+    initializers of ``original`` back in place of the graph inputs that stood for them."""
+    large = [t for t in original.graph.initializer if _elements(t) > max_elements]
+    names = {t.name for t in large}
+    listed = {i.name for i in original.graph.input} & names  # old IR lists them as inputs
+    kept = [i for i in skeleton_model.graph.input if i.name not in names or i.name in listed]
+    del skeleton_model.graph.input[:]
+    skeleton_model.graph.input.extend(kept)
+    used = {i for n in skeleton_model.graph.node for i in n.input} | listed
+    skeleton_model.graph.initializer.extend(t for t in large if t.name in used)
+    return skeleton_model
+
+
+def infer_shapes(model: onnx.ModelProto, **kwargs) -> onnx.ModelProto:
+    """``onnx.shape_inference.infer_shapes`` on the skeleton (no weights copied): the result
+    types every value; its large initializers are graph inputs, so use it for types only."""
+    return onnx.shape_inference.infer_shapes(skeleton(model), **kwargs)
+
+
+def _external_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The model with its large initializers as in-memory external data (for ONNX Runtime's
+    ``add_external_initializers``), and their values."""
+    light = _without_initializers(model)
+    values = {}
+    for tensor in model.graph.initializer:
+        if _elements(tensor) <= LARGE_ELEMENTS or tensor.data_location == onnx.TensorProto.EXTERNAL:
+            light.graph.initializer.append(tensor)
+            continue
+        values[tensor.name] = np.ascontiguousarray(onnx.numpy_helper.to_array(tensor))
+        ref = light.graph.initializer.add(name=tensor.name, data_type=tensor.data_type,
+                                          dims=tensor.dims, data_location=onnx.TensorProto.EXTERNAL)
+        ref.external_data.add(key="location", value="in-memory")
+    return light, values
+
+
 def session(model: onnx.ModelProto | str | Path):
     """An ONNX Runtime CPU session (graph optimisations off: we check *our* rewrites)."""
     import onnxruntime as ort
@@ -101,12 +191,22 @@ def session(model: onnx.ModelProto | str | Path):
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
     options.intra_op_num_threads = max(1, min(2, os.cpu_count() or 1))
-    source = (str(model) if isinstance(model, (str, Path))
-              else with_loadable_ir(model).SerializeToString())
+    weights: dict[str, np.ndarray] = {}
+    if isinstance(model, (str, Path)):
+        source = str(model)
+    else:
+        if _weight_bytes(model) > LARGE_SESSION_BYTES:
+            model, weights = _external_weights(model)
+            names = list(weights)
+            options.add_external_initializers(
+                names, [ort.OrtValue.ortvalue_from_numpy(weights[n]) for n in names])
+        source = with_loadable_ir(model).SerializeToString()
     try:
-        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise BuildError(f"ONNX Runtime cannot load the model: {exc}") from None
+    sess.npubuild_weights = weights  # ONNX Runtime reads them in place: keep them alive
+    return sess
 
 
 def run(model_or_session, feeds: Mapping[str, np.ndarray],
@@ -142,7 +242,7 @@ def with_outputs(model: onnx.ModelProto, names: list[str],
     for ONNX Runtime to find (a cut or a dynamic source may not know them)."""
     if [o.name for o in model.graph.output] == list(names):
         return model
-    source = typed if typed is not None else onnx.shape_inference.infer_shapes(model)
+    source = typed if typed is not None else infer_shapes(model)
     graph = source.graph
     known = {v.name: v for v in [*graph.value_info, *graph.output, *graph.input]}
     out = clone(model)

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from npubuild import onnx_io, proofs
-from npubuild.quant import ops
+from npubuild.quant import affine, ops
 from npubuild.quant.floatgraph import FLayer, FloatGraph, Probe, Unsupported, fragment_model
 
 FUSED_DOMAIN = "npubuild.fused"
@@ -61,7 +61,8 @@ def opset_of(model: onnx.ModelProto) -> int:
 def prepare(model: onnx.ModelProto, keep: Iterable[str] = ()) -> onnx.ModelProto:
     """Opset ≥ 13, fused ops inlined (except unary element-wise ones and the nodes in ``keep``,
     which a float override keeps whole), every node named uniquely."""
-    model = onnx_io.clone(model)
+    original = model
+    model = onnx_io.skeleton(model)  # the inliner and the converter copy weights otherwise
     _detach_kept_functions(model, set(keep))
     inline = [(f.domain, f.name) for f in model.functions
               if f.domain == FUSED_DOMAIN and not is_unary_elementwise(f)
@@ -72,6 +73,7 @@ def prepare(model: onnx.ModelProto, keep: Iterable[str] = ()) -> onnx.ModelProto
         model = onnx.inliner.inline_selected_functions(model, inline)
     if opset_of(model) < MIN_OPSET:
         model = onnx_io.convert_version(model, MIN_OPSET)
+    model = onnx_io.with_weights(model, original)
     seen: set[str] = set()
     for i, node in enumerate(model.graph.node):
         if not node.name or node.name in seen:
@@ -152,6 +154,7 @@ class _Walker:
             if node.name in self.claimed:
                 continue
             layer = self._pattern(node) or self._rule(node)
+            self._fold_affine(layer)
             self._fold_activation(layer)
             out.append(layer)
         return out
@@ -203,6 +206,27 @@ class _Walker:
         inputs = [i for i in node.input if i and i not in self.ctx.constants]
         return FLayer(node.name, "float", inputs, [o for o in node.output if o],
                       source_nodes=[node.name], reason=reason)
+
+    def _fold_affine(self, layer: FLayer) -> None:
+        """Constant Mul/Div/Add/Sub (and BatchNormalization) steps after a conv or a table
+        become part of it (`npubuild.quant.affine`): one rounding instead of one per step."""
+        while layer.kind in affine.FOLDS_AFFINE and len(layer.outputs) == 1:
+            out = layer.outputs[0]
+            user = self._only_consumer(out)
+            if user is None or user.op_type not in affine.AFFINE_OPS or not self._free(user):
+                return
+            shape = self.ctx.shape(out)
+            step = affine.affine_of(user, out, self.ctx.const, shape,
+                                    affine.fold_axis(layer, len(shape)))
+            if step is None or self.ctx.shape(user.output[0]) != shape:
+                return
+            if layer.kind == "conv":
+                affine.fold_into_conv(layer, *step)
+            else:
+                affine.fold_into_table(layer, float(step[0][0]), float(step[1][0]))
+            layer.outputs = [user.output[0]]
+            layer.source_nodes.append(user.name)
+            self.claimed.add(user.name)
 
     def _fold_activation(self, layer: FLayer) -> None:
         if layer.kind not in FOLDABLE_INTO or len(layer.outputs) != 1:

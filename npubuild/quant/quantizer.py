@@ -314,12 +314,13 @@ def _conv(q: Quantizer, layer: FLayer) -> QLayer:
     cout = w.shape[0]
     w_scale, w_ls = schemes.weight_params(q.config.scheme, w, q.config.per_channel, axis=0)
     w_scale = np.broadcast_to(w_scale, (cout,)).astype(np.float64)
-    wq = schemes.quantize(w, w_scale.reshape(-1, 1, 1, 1), 0, "int8")
+    wq = np.empty(w.shape, schemes.DTYPES["int8"])
+    for rows in row_blocks(w):
+        wq[rows] = schemes.quantize(w[rows], w_scale[rows].reshape(-1, 1, 1, 1), 0, "int8")
     acc_scale = x.scale * w_scale
     params = {"input_zp": x.zero_point, "weight_scale": w_scale.tolist()}
     if q.config.bias_correction:
-        b = b - _weight_error_bias(layer, wq * w_scale.reshape(-1, 1, 1, 1) - w,
-                                   q.stats.get(layer.inputs[0]))
+        b = b - _weight_error_bias(layer, w, wq, w_scale, q.stats.get(layer.inputs[0]))
     bias = schemes.quantize_bias(b, acc_scale)
     k = int(np.prod(w.shape[1:]))
     x_span = max(abs(x.qmin - x.zero_point), abs(x.qmax - x.zero_point))
@@ -336,18 +337,33 @@ def _conv(q: Quantizer, layer: FLayer) -> QLayer:
     return _qlayer(layer, attrs={k: v for k, v in layer.attrs.items()}, params=params, arrays=arrays)
 
 
-def _weight_error_bias(layer: FLayer, dw: np.ndarray, stats) -> np.ndarray:
+BLOCK_ELEMENTS = 1 << 20
+
+
+def row_blocks(w: np.ndarray):
+    """Slices of ``w``'s output channels of about ``BLOCK_ELEMENTS`` elements each: weight
+    arithmetic in float64 on a 100M-parameter Gemm at once needs GBs of temporaries."""
+    step = max(1, BLOCK_ELEMENTS // max(1, int(np.prod(w.shape[1:]))))
+    return [slice(r, r + step) for r in range(0, w.shape[0], step)]
+
+
+def _weight_error_bias(layer: FLayer, w: np.ndarray, wq: np.ndarray, w_scale: np.ndarray,
+                       stats) -> np.ndarray:
     """Empirical bias correction (Nagel et al. 2019): the mean output shift the weight
     rounding causes, ``Σ (W_q - W) · E[x]`` per output channel, from the calibration means of
     the input channels (padding ignored). Zero when no means were observed."""
     mean = None if stats is None else stats.channel_mean
+    cout, cin_g = w.shape[:2]
     if mean is None:
-        return np.zeros(dw.shape[0])
+        return np.zeros(cout)
     group = layer.attrs["group"]
-    cout, cin_g = dw.shape[:2]
-    per_in = dw.sum(axis=(2, 3))  # [Cout, Cin/g]
-    src = (np.arange(cout) // (cout // group))[:, None] * cin_g + np.arange(cin_g)[None, :]
-    return (per_in * mean[src]).sum(axis=1)
+    out = np.empty(cout)
+    for rows in row_blocks(w):
+        dw = wq[rows] * w_scale[rows].reshape(-1, 1, 1, 1) - w[rows]
+        groups = np.arange(cout)[rows] // (cout // group)
+        src = groups[:, None] * cin_g + np.arange(cin_g)[None, :]  # input channel of each
+        out[rows] = (dw.sum(axis=(2, 3)) * mean[src]).sum(axis=1)
+    return out
 
 
 def _int8_bias(b: np.ndarray, acc_ls: np.ndarray) -> tuple[np.ndarray, dict]:

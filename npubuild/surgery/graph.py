@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npubuild import onnx_io
 from npubuild.onnx_io import clone
 from npubuild.surgery import SurgeryError
 
@@ -310,12 +311,11 @@ class Editor:
         dead = {t.name for t in self.graph.initializer if t.name not in used}
         if not dead:
             return
-        keep = [t for t in self.graph.initializer if t.name not in dead]
-        self.graph.ClearField("initializer")
-        self.graph.initializer.extend(keep)
-        keep_inputs = [i for i in self.graph.input if i.name not in dead]
-        self.graph.ClearField("input")
-        self.graph.input.extend(keep_inputs)
+        # delete in place: rebuilding the list would copy every kept weight (seconds for GBs)
+        for index in reversed([i for i, t in enumerate(self.graph.initializer) if t.name in dead]):
+            del self.graph.initializer[index]
+        for index in reversed([i for i, v in enumerate(self.graph.input) if v.name in dead]):
+            del self.graph.input[index]
         self.touch()
 
     def finish(self, *, prune: bool = True) -> onnx.ModelProto:
@@ -369,17 +369,10 @@ def skeleton(model: onnx.ModelProto, max_elements: int = 4096, *,
     reads the same shapes, and the small constants it propagates, without copying weights) and
     nodes are in topological order. Without ``keep_value_info`` the old inferred shapes are
     dropped too (they may be stale)."""
-    graph = model.graph
-    large = {t.name: t for t in graph.initializer if int(np.prod(t.dims)) > max_elements}
-    inputs = [i for i in graph.input if i.name not in large]
-    inputs += [onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-               for t in large.values()]
-    light = onnx.ModelProto(ir_version=max(model.ir_version, 4), opset_import=model.opset_import,
-                            functions=model.functions)
-    light.graph.CopyFrom(onnx.helper.make_graph(
-        graph.node, graph.name, inputs, graph.output,
-        [t for t in graph.initializer if t.name not in large],
-        value_info=graph.value_info if keep_value_info else None))
+    light = onnx_io.skeleton(model, max_elements)
+    light.ir_version = max(model.ir_version, 4)
+    if not keep_value_info:
+        del light.graph.value_info[:]
     toposort(light.graph)
     return light
 

@@ -89,3 +89,45 @@ def test_external_data_must_be_a_file_holding_its_range(tmp_path, make, message)
     make(path.parent)
     with pytest.raises(UserError, match=message):
         onnx_io.load_model(path)
+
+
+def weighted_model(old_ir: bool = False):
+    """MatMul by a 64x64 weight (a "large" initializer) and Add of a 4-element bias; with
+    ``old_ir`` the initializers are listed as graph inputs too, as IR-3 exports do."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(64, 64)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.float32([1.0]), "b")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])]
+    if old_ir:
+        inputs += [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in inits]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["m"]),
+                               helper.make_node("Add", ["m", "b"], ["y"])], "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 7
+    return model
+
+
+@pytest.mark.parametrize("old_ir", [False, True])
+def test_skeleton_leaves_weights_out_and_with_weights_puts_them_back(old_ir):
+    model = weighted_model(old_ir)
+    light = onnx_io.skeleton(model, max_elements=16)
+    assert [t.name for t in light.graph.initializer] == ["b"]
+    assert "w" in [i.name for i in light.graph.input]
+    inferred = onnx.shape_inference.infer_shapes(light)
+    assert any(v.name == "m" for v in inferred.graph.value_info)
+    back = onnx_io.with_weights(light, model, max_elements=16)
+    assert sorted(t.name for t in back.graph.initializer) == ["b", "w"]
+    assert [i.name for i in back.graph.input] == [i.name for i in model.graph.input]
+    onnx.checker.check_model(back)
+
+
+def test_large_weights_reach_onnx_runtime_in_memory_with_the_same_results(monkeypatch):
+    model = weighted_model()
+    x = {"x": np.random.default_rng(1).normal(size=(2, 64)).astype(np.float32)}
+    expected = onnx_io.run(onnx_io.session(model), x)["y"]
+    monkeypatch.setattr(onnx_io, "LARGE_SESSION_BYTES", 1024)
+    monkeypatch.setattr(onnx_io, "LARGE_ELEMENTS", 16)
+    sess = onnx_io.session(model)
+    assert list(sess.npubuild_weights) == ["w"]          # passed beside the model, not in it
+    np.testing.assert_array_equal(onnx_io.run(sess, x)["y"], expected)
