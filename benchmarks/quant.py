@@ -9,8 +9,14 @@ photos (scikit-image's RGB photos, alternately 7 to calibrate and 7 to compare):
   through its integer reference; ``x-check`` is the fraction of the integer reference's
   elements identical to ONNX Runtime running npubuild's own QDQ export (layer by layer, same
   integer inputs) and the largest difference in steps;
-- ONNX Runtime: ``quantize_static`` (QDQ, int8 asymmetric activations, per-channel symmetric
-  weights, MinMax: its defaults), the same photos;
+- ONNX Runtime: ``quant_pre_process`` (its documented preparation: graph optimisation folds
+  BatchNormalization into Conv) then ``quantize_static`` (QDQ, int8 asymmetric activations,
+  per-channel symmetric weights, MinMax: its defaults), the same photos;
+- zoo recipes (``ppocr-*``, ``inception_v2``, ``vgg19``, ``zfnet512``): the recipe's own input,
+  preprocessing, calibration files and verify files (PP-OCR: text lines and scanned pages),
+  and npubuild with the recipe's scheme, granularity and method; PP-OCRv4 det is also judged
+  by the text-map IoU at DBNet's 0.3 threshold and the cosine over all samples together
+  (``cosine`` is the mean of per-image cosines, which a page without text drives to 0);
 - TFLite (Keras MobileNetV2 only): the TFLite converter's full-int8 model on the same weights
   and photos.
 
@@ -69,6 +75,8 @@ class Case:
     top1_axis: int | None = None               # argmax axis for top-1 agreement
     tflite: Callable[[list, list], list] | None = None  # (cal, ver) -> outputs of TFLite int8
     config: dict = field(default_factory=dict)  # extra QuantConfig fields
+    data: Callable[[], tuple[list, list]] | None = None  # (cal, ver); default: the photos
+    text_map: bool = False                     # text-detection map: IoU of the maps at 0.3
 
 
 def photos() -> list[Path]:
@@ -82,7 +90,11 @@ def photos() -> list[Path]:
 def _optimized(model, shapes: dict, path: Path) -> Path:
     import onnxscript.optimizer
 
+    from npubuild.quant.lower import MIN_OPSET, opset_of
+
     model = onnx_io.fix_input_shapes(model, shapes)
+    if opset_of(model) < MIN_OPSET:  # per-channel DequantizeLinear needs opset 13 (its axis)
+        model = onnx_io.convert_version(model, MIN_OPSET)
     model = onnxscript.optimizer.optimize(model, input_size_limit=1 << 22, output_size_limit=1 << 22)
     onnx_io.save_model(model, path)
     return path
@@ -171,6 +183,29 @@ def _installed(package: str, sub: str) -> Path | None:
     return Path(package_dir(package)) / sub if importlib.util.find_spec(package) else None
 
 
+def recipe_case(name: str, recipe: str, **kw) -> Case:
+    """A zoo recipe's model, input and data: its calibration files to calibrate (all of them,
+    as both quantizers see the same), its verify files to compare (PP-OCR's text lines and
+    scanned pages, where text matters)."""
+    from npubuild.recipe import load_recipe
+
+    loaded = load_recipe(REPO / "recipes" / "zoo" / recipe)
+    spec = loaded.recipe.model.inputs[0]
+    info = InputInfo(spec.name, tuple(spec.shape), "float32", spec.layout, spec.preprocess)
+    model = loaded.resolve(loaded.recipe.model.path, "model", "path")
+
+    q = loaded.recipe.quantization
+
+    def data():
+        cal = loaded.resolve_glob(q.calibration.data, "quantization")
+        ver = loaded.resolve_glob(loaded.recipe.verify.data, "verify")
+        return (list(load_samples(cal, [info], q.calibration.samples)),
+                list(load_samples(ver, [info], loaded.recipe.verify.samples)))
+    config = {"scheme": q.scheme, "granularity": q.granularity, "method": q.calibration.method,
+              "int16_underflow": q.int16_where_underflows}
+    return Case(name, _onnx_file(model, info), info, data=data, config=config, **kw)
+
+
 def cases() -> list[Case]:
     light = Path(package_dir("onnx")) / "backend" / "test" / "data" / "light"
     ocr = _installed("rapidocr_onnxruntime", "models")
@@ -187,12 +222,18 @@ def cases() -> list[Case]:
     for name, inp in (("squeezenet", "data_0"), ("shufflenet", "gpu_0/data_0")):
         info = InputInfo(inp, (1, 3, 224, 224), "float32", "NCHW", Preprocess(**caffe))
         out.append(Case(name, _onnx_file(light / f"light_{name}.onnx", info), info, top1_axis=-1))
+    for name in ("inception_v2", "vgg19", "zfnet512"):
+        out.append(recipe_case(name, f"light-{name.replace('_', '-')}.yaml", top1_axis=-1))
     if ocr is None:
         print("  PP-OCRv4 skipped: pip install -e '.[examples]' (rapidocr-onnxruntime)", file=sys.stderr)
         return out
     out.append(Case("ppocrv4_det", _onnx_file(ocr / "ch_PP-OCRv4_det_infer.onnx", det), det))
     out.append(Case("ppocrv4_rec", _onnx_file(ocr / "ch_PP-OCRv4_rec_infer.onnx", rec), rec,
                     top1_axis=-1))
+    if (REPO / "models" / "zoo").is_dir():  # text lines: python3 scripts/make_zoo_models.py
+        out.append(recipe_case("ppocr-v4-det", "ppocr-v4-det.yaml", text_map=True))
+        out.append(recipe_case("ppocr-v4-rec", "ppocr-v4-rec.yaml", top1_axis=-1))
+        out.append(recipe_case("ppocr-cls", "ppocr-cls.yaml", top1_axis=-1))
     return out
 
 
@@ -218,8 +259,16 @@ def ort_quantize(model_path: Path, out: Path, cal, scheme="asymmetric", granular
         def get_next(self):
             return next(self.it, None)
 
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    # ORT's documented pre-processing (its optimizer folds BatchNormalization into Conv):
+    # without it, per-channel quantize_static writes PP-OCR models ORT itself cannot load
+    # (a per-channel axis 1 on a rank-1 BatchNormalization scale).
+    prepared = out.with_name(out.stem + ".pre.onnx")
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        quant_pre_process(str(model_path), str(prepared), skip_symbolic_shape=True)
     with contextlib.redirect_stdout(io.StringIO()):  # ORT's calibrators print progress
-        quantize_static(str(model_path), str(out), Reader(), quant_format=QuantFormat.QDQ,
+        quantize_static(str(prepared), str(out), Reader(), quant_format=QuantFormat.QDQ,
                         per_channel=granularity == "per_channel", activation_type=QuantType.QInt8,
                         weight_type=QuantType.QInt8,
                         calibrate_method=getattr(CalibrationMethod, ORT_METHODS[method]),
@@ -237,6 +286,12 @@ def scores(case: Case, refs: list, outs: list) -> dict:
         lo, hi = case.slice_
         row["slice"] = float(np.mean([metrics.similarity(r[:, lo:hi], o[:, lo:hi]).cosine
                                       for r, o in zip(refs, outs)]))
+    if case.text_map:
+        from npubuild.verify import tasks
+
+        row["text_iou"] = tasks.text_detection(refs, outs)["text_map_iou"]
+        row["cosine_all"] = metrics.similarity(np.concatenate([np.ravel(r) for r in refs]),
+                                               np.concatenate([np.ravel(o) for o in outs])).cosine
     if case.top1_axis is not None:
         row["top1"] = float(np.mean([np.mean(np.argmax(r, case.top1_axis) == np.argmax(o, case.top1_axis))
                                      for r, o in zip(refs, outs)]))
@@ -256,8 +311,11 @@ def measure(case: Case, tmp: Path, npubuild_config: dict) -> dict:
     start = time.perf_counter()
     path = case.build(tmp / f"{case.name.split()[0]}.onnx")
     model = onnx.load(path)
-    samples = list(load_samples(photos(), [case.input]))
-    cal, ver = samples[0::2], samples[1::2]
+    if case.data:
+        cal, ver = case.data()
+    else:
+        samples = list(load_samples(photos(), [case.input]))
+        cal, ver = samples[0::2], samples[1::2]
     sess = onnx_io.session(model)
     out_name = sess.get_outputs()[0].name
     refs = [onnx_io.run(sess, s)[out_name] for s in ver]
@@ -286,14 +344,16 @@ def _fmt(row: dict | None, key: str) -> str:
 
 def zoo_table(rows: list[dict]) -> str:
     lines = ["| model | npubuild cosine | ORT cosine | TFLite cosine | npubuild slice | ORT slice "
-             "| npubuild top-1 | ORT top-1 | TFLite top-1 | cpu layers | x-check identical, max LSB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| npubuild top-1 | ORT top-1 | TFLite top-1 | npubuild text IoU | ORT text IoU "
+             "| cpu layers | x-check identical, max LSB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         n, o, t = r["npubuild"], r["ort"], r.get("tflite")
         frac, lsb = n["xcheck"]
         lines.append(f"| {r['model']} | {_fmt(n, 'cosine')} | {_fmt(o, 'cosine')} | "
                      f"{_fmt(t, 'cosine')} | {_fmt(n, 'slice')} | {_fmt(o, 'slice')} | "
                      f"{_fmt(n, 'top1')} | {_fmt(o, 'top1')} | {_fmt(t, 'top1')} | "
+                     f"{_fmt(n, 'text_iou')} | {_fmt(o, 'text_iou')} | "
                      f"{n['cpu_layers']} | {100 * frac:.4f} %, {lsb} |")
     return "\n".join(lines)
 

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from npubuild import metrics, onnx_io
+from npubuild import onnx_io
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError, UserError
 from npubuild.quant import calibrate, check, qdq, quantizer
@@ -24,6 +24,7 @@ from npubuild.quant.lower import lower
 from npubuild.quant.pipeline import SplitPipeline, SubGraph
 from npubuild.quant.qgraph import QGraph
 from npubuild.quant.reference import quantize_inputs, run_reference
+from npubuild.verify import judge
 
 MAX_CROSSCHECK_SAMPLES = 4
 # Samples per calibration batch. Fixed (not derived from the number of workers) so that the
@@ -303,7 +304,7 @@ class AutoSearch:
         ev = Evaluation({}, {})
         for feeds, ref in zip(self.samples, self.references):
             ev.add_outputs(ref, wf.run_quantized_pipeline(feeds, qgraphs), wf.pipeline.outputs)
-        return float(np.mean([v["cosine"] for v in ev.outputs().values()]))
+        return ev.figure()
 
     def ranked(self, evaluation: "Evaluation") -> list[str]:
         """NPU tensors that a layer rounds, largest cosine drop over the layer first."""
@@ -349,23 +350,34 @@ ROUNDING_KINDS = {"conv", "add", "mul", "rescale", "concat", "avgpool", "resize"
 class Evaluation:
     tensors: dict[int, check.TensorComparison]
     crosscheck: dict[int, check.CrossChecker]
-    _outputs: dict[str, list[metrics.Similarity]] = field(default_factory=dict)
+    _outputs: dict[str, tuple[list, list]] = field(default_factory=dict)
 
     def add_outputs(self, reference: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray],
                     names: Sequence[str]) -> None:
         for name in names:
-            self._outputs.setdefault(name, []).append(metrics.similarity(reference[name], actual[name]))
+            refs, gots = self._outputs.setdefault(name, ([], []))
+            refs.append(np.asarray(reference[name]))
+            gots.append(np.asarray(actual[name]))
 
     def outputs(self) -> dict[str, dict]:
-        """Mean of each metric over the samples (max_abs: the maximum)."""
+        """Each output judged as verify judges it (`npubuild.verify.judge`): cosine, SQNR...
+        over all samples together, and the worst sample's cosine among the samples where one
+        means something. A mean of per-sample cosines is fooled by a near-zero sample (a text
+        map of an image without text scores 0 whatever the quantization)."""
         out = {}
-        for name, sims in self._outputs.items():
-            sqnr = [s.sqnr_db for s in sims if np.isfinite(s.sqnr_db)]
-            out[name] = {"cosine": float(np.mean([s.cosine for s in sims])),
-                         "euclid": float(np.mean([s.euclid for s in sims])),
-                         "sqnr_db": float(np.mean(sqnr)) if sqnr else None,
-                         "max_abs": float(max(s.max_abs for s in sims)), "samples": len(sims)}
+        for name, (refs, gots) in self._outputs.items():
+            m = judge.tensor_metrics(refs, gots, axis=None)
+            out[name] = {"cosine": m["cosine"], "euclid": m["euclid"], "sqnr_db": m["sqnr_db"],
+                         "max_abs": m["max_abs"], "min_sample_cosine": m["min_sample_cosine"],
+                         "samples": len(refs)}
         return out
+
+    def figure(self) -> float:
+        """One number for the outputs, as verify's min_cosine reads them: the lowest of every
+        output's all-sample and worst-sample cosine."""
+        return float(min((min(v["cosine"], v["min_sample_cosine"] if v["min_sample_cosine"]
+                               is not None else v["cosine"]) for v in self.outputs().values()),
+                         default=1.0))
 
     HISTOGRAMS_KEPT = 12
 
