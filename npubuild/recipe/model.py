@@ -293,12 +293,15 @@ class AutoPrecisionSpec(Strict):
     """Automatic mixed precision: the fewest tensors kept out of int8 to reach a target."""
 
     min_cosine: float = Field(
-        gt=0, le=1, description="Target: the mean output cosine against float on the compare "
-                                "samples that the search must reach.")
+        gt=0, le=1, description="Target on the compare samples: every output's cosine against "
+                                "float over all samples and on its worst meaningful sample "
+                                "(as verify's min_cosine reads them).")
     precision: Literal["int16", "float"] | None = Field(
         None, description="What a chosen tensor becomes; default int16 on chips with int16, "
                           "else float (its producer runs on the CPU).")
-    max_overrides: int = Field(8, ge=1, le=64, description="Give up after this many tensors.")
+    max_overrides: int = Field(8, ge=1, le=4096, description="Give up after this many tensors. "
+                               "Past what one tensor at a time reaches, the k most sensitive "
+                               "together are tried (k doubling, then bisected), up to this.")
     candidates: int = Field(
         24, ge=1, le=256, description="How many of the most sensitive tensors (largest cosine "
                                       "drop over their layer) the greedy search tries.")
