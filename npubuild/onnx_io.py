@@ -165,7 +165,8 @@ def _external_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str
     light = _without_initializers(model)
     values = {}
     for tensor in model.graph.initializer:
-        if _elements(tensor) <= LARGE_ELEMENTS or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if (_elements(tensor) <= LARGE_ELEMENTS or tensor.data_type == onnx.TensorProto.STRING
+                or tensor.data_location == onnx.TensorProto.EXTERNAL):
             light.graph.initializer.append(tensor)
             continue
         values[tensor.name] = np.ascontiguousarray(onnx.numpy_helper.to_array(tensor))
