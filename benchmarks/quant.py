@@ -90,9 +90,10 @@ def photos() -> list[Path]:
 def _optimized(model, shapes: dict, path: Path) -> Path:
     import onnxscript.optimizer
 
+    from npubuild.frontends.onnx import normalise_ir
     from npubuild.quant.lower import MIN_OPSET, opset_of
 
-    model = onnx_io.fix_input_shapes(model, shapes)
+    model = onnx_io.fix_input_shapes(normalise_ir(model), shapes)  # old IR: no weights as inputs
     if opset_of(model) < MIN_OPSET:  # per-channel DequantizeLinear needs opset 13 (its axis)
         model = onnx_io.convert_version(model, MIN_OPSET)
     model = onnxscript.optimizer.optimize(model, input_size_limit=1 << 22, output_size_limit=1 << 22)
