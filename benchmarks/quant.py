@@ -346,8 +346,9 @@ def _fmt(row: dict | None, key: str) -> str:
 def zoo_table(rows: list[dict]) -> str:
     lines = ["| model | npubuild cosine | ORT cosine | TFLite cosine | npubuild slice | ORT slice "
              "| npubuild top-1 | ORT top-1 | TFLite top-1 | npubuild text IoU | ORT text IoU "
+             "| npubuild cosine, all images | ORT cosine, all images "
              "| cpu layers | x-check identical, max LSB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         n, o, t = r["npubuild"], r["ort"], r.get("tflite")
         frac, lsb = n["xcheck"]
@@ -355,6 +356,7 @@ def zoo_table(rows: list[dict]) -> str:
                      f"{_fmt(t, 'cosine')} | {_fmt(n, 'slice')} | {_fmt(o, 'slice')} | "
                      f"{_fmt(n, 'top1')} | {_fmt(o, 'top1')} | {_fmt(t, 'top1')} | "
                      f"{_fmt(n, 'text_iou')} | {_fmt(o, 'text_iou')} | "
+                     f"{_fmt(n, 'cosine_all')} | {_fmt(o, 'cosine_all')} | "
                      f"{n['cpu_layers']} | {100 * frac:.4f} %, {lsb} |")
     return "\n".join(lines)
 
