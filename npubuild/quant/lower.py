@@ -8,9 +8,11 @@ Read top to bottom, lowering is:
 2. probe the model once: every tensor's shape, and the value of every constant tensor
    (initializers, Constant nodes, and anything computed only from them or from static shapes);
 3. walk the nodes in order; patterns first (``x · sigmoid(x)`` → one SiLU table,
-   ``x · hardsigmoid(x)`` → HardSwish, Relu/Clip after conv/add → folded into the requant
-   clamp), then the per-op rules of ``npubuild.quant.ops``. A node no rule expresses, or one
-   named by a float override, becomes a ``float`` layer with the reason.
+   ``x · hardsigmoid(x)`` → HardSwish), then the per-op rules of ``npubuild.quant.ops``; after
+   a layer, the constant affine steps that follow a conv or a table fold into it
+   (``npubuild.quant.affine``) and a Relu/Clip after a conv/add into its requant clamp. A node
+   no rule expresses, or one named by a float override, becomes a ``float`` layer with the
+   reason.
 """
 
 from __future__ import annotations
