@@ -24,6 +24,9 @@ class Observer:
             self.tensors += [n for n in extra if n not in set(self.tensors)]
         histogram = method in NEEDS_HISTOGRAM
         self.stats = {t: TensorStats(with_histogram=histogram) for t in self.tensors}
+        for t in fg.outputs:  # per-channel ranges of what leaves the graph (dead channels)
+            if t in self.stats and len(fg.shapes.get(t, [])) >= 2:
+                self.stats[t].channel_axis = 1
         for layer in fg.layers:  # per-channel means of conv inputs, for bias correction
             if layer.kind == "conv" and layer.inputs[0] in self.stats:
                 self.stats[layer.inputs[0]].channel_axis = -1 if layer.attrs.get("fc") else 1

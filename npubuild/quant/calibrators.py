@@ -38,6 +38,8 @@ class TensorStats:
     hist: np.ndarray | None = field(default=None, repr=False)
     channel_axis: int | None = None
     channel_sum: np.ndarray | None = field(default=None, repr=False)
+    channel_min: np.ndarray | None = field(default=None, repr=False)
+    channel_max: np.ndarray | None = field(default=None, repr=False)
     # Zeros seen before the first non-zero value: the histogram's range is then chosen by the
     # first non-zero value alone, so it depends only on the largest |x|, never on which sample
     # came first, and statistics of sample batches merge into exactly the one-pass result.
@@ -57,6 +59,17 @@ class TensorStats:
             axes = tuple(a for a in range(x.ndim) if a != self.channel_axis % x.ndim)
             sums = x.sum(axis=axes, dtype=np.float64)
             self.channel_sum = sums if self.channel_sum is None else self.channel_sum + sums
+            self._merge_channel_range(x.min(axis=axes).astype(np.float64),
+                                      x.max(axis=axes).astype(np.float64))
+
+    def _merge_channel_range(self, lo: np.ndarray, hi: np.ndarray) -> None:
+        self.channel_min = lo if self.channel_min is None else np.minimum(self.channel_min, lo)
+        self.channel_max = hi if self.channel_max is None else np.maximum(self.channel_max, hi)
+
+    @property
+    def channel_span(self) -> np.ndarray | None:
+        """max − min of each channel over everything observed (when ``channel_axis`` was set)."""
+        return None if self.channel_min is None else self.channel_max - self.channel_min
 
     @property
     def channel_mean(self) -> np.ndarray | None:
@@ -99,6 +112,7 @@ class TensorStats:
         if later.channel_sum is not None:
             self.channel_sum = (later.channel_sum.copy() if self.channel_sum is None
                                 else self.channel_sum + later.channel_sum)
+            self._merge_channel_range(later.channel_min, later.channel_max)
         if not self.with_histogram:
             return
         if later.hist is None:

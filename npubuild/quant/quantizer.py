@@ -37,6 +37,9 @@ UNLIKE_RANGES = 16.0
 # calibrated input histogram) reads int16 instead, with ``int16_underflow``: a sigmoid of
 # logits around -10 turns an input step of 0.2 into a 20 % relative error.
 MIN_LUT_SQNR_DB = 30.0
+# A channel spanning at least this fraction of an int8 step is alive (verify's DEAD_SPAN of
+# the tensor's range is a quarter of a 255-step int8 range).
+DEAD_STEP_FRACTION = 0.25
 SHARES_CONCAT_SCALE = {"conv", "lut", "add", "mul", "rescale", "avgpool", "concat"}
 
 
@@ -131,7 +134,16 @@ class Quantizer:
         lo, hi = calibrators.calibrated_range(
             stats, method, self.config.scheme, calibrators.CalibrationOptions(self.config.percentile))
         step = schemes.choose_params(self.config.scheme, lo, hi, "int8").scale
-        return stats.mean_abs < MIN_TYPICAL_STEPS * step
+        return stats.mean_abs < MIN_TYPICAL_STEPS * step or (
+            t in self.fg.outputs and self._kills_channels(stats, step))
+
+    @staticmethod
+    def _kills_channels(stats, step: float) -> bool:
+        """Whether an output has a channel that varies by more than a quarter of an int8 step
+        but less than one: int8 hands it on as a constant (a dead channel, which verify fails
+        always), as PP-OCRv4 rec's AveragePool hand-over showed on 26 of its channels."""
+        span = stats.channel_span
+        return span is not None and bool(np.any((span >= DEAD_STEP_FRACTION * step) & (span < step)))
 
     def _dtypes(self, layers: list[FLayer]) -> dict[str, str]:
         consumers: dict[str, list[FLayer]] = {}

@@ -121,3 +121,22 @@ def test_int16_qdq_export_converts_old_opset_cpu_fragments():
     assert qg.tensors["h"].dtype == "int16" and qg.layers[-1].kind == "float"
     onnx_io.session(qdq.export_qdq(qg))
     onnx_io.session(qdq.layerwise_qdq(qg)[0])
+
+
+def test_an_output_channel_int8_would_hand_on_as_a_constant_becomes_int16():
+    """PP-OCRv4 rec's AveragePool hand-over: most channels span ~2, a few only ~0.01 (between a
+    quarter step and a step of int8): int8 makes those constant (dead), int16 keeps them."""
+    m = model([helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2])],
+              {"x": [1, 4, 8, 8]}, {"y": [1, 4, 4, 4]})
+    rng = np.random.default_rng(2)
+    feeds = []
+    for _ in range(3):
+        x = rng.uniform(-2, 2, (1, 4, 8, 8)).astype(np.float32)
+        checker = np.indices((8, 8)).sum(axis=0) % 2 * 0.2 - 0.1   # cancels in every window
+        x[0, 3] = 0.5 + checker + rng.uniform(0, 0.01, (8, 8))  # pooled: ~half an int8 step
+        feeds.append({"x": x})
+    narrow, _, _ = quantize(m, feeds)
+    wide, _, _ = quantize(m, feeds, int16_underflow=True)
+    assert narrow.tensors["y"].dtype == "int8" and wide.tensors["y"].dtype == "int16"
+    got = [run_reference(wide, quantize_inputs(wide, f))["y"][0, 3] for f in feeds]
+    assert all(np.ptp(g) > 0 for g in got)               # the quiet channel still varies
