@@ -141,7 +141,7 @@ class Quantizer:
     def _kills_channels(stats, step: float) -> bool:
         """Whether an output has a channel that varies by more than a quarter of an int8 step
         but less than one: int8 hands it on as a constant (a dead channel, which verify fails
-        always), as PP-OCRv4 rec's AveragePool hand-over showed on 26 of its channels."""
+        always), judged on the calibration data's per-channel ranges."""
         span = stats.channel_span
         return span is not None and bool(np.any((span >= DEAD_STEP_FRACTION * step) & (span < step)))
 
