@@ -21,6 +21,7 @@ from typing import Any, Callable
 from npubuild import __version__
 from npubuild.atomic import write_json
 from npubuild.build.cache import TMP_PREFIX, Cache, CacheCorrupt, remove
+from npubuild.build.code import code_digest
 from npubuild.build.fetch import StageArtifacts
 from npubuild.build.hashing import HashCache, sha256_data, sha256_file
 from npubuild.build.keys import KeyParts, explain_change, key_parts, read_manifest
@@ -107,7 +108,8 @@ class BuildSession:
         digest = self.chip_digest if stage.uses_chip else None
         if upstream is None:
             upstream = {u: read_manifest(self.paths.manifest(u)) for u in stage.needs}
-        return key_parts(stage, self.loaded, upstream, self.hashes, digest, __version__)
+        return key_parts(stage, self.loaded, upstream, self.hashes, digest, __version__,
+                         code_digest())
 
     def expected(self) -> dict[str, tuple[KeyParts | None, dict | None, str]]:
         """Per stage, without building: its key parts, the manifest that key has (in the build
