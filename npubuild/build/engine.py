@@ -308,12 +308,15 @@ class BuildSession:
             self.hashes.remember(stage_dir / rel, info["sha256"])
 
     def _sources(self, stage: Stage) -> dict[str, StageArtifacts]:
-        """The upstream stages by key, for workers that fetch them through the caches."""
+        """The upstream stages by key, for workers that fetch them through the caches: those
+        in the local cache or, when one is configured, the remote (a stage current in the
+        build dir whose entry was removed from the cache is left out; its stage's fan-out
+        then runs in this process, with a warning)."""
         remote = self.remote.url if self.remote is not None and self.remote.available else None
         out = {}
         for name in stage.needs:
             manifest = read_manifest(self.paths.manifest(name))
-            if manifest:
+            if manifest and (remote or self.cache.manifest(manifest["key"]) is not None):
                 out[name] = StageArtifacts(name, manifest["key"], str(self.cache.root.resolve()),
                                            remote)
         return out
