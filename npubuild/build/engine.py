@@ -27,6 +27,7 @@ from npubuild.build.hashing import HashCache, sha256_data, sha256_file
 from npubuild.build.keys import KeyParts, explain_change, key_parts, read_manifest
 from npubuild.build.paths import MANIFEST, BuildPaths, cache_dir
 from npubuild.build.remote import RemoteCache, resolve_remote_url
+from npubuild.build.settings import Settings, find_settings
 from npubuild.errors import BuildError, NpubuildError
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
@@ -79,7 +80,7 @@ class BuildSession:
     @cached_property
     def remote(self) -> RemoteCache | None:
         """The shared second cache level (``--remote``/``$NPUBUILD_REMOTE``), if any."""
-        url = resolve_remote_url(self.remote_url)
+        url = resolve_remote_url(self.remote_url, self.settings.remote)
         return RemoteCache(url) if url else None
 
     @cached_property
@@ -88,7 +89,12 @@ class BuildSession:
 
     @cached_property
     def cache(self) -> Cache:
-        return Cache(cache_dir(self.cache_root))
+        return Cache(cache_dir(self.cache_root, self.settings.cache))
+
+    @cached_property
+    def settings(self) -> Settings:
+        """The project's ``cache``/``remote`` settings, found upward from the recipe."""
+        return find_settings(self.loaded.path.parent)
 
     @cached_property
     def hashes(self) -> HashCache:
