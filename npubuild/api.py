@@ -25,7 +25,7 @@ def session_for(recipe: str | Path | LoadedRecipe, *, build_root: Path | None = 
                 remote: str | None = None, scheduler: str | None = None) -> BuildSession:
     """A build session; ``cache`` is a local folder or, as a URL (``s3://…``), the remote
     level behind the default local cache (``remote`` names the remote explicitly);
-    ``scheduler`` fans calibration batches out on Dask."""
+    ``scheduler`` fans calibration and verify batches out on Dask."""
     loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
     if is_url(cache):
         cache, remote = None, remote or str(cache)

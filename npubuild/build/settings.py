@@ -50,7 +50,8 @@ def find_settings(start: Path) -> Settings:
         pyproject = folder / "pyproject.toml"
         if pyproject.is_file():
             data = _load(pyproject)
-            table = data.get("tool", {}).get("npubuild") if isinstance(data.get("tool"), dict) else None
+            tool = data.get("tool")
+            table = tool.get("npubuild") if isinstance(tool, dict) else None
             if table is not None:
                 return parse(pyproject, table, ("tool", "npubuild"))
     return Settings()
@@ -84,7 +85,8 @@ def _load(path: Path) -> dict:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read the settings file: {exc}", location=Location(str(path))) from None
+        raise UserError(f"cannot read the settings file: {exc}",
+                        location=Location(str(path))) from None
     except tomllib.TOMLDecodeError as exc:
         found = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
         reason = str(exc)[:found.start()].strip() if found else str(exc)
