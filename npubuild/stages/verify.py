@@ -9,10 +9,13 @@ channels. Model outputs are judged by ``verify``'s thresholds (``min_cosine`` ..
 tensors by ``verify.handover``, ``verify.slices`` (e.g. YOLOv8's class-score channels) by their
 own, and ``verify.task`` adds top-1/top-5 agreement, box recall or text-map IoU
 (`npubuild.verify.tasks`). When it fails, the stage bisects (`npubuild.verify.bisect`) and names
-the stage, the tensor with the largest drop and the rewrite/rule/layer behind it. With
-``--scheduler`` the samples run in batches on Dask workers (`npubuild.verify.fanout`), which
-send back what `npubuild.verify.samples` keeps; the verdict is judged here, in sample order. Writes ``verify/verify.json`` (and ``verify/detections.png`` with ``verify.detections``);
-a failed verdict makes the run exit 1 (the artifacts are kept for the report).
+the stage, the tensor with the largest drop and the rewrite/rule/layer behind it. Writes
+``verify/verify.json`` (and ``verify/detections.png`` with ``verify.detections``); a failed
+verdict makes the run exit 1 (the artifacts are kept for the report).
+
+With ``--scheduler`` the samples run in batches on Dask workers (`npubuild.verify.fanout`),
+which send back what `npubuild.verify.samples` keeps; the verdict is judged here, in sample
+order, so the artifacts are the same bytes as a one-process build's.
 """
 
 from __future__ import annotations

@@ -112,3 +112,4 @@ def test_verify_samples_on_dask_give_byte_identical_verify_artifacts(tmp_path, m
     fanned_files = digests(tmp_path / "d" / "tiny")
     assert {"verify/verify.json", "verify/manifest.json"} <= set(fanned_files)
     assert fanned_files == digests(tmp_path / "s" / "tiny")
+    assert fanned.results["verify"].report == serial.results["verify"].report  # report.json's figures
