@@ -55,6 +55,18 @@ def test_a_malformed_scheduler_address_is_a_user_error(address):
             pass
 
 
+def test_a_local_cluster_that_cannot_start_is_one_build_error_with_a_hint():
+    from npubuild.distributed import _local_cluster
+    from npubuild.errors import BuildError
+
+    def no_nanny(**options):
+        raise RuntimeError("Nanny failed to start.")
+
+    with pytest.raises(BuildError, match="local Dask cluster did not start: RuntimeError") as info:
+        _local_cluster(no_nanny, "local:2", 2)
+    assert "__main__" in info.value.hint and "tcp://" in info.value.hint
+
+
 def test_the_environment_names_the_scheduler_when_no_flag_does(monkeypatch):
     monkeypatch.setenv("NPUBUILD_SCHEDULER", "local:3")
     assert resolve_scheduler(None) == "local:3"
