@@ -31,7 +31,7 @@ from npubuild.build.settings import Settings, find_settings
 from npubuild.errors import BuildError, NpubuildError
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
-from npubuild.timings import without_timings
+from npubuild.timings import MEASURED_ESTIMATE_KEYS, without_measurements
 
 log = logging.getLogger("npubuild")
 
@@ -302,7 +302,7 @@ class BuildSession:
                  for p in sorted(scratch.rglob("*")) if p.is_file() and not p.is_symlink()}
         # the manifest is an artifact too: no timings in it (they go to report.json)
         manifest = {"stage": stage.name, "key": parts.key, "npubuild": __version__,
-                    "files": files, "parts": parts.as_dict(), "report": without_timings(report)}
+                    "files": files, "parts": parts.as_dict(), "report": without_measurements(report)}
         write_json(scratch / MANIFEST, manifest)
         return {**manifest, "report": report}
 
@@ -395,16 +395,34 @@ class BuildSession:
                                   "npubuild": __version__,
                                   "stages": {s.name: self.results[s.name].as_dict() for s in stages
                                              if s.name in self.results}}
-        previous = (read_manifest(self.paths.report) or {}).get("stages") or {}
+        before = read_manifest(self.paths.report) or {}
+        previous = before.get("stages") or {}
         for name, entry in report["stages"].items():
             entry["built_seconds"] = self._built_seconds(self.results[name], previous.get(name))
         for stage in stages:
             result = self.results.get(stage.name)
             if result and result.status in ("built", "restored", "cached"):
                 report.update(result.report)
+        self._keep_measurements(report, before)
         if self.error is not None:
             report["error"] = str(self.error)
         return report
+
+    def _keep_measurements(self, report: dict, before: dict) -> None:
+        """A compile stage not built by this run has no measured CPU time in its manifest: the
+        fps and CPU seconds come from the earlier report.json of the same compile key (or stay
+        absent: restored from a cache another machine filled, nothing here measured them)."""
+        compile_result = self.results.get("compile")
+        estimate = report.get("estimate")
+        if (compile_result is None or compile_result.status == "built"
+                or not isinstance(estimate, dict)):
+            return
+        earlier = before.get("estimate") or {}
+        same = ((before.get("stages") or {}).get("compile") or {}).get("key") == compile_result.key
+        if same and compile_result.key:
+            estimate.update({k: earlier[k] for k in MEASURED_ESTIMATE_KEYS if k in earlier})
+            if isinstance(earlier.get("cpu"), dict):
+                estimate["cpu"] = earlier["cpu"]
 
     def _built_seconds(self, result: StageResult, before: dict | None) -> float | None:
         """Seconds of the run that built the stage's current artifacts: this run's when it

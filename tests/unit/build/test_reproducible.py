@@ -121,3 +121,24 @@ def test_a_bad_data_file_is_reported_at_the_recipe_line_that_names_it(tmp_path):
                      "--cache", str(tmp_path / "c"))
     assert result.returncode == 2
     assert f"{recipe}:11:23: quantization.calibration.data: {tmp_path / 'bad.npy'}:" in result.stderr
+
+
+def test_measured_cpu_time_stays_out_of_artifacts_and_a_no_op_run_keeps_it(tmp_path):
+    """The CPU parts are timed with ONNX Runtime on the build machine: that time (and the fps
+    that adds it) goes to report.json only, and a run that finds compile current keeps it."""
+    recipe = write_recipe(tmp_path, TINY_RECIPE + "split: {policy: cpu_only}\n", name="cpu.yaml")
+    first = clean_build(tmp_path / "one", recipe, "1")
+    second = clean_build(tmp_path / "two", recipe, "77")
+    assert_identical(first, second)
+    manifest = json.loads(first["build"]["compile/manifest.json"])
+    assert "cpu_seconds" not in manifest["report"]["estimate"]
+    workdir = tmp_path / "one"
+    report_path = next((workdir / "out").glob("*/report.json"))
+    measured = json.loads(report_path.read_text())["estimate"]
+    assert measured["cpu_seconds"] > 0 and measured["fps"] > 0
+    again = run_cli("run", recipe.name, "--build-dir", "out", "--cache", "store", cwd=workdir)
+    assert again.returncode == 0, again.stderr
+    kept = json.loads(report_path.read_text())
+    assert kept["stages"]["compile"]["status"] == "cached"
+    assert {k: kept["estimate"][k] for k in ("fps", "cpu_seconds")} == \
+        {k: measured[k] for k in ("fps", "cpu_seconds")}
