@@ -342,7 +342,7 @@ class AutoSearch:
         return AutoResult(target, before, current, chosen, tried)
 
 
-ROUNDING_KINDS = {"conv", "add", "mul", "rescale", "concat", "avgpool", "resize", "lut"}
+ROUNDING_KINDS = {"conv", "add", "mul", "rescale", "concat", "avgpool", "resize", "lut", "softmax"}
 
 
 @dataclass
