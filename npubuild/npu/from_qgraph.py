@@ -377,10 +377,15 @@ def _pad(layer: QLayer, tensors):
     return layer, {"op": op}, None
 
 
+def _softmax(layer: QLayer, tensors):
+    raise NotTiled(f"softmax along axis {layer.attrs['axis']} needs every value of a row at "
+                   "once: computed whole between groups")
+
+
 CONVERTERS = {"conv": _conv, "maxpool": _pool, "avgpool": _pool, "resize": _resize,
               "add": _elementwise, "mul": _elementwise, "rescale": _elementwise,
               "lut": _elementwise, "concat": _concat, "split": _split, "slice": _slice,
-              "pad": _pad}
+              "pad": _pad, "softmax": _softmax}
 
 
 # ---- weights in GMEM / LMEM ---------------------------------------------------------------

@@ -3,7 +3,7 @@
 ``compile/graph_ir_<i>/graph_<i>.json`` lists the layers in dependency order; each is a JSON
 object in the seed's style — ``name``, ``operation`` (``conv``, ``dwconv``, ``group_conv``,
 ``fc``, ``add``, ``sub``, ``mul``, ``rescale``, ``concat``, ``max_pool``, ``avg_pool``,
-``resize_nearest``, ``resize_bilinear``, ``lut``, ``reshape``, ``transpose``, ``slice``,
+``resize_nearest``, ``resize_bilinear``, ``lut``, ``softmax``, ``reshape``, ``transpose``, ``slice``,
 ``split``, ``pad``, ``float``), sizes (``input_size``/``output_size`` ``{height, width}`` and
 channel counts for 4-D tensors, ``input_shape``/``output_shape`` otherwise), ``padding``,
 ``stride``, ``dilations``, ``kernel_size``, the ``*_dtype`` fields, the quantization fields
@@ -140,6 +140,8 @@ def _layer_files(qgraph: QGraph, layer: QLayer, files: _Files, values, outputs) 
             bias, np.int8) if bias is not None else layer.arrays["bias"])
     if layer.kind == "lut":
         found["table"] = files.save(layer.name, "table", layer.arrays["table"])
+    if layer.kind == "softmax":
+        found["table"] = files.save(layer.name, "exp_table", layer.arrays["exp_table"])
     if layer.kind == "float":
         found["model"] = files.save_bytes(layer.name, "model", ".onnx", layer.arrays["model"].tobytes())
     if values is None:
@@ -374,6 +376,14 @@ class _Layer:
         out = {"function": self.layer.attrs.get("function")}
         if "axis" in self.layer.attrs:  # one table per index of this axis: table[c, x - qmin]
             out["table_axis"] = self.layer.attrs["axis"]
+        out.update(_quant("input", self.t(self.layer.inputs[0])))
+        out.update(_quant("output", self.t(self.layer.outputs[0])))
+        return out
+
+    def _softmax(self) -> dict:
+        p = self.layer.params
+        out = {"axis": self.layer.attrs["axis"], "multiplier": p["multiplier"],
+               "shift": p["shift"]}
         out.update(_quant("input", self.t(self.layer.inputs[0])))
         out.update(_quant("output", self.t(self.layer.outputs[0])))
         return out

@@ -413,6 +413,17 @@ def pad(node, ctx) -> FLayer:
                                                        "mode": mode, "value_real": value})
 
 
+def softmax(node, ctx) -> FLayer:
+    """Softmax along one axis (opset ≥ 13; before, along one axis only when it is the last)."""
+    rank = len(ctx.shape(node.input[0]))
+    axis = attr(node, "axis", -1 if ctx.opset >= 13 else 1)
+    axis = axis + rank if axis < 0 else axis
+    if ctx.opset < 13 and axis != rank - 1:
+        raise Unsupported(f"Softmax (opset {ctx.opset}) over axes {axis}.. of a rank-{rank} "
+                          "tensor: not one axis")
+    return _layer(node, "softmax", [node.input[0]], attrs={"axis": axis})
+
+
 def lut(node, ctx) -> FLayer:
     fn = LUT_FUNCTIONS[node.op_type](node, ctx)
     return _layer(node, "lut", [node.input[0]], fn=fn, attrs={"function": node.op_type})
@@ -428,5 +439,5 @@ RULES: dict[str, Callable] = {
     "Transpose": transpose, "Slice": slice_, "Split": split, "Pad": pad,
     "Identity": identity, "Dropout": identity, "Cast": identity,
     **{op: lut for op in LUT_FUNCTIONS},
-    "PRelu": prelu,
+    "PRelu": prelu, "Softmax": softmax,
 }

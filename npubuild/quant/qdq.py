@@ -338,7 +338,7 @@ def _fragment(b: _Builder, layer: QLayer, key: str):
 
 FRAGMENTS = {"conv": _conv, "add": _add, "mul": _mul, "rescale": _rescale, "concat": _concat,
              "maxpool": _maxpool, "avgpool": _avgpool, "resize": _resize, "lut": _fragment,
-             "float": _fragment, **{k: _data for k in ("reshape", "transpose", "slice", "split", "pad")}}
+             "softmax": _fragment, "float": _fragment, **{k: _data for k in ("reshape", "transpose", "slice", "split", "pad")}}
 
 
 def _layers(b: _Builder) -> None:

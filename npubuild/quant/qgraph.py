@@ -74,7 +74,7 @@ from npubuild.quant.schemes import QParams
 
 FORMAT = "npubuild.qgraph"
 VERSION = 1
-KINDS = ("conv", "add", "mul", "rescale", "concat", "maxpool", "avgpool", "resize", "lut",
+KINDS = ("conv", "add", "mul", "rescale", "concat", "maxpool", "avgpool", "resize", "lut", "softmax",
          "reshape", "transpose", "slice", "split", "pad", "float")
 DATA_MOVEMENT = ("maxpool", "reshape", "transpose", "slice", "split", "pad")
 

@@ -468,6 +468,33 @@ def _lut(q: Quantizer, layer: FLayer) -> QLayer:
                            "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
 
 
+SOFTMAX_EXP_BITS = 24  # fraction bits of exp(-d · scale): ORT's float32 softmax agrees to ties
+
+
+def _softmax(q: Quantizer, layer: FLayer) -> QLayer:
+    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
+    model = q.fg.node_model(layer)
+    length = q.fg.shapes[layer.inputs[0]][layer.attrs["axis"]]
+    multiplier, shift = schemes.fixed_point(1.0 / y.scale)
+    if shift < 0:  # a power-of-two scale: 1 / scale is an integer
+        multiplier, shift = multiplier << -shift, 0
+    reason = None
+    if x.dtype != "int8":
+        reason = f"an integer softmax reads int8 (its exp table has one entry per step): {x.dtype}"
+    elif (length * 2.0 ** (SOFTMAX_EXP_BITS + shift + 1) >= 2.0 ** 62
+          or multiplier >= 2 ** (62 - SOFTMAX_EXP_BITS)):
+        reason = f"a row of {length} values at this output scale leaves int64 in the division"
+    if reason:
+        return _float(q, replace(layer, reason=reason + ": runs in float on the CPU"))
+    steps = np.arange(x.qmax - x.qmin + 1, dtype=np.float64)
+    table = np.rint(np.exp(-steps * x.scale) * 2.0 ** SOFTMAX_EXP_BITS).astype(np.int64)
+    return _qlayer(layer, attrs=dict(layer.attrs),
+                   params={"multiplier": multiplier, "shift": shift, "output_zp": y.zero_point,
+                           "output_dtype": y.dtype},
+                   arrays={"exp_table": table,
+                           "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+
+
 def per_index_function(fn: Callable, axis: int, rank: int, size: int) -> Callable:
     """``fn`` of one tensor whose value depends on the index along ``axis`` (a per-channel
     PRelu) as a function of a 1-D ``x`` that returns ``[size, len(x)]``: row ``c`` is what the
@@ -527,7 +554,8 @@ def _float(q: Quantizer, layer: FLayer) -> QLayer:
 
 BUILDERS: dict[str, Callable[[Quantizer, FLayer], QLayer]] = {
     "conv": _conv, "add": _add, "mul": _mul, "rescale": _rescale, "concat": _concat,
-    "avgpool": _avgpool, "resize": _resize, "lut": _lut, "pad": _pad, "float": _float,
+    "avgpool": _avgpool, "resize": _resize, "lut": _lut, "softmax": _softmax, "pad": _pad,
+    "float": _float,
     **{k: _data for k in ("maxpool", "reshape", "transpose", "slice", "split")},
 }
 

@@ -229,6 +229,20 @@ def lut(layer: QLayer, x: np.ndarray) -> np.ndarray:
     return table[channel, index]
 
 
+def softmax(layer: QLayer, x: np.ndarray) -> np.ndarray:
+    """Integer softmax along ``attrs.axis``: ``e = exp_table[max - x]`` (exp of the step
+    distance to the row's maximum, ``SOFTMAX_EXP_BITS`` fraction bits), then each ``e`` over
+    the row's sum, times the output's ``1 / scale`` as ``multiplier · 2^-shift``, rounded half
+    up by one integer division."""
+    p, axis = layer.params, layer.attrs["axis"]
+    xi = np.asarray(x, np.int64)
+    e = layer.arrays["exp_table"][xi.max(axis=axis, keepdims=True) - xi]
+    den = e.sum(axis=axis, keepdims=True) << int(p["shift"])
+    y = (2 * e * int(p["multiplier"]) + den) // (2 * den) + int(p["output_zp"])
+    lo, hi = schemes.qrange(p["output_dtype"])
+    return np.clip(y, lo, hi).astype(schemes.DTYPES[p["output_dtype"]])
+
+
 # ---- resize ----------------------------------------------------------------------------------
 
 def _source_coords(out_size: int, in_size: int, mode: str) -> np.ndarray:
@@ -362,6 +376,7 @@ KERNELS: dict[str, Kernel] = {
     "avgpool": lambda l, xs: [avgpool2d(l, xs[0])],
     "resize": lambda l, xs: [resize(l, xs[0])],
     "lut": lambda l, xs: [lut(l, xs[0])],
+    "softmax": lambda l, xs: [softmax(l, xs[0])],
     "reshape": lambda l, xs: [np.reshape(xs[0], l.attrs["shape"])],
     "transpose": lambda l, xs: [np.ascontiguousarray(np.transpose(xs[0], l.attrs["perm"]))],
     "slice": lambda l, xs: [_slice(l, xs[0])],

@@ -386,7 +386,7 @@ class AutoSearch:
         return prefix(high), high_cos
 
 
-ROUNDING_KINDS = {"conv", "add", "mul", "rescale", "concat", "avgpool", "resize", "lut"}
+ROUNDING_KINDS = {"conv", "add", "mul", "rescale", "concat", "avgpool", "resize", "lut", "softmax"}
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """LayerSpecs from the quantized graph: 4-D views, group breakers, weight records, resize rows."""
 
 import numpy as np
+from onnx import helper
 import pytest
 
 from npubuild.npu import Rows, input_rows
@@ -30,7 +31,7 @@ def _stack_with_breakers():
     b = s.conv(r, 8, 3)
     c = s.concat([b, b], axis=2)  # along H: cannot be sliced by rows
     d = s.concat([c, c], axis=1)  # along channels: tiled
-    return s.model([s.unary(d, "Softmax")])
+    return s.model([s.unary(d, "LogSoftmax")])  # no integer kernel: a float layer
 
 
 def test_layout_changes_h_concats_and_float_layers_break_groups_and_say_how_they_run():
@@ -40,11 +41,11 @@ def test_layout_changes_h_concats_and_float_layers_break_groups_and_say_how_they
     assert kinds["reshape1"][0] == "dma" and "reshape" in kinds["reshape1"][1]
     assert kinds["concat3"] == ("dma", "concat along axis 2 (H of the 4-D view): runs as a "
                                        "whole-tensor DMA step between groups")
-    assert kinds["softmax5"][0] == "cpu"
+    assert kinds["logsoftmax5"][0] == "cpu"
     assert "concat4" not in kinds
     groups = plan_qgraph(layers, TINY)
     order = [spec.name for spec in layers.graph.layers]
-    assert [c.layer.name for c in groups.cpu_layers] == ["reshape1", "concat3", "softmax5"]
+    assert [c.layer.name for c in groups.cpu_layers] == ["reshape1", "concat3", "logsoftmax5"]
     for plan in groups.npu_groups:  # a contiguous run that never reaches across a breaker
         positions = [order.index(name) for name in plan.group.names]
         assert positions == list(range(positions[0], positions[0] + len(positions)))
@@ -111,5 +112,17 @@ def test_a_per_channel_prelu_runs_on_the_npu_with_one_table_per_channel_bit_exac
     assert prelu.arrays["table"].shape == (40, 256) and prelu.attrs["axis"] == 1
     layers = layers_from_qgraph(qgraph)
     assert prelu.name not in layers.breakers and not layers.weights[prelu.name].replicated
+    _, _, program_file = compile_qgraph(qgraph, TINY)
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_an_integer_softmax_runs_on_the_npu_between_groups_bit_exact():
+    s = Stack((1, 16, 4, 20))  # YOLOv8's DFL: 16 bins along the channels
+    a = s.conv("x", 16, 3)
+    b = s.unary(a, "Softmax")
+    s.nodes[-1].attribute.extend([helper.make_attribute("axis", 1)])
+    qgraph = quantize(s.model([s.conv(b, 4, 1)]), scheme="symmetric")
+    layers = layers_from_qgraph(qgraph)
+    assert layers.breakers[b].executes == "npu" and "softmax along axis 1" in layers.breakers[b].reason
     _, _, program_file = compile_qgraph(qgraph, TINY)
     simulate_and_compare(qgraph, program_file)

@@ -118,7 +118,10 @@ CASES = {
                                   "ax": np.array([2, 3], np.int64), "sp": np.array([-2, 3], np.int64)}, opset=18),
     "pad": lambda: model([helper.make_node("Pad", ["x", "p"], ["y"])], X, {"y": None},
                          {"p": np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64)}),
-    "softmax_on_cpu": lambda: unary("Softmax", axis=1),
+    "softmax_channels": lambda: unary("Softmax", axis=1),
+    "softmax_last_axis": lambda: unary("Softmax", axis=-1),
+    "softmax_dfl_bins": lambda: model([helper.make_node("Softmax", ["x"], ["y"], axis=1)],
+                                      {"x": [1, 16, 4, 30]}, {"y": None}),
 }
 SCHEMES = ["pow2_symmetric", "symmetric", "asymmetric"]
 
@@ -141,11 +144,19 @@ def test_folded_activations_and_patterns_make_one_layer():
         assert [layer.kind for layer in qg.layers] == [kind]
 
 
-def test_softmax_stays_float_with_a_reason():
-    qg, cc, _ = check_against_ort(unary("Softmax", axis=1), samples(X))
+def test_an_op_without_an_integer_kernel_stays_float_with_a_reason():
+    qg, cc, _ = check_against_ort(unary("LogSoftmax", axis=1), samples(X))
     (layer,) = qg.layers
-    assert layer.device == "cpu" and "Softmax" in layer.attrs["reason"]
+    assert layer.device == "cpu" and "LogSoftmax" in layer.attrs["reason"]
     assert qg.tensors["y"].dtype == "float32"  # only the CPU touches it
+
+
+def test_an_int16_softmax_input_stays_float_and_says_why():
+    m = unary("Softmax", axis=1)
+    qg, cc, cos = check_against_ort(m, feeds_for(m), int16_tensors=["x"])
+    (layer,) = qg.layers
+    assert layer.device == "cpu" and "an integer softmax reads int8" in layer.attrs["reason"]
+    assert cc.ok and cos > 0.999
 
 
 def test_seed_004_int8_bias_with_shift():
