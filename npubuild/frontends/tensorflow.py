@@ -82,6 +82,7 @@ def convert(path: Path, fmt: str, inputs: list, outputs: list[str] | None,
 def signature(path: Path, fmt: str, inputs: list, outputs: list[str] | None) -> dict:
     """The model's input and output names (ONNX spelling) after resolving the recipe's names,
     without converting: what `npubuild validate` checks. Unknown names raise `UserError`."""
+    _check_installed()  # a TFLite signature is read without them, but run needs them
     with _quiet():
         source = _open(Path(path), fmt, inputs, outputs)
     return {"inputs": [p.name for p in source.inputs], "outputs": [p.name for p in source.outputs]}
@@ -202,27 +203,28 @@ class _TFLite:
     """A TFLite flatbuffer; its tensor names are the names (the recipe may cut at any tensor)."""
 
     def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
-        from npubuild.frontends.tflite_check import check_tflite
+        """Names are read from the flatbuffer: no TensorFlow until the model is converted or
+        run (``npubuild validate`` stays fast)."""
+        from npubuild.frontends import tflite_check
 
-        check_tflite(path)  # the interpreter crashes the process on a truncated file
-        tf = _tensorflow()
+        tflite_check.check_tflite(path)  # the interpreter crashes the process on a truncated file
         self.path = path
-        interpreter = _load(path, "a TFLite model", lambda: _interpreter(tf, path))
-        details = interpreter.get_input_details()
-        available = {d["name"]: (_dims(d["shape_signature"]), np.dtype(d["dtype"]).name)
-                     for d in details}
+        found = tflite_check.signature(path)
+        available = {name: (dims, dtype) for name, dims, dtype in found.inputs}
         self.inputs = _all_inputs(inputs, available, path)
-        self.graph_outputs = [d["name"] for d in interpreter.get_output_details()]
-        tensors = [d["name"] for d in interpreter.get_tensor_details()]
-        self.index = {d["name"]: d["index"] for d in interpreter.get_tensor_details()}
-        self.outputs = _output_ports(outputs, self.graph_outputs, tensors, path)
+        self.graph_outputs = found.outputs
+        self.index = {}
+        for index, name in enumerate(found.tensors):  # converters write unique names
+            self.index.setdefault(name, index)
+        self.outputs = _output_ports(outputs, self.graph_outputs, found.tensors, path)
 
     def to_onnx(self, opset: int) -> onnx.ModelProto:
         import tempfile
 
-        from tf2onnx import convert as tf2onnx_convert
-
         from npubuild.frontends import tflite_custom, tflite_graph
+
+        _tensorflow()  # before tf2onnx: a missing TensorFlow is named as such
+        from tf2onnx import convert as tf2onnx_convert
 
         model = self._prepared()
         try:
@@ -429,9 +431,7 @@ def _tensorflow():
         import tensorflow as tf
         import tf2onnx.convert  # noqa: F401
     except ImportError as exc:  # an ONNX-only install: say which extra brings TensorFlow in
-        raise UserError(f"this recipe's model is a TensorFlow model, and {_missing(exc)} is not "
-                        "installed", hint="install npubuild's `tf` extra: "
-                        "pip install 'npubuild[tf]' (tensorflow-cpu and tf2onnx)") from None
+        raise _not_installed(_missing(exc)) from None
     finally:
         if saved is None:
             os.environ.pop(_LOG_ENV, None)
@@ -440,6 +440,22 @@ def _tensorflow():
     _absl_to_real_stderr()
     _transposes_through_elementwise_ops()
     return tf
+
+
+def _check_installed() -> None:
+    """Raise what `_tensorflow` raises when TensorFlow or tf2onnx is missing, without importing
+    them (importing TensorFlow takes seconds; `npubuild validate` needs only to know)."""
+    import importlib.util
+
+    for package in ("tensorflow", "tf2onnx"):
+        if importlib.util.find_spec(package) is None:
+            raise _not_installed(package)
+
+
+def _not_installed(package: str) -> UserError:
+    return UserError(f"this recipe's model is a TensorFlow model, and {package} is not "
+                     "installed", hint="install npubuild's `tf` extra: "
+                     "pip install 'npubuild[tf]' (tensorflow-cpu and tf2onnx)")
 
 
 def _missing(exc: ImportError) -> str:
@@ -563,12 +579,6 @@ def _serving_signature(loaded, path: Path):
                         hint="export it with model.export(dir), or tf.saved_model.save(obj, dir, "
                              "signatures=...)")
     return signatures.get("serving_default") or next(iter(signatures.values()))
-
-
-def _interpreter(tf, path: Path):
-    from npubuild.frontends.tflite_graph import interpreter_for
-
-    return interpreter_for(tf, path.read_bytes())
 
 
 def _function_to_onnx(fn, inputs: list[Port], outputs: list[Port], opset: int) -> onnx.ModelProto:

@@ -91,7 +91,7 @@ def check_signature(loaded: LoadedRecipe) -> dict:
     if fmt != "onnx":
         from npubuild.frontends import tensorflow as tf_frontend
 
-        with at_recipe_fields(loaded):
+        with loaded.relocated("model", "path"), at_recipe_fields(loaded):  # as `run` reports
             return tf_frontend.signature(loaded.model_path, fmt, loaded.recipe.model.inputs,
                                          loaded.recipe.model.outputs)
     model = onnx_io.load_model(loaded.model_path, load_external=False)
