@@ -4,9 +4,9 @@ MediaPipe models (selfie and hair segmentation, and others built with its conver
 custom ops that TensorFlow Lite's own interpreter and tf2onnx do not know. Each entry of
 `CUSTOM_OPS` gives, for one op:
 
-- `options`: its parameters, read from the op's custom options (MediaPipe stores the C struct
-  of the builtin op it extends — ``TfLiteTransposeConvParams`` or ``TfLitePoolParams`` — not a
-  flexbuffer, so tf2onnx cannot read them);
+- `fields`: its parameters, the leading int32 fields of the C struct MediaPipe stores as the
+  op's custom options (``TfLiteTransposeConvParams`` or ``TfLitePoolParams`` of the builtin op
+  it extends; not a flexbuffer, so tf2onnx cannot read them, and `tflite_graph` rewrites them);
 - `lower`: a tf2onnx handler that writes the op as standard ONNX ops (NHWC in and out, as
   tf2onnx's TFLite graph is; its transpose optimizer removes what cancels);
 - `reference`: the op in numpy, written from MediaPipe's kernels
