@@ -210,13 +210,19 @@ class _TFLite:
         tflite_check.check_tflite(path)  # the interpreter crashes the process on a truncated file
         self.path = path
         found = tflite_check.signature(path)
-        available = {name: (dims, dtype) for name, dims, dtype in found.inputs}
-        self.inputs = _all_inputs(inputs, available, path)
-        self.graph_outputs = found.outputs
         self.index = {}
-        for index, name in enumerate(found.tensors):  # converters write unique names
+        for index, (name, _, _) in enumerate(found.tensors):  # converters write unique names
             self.index.setdefault(name, index)
-        self.outputs = _output_ports(outputs, self.graph_outputs, found.tensors, path)
+        names = [name for name, _, _ in found.tensors]
+        available = {found.tensors[i][0]: found.tensors[i][1:] for i in found.inputs}
+        if _cuts_inputs(inputs, available, names):  # the recipe's inputs are the cut's inputs
+            everything = {name: (dims, dtype) for name, dims, dtype in reversed(found.tensors)}
+            hint = f"the model's inputs: {_few(available)}; any tensor may be cut at"
+            self.inputs = list(_named_inputs(inputs, everything, path, hint).values())
+        else:
+            self.inputs = _all_inputs(inputs, available, path)
+        self.graph_outputs = [names[i] for i in found.outputs]
+        self.outputs = _output_ports(outputs, self.graph_outputs, names, path)
 
     def to_onnx(self, opset: int) -> onnx.ModelProto:
         import tempfile
@@ -277,6 +283,15 @@ class _TFLite:
                             hint=f"cut the model before them: model.outputs: [{outputs}] (and "
                                  "run the rest on the host), or replace them in the source model")
         return model
+
+
+def _cuts_inputs(specs: list, graph_inputs: dict, tensors: list[str]) -> bool:
+    """Whether a recipe input names an inner tensor (``x`` or ``x:0``) rather than an input."""
+    def inner(name: str) -> bool:
+        guesses = (name, f"{name}:0", name.removesuffix(":0"))
+        return not any(g in graph_inputs for g in guesses) and any(g in tensors for g in guesses)
+
+    return any(inner(spec.name) for spec in specs)
 
 
 _SOURCES = {"tf_frozen": _FrozenGraph, "saved_model": _SavedModel, "keras": _Keras,

@@ -89,27 +89,26 @@ def check_tflite(path: Path) -> None:
 
 @dataclass(frozen=True)
 class Signature:
-    """What the recipe's names are checked against: inputs as (name, dims with None for a
-    dynamic dim, dtype name), output names, every tensor name (a cut may name any)."""
+    """What the recipe's names are checked against: every tensor of the main subgraph as (name,
+    dims with None for a dynamic dim, dtype name), by index; the indices of its inputs and
+    outputs (a cut may name any tensor)."""
 
-    inputs: list[tuple[str, list[int | None], str]]
-    outputs: list[str]
-    tensors: list[str]
+    tensors: list[tuple[str, list[int | None], str]]
+    inputs: list[int]
+    outputs: list[int]
 
 
 def signature(path: Path) -> Signature:
-    """The main subgraph's inputs, outputs and tensors (call `check_tflite` first)."""
+    """The main subgraph's tensors, inputs and outputs (call `check_tflite` first)."""
     graph = _root(bytearray(path.read_bytes())).tables(MODEL_SUBGRAPHS)[0]
-    tensors = graph.tables(GRAPH_TENSORS)
-    names = [t.string(TENSOR_NAME) for t in tensors]
-    inputs = []
-    for index in graph.ints(GRAPH_INPUTS):
-        tensor = tensors[int(index)]
+    tensors = []
+    for tensor in graph.tables(GRAPH_TENSORS):
         dims = tensor.ints(TENSOR_SHAPE_SIGNATURE)
         dims = dims if len(dims) else tensor.ints(TENSOR_SHAPE)
-        inputs.append((names[int(index)], [None if d < 0 else int(d) for d in dims],
-                       DTYPES.get(tensor.scalar(TENSOR_TYPE, _flags("Int8Flags")), "unknown")))
-    return Signature(inputs, [names[int(i)] for i in graph.ints(GRAPH_OUTPUTS)], names)
+        tensors.append((tensor.string(TENSOR_NAME), [None if d < 0 else int(d) for d in dims],
+                        DTYPES.get(tensor.scalar(TENSOR_TYPE, _flags("Int8Flags")), "unknown")))
+    return Signature(tensors, [int(i) for i in graph.ints(GRAPH_INPUTS)],
+                     [int(i) for i in graph.ints(GRAPH_OUTPUTS)])
 
 
 def _flags(name: str):

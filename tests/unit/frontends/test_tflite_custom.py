@@ -119,3 +119,16 @@ def test_options_that_do_not_fit_the_struct_are_a_user_error(tmp_path):
     path.write_bytes(path.read_bytes().replace(good, tflite_models.c_struct(7, 2, 2, 2, 2, 0)))
     with pytest.raises(UserError, match="custom op 'MaxPoolingWithArgmax2D'.*unknown padding 7"):
         tf_frontend.convert(path, "tflite", INPUTS, None)
+
+
+def test_a_cut_at_an_inner_input_is_converted_and_run_from_there(tmp_path):
+    """``model.inputs`` naming an inner tensor cuts the model there: the RELU before it is gone
+    from both the ONNX model and the source run, which is fed at that tensor."""
+    path = tflite_models.transpose_conv(tmp_path, (8, 8), 3, 2, SAME, custom=True)
+    inputs = [InputSpec(name="relu", shape=[1, 8, 8, 4])]
+    model = tf_frontend.convert(path, "tflite", inputs, None)
+    assert [i.name for i in model.graph.input] == ["relu"]
+    assert "Relu" not in {n.op_type for n in model.graph.node}
+    x = np.random.default_rng(7).normal(0, 1, (1, 8, 8, 4)).astype(np.float32)  # negatives too
+    source = tf_frontend.run_source(path, "tflite", {"relu": x}, inputs, None)
+    _assert_close(source, list(run(model, {"relu": x}).values()))
