@@ -20,6 +20,7 @@ TensorFlow and tf2onnx are imported inside functions only: `import npubuild` sta
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -81,6 +82,7 @@ def convert(path: Path, fmt: str, inputs: list, outputs: list[str] | None,
 def signature(path: Path, fmt: str, inputs: list, outputs: list[str] | None) -> dict:
     """The model's input and output names (ONNX spelling) after resolving the recipe's names,
     without converting: what `npubuild validate` checks. Unknown names raise `UserError`."""
+    _check_installed()  # a TFLite signature is read without them, but run needs them
     with _quiet():
         source = _open(Path(path), fmt, inputs, outputs)
     return {"inputs": [p.name for p in source.inputs], "outputs": [p.name for p in source.outputs]}
@@ -201,86 +203,95 @@ class _TFLite:
     """A TFLite flatbuffer; its tensor names are the names (the recipe may cut at any tensor)."""
 
     def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
-        from npubuild.frontends.tflite_check import check_tflite
+        """Names are read from the flatbuffer: no TensorFlow until the model is converted or
+        run (``npubuild validate`` stays fast)."""
+        from npubuild.frontends import tflite_check
 
-        check_tflite(path)  # the interpreter crashes the process on a truncated file
-        tf = _tensorflow()
+        tflite_check.check_tflite(path)  # the interpreter crashes the process on a truncated file
         self.path = path
-        interpreter = _load(path, "a TFLite model", lambda: _interpreter(tf, path))
-        details = interpreter.get_input_details()
-        available = {d["name"]: (_dims(d["shape_signature"]), np.dtype(d["dtype"]).name)
-                     for d in details}
-        self.inputs = _all_inputs(inputs, available, path)
-        self.graph_outputs = [d["name"] for d in interpreter.get_output_details()]
-        tensors = [d["name"] for d in interpreter.get_tensor_details()]
-        self.outputs = _output_ports(outputs, self.graph_outputs, tensors, path)
+        found = tflite_check.signature(path)
+        self.index = {}
+        for index, (name, _, _) in enumerate(found.tensors):  # converters write unique names
+            self.index.setdefault(name, index)
+        names = [name for name, _, _ in found.tensors]
+        available = {found.tensors[i][0]: found.tensors[i][1:] for i in found.inputs}
+        if _cuts_inputs(inputs, available, names):  # the recipe's inputs are the cut's inputs
+            everything = {name: (dims, dtype) for name, dims, dtype in reversed(found.tensors)}
+            hint = f"the model's inputs: {_few(available)}; any tensor may be cut at"
+            self.inputs = list(_named_inputs(inputs, everything, path, hint).values())
+        else:
+            self.inputs = _all_inputs(inputs, available, path)
+        self.graph_outputs = [names[i] for i in found.outputs]
+        self.outputs = _output_ports(outputs, self.graph_outputs, names, path)
 
     def to_onnx(self, opset: int) -> onnx.ModelProto:
         import tempfile
 
+        from npubuild.frontends import tflite_custom, tflite_graph
+
+        _tensorflow()  # before tf2onnx: a missing TensorFlow is named as such
         from tf2onnx import convert as tf2onnx_convert
 
+        model = self._prepared()
+        try:
+            tflite_graph.with_readable_options(model)
+        except ValueError as exc:
+            raise UserError(f"cannot read the options of a TFLite {exc}",
+                            location=Location(str(self.path))) from None
+        tflite_custom.register_handlers()
         with tempfile.TemporaryDirectory() as tmp:
-            dense = _densified(_tensorflow(), self.path, Path(tmp))
+            prepared = Path(tmp) / self.path.name
+            prepared.write_bytes(tflite_graph.to_bytes(model))
             model, _ = tf2onnx_convert.from_tflite(
-                str(dense), input_names=[p.key for p in self.inputs],
+                str(prepared), input_names=[p.key for p in self.inputs],
                 output_names=[p.key for p in self.outputs], opset=opset)
         # tf2onnx keeps TFLite tensor names; give recipe-named tensors the recipe's spelling
         _rename_values(model.graph, {p.key: p.name for p in self.inputs + self.outputs})
         return model
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-        tf = _tensorflow()
-        cut = any(p.key not in self.graph_outputs for p in self.outputs)
-        interpreter = _interpreter(tf, self.path, keep_all_tensors=cut)
-        index = {d["name"]: d["index"] for d in interpreter.get_tensor_details()}
-        for port in self.inputs:
-            if port.shape is not None:
-                interpreter.resize_tensor_input(index[port.key], port.shape)
-        interpreter.allocate_tensors()
-        for port, array in zip(self.inputs, arrays):
-            interpreter.set_tensor(index[port.key], array)
-        interpreter.invoke()
-        return [interpreter.get_tensor(index[p.key]).copy() for p in self.outputs]
+        """The cut model in the interpreter, its lowered custom ops in their numpy references."""
+        from npubuild.frontends import tflite_graph
+
+        model = self._prepared()
+        feeds = {self.index[p.key]: np.asarray(a) for p, a in zip(self.inputs, arrays)}
+        wanted = [self.index[p.key] for p in self.outputs]
+        values = tflite_graph.run(_tensorflow(), model, feeds, wanted)
+        return [values[t] for t in wanted]
+
+    def _prepared(self):
+        """The flatbuffer cut to the recipe's inputs and outputs, with sparse weights made
+        dense; a custom op npubuild cannot lower stops here, naming the cut that avoids it."""
+        from npubuild.frontends import tflite_custom, tflite_graph
+
+        model = tflite_graph.read(self.path)
+        try:
+            tflite_graph.cut(model, [self.index[p.key] for p in self.inputs],
+                             [self.index[p.key] for p in self.outputs])
+        except ValueError as exc:
+            raise UserError(f"cannot cut the TFLite model: {exc}", field="model.inputs",
+                            location=Location(str(self.path)),
+                            hint="name every input the cut outputs depend on") from None
+        tflite_graph.densify(_tensorflow(), model)
+        unsupported = tflite_graph.unsupported_custom_ops(model)
+        if unsupported:
+            ops = "; ".join(f"{op} (the operator writing {tensor!r})" for op, tensor in unsupported.ops)
+            outputs = ", ".join(json.dumps(name) for name in unsupported.cut_outputs)
+            raise UserError(f"this TFLite model uses custom ops npubuild cannot lower to ONNX: "
+                            f"{ops}; it lowers {', '.join(tflite_custom.CUSTOM_OPS)}",
+                            location=Location(str(self.path)),
+                            hint=f"cut the model before them: model.outputs: [{outputs}] (and "
+                                 "run the rest on the host), or replace them in the source model")
+        return model
 
 
-def _densified(tf, path: Path, tmp: Path) -> Path:
-    """`path`, or a copy in `tmp` whose sparse weights are dense constants.
+def _cuts_inputs(specs: list, graph_inputs: dict, tensors: list[str]) -> bool:
+    """Whether a recipe input names an inner tensor (``x`` or ``x:0``) rather than an input."""
+    def inner(name: str) -> bool:
+        guesses = (name, f"{name}:0", name.removesuffix(":0"))
+        return not any(g in graph_inputs for g in guesses) and any(g in tensors for g in guesses)
 
-    A TFLite model converted with sparsity keeps each sparse weight behind a DENSIFY op, which
-    tf2onnx reads as a dense constant of the wrong size ("cannot reshape array of size 88 into
-    shape (16,3,3,3)"). The interpreter runs DENSIFY itself: its outputs become constant
-    buffers and the ops go, so tf2onnx sees the dense model the interpreter computes with."""
-    from tensorflow.lite.python import schema_py_generated as schema
-    from tensorflow.lite.tools import flatbuffer_utils
-
-    model = flatbuffer_utils.read_model_from_bytearray(bytearray(path.read_bytes()))
-    graph = model.subgraphs[0]
-    densify = [op for op in graph.operators
-               if _builtin_code(model.operatorCodes[op.opcodeIndex]) == schema.BuiltinOperator.DENSIFY]
-    if not densify:
-        return path
-    interpreter = _interpreter(tf, path, keep_all_tensors=True)
-    interpreter.allocate_tensors()
-    interpreter.invoke()  # DENSIFY reads constants only: whatever the inputs hold
-    for op in densify:
-        out = int(op.outputs[0])
-        buffer = schema.BufferT()
-        buffer.data = np.frombuffer(interpreter.get_tensor(out).tobytes(), np.uint8)
-        model.buffers.append(buffer)
-        # the sparse input too: tf2onnx reads every constant, used or not, at its dense shape
-        for index in (out, int(op.inputs[0])):
-            graph.tensors[index].buffer = len(model.buffers) - 1
-            graph.tensors[index].sparsity = None
-    graph.operators = [op for op in graph.operators if not any(op is d for d in densify)]
-    dense = tmp / path.name
-    dense.write_bytes(bytes(flatbuffer_utils.convert_object_to_bytearray(model)))
-    return dense
-
-
-def _builtin_code(code) -> int:
-    """An operator code's builtin op (schema ≥ 3a keeps codes above 127 in builtinCode)."""
-    return max(code.builtinCode, code.deprecatedBuiltinCode)
+    return any(inner(spec.name) for spec in specs)
 
 
 _SOURCES = {"tf_frozen": _FrozenGraph, "saved_model": _SavedModel, "keras": _Keras,
@@ -435,9 +446,7 @@ def _tensorflow():
         import tensorflow as tf
         import tf2onnx.convert  # noqa: F401
     except ImportError as exc:  # an ONNX-only install: say which extra brings TensorFlow in
-        raise UserError(f"this recipe's model is a TensorFlow model, and {_missing(exc)} is not "
-                        "installed", hint="install npubuild's `tf` extra: "
-                        "pip install 'npubuild[tf]' (tensorflow-cpu and tf2onnx)") from None
+        raise _not_installed(_missing(exc)) from None
     finally:
         if saved is None:
             os.environ.pop(_LOG_ENV, None)
@@ -446,6 +455,22 @@ def _tensorflow():
     _absl_to_real_stderr()
     _transposes_through_elementwise_ops()
     return tf
+
+
+def _check_installed() -> None:
+    """Raise what `_tensorflow` raises when TensorFlow or tf2onnx is missing, without importing
+    them (importing TensorFlow takes seconds; `npubuild validate` needs only to know)."""
+    import importlib.util
+
+    for package in ("tensorflow", "tf2onnx"):
+        if importlib.util.find_spec(package) is None:
+            raise _not_installed(package)
+
+
+def _not_installed(package: str) -> UserError:
+    return UserError(f"this recipe's model is a TensorFlow model, and {package} is not "
+                     "installed", hint="install npubuild's `tf` extra: "
+                     "pip install 'npubuild[tf]' (tensorflow-cpu and tf2onnx)")
 
 
 def _missing(exc: ImportError) -> str:
@@ -569,13 +594,6 @@ def _serving_signature(loaded, path: Path):
                         hint="export it with model.export(dir), or tf.saved_model.save(obj, dir, "
                              "signatures=...)")
     return signatures.get("serving_default") or next(iter(signatures.values()))
-
-
-def _interpreter(tf, path: Path, keep_all_tensors: bool = False):
-    # Builtin kernels without the XNNPACK delegate: no start-up banner, and the model's own math
-    resolver = tf.lite.experimental.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
-    return tf.lite.Interpreter(model_path=str(path), experimental_op_resolver_type=resolver,
-                               experimental_preserve_all_tensors=keep_all_tensors)
 
 
 def _function_to_onnx(fn, inputs: list[Port], outputs: list[Port], opset: int) -> onnx.ModelProto:

@@ -280,7 +280,7 @@ def _located_error(exc: ValidationError, marked: Marked, model: type[BaseModel])
     more = len(picked) - 1
     return UserError(message + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""),
                      location=location, field=dotted(path) or None,
-                     hint="the recipe schema is schemas/recipe.schema.json"
+                     hint="`npubuild schema recipe` prints the recipe schema"
                      if model.__name__ == "Recipe" else None)
 
 

@@ -233,10 +233,21 @@ def _fusion_rule_names() -> dict:
             "description": "A fusion rule by name."}
 
 
+class _OneRuleKey:
+    """JSON Schema of ``{rule: {tolerance: ...}}``: one key, a registered rule's name (editors
+    flag ``{conv_bnn: ...}`` as they flag the plain name; the validator below says the same)."""
+
+    @staticmethod
+    def __get_pydantic_json_schema__(core_schema, handler) -> dict:
+        schema = handler(core_schema)
+        schema.update(propertyNames=_fusion_rule_names(), minProperties=1, maxProperties=1)
+        return schema
+
+
 FusionItem = Annotated[Union[
     Annotated[str, Tag("Rule"), WithJsonSchema(_fusion_rule_names())],
     Annotated[UserFusionRule, Tag("Pattern")],
-    Annotated[dict[str, FusionOptions], Tag("Options")],
+    Annotated[dict[str, FusionOptions], Tag("Options"), _OneRuleKey],
 ], Discriminator(_fusion_item_kind)]
 
 

@@ -86,3 +86,15 @@ def test_chip_and_fusion_rule_names_are_enums_and_a_chip_file_is_allowed():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"version": 1, "name": "x", "model": {"path": "m.onnx"},
                              "target": "npu-17m"}, schema)
+
+
+@pytest.mark.parametrize("entry, valid", [
+    ({"conv_bn": {"tolerance": 1e-4}}, True),
+    ({"conv_bnn": {"tolerance": 1e-4}}, False),  # a misspelt rule with options
+    ({"conv_bn": {}, "silu": {}}, False),        # one rule per entry
+])
+def test_a_fusion_entry_with_options_must_name_one_registered_rule(entry, valid):
+    schema = json.loads((SCHEMA_DIR / "recipe.schema.json").read_text())
+    recipe = {"version": 1, "name": "r", "model": {"path": "m.onnx"}, "fusion": [entry]}
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(recipe))
+    assert not errors if valid else errors

@@ -4,6 +4,8 @@ whose import fails the way a missing module does."""
 
 import os
 
+import pytest
+
 from tests.conftest import REPO, write_recipe
 
 MISSING = "raise ModuleNotFoundError(\"No module named 'tensorflow'\", name='tensorflow')\n"
@@ -30,3 +32,50 @@ def test_a_tensorflow_recipe_without_the_tf_extra_names_the_extra(tmp_path, cli)
     assert "pip install 'npubuild[tf]'" in result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.count("error:") == 1
+
+
+VALIDATE_WITHOUT = """\
+import sys
+for name in {hidden!r}:
+    sys.modules[name] = None  # as if not installed: find_spec and import both fail
+from npubuild.cli import main
+code = main(["validate", {recipe!r}])
+print("tensorflow imported" if "tensorflow" in sys.modules and sys.modules["tensorflow"] else "")
+sys.exit(code)
+"""
+
+
+def _validate(tmp_path, hidden):
+    import subprocess
+    import sys
+
+    from tests.unit.frontends import tflite_models
+
+    path = tflite_models.with_unknown_custom_op(tmp_path)
+    recipe = write_recipe(tmp_path, f"""\
+        version: 1
+        name: tflite-validate
+        model:
+          path: {path.name}
+          inputs: [{{name: x, shape: [1, 4, 4, 2]}}]
+        """)
+    code = VALIDATE_WITHOUT.format(hidden=hidden, recipe=str(recipe))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.slow  # writes the model with TensorFlow's schema classes
+@pytest.mark.parametrize("hidden", [["tensorflow"], ["tf2onnx"]])
+def test_validate_names_the_tf_extra_for_a_tflite_recipe_as_run_does(tmp_path, hidden):
+    result = _validate(tmp_path, hidden)
+    assert result.returncode == 2, result.stderr
+    assert f"recipe.yaml:4:9: model.path: this recipe's model is a TensorFlow model, and " \
+           f"{hidden[0]} is not installed" in result.stderr
+    assert "pip install 'npubuild[tf]'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_validate_reads_a_tflite_signature_without_importing_tensorflow(tmp_path):
+    result = _validate(tmp_path, [])
+    assert result.returncode == 0, result.stderr
+    assert "valid" in result.stdout and "tensorflow imported" not in result.stdout

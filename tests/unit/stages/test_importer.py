@@ -9,7 +9,7 @@ import pytest
 
 from npubuild import onnx_io
 from tests.conftest import TINY_MODEL, write_recipe
-from tests.unit.frontends import onnx_models
+from tests.unit.frontends import onnx_models, tflite_models
 from tests.unit.frontends.test_tensorflow import models  # noqa: F401 — the shared TF fixture
 
 
@@ -77,6 +77,36 @@ def test_tensorflow_formats_import_and_match_the_source(cli, tmp_path, models, f
     got = sorted(onnx_io.run(model, {onnx_io.graph_inputs(model)[0].name: x}).values(), key=np.size)
     np.testing.assert_allclose(got[0], models.expected[5], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[1], models.expected[8], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_tflite_with_an_unsupported_custom_op_stops_then_imports_cut_before_it(cli, tmp_path):
+    """No traceback: the op, the tensor it writes and the exact cut; the cut then imports and is
+    proved on the cut (the interpreter cannot run the custom op after it)."""
+    path = tflite_models.with_unknown_custom_op(tmp_path)
+    inputs = "    - {name: x, shape: [1, 4, 4, 2]}\n"
+    result = run_import(cli, tmp_path, recipe_text(path, inputs))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "TransformTensorBilinear (the operator writing 'warped')" in result.stderr
+    assert 'model.outputs: ["side", "relu"]' in result.stderr
+    result = run_import(cli, tmp_path, recipe_text(path, inputs, '["side", "relu"]'))
+    assert result.returncode == 0, result.stderr
+    proof = json.loads(result.stdout)["import"]["proof"]
+    assert sorted(proof) == ["relu", "side"] and all(p["max_rel"] <= 1e-6 for p in proof.values())
+
+
+def test_onnx_cut_is_proved_without_running_what_follows_the_cut(cli, tmp_path):
+    """An op ONNX Runtime cannot run lies after the cut: the proof runs the source up to it."""
+    model = onnx.load(str(TINY_MODEL))
+    last = model.graph.output[0].name
+    model.graph.node.append(onnx.helper.make_node("Warp", [last], ["warped"], domain="vendor.ops"))
+    model.opset_import.append(onnx.helper.make_opsetid("vendor.ops", 1))
+    model.graph.output[0].name = "warped"
+    onnx.save(model, str(tmp_path / "custom.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(
+        tmp_path / "custom.onnx", "    - {name: x, shape: [1, 3, 8, 8]}\n", f"[{last}]"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["import"]["proof"][last]["max_abs"] == 0.0
 
 
 def test_paddle_style_reshape_imports_with_every_shape_known(cli, tmp_path):

@@ -1,0 +1,252 @@
+"""TFLite flatbuffers as the import edits and runs them (TensorFlow's own flatbuffer classes).
+
+- `cut` keeps the operators the recipe's outputs need, from the recipe's inputs: tf2onnx then
+  converts, and the interpreter runs, exactly the cut model, so an op after the cut (a custom op
+  nothing can run) plays no part in either.
+- `densify` turns sparse weights into dense constants (tf2onnx reads a sparse tensor at its
+  dense shape and fails: "cannot reshape array of size 96 into shape (16,1,1,24)").
+- `unsupported_custom_ops` names custom ops npubuild cannot lower, with the cut that avoids them.
+- `with_readable_options` rewrites the C-struct options of the custom ops npubuild lowers
+  (`tflite_custom.CUSTOM_OPS`) as the flexbuffer map tf2onnx reads.
+- `run` evaluates a model whose custom ops the interpreter lacks: the builtin operators between
+  them run in TensorFlow Lite's interpreter, each custom op in its numpy reference.
+
+Tensors are named by their index in subgraph 0 (what the model runs); the other subgraphs
+(bodies of WHILE/IF) are kept as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from npubuild.frontends.tflite_custom import CUSTOM_OPS
+
+# TFLite TensorType → numpy (what the interpreter and the references read)
+DTYPES = {0: np.float32, 1: np.float16, 2: np.int32, 3: np.uint8, 4: np.int64, 6: np.bool_,
+          7: np.int16, 9: np.int8, 10: np.float64}
+
+
+def read(path: Path):
+    """The model as TensorFlow's mutable flatbuffer object (``ModelT``)."""
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    return flatbuffer_utils.read_model_from_bytearray(bytearray(Path(path).read_bytes()))
+
+
+def to_bytes(model) -> bytes:
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+
+
+def op_type(model, op) -> str:
+    """A builtin op's schema name (``CONV_2D``), or a custom op's code."""
+    code = model.operatorCodes[op.opcodeIndex]
+    if code.customCode:
+        return code.customCode.decode()
+    return _builtin_names()[max(code.builtinCode, code.deprecatedBuiltinCode)]
+
+
+def _builtin_names() -> dict[int, str]:
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    return {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+
+
+def is_custom(model, op) -> bool:
+    return bool(model.operatorCodes[op.opcodeIndex].customCode)
+
+
+def tensor_name(model, index: int) -> str:
+    return model.subgraphs[0].tensors[index].name.decode()
+
+
+def is_constant(model, index: int) -> bool:
+    """Whether a tensor holds data in the file (a weight), rather than being computed or fed."""
+    tensor = model.subgraphs[0].tensors[index]
+    data = model.buffers[tensor.buffer].data if 0 <= tensor.buffer < len(model.buffers) else None
+    return data is not None and len(data) > 0
+
+
+def constant(model, index: int) -> np.ndarray:
+    tensor = model.subgraphs[0].tensors[index]
+    data = np.asarray(model.buffers[tensor.buffer].data, np.uint8).tobytes()
+    return np.frombuffer(data, DTYPES[tensor.type]).reshape(list(tensor.shape))
+
+
+def _reads(op) -> list[int]:
+    return [int(t) for t in op.inputs if t >= 0]
+
+
+def _writes(op) -> list[int]:
+    return [int(t) for t in op.outputs if t >= 0]
+
+
+# --- cutting ----------------------------------------------------------------------------------
+
+
+def cut(model, inputs: list[int], outputs: list[int]) -> None:
+    """Keep (in place) only the operators that compute `outputs` from `inputs` and constants;
+    they become the graph's inputs and outputs. Raises ValueError naming a tensor the kept
+    operators need that is neither an input nor computed by them."""
+    graph = model.subgraphs[0]
+    needed, stop, keep = set(outputs), set(inputs), []
+    for op in reversed(graph.operators):
+        if any(t in needed for t in _writes(op)) and not any(t in stop for t in _writes(op)):
+            keep.append(op)
+            needed.update(t for t in _reads(op) if t not in stop)
+    keep.reverse()
+    made = {t for op in keep for t in _writes(op)}
+    for t in sorted(needed - made - stop):
+        if not is_constant(model, t):
+            raise ValueError(f"tensor {tensor_name(model, t)!r} is needed for the outputs but "
+                             "is neither a model input nor computed from them")
+    graph.operators = keep
+    graph.inputs, graph.outputs = list(inputs), list(outputs)
+    model.signatureDefs = []  # their tensor lists describe the uncut model
+
+
+# --- custom ops -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """Custom ops npubuild cannot lower, and the outputs of the cut that avoids all of them."""
+
+    ops: list[tuple[str, str]]  # (op, its first output tensor)
+    cut_outputs: list[str]
+
+
+def unsupported_custom_ops(model) -> Unsupported | None:
+    """The custom ops without a lowering (None when there are none). The cut keeps every graph
+    output that does not depend on them, and every computed tensor they read."""
+    graph = model.subgraphs[0]
+    bad = [op for op in graph.operators if is_custom(model, op)
+           and op_type(model, op) not in CUSTOM_OPS and not op_type(model, op).startswith("Flex")]
+    if not bad:
+        return None
+    computed, tainted = set(int(t) for t in graph.inputs), set()
+    for op in graph.operators:
+        if any(t in computed for t in _reads(op)):
+            computed.update(_writes(op))
+        if any(op is b for b in bad) or any(t in tainted for t in _reads(op)):
+            tainted.update(_writes(op))
+    before = [t for op in bad for t in _reads(op) if t in computed and t not in tainted]
+    keep = [int(t) for t in graph.outputs if int(t) not in tainted] + before
+    names = list(dict.fromkeys(tensor_name(model, t) for t in keep))
+    return Unsupported([(op_type(model, op), tensor_name(model, _writes(op)[0])) for op in bad],
+                       names)
+
+
+def with_readable_options(model) -> None:
+    """Rewrite (in place) the options of every custom op npubuild lowers as a flexbuffer map of
+    its struct's fields. Raises ValueError naming the op when its options do not parse."""
+    from flatbuffers import flexbuffers
+
+    for op in model.subgraphs[0].operators:
+        if is_custom(model, op) and op_type(model, op) in CUSTOM_OPS:
+            options = _options(model, op)
+            op.customOptions = np.frombuffer(bytes(flexbuffers.Dumps(options)), np.uint8)
+
+
+def _options(model, op) -> dict:
+    name = op_type(model, op)
+    raw = bytes(np.asarray(op.customOptions if op.customOptions is not None else [], np.uint8))
+    try:
+        return CUSTOM_OPS[name].options(raw)
+    except ValueError as exc:
+        raise ValueError(f"custom op {name!r} (output {tensor_name(model, _writes(op)[0])!r}): "
+                         f"{exc}") from None
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+def run(tf, model, feeds: dict[int, np.ndarray], wanted: list[int]) -> dict[int, np.ndarray]:
+    """Evaluate `wanted` tensors from `feeds` (tensor index → value): runs of builtin operators
+    in the interpreter, each lowered custom op in its numpy reference, in graph order."""
+    values = dict(feeds)
+    for segment in _segments(model):
+        if is_custom(model, segment[0]):
+            op = segment[0]
+            args = [values[t] if t in values else constant(model, t) for t in _reads(op)]
+            results = CUSTOM_OPS[op_type(model, op)].reference(*args, _options(model, op))
+            values.update(zip(_writes(op), results))
+        else:
+            values.update(_run_builtin(tf, model, segment, values))
+    return {t: values[t] for t in wanted}
+
+
+def _segments(model) -> list[list]:
+    """Operators in graph order, grouped: each custom op alone, builtin ops in runs."""
+    segments: list[list] = []
+    for op in model.subgraphs[0].operators:
+        custom = is_custom(model, op)
+        if segments and not custom and not is_custom(model, segments[-1][0]):
+            segments[-1].append(op)
+        else:
+            segments.append([op])
+    return segments
+
+
+def _run_builtin(tf, model, ops: list, values: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Run `ops` alone in the interpreter: a copy of the model whose inputs are the computed
+    tensors they read and whose outputs are every tensor they write."""
+    graph = model.subgraphs[0]
+    saved = graph.operators, graph.inputs, graph.outputs, model.signatureDefs
+    made = {t for op in ops for t in _writes(op)}
+    inputs = sorted({t for op in ops for t in _reads(op)
+                     if t not in made and not is_constant(model, t)})
+    outputs = sorted(made)
+    graph.operators, graph.inputs, graph.outputs, model.signatureDefs = ops, inputs, outputs, []
+    try:
+        content = to_bytes(model)
+    finally:
+        graph.operators, graph.inputs, graph.outputs, model.signatureDefs = saved
+    interpreter = interpreter_for(tf, content)
+    details = interpreter.get_input_details()
+    order = [d["index"] for d in details]
+    for detail, tensor in zip(details, inputs):  # the interpreter keeps subgraph tensor indices
+        if list(detail["shape"]) != list(values[tensor].shape):
+            interpreter.resize_tensor_input(detail["index"], values[tensor].shape)
+    interpreter.allocate_tensors()
+    for index, tensor in zip(order, inputs):
+        interpreter.set_tensor(index, values[tensor])
+    interpreter.invoke()
+    return {t: interpreter.get_tensor(t).copy() for t in outputs}
+
+
+def interpreter_for(tf, content: bytes):
+    """The interpreter on builtin kernels without the XNNPACK delegate: no start-up banner, and
+    the model's own float math."""
+    resolver = tf.lite.experimental.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+    return tf.lite.Interpreter(model_content=content, experimental_op_resolver_type=resolver)
+
+
+# --- sparse weights ---------------------------------------------------------------------------
+
+
+def densify(tf, model) -> bool:
+    """Replace (in place) every DENSIFY operator by a constant holding its dense result; True
+    when there was one. The interpreter computes them (they read constants only)."""
+    graph = model.subgraphs[0]
+    ops = [op for op in graph.operators if op_type(model, op) == "DENSIFY"]
+    if not ops:
+        return False
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    dense = _run_builtin(tf, model, ops, {})
+    for op in ops:
+        out = _writes(op)[0]
+        buffer = schema.BufferT()
+        buffer.data = np.frombuffer(dense[out].tobytes(), np.uint8)
+        model.buffers.append(buffer)
+        # the sparse input too: tf2onnx reads every constant, used or not, at its dense shape
+        for index in (out, _reads(op)[0]):
+            graph.tensors[index].buffer = len(model.buffers) - 1
+            graph.tensors[index].sparsity = None
+    graph.operators = [op for op in graph.operators if not any(op is d for d in ops)]
+    return True
