@@ -49,6 +49,7 @@ class Options:
     config: quantizer.QuantConfig
     overrides: tuple[OverrideSpec, ...] = ()
     chip_int16: bool = False
+    equalize: bool = False   # cross-layer equalisation of conv pairs before calibration
 
 
 @dataclass
@@ -116,7 +117,7 @@ class Workflow:
 
     def _lowered(self, graph: SubGraph) -> GraphState:
         _, float_nodes = _config_for(self.options, self.options.overrides, graph.model)
-        fg, probe = lower(graph.model, float_nodes=float_nodes)
+        fg, probe = lower(graph.model, float_nodes=float_nodes, equalize=self.options.equalize)
         method = self.options.config.method
         return GraphState(graph, fg, probe, calibrate.Observer(fg, probe, method, every_tensor=True),
                           float_nodes)
@@ -162,8 +163,14 @@ class Workflow:
         config, float_nodes = _config_for(self.options, overrides, state.graph.model)
         fg = state.fg
         if float_nodes != state.float_nodes:  # a node override left out: lower again
-            fg, _ = lower(state.graph.model, float_nodes=float_nodes)
+            fg, _ = lower(state.graph.model, float_nodes=float_nodes, equalize=self.options.equalize)
         return quantizer.quantize_graph(fg, state.observer.stats, config, f"graph_{state.graph.index}")
+
+    def equalization(self) -> dict[str, dict]:
+        """Per NPU graph, how many conv pairs cross-layer equalisation scaled and skipped."""
+        return {f"graph_{s.graph.index}": {"pairs": len(s.fg.equalization.pairs),
+                                           "skipped": len(s.fg.equalization.skipped)}
+                for s in self.states if s.fg.equalization is not None}
 
     def qgraphs(self) -> dict[int, QGraph]:
         return {s.graph.index: s.qgraph for s in self.states}
@@ -183,6 +190,8 @@ class Workflow:
             calibration["graphs"][name] = {
                 "samples": state.observer.samples,
                 "tensors": {t: r.as_dict() for t, r in state.records.items()}}
+            if state.fg.equalization is not None:
+                calibration["graphs"][name]["equalization"] = state.fg.equalization.as_dict()
         write_json(out / "calibration.json", calibration)
         return files
 

@@ -323,6 +323,11 @@ class QuantizationSpec(Strict):
     bias_correction: bool = Field(
         True, description="Fold the mean output shift caused by weight rounding into the bias "
                           "(from the calibration means of each input channel).")
+    cross_layer_equalization: bool = Field(
+        False, description="Before calibrating, rescale the channels between consecutive "
+                           "convolutions (through Relu, LeakyRelu, PRelu, zero Pad, MaxPool) so "
+                           "both weight tensors span similar ranges; the float function is "
+                           "unchanged. Helps per-tensor weights of depthwise networks.")
     auto: AutoPrecisionSpec | None = Field(
         None, description="Search the fewest int16/float overrides (added to `overrides`) that "
                           "lift the output cosine to auto.min_cosine, from per-layer sensitivity; "

@@ -9,7 +9,7 @@ import pytest
 from onnx import helper
 
 from npubuild import metrics, onnx_io
-from npubuild.quant.reference import quantize_inputs, run_reference
+from npubuild.quant.reference import quantize_inputs, run_quantized, run_reference
 from tests.unit.quant.helpers import check_against_ort, model, quantize
 
 
@@ -121,3 +121,19 @@ def test_int16_qdq_export_converts_old_opset_cpu_fragments():
     assert qg.tensors["h"].dtype == "int16" and qg.layers[-1].kind == "float"
     onnx_io.session(qdq.export_qdq(qg))
     onnx_io.session(qdq.layerwise_qdq(qg)[0])
+
+
+def test_int16_product_of_offset_ranges_stays_inside_int64():
+    """An asymmetric int16 tensor of positive values has its zero point at qmin, so
+    ``q - zp`` spans 65535 steps, not 32767: the multiplier width must allow for the product
+    of two such spans. Calibrated where the factors never peak together, a sample where they
+    do used to overflow int64 in the integer reference; now it saturates at the range."""
+    m = model([helper.make_node("Mul", ["a", "b"], ["y"])], {"a": [1, 2], "b": [1, 2]},
+              {"y": [1, 2]})
+    calibration = [{"a": np.array([[3.0, 1.0]], np.float32), "b": np.array([[1.0, 1.7]], np.float32)}]
+    qg, _, _ = quantize(m, calibration, scheme="asymmetric",
+                        int16_tensors=frozenset({"a", "b", "y"}))
+    assert qg.tensors["a"].zero_point == qg.tensors["b"].zero_point == -32768
+    both_high = {"a": np.array([[3.0, 1.0]], np.float32), "b": np.array([[1.7, 1.0]], np.float32)}
+    y = run_quantized(qg, both_high, ["y"])["y"]
+    np.testing.assert_allclose(y, [[3.0, 1.0]], rtol=1e-3)  # 5.1 saturates at y's range, 3.0
