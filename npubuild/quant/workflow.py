@@ -265,12 +265,12 @@ class Workflow:
 
 @dataclass(frozen=True)
 class AutoTarget:
-    """``quantization.auto`` as the library sees it."""
+    """``quantization.auto`` as the library sees it (None: no limit)."""
 
     min_cosine: float
     precision: str = "int16"
-    max_overrides: int = 8
-    candidates: int = 24
+    max_overrides: int | None = None
+    candidates: int | None = None
 
 
 @dataclass
@@ -295,24 +295,35 @@ class AutoResult:
 
 
 class AutoSearch:
-    """Greedy mixed-precision search (as TPU-MLIR's qtable search): rank every NPU layer's
-    output by the cosine it loses over its inputs, add the most sensitive one as an override
-    while it raises the output cosine, until the target holds; then drop every chosen override
-    the target does not need. A deterministic function of the calibration statistics and the
+    """Mixed-precision search (as TPU-MLIR's qtable search): rank every NPU layer's output by
+    the cosine it loses over its inputs, find the shortest prefix of that ranking whose
+    overrides reach the target (a binary search: the prefixes' output cosine grows with their
+    length), then drop every override of the prefix the target does not need, least
+    sensitive first. Each step quantizes the graphs again and runs the pipeline on the compare
+    samples, so a search costs about log2(candidates) + chosen evaluations, not
+    candidates × chosen. A deterministic function of the calibration statistics and the
     compare samples, so the stage's cache key covers it."""
 
     def __init__(self, workflow: "Workflow", samples: Sequence[Mapping[str, np.ndarray]]):
         self.workflow = workflow
         self.samples = list(samples)
         self.references = [workflow.pipeline.float_values(f) for f in self.samples]
+        self.tried: list[dict] = []
 
     def output_cosine(self, overrides: Sequence[OverrideSpec]) -> float:
+        """The cosine verify judges: per output, over all compare samples together and on
+        the worst (non-quiet) sample; the lowest of these over the outputs."""
+        from npubuild.verify.judge import tensor_metrics
+
         wf = self.workflow
         qgraphs = {s.graph.index: wf._quantized(s, overrides)[0] for s in wf.states}
-        ev = Evaluation({}, {})
-        for feeds, ref in zip(self.samples, self.references):
-            ev.add_outputs(ref, wf.run_quantized_pipeline(feeds, qgraphs), wf.pipeline.outputs)
-        return float(np.mean([v["cosine"] for v in ev.outputs().values()]))
+        got = [wf.run_quantized_pipeline(feeds, qgraphs) for feeds in self.samples]
+        worst = 1.0
+        for name in wf.pipeline.outputs:
+            m = tensor_metrics([r[name] for r in self.references], [g[name] for g in got], None)
+            worst = min(worst, m["cosine"], m["min_sample_cosine"] if m["min_sample_cosine"]
+                        is not None else 1.0)
+        return float(worst)
 
     def ranked(self, evaluation: "Evaluation") -> list[str]:
         """NPU tensors that a layer rounds, largest cosine drop over the layer first."""
@@ -328,27 +339,43 @@ class AutoSearch:
                         rows.append((-(min(ins, default=1.0) - cos[t]), t))
         return [t for _, t in sorted(rows)]
 
+    def _cosine_of(self, base, tensors: Sequence[str], target: AutoTarget, step: str) -> float:
+        cos = self.output_cosine([*base, *self._overrides(tensors, target)])
+        self.tried.append({"step": step, "tensors": len(tensors), "output_cosine": cos})
+        return cos
+
+    @staticmethod
+    def _overrides(tensors: Sequence[str], target: AutoTarget) -> list[OverrideSpec]:
+        return [OverrideSpec(tensors=(t,), precision=target.precision) for t in tensors]
+
     def run(self, target: AutoTarget, base: Sequence[OverrideSpec],
             evaluation: "Evaluation") -> AutoResult:
-        before = current = self.output_cosine(base)
-        chosen: list[OverrideSpec] = []
-        tried = []
-        for tensor in self.ranked(evaluation)[:target.candidates]:
-            if current >= target.min_cosine or len(chosen) >= target.max_overrides:
-                break
-            candidate = OverrideSpec(tensors=(tensor,), precision=target.precision)
-            cos = self.output_cosine([*base, *chosen, candidate])
-            kept = cos > current
-            tried.append({"tensor": tensor, "output_cosine": cos, "kept": kept})
-            if kept:
-                chosen, current = [*chosen, candidate], cos
-        if current >= target.min_cosine:
-            for ov in list(chosen):  # fewest: drop what the target does not need
-                rest = [o for o in chosen if o is not ov]
-                cos = self.output_cosine([*base, *rest])
-                if cos >= target.min_cosine:
-                    chosen, current = rest, cos
-        return AutoResult(target, before, current, chosen, tried)
+        before = self.output_cosine(base)
+        if before >= target.min_cosine:
+            return AutoResult(target, before, before, [], self.tried)
+        ranking = self.ranked(evaluation)[:target.candidates]
+        limit = min(len(ranking), target.max_overrides or len(ranking))
+        best = self._cosine_of(base, ranking[:limit], target, "prefix")
+        if best < target.min_cosine:  # unreachable within the limit: keep what helps most
+            if best <= before:
+                return AutoResult(target, before, before, [], self.tried)
+            return AutoResult(target, before, best, self._overrides(ranking[:limit], target),
+                              self.tried)
+        low, high, at_high = 0, limit, best  # cos(prefix low) < target <= cos(prefix high)
+        while high - low > 1:
+            mid = (low + high) // 2
+            cos = self._cosine_of(base, ranking[:mid], target, "prefix")
+            if cos >= target.min_cosine:
+                high, at_high = mid, cos
+            else:
+                low = mid
+        chosen, current = list(ranking[:high]), at_high
+        for tensor in reversed(ranking[:high]):  # fewest: least sensitive first
+            rest = [t for t in chosen if t != tensor]
+            cos = self._cosine_of(base, rest, target, "drop")
+            if cos >= target.min_cosine:
+                chosen, current = rest, cos
+        return AutoResult(target, before, current, self._overrides(chosen, target), self.tried)
 
 
 ROUNDING_KINDS = {"conv", "add", "mul", "rescale", "concat", "avgpool", "resize", "lut"}

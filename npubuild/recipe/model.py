@@ -298,10 +298,14 @@ class AutoPrecisionSpec(Strict):
     precision: Literal["int16", "float"] | None = Field(
         None, description="What a chosen tensor becomes; default int16 on chips with int16, "
                           "else float (its producer runs on the CPU).")
-    max_overrides: int = Field(8, ge=1, le=64, description="Give up after this many tensors.")
-    candidates: int = Field(
-        24, ge=1, le=256, description="How many of the most sensitive tensors (largest cosine "
-                                      "drop over their layer) the greedy search tries.")
+    max_overrides: int | None = Field(
+        None, ge=1, description="At most this many tensors (default: no limit); when the target "
+                                "needs more, the most sensitive ones are kept and the result "
+                                "says the target was not reached.")
+    candidates: int | None = Field(
+        None, ge=1, description="Search among this many of the most sensitive tensors (largest "
+                                "cosine drop over their layer; default: every tensor a layer "
+                                "rounds).")
 
 
 class QuantizationSpec(Strict):
