@@ -19,7 +19,17 @@ MAX_LSB = 1
 # ORT computes a layer in float32 before QuantizeLinear; where its value lies this close (in
 # output steps) to a rounding tie k + 1/2, float32 error decides the side, not arithmetic. A
 # one-step difference there is a tie, inherent to float32 vs exact integers, and counted apart.
+# float32 resolves a value of v steps only to v · 2^-23 steps, so for large values (int16
+# tensors reach tens of thousands of steps) the band widens to a few float32 ulps of the value.
 TIE_TOLERANCE = 1e-3
+TIE_ULPS = 8
+FLOAT32_EPS = 2.0 ** -23
+
+
+def tie_band(steps: np.ndarray) -> np.ndarray:
+    """How far (in steps) from ``k + 1/2`` ORT's float32 value of ``steps`` may lie and still be
+    a tie: ``TIE_TOLERANCE``, or ``TIE_ULPS`` float32 ulps of the value where that is wider."""
+    return np.maximum(TIE_TOLERANCE, np.abs(steps) * (TIE_ULPS * FLOAT32_EPS))
 
 
 def check_quantized(qgraph: QGraph) -> None:
@@ -105,7 +115,8 @@ class CrossCheck:
         return {"elements": self.elements, "identical_fraction": self.identical_fraction,
                 "tie_fraction": self.tie_fraction, "max_lsb": self.max_lsb, "ok": self.ok,
                 "criteria": {"min_identical_or_tie_fraction": MIN_IDENTICAL, "max_lsb": MAX_LSB,
-                             "tie_tolerance_steps": TIE_TOLERANCE},
+                             "tie_tolerance_steps": TIE_TOLERANCE,
+                             "tie_tolerance_float32_ulps": TIE_ULPS},
                 "worst_layers": self.worst()}
 
 
@@ -140,7 +151,7 @@ class CrossChecker:
         agreement.identical += int(np.count_nonzero(diff == 0))
         if theirs_float is not None:
             steps = np.asarray(theirs_float, np.float64) / self.qgraph.tensors[tensor].scale
-            near_tie = np.abs(steps - np.floor(steps) - 0.5) <= TIE_TOLERANCE
+            near_tie = np.abs(steps - np.floor(steps) - 0.5) <= tie_band(steps)
             agreement.ties += int(np.count_nonzero((diff == 1) & near_tie))
         agreement.max_lsb = max(agreement.max_lsb, int(diff.max(initial=0)))
 
