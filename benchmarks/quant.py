@@ -72,6 +72,7 @@ class Case:
     top1_axis: int | None = None               # argmax axis for top-1 agreement
     tflite: Callable[[list, list], list] | None = None  # (cal, ver) -> outputs of TFLite int8
     config: dict = field(default_factory=dict)  # extra QuantConfig fields
+    fusions: tuple[str, ...] = ()              # npubuild fusion rules its recipe applies first
 
 
 def photos() -> list[Path]:
@@ -144,7 +145,8 @@ def _keras_zoo_info(name: str) -> InputInfo:
                      Preprocess(resize=(96, 96), scale=scale, mean=mean))
 
 
-def _keras_case(label: str = "mobilenetv2 (keras)", make=None, info: InputInfo = KERAS_INPUT) -> Case:
+def _keras_case(label: str = "mobilenetv2 (keras)", make=None, info: InputInfo = KERAS_INPUT,
+                fusions: tuple[str, ...] = ()) -> Case:
     """A Keras network through tf2onnx (npubuild, ORT) and TFLite's full-int8 converter."""
     state: dict = {}
     make = make or keras_mobilenetv2
@@ -189,15 +191,16 @@ def _keras_case(label: str = "mobilenetv2 (keras)", make=None, info: InputInfo =
             outs.append((interp.get_tensor(outp["index"]).astype(np.float32) - zo) * so)
         return outs
 
-    return Case(label, build, info, top1_axis=-1, tflite=tflite)
+    return Case(label, build, info, top1_axis=-1, tflite=tflite, fusions=fusions)
 
 
 KERAS_ZOO = ("mobilenetv3small", "efficientnetb0", "resnet50", "densenet121")
+KERAS_ZOO_FUSIONS = ("fold_affine", "conv_bn", "conv_act", "hard_swish")  # as recipes/zoo/keras
 
 
 def keras_zoo_cases() -> list[Case]:
     return [_keras_case(f"{name} (keras zoo)", lambda files, n=name: keras_zoo_model(n),
-                        _keras_zoo_info(name)) for name in KERAS_ZOO]
+                        _keras_zoo_info(name), KERAS_ZOO_FUSIONS) for name in KERAS_ZOO]
 
 
 def _installed(package: str, sub: str) -> Path | None:
@@ -263,6 +266,17 @@ def ort_quantize(model_path: Path, out: Path, cal, scheme="asymmetric", granular
     return out
 
 
+def fused(model, rules: tuple[str, ...]):
+    """``model`` after npubuild's fusion ``rules`` (what the recipe's fusion stage does; ORT
+    and TFLite get the model as converted)."""
+    from npubuild.fusions import load_builtins
+
+    registry = load_builtins()
+    for rule in rules:
+        model, _ = registry[rule].apply(model)
+    return model
+
+
 # ---- metrics ----------------------------------------------------------------------------------
 
 def scores(case: Case, refs: list, outs: list) -> dict:
@@ -296,10 +310,11 @@ def measure(case: Case, tmp: Path, npubuild_config: dict) -> dict:
     sess = onnx_io.session(model)
     out_name = sess.get_outputs()[0].name
     refs = [onnx_io.run(sess, s)[out_name] for s in ver]
-    qg = npubuild_quantize(model, cal, **{**npubuild_config, **case.config})
+    qmodel = fused(model, case.fusions)
+    qg = npubuild_quantize(qmodel, cal, **{**npubuild_config, **case.config})
     ours = scores(case, refs, [run_quantized(qg, s, [out_name])[out_name] for s in ver])
     ours["cpu_layers"] = sum(layer.device == "cpu" for layer in qg.layers)
-    qg_cle = npubuild_quantize(model, cal, equalize=True, **{**npubuild_config, **case.config})
+    qg_cle = npubuild_quantize(qmodel, cal, equalize=True, **{**npubuild_config, **case.config})
     ours["cle"] = scores(case, refs, [run_quantized(qg_cle, s, [out_name])[out_name]
                                       for s in ver])["cosine"]
     xc = crosscheck(qg, ver)
