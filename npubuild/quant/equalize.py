@@ -97,12 +97,19 @@ def find_pairs(graph: onnx.GraphProto, weights: "_Weights") -> tuple[list[Pair],
                 between.append(user)
                 tensor = user.output[0]
                 continue
-            if user.op_type == "Conv" and weights.owns(user) and user.input[0] == tensor:
+            if (user.op_type == "Conv" and weights.owns(user) and user.input[0] == tensor
+                    and _channels_match(node, user, weights)):
                 pairs.append(Pair(node, user, between))
             elif user.op_type == "Conv" or _feeds_a_conv(user, readers):
                 skipped.append({"conv": node.name, "next": user.name, "reason": _why_not(user)})
             break
     return pairs, skipped
+
+
+def _channels_match(first: onnx.NodeProto, second: onnx.NodeProto, weights: "_Weights") -> bool:
+    """The second conv reads as many channels as the first writes (grouped convs included)."""
+    w1, w2 = weights.values[first.input[1]], weights.values[second.input[1]]
+    return w2.ndim == w1.ndim and w2.shape[1] * _group(second) == w1.shape[0]
 
 
 def _feeds_a_conv(node: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]]) -> bool:
@@ -135,8 +142,6 @@ def _equalize_pair(pair: Pair, weights: "_Weights") -> float:
     w2 = weights.values[pair.second.input[1]]
     groups = _group(pair.second)
     channels = w1.shape[0]
-    if w2.shape[1] * groups != channels:
-        return 0.0
     r1 = np.abs(w1.reshape(channels, -1)).max(axis=1)
     r2 = _input_channel_ranges(w2, groups)
     ok = (r1 > MIN_RANGE) & (r2 > MIN_RANGE)

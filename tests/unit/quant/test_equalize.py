@@ -91,3 +91,22 @@ def test_equalisation_cuts_the_per_tensor_quantization_error_of_a_depthwise_bloc
     feeds = feeds_for(m, 8, seed=3)
     plain, equalized = _quantized_cosine(m, feeds, False), _quantized_cosine(m, feeds, True)
     assert plain < 0.99 and equalized > 0.999, (plain, equalized)
+
+
+def test_a_grouped_second_conv_is_scaled_by_the_channels_each_group_reads():
+    rng = np.random.default_rng(1)
+    spread = 10.0 ** np.linspace(-2, 2, C)
+    m = model([helper.make_node("Conv", ["x", "w1"], ["a"], name="conv1"),
+               helper.make_node("Relu", ["a"], ["r"], name="relu"),
+               helper.make_node("Conv", ["r", "w2"], ["y"], name="grouped", group=2)],
+              {"x": [1, 3, 6, 6]}, {"y": [1, 4, 6, 6]},
+              {"w1": rng.normal(size=(C, 3, 1, 1)) * spread[:, None, None, None],
+               "w2": rng.normal(size=(4, C // 2, 1, 1))})
+    m = prepare(m)
+    eq, result = equalize(m)
+    assert result.pairs == [("conv1", "grouped")]
+    assert np.ptp(np.log10(np.abs(_weight(eq, "w1")).reshape(C, -1).max(axis=1))) < 2  # was 4
+    for f in feeds_for(m, 2):
+        ref = onnx_io.run(onnx_io.session(m), f)["y"]
+        np.testing.assert_allclose(onnx_io.run(onnx_io.session(eq), f)["y"], ref, rtol=1e-4,
+                                   atol=1e-4 * np.abs(ref).max())
