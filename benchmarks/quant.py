@@ -123,6 +123,15 @@ def keras_mobilenetv2(files: list[Path]):
     return model
 
 
+def _rename_input(model, old: str, new: str) -> None:
+    """Call graph input ``old`` (TF's ``input:0``) ``new``, where the samples are keyed."""
+    for value in model.graph.input:
+        if value.name == old:
+            value.name = new
+    for node in model.graph.node:
+        node.input[:] = [new if i == old else i for i in node.input]
+
+
 def keras_zoo_model(name: str):
     """A Keras zoo network as ``scripts/make_keras_zoo.py`` builds it for recipes/zoo/keras/
     (96×96, random weights, BatchNorm statistics from that script's photos)."""
@@ -160,11 +169,19 @@ def _keras_case(label: str = "mobilenetv2 (keras)", make=None, info: InputInfo =
         import tensorflow as tf
         import tf2onnx
 
+        from tensorflow.python.framework.convert_to_constants import (
+            convert_variables_to_constants_v2)
+
         model = model_for(photos())
-        spec = (tf.TensorSpec(list(info.shape), tf.float32, name=info.name),)
-        fn = tf.function(lambda x: model(x, training=False))
+        spec = tf.TensorSpec(list(info.shape), tf.float32, name=info.name)
+        fn = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec)
+        frozen = convert_variables_to_constants_v2(fn)  # every variable a constant (Normalization's too)
+        graph_def = frozen.graph.as_graph_def()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            onnx_model, _ = tf2onnx.convert.from_function(fn, input_signature=spec, opset=17)
+            onnx_model, _ = tf2onnx.convert.from_graph_def(
+                graph_def, input_names=[t.name for t in frozen.inputs],
+                output_names=[t.name for t in frozen.outputs], opset=17)
+        _rename_input(onnx_model, frozen.inputs[0].name, info.name)
         return _optimized(onnx_model, {onnx_model.graph.input[0].name: list(info.shape)}, out)
 
     def tflite(cal, ver):
