@@ -6,11 +6,12 @@ when it exists), then each recipe is built as a matrix build (``build/<name>@<ch
 chip-independent stages once, restored from the content cache for every chip) and one table is
 printed: model x chip -> the last stage reached, NPU/CPU segments and nodes, output cosine over
 all verify samples / on the worst sample, simulator bit-exact, GMEM ratio (grouped / one layer
-per group), fps, seconds per stage (to build it, from the stage's manifest, also when this run
-restored it from the content cache), and the first line of the error if any.
+per group), fps, seconds per stage (the run that built it, from report.json's ``built_seconds``:
+also when this run found it cached; "-" when it was restored from a cache that another run
+filled), and the first line of the error if any.
 
-fps is end to end: the NPU segments' estimated cycles at the chip's clock plus the CPU
-segments' median time in ONNX Runtime on this machine (one thread).
+fps is the build's own estimate, end to end: the NPU segments' cycles at the chip's clock plus
+the CPU segments measured with ONNX Runtime on this machine (`npubuild.runtime.cpu_time`).
 
     python3 benchmarks/zoo.py [--models GLOB ...] [--chips npu-16m ...] [-j 2] [--json out.json]
     python3 benchmarks/zoo.py --from-json a.json b.json     # one table from earlier runs
@@ -25,7 +26,6 @@ import argparse
 import fnmatch
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -96,10 +96,7 @@ def build_recipe(recipe: str, chips: list[str], build_root: str | None,
         except Exception as exc:  # noqa: BLE001
             cell = _crash(recipe, chip, exc)
         cell["recipe"], cell["wall_seconds"] = recipe, round(time.perf_counter() - started, 2)
-        session = api.session_for(loaded.for_target(chip), build_root=root, cache=cache_dir)
-        cell["build_seconds"] = _build_seconds(session)
-        if cell.get("ok"):
-            cell["cpu_seconds"] = _cpu_segment_seconds(session)
+        cell["build_seconds"] = _build_seconds(cell.get("report") or {})
         cells.append(cell)
     return cells
 
@@ -111,50 +108,11 @@ def _crash(recipe: str, chip: str, exc: Exception) -> dict:
             "error": f"uncaught {type(exc).__name__}{at}: {exc}"}
 
 
-def _build_seconds(session) -> dict[str, float]:
-    """Seconds each stage took to build, from its manifest: the same figure when this run
-    restored the stage from the cache (a restore takes milliseconds and says nothing)."""
-    from npubuild.build.keys import read_manifest
-    from npubuild.stages import PIPELINE
-
-    found = {s.name: (read_manifest(session.paths.manifest(s.name)) or {}).get("seconds")
-             for s in PIPELINE}
-    return {stage: seconds for stage, seconds in found.items() if seconds is not None}
-
-
-def _cpu_segment_seconds(session) -> float:
-    """Median ONNX Runtime time of every CPU submodel (zeros in, one thread), summed."""
-    import numpy as np
-    import onnxruntime as ort
-
-    split = session.paths.stage_dir("split")
-    infos = json.loads((split / "graph_infos.json").read_text())
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.log_severity_level = 1, 3
-    total = 0.0
-    for graph in infos["graphs"]:
-        if graph["device"] != "cpu":
-            continue
-        sess = ort.InferenceSession(str(split / graph["model_info"]["model_path"]), options,
-                                    providers=["CPUExecutionProvider"])
-        feeds = {i.name: np.zeros([d if isinstance(d, int) else 1 for d in i.shape],
-                                  _np_dtype(i.type)) for i in sess.get_inputs()}
-        runs = []
-        for _ in range(3):
-            started = time.perf_counter()
-            sess.run(None, feeds)
-            runs.append(time.perf_counter() - started)
-        total += statistics.median(runs)
-    return total
-
-
-def _np_dtype(ort_type: str):
-    import numpy as np
-
-    return {"tensor(float)": np.float32, "tensor(float16)": np.float16,
-            "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
-            "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
-            "tensor(double)": np.float64}.get(ort_type, np.float32)
+def _build_seconds(report: dict) -> dict[str, float]:
+    """Seconds each stage took in the run that built it (report.json's ``built_seconds``)."""
+    stages = report.get("stages") or {}
+    return {name: info["built_seconds"] for name, info in stages.items()
+            if isinstance(info.get("built_seconds"), (int, float))}
 
 
 # ---- the table -----------------------------------------------------------------------------
@@ -173,11 +131,6 @@ def row(cell: dict) -> dict:
     worst = [m["min_sample_cosine"] for m in outputs.values()
              if m.get("min_sample_cosine") is not None]
     grouped, per_layer = est.get("gmem_bytes"), est.get("gmem_bytes_no_grouping")
-    npu_fps = est.get("fps")
-    cpu_s = cell.get("cpu_seconds")
-    fps = None
-    if cell.get("ok") and (npu_fps or cpu_s):
-        fps = 1.0 / ((1.0 / npu_fps if npu_fps else 0.0) + (cpu_s or 0.0))
     error = cell.get("error") or ""
     return {
         "model": Path(cell["recipe"]).stem, "chip": cell["target"],
@@ -187,7 +140,7 @@ def row(cell: dict) -> dict:
         "cosine": min(cos) if cos else None, "worst_cosine": min(worst) if worst else None,
         "bit_exact": (report.get("simulator") or {}).get("bit_exact"),
         "gmem_ratio": grouped / per_layer if grouped and per_layer else None,
-        "fps": fps, "npu_fps": npu_fps, "cpu_seconds": cpu_s,
+        "fps": est.get("fps"), "npu_fps": est.get("npu_fps"), "cpu_seconds": est.get("cpu_seconds"),
         "seconds": {s: t for s, t in (cell.get("build_seconds") or {}).items()
                     if s in STAGE_ABBREV and s in done},
         "wall_seconds": cell.get("wall_seconds"),
@@ -273,7 +226,7 @@ def rows_from_build(recipes: list[Path], chips: list[str], build_root: Path) -> 
             error = report.get("error") or "; ".join(verdict.get("failures") or [])
             rows.append(row({"recipe": str(recipe), "target": chip, "report": report,
                              "ok": not error and verdict.get("passed") is True,
-                             "error": error, "build_seconds": _build_seconds(session)}))
+                             "error": error, "build_seconds": _build_seconds(report)}))
     return rows
 
 

@@ -325,8 +325,15 @@ def _elementwise(layer: QLayer, tensors):
     if layer.kind == "lut":
         table = layer.arrays["table"]
         extra["weight_bytes"] = table.nbytes
-        return layer, extra, WeightRecord((("table", str(table.dtype), table.size,
-                                            str(table.dtype)),), True)
+        if table.ndim == 1:  # one table, copied to every lane
+            return layer, extra, WeightRecord((("table", str(table.dtype), table.size,
+                                                str(table.dtype)),), True)
+        if view_axis(layer.attrs["axis"], _rank(tensors, layer.inputs[0])) != 1:
+            raise NotTiled("one lookup table per index of an axis that is not the channel "
+                           "axis: computed whole between groups")
+        extra["attrs"] = (("table_per_channel", True),)
+        return _kernel(layer, axis=1), extra, WeightRecord(
+            (("table", str(table.dtype), table.shape[1], str(table.dtype)),))
     if layer.kind == "mul":
         extra["scratch_elem_bytes"] = 2 * max(tensors[t].itemsize for t in layer.inputs)
     return layer, extra, None

@@ -372,6 +372,8 @@ class _Layer:
 
     def _lut(self) -> dict:
         out = {"function": self.layer.attrs.get("function")}
+        if "axis" in self.layer.attrs:  # one table per index of this axis: table[c, x - qmin]
+            out["table_axis"] = self.layer.attrs["axis"]
         out.update(_quant("input", self.t(self.layer.inputs[0])))
         out.update(_quant("output", self.t(self.layer.outputs[0])))
         return out

@@ -73,10 +73,39 @@ def clip_bounds(node, ctx) -> tuple[float | None, float | None]:
 
 def _prelu_fn(node, ctx):
     slope = ctx.const(node.input[1])
-    if slope is None or np.unique(slope).size != 1:
-        raise Unsupported("PRelu with a per-channel or non-constant slope is not a single table")
-    s = float(np.ravel(slope)[0])
+    if slope is None:
+        raise Unsupported("PRelu with a non-constant slope is not a table")
+    if np.unique(slope).size != 1:  # per-channel: `prelu` makes one table per channel
+        s = float(np.max(np.abs(slope)))
+    else:
+        s = float(np.ravel(slope)[0])
     return lambda x: np.where(x >= 0, x, s * x)
+
+
+def slope_channel_axis(slope_shape, input_rank: int) -> int | None:
+    """The input axis a PRelu slope varies along (it broadcasts onto the input from the right),
+    or None when it is one value; Unsupported when it varies along more than one axis."""
+    varying = [i for i, d in enumerate(slope_shape) if d != 1]
+    if not varying:
+        return None
+    if len(varying) > 1 or len(slope_shape) > input_rank:
+        raise Unsupported(f"PRelu slope of shape {list(slope_shape)} varies along more than one "
+                          "axis: not one table per channel")
+    return input_rank - len(slope_shape) + varying[0]
+
+
+def prelu(node, ctx) -> FLayer:
+    """PRelu as a lookup table; a slope that varies along one axis (per channel, as Keras and
+    MediaPipe models have it) makes one table per index of that axis (``attrs.axis``)."""
+    layer = lut(node, ctx)
+    slope = ctx.const(node.input[1])
+    rank = len(ctx.shape(node.input[0]))
+    axis = slope_channel_axis(np.shape(slope), rank)
+    if axis is not None and rank < 2:
+        raise Unsupported("PRelu with one slope per element of a 1-D input is not a table")
+    if axis is not None:
+        layer.attrs["axis"] = axis
+    return layer
 
 
 LUT_FUNCTIONS: dict[str, Callable] = {
@@ -399,4 +428,5 @@ RULES: dict[str, Callable] = {
     "Transpose": transpose, "Slice": slice_, "Split": split, "Pad": pad,
     "Identity": identity, "Dropout": identity, "Cast": identity,
     **{op: lut for op in LUT_FUNCTIONS},
+    "PRelu": prelu,
 }

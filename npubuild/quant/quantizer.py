@@ -432,9 +432,33 @@ def _resize(q: Quantizer, layer: FLayer) -> QLayer:
 def _lut(q: Quantizer, layer: FLayer) -> QLayer:
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
     model = q.fg.node_model(layer)
+    fn = onnx_function(model)
+    if "axis" in layer.attrs and x.dtype != "int8":
+        return _float(q, replace(layer, reason=(
+            f"one {x.dtype} lookup table per channel ({x.qmax - x.qmin + 1} entries each) is "
+            "too large for LMEM: runs in float on the CPU")))
+    if "axis" in layer.attrs:  # one table per index of the axis: [channels, entries]
+        shape = q.fg.shapes[layer.inputs[0]]
+        fn = per_index_function(fn, layer.attrs["axis"], len(shape), shape[layer.attrs["axis"]])
     return _qlayer(layer, attrs=dict(layer.attrs),
-                   arrays={"table": schemes.build_lut(onnx_function(model), x, y),
+                   arrays={"table": schemes.build_lut(fn, x, y),
                            "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+
+
+def per_index_function(fn: Callable, axis: int, rank: int, size: int) -> Callable:
+    """``fn`` of one tensor whose value depends on the index along ``axis`` (a per-channel
+    PRelu) as a function of a 1-D ``x`` that returns ``[size, len(x)]``: row ``c`` is what the
+    op computes for ``x`` at index ``c``. One evaluation, ``x`` laid along another axis."""
+    along = 1 if axis == 0 else 0
+
+    def table_fn(x: np.ndarray) -> np.ndarray:
+        shape = [1] * max(rank, 2)
+        shape[axis], shape[along] = size, x.size
+        probe = np.broadcast_to(np.asarray(x, np.float32).reshape(
+            [x.size if i == along else 1 for i in range(len(shape))]), shape)
+        out = np.asarray(fn(np.ascontiguousarray(probe)))
+        return np.moveaxis(out, (axis, along), (0, 1)).reshape(size, x.size)
+    return table_fn
 
 
 def onnx_function(model) -> Callable[[np.ndarray], np.ndarray]:
@@ -447,9 +471,9 @@ def onnx_function(model) -> Callable[[np.ndarray], np.ndarray]:
     session = onnx_io.session(model)
     name = session.get_inputs()[0].name
 
-    def fn(x: np.ndarray) -> np.ndarray:
+    def fn(x: np.ndarray) -> np.ndarray:  # element-wise: any shape in, the same shape out
         x = np.asarray(x, np.float32)
-        return np.asarray(session.run(None, {name: x.ravel()})[0], np.float32).reshape(x.shape)
+        return np.asarray(session.run(None, {name: x})[0], np.float32).reshape(x.shape)
     return fn
 
 

@@ -218,10 +218,15 @@ def concat(layer: QLayer, xs: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def lut(layer: QLayer, x: np.ndarray) -> np.ndarray:
-    """``table[x - qmin]`` (the table covers every input integer)."""
+    """``table[x - qmin]`` (the table covers every input integer); a table per channel
+    (``[channels, entries]``, ``attrs.axis``): ``table[c, x - qmin]`` at channel ``c``."""
     table = layer.arrays["table"]
-    offset = -int(np.iinfo(x.dtype).min)
-    return table[np.asarray(x, np.int64) + offset]
+    index = np.asarray(x, np.int64) - int(np.iinfo(x.dtype).min)
+    if table.ndim == 1:
+        return table[index]
+    axis = layer.attrs["axis"]
+    channel = np.arange(x.shape[axis]).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
+    return table[channel, index]
 
 
 # ---- resize ----------------------------------------------------------------------------------

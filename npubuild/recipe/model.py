@@ -377,11 +377,15 @@ class Limits(Strict):
         "(max − min) over all samples: meaningful for near-zero and one-element tensors.")
     min_channel_cosine: float | None = Field(
         None, ge=-1, le=1, description="Worst channel's cosine over all samples (channels "
-        "spanning ≥ 5 % of the tensor's range). A dead channel — constant where the reference "
-        "varies — fails whatever this is.")
+        "spanning ≥ 5 % of the tensor's range).")
     min_sample_cosine: float | None = Field(
         None, ge=-1, le=1, description="Worst sample's cosine (samples whose reference is not "
         "near zero); default: min_cosine.")
+    dead_channels: bool | None = Field(
+        None, description="Fail on a dead channel — constant in the deployed result where the "
+        "reference varies. Default: yes for slices, no for hand-over tensors (reported: a "
+        "channel spanning less than one int8 step of the tensor rounds to a constant, and the "
+        "outputs it feeds are judged anyway).")
 
 
 class SliceCheck(Limits):
@@ -418,7 +422,10 @@ class VerifySpec(Strict):
         "of the reference's range over all samples.")
     min_channel_cosine: float | None = Field(
         None, ge=-1, le=1, description="Per model output, if set: the worst channel's cosine "
-        "(axis 1). A dead channel fails whatever this is.")
+        "(axis 1). A dead channel fails whatever this is (unless dead_channels: false).")
+    dead_channels: bool = Field(
+        True, description="Fail when a model output has a dead channel (axis 1): constant in "
+        "the deployed result where the reference varies.")
     min_sample_cosine: float | None = Field(
         None, ge=-1, le=1, description="Per model output: the worst sample's cosine (samples "
         "whose reference is not near zero); default: min_cosine.")
@@ -428,7 +435,8 @@ class VerifySpec(Strict):
     handover: Limits = Field(
         default_factory=Limits, description="Thresholds for every tensor an NPU submodel hands "
         "to the CPU (reported always, judged only where set, so an intermediate does not fail "
-        "a model whose outputs pass unless asked). Dead channels fail always.")
+        "a model whose outputs pass unless asked), dead channels included "
+        "(handover.dead_channels: true fails on them).")
     task: Literal["classifier", "detector", "text_detection"] | None = Field(
         None, description="Task-level agreement: classifier — top-1/top-5 agreement of the first "
         "output; detector — YOLOv8 box recall (IoU ≥ 0.5, same class); text_detection — IoU of "

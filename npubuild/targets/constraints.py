@@ -336,6 +336,10 @@ def resize_coordinates(node: NodeView, spec: OpSupport) -> str | None:
 
 
 def _broadcast_form(a: list, b: list) -> str:
+    """How operand shape ``b`` broadcasts onto output shape ``a`` (ONNX broadcasting aligns
+    shapes from the right: a ``[C, 1, 1]`` constant is per-channel on a 4-D tensor)."""
+    if len(b) < len(a):
+        b = [1] * (len(a) - len(b)) + b
     if a == b:
         return "same_shape"
     if int(np.prod(b)) == 1:

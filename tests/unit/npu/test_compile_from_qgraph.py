@@ -99,3 +99,17 @@ def test_an_h_sliced_linear_resize_reads_its_halo_and_stays_exact():
     _, program, program_file = compile_qgraph(qgraph, TINY)
     assert any(g.plan.slicing.h > 1 for g in program.npu_groups)
     simulate_and_compare(qgraph, program_file)
+
+
+def test_a_per_channel_prelu_runs_on_the_npu_with_one_table_per_channel_bit_exact():
+    s = Stack((1, 40, 8, 8))  # 40 channels over npu-tiny's lanes: tables follow their channels
+    a = s.conv("x", 40, 3)
+    slope = s._const("slope", s.rng.uniform(-0.5, 0.5, (40, 1, 1)).astype(np.float32))
+    b = s.binary(a, slope, "PRelu")
+    qgraph = quantize(s.model([s.conv(b, 8, 1)]))
+    prelu = next(layer for layer in qgraph.layers if layer.kind == "lut")
+    assert prelu.arrays["table"].shape == (40, 256) and prelu.attrs["axis"] == 1
+    layers = layers_from_qgraph(qgraph)
+    assert prelu.name not in layers.breakers and not layers.weights[prelu.name].replicated
+    _, _, program_file = compile_qgraph(qgraph, TINY)
+    simulate_and_compare(qgraph, program_file)

@@ -103,6 +103,9 @@ CASES = {
     "leaky_relu": lambda: unary("LeakyRelu", alpha=0.1),
     "hardsigmoid": lambda: unary("HardSigmoid"),
     "hardswish": lambda: unary("HardSwish"),
+    "prelu_one_slope": lambda: binary("PRelu", const=np.float32([0.25])),
+    "prelu_per_channel": lambda: binary("PRelu", const=rng.uniform(-0.6, 0.6, (4, 1, 1))),
+    "prelu_per_column": lambda: binary("PRelu", const=rng.uniform(-0.6, 0.6, (10,))),
     "silu_pattern": silu,
     "relu_alone": lambda: unary("Relu"),
     "transpose": lambda: unary("Transpose", perm=[0, 2, 3, 1]),
@@ -165,3 +168,12 @@ def test_pow2_conv_fields_follow_seed_004():
     p = qg.layers[0].params
     assert p["output_shift"] == [p["input_log2scale"] + w - p["output_log2scale"] for w in p["weight_log2scale"]]
     assert list(qg.layers[0].arrays["multiplier"]) == [1] * 8  # pure shifts
+
+
+def test_a_per_channel_prelu_with_an_int16_input_runs_in_float_and_says_why():
+    m = binary("PRelu", const=rng.uniform(-0.6, 0.6, (4, 1, 1)))
+    qg, cc, cos = check_against_ort(m, feeds_for(m), scheme="symmetric", int16_tensors=["x"])
+    (layer,) = qg.layers
+    assert layer.kind == "float" and layer.device == "cpu"
+    assert "lookup table per channel (65536 entries each) is too large" in layer.attrs["reason"]
+    assert cc.ok and cos > 0.999

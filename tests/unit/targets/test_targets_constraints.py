@@ -120,10 +120,13 @@ def test_each_constraint_gives_its_reason(case):
 @pytest.mark.parametrize("model,chip", [
     (conv(group=4), "npu-strict"),                              # depthwise
     (one("Add", [[1, 4, 8, 8], [1, 4, 1, 1]]), "npu-strict"),   # per-channel operand
+    (one("Mul", [[1, 4, 8, 8], [4, 1, 1]], {1: np.ones((4, 1, 1), np.float32)}),
+     "npu-strict"),  # per-channel as Caffe2 exports it: broadcast aligns from the right
     (one("Mul", [[1, 4, 8, 8], [1]], {1: np.array([2.0], np.float32)}), "npu-strict"),  # scalar
     (one("Concat", [[1, 4, 8, 8], [1, 2, 8, 8]], axis=1), "npu-16m"),
     (one("Reshape", [[1, 4, 8, 8], [3]], {1: np.array([1, 4, 64])}), "npu-16m"),
-], ids=["depthwise", "per-channel", "scalar", "concat", "constant-shape reshape"])
+], ids=["depthwise", "per-channel", "per-channel rank 3", "scalar", "concat",
+        "constant-shape reshape"])
 def test_supported_nodes_have_no_reasons(model, chip):
     assert reasons_of(model, chip) == []
 

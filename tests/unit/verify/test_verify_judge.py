@@ -75,3 +75,21 @@ def test_unset_thresholds_report_without_judging():
     ref = [RNG.uniform(-1, 1, (1, 4, 30))]
     m = tensor_metrics(ref, [-ref[0]])
     assert m["cosine"] < -0.99 and failures("NPU output 't'", m, Thresholds()) == []
+
+
+def test_a_dead_hand_over_channel_is_reported_and_fails_only_when_asked():
+    from npubuild.recipe.model import VerifySpec
+    from npubuild.stages.verify import handover_limits, output_limits
+
+    ref = RNG.uniform(0, 1, (1, 4, 50))
+    ref[:, 3] = 0.25 + RNG.uniform(0, 0.003, 50)  # spans less than one int8 step of the tensor
+    got = ref.copy()
+    got[:, 3] = 0.25  # so it rounds to a constant
+    m = tensor_metrics([ref], [got])
+    assert m["dead_channels"] == [3]
+    assert failures("NPU output 't'", m, handover_limits(VerifySpec())) == []
+    asked = VerifySpec(handover={"dead_channels": True})
+    assert failures("NPU output 't'", m, handover_limits(asked)) == [
+        "NPU output 't': 1 dead channel(s) along axis 1 (constant where the reference varies): [3]"]
+    assert failures("output 't'", m, output_limits(VerifySpec())) != []
+    assert failures("output 't'", m, output_limits(VerifySpec(dead_channels=False))) == []
