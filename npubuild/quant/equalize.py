@@ -101,7 +101,8 @@ def find_pairs(graph: onnx.GraphProto, weights: "_Weights") -> tuple[list[Pair],
                     and _channels_match(node, user, weights)):
                 pairs.append(Pair(node, user, between))
             elif user.op_type == "Conv" or _feeds_a_conv(user, readers):
-                skipped.append({"conv": node.name, "next": user.name, "reason": _why_not(user)})
+                skipped.append({"conv": node.name, "next": user.name,
+                                "reason": _why_not(node, user, tensor, weights)})
             break
     return pairs, skipped
 
@@ -117,10 +118,14 @@ def _feeds_a_conv(node: onnx.NodeProto, readers: dict[str, list[onnx.NodeProto]]
     return len(users) == 1 and users[0].op_type == "Conv"
 
 
-def _why_not(user: onnx.NodeProto) -> str:
-    if user.op_type == "Conv":
-        return "the next Conv's weights are not its own initializers"
-    return f"{user.op_type} between them is not positively homogeneous"
+def _why_not(first: onnx.NodeProto, user: onnx.NodeProto, tensor: str, weights: "_Weights") -> str:
+    if user.op_type != "Conv":
+        return f"{user.op_type} between them is not positively homogeneous"
+    if not weights.owns(user):
+        return "the next Conv's weights are not initializers only it reads"
+    if user.input[0] != tensor:
+        return "the next Conv reads the tensor as a weight"
+    return "the next Conv reads a different number of channels"
 
 
 def _homogeneous(node: onnx.NodeProto, weights: "_Weights") -> bool:
