@@ -1,14 +1,18 @@
-"""Past one machine: calibration fanned out on Dask, and a second machine restoring a build
-from a shared S3 remote. Everything is measured in this run; prints two tables.
+"""Past one machine: calibration and verification fanned out on Dask, and a second machine
+restoring a build from a shared S3 remote. Everything is measured in this run; prints three
+tables.
 
 1. YOLOv8n-320 calibration over N augmented photos (flips, crops, brightness of skimage's
    photos, written as .npy): the quantize stage in one process, then with
    `--scheduler local:1` and `local:2`; speed-up against the one-process build, and whether
    the quantize artifacts are byte-identical.
-2. Machine A builds recipes/yolov8.yaml with a remote cache on a local S3 server (moto);
+2. YOLOv8n-320 verification over the same N photos: the verify stage (simulator + ONNX Runtime
+   references per sample) in one process, then with `local:1` and `local:2`, each restoring
+   the upstream stages from its own copy of one cache; whether verify.json is byte-identical.
+3. Machine A builds recipes/yolov8.yaml with a remote cache on a local S3 server (moto);
    machine B (fresh build dir, empty local cache, same remote) restores every stage.
 
-    python3 benchmarks/scale.py [--samples 400] [--skip-remote]
+    python3 benchmarks/scale.py [--samples 400] [--skip-calibration] [--skip-verify] [--skip-remote]
 """
 
 from __future__ import annotations
@@ -103,6 +107,56 @@ def calibration_table(samples: int) -> None:
             print(f"| {label} | {seconds:.1f} | {base / seconds:.2f}x | {same} |")
 
 
+VERIFY_CALIBRATION_SAMPLES = 16  # quantize is built once here; verify is what is measured
+
+
+def verify_recipe(tmp: Path, data: Path, samples: int) -> Path:
+    """The YOLOv8n recipe calibrated on a few of the photos and verified on all of them (the
+    per-image detection picture and the task check left out: they judge the model, not the
+    fan-out, and draw every image)."""
+    text = recipe_for(tmp, data, VERIFY_CALIBRATION_SAMPLES).read_text()
+    text = text[:text.index("verify:")] + (f"verify:\n  data: \"{data}/*.npy\"\n  samples: {samples}\n"
+                                           "  min_cosine: 0.9\n")
+    path = tmp / "yolov8-verify-scale.yaml"
+    path.write_text(text)
+    return path
+
+
+def verify_table(samples: int) -> None:
+    from npubuild.errors import BuildError
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        augmented_photos(tmp / "data", samples)
+        recipe = verify_recipe(tmp, tmp / "data", samples)
+        api.build(api.session_for(recipe, build_root=tmp / "upstream", cache=tmp / "cache"),
+                  "compile")
+        rows = []
+        for label, scheduler in (("one process (no Dask)", None),
+                                 ("--scheduler local:1", "local:1"),
+                                 ("--scheduler local:2", "local:2")):
+            name = scheduler or "one-process"
+            shutil.copytree(tmp / "cache", tmp / f"cache-{name}")  # restores import..compile
+            session = api.session_for(recipe, build_root=tmp / f"build-{name}",
+                                      cache=tmp / f"cache-{name}", scheduler=scheduler)
+            try:
+                api.build(session)
+            except BuildError as exc:  # a failed verdict still writes verify.json: compare it
+                print(f"# {label}: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+            verify = session.results["verify"]
+            assert verify.status == "built", verify.status
+            rows.append((label, verify.seconds, digest(session.paths.root / "verify"),
+                         verify.report["accuracy"]["samples"]))
+        base, base_digest = rows[0][1], rows[0][2]
+        print(f"\nverify stage of YOLOv8n-320 on {rows[0][3]} augmented photos "
+              f"({os.cpu_count()} cores)\n")
+        print("| run | seconds | speed-up vs one process | verify artifacts |")
+        print("|---|---|---|---|")
+        for label, seconds, d, _ in rows:
+            same = "identical" if d == base_digest else "DIFFERENT"
+            print(f"| {label} | {seconds:.1f} | {base / seconds:.2f}x | {same} |")
+
+
 def remote_table() -> None:
     import s3fs
     from moto.server import ThreadedMotoServer
@@ -145,9 +199,14 @@ def remote_table() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=400)
+    parser.add_argument("--skip-calibration", action="store_true")
+    parser.add_argument("--skip-verify", action="store_true")
     parser.add_argument("--skip-remote", action="store_true")
     args = parser.parse_args()
-    calibration_table(args.samples)
+    if not args.skip_calibration:
+        calibration_table(args.samples)
+    if not args.skip_verify:
+        verify_table(args.samples)
     if not args.skip_remote:
         remote_table()
 

@@ -14,6 +14,7 @@ fps is the build's own estimate, end to end: the NPU segments' cycles at the chi
 the CPU segments measured with ONNX Runtime on this machine (`npubuild.runtime.cpu_time`).
 
     python3 benchmarks/zoo.py [--models GLOB ...] [--chips npu-16m ...] [-j 2] [--json out.json]
+    python3 benchmarks/zoo.py --scheduler local:2 ...       # every cell a Dask task
     python3 benchmarks/zoo.py --from-json a.json b.json     # one table from earlier runs
 
 Exit code 0 when every cell on npu-16m passed verify and no cell anywhere failed with an
@@ -69,36 +70,68 @@ def run_generators() -> None:
 def build_recipe(recipe: str, chips: list[str], build_root: str | None,
                  cache: str | None) -> list[dict]:
     """Build ``recipe`` for each chip; every outcome (an uncaught exception included) is data."""
+    failed = build_shared(recipe, chips, build_root, cache)
+    return failed or [zoo_cell(recipe, chip, build_root, cache) for chip in chips]
+
+
+def build_shared(recipe: str, chips: list[str], build_root: str | None,
+                 cache: str | None) -> list[dict] | None:
+    """The chip-independent stages, once (the cells restore them from the content cache);
+    the cells when the recipe cannot even load or npubuild crashed, else None."""
     from npubuild import api
     from npubuild.errors import NpubuildError
-    from npubuild.matrix import build_cell, shared_prefix
+    from npubuild.matrix import shared_prefix
     from npubuild.recipe import load_recipe
 
-    root = Path(build_root) if build_root else None
-    cache_dir = Path(cache) if cache else None
     try:
         loaded = load_recipe(recipe)
     except NpubuildError as exc:
         return [{"recipe": recipe, "target": chip, "ok": False, "exit_code": exc.exit_code,
                  "report": {}, "error": str(exc)} for chip in chips]
     try:
-        api.build(api.session_for(loaded.for_target(chips[0]), build_root=root, cache=cache_dir),
-                  shared_prefix(None))
+        api.build(api.session_for(loaded.for_target(chips[0]), build_root=_path(build_root),
+                                  cache=_path(cache)), shared_prefix(None))
     except NpubuildError:
         pass  # each cell meets the same error and records it with its report
     except Exception as exc:  # noqa: BLE001 - the table shows what npubuild did not explain
         return [_crash(recipe, chip, exc) for chip in chips]
-    cells = []
-    for chip in chips:
-        started = time.perf_counter()
-        try:
-            cell = build_cell(recipe, chip, None, root, cache_dir)
-        except Exception as exc:  # noqa: BLE001
-            cell = _crash(recipe, chip, exc)
-        cell["recipe"], cell["wall_seconds"] = recipe, round(time.perf_counter() - started, 2)
-        cell["build_seconds"] = _build_seconds(cell.get("report") or {})
-        cells.append(cell)
-    return cells
+    return None
+
+
+def zoo_cell(recipe: str, chip: str, build_root: str | None, cache: str | None,
+             shared_failed: list[dict] | None = None) -> dict:
+    """One cell (model x chip): its build and the seconds each stage took to build."""
+    from npubuild.matrix import build_cell
+
+    if shared_failed:
+        return next(c for c in shared_failed if c["target"] == chip)
+    started = time.perf_counter()
+    try:
+        cell = build_cell(recipe, chip, None, _path(build_root), _path(cache))
+    except Exception as exc:  # noqa: BLE001
+        cell = _crash(recipe, chip, exc)
+    cell["recipe"], cell["wall_seconds"] = recipe, round(time.perf_counter() - started, 2)
+    cell["build_seconds"] = _build_seconds(cell.get("report") or {})
+    return cell
+
+
+def cells_on_dask(scheduler: str, jobs: list[tuple]) -> list[dict]:
+    """Every cell as a Dask task (``--scheduler``), after its recipe's shared stages (a task
+    the cells depend on, so no cell waits for another recipe); cells in table order. Workers
+    share artifacts through the content cache (``$NPUBUILD_REMOTE`` for other machines)."""
+    from npubuild.distributed import dask_client
+
+    with dask_client(scheduler) as client:
+        cells = []
+        for recipe, chips, build_root, cache in jobs:
+            shared = client.submit(build_shared, recipe, chips, build_root, cache, pure=False)
+            cells += [client.submit(zoo_cell, recipe, chip, build_root, cache, shared, pure=False)
+                      for chip in chips]
+        return client.gather(cells)
+
+
+def _path(text: str | None) -> Path | None:
+    return Path(text) if text else None
 
 
 def _crash(recipe: str, chip: str, exc: Exception) -> dict:
@@ -195,6 +228,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "build, globs allowed (default: the whole zoo)")
     p.add_argument("--chips", nargs="+", default=list(CHIPS), help="chips (default: the presets)")
     p.add_argument("-j", "--jobs", type=int, default=1, help="recipes built in parallel")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run the cells as Dask tasks: local:N or tcp://HOST:PORT "
+                        "(default: $NPUBUILD_SCHEDULER; none: worker processes, -j)")
     p.add_argument("--build-dir", type=Path, default=REPO / "build")
     p.add_argument("--cache", type=Path, default=None, help="content cache (default: npubuild's)")
     p.add_argument("--no-generate", action="store_true",
@@ -258,9 +294,15 @@ def main(argv: list[str]) -> int:
     jobs = [(str(r), args.chips, str(args.build_dir), str(args.cache) if args.cache else None)
             for r in recipes]
     started = time.perf_counter()
-    # One fresh worker per recipe: TensorFlow, ONNX Runtime sessions and a crash stay contained.
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs), max_tasks_per_child=1) as pool:
-        cells = [c for result in pool.map(build_recipe, *zip(*jobs)) for c in result]
+    from npubuild.distributed import resolve_scheduler
+
+    scheduler = resolve_scheduler(args.scheduler)
+    if scheduler:
+        cells = cells_on_dask(scheduler, jobs)
+    else:
+        # One fresh worker per recipe: TensorFlow, ONNX Runtime sessions and a crash stay contained.
+        with ProcessPoolExecutor(max_workers=max(1, args.jobs), max_tasks_per_child=1) as pool:
+            cells = [c for result in pool.map(build_recipe, *zip(*jobs)) for c in result]
     rows = [row(c) for c in cells]
     print(markdown(rows))
     print(f"\n{summary(rows)}; {time.perf_counter() - started:.0f} s")

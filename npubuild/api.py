@@ -25,12 +25,14 @@ def session_for(recipe: str | Path | LoadedRecipe, *, build_root: Path | None = 
                 remote: str | None = None, scheduler: str | None = None) -> BuildSession:
     """A build session; ``cache`` is a local folder or, as a URL (``s3://…``), the remote
     level behind the default local cache (``remote`` names the remote explicitly);
-    ``scheduler`` fans calibration batches out on Dask."""
+    ``scheduler`` fans calibration and verify batches out on Dask."""
     loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
     if is_url(cache):
         cache, remote = None, remote or str(cache)
-    return BuildSession(loaded, build_root, cache, progress, on_event, remote_url=remote,
-                        scheduler=scheduler)
+    session = BuildSession(loaded, build_root, cache, progress, on_event, remote_url=remote,
+                           scheduler=scheduler)
+    _ = session.settings  # read now: a bad settings file is a user error before doit runs
+    return session
 
 
 def build(session: BuildSession, stage: str | None = None, *, wait_seconds: float = 600.0,
@@ -100,11 +102,14 @@ def clean(session: BuildSession) -> Path:
 
 
 def cache_check(cache: Path | None = None) -> list:
-    """Every entry of the content cache re-hashed, and its orphans (`npubuild cache verify`)."""
+    """Every entry of the content cache re-hashed, and its orphans (`npubuild cache verify`);
+    without ``--cache`` or ``$NPUBUILD_CACHE``, the cache the settings above the current
+    folder name (`npubuild.build.settings`)."""
     from npubuild.build.cache import Cache
     from npubuild.build.paths import cache_dir
+    from npubuild.build.settings import find_settings
 
-    return list(Cache(cache_dir(cache)).check_all())
+    return list(Cache(cache_dir(cache, find_settings(Path.cwd()).cache)).check_all())
 
 
 def cache_gc(cache: Path | None = None) -> list:

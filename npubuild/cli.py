@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--jobs", type=int, default=2, metavar="N",
                    help="matrix build: chips built in parallel (default 2)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
-                   help="run matrix cells and calibration batches on Dask: tcp://HOST:PORT, or "
+                   help="run matrix cells, calibration and verify batches on Dask: tcp://HOST:PORT, or "
                         "local:N for a local cluster of N workers (default: $NPUBUILD_SCHEDULER)")
     p = command("validate", cmd_validate, "check recipes and the files they name; build nothing",
                 recipe=False, json_opt=True)

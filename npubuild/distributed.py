@@ -17,7 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from npubuild.errors import UserError
+from npubuild.errors import BuildError, UserError
 
 SCHEDULER_ENV = "NPUBUILD_SCHEDULER"
 LOCAL_PATTERN = re.compile(r"^local:(\d+)$")
@@ -42,8 +42,7 @@ def dask_client(address: str) -> Iterator[Any]:
         workers = int(local.group(1))
         if workers < 1:
             raise UserError(f"--scheduler {address}: a local cluster needs at least one worker")
-        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                          dashboard_address=None) as cluster, Client(cluster) as client:
+        with _local_cluster(LocalCluster, address, workers) as cluster, Client(cluster) as client:
             yield client
         return
     if "://" not in address:
@@ -57,6 +56,21 @@ def dask_client(address: str) -> Iterator[Any]:
                              f"{address}`, or use --scheduler local:N") from exc
     with client:
         yield client
+
+
+def _local_cluster(cluster_class: Any, address: str, workers: int) -> Any:
+    """A local cluster of ``workers`` single-threaded processes, or one BuildError saying why
+    not (the workers are spawned: a script that builds must guard its top level)."""
+    try:
+        return cluster_class(n_workers=workers, threads_per_worker=1, processes=True,
+                             dashboard_address=None)
+    except Exception as exc:  # Dask raises RuntimeError/TimeoutError/OSError, wrapped variously
+        raise BuildError(f"--scheduler {address}: the local Dask cluster did not start: "
+                         f"{type(exc).__name__}: {exc}",
+                         hint="worker processes are spawned and re-import the main module: a "
+                              "script must build under `if __name__ == \"__main__\":` (not "
+                              "from stdin); or start `dask scheduler` and workers and use "
+                              "--scheduler tcp://HOST:PORT") from exc
 
 
 def map_tasks(func: Callable[..., Any], calls: Sequence[tuple], *, scheduler: str | None = None,

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -35,21 +36,33 @@ def similarity(reference: np.ndarray, actual: np.ndarray) -> Similarity:
         raise ValueError(f"shape mismatch: {np.shape(reference)} vs {np.shape(actual)}")
     identical = bool(np.array_equal(np.asarray(reference), np.asarray(actual)))
     diff = ref - act
-    err = float(np.linalg.norm(diff))
-    ref_norm, act_norm = float(np.linalg.norm(ref)), float(np.linalg.norm(act))
+    err = norm(diff)
+    ref_norm, act_norm = norm(ref), norm(act)
     if ref_norm == 0 and act_norm == 0:
         cosine = 1.0
     elif ref_norm == 0 or act_norm == 0:
         cosine = 0.0
     else:
-        cosine = float(np.dot(ref, act) / (ref_norm * act_norm))
-    mid = float(np.linalg.norm((ref + act) / 2))
+        cosine = dot(ref, act) / (ref_norm * act_norm)
+    mid = norm((ref + act) / 2)
     euclid = 1.0 if err == 0 else (1.0 - err / mid if mid else 0.0)
     sqnr = float("inf") if err == 0 else (float(10 * np.log10(ref_norm**2 / err**2)) if ref_norm else -float("inf"))
     max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
     max_rel = max_abs / scale if scale else (0.0 if max_abs == 0 else float("inf"))
     return Similarity(cosine, euclid, sqnr, max_abs, max_rel, identical)
+
+
+def dot(a: np.ndarray, b: np.ndarray) -> float:
+    """Σ a·b by NumPy's pairwise summation, never BLAS: BLAS splits a long dot product over its
+    threads, so the last bits would follow the machine's core count (a Dask worker runs BLAS on
+    one thread), and metrics written into artifacts must be the same bytes everywhere."""
+    return float(np.sum(a * b))
+
+
+def norm(a: np.ndarray) -> float:
+    """The euclidean norm, summed as `dot` is (not ``np.linalg.norm``, which calls BLAS)."""
+    return math.sqrt(dot(a, a))
 
 
 def range_errors(reference: np.ndarray, actual: np.ndarray) -> tuple[float, float]:

@@ -21,15 +21,17 @@ from typing import Any, Callable
 from npubuild import __version__
 from npubuild.atomic import write_json
 from npubuild.build.cache import TMP_PREFIX, Cache, CacheCorrupt, remove
+from npubuild.build.code import code_digest
 from npubuild.build.fetch import StageArtifacts
 from npubuild.build.hashing import HashCache, sha256_data, sha256_file
 from npubuild.build.keys import KeyParts, explain_change, key_parts, read_manifest
 from npubuild.build.paths import MANIFEST, BuildPaths, cache_dir
 from npubuild.build.remote import RemoteCache, resolve_remote_url
+from npubuild.build.settings import Settings, find_settings
 from npubuild.errors import BuildError, NpubuildError
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
-from npubuild.timings import without_timings
+from npubuild.timings import MEASURED_ESTIMATE_KEYS, without_measurements
 
 log = logging.getLogger("npubuild")
 
@@ -78,7 +80,7 @@ class BuildSession:
     @cached_property
     def remote(self) -> RemoteCache | None:
         """The shared second cache level (``--remote``/``$NPUBUILD_REMOTE``), if any."""
-        url = resolve_remote_url(self.remote_url)
+        url = resolve_remote_url(self.remote_url, self.settings.remote)
         return RemoteCache(url) if url else None
 
     @cached_property
@@ -87,7 +89,12 @@ class BuildSession:
 
     @cached_property
     def cache(self) -> Cache:
-        return Cache(cache_dir(self.cache_root))
+        return Cache(cache_dir(self.cache_root, self.settings.cache))
+
+    @cached_property
+    def settings(self) -> Settings:
+        """The project's ``cache``/``remote`` settings, found upward from the recipe."""
+        return find_settings(self.loaded.path.parent)
 
     @cached_property
     def hashes(self) -> HashCache:
@@ -107,7 +114,8 @@ class BuildSession:
         digest = self.chip_digest if stage.uses_chip else None
         if upstream is None:
             upstream = {u: read_manifest(self.paths.manifest(u)) for u in stage.needs}
-        return key_parts(stage, self.loaded, upstream, self.hashes, digest, __version__)
+        return key_parts(stage, self.loaded, upstream, self.hashes, digest, __version__,
+                         code_digest())
 
     def expected(self) -> dict[str, tuple[KeyParts | None, dict | None, str]]:
         """Per stage, without building: its key parts, the manifest that key has (in the build
@@ -294,7 +302,7 @@ class BuildSession:
                  for p in sorted(scratch.rglob("*")) if p.is_file() and not p.is_symlink()}
         # the manifest is an artifact too: no timings in it (they go to report.json)
         manifest = {"stage": stage.name, "key": parts.key, "npubuild": __version__,
-                    "files": files, "parts": parts.as_dict(), "report": without_timings(report)}
+                    "files": files, "parts": parts.as_dict(), "report": without_measurements(report)}
         write_json(scratch / MANIFEST, manifest)
         return {**manifest, "report": report}
 
@@ -306,12 +314,15 @@ class BuildSession:
             self.hashes.remember(stage_dir / rel, info["sha256"])
 
     def _sources(self, stage: Stage) -> dict[str, StageArtifacts]:
-        """The upstream stages by key, for workers that fetch them through the caches."""
+        """The upstream stages by key, for workers that fetch them through the caches: those
+        in the local cache or, when one is configured, the remote (a stage current in the
+        build dir whose entry was removed from the cache is left out; its stage's fan-out
+        then runs in this process, with a warning)."""
         remote = self.remote.url if self.remote is not None and self.remote.available else None
         out = {}
         for name in stage.needs:
             manifest = read_manifest(self.paths.manifest(name))
-            if manifest:
+            if manifest and (remote or self.cache.manifest(manifest["key"]) is not None):
                 out[name] = StageArtifacts(name, manifest["key"], str(self.cache.root.resolve()),
                                            remote)
         return out
@@ -384,16 +395,34 @@ class BuildSession:
                                   "npubuild": __version__,
                                   "stages": {s.name: self.results[s.name].as_dict() for s in stages
                                              if s.name in self.results}}
-        previous = (read_manifest(self.paths.report) or {}).get("stages") or {}
+        before = read_manifest(self.paths.report) or {}
+        previous = before.get("stages") or {}
         for name, entry in report["stages"].items():
             entry["built_seconds"] = self._built_seconds(self.results[name], previous.get(name))
         for stage in stages:
             result = self.results.get(stage.name)
             if result and result.status in ("built", "restored", "cached"):
                 report.update(result.report)
+        self._keep_measurements(report, before)
         if self.error is not None:
             report["error"] = str(self.error)
         return report
+
+    def _keep_measurements(self, report: dict, before: dict) -> None:
+        """A compile stage not built by this run has no measured CPU time in its manifest: the
+        fps and CPU seconds come from the earlier report.json of the same compile key (or stay
+        absent: restored from a cache another machine filled, nothing here measured them)."""
+        compile_result = self.results.get("compile")
+        estimate = report.get("estimate")
+        if (compile_result is None or compile_result.status == "built"
+                or not isinstance(estimate, dict)):
+            return
+        earlier = before.get("estimate") or {}
+        same = ((before.get("stages") or {}).get("compile") or {}).get("key") == compile_result.key
+        if same and compile_result.key:
+            estimate.update({k: earlier[k] for k in MEASURED_ESTIMATE_KEYS if k in earlier})
+            if isinstance(earlier.get("cpu"), dict):
+                estimate["cpu"] = earlier["cpu"]
 
     def _built_seconds(self, result: StageResult, before: dict | None) -> float | None:
         """Seconds of the run that built the stage's current artifacts: this run's when it

@@ -1,5 +1,6 @@
 """A stage's cache key: its own recipe sections, its input artifacts, the chip when it uses one,
-the external files it reads, and npubuild's version — and the reason a key changed."""
+the external files it reads, npubuild's version and the digest of its code
+(`npubuild.build.code`) — and the reason a key changed."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 class KeyParts:
     stage: str
     version: str
+    code: str
     sections: dict[str, str] = field(default_factory=dict)
     upstream: dict[str, str] = field(default_factory=dict)
     chip: str | None = None
@@ -73,11 +75,12 @@ def _package_roots() -> list[Path]:
 
 
 def key_parts(stage: "Stage", loaded: "LoadedRecipe", upstream: dict[str, dict | None],
-              hashes: HashCache, chip_digest: str | None, version: str) -> KeyParts:
-    """The parts of ``stage``'s key; ``upstream`` maps each needed stage to its manifest."""
+              hashes: HashCache, chip_digest: str | None, version: str, code: str) -> KeyParts:
+    """The parts of ``stage``'s key; ``upstream`` maps each needed stage to its manifest;
+    ``code`` is the digest of npubuild's code (`npubuild.build.code.code_digest`)."""
     data = loaded.recipe.model_dump(mode="json")
     return KeyParts(
-        stage=stage.name, version=version,
+        stage=stage.name, version=version, code=code,
         sections={s: sha256_data(section_value(data, s)) for s in stage.sections},
         upstream={u: upstream_digest(upstream.get(u)) for u in stage.needs},
         chip=chip_digest if stage.uses_chip else None,
@@ -91,6 +94,8 @@ def explain_change(old: dict | None, new: KeyParts) -> str:
     before = old.get("parts") or {}
     if before.get("version") != new.version:
         return f"npubuild version changed ({before.get('version')} -> {new.version})"
+    if before.get("code") != new.code:
+        return "npubuild's code changed (same version, other source)"
     changed = [s for s, d in new.sections.items() if before.get("sections", {}).get(s) != d]
     if changed:
         return "recipe section " + ", ".join(f"`{s}`" for s in changed) + " changed"

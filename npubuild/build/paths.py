@@ -20,11 +20,13 @@ CACHE_ENV = "NPUBUILD_CACHE"
 MANIFEST = "manifest.json"
 
 
-def cache_dir(override: str | Path | None = None) -> Path:
-    """``--cache`` wins, then ``$NPUBUILD_CACHE``, then ``.npubuild/cache``; a URL in either
-    names the remote level (``npubuild.build.remote``), not this folder."""
+def cache_dir(override: str | Path | None = None, setting: Path | None = None) -> Path:
+    """``--cache`` wins, then ``$NPUBUILD_CACHE``, then the project's ``cache`` setting
+    (``npubuild.build.settings``), then ``.npubuild/cache``; a URL in any of them names the
+    remote level (``npubuild.build.remote``), not this folder."""
     env = os.environ.get(CACHE_ENV)
-    return Path(override or (env if env and "://" not in env else None) or DEFAULT_CACHE_DIR)
+    return Path(override or (env if env and "://" not in env else None) or setting
+                or DEFAULT_CACHE_DIR)
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,12 @@ def is_url(text: str | os.PathLike | None) -> bool:
     return isinstance(text, str) and "://" in text
 
 
-def resolve_remote_url(override: str | None = None) -> str | None:
+def resolve_remote_url(override: str | None = None, setting: str | None = None) -> str | None:
     """``--remote`` (or a URL given to ``--cache``) wins, then ``$NPUBUILD_REMOTE``, then a URL
-    in ``$NPUBUILD_CACHE``."""
+    in ``$NPUBUILD_CACHE``, then the project's ``remote`` setting (or a URL as its ``cache``)."""
     cache_env = os.environ.get(CACHE_ENV)
     return (override or os.environ.get(REMOTE_ENV)
-            or (cache_env if is_url(cache_env) else None) or None)
+            or (cache_env if is_url(cache_env) else None) or setting or None)
 
 
 @dataclass

@@ -16,7 +16,8 @@ from npubuild.stages import PIPELINE
 def _remote(session: BuildSession):
     if session.remote is None:
         raise UserError("no remote cache is configured",
-                        hint="give --remote s3://bucket/prefix (or set NPUBUILD_REMOTE)")
+                        hint="give --remote s3://bucket/prefix, set NPUBUILD_REMOTE, or set "
+                             "`remote` in the project's npubuild.toml or [tool.npubuild]")
     return session.remote
 
 

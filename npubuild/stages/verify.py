@@ -9,13 +9,19 @@ channels. Model outputs are judged by ``verify``'s thresholds (``min_cosine`` ..
 tensors by ``verify.handover``, ``verify.slices`` (e.g. YOLOv8's class-score channels) by their
 own, and ``verify.task`` adds top-1/top-5 agreement, box recall or text-map IoU
 (`npubuild.verify.tasks`). When it fails, the stage bisects (`npubuild.verify.bisect`) and names
-the stage, the tensor with the largest drop and the rewrite/rule/layer behind it. Writes ``verify/verify.json`` (and ``verify/detections.png`` with ``verify.detections``);
-a failed verdict makes the run exit 1 (the artifacts are kept for the report).
+the stage, the tensor with the largest drop and the rewrite/rule/layer behind it. Writes
+``verify/verify.json`` (and ``verify/detections.png`` with ``verify.detections``); a failed
+verdict makes the run exit 1 (the artifacts are kept for the report).
+
+With ``--scheduler`` the samples run in batches on Dask workers (`npubuild.verify.fanout`),
+which send back what `npubuild.verify.samples` keeps; the verdict is judged here, in sample
+order, so the artifacts are the same bytes as a one-process build's.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -25,6 +31,7 @@ from npubuild.stages import StageContext
 from npubuild.verify.bisect import RecipeFixes
 from npubuild.verify.judge import Thresholds, tensor_metrics
 from npubuild.verify.judge import failures as failures_of
+from npubuild.verify.samples import Observed, SampleRun, npu_handovers
 
 NO_NPU_NOTE = ("no NPU graph: the deployed pipeline is the CPU submodels alone (ONNX Runtime), "
                "checked against the float original")
@@ -45,26 +52,16 @@ def data_files(loaded) -> list[Path]:
 
 def run(ctx: StageContext) -> dict:
     from npubuild.quant import data, onnx_inputs
-    from npubuild.quant.pipeline import SplitPipeline
-    from npubuild.runtime import Runner
-    from npubuild.runtime.simulator import simulator_backend
-    from npubuild.verify.reference import FloatReference, original_names
 
     spec, dirs = ctx.recipe.verify, ctx.upstream
-    pipeline = SplitPipeline(dirs["split"])
+    run_sample = SampleRun(dirs)
+    pipeline, reference = run_sample.pipeline, run_sample.reference
     inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
     files = data_files(ctx.loaded)
     field = ("verify", "data") if spec.data else ("quantization", "calibration", "data")
     samples = list(ctx.loaded.located(data.load_samples(files, inputs, spec.samples), *field))
-    deployed = Runner(dirs["split"], backends={"npu": simulator_backend(dirs["compile"].parent)})
-    original = onnx_io.load_model(dirs["import"] / "model.onnx")
-    surgery_model = onnx_io.load_model(dirs["surgery"] / "model.onnx")
-    reference = FloatReference(original, pipeline.outputs, original_names(surgery_model))
-    refs, gots, floats = [], [], []
-    for feeds in ctx.progress(samples, total=len(samples), description="verify: samples"):
-        gots.append(deployed.run(feeds, keep_intermediates=True))
-        refs.append(reference(feeds))
-        floats.append(pipeline.runner.run(feeds, keep_intermediates=True))
+    progress = ctx.progress(samples, total=len(samples), description="verify: samples")
+    refs, gots, floats = map(list, zip(*observe(ctx, run_sample, progress)))
     used = files[:len(samples)]
     result = judge(ctx, refs, gots, floats, pipeline, reference.missing, inputs[0], used)
     plan = result.pop("bisect")
@@ -79,6 +76,20 @@ def run(ctx: StageContext) -> dict:
     accuracy.update({k: result[k] for k in ("slices", "task") if result.get(k)})
     return {"accuracy": accuracy,
             "verify": {k: v for k, v in result.items() if k not in ("outputs", "data")}}
+
+
+def observe(ctx: StageContext, run_sample: SampleRun, samples: Iterable) -> Iterator[Observed]:
+    """Every sample through the float original, the deployed and the float pipeline, in
+    order: on the Dask workers with ``--scheduler`` (`npubuild.verify.fanout`), else here."""
+    if ctx.scheduler:
+        from npubuild.verify import fanout
+
+        sources = fanout.worker_sources(ctx.sources)
+        if sources is not None:
+            return fanout.samples_on_dask(ctx.scheduler, sources, samples)
+        ctx.log.warning("verify: the upstream artifacts are not in a cache the workers can "
+                        "reach; verifying in this process")
+    return map(run_sample, samples)
 
 
 def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline, missing: list[str],
@@ -115,12 +126,6 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
     sample = next((m["worst_sample"] for _, m, _, _ in failed if m.get("worst_sample") is not None), 0)
     return {"passed": not failures, "failures": failures, **result,
             "bisect": {"limits": limits, "sample": sample}}
-
-
-def npu_handovers(pipeline) -> list[str]:
-    """Tensors an NPU submodel hands to the CPU (or to the model's caller): what the NPU
-    itself produces, checked even when a float CPU decode follows it."""
-    return [t for g in pipeline.npu_graphs for t in g.outputs if t not in pipeline.outputs]
 
 
 def output_metrics(refs: list[dict], gots: list[dict], floats: list[dict], missing: list[str]) -> dict:

@@ -55,6 +55,18 @@ def test_a_malformed_scheduler_address_is_a_user_error(address):
             pass
 
 
+def test_a_local_cluster_that_cannot_start_is_one_build_error_with_a_hint():
+    from npubuild.distributed import _local_cluster
+    from npubuild.errors import BuildError
+
+    def no_nanny(**options):
+        raise RuntimeError("Nanny failed to start.")
+
+    with pytest.raises(BuildError, match="local Dask cluster did not start: RuntimeError") as info:
+        _local_cluster(no_nanny, "local:2", 2)
+    assert "__main__" in info.value.hint and "tcp://" in info.value.hint
+
+
 def test_the_environment_names_the_scheduler_when_no_flag_does(monkeypatch):
     monkeypatch.setenv("NPUBUILD_SCHEDULER", "local:3")
     assert resolve_scheduler(None) == "local:3"
@@ -79,3 +91,37 @@ def test_calibration_batches_on_dask_give_byte_identical_quantize_artifacts(tmp_
 
     assert fanned.results["quantize"].report["quantization"]["calibration_samples"] == 20
     assert digests(tmp_path / "d" / "tiny" / "quantize") == digests(tmp_path / "s" / "tiny" / "quantize")
+
+
+def test_verify_samples_on_dask_give_byte_identical_verify_artifacts(tmp_path, monkeypatch):
+    """12 verify samples in two batches on two workers, which read the compiled program
+    from the content cache (a copy: not the serial build's directory); in this process no
+    sample may run."""
+    import shutil
+
+    from npubuild import api
+    from npubuild.verify.samples import SampleRun
+    from tests.conftest import TINY_RECIPE, write_recipe
+
+    recipe = write_recipe(tmp_path, TINY_RECIPE + 'verify: {data: "pkg:skimage/data/*.png", '
+                                                  "samples: 12}\n")
+    serial = api.session_for(recipe, build_root=tmp_path / "s", cache=tmp_path / "cs")
+    api.build(serial, "compile")
+    shutil.copytree(tmp_path / "cs", tmp_path / "cd")  # the upstream stages, restored below
+    api.build(serial)
+
+    def no_sample_here(self, feeds):
+        raise AssertionError("a verify sample ran in the driver, not on a worker")
+
+    monkeypatch.setattr(SampleRun, "__call__", no_sample_here)
+    fanned = api.session_for(recipe, build_root=tmp_path / "d", cache=tmp_path / "cd",
+                             scheduler="local:2")
+    api.build(fanned)
+
+    assert fanned.results["verify"].status == "built"
+    assert fanned.results["compile"].status == "restored"
+    assert fanned.results["verify"].report["accuracy"]["samples"] == 12
+    fanned_files = digests(tmp_path / "d" / "tiny")
+    assert {"verify/verify.json", "verify/manifest.json"} <= set(fanned_files)
+    assert fanned_files == digests(tmp_path / "s" / "tiny")
+    assert fanned.results["verify"].report == serial.results["verify"].report  # report.json's figures

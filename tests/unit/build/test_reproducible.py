@@ -6,10 +6,15 @@ exit code that says what kind it was."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+import npubuild
 
 from tests.conftest import TINY_RECIPE, run_cli, write_recipe
 
@@ -21,12 +26,14 @@ def tree(root: Path) -> dict[str, bytes]:
             if p.is_file() and p.name not in RUN_STATE}
 
 
-def clean_build(workdir: Path, recipe: Path, seed: str, *stage: str) -> dict:
-    """Build ``recipe`` from a fresh copy in ``workdir`` (own cwd, build dir and cache)."""
+def clean_build(workdir: Path, recipe: Path, seed: str, *stage: str, code: Path | None = None) -> dict:
+    """Build ``recipe`` from a fresh copy in ``workdir`` (own cwd, build dir and cache), with
+    the npubuild package found in ``code`` when given (another checkout of the same source)."""
     workdir.mkdir(parents=True)
     shutil.copy(recipe, workdir / recipe.name)
+    env = {"PYTHONHASHSEED": seed, **({"PYTHONPATH": str(code)} if code else {})}
     result = run_cli("run", recipe.name, *stage, "--build-dir", "out", "--cache", "store",
-                     cwd=workdir, env={"PYTHONHASHSEED": seed})
+                     cwd=workdir, env=env)
     assert result.returncode == 0, result.stderr
     report = json.loads(next((workdir / "out").glob("*/report.json")).read_text())
     return {"keys": {s: v["key"] for s, v in report["stages"].items()},
@@ -42,9 +49,17 @@ def assert_identical(a: dict, b: dict) -> None:
 
 
 def test_two_clean_builds_of_the_tiny_recipe_are_byte_identical(tmp_path):
+    """The second build also runs npubuild from a copy of its source in another directory:
+    stage keys cover the code (`npubuild.build.code`), and the same code is the same key."""
     recipe = write_recipe(tmp_path, TINY_RECIPE, name="tiny.yaml")
+    package = Path(npubuild.__file__).resolve().parent
+    checkout = tmp_path / "other-checkout"
+    shutil.copytree(package, checkout / "npubuild", ignore=shutil.ignore_patterns("__pycache__"))
     first = clean_build(tmp_path / "one", recipe, "1")
-    second = clean_build(tmp_path / "elsewhere" / "two", recipe, "4242")
+    second = clean_build(tmp_path / "elsewhere" / "two", recipe, "4242", code=checkout)
+    assert "other-checkout" in subprocess.run(
+        [sys.executable, "-c", "import npubuild; print(npubuild.__file__)"], text=True,
+        capture_output=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(checkout)}).stdout
     assert len(first["build"]) > 20  # every stage's artifacts, not just a few
     assert_identical(first, second)
 
@@ -106,3 +121,24 @@ def test_a_bad_data_file_is_reported_at_the_recipe_line_that_names_it(tmp_path):
                      "--cache", str(tmp_path / "c"))
     assert result.returncode == 2
     assert f"{recipe}:11:23: quantization.calibration.data: {tmp_path / 'bad.npy'}:" in result.stderr
+
+
+def test_measured_cpu_time_stays_out_of_artifacts_and_a_no_op_run_keeps_it(tmp_path):
+    """The CPU parts are timed with ONNX Runtime on the build machine: that time (and the fps
+    that adds it) goes to report.json only, and a run that finds compile current keeps it."""
+    recipe = write_recipe(tmp_path, TINY_RECIPE + "split: {policy: cpu_only}\n", name="cpu.yaml")
+    first = clean_build(tmp_path / "one", recipe, "1")
+    second = clean_build(tmp_path / "two", recipe, "77")
+    assert_identical(first, second)
+    manifest = json.loads(first["build"]["compile/manifest.json"])
+    assert "cpu_seconds" not in manifest["report"]["estimate"]
+    workdir = tmp_path / "one"
+    report_path = next((workdir / "out").glob("*/report.json"))
+    measured = json.loads(report_path.read_text())["estimate"]
+    assert measured["cpu_seconds"] > 0 and measured["fps"] > 0
+    again = run_cli("run", recipe.name, "--build-dir", "out", "--cache", "store", cwd=workdir)
+    assert again.returncode == 0, again.stderr
+    kept = json.loads(report_path.read_text())
+    assert kept["stages"]["compile"]["status"] == "cached"
+    assert {k: kept["estimate"][k] for k in ("fps", "cpu_seconds")} == \
+        {k: measured[k] for k in ("fps", "cpu_seconds")}

@@ -1,0 +1,46 @@
+"""The digest of npubuild's own code: part of every stage key.
+
+Two commits of npubuild with the same version string may build different artifacts, so a key
+that named only the version would let a shared remote cache hand one commit's artifacts to
+the other. The digest covers what can change an artifact: the installed package's ``.py``
+files and the data it ships (chip presets, schemas), as sorted relative paths plus contents.
+It is what a wheel installs, so a wheel install and an editable install of the same source
+agree; byte code (``__pycache__``) and anything else lying in a source checkout is left out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cache
+from pathlib import Path
+
+# The package's code and shipped data; pyproject's [tool.setuptools.package-data] lists the
+# same data patterns (a test keeps the two equal).
+CODE_PATTERNS = ("**/*.py",)
+DATA_PATTERNS = ("targets/*.yaml", "schemas/*.schema.json", "py.typed")
+
+
+def code_files(package: Path) -> list[Path]:
+    """The package's code and shipped data files, sorted by relative path."""
+    found = {p for pattern in (*CODE_PATTERNS, *DATA_PATTERNS) for p in package.glob(pattern)
+             if p.is_file() and "__pycache__" not in p.relative_to(package).parts}
+    return sorted(found, key=lambda p: p.relative_to(package).as_posix())
+
+
+def tree_digest(package: Path) -> str:
+    """sha256 over each file's relative path and content (lengths framed, so no two trees
+    collide by moving bytes between a name and a content)."""
+    digest = hashlib.sha256()
+    for path in code_files(package):
+        name, data = path.relative_to(package).as_posix().encode(), path.read_bytes()
+        digest.update(b"%d:%s%d:" % (len(name), name, len(data)))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+@cache
+def code_digest() -> str:
+    """The running npubuild's digest, computed once per process (≈ 1.5 MB read)."""
+    import npubuild
+
+    return tree_digest(Path(npubuild.__file__).resolve().parent)
