@@ -17,8 +17,11 @@ photos (scikit-image's RGB photos, alternately 7 to calibrate and 7 to compare):
   and npubuild with the recipe's scheme, granularity and method; PP-OCRv4 det is also judged
   by the text-map IoU at DBNet's 0.3 threshold and the cosine over all samples together
   (``cosine`` is the mean of per-image cosines, which a page without text drives to 0);
-- TFLite (Keras MobileNetV2 only): the TFLite converter's full-int8 model on the same weights
-  and photos.
+- TFLite (the Keras models: MobileNetV2 at 224, and the Keras zoo's MobileNetV3Small,
+  EfficientNetB0, ResNet50, DenseNet121 at 96 as ``scripts/make_keras_zoo.py`` builds them):
+  the TFLite converter's full-int8 model on the same weights and photos;
+- ``npubuild +CLE``: npubuild with cross-layer equalisation
+  (``quantization.cross_layer_equalization``).
 
 Columns: output cosine against the float model (mean over photos), the cosine of a slice
 (YOLOv8n: class scores, channels 4..), and top-1 agreement with the float model (classifiers;
@@ -77,6 +80,7 @@ class Case:
     config: dict = field(default_factory=dict)  # extra QuantConfig fields
     data: Callable[[], tuple[list, list]] | None = None  # (cal, ver); default: the photos
     text_map: bool = False                     # text-detection map: IoU of the maps at 0.3
+    fusions: tuple[str, ...] = ()              # npubuild fusion rules its recipe applies first
 
 
 def photos() -> list[Path]:
@@ -132,24 +136,66 @@ def keras_mobilenetv2(files: list[Path]):
     return model
 
 
-def _keras_case() -> Case:
+def _rename_input(model, old: str, new: str) -> None:
+    """Call graph input ``old`` (TF's ``input:0``) ``new``, where the samples are keyed."""
+    for value in model.graph.input:
+        if value.name == old:
+            value.name = new
+    for node in model.graph.node:
+        node.input[:] = [new if i == old else i for i in node.input]
+
+
+def keras_zoo_model(name: str):
+    """A Keras zoo network as ``scripts/make_keras_zoo.py`` builds it for recipes/zoo/keras/
+    (96×96, random weights, BatchNorm statistics from that script's photos)."""
+    import importlib.util
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    spec = importlib.util.spec_from_file_location("make_keras_zoo", REPO / "scripts" / "make_keras_zoo.py")
+    zoo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zoo)
+    return zoo.build(tf, name)
+
+
+def _keras_zoo_info(name: str) -> InputInfo:
+    scales = {"efficientnetb0": (1.0, 0.0), "mobilenetv3small": (1.0, 0.0),
+              "resnet50": (1 / 127.5, 1.0), "densenet121": (1 / 127.5, 1.0)}
+    scale, mean = scales[name]
+    return InputInfo("input", (1, 96, 96, 3), "float32", "NHWC",
+                     Preprocess(resize=(96, 96), scale=scale, mean=mean))
+
+
+def _keras_case(label: str = "mobilenetv2 (keras)", make=None, info: InputInfo = KERAS_INPUT,
+                fusions: tuple[str, ...] = ()) -> Case:
+    """A Keras network through tf2onnx (npubuild, ORT) and TFLite's full-int8 converter."""
     state: dict = {}
+    make = make or keras_mobilenetv2
 
     def model_for(files):
         if "model" not in state:
-            state["model"] = keras_mobilenetv2(files)
+            state["model"] = make(files)
         return state["model"]
 
     def build(out: Path) -> Path:
         import tensorflow as tf
         import tf2onnx
 
+        from tensorflow.python.framework.convert_to_constants import (
+            convert_variables_to_constants_v2)
+
         model = model_for(photos())
-        spec = (tf.TensorSpec([1, 224, 224, 3], tf.float32, name="input"),)
-        fn = tf.function(lambda x: model(x, training=False))
+        spec = tf.TensorSpec(list(info.shape), tf.float32, name=info.name)
+        fn = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec)
+        frozen = convert_variables_to_constants_v2(fn)  # every variable a constant (Normalization's too)
+        graph_def = frozen.graph.as_graph_def()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            onnx_model, _ = tf2onnx.convert.from_function(fn, input_signature=spec, opset=17)
-        return _optimized(onnx_model, {onnx_model.graph.input[0].name: [1, 224, 224, 3]}, out)
+            onnx_model, _ = tf2onnx.convert.from_graph_def(
+                graph_def, input_names=[t.name for t in frozen.inputs],
+                output_names=[t.name for t in frozen.outputs], opset=17)
+        _rename_input(onnx_model, frozen.inputs[0].name, info.name)
+        return _optimized(onnx_model, {onnx_model.graph.input[0].name: list(info.shape)}, out)
 
     def tflite(cal, ver):
         import tensorflow as tf
@@ -157,7 +203,7 @@ def _keras_case() -> Case:
         model = model_for(photos())
         converter = tf.lite.TFLiteConverter.from_keras_model(model)
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.representative_dataset = lambda: ([s[KERAS_INPUT.name]] for s in cal)
+        converter.representative_dataset = lambda: ([s[info.name]] for s in cal)
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
         converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
@@ -169,13 +215,22 @@ def _keras_case() -> Case:
         outs = []
         for s in ver:
             (si, zi), (so, zo) = inp["quantization"], outp["quantization"]
-            q = np.clip(np.rint(s[KERAS_INPUT.name] / si) + zi, -128, 127).astype(np.int8)
+            q = np.clip(np.rint(s[info.name] / si) + zi, -128, 127).astype(np.int8)
             interp.set_tensor(inp["index"], q)
             interp.invoke()
             outs.append((interp.get_tensor(outp["index"]).astype(np.float32) - zo) * so)
         return outs
 
-    return Case("mobilenetv2 (keras)", build, KERAS_INPUT, top1_axis=-1, tflite=tflite)
+    return Case(label, build, info, top1_axis=-1, tflite=tflite, fusions=fusions)
+
+
+KERAS_ZOO = ("mobilenetv3small", "efficientnetb0", "resnet50", "densenet121")
+KERAS_ZOO_FUSIONS = ("fold_affine", "conv_bn", "conv_act", "hard_swish")  # as recipes/zoo/keras
+
+
+def keras_zoo_cases() -> list[Case]:
+    return [_keras_case(f"{name} (keras zoo)", lambda files, n=name: keras_zoo_model(n),
+                        _keras_zoo_info(name), KERAS_ZOO_FUSIONS) for name in KERAS_ZOO]
 
 
 def _installed(package: str, sub: str) -> Path | None:
@@ -219,7 +274,7 @@ def cases() -> list[Case]:
     caffe = dict(resize=(224, 224), scale=1.0, mean=[104.0, 117.0, 123.0], channel_order="BGR")
     out = [Case("yolov8n", _onnx_file(package_dir("nudenet") / "320n.onnx", yolo), yolo,
                 slice_=(4, None)),
-           _keras_case()]
+           _keras_case(), *keras_zoo_cases()]
     for name, inp in (("squeezenet", "data_0"), ("shufflenet", "gpu_0/data_0")):
         info = InputInfo(inp, (1, 3, 224, 224), "float32", "NCHW", Preprocess(**caffe))
         out.append(Case(name, _onnx_file(light / f"light_{name}.onnx", info), info, top1_axis=-1))
@@ -241,8 +296,8 @@ def cases() -> list[Case]:
 # ---- quantizers -------------------------------------------------------------------------------
 
 def npubuild_quantize(model, cal, scheme="asymmetric", granularity="per_channel", method="minmax",
-                      **extra):
-    fg, probe = lower(model)
+                      equalize=False, **extra):
+    fg, probe = lower(model, equalize=equalize)
     stats = calibrate.observe(fg, probe, cal, method)
     config = quantizer.QuantConfig(scheme=scheme, granularity=granularity, method=method, **extra)
     return quantizer.quantize_graph(fg, stats, config, "graph_0")[0]
@@ -276,6 +331,17 @@ def ort_quantize(model_path: Path, out: Path, cal, scheme="asymmetric", granular
                         extra_options={"ActivationSymmetric": scheme == "symmetric",
                                        "WeightSymmetric": True, "CalibPercentile": 99.99})
     return out
+
+
+def fused(model, rules: tuple[str, ...]):
+    """``model`` after npubuild's fusion ``rules`` (what the recipe's fusion stage does; ORT
+    and TFLite get the model as converted)."""
+    from npubuild.fusions import load_builtins
+
+    registry = load_builtins()
+    for rule in rules:
+        model, _ = registry[rule].apply(model)
+    return model
 
 
 # ---- metrics ----------------------------------------------------------------------------------
@@ -320,9 +386,13 @@ def measure(case: Case, tmp: Path, npubuild_config: dict) -> dict:
     sess = onnx_io.session(model)
     out_name = sess.get_outputs()[0].name
     refs = [onnx_io.run(sess, s)[out_name] for s in ver]
-    qg = npubuild_quantize(model, cal, **{**npubuild_config, **case.config})
+    qmodel = fused(model, case.fusions)
+    qg = npubuild_quantize(qmodel, cal, **{**npubuild_config, **case.config})
     ours = scores(case, refs, [run_quantized(qg, s, [out_name])[out_name] for s in ver])
     ours["cpu_layers"] = sum(layer.device == "cpu" for layer in qg.layers)
+    qg_cle = npubuild_quantize(qmodel, cal, equalize=True, **{**npubuild_config, **case.config})
+    ours["cle"] = scores(case, refs, [run_quantized(qg_cle, s, [out_name])[out_name]
+                                      for s in ver])["cosine"]
     xc = crosscheck(qg, ver)
     ours["xcheck"] = (xc["identical_fraction"], xc["max_lsb"])
     try:
@@ -344,15 +414,15 @@ def _fmt(row: dict | None, key: str) -> str:
 
 
 def zoo_table(rows: list[dict]) -> str:
-    lines = ["| model | npubuild cosine | ORT cosine | TFLite cosine | npubuild slice | ORT slice "
-             "| npubuild top-1 | ORT top-1 | TFLite top-1 | npubuild text IoU | ORT text IoU "
+    lines = ["| model | npubuild cosine | npubuild +CLE | ORT cosine | TFLite cosine | npubuild slice "
+             "| ORT slice | npubuild top-1 | ORT top-1 | TFLite top-1 | npubuild text IoU | ORT text IoU "
              "| npubuild cosine, all images | ORT cosine, all images "
              "| cpu layers | x-check identical, max LSB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         n, o, t = r["npubuild"], r["ort"], r.get("tflite")
         frac, lsb = n["xcheck"]
-        lines.append(f"| {r['model']} | {_fmt(n, 'cosine')} | {_fmt(o, 'cosine')} | "
+        lines.append(f"| {r['model']} | {_fmt(n, 'cosine')} | {_fmt(n, 'cle')} | {_fmt(o, 'cosine')} | "
                      f"{_fmt(t, 'cosine')} | {_fmt(n, 'slice')} | {_fmt(o, 'slice')} | "
                      f"{_fmt(n, 'top1')} | {_fmt(o, 'top1')} | {_fmt(t, 'top1')} | "
                      f"{_fmt(n, 'text_iou')} | {_fmt(o, 'text_iou')} | "

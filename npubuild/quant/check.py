@@ -19,7 +19,19 @@ MAX_LSB = 1
 # ORT computes a layer in float32 before QuantizeLinear; where its value lies this close (in
 # output steps) to a rounding tie k + 1/2, float32 error decides the side, not arithmetic. A
 # one-step difference there is a tie, inherent to float32 vs exact integers, and counted apart.
+# float32 resolves a value of v steps only to v · 2^-23 steps, and the terms ORT sums (the two
+# inputs of an add, a conv's products) reach the tensor's whole range: for int16 tensors (65,536
+# steps) that is ~0.008 step per float32 ulp, so the band widens to a few ulps of the range.
 TIE_TOLERANCE = 1e-3
+TIE_ULPS = 4
+FLOAT32_EPS = 2.0 ** -23
+
+
+def tie_band(levels: int) -> float:
+    """How far (in steps) from ``k + 1/2`` ORT's float32 value may lie and still be a tie for
+    a tensor of ``levels`` integer steps: ``TIE_TOLERANCE``, or ``TIE_ULPS`` float32 ulps of
+    the whole range where that is wider (int16; int8 keeps 1e-3)."""
+    return max(TIE_TOLERANCE, levels * TIE_ULPS * FLOAT32_EPS)
 
 
 def check_quantized(qgraph: QGraph) -> None:
@@ -105,7 +117,8 @@ class CrossCheck:
         return {"elements": self.elements, "identical_fraction": self.identical_fraction,
                 "tie_fraction": self.tie_fraction, "max_lsb": self.max_lsb, "ok": self.ok,
                 "criteria": {"min_identical_or_tie_fraction": MIN_IDENTICAL, "max_lsb": MAX_LSB,
-                             "tie_tolerance_steps": TIE_TOLERANCE},
+                             "tie_tolerance_steps": TIE_TOLERANCE,
+                             "tie_tolerance_float32_ulps": TIE_ULPS},
                 "worst_layers": self.worst()}
 
 
@@ -140,7 +153,8 @@ class CrossChecker:
         agreement.identical += int(np.count_nonzero(diff == 0))
         if theirs_float is not None:
             steps = np.asarray(theirs_float, np.float64) / self.qgraph.tensors[tensor].scale
-            near_tie = np.abs(steps - np.floor(steps) - 0.5) <= TIE_TOLERANCE
+            levels = np.iinfo(np.dtype(self.qgraph.tensors[tensor].dtype)).max * 2 + 1
+            near_tie = np.abs(steps - np.floor(steps) - 0.5) <= tie_band(levels)
             agreement.ties += int(np.count_nonzero((diff == 1) & near_tie))
         agreement.max_lsb = max(agreement.max_lsb, int(diff.max(initial=0)))
 

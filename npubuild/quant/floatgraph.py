@@ -49,6 +49,7 @@ class FloatGraph:
     layers: list[FLayer]
     shapes: dict[str, list[int]]
     constants: dict[str, np.ndarray]
+    equalization: object | None = None  # quant.equalize.Result when lowered with equalize
 
     def activation_tensors(self) -> list[str]:
         """Every non-constant tensor a layer reads or writes, in first-use order."""

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from npubuild import onnx_io, proofs
-from npubuild.quant import affine, ops
+from npubuild.quant import affine, equalize as cross_layer, ops
 from npubuild.quant.floatgraph import FLayer, FloatGraph, Probe, Unsupported, fragment_model
 
 FUSED_DOMAIN = "npubuild.fused"
@@ -104,10 +104,16 @@ def is_unary_elementwise(function: onnx.FunctionProto) -> bool:
             and all(n.op_type in ELEMENTWISE and n.domain in ("", "ai.onnx") for n in function.node))
 
 
-def lower(model: onnx.ModelProto, *, float_nodes: Iterable[str] = ()) -> tuple[FloatGraph, Probe]:
-    """The layer graph of ``model`` and a probe that runs it (for calibration)."""
+def lower(model: onnx.ModelProto, *, float_nodes: Iterable[str] = (),
+          equalize: bool = False) -> tuple[FloatGraph, Probe]:
+    """The layer graph of ``model`` and a probe that runs it (for calibration); with
+    ``equalize``, conv pairs are cross-layer equalised first (``quant.equalize``: the float
+    function is unchanged, the graph's ``equalization`` says which pairs)."""
     float_nodes = set(float_nodes)
     model = prepare(model, keep=float_nodes)
+    equalization = None
+    if equalize:
+        model, equalization = cross_layer.equalize(model)
     probe = Probe(model)
     values = probe.run(proofs.make_feeds(model))
     constants = _constants(model, values)
@@ -117,7 +123,8 @@ def lower(model: onnx.ModelProto, *, float_nodes: Iterable[str] = ()) -> tuple[F
     ctx = Context(constants, shapes, opset_of(model))
     walker = _Walker(model, ctx, float_nodes)
     graph = FloatGraph(model, [v.name for v in onnx_io.graph_inputs(model)],
-                       [o.name for o in model.graph.output], walker.layers(), shapes, ctx.constants)
+                       [o.name for o in model.graph.output], walker.layers(), shapes, ctx.constants,
+                       equalization)
     return graph, probe
 
 

@@ -400,9 +400,14 @@ def _add(q: Quantizer, layer: FLayer) -> QLayer:
     return _qlayer(layer, params=params)
 
 
+def _zero_centred_span(p: QParams) -> int:
+    """Largest ``|q - zero_point|`` of a tensor: what one factor of a product can reach."""
+    return max(abs(p.qmin - p.zero_point), abs(p.qmax - p.zero_point))
+
+
 def _mul(q: Quantizer, layer: FLayer) -> QLayer:
     a, b, y = (q.p(t) for t in (*layer.inputs, layer.outputs[0]))
-    span = max(abs(a.qmin - a.zero_point), a.qmax) * max(abs(b.qmin - b.zero_point), b.qmax)
+    span = _zero_centred_span(a) * _zero_centred_span(b)
     m, n = schemes.fixed_point(a.scale * b.scale / y.scale, bits=schemes.multiplier_bits(span))
     return _qlayer(layer, params={"input_zps": [a.zero_point, b.zero_point],
                                   "multiplier": m, "shift": n})

@@ -50,6 +50,7 @@ class Options:
     config: quantizer.QuantConfig
     overrides: tuple[OverrideSpec, ...] = ()
     chip_int16: bool = False
+    equalize: bool = False   # cross-layer equalisation of conv pairs before calibration
 
 
 @dataclass
@@ -117,7 +118,7 @@ class Workflow:
 
     def _lowered(self, graph: SubGraph) -> GraphState:
         _, float_nodes = _config_for(self.options, self.options.overrides, graph.model)
-        fg, probe = lower(graph.model, float_nodes=float_nodes)
+        fg, probe = lower(graph.model, float_nodes=float_nodes, equalize=self.options.equalize)
         method = self.options.config.method
         return GraphState(graph, fg, probe, calibrate.Observer(fg, probe, method, every_tensor=True),
                           float_nodes)
@@ -163,8 +164,14 @@ class Workflow:
         config, float_nodes = _config_for(self.options, overrides, state.graph.model)
         fg = state.fg
         if float_nodes != state.float_nodes:  # a node override left out: lower again
-            fg, _ = lower(state.graph.model, float_nodes=float_nodes)
+            fg, _ = lower(state.graph.model, float_nodes=float_nodes, equalize=self.options.equalize)
         return quantizer.quantize_graph(fg, state.observer.stats, config, f"graph_{state.graph.index}")
+
+    def equalization(self) -> dict[str, dict]:
+        """Per NPU graph, how many conv pairs cross-layer equalisation scaled and skipped."""
+        return {f"graph_{s.graph.index}": {"pairs": len(s.fg.equalization.pairs),
+                                           "skipped": len(s.fg.equalization.skipped)}
+                for s in self.states if s.fg.equalization is not None}
 
     def qgraphs(self) -> dict[int, QGraph]:
         return {s.graph.index: s.qgraph for s in self.states}
@@ -184,6 +191,8 @@ class Workflow:
             calibration["graphs"][name] = {
                 "samples": state.observer.samples,
                 "tensors": {t: r.as_dict() for t, r in state.records.items()}}
+            if state.fg.equalization is not None:
+                calibration["graphs"][name]["equalization"] = state.fg.equalization.as_dict()
         write_json(out / "calibration.json", calibration)
         return files
 
@@ -257,12 +266,12 @@ class Workflow:
 
 @dataclass(frozen=True)
 class AutoTarget:
-    """``quantization.auto`` as the library sees it."""
+    """``quantization.auto`` as the library sees it (None: no limit)."""
 
     min_cosine: float
     precision: str = "int16"
-    max_overrides: int = 8
-    candidates: int = 24
+    max_overrides: int | None = None
+    candidates: int | None = None
 
 
 @dataclass
@@ -287,18 +296,24 @@ class AutoResult:
 
 
 class AutoSearch:
-    """Greedy mixed-precision search (as TPU-MLIR's qtable search): rank every NPU layer's
-    output by the cosine it loses over its inputs, add the most sensitive one as an override
-    while it raises the output cosine, until the target holds; then drop every chosen override
-    the target does not need. A deterministic function of the calibration statistics and the
+    """Mixed-precision search (as TPU-MLIR's qtable search): rank every NPU layer's output by
+    the cosine it loses over its inputs, find the shortest prefix of that ranking whose
+    overrides reach the target (a binary search: the prefixes' output cosine grows with their
+    length), then drop the overrides of the prefix the target does not need, trying the
+    ``DROP_TRIES`` least sensitive. Each step quantizes the graphs again and runs the pipeline
+    on the compare samples, so a search costs about log2(candidates) + DROP_TRIES evaluations,
+    not candidates × chosen. A deterministic function of the calibration statistics and the
     compare samples, so the stage's cache key covers it."""
 
     def __init__(self, workflow: "Workflow", samples: Sequence[Mapping[str, np.ndarray]]):
         self.workflow = workflow
         self.samples = list(samples)
         self.references = [workflow.pipeline.float_values(f) for f in self.samples]
+        self.tried: list[dict] = []
 
     def output_cosine(self, overrides: Sequence[OverrideSpec]) -> float:
+        """The cosine verify judges: per output, over all compare samples together and on
+        the worst (non-quiet) sample; the lowest of these over the outputs."""
         wf = self.workflow
         qgraphs = {s.graph.index: wf._quantized(s, overrides)[0] for s in wf.states}
         ev = Evaluation({}, {})
@@ -320,72 +335,49 @@ class AutoSearch:
                         rows.append((-(min(ins, default=1.0) - cos[t]), t))
         return [t for _, t in sorted(rows)]
 
+    def _cosine_of(self, base, tensors: Sequence[str], target: AutoTarget, step: str) -> float:
+        cos = self.output_cosine([*base, *self._overrides(tensors, target)])
+        self.tried.append({"step": step, "tensors": len(tensors), "output_cosine": cos})
+        return cos
+
+    @staticmethod
+    def _overrides(tensors: Sequence[str], target: AutoTarget) -> list[OverrideSpec]:
+        return [OverrideSpec(tensors=(t,), precision=target.precision) for t in tensors]
+
     def run(self, target: AutoTarget, base: Sequence[OverrideSpec],
             evaluation: "Evaluation") -> AutoResult:
-        before = current = self.output_cosine(base)
-        chosen: list[OverrideSpec] = []
-        tried = []
-        ranked = self.ranked(evaluation)
-        for tensor in ranked[:target.candidates]:
-            if current >= target.min_cosine or len(chosen) >= target.max_overrides:
-                break
-            candidate = OverrideSpec(tensors=(tensor,), precision=target.precision)
-            cos = self.output_cosine([*base, *chosen, candidate])
-            kept = cos > current
-            tried.append({"tensor": tensor, "output_cosine": cos, "kept": kept})
-            if kept:
-                chosen, current = [*chosen, candidate], cos
-        if current < target.min_cosine and target.max_overrides > len(chosen):
-            chosen, current = self.widen(target, base, ranked, chosen, current, tried)
-        elif current >= target.min_cosine:
-            for ov in list(chosen):  # fewest: drop what the target does not need
-                rest = [o for o in chosen if o is not ov]
-                cos = self.output_cosine([*base, *rest])
-                if cos >= target.min_cosine:
-                    chosen, current = rest, cos
-        return AutoResult(target, before, current, chosen, tried)
-
-    WIDEN_FROM = 8
-
-    def widen(self, target: AutoTarget, base: Sequence[OverrideSpec], ranked: list[str],
-              chosen: list[OverrideSpec], current: float, tried: list[dict]
-              ) -> tuple[list[OverrideSpec], float]:
-        """When one tensor at a time does not get there (a network whose int8 error is spread
-        over every layer, as PP-OCRv4's depthwise backbone, gains ~0.0005 per tensor), the k
-        most sensitive tensors together: k doubles until the target holds (at most
-        ``max_overrides``), then bisection narrows it to within an eighth of the fewest."""
-        limit = min(target.max_overrides, len(ranked))
-
-        def prefix(k: int) -> list[OverrideSpec]:
-            return [OverrideSpec(tensors=(t,), precision=target.precision) for t in ranked[:k]]
-
-        def reach(k: int) -> float:
-            cos = self.output_cosine([*base, *prefix(k)])
-            tried.append({"most_sensitive": k, "output_cosine": cos,
-                          "kept": cos >= target.min_cosine})
-            return cos
-
-        best = (current, chosen)
-        low, k = 0, min(max(self.WIDEN_FROM, 2 * len(chosen)), limit)
-        while True:
-            cos = reach(k)
-            if cos >= target.min_cosine or k >= limit:
-                break
-            best = max(best, (cos, prefix(k)), key=lambda b: b[0])
-            low, k = k, min(2 * k, limit)
-        if cos < target.min_cosine:
-            return max(best, (cos, prefix(k)), key=lambda b: b[0])[::-1]
-        high, high_cos = k, cos
-        while high - low > max(1, high // 8):
+        before = self.output_cosine(base)
+        if before >= target.min_cosine:
+            return AutoResult(target, before, before, [], self.tried)
+        ranking = self.ranked(evaluation)[:target.candidates]
+        limit = min(len(ranking), target.max_overrides or len(ranking))
+        best = self._cosine_of(base, ranking[:limit], target, "prefix")
+        if best < target.min_cosine:  # unreachable within the limit: keep what helps most
+            if best <= before:
+                return AutoResult(target, before, before, [], self.tried)
+            return AutoResult(target, before, best, self._overrides(ranking[:limit], target),
+                              self.tried)
+        low, high, at_high = 0, limit, best  # cos(prefix low) < target <= cos(prefix high)
+        while high - low > 1:
             mid = (low + high) // 2
-            cos = reach(mid)
+            cos = self._cosine_of(base, ranking[:mid], target, "prefix")
             if cos >= target.min_cosine:
-                high, high_cos = mid, cos
+                high, at_high = mid, cos
             else:
                 low = mid
-        return prefix(high), high_cos
+        chosen, current = list(ranking[:high]), at_high
+        for tensor in list(reversed(ranking[:high]))[:DROP_TRIES]:  # least sensitive first
+            rest = [t for t in chosen if t != tensor]
+            cos = self._cosine_of(base, rest, target, "drop")
+            if cos >= target.min_cosine:
+                chosen, current = rest, cos
+        return AutoResult(target, before, current, self._overrides(chosen, target), self.tried)
 
 
+# The drop pass tries this many of the prefix's least sensitive overrides without them: the
+# search stays ~log2(candidates) + 16 evaluations however long the prefix (a prefix of dozens
+# on a 120-layer network would otherwise cost dozens of full-pipeline evaluations).
+DROP_TRIES = 16
 ROUNDING_KINDS = {"conv", "add", "mul", "rescale", "concat", "avgpool", "resize", "lut", "softmax"}
 
 

@@ -310,12 +310,14 @@ class AutoPrecisionSpec(Strict):
     precision: Literal["int16", "float"] | None = Field(
         None, description="What a chosen tensor becomes; default int16 on chips with int16, "
                           "else float (its producer runs on the CPU).")
-    max_overrides: int = Field(8, ge=1, le=4096, description="Give up after this many tensors. "
-                               "Past what one tensor at a time reaches, the k most sensitive "
-                               "together are tried (k doubling, then bisected), up to this.")
-    candidates: int = Field(
-        24, ge=1, le=256, description="How many of the most sensitive tensors (largest cosine "
-                                      "drop over their layer) the greedy search tries.")
+    max_overrides: int | None = Field(
+        None, ge=1, description="At most this many tensors (default: no limit); when the target "
+                                "needs more, the most sensitive ones are kept and the result "
+                                "says the target was not reached.")
+    candidates: int | None = Field(
+        None, ge=1, description="Search among this many of the most sensitive tensors (largest "
+                                "cosine drop over their layer; default: every tensor a layer "
+                                "rounds).")
 
 
 class QuantizationSpec(Strict):
@@ -337,6 +339,11 @@ class QuantizationSpec(Strict):
     bias_correction: bool = Field(
         True, description="Fold the mean output shift caused by weight rounding into the bias "
                           "(from the calibration means of each input channel).")
+    cross_layer_equalization: bool = Field(
+        False, description="Before calibrating, rescale the channels between consecutive "
+                           "convolutions (through Relu, LeakyRelu, PRelu, zero Pad, MaxPool) so "
+                           "both weight tensors span similar ranges; the float function is "
+                           "unchanged. Helps per-tensor weights of depthwise networks.")
     auto: AutoPrecisionSpec | None = Field(
         None, description="Search the fewest int16/float overrides (added to `overrides`) that "
                           "lift the output cosine to auto.min_cosine, from per-layer sensitivity; "

@@ -80,7 +80,8 @@ def options(spec, chip) -> Options:
                          int16_underflow=bool(spec.int16_where_underflows and chip and chip.int16))
     overrides = tuple(OverrideSpec(tuple(o.nodes), tuple(o.tensors), o.precision)
                       for o in spec.overrides)
-    return Options(config, overrides, chip_int16=bool(chip and chip.int16))
+    return Options(config, overrides, chip_int16=bool(chip and chip.int16),
+                   equalize=spec.cross_layer_equalization)
 
 
 def auto_target(spec, chip) -> AutoTarget:
@@ -140,6 +141,7 @@ def run(ctx: StageContext) -> dict:
             "scheme": spec.scheme, "granularity": spec.granularity,
             "method": spec.calibration.method, "calibration_samples": count,
             "graphs": {q.name: _graph_summary(q) for q in workflow.qgraphs().values()},
+            **({"equalization": workflow.equalization()} if spec.cross_layer_equalization else {}),
             "files": files, "crosscheck": {g: {k: v for k, v in c.items() if k != "worst_layers"}
                                            for g, c in crosscheck.items()},
             "worst_tensors": [{k: v for k, v in row.items() if k != "histogram"}

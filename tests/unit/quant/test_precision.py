@@ -9,7 +9,7 @@ import pytest
 from onnx import helper
 
 from npubuild import metrics, onnx_io
-from npubuild.quant.reference import quantize_inputs, run_reference
+from npubuild.quant.reference import quantize_inputs, run_quantized, run_reference
 from tests.unit.quant.helpers import check_against_ort, model, quantize
 
 
@@ -140,3 +140,29 @@ def test_an_output_channel_int8_would_hand_on_as_a_constant_becomes_int16():
     assert narrow.tensors["y"].dtype == "int8" and wide.tensors["y"].dtype == "int16"
     got = [run_reference(wide, quantize_inputs(wide, f))["y"][0, 3] for f in feeds]
     assert all(np.ptp(g) > 0 for g in got)               # the quiet channel still varies
+
+
+def test_int16_product_of_offset_ranges_stays_inside_int64():
+    """An asymmetric int16 tensor of positive values has its zero point at qmin, so
+    ``q - zp`` spans 65535 steps, not 32767: the multiplier width must allow for the product
+    of two such spans. Calibrated where the factors never peak together, a sample where they
+    do used to overflow int64 in the integer reference; now it saturates at the range."""
+    m = model([helper.make_node("Mul", ["a", "b"], ["y"])], {"a": [1, 2], "b": [1, 2]},
+              {"y": [1, 2]})
+    calibration = [{"a": np.array([[3.0, 1.0]], np.float32), "b": np.array([[1.0, 1.7]], np.float32)}]
+    qg, _, _ = quantize(m, calibration, scheme="asymmetric",
+                        int16_tensors=frozenset({"a", "b", "y"}))
+    assert qg.tensors["a"].zero_point == qg.tensors["b"].zero_point == -32768
+    both_high = {"a": np.array([[3.0, 1.0]], np.float32), "b": np.array([[1.7, 1.0]], np.float32)}
+    y = run_quantized(qg, both_high, ["y"])["y"]
+    np.testing.assert_allclose(y, [[3.0, 1.0]], rtol=1e-3)  # 5.1 saturates at y's range, 3.0
+
+
+def test_the_tie_band_widens_for_int16_as_float32_resolution_does():
+    """ORT sums float32 terms as large as the tensor's range: for an int16 tensor that is
+    resolved only to ~0.008 step per ulp (Keras MobileNetV3Small's int16 input rescaling had
+    1.6 % of its elements one step off, all within 2e-3 steps of a tie); int8 keeps 1e-3."""
+    from npubuild.quant.check import TIE_TOLERANCE, tie_band
+
+    assert tie_band(255) == TIE_TOLERANCE
+    assert 1.91e-3 < tie_band(65535) < 0.05

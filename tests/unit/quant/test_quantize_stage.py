@@ -145,7 +145,12 @@ def test_auto_finds_the_fewest_int16_tensors_that_reach_the_target(tmp_path):
     assert auto["precision"] == "int16" and auto["reached"], auto
     assert auto["output_cosine_before"] < 0.9999 <= auto["output_cosine_after"]
     chosen = [t for o in auto["overrides"] for t in o["tensors"]]
-    assert chosen and len(chosen) <= sum(row["kept"] for row in auto["tried"])
+    assert chosen
+    prefixes = [row for row in auto["tried"] if row["step"] == "prefix"]
+    shortest = min(row["tensors"] for row in prefixes if row["output_cosine"] >= 0.9999)
+    assert len(chosen) <= shortest  # the drop pass only removes
+    drops = [row for row in auto["tried"] if row["step"] == "drop"]
+    assert len(drops) == shortest  # each override of the shortest prefix was tried without
     qg = QGraph.load(ctx.out / "graph_1.qgraph.json")
     assert all(qg.tensors[t].dtype == "int16" for t in chosen)
     assert json.loads((ctx.out / "auto.json").read_text()) == auto
@@ -176,3 +181,14 @@ def test_calibration_files_are_part_of_the_cache_key(tmp_path):
     ctx = context(tmp_path)
     files = STAGES["quantize"].external_files(ctx.loaded)
     assert [f.name for f in files] == [f"{i}.npy" for i in range(8)]
+
+
+def test_cross_layer_equalization_is_reported_per_graph(tmp_path):
+    """The recipe switch reaches the lowering; what it did is in the report and calibration.json
+    (this graph's only conv pair has SiLU between: nothing to scale, nothing changed)."""
+    ctx = context(tmp_path, extra="  cross_layer_equalization: true\n")
+    report = quantize_stage.run(ctx)
+    assert report["quantization"]["equalization"] == {"graph_1": {"pairs": 0, "skipped": 0}}
+    calibration = json.loads((ctx.out / "calibration.json").read_text())
+    assert calibration["graphs"]["graph_1"]["equalization"] == {"pairs": [], "skipped": [], "sweeps": 0}
+    assert report["quantization"]["crosscheck"]["graph_1"]["ok"]
