@@ -459,12 +459,12 @@ def _resize(q: Quantizer, layer: FLayer) -> QLayer:
 
 def _lut(q: Quantizer, layer: FLayer) -> QLayer:
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
-    model = q.fg.node_model(layer)
-    fn = onnx_function(model)
     if "axis" in layer.attrs and x.dtype != "int8":
         return _float(q, replace(layer, reason=(
             f"one {x.dtype} lookup table per channel ({x.qmax - x.qmin + 1} entries each) is "
             "too large for LMEM: runs in float on the CPU")))
+    model = q.fg.node_model(layer)
+    fn = onnx_function(model)
     if "axis" in layer.attrs:  # one table per index of the axis: [channels, entries]
         shape = q.fg.shapes[layer.inputs[0]]
         fn = per_index_function(fn, layer.attrs["axis"], len(shape), shape[layer.attrs["axis"]])
