@@ -377,3 +377,119 @@ def producer_inputs(model: onnx.ModelProto, tensors: Sequence[str]) -> list[str]
     inits = {t.name for t in model.graph.initializer}
     return list(dict.fromkeys(i for t in tensors if t in producers for i in producers[t].input
                               if i and i not in inits))
+
+
+# ---- op by op (a source whose every intermediate tensor is known) ------------------------------
+
+FORCED_SUFFIX = "@source"
+# The layouts a converter gives a source tensor: as it is, or channels moved first (tf2onnx
+# turns TFLite's NHWC into ONNX's NCHW and keeps the tensor's name).
+_LAYOUTS = {3: [None, (0, 2, 1)], 4: [None, (0, 3, 1, 2)], 5: [None, (0, 4, 1, 2, 3)]}
+
+
+@dataclass(frozen=True)
+class OpByOp:
+    """The result of `compare_op_by_op`: each forced tensor's check, the mismatches, and
+    per integer tensor the steps it may differ by (one per requantization since the forced
+    tensors before it)."""
+
+    checked: dict[str, Checked]
+    bad: list[Mismatch]
+    allowed_steps: dict[str, int]
+    not_matched: int
+
+    def summary(self) -> dict:
+        steps = {name: int(c.max_abs) for name, c in self.checked.items()
+                 if name in self.allowed_steps}
+        return {"tensors": len(self.checked), "not_compared": self.not_matched,
+                "identical": sum(c.identical for c in self.checked.values()),
+                "max_steps": max(steps.values(), default=0)}
+
+
+def compare_op_by_op(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+                     reference: Mapping[str, np.ndarray], *, tolerance: float) -> OpByOp:
+    """Prove ``model`` against a source whose every computed tensor is known (``reference``,
+    by the source's names and in its layout): ONNX Runtime recomputes each tensor the two
+    share from the source's own values of the shared tensors before it, so a rounding
+    difference in one integer kernel is judged where it happens instead of growing through the
+    network. An integer tensor may differ by one step per requantization (QuantizeLinear)
+    between it and those forced inputs: ONNX Runtime rounds a requantized value half to even
+    in float, TFLite in fixed point. A float tensor is judged by ``tolerance`` × its scale."""
+    produced = {o: n for n in model.graph.node for o in n.output if o}
+    shared = [name for name in reference if name in produced]
+    free = run(onnx_io.with_outputs(model, shared), feeds, shared) if shared else {}
+    layouts = {}
+    for name in shared:
+        layout = _layout(np.asarray(reference[name]), free[name])
+        if layout is not False:
+            layouts[name] = layout
+    values = {name: np.ascontiguousarray(np.asarray(reference[name]) if p is None
+                                         else np.asarray(reference[name]).transpose(p))
+              for name, p in layouts.items()}
+    forced = _forced(model, values)
+    run_feeds = {**feeds, **{name + FORCED_SUFFIX: v for name, v in values.items()}}
+    names = list(values)
+    got = run(onnx_io.with_outputs(forced, names), run_feeds, names) if names else {}
+    allowed = _requantizations(model, set(values))
+    checked, bad = {}, []
+    floats = {n: v for n, v in values.items() if v.dtype.kind == "f"}
+    sims, float_bad = compare(floats, {n: got[n] for n in floats}, tolerance=tolerance)
+    checked.update(sims)
+    bad.extend(float_bad)
+    steps = {}
+    for name, ref in values.items():
+        if ref.dtype.kind == "f":
+            continue
+        sim = similarity(ref, got[name])
+        checked[name] = Checked(sim, 1.0, sim.max_abs)
+        steps[name] = allowed.get(name, 0)
+        if sim.max_abs > steps[name]:
+            node = produced[name]
+            bad.append(Mismatch(name, sim, (
+                f"recomputed by ONNX {node.op_type} from the source's own inputs it is "
+                f"{sim.max_abs:.0f} steps from the source's value (allowed: {steps[name]}, one "
+                f"per requantization)")))
+    return OpByOp(checked, bad, steps, len(reference) - len(values))
+
+
+def _layout(reference: np.ndarray, free: np.ndarray):
+    """The permutation that turns the source's tensor into the model's (None: as it is), the
+    one nearest the model's own value where several fit; False when none fits."""
+    best = False, np.inf
+    for perm in _LAYOUTS.get(reference.ndim, [None]):
+        value = reference if perm is None else reference.transpose(perm)
+        if value.shape != free.shape or value.dtype != free.dtype:
+            continue
+        distance = float(np.abs(value.astype(np.float64) - free.astype(np.float64)).mean()) \
+            if value.size else 0.0
+        if distance < best[1]:
+            best = perm, distance
+    return best[0]
+
+
+def _forced(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
+    """``model`` whose nodes read each of ``values`` from a new input (``name@source``)
+    instead of computing it; the tensors themselves are still computed, to be compared."""
+    out = onnx_io.clone(model)
+    for node in out.graph.node:
+        for i, name in enumerate(node.input):
+            if name in values:
+                node.input[i] = name + FORCED_SUFFIX
+    for name, value in values.items():
+        out.graph.input.append(onnx.helper.make_tensor_value_info(
+            name + FORCED_SUFFIX, onnx.helper.np_dtype_to_tensor_dtype(value.dtype),
+            list(value.shape)))
+    return out
+
+
+def _requantizations(model: onnx.ModelProto, forced: set[str]) -> dict[str, int]:
+    """Per computed tensor: the most QuantizeLinear nodes on a path to it from a forced
+    tensor, an input or a constant (the nodes are in topological order)."""
+    count: dict[str, int] = {}
+    for node in model.graph.node:
+        before = max((count.get(i, 0) for i in node.input if i and i not in forced), default=0)
+        here = before + (node.op_type == "QuantizeLinear")
+        for out in node.output:
+            if out:
+                count[out] = here
+    return count

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import warnings
 from collections import Counter
 from contextlib import contextmanager
@@ -104,6 +105,21 @@ def run_source(path: Path, fmt: str, feeds: dict[str, np.ndarray], inputs: list,
             raise BuildError(f"the {fmt} model failed to run in TensorFlow: {_brief(exc)}",
                              stage="import") from None
     return [np.asarray(v) for v in values]
+
+
+def source_tensors(path: Path, fmt: str, feeds: dict[str, np.ndarray], inputs: list,
+                   outputs: list[str] | None) -> dict[str, np.ndarray] | None:
+    """Every tensor a quantized TFLite source computes on `feeds`, by its name (the names
+    tf2onnx keeps); None for every other source (its import is proved on the outputs)."""
+    if fmt != "tflite":
+        return None
+    with _quiet():
+        source = _open(Path(path), fmt, inputs, outputs)
+        try:
+            return source.run_every_tensor([np.asarray(feeds[p.name]) for p in source.inputs])
+        except Exception as exc:
+            raise BuildError(f"the {fmt} model failed to run in TensorFlow: {_brief(exc)}",
+                             stage="import") from None
 
 
 # --- the four source formats ----------------------------------------------------------------
@@ -225,8 +241,6 @@ class _TFLite:
         self.outputs = _output_ports(outputs, self.graph_outputs, names, path)
 
     def to_onnx(self, opset: int) -> onnx.ModelProto:
-        import tempfile
-
         from npubuild.frontends import tflite_custom, tflite_graph
 
         _tensorflow()  # before tf2onnx: a missing TensorFlow is named as such
@@ -258,6 +272,21 @@ class _TFLite:
         wanted = [self.index[p.key] for p in self.outputs]
         values = tflite_graph.run(_tensorflow(), model, feeds, wanted)
         return [values[t] for t in wanted]
+
+    def run_every_tensor(self, arrays: Sequence[np.ndarray]) -> dict[str, np.ndarray] | None:
+        """Every tensor the cut model computes, by name, when it computes integer tensors (an
+        import of it is proved op by op); None for a float model (proved on its outputs)."""
+        from npubuild.frontends import tflite_graph
+
+        model = self._prepared()
+        if not tflite_graph.has_integer_activations(model):
+            return None
+        feeds = {self.index[p.key]: np.asarray(a) for p, a in zip(self.inputs, arrays)}
+        wanted = tflite_graph.computed(model)
+        values = tflite_graph.run(_tensorflow(), model, feeds, wanted)
+        spelling = {p.key: p.name for p in self.inputs + self.outputs}  # as `to_onnx` renames
+        return {spelling.get(name, name): values[t]
+                for t in wanted for name in [tflite_graph.tensor_name(model, t)]}
 
     def _prepared(self):
         """The flatbuffer cut to the recipe's inputs and outputs, with sparse weights made
@@ -551,12 +580,40 @@ def _quiet() -> Iterator[None]:
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _native_stderr_to_debug_log():
             warnings.simplefilter("ignore")
             yield
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+@contextmanager
+def _native_stderr_to_debug_log() -> Iterator[None]:
+    """Send what C++ code writes to file descriptor 2 to the debug log instead of the terminal.
+
+    TensorFlow's libraries log at load time through absl before any log level is read ("All
+    log messages before absl::InitializeLog() ...", oneDNN and CUDA notes; TF_CPP_MIN_LOG_LEVEL
+    no longer stops them), and the TFLite interpreter tf2onnx opens announces its XNNPACK
+    delegate: one load per library, so they would print on every TensorFlow build."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no descriptor 2 (a daemon): nothing to keep off the terminal
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode(errors="replace").strip()
+            if text:
+                logging.getLogger("npubuild").debug("TensorFlow wrote to stderr:\n%s", text)
 
 
 def _load(path: Path, what: str, read):

@@ -77,6 +77,22 @@ def constant(model, index: int) -> np.ndarray:
     return np.frombuffer(data, DTYPES[tensor.type]).reshape(list(tensor.shape))
 
 
+def computed(model) -> list[int]:
+    """Every tensor an operator writes, in graph order."""
+    return [t for op in model.subgraphs[0].operators for t in _writes(op)]
+
+
+def has_integer_activations(model) -> bool:
+    """Whether the model computes quantized tensors (int8, uint8 or int16): its integer kernels
+    requantize in fixed point, so ONNX Runtime's float requantization differs by a step here
+    and there, and a deep network carries those steps to its outputs."""
+    tensors = model.subgraphs[0].tensors
+    return any(tensors[t].type in _QUANTIZED_TYPES for t in computed(model))
+
+
+_QUANTIZED_TYPES = (3, 7, 9)
+
+
 def _reads(op) -> list[int]:
     return [int(t) for t in op.inputs if t >= 0]
 

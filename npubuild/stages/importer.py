@@ -8,7 +8,8 @@ runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on 
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical; TF/TFLite: the source framework, within 1e-4 of the
-scale of the values involved). A cut model is proved on the cut: the source runs only up to the
+scale of the values involved; a quantized TFLite model op by op, each integer tensor within one
+step per requantization of TFLite's own, computed from TFLite's values of the tensors before it). A cut model is proved on the cut: the source runs only up to the
 tensors ``model.outputs`` names (TFLite: the flatbuffer cut there, and custom ops npubuild lowers
 computed by their numpy references, `npubuild.frontends.tflite_graph`).
 """
@@ -27,6 +28,7 @@ import onnx
 from npubuild import onnx_io, proofs
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError, UserError
+from npubuild.frontends import dequantize
 from npubuild.frontends import onnx as onnx_frontend
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import StageContext
@@ -73,6 +75,8 @@ def _import(ctx: StageContext) -> dict:
     check(model)
     feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
     proof = prove(loaded, fmt, source, model, feeds)
+    if dequantize.is_quantized(model):
+        model, proof["dequantized"] = to_float(model, feeds)
     onnx_io.save_model(model, ctx.out / "model.onnx")
     proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
@@ -214,14 +218,18 @@ def check(model: onnx.ModelProto) -> None:
 
 def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,
           model: onnx.ModelProto, feeds: dict) -> dict:
-    """Run the result and the source on the proof inputs and compare every output."""
+    """Run the result and the source on the proof inputs and compare every output; a quantized
+    TFLite source is compared op by op (`prove_op_by_op`)."""
     names = [o.name for o in model.graph.output]
     got, scales = proofs.run_with_scales(model, feeds, names)
     if fmt in TF_FORMATS:
         from npubuild.frontends import tensorflow as tf_frontend
 
-        values = tf_frontend.run_source(loaded.model_path, fmt, feeds, loaded.recipe.model.inputs,
-                                        loaded.recipe.model.outputs)
+        spec = loaded.recipe.model
+        every = tf_frontend.source_tensors(loaded.model_path, fmt, feeds, spec.inputs, spec.outputs)
+        if every is not None:
+            return prove_op_by_op(model, feeds, every, got, scales)
+        values = tf_frontend.run_source(loaded.model_path, fmt, feeds, spec.inputs, spec.outputs)
         expected = dict(zip(got, values))
         tolerance, exact = TF_TOLERANCE, False
     else:
@@ -233,6 +241,44 @@ def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,
                          hint="check model.inputs shapes and dtypes; for TF models the tf2onnx "
                               "conversion of this op may be inexact")
     return {name: {"max_abs": s.max_abs, "max_rel": s.max_rel} for name, s in sims.items()}
+
+
+def prove_op_by_op(model: onnx.ModelProto, feeds: dict, every: dict[str, np.ndarray],
+                   got: dict[str, np.ndarray], scales: dict[str, float]) -> dict:
+    """A quantized source (`every`: each tensor it computes) against the imported model, op by
+    op (`proofs.compare_op_by_op`). End to end the two differ by design: TFLite requantizes in
+    fixed point and ONNX Runtime in float, a step apart on a few per cent of the elements, and
+    a deep network carries those steps to its outputs, so the outputs' differences are
+    recorded, not judged."""
+    result = proofs.compare_op_by_op(model, feeds, every, tolerance=TF_TOLERANCE)
+    if result.bad:
+        raise BuildError(f"the imported model differs from the source: {result.bad[0]}",
+                         stage="import", hint="the tf2onnx conversion of this op is inexact: "
+                         "cut the model before it (model.outputs) or report it with the model")
+    end_to_end, _ = proofs.compare({name: every[name] for name in got if name in every}, got,
+                                   tolerance=np.inf, scales=scales)
+    return {"op_by_op": result.summary(),
+            **{name: {"max_abs": s.max_abs, "max_rel": s.max_rel, "cosine": s.cosine}
+               for name, s in end_to_end.items()}}
+
+
+def to_float(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """The float model a quantized one was made from (`npubuild.frontends.dequantize`): what
+    later stages quantize for the chip and verify compares against. How far the source's own
+    quantization is from it is recorded per output (the rounding the chip's quantization
+    replaces), not judged."""
+    result = dequantize.to_float(model)
+    summary = result.summary()
+    if result.kept:
+        return model, summary
+    floated = onnx_frontend.resolve_shapes(result.model, declared=result.model)
+    check(floated)
+    names = [o.name for o in model.graph.output]
+    quantized = proofs.run(model, feeds, names)
+    sims, _ = proofs.compare(quantized, proofs.run(floated, feeds, names), tolerance=np.inf)
+    summary["outputs_vs_quantized"] = {name: {"cosine": s.cosine, "max_rel": s.max_rel}
+                                       for name, s in sims.items()}
+    return floated, summary
 
 
 def up_to(model: onnx.ModelProto) -> onnx.ModelProto:

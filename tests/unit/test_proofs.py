@@ -10,10 +10,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from npubuild import api, proofs
+from npubuild import api, onnx_io, proofs
 from npubuild.errors import BuildError, UserError
 from npubuild.recipe import load_recipe
 from tests.conftest import run_cli, write_recipe
+from tests.unit.frontends.test_dequantize import _qdq_model
 
 
 def _identity_model(inputs: dict[str, tuple[int, list[int]]]) -> onnx.ModelProto:
@@ -222,3 +223,60 @@ def test_a_missing_proof_file_is_a_located_recipe_error(speech):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "recipe.yaml:7:" in result.stderr
     assert "model.inputs[1].proof.data: proof data file not found" in result.stderr
+
+
+# ---- op by op: a quantized source whose every tensor is known --------------------------------
+
+def _source_values(model: onnx.ModelProto, x: np.ndarray, *, first_step: int = 0,
+                   nhwc: bool = False) -> dict[str, np.ndarray]:
+    """A stand-in for TFLite: the model's own integer tensors, except that its first
+    requantization rounds `first_step` steps away on every other element, and the second is
+    computed from that (as a source with another rounding would); 4-D tensors NHWC if asked."""
+    x_q = proofs.run(onnx_io.with_outputs(model, ["x_q"]), {"x": x}, ["x_q"])["x_q"]
+    bumped = x_q.astype(np.int16)
+    bumped.ravel()[::2] += first_step
+    bumped = np.clip(bumped, -128, 127).astype(np.int8)
+    forced = proofs._forced(model, {"x_q": bumped})
+    y_q = proofs.run(onnx_io.with_outputs(forced, ["y_q"]),
+                     {"x": x, "x_q" + proofs.FORCED_SUFFIX: bumped}, ["y_q"])["y_q"]
+    values = {"x_q": bumped, "y_q": y_q}
+    return {k: v.transpose(0, 2, 3, 1) if nhwc else v for k, v in values.items()}
+
+
+def _x() -> np.ndarray:
+    return np.random.default_rng(3).standard_normal([1, 2, 4, 4]).astype(np.float32)
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+def test_op_by_op_forgives_a_rounding_step_that_end_to_end_would_carry(nhwc):
+    model = _qdq_model(zero_point=0)
+    source = _source_values(model, _x(), first_step=1, nhwc=nhwc)
+    own = proofs.run(onnx_io.with_outputs(model, ["y_q"]), {"x": _x()}, ["y_q"])["y_q"]
+    assert np.abs(own.astype(int) - (source["y_q"].transpose(0, 3, 1, 2) if nhwc
+                                     else source["y_q"])).max() > 1  # end to end: apart
+    result = proofs.compare_op_by_op(model, {"x": _x()}, source, tolerance=1e-4)
+    assert not result.bad
+    assert result.summary() == {"tensors": 2, "not_compared": 0, "identical": 1, "max_steps": 1}
+
+
+def test_op_by_op_names_the_tensor_a_wrong_conversion_computes():
+    source = _source_values(_qdq_model(zero_point=0), _x())
+    wrong = _qdq_model(zero_point=0)
+    weights = next(t for t in wrong.graph.initializer if t.name == "w_q")
+    flipped = -numpy_helper.to_array(weights)  # a converter that lost a sign
+    weights.CopyFrom(numpy_helper.from_array(flipped, "w_q"))
+    result = proofs.compare_op_by_op(wrong, {"x": _x()}, source, tolerance=1e-4)
+    assert [m.tensor for m in result.bad] == ["y_q"]
+    assert "recomputed by ONNX QuantizeLinear from the source's own inputs" in str(result.bad[0])
+    assert "(allowed: 1, one per requantization)" in str(result.bad[0])
+
+
+def test_op_by_op_allows_one_step_per_requantization_between_forced_tensors():
+    model = _qdq_model(zero_point=0)
+    source = _source_values(model, _x())
+    source["y_q"] = source["y_q"].copy()
+    source["y_q"].ravel()[0] += 2
+    assert proofs.compare_op_by_op(model, {"x": _x()}, source, tolerance=1e-4).bad
+    del source["x_q"]  # y_q is then two requantizations from the input: two steps allowed
+    result = proofs.compare_op_by_op(model, {"x": _x()}, source, tolerance=1e-4)
+    assert not result.bad and result.allowed_steps == {"y_q": 2}

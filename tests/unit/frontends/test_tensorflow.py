@@ -46,6 +46,8 @@ def models(tmp_path_factory):
         model.export(str(paths["saved_model"]), verbose=False)
         paths["tf_frozen"].write_bytes(_frozen_graph_def(tf, model).SerializeToString())
         paths["tflite"].write_bytes(tf.lite.TFLiteConverter.from_keras_model(model).convert())
+        paths["tflite_int8"] = out / "model_int8.tflite"
+        paths["tflite_int8"].write_bytes(_full_int8(tf, model))
         x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
         logits, features = (t.numpy() for t in model(x, training=False))
     return SimpleNamespace(paths=paths, x=x, expected={5: logits, 8: features})
@@ -68,6 +70,18 @@ def _cnn(keras):
     norm.set_weights([rng.uniform(0.5, 2, 8), rng.normal(0, 1, 8), rng.normal(0, 1, 8),
                       rng.uniform(0.5, 2, 8)])
     return keras.Model(image, [logits, features])
+
+
+def _full_int8(tf, model) -> bytes:
+    """The model as a full-integer TFLite (int8 kernels, float input and output), calibrated on
+    seeded random images as TFLite's converter is."""
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    rng = np.random.default_rng(2)
+    converter.representative_dataset = lambda: ([rng.standard_normal(SHAPE).astype(np.float32)]
+                                                for _ in range(8))
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    return converter.convert()
 
 
 def _frozen_graph_def(tf, model):

@@ -80,6 +80,33 @@ def test_tensorflow_formats_import_and_match_the_source(cli, tmp_path, models, f
 
 
 @pytest.mark.slow
+def test_full_int8_tflite_is_proved_op_by_op_and_deploys_as_its_float_model(cli, tmp_path, models):  # noqa: F811
+    """TFLite requantizes in fixed point and ONNX Runtime in float, so end to end the two drift
+    apart; op by op every integer tensor is within a step of TFLite's own. The NPU cannot run
+    the QDQ pairs: later stages get the float model, and the whole network reaches verify on
+    the NPU."""
+    inputs = ("    - {name: serving_default_image, shape: [1, 16, 16, 3], layout: NHWC,\n"
+              "       preprocess: {resize: [16, 16], scale: 0.0078125, mean: [127.5, 127.5, 127.5]}}\n")
+    text = (recipe_text(models.paths["tflite_int8"], inputs, name="int8") + "target: npu-16m\n"
+            "quantization:\n  calibration: {data: 'pkg:skimage/data/[a-c]*.png', samples: 4}\n"
+            # a 16x16 toy on 4 photos: a few of its 13 output channels barely move, and one int8
+            # step flattens them; what this test proves is the import and the NPU placement
+            "verify: {min_cosine: 0.9, dead_channels: false}\n")
+    recipe = write_recipe(tmp_path, text)
+    result = cli("run", str(recipe), "--json", "--build-dir", str(tmp_path / "b"),
+                 "--cache", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "absl::InitializeLog" not in result.stderr
+    info = json.loads((tmp_path / "b/int8/import/import.json").read_text())
+    op_by_op = info["proof"]["op_by_op"]
+    assert op_by_op["tensors"] >= 8 and op_by_op["max_steps"] <= 1
+    assert info["proof"]["dequantized"]["activation_pairs_removed"] >= 8
+    assert not {"QuantizeLinear", "DequantizeLinear"} & set(info["ops"])
+    support = json.loads((tmp_path / "b/int8/split/support.json").read_text())
+    assert support["cpu_nodes"] == 0 and support["npu_nodes"] > 0, support["cpu_ops"]
+
+
+@pytest.mark.slow
 def test_tflite_with_an_unsupported_custom_op_stops_then_imports_cut_before_it(cli, tmp_path):
     """No traceback: the op, the tensor it writes and the exact cut; the cut then imports and is
     proved on the cut (the interpreter cannot run the custom op after it)."""

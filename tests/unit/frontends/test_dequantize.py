@@ -1,0 +1,115 @@
+"""`npubuild.frontends.dequantize`: a QDQ model (as tf2onnx writes a full-integer TFLite model)
+becomes the float model it quantizes, exactly where that is possible, and is left alone, with
+the reason, where it is not."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild import onnx_io
+from npubuild.frontends import dequantize
+
+X_SHAPE = [1, 2, 4, 4]
+
+
+def _qdq_model(*, zero_point: int = -128, reshape_between: bool = False,
+               dq_scale: float = 0.05, extra_user: str | None = None) -> onnx.ModelProto:
+    """x → Q → [Reshape → Reshape back] → DQ → Conv (int8 per-channel weights, int32 bias behind
+    DequantizeLinear) → Q → DQ → y."""
+    rng = np.random.default_rng(0)
+    w_q = rng.integers(-127, 128, (3, 2, 1, 1)).astype(np.int8)
+    inits = [
+        numpy_helper.from_array(np.array(0.05, np.float32), "s_x"),
+        numpy_helper.from_array(np.array(zero_point, np.int8), "z_x"),
+        numpy_helper.from_array(np.array(dq_scale, np.float32), "s_x_read"),
+        numpy_helper.from_array(w_q, "w_q"),
+        numpy_helper.from_array(np.array([0.01, 0.02, 0.03], np.float32), "s_w"),
+        numpy_helper.from_array(np.zeros(3, np.int8), "z_w"),
+        numpy_helper.from_array(np.array([100, -50, 7], np.int32), "b_q"),
+        numpy_helper.from_array(np.array([0.0005, 0.001, 0.0015], np.float32), "s_b"),
+        numpy_helper.from_array(np.zeros(3, np.int32), "z_b"),
+        numpy_helper.from_array(np.array(0.1, np.float32), "s_y"),
+        numpy_helper.from_array(np.array(3, np.int8), "z_y"),
+        numpy_helper.from_array(np.array([1, 32], np.int64), "flat"),
+        numpy_helper.from_array(np.array(X_SHAPE, np.int64), "back"),
+    ]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s_x", "z_x"], ["x_q"], name="q_x")]
+    integers = "x_q"
+    if reshape_between:
+        nodes += [helper.make_node("Reshape", ["x_q", "flat"], ["x_flat"], name="flat"),
+                  helper.make_node("Reshape", ["x_flat", "back"], ["x_back"], name="back")]
+        integers = "x_back"
+    nodes += [
+        helper.make_node("DequantizeLinear", [integers, "s_x_read", "z_x"], ["x_dq"], name="dq_x"),
+        helper.make_node("DequantizeLinear", ["w_q", "s_w", "z_w"], ["w"], name="dq_w", axis=0),
+        helper.make_node("DequantizeLinear", ["b_q", "s_b", "z_b"], ["b"], name="dq_b", axis=0),
+        helper.make_node("Conv", ["x_dq", "w", "b"], ["conv"], name="conv"),
+        helper.make_node("QuantizeLinear", ["conv", "s_y", "z_y"], ["y_q"], name="q_y"),
+        helper.make_node("DequantizeLinear", ["y_q", "s_y", "z_y"], ["y"], name="dq_y"),
+    ]
+    if extra_user:
+        nodes.append(helper.make_node(extra_user, ["x_q"], ["odd"], name="odd"))
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])]
+    if extra_user:
+        outputs.append(helper.make_tensor_value_info("odd", TensorProto.INT8, None))
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, X_SHAPE)], outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=onnx_io.MAX_ORT_IR_VERSION)
+
+
+def _float_reference(x: np.ndarray, model: onnx.ModelProto, relu: bool) -> np.ndarray:
+    """What the float model must compute: the Conv on x (clamped at 0 when the input pair's
+    range starts there), with the dequantized weights and bias."""
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    w = inits["w_q"].astype(np.float32) * inits["s_w"].reshape(3, 1, 1, 1)
+    b = inits["b_q"].astype(np.float32) * inits["s_b"]
+    x = np.maximum(x, 0) if relu else x
+    return np.einsum("oi,bihw->bohw", w[:, :, 0, 0], x) + b.reshape(1, 3, 1, 1)
+
+
+@pytest.mark.parametrize("reshape_between", [False, True])
+def test_pairs_and_constant_dequantizes_are_removed_and_the_float_model_is_exact(reshape_between):
+    model = _qdq_model(reshape_between=reshape_between)
+    result = dequantize.to_float(model)
+    assert not result.kept
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "QuantizeLinear" not in ops and "DequantizeLinear" not in ops
+    assert (result.pairs, result.constants) == (2, 2)
+    onnx.checker.check_model(result.model, full_check=True)
+    assert [o.name for o in result.model.graph.output] == ["y"]  # the output keeps its name
+    x = np.random.default_rng(1).standard_normal(X_SHAPE).astype(np.float32)
+    (y,) = onnx_io.run(result.model, {"x": x}).values()
+    np.testing.assert_allclose(y, _float_reference(x, model, relu=True), rtol=1e-5, atol=1e-5)
+
+
+def test_a_range_that_starts_at_zero_keeps_its_clamp_as_a_relu():
+    clamped = dequantize.to_float(_qdq_model(zero_point=-128))
+    free = dequantize.to_float(_qdq_model(zero_point=0))
+    assert [n.op_type for n in clamped.model.graph.node].count("Relu") == 1
+    assert "Relu" not in [n.op_type for n in free.model.graph.node]
+    x = -np.ones(X_SHAPE, np.float32)
+    (y,) = onnx_io.run(free.model, {"x": x}).values()
+    np.testing.assert_allclose(y, _float_reference(x, _qdq_model(zero_point=0), relu=False),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"dq_scale": 0.07}, "DequantizeLinear 'dq_x' reads 'x_q' with another scale"),
+    ({"extra_user": "Cast"}, "Cast 'odd' computes on the integers of 'x_q'"),
+])
+def test_a_pair_that_cannot_be_removed_exactly_leaves_the_model_quantized(kwargs, reason):
+    model = _qdq_model(**kwargs)
+    result = dequantize.to_float(model)
+    assert result.kept == reason
+    assert result.model is model
+    assert result.summary() == {"kept_quantized": reason}
+
+
+def test_only_models_that_quantize_computed_tensors_count_as_quantized():
+    assert dequantize.is_quantized(_qdq_model())
+    weights_only = dequantize.to_float(_qdq_model()).model
+    assert not dequantize.is_quantized(weights_only)
