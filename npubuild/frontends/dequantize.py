@@ -85,13 +85,13 @@ def to_float(model: onnx.ModelProto) -> Dequantized:
         if node.op_type == "QuantizeLinear" and node.input[0] not in inits:
             params[node.output[0]] = _params(node, inits)
             quantizers.append(node)
-        elif node.op_type in MOVEMENT and node.input and node.input[0] in params:
-            others = [params.get(i) for i in node.input[1:] if i and i not in inits]
-            if any(p != params[node.input[0]] for p in others):
+        elif node.op_type in MOVEMENT and any(i in params for i in _data_inputs(node)):
+            found = {params.get(i) for i in _data_inputs(node) if i not in inits}
+            if len(found) > 1:
                 return Dequantized(model, kept=f"{node.op_type} {node.name!r} joins integers "
                                                "of different scales")
             for out in node.output:
-                params[out] = params[node.input[0]]
+                params[out] = next(iter(found))
     for name, pair in params.items():
         if name in outputs:
             return Dequantized(model, kept=f"the output {name!r} is an integer tensor")
@@ -100,7 +100,7 @@ def to_float(model: onnx.ModelProto) -> Dequantized:
                 if user.input[0] == name and _params(user, inits) != pair:
                     return Dequantized(model, kept=f"DequantizeLinear {user.name!r} reads "
                                                    f"{name!r} with another scale")
-            elif user.op_type not in MOVEMENT or user.input[0] != name:
+            elif user.op_type not in MOVEMENT or name not in _data_inputs(user):
                 return Dequantized(model, kept=f"{user.op_type} {user.name!r} computes on the "
                                                f"integers of {name!r}")
 
@@ -157,6 +157,11 @@ def to_float(model: onnx.ModelProto) -> Dequantized:
         value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     del out.graph.value_info[:]
     return Dequantized(out, pairs=len(quantizers), constants=len(folded), relus=len(relus))
+
+
+def _data_inputs(node: onnx.NodeProto) -> list[str]:
+    """The inputs a data-movement op moves (the rest are shapes, indices, axes)."""
+    return [i for i in node.input if i] if node.op_type == "Concat" else list(node.input[:1])
 
 
 def _dequantize_constant(node: onnx.NodeProto, inits: dict) -> np.ndarray:

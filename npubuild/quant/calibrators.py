@@ -290,7 +290,7 @@ def mse(stats: TensorStats, scheme: str, options: CalibrationOptions) -> tuple[f
     steps = thresholds / (-qmin if scheme == "pow2_symmetric" else qmax)
     clipped = np.maximum(centers[None, :] - thresholds[:, None], 0.0) ** 2
     inside = centers[None, :] <= thresholds[:, None]
-    err = np.where(inside, (steps[:, None] ** 2) / 12.0, clipped) @ counts
+    err = _weighted_rows(np.where(inside, (steps[:, None] ** 2) / 12.0, clipped), counts)
     best = float(thresholds[int(np.argmin(err))])
     if scheme != "pow2_symmetric":
         best = min(best, absmax)
@@ -307,9 +307,16 @@ def _mse_asymmetric(stats: TensorStats, levels: int) -> tuple[float, float]:
     below = np.maximum(los[:, None] - centers[None, :], 0.0) ** 2
     above = np.maximum(centers[None, :] - his[:, None], 0.0) ** 2
     noise = (steps[:, None] ** 2) / 12.0
-    err = np.where((below == 0) & (above == 0), noise, below + above) @ stats.hist
+    err = _weighted_rows(np.where((below == 0) & (above == 0), noise, below + above), stats.hist)
     k = int(np.argmin(err))
     return float(los[k]), float(his[k])
+
+
+def _weighted_rows(errors: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Each row of ``errors`` summed with ``counts`` as weights, by NumPy's pairwise summation:
+    a BLAS matrix-vector product splits rows over its threads, so a near tie between two
+    candidate ranges could go either way with the core count (`npubuild.metrics.dot`)."""
+    return np.sum(errors * np.asarray(counts, np.float64)[None, :], axis=1)
 
 
 def calibrated_range(stats: TensorStats, method: str, scheme: str,

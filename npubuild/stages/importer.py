@@ -16,6 +16,7 @@ computed by their numpy references, `npubuild.frontends.tflite_graph`).
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 from contextlib import contextmanager
@@ -34,6 +35,7 @@ from npubuild.recipe import LoadedRecipe
 from npubuild.stages import StageContext
 
 TF_TOLERANCE = 1e-4
+log = logging.getLogger("npubuild")
 TF_FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
 
 
@@ -270,6 +272,8 @@ def to_float(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict
     result = dequantize.to_float(model)
     summary = result.summary()
     if result.kept:
+        log.warning("the quantized model stays quantized (its QuantizeLinear/DequantizeLinear "
+                    "pairs will run on the CPU): %s", result.kept)
         return model, summary
     floated = onnx_frontend.resolve_shapes(result.model, declared=result.model)
     check(floated)

@@ -113,3 +113,26 @@ def test_only_models_that_quantize_computed_tensors_count_as_quantized():
     assert dequantize.is_quantized(_qdq_model())
     weights_only = dequantize.to_float(_qdq_model()).model
     assert not dequantize.is_quantized(weights_only)
+
+
+def test_a_concat_of_integers_with_one_scale_is_moved_as_floats():
+    """DenseNet's concatenations: tf2onnx joins the int8 tensors themselves (one scale), and
+    the pair's integers may be any input of the Concat, not only the first."""
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.int8), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["a", "s", "z"], ["a_q"], name="qa"),
+             helper.make_node("QuantizeLinear", ["b", "s", "z"], ["b_q"], name="qb"),
+             helper.make_node("Concat", ["b_q", "a_q"], ["ab_q"], name="join", axis=1),
+             helper.make_node("DequantizeLinear", ["ab_q", "s", "z"], ["ab"], name="dq")]
+    value = [1, 2, 2, 2]
+    graph = helper.make_graph(nodes, "concat", [
+        helper.make_tensor_value_info("a", TensorProto.FLOAT, value),
+        helper.make_tensor_value_info("b", TensorProto.FLOAT, value)],
+        [helper.make_tensor_value_info("ab", TensorProto.FLOAT, [1, 4, 2, 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=onnx_io.MAX_ORT_IR_VERSION)
+    result = dequantize.to_float(model)
+    assert not result.kept and [n.op_type for n in result.model.graph.node] == ["Concat"]
+    a, b = np.full(value, 1.5, np.float32), np.full(value, -2.0, np.float32)
+    (ab,) = onnx_io.run(result.model, {"a": a, "b": b}).values()
+    np.testing.assert_array_equal(ab, np.concatenate([b, a], axis=1))
