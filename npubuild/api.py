@@ -49,7 +49,12 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
     with build_lock(session.paths.lock_file, wait_seconds=wait_seconds, on_wait=on_wait):
         session.clear_orphans()
         code = run_with_doit(session, stages)
-        report = session.finish(stages)
+        try:
+            report = session.finish(stages)
+        except OSError:  # the report and lock cannot be written (a full disk): the stage's
+            if session.error is None:  # own error, when there is one, says more
+                raise
+            report = {}
     if session.error is not None:
         raise session.error
     if code != 0:  # doit failed outside any stage: never report that as a success

@@ -12,6 +12,7 @@ document on stdout, with an ``error`` object when the command fails.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import traceback
 from pathlib import Path
 
 from npubuild import __version__
-from npubuild.errors import NpubuildError, UserError
+from npubuild.errors import BuildError, NpubuildError, UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE
@@ -60,9 +61,19 @@ def _log_level(args) -> int:
     return {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
 
 
+# A full disk or quota, a read-only or vanished file system: told as such, never as a bug
+MACHINE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
 def _report_error(exc: Exception, args) -> int:
     """One ``error:`` message on stderr; with --json also the one JSON document on stdout (what
     the command had so far, in ``args.partial``, plus an ``error`` object)."""
+    if isinstance(exc, OSError) and exc.errno in MACHINE_ERRNOS:  # the machine, not a bug
+        cause = exc
+        exc = BuildError(f"cannot write or read {exc.filename or 'a file'}: "
+                         f"{exc.strerror or exc}", hint="free disk space or build elsewhere "
+                         "(--build-dir, --cache)")
+        exc.__cause__ = cause
     known = isinstance(exc, NpubuildError)
     if args.verbose and (exc.__cause__ is not None or not known):
         traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)

@@ -9,6 +9,9 @@ inside ``build/<name>/``, a backend that tolerates concurrent readers.
 
 from __future__ import annotations
 
+import logging
+import sys
+from contextlib import contextmanager
 from typing import Iterator
 
 from doit.cmd_base import TaskLoader2
@@ -77,8 +80,9 @@ def _action(session: BuildSession, stage: Stage):
     except NpubuildError as exc:
         return _fail(session, stage, exc)
     except OSError as exc:  # the machine, not npubuild: a full disk, a read-only build dir
-        err = BuildError(f"cannot write or read {exc.filename or 'a file'}: {exc.strerror or exc}",
-                         stage=stage.name, hint="free disk space or build elsewhere (--build-dir)")
+        return _fail(session, stage, BuildError(
+            f"cannot write or read {exc.filename or 'a file'}: {exc.strerror or exc}",
+            stage=stage.name, hint="free disk space or build elsewhere (--build-dir, --cache)"))
     except Exception as exc:  # a bug, or a library error a stage did not translate
         err = BuildError(f"{type(exc).__name__}: {str(exc)[:500]}", stage=stage.name,
                          hint="this is likely a bug in npubuild; run with -v for the traceback")
@@ -119,4 +123,40 @@ def run_with_doit(session: BuildSession, stages: tuple[Stage, ...]) -> int:
     # report with its recipe location and exit code, not a traceback inside doit's loader
     tasks = [dict_to_task(d) for d in stage_task_dicts(session, stages)]
     session.paths.root.mkdir(parents=True, exist_ok=True)
-    return DoitMain(SessionLoader(session, tasks), config_filenames=()).run(["run", *targets])
+    with _doit_tracebacks_to_error(session) as stderr:
+        code = DoitMain(SessionLoader(session, tasks), config_filenames=()).run(["run", *targets])
+    if code != 0 and session.error is None and stderr.traceback:
+        # doit failed in its own bookkeeping (its state file on a full disk): one message
+        last = stderr.traceback.strip().splitlines()[-1]
+        session.error = BuildError(f"doit could not keep its state in {session.paths.doit_db}: "
+                                   f"{last}", hint="free disk space or build elsewhere "
+                                   "(--build-dir); run with -v for doit's traceback")
+    return code
+
+
+class _TracebackFilter:
+    """stderr for doit's run: a traceback doit prints (it does for any error outside a task
+    action) is kept for npubuild's own message and the debug log; the rest passes through."""
+
+    def __init__(self, stream):
+        self.stream, self.traceback = stream, ""
+
+    def write(self, text: str) -> int:
+        if text.startswith("Traceback (most recent call last):"):
+            self.traceback += text
+            logging.getLogger("npubuild").debug("doit: %s", text)
+            return len(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def _doit_tracebacks_to_error(session: BuildSession) -> Iterator[_TracebackFilter]:
+    saved = sys.stderr
+    sys.stderr = _TracebackFilter(saved)
+    try:
+        yield sys.stderr
+    finally:
+        sys.stderr = saved
