@@ -28,6 +28,7 @@ anything subtler shows as a bit difference from the integer reference.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -105,6 +106,21 @@ class _Instances:
         return self.next_id - 1
 
 
+_THREAD = threading.local()
+
+
+def _chip_memory(lanes: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """The LMEM and its tag plane for a chip geometry, one pair per thread: `Simulator.run`
+    resets both before every program, so the simulators of one build share them. Each kept its
+    own before, and `run` touches every page (5 bytes per LMEM byte): a model split into 100
+    NPU graphs held 8 GB of them in verify."""
+    pool = _THREAD.__dict__.setdefault("chip_memory", {})
+    if (lanes, capacity) not in pool:
+        pool[lanes, capacity] = (np.zeros((lanes, capacity), np.int8),
+                                 np.zeros((lanes, capacity), np.int32))
+    return pool[lanes, capacity]
+
+
 class Simulator:
     """A chip instance for one compiled program; `run` may be called any number of times."""
 
@@ -113,8 +129,7 @@ class Simulator:
         doc = self.program.doc
         chip = doc["chip"]
         self.lanes, self.capacity = chip["lanes"], chip["lmem_bytes_per_lane"]
-        self.lmem = np.zeros((self.lanes, self.capacity), np.int8)
-        self.tags = np.zeros((self.lanes, self.capacity), np.int32)
+        self.lmem, self.tags = _chip_memory(self.lanes, self.capacity)
         self.gmem = np.zeros(doc["gmem"]["size"], np.uint8)
         self.tensors = doc["tensors"]
         self.kernels = {name: self._kernel(name, k) for name, k in doc["kernels"].items()}
@@ -138,6 +153,7 @@ class Simulator:
         """Integer inputs by name → every tensor that went through GMEM (real shapes)."""
         start = time.perf_counter()
         doc = self.program.doc
+        self.lmem, self.tags = _chip_memory(self.lanes, self.capacity)  # this thread's
         self.lmem.fill(0x5A)
         self.tags.fill(NEVER)
         self.gmem.fill(0)
