@@ -9,9 +9,12 @@ inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical; TF/TFLite: the source framework, within 1e-4 of the
 scale of the values involved; a quantized TFLite model op by op, each integer tensor within one
-step per requantization of TFLite's own, computed from TFLite's values of the tensors before it). A cut model is proved on the cut: the source runs only up to the
-tensors ``model.outputs`` names (TFLite: the flatbuffer cut there, and custom ops npubuild lowers
-computed by their numpy references, `npubuild.frontends.tflite_graph`).
+step per requantization of TFLite's own, computed from TFLite's values of the tensors before
+it). A cut model is proved on the cut: the source runs only up to the tensors
+``model.outputs`` names (TFLite: the flatbuffer cut there, and custom ops npubuild lowers
+computed by their numpy references, `npubuild.frontends.tflite_graph`). A quantized model
+(QuantizeLinear/DequantizeLinear pairs) is then handed on as the float model it quantizes
+(`npubuild.frontends.dequantize`): the chip's own quantization starts from that.
 """
 
 from __future__ import annotations
