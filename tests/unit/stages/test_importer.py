@@ -136,6 +136,19 @@ def test_onnx_cut_is_proved_without_running_what_follows_the_cut(cli, tmp_path):
     assert json.loads(result.stdout)["import"]["proof"][last]["max_abs"] == 0.0
 
 
+def test_an_onnx_qdq_model_is_proved_as_given_then_handed_on_as_its_float_model(cli, tmp_path):
+    from tests.unit.frontends.test_dequantize import _qdq_model
+
+    onnx.save(_qdq_model(), str(tmp_path / "qdq.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(tmp_path / "qdq.onnx"))
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)["import"]
+    assert info["proof"]["y"]["max_abs"] == 0.0  # the QDQ model itself, bit-identical
+    assert info["proof"]["dequantized"]["activation_pairs_removed"] == 2
+    assert set(info["ops"]) == {"Relu", "Conv"}
+    assert info["proof"]["dequantized"]["outputs_vs_quantized"]["y"]["cosine"] > 0.99
+
+
 def test_paddle_style_reshape_imports_with_every_shape_known(cli, tmp_path):
     onnx.save(onnx_models.paddle_reshape(), str(tmp_path / "paddle.onnx"))
     result = run_import(cli, tmp_path, recipe_text(
