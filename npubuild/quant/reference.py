@@ -67,10 +67,8 @@ def conv_accumulator(layer: QLayer, x: np.ndarray, pads: Sequence[int] | None = 
     weight = layer.arrays["weight"]
     bias = layer.arrays["bias"].astype(np.int64)
     xs = np.asarray(x, dtype=np.float64) - p["input_zp"]
-    exact = _exact_float(xs, weight)
-    xs, weight = xs.astype(exact, copy=False), weight.astype(exact, copy=False)
     if a.get("fc"):
-        return (xs @ weight.reshape(weight.shape[0], -1).T).astype(np.int64) + bias
+        return (xs @ weight.reshape(weight.shape[0], -1).astype(np.float64).T).astype(np.int64) + bias
     xs = _pad(xs, pads or a["pads"], 0.0)
     group = a["group"]
     cout, cin_g = weight.shape[:2]
@@ -81,22 +79,6 @@ def conv_accumulator(layer: QLayer, x: np.ndarray, pads: Sequence[int] | None = 
                                      weight[g * (cout // group):(g + 1) * (cout // group)], a)
                               for g in range(group)], axis=1)
     return acc.astype(np.int64) + _channel(bias, 4)
-
-
-FLOAT32_EXACT = 2 ** 24  # every integer of smaller magnitude is a float32
-
-
-def _exact_float(xs: np.ndarray, weight: np.ndarray) -> type:
-    """The float type whose products and sums give this layer's integer accumulator exactly:
-    float32 when no partial sum can reach 2^24 (|x|max · Σ|w| of the heaviest output channel;
-    every partial sum and product is then an integer float32 holds, in any summation order,
-    FMA or not), else float64 (exact up to 2^53). float32 halves the bytes the window copies
-    move and doubles BLAS's rate: the auto-precision search runs this reference dozens of
-    times over a model."""
-    if not xs.size or not weight.size:
-        return np.float64
-    heaviest = np.abs(weight.reshape(weight.shape[0], -1).astype(np.float64)).sum(axis=1).max()
-    return np.float32 if float(np.abs(xs).max()) * heaviest < FLOAT32_EXACT else np.float64
 
 
 def _pad(x: np.ndarray, pads: Sequence[int], value: float) -> np.ndarray:
@@ -124,7 +106,7 @@ def _windows(x: np.ndarray, attrs: dict) -> np.ndarray:
 
 def _dense(x: np.ndarray, weight: np.ndarray, attrs: dict) -> np.ndarray:
     cout = weight.shape[0]
-    w2 = weight.reshape(cout, -1).astype(x.dtype)
+    w2 = weight.reshape(cout, -1).astype(np.float64)
     if tuple(attrs["kernel"]) == (1, 1) and tuple(attrs["stride"]) == (1, 1):
         n, c, h, w = x.shape
         return (w2 @ x.reshape(n, c, h * w)).reshape(n, cout, h, w)
@@ -138,7 +120,7 @@ def _depthwise(x: np.ndarray, weight: np.ndarray, attrs: dict, group: int) -> np
     win = _windows(x, attrs)  # [N, C, kh, kw, OH, OW]
     mult = weight.shape[0] // group
     src = np.repeat(np.arange(group), mult)
-    w = weight[:, 0].astype(x.dtype)  # [Cout, kh, kw]
+    w = weight[:, 0].astype(np.float64)  # [Cout, kh, kw]
     return np.einsum("nckhij,ckh->ncij", win[:, src], w, optimize=True)
 
 
