@@ -15,7 +15,9 @@ the float model instead:
 - where the pair's range starts at exactly zero (its zero point is the type's minimum) the
   integer clamp is a ReLU TFLite fused away, and a Relu keeps it.
 
-A model where one pair does not fit (another consumer of its integers, a DequantizeLinear with
+An integer model input or output (TFLite's ``inference_input_type=tf.int8``) keeps its
+DequantizeLinear or QuantizeLinear: the caller feeds and reads integers, and those two run on
+the host. A model where one pair does not fit (another consumer of its integers, a DequantizeLinear with
 other parameters) is left quantized and `to_float` says why: its pairs would run on the CPU.
 """
 
@@ -83,6 +85,8 @@ def to_float(model: onnx.ModelProto) -> Dequantized:
     quantizers = []
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and node.input[0] not in inits:
+            if node.output[0] in outputs:  # an integer output the caller reads: it stays
+                continue
             params[node.output[0]] = _params(node, inits)
             quantizers.append(node)
         elif node.op_type in MOVEMENT and any(i in params for i in _data_inputs(node)):
@@ -153,8 +157,6 @@ def to_float(model: onnx.ModelProto) -> Dequantized:
     out.graph.initializer.extend(kept_inits)
     out.graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items()
                                  if name in used)
-    for value in out.graph.output:
-        value.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
     del out.graph.value_info[:]
     return Dequantized(out, pairs=len(quantizers), constants=len(folded), relus=len(relus))
 

@@ -136,3 +136,28 @@ def test_a_concat_of_integers_with_one_scale_is_moved_as_floats():
     a, b = np.full(value, 1.5, np.float32), np.full(value, -2.0, np.float32)
     (ab,) = onnx_io.run(result.model, {"a": a, "b": b}).values()
     np.testing.assert_array_equal(ab, np.concatenate([b, a], axis=1))
+
+
+def test_integer_model_inputs_and_outputs_keep_their_boundary_nodes():
+    """A full-int8 TFLite with int8 input and output (``inference_input_type=tf.int8``): the
+    caller feeds and reads integers, so the first DequantizeLinear and the last
+    QuantizeLinear stay; everything between them becomes float."""
+    model = _qdq_model()
+    graph = model.graph
+    x_q = helper.make_tensor_value_info("x_q", TensorProto.INT8, X_SHAPE)
+    kept = [n for n in graph.node if n.name not in ("q_x", "dq_y")]
+    del graph.node[:]
+    graph.node.extend(kept)
+    del graph.input[:]
+    graph.input.append(x_q)
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("y_q", TensorProto.INT8, [1, 3, 4, 4]))
+    result = dequantize.to_float(model)
+    assert not result.kept
+    assert [n.op_type for n in result.model.graph.node] == ["DequantizeLinear", "Conv",
+                                                            "QuantizeLinear"]
+    onnx.checker.check_model(result.model, full_check=True)
+    x = np.random.default_rng(4).integers(-128, 128, X_SHAPE).astype(np.int8)
+    (got,) = onnx_io.run(result.model, {"x_q": x}).values()
+    (want,) = onnx_io.run(model, {"x_q": x}).values()
+    assert got.dtype == np.int8 and np.array_equal(got, want)
