@@ -68,22 +68,20 @@ def is_quantized(model: onnx.ModelProto) -> bool:
 def to_float(model: onnx.ModelProto) -> Dequantized:
     """The float model ``model`` quantizes (see the module doc), or ``model`` itself with the
     reason when one of its pairs cannot be removed exactly."""
-    inits = {t.name: t for t in model.graph.initializer}
-    producers = {o: n for n in model.graph.node for o in n.output if o}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    outputs = {o.name for o in model.graph.output}
+    from npubuild.surgery.graph import Editor
+
+    ed = Editor(model, "dequantize")
+    inits = {t.name: t for t in ed.graph.initializer}
+    outputs = set(ed.output_names)
 
     folded: dict[str, np.ndarray] = {}
-    for node in model.graph.node:
+    for node in ed.graph.node:
         if node.op_type == "DequantizeLinear" and all(i in inits for i in node.input if i):
             folded[node.output[0]] = _dequantize_constant(node, inits)
 
     params: dict[str, tuple] = {}  # integer tensor → the (scale, zero point) its pair uses
     quantizers = []
-    for node in model.graph.node:
+    for node in ed.graph.node:
         if node.op_type == "QuantizeLinear" and node.input[0] not in inits:
             if node.output[0] in outputs:  # an integer output the caller reads: it stays
                 continue
@@ -99,7 +97,7 @@ def to_float(model: onnx.ModelProto) -> Dequantized:
     for name, pair in params.items():
         if name in outputs:
             return Dequantized(model, kept=f"the output {name!r} is an integer tensor")
-        for user in consumers.get(name, []):
+        for user in ed.consumers(name):
             if user.op_type == "DequantizeLinear":
                 if user.input[0] == name and _params(user, inits) != pair:
                     return Dequantized(model, kept=f"DequantizeLinear {user.name!r} reads "
@@ -108,57 +106,30 @@ def to_float(model: onnx.ModelProto) -> Dequantized:
                 return Dequantized(model, kept=f"{user.op_type} {user.name!r} computes on the "
                                                f"integers of {name!r}")
 
-    out = onnx_io.clone(model)
-    alias: dict[str, str] = {}
-    relus = []
-    for node in quantizers:
-        source = node.input[0]
-        if _starts_at_zero(node, inits) and not _non_negative(producers.get(source), inits):
-            relu = onnx.helper.make_node("Relu", [source], [node.output[0] + "_relu"],
-                                         name=node.name + "_relu")
-            relus.append((node.output[0], relu))
-            source = relu.output[0]
-        alias[node.output[0]] = source
-    for node in model.graph.node:
-        if node.op_type == "DequantizeLinear" and node.input[0] in params:
-            alias[node.output[0]] = node.input[0]
-
-    def resolve(name: str) -> str:
-        while name in alias:
-            name = alias[name]
-        return name
-
-    removed = {id(n) for n in model.graph.node
-               if n.op_type in ("QuantizeLinear", "DequantizeLinear")
-               and (n.output[0] in folded or n.output[0] in alias)}
-    relu_after = dict(relus)
-    nodes = []
-    for original, node in zip(model.graph.node, out.graph.node):
-        if id(original) in removed:
-            if original.op_type == "QuantizeLinear" and original.output[0] in relu_after:
-                nodes.append(relu_after[original.output[0]])
-            continue
-        for i, name in enumerate(node.input):
-            if name:
-                node.input[i] = resolve(name)
-        nodes.append(node)
-    renamed = {resolve(o.name): o.name for o in out.graph.output if resolve(o.name) != o.name}
-    for node in nodes:  # a graph output keeps its name: the tensor it aliases takes it
-        node.input[:] = [renamed.get(i, i) for i in node.input]
-        node.output[:] = [renamed.get(o, o) for o in node.output]
-    for value in out.graph.input:
-        if value.name in renamed:  # an output that is the input itself: keep an Identity
-            nodes.append(onnx.helper.make_node("Identity", [value.name], [renamed[value.name]]))
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    used = {i for n in nodes for i in n.input}
-    kept_inits = [t for t in out.graph.initializer if t.name in used]
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(kept_inits)
-    out.graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in folded.items()
-                                 if name in used)
-    del out.graph.value_info[:]
-    return Dequantized(out, pairs=len(quantizers), constants=len(folded), relus=len(relus))
+    readers = {id(n) for n in ed.graph.node  # decided before the edits rename their inputs
+               if n.op_type == "DequantizeLinear" and n.input[0] in params}
+    relus = 0
+    for node in list(ed.graph.node):
+        out = node.output[0]
+        if out in folded:  # the weight itself, under the DequantizeLinear's output name
+            ed.remove(node)
+            ed.set_initializer(out, folded[out])
+        elif node.op_type == "QuantizeLinear" and out in params:
+            source = node.input[0]
+            if _starts_at_zero(node, inits) and not _non_negative(ed.producer(source), inits):
+                relu = ed.make_node("Relu", [source], [ed.unique_tensor(out + "_relu")],
+                                    node.name + "_relu")
+                ed.replace_uses(out, relu.output[0])
+                relus += 1
+            ed.bypass(node)
+        elif id(node) in readers:
+            if ed.is_graph_output(out) and node.input[0] in ed.input_names:
+                # an output that is the input itself: an Identity keeps both names
+                ed.make_node("Identity", [node.input[0]], [out], node.name)
+                ed.remove(node)
+            else:
+                ed.bypass(node)
+    return Dequantized(ed.finish(), pairs=len(quantizers), constants=len(folded), relus=relus)
 
 
 def _data_inputs(node: onnx.NodeProto) -> list[str]:
