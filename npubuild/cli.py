@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 
 from npubuild import __version__
-from npubuild.errors import BuildError, NpubuildError, UserError
+from npubuild.errors import NpubuildError, UserError, machine_error
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGPIPE
@@ -69,11 +69,7 @@ def _report_error(exc: Exception, args) -> int:
     """One ``error:`` message on stderr; with --json also the one JSON document on stdout (what
     the command had so far, in ``args.partial``, plus an ``error`` object)."""
     if isinstance(exc, OSError) and exc.errno in MACHINE_ERRNOS:  # the machine, not a bug
-        cause = exc
-        exc = BuildError(f"cannot write or read {exc.filename or 'a file'}: "
-                         f"{exc.strerror or exc}", hint="free disk space or build elsewhere "
-                         "(--build-dir, --cache)")
-        exc.__cause__ = cause
+        exc = machine_error(exc)
     known = isinstance(exc, NpubuildError)
     if args.verbose and (exc.__cause__ is not None or not known):
         traceback.print_exception(exc.__cause__ or exc, file=sys.stderr)

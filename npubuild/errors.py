@@ -70,5 +70,14 @@ class BuildError(NpubuildError):
         self.stage = stage
 
 
+def machine_error(exc: OSError, stage: str | None = None) -> BuildError:
+    """An OSError of the machine (a full disk, a read-only build directory) as the one message
+    the user reads, with what to do; the OSError stays its cause (shown with -v)."""
+    err = BuildError(f"cannot write or read {exc.filename or 'a file'}: {exc.strerror or exc}",
+                     stage=stage, hint="free disk space or build elsewhere (--build-dir, --cache)")
+    err.__cause__ = exc
+    return err
+
+
 class BuildLocked(UserError):
     """Another npubuild run holds the build directory's lock."""

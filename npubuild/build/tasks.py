@@ -20,7 +20,7 @@ from doit.exceptions import TaskFailed
 from doit.task import dict_to_task
 
 from npubuild.build.engine import BuildSession
-from npubuild.errors import BuildError, NpubuildError
+from npubuild.errors import BuildError, NpubuildError, machine_error
 from npubuild.stages import Stage
 
 
@@ -80,9 +80,7 @@ def _action(session: BuildSession, stage: Stage):
     except NpubuildError as exc:
         return _fail(session, stage, exc)
     except OSError as exc:  # the machine, not npubuild: a full disk, a read-only build dir
-        return _fail(session, stage, BuildError(
-            f"cannot write or read {exc.filename or 'a file'}: {exc.strerror or exc}",
-            stage=stage.name, hint="free disk space or build elsewhere (--build-dir, --cache)"))
+        return _fail(session, stage, machine_error(exc, stage.name))
     except Exception as exc:  # a bug, or a library error a stage did not translate
         err = BuildError(f"{type(exc).__name__}: {str(exc)[:500]}", stage=stage.name,
                          hint="this is likely a bug in npubuild; run with -v for the traceback")
