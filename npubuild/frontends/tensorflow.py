@@ -93,17 +93,7 @@ def run_source(path: Path, fmt: str, feeds: dict[str, np.ndarray], inputs: list,
                outputs: list[str] | None) -> list[np.ndarray]:
     """Run the source model in its own framework on `feeds` (keyed by the ONNX input names);
     the results come in the converted ONNX model's output order."""
-    path = Path(path)
-    with _quiet():
-        source = _open(path, fmt, inputs, outputs)
-        missing = [p.name for p in source.inputs if p.name not in feeds]
-        if missing:
-            raise BuildError(f"no value fed for input(s) {missing}", stage="import")
-        try:
-            values = source.run([np.asarray(feeds[p.name]) for p in source.inputs])
-        except Exception as exc:
-            raise BuildError(f"the {fmt} model failed to run in TensorFlow: {_brief(exc)}",
-                             stage="import") from None
+    values = _run_in_framework(path, fmt, feeds, inputs, outputs, lambda s, arrays: s.run(arrays))
     return [np.asarray(v) for v in values]
 
 
@@ -113,10 +103,21 @@ def source_tensors(path: Path, fmt: str, feeds: dict[str, np.ndarray], inputs: l
     tf2onnx keeps); None for every other source (its import is proved on the outputs)."""
     if fmt != "tflite":
         return None
+    return _run_in_framework(path, fmt, feeds, inputs, outputs,
+                             lambda s, arrays: s.run_every_tensor(arrays))
+
+
+def _run_in_framework(path: Path, fmt: str, feeds: dict[str, np.ndarray], inputs: list,
+                      outputs: list[str] | None, run):
+    """``run(source, arrays)`` on the opened source, quietly; a missing feed or a failure
+    inside the framework is the import's `BuildError`."""
     with _quiet():
         source = _open(Path(path), fmt, inputs, outputs)
+        missing = [p.name for p in source.inputs if p.name not in feeds]
+        if missing:
+            raise BuildError(f"no value fed for input(s) {missing}", stage="import")
         try:
-            return source.run_every_tensor([np.asarray(feeds[p.name]) for p in source.inputs])
+            return run(source, [np.asarray(feeds[p.name]) for p in source.inputs])
         except Exception as exc:
             raise BuildError(f"the {fmt} model failed to run in TensorFlow: {_brief(exc)}",
                              stage="import") from None
