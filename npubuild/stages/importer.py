@@ -79,9 +79,9 @@ def _import(ctx: StageContext) -> dict:
     model = onnx_frontend.resolve_shapes(model, declared=source or model)
     check(model)
     feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
-    proof = prove(loaded, fmt, source, model, feeds)
+    proof, outputs = prove(loaded, fmt, source, model, feeds)
     if dequantize.is_quantized(model):
-        model, proof["dequantized"] = to_float(model, feeds)
+        model, proof["dequantized"] = to_float(model, feeds, outputs)
     onnx_io.save_model(model, ctx.out / "model.onnx")
     proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
@@ -222,9 +222,9 @@ def check(model: onnx.ModelProto) -> None:
 
 
 def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,
-          model: onnx.ModelProto, feeds: dict) -> dict:
-    """Run the result and the source on the proof inputs and compare every output; a quantized
-    TFLite source is compared op by op (`prove_op_by_op`)."""
+          model: onnx.ModelProto, feeds: dict) -> tuple[dict, dict[str, np.ndarray]]:
+    """Run the result and the source on the proof inputs and compare every output (a quantized
+    TFLite source op by op, `prove_op_by_op`); returns the proof and the result's outputs."""
     names = [o.name for o in model.graph.output]
     got, scales = proofs.run_with_scales(model, feeds, names)
     if fmt in TF_FORMATS:
@@ -233,7 +233,7 @@ def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,
         spec = loaded.recipe.model
         every = tf_frontend.source_tensors(loaded.model_path, fmt, feeds, spec.inputs, spec.outputs)
         if every is not None:
-            return prove_op_by_op(model, feeds, every, got, scales)
+            return prove_op_by_op(model, feeds, every, got, scales), got
         values = tf_frontend.run_source(loaded.model_path, fmt, feeds, spec.inputs, spec.outputs)
         expected = dict(zip(got, values))
         tolerance, exact = TF_TOLERANCE, False
@@ -245,7 +245,7 @@ def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,
         raise BuildError(f"the imported model differs from the source: {bad[0]}", stage="import",
                          hint="check model.inputs shapes and dtypes; for TF models the tf2onnx "
                               "conversion of this op may be inexact")
-    return {name: {"max_abs": s.max_abs, "max_rel": s.max_rel} for name, s in sims.items()}
+    return {name: {"max_abs": s.max_abs, "max_rel": s.max_rel} for name, s in sims.items()}, got
 
 
 def prove_op_by_op(model: onnx.ModelProto, feeds: dict, every: dict[str, np.ndarray],
@@ -267,11 +267,12 @@ def prove_op_by_op(model: onnx.ModelProto, feeds: dict, every: dict[str, np.ndar
                for name, s in end_to_end.items()}}
 
 
-def to_float(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+def to_float(model: onnx.ModelProto, feeds: dict, quantized: dict[str, np.ndarray]
+             ) -> tuple[onnx.ModelProto, dict]:
     """The float model a quantized one was made from (`npubuild.frontends.dequantize`): what
     later stages quantize for the chip and verify compares against. How far the source's own
-    quantization is from it is recorded per output (the rounding the chip's quantization
-    replaces), not judged."""
+    quantization (``quantized``: the model's outputs on ``feeds``) is from it is recorded per
+    output (the rounding the chip's quantization replaces), not judged."""
     result = dequantize.to_float(model)
     summary = result.summary()
     if result.kept:
@@ -280,9 +281,8 @@ def to_float(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict
         return model, summary
     floated = onnx_frontend.resolve_shapes(result.model, declared=result.model)
     check(floated)
-    names = [o.name for o in model.graph.output]
-    quantized = proofs.run(model, feeds, names)
-    sims, _ = proofs.compare(quantized, proofs.run(floated, feeds, names), tolerance=np.inf)
+    sims, _ = proofs.compare(quantized, proofs.run(floated, feeds, list(quantized)),
+                             tolerance=np.inf)
     summary["outputs_vs_quantized"] = {name: {"cosine": s.cosine, "max_rel": s.max_rel}
                                        for name, s in sims.items()}
     return floated, summary
