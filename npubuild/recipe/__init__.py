@@ -67,6 +67,10 @@ class LoadedRecipe:
         except UserError as exc:
             raise self.error(exc.message, *field_path, hint=exc.hint) from None
 
+    def spelled(self, path: Path) -> str:
+        """A file this recipe reads, named as on any machine (`paths.spelled`)."""
+        return paths.spelled(path, self.base_dir)
+
     @cached_property
     def model_path(self) -> Path:
         return self.resolve(self.recipe.model.path, "model", "path")

@@ -12,6 +12,8 @@ import glob
 import importlib.util
 import os
 import re
+import site
+import sysconfig
 from pathlib import Path, PurePosixPath
 
 from npubuild.errors import UserError
@@ -89,3 +91,21 @@ def resolve_glob(specs: str | list[str], base_dir: Path) -> list[Path]:
             raise UserError(f"no file matches {spec[:200]!r} (looked for {str(pattern)[:300]})")
         found.extend(m for m in matches if m not in found)
     return found
+
+
+def spelled(path: Path, base_dir: Path) -> str:
+    """``path`` as a recipe would name it, the same on every machine: ``pkg:<package>/<path>``
+    for a file inside an installed package, else relative to the recipe's folder (artifacts
+    carry no machine's paths: a shared cache compares them byte for byte)."""
+    path = Path(path)
+    for root in _package_roots():
+        if path.is_relative_to(root):
+            return PKG_PREFIX + path.relative_to(root).as_posix()
+    return PurePosixPath(*Path(os.path.relpath(path, base_dir)).parts).as_posix()
+
+
+def _package_roots() -> list[Path]:
+    """The folders installed packages live in, deepest first."""
+    roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    roots.update(site.getsitepackages() + [site.getusersitepackages()])
+    return sorted({Path(r) for r in roots if r}, key=lambda r: (-len(r.parts), str(r)))

@@ -69,7 +69,7 @@ def run(ctx: StageContext) -> dict:
         fixes = RecipeFixes.from_recipe(ctx.recipe.quantization, bool(ctx.chip and ctx.chip.int16))
         result["bisection"] = bisect_sample(dirs, pipeline, reference, samples[plan["sample"]],
                                             plan["limits"], spec.slices, fixes)
-        result["bisection"]["sample"] = str(used[plan["sample"]])
+        result["bisection"]["sample"] = ctx.loaded.spelled(used[plan["sample"]])
     write_json(ctx.out / "verify.json", result)
     accuracy = {"outputs": result["outputs"], "data": "verify", "samples": len(samples),
                 "against": "float original (import stage)"}
@@ -111,7 +111,7 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
     failed = [(name, m, limits, lines) for name, label, m, limits, against in checks
               if (lines := failures_of(label, m, limits, against))]
     failures = [line for *_, lines in failed for line in lines]
-    result = {"samples": len(refs), "data": [str(f) for f in images], "outputs": metrics,
+    result = {"samples": len(refs), "data": [ctx.loaded.spelled(f) for f in images], "outputs": metrics,
               "npu_outputs": boundaries, "npu_graphs": len(pipeline.npu_graphs), "slices": slices}
     if not pipeline.npu_graphs:
         result["note"] = NO_NPU_NOTE

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from npubuild.errors import UserError
-from npubuild.recipe.paths import resolve, resolve_glob
+from npubuild.recipe.paths import resolve, resolve_glob, spelled
 
 
 def test_relative_path_is_relative_to_the_recipe_dir(tmp_path):
@@ -37,3 +37,14 @@ def test_glob_list_removes_repeats(tmp_path):
     for name in ("a.npy", "b.npy"):
         (tmp_path / name).write_bytes(b"")
     assert [p.name for p in resolve_glob(["*.npy", "a.npy"], tmp_path)] == ["a.npy", "b.npy"]
+
+
+def test_a_package_file_is_spelled_as_its_pkg_path_wherever_the_package_is_installed():
+    files = resolve_glob("pkg:skimage/data/coffee.png", Path("/nowhere"))
+    assert spelled(files[0], Path("/nowhere")) == "pkg:skimage/data/coffee.png"
+
+
+def test_a_file_beside_the_recipe_is_spelled_relative_to_it(tmp_path):
+    recipes = tmp_path / "recipes" / "zoo"
+    assert spelled(tmp_path / "data" / "a.npz", recipes) == "../../data/a.npz"
+    assert spelled(recipes / "cal" / "b.png", recipes) == "cal/b.png"
