@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from npubuild.errors import UserError
 from npubuild.fusions import load_builtins
 from npubuild.quant.qgraph import QGraph
+from npubuild.quant.workflow import DROP_EVALUATIONS
 from npubuild.recipe import load_recipe
 from npubuild.split import graph_infos
 from npubuild.stages import STAGES, StageContext
@@ -150,7 +151,7 @@ def test_auto_finds_the_fewest_int16_tensors_that_reach_the_target(tmp_path):
     shortest = min(row["tensors"] for row in prefixes if row["output_cosine"] >= 0.9999)
     assert len(chosen) <= shortest  # the drop pass only removes
     drops = [row for row in auto["tried"] if row["step"] == "drop"]
-    assert len(drops) == shortest  # each override of the shortest prefix was tried without
+    assert 0 < len(drops) <= DROP_EVALUATIONS  # the drop pass ran, within its budget
     qg = QGraph.load(ctx.out / "graph_1.qgraph.json")
     assert all(qg.tensors[t].dtype == "int16" for t in chosen)
     assert json.loads((ctx.out / "auto.json").read_text()) == auto
