@@ -146,13 +146,18 @@ def _rename_input(model, old: str, new: str) -> None:
 
 
 def keras_zoo_model(name: str):
-    """A Keras zoo network as ``scripts/make_keras_zoo.py`` builds it for recipes/zoo/keras/
-    (96×96, random weights, BatchNorm statistics from that script's photos)."""
+    """A Keras zoo network as recipes/zoo/keras/ deploy it: ``models/keras_zoo/<name>.keras``
+    when ``scripts/make_keras_zoo.py`` has written it, else built the same way (96×96, random
+    weights, BatchNorm statistics from that script's photos; TensorFlow's batch statistics
+    vary in their last bits between builds, and the rows with them by ~0.001)."""
     import importlib.util
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import tensorflow as tf
 
+    saved = REPO / "models" / "keras_zoo" / f"{name}.keras"
+    if saved.exists():
+        return tf.keras.models.load_model(str(saved), compile=False)
     spec = importlib.util.spec_from_file_location("make_keras_zoo", REPO / "scripts" / "make_keras_zoo.py")
     zoo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(zoo)
