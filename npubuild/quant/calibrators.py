@@ -87,7 +87,10 @@ class TensorStats:
         while absmax >= self.range:
             self._double_range()
         half = HIST_BINS // 2
-        idx = (x.astype(np.float64) * (half / self.range) + half).astype(np.int64)
+        # floor, then + half: ``x · half/range`` is exact (a power-of-two factor), but adding
+        # ``half`` first would round a tiny negative value up into the first positive bin, where
+        # the same value observed with a finer range (another batch) and doubled does not land.
+        idx = np.floor(x.astype(np.float64) * (half / self.range)).astype(np.int64) + half
         np.clip(idx, 0, HIST_BINS - 1, out=idx)
         self.hist += np.bincount(idx, minlength=HIST_BINS)
 
