@@ -192,10 +192,10 @@ def session(model: onnx.ModelProto | str | Path):
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 4
     options.intra_op_num_threads = max(1, min(2, os.cpu_count() or 1))
-    # No spinning: every session has its own pool, and a build holds many (one per CPU layer of
-    # the integer reference, per segment, per probe). Spinning pools then fight for the cores:
-    # 87 one-layer sessions took 119 ms a pass with spinning, 3.1 ms without (2 quiet cores);
-    # a whole YOLOv8n-320 run costs 18 -> 20 ms quiet, and gains under load (43 -> 32 ms).
+    # No spinning: every session has its own thread pool, and a build holds many at once (one
+    # per CPU layer of the integer reference, per segment, per probe), whose spinning threads
+    # fight for the cores. benchmarks/sessions.py, 2 quiet cores: YOLOv8n-320's 241 nodes in
+    # one-node sessions 1,648 -> 28 ms a pass; the whole model alone 17 -> 21 ms.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     weights: dict[str, np.ndarray] = {}
     if isinstance(model, (str, Path)):

@@ -302,8 +302,9 @@ class AutoSearch:
     their length: it mostly does), then drop the overrides of the prefix the target does not
     need, in blocks from the least sensitive (``_drop_unneeded``). Each step quantizes the
     graphs again and runs the pipeline on the compare samples, so a search costs about
-    log2(candidates) + DROP_EVALUATIONS evaluations, not candidates × chosen. A deterministic function of the calibration statistics and the
-    compare samples, so the stage's cache key covers it."""
+    log2(candidates) + DROP_EVALUATIONS evaluations, not candidates × chosen. A deterministic
+    function of the calibration statistics and the compare samples, so the stage's cache key
+    covers it."""
 
     def __init__(self, workflow: "Workflow", samples: Sequence[Mapping[str, np.ndarray]]):
         self.workflow = workflow
