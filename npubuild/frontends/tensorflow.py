@@ -242,24 +242,22 @@ class _TFLite:
         self.outputs = _output_ports(outputs, self.graph_outputs, names, path)
 
     def to_onnx(self, opset: int) -> onnx.ModelProto:
-        from npubuild.frontends import tflite_custom, tflite_graph
+        from npubuild.frontends import tf2onnx_process, tflite_graph
 
         _tensorflow()  # before tf2onnx: a missing TensorFlow is named as such
-        from tf2onnx import convert as tf2onnx_convert
-
         model = self._prepared()
         try:
             tflite_graph.with_readable_options(model)
         except ValueError as exc:
             raise UserError(f"cannot read the options of a TFLite {exc}",
                             location=Location(str(self.path))) from None
-        tflite_custom.register_handlers()
         with tempfile.TemporaryDirectory() as tmp:
             prepared = Path(tmp) / self.path.name
             prepared.write_bytes(tflite_graph.to_bytes(model))
-            model, _ = tf2onnx_convert.from_tflite(
-                str(prepared), input_names=[p.key for p in self.inputs],
-                output_names=[p.key for p in self.outputs], opset=opset)
+            model = tf2onnx_process.convert({
+                "kind": "tflite", "path": str(prepared), "opset": opset,
+                "input_names": [p.key for p in self.inputs],
+                "output_names": [p.key for p in self.outputs]})
         # tf2onnx keeps TFLite tensor names; give recipe-named tensors the recipe's spelling
         _rename_values(model.graph, {p.key: p.name for p in self.inputs + self.outputs})
         return model
@@ -673,15 +671,18 @@ def _function_to_onnx(fn, inputs: list[Port], outputs: list[Port], opset: int) -
 
 def _graph_def_to_onnx(graph_def, inputs: list[Port], outputs: list[Port],
                        opset: int) -> onnx.ModelProto:
-    """tf2onnx on a frozen graph; ports' keys are graph tensor names, their names ONNX's."""
-    from tf2onnx import convert as tf2onnx_convert
+    """tf2onnx on a frozen graph (in its own process: `tf2onnx_process`); ports' keys are graph
+    tensor names, their names ONNX's."""
+    from npubuild.frontends import tf2onnx_process
 
-    renames = {p.key: p.name for p in inputs + outputs if p.key != p.name}
-    shapes = {p.key: p.shape for p in inputs if p.shape is not None}
-    model, _ = tf2onnx_convert.from_graph_def(
-        graph_def, input_names=[p.key for p in inputs], output_names=[p.key for p in outputs],
-        opset=opset, shape_override=shapes or None, tensors_to_rename=renames or None)
-    return model
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "graph.pb"
+        path.write_bytes(graph_def.SerializeToString(deterministic=True))
+        return tf2onnx_process.convert({
+            "kind": "graph_def", "path": str(path), "opset": opset,
+            "input_names": [p.key for p in inputs], "output_names": [p.key for p in outputs],
+            "shape_override": {p.key: p.shape for p in inputs if p.shape is not None},
+            "tensors_to_rename": {p.key: p.name for p in inputs + outputs if p.key != p.name}})
 
 
 # --- checking and tidying the ONNX result ----------------------------------------------------
@@ -756,7 +757,8 @@ def _set_input_shapes(model: onnx.ModelProto, inputs: list[Port]) -> None:
 
 
 def _brief(exc: BaseException) -> str:
-    """The first line of an exception's message (TF's run to pages), with its type."""
+    """The first line of an exception's message (TF's run to pages), with its type (for a
+    conversion that failed in its own process, the type raised there)."""
     text = str(exc).strip().splitlines()
     line = text[0] if text else ""
-    return f"{type(exc).__name__}: {line[:300]}"
+    return f"{getattr(exc, 'kind', type(exc).__name__)}: {line[:300]}"

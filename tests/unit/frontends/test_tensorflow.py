@@ -8,6 +8,7 @@ itself (so names and output order are right, not just consistent with each other
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -229,6 +230,33 @@ def test_ops_tf2onnx_cannot_convert_are_named(tmp_path):
     path.write_bytes(graph.as_graph_def().SerializeToString())
     with pytest.raises(UserError, match=r"could not convert these ops to ONNX: Svd \(×1\)"):
         tf_frontend.convert(path, "tf_frozen", [InputSpec(name="x")], ["y"])
+
+
+CONVERT_TWICE = """
+import sys
+from pathlib import Path
+from npubuild.frontends import tensorflow as tf_frontend
+from npubuild.recipe.model import InputSpec
+for fmt, name, path, out in zip(*[iter(sys.argv[1:])] * 4):
+    spec = [InputSpec(name=name, shape=%r)]
+    Path(out).write_bytes(tf_frontend.convert(Path(path), fmt, spec, None).SerializeToString(deterministic=True))
+""" % (SHAPE,)
+
+
+def test_a_conversion_is_byte_identical_in_any_process_and_hash_seed(models, tmp_path):
+    """tf2onnx alone is not (its optimizers iterate over sets; its names count up across the
+    conversions of a process): here, after the conversions this test process already made,
+    and in a fresh one with another hash seed."""
+    cases = [("keras", "image", models.paths["keras"]),
+             ("tflite", "serving_default_image", models.paths["tflite_int8"])]
+    here = [tf_frontend.convert(path, fmt, [spec(name)], None).SerializeToString(deterministic=True)
+            for fmt, name, path in cases]
+    args = [a for i, (fmt, name, path) in enumerate(cases)
+            for a in (fmt, name, str(path), str(tmp_path / f"{i}.onnx"))]
+    result = subprocess.run([sys.executable, "-c", CONVERT_TWICE, *args], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONHASHSEED": "4242"})
+    assert result.returncode == 0, result.stderr
+    assert [(tmp_path / f"{i}.onnx").read_bytes() for i in range(len(cases))] == here
 
 
 def test_importing_the_frontend_does_not_load_tensorflow():
