@@ -19,7 +19,9 @@ photos (scikit-image's RGB photos, alternately 7 to calibrate and 7 to compare):
   (``cosine`` is the mean of per-image cosines, which a page without text drives to 0);
 - TFLite (the Keras models: MobileNetV2 at 224, and the Keras zoo's MobileNetV3Small,
   EfficientNetB0, ResNet50, DenseNet121 at 96 as ``scripts/make_keras_zoo.py`` builds them):
-  the TFLite converter's full-int8 model on the same weights and photos;
+  the TFLite converter's full-int8 model on the same weights and photos. The Keras models
+  reach npubuild and ONNX Runtime through npubuild's own TensorFlow import, and the Keras zoo
+  is judged on its recipes' photos (8 calibrate, 4 held out), as the zoo deploys it;
 - ``npubuild +CLE``: npubuild with cross-layer equalisation
   (``quantization.cross_layer_equalization``).
 
@@ -492,7 +494,8 @@ def main() -> None:
         wanted = set(args.models.split(",")) if args.models else None
         rows = [measure(c, tmp, {"int16_underflow": True}) for c in cases()
                 if wanted is None or c.name.split()[0] in wanted]
-    print(f"{len(photos()) // 2} calibration photos, {len(photos()) - len(photos()) // 2} held out\n")
+    print(f"{len(photos()) // 2} calibration photos, {len(photos()) - len(photos()) // 2} held out "
+          "(zoo recipes: their own calibration and verify files)\n")
     print(zoo_table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
