@@ -46,6 +46,10 @@ def convert(request: dict) -> onnx.ModelProto:
         req, out, err = (Path(tmp) / name for name in ("request.json", "model.onnx", "error.json"))
         req.write_text(json.dumps(request))
         env = {**os.environ, "PYTHONHASHSEED": HASH_SEED, "TF_CPP_MIN_LOG_LEVEL": "3"}
+        code = Path(__file__).resolve().parents[2]
+        if not {"site-packages", "dist-packages"} & set(code.parts):
+            # a source tree on sys.path, not an install: the child imports this very npubuild
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code), env.get("PYTHONPATH")) if p)
         done = subprocess.run([sys.executable, "-m", __name__, str(req), str(out), str(err)],
                               env=env, capture_output=True, text=True)
         if done.stderr.strip():
