@@ -29,7 +29,9 @@ class FoldConstantsArgs(StepArgs):
                                 "limit; weights computed by ConstantOfShape/Tile fold too).")
     remove_noops: bool = Field(
         True, description="Also remove Identity, inference-mode Dropout, Cast to the same type, "
-                          "Reshape/Expand to the same shape, identity Transpose, one-input Concat.")
+                          "Reshape/Expand to the same shape, identity Transpose, one-input Concat; "
+                          "a Transpose that moves only size-1 axes becomes a Reshape, and a "
+                          "Reshape of a Reshape reads the first one's input.")
     max_rounds: int = Field(8, ge=1, description="Stop after this many fold rounds.")
 
 
@@ -42,6 +44,7 @@ def fold_constants(model: onnx.ModelProto, args: FoldConstantsArgs) -> onnx.Mode
         changed = bool(fold_shape_reads(ed))
         changed |= _fold_constant_nodes(ed, limit)
         if args.remove_noops:
+            changed |= _transposes_of_unit_axes_to_reshapes(ed) | _collapse_reshape_chains(ed)
             changed |= _remove_noops(ed)
         changed |= bool(ed.prune())
         if not changed:
@@ -157,6 +160,50 @@ def evaluate(ed: Editor, nodes: list[onnx.NodeProto], outputs: list[str]) -> dic
                                f"{', '.join(n.name or n.op_type for n in nodes[:5])}...: "
                                f"ONNX Runtime said {ort_error}; the reference evaluator said "
                                f"{ref_error}") from None
+
+
+def _transposes_of_unit_axes_to_reshapes(ed: Editor) -> bool:
+    """A Transpose that keeps the order of its input's axes longer than 1 moves no data: a
+    Reshape (tf2onnx leaves ``[1, C, 1, 1] -> [1, 1, 1, C]`` then a Reshape back before each
+    squeeze-and-excite conv, depending on the order its optimizer visits nodes in)."""
+    if ed.opset < 5:  # Reshape took its shape as an attribute
+        return False
+    found = []  # every shape read before the first edit: an edit forgets them
+    for node in ed.graph.node:
+        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+            continue
+        perm, shape, out = attr(node, "perm"), ed.shape(node.input[0]), ed.shape(node.output[0])
+        if perm is None or shape is None or out is None or list(perm) == sorted(perm):
+            continue
+        moved = [axis for axis in perm if shape[axis] != 1]
+        if moved == sorted(moved):
+            found.append((node, out))
+    for node, out in found:
+        target = ed.add_initializer(np.array(out, np.int64), f"{node.name or 'transpose'}_shape")
+        node.op_type = "Reshape"
+        del node.attribute[:]
+        node.input.append(target)
+    ed.touch()
+    return bool(found)
+
+
+def _collapse_reshape_chains(ed: Editor) -> bool:
+    """``Reshape(Reshape(x, s1), s2)`` is ``Reshape(x, s2)`` when ``s2`` is a constant without
+    0 (a 0 copies a dim of the Reshape's own input); the first one goes if nothing else reads it."""
+    changed = False
+    for node in ed.graph.node:  # in order: a chain of three reads the first one's input
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+            continue
+        first = ed.producer(node.input[0])
+        target = ed.constant(node.input[1]) if len(node.input) > 1 else None
+        if first is None or first.op_type != "Reshape" or first.domain not in ("", "ai.onnx"):
+            continue
+        if target is None or np.any(target == 0):
+            continue
+        node.input[0] = first.input[0]
+        changed = True
+    ed.touch()
+    return changed
 
 
 def _remove_noops(ed: Editor) -> bool:

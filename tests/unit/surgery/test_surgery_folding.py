@@ -57,6 +57,21 @@ def test_fold_constants_removes_identity_and_dead_nodes(tiny):
     assert tiny.ops(folded) == {"Relu": 1, "Neg": 1}
 
 
+def test_a_transpose_of_size_one_axes_and_the_reshape_back_go(tiny):
+    """tf2onnx's leftover before a squeeze-and-excite conv: [1, 8, 1, 1] -> [1, 1, 1, 8] ->
+    [1, 8, 1, 1] moves no data; a Transpose that does move data stays."""
+    n = helper.make_node
+    model = tiny.model([n("Relu", ["x"], ["r"]),
+                        n("Transpose", ["r"], ["t"], perm=[0, 2, 3, 1]),
+                        n("Reshape", ["t", "back"], ["b"]), n("Neg", ["b"], ["y"]),
+                        n("Transpose", ["z"], ["moved"], perm=[0, 2, 3, 1])],
+                       {"x": [1, 8, 1, 1], "z": [1, 2, 3, 3]}, ["y", "moved"],
+                       {"back": np.array([1, 8, 1, 1], np.int64)})
+    folded, comparison = tiny.check("fold_constants", model)
+    assert tiny.ops(folded) == {"Relu": 1, "Neg": 1, "Transpose": 1}
+    assert comparison.matched["y"]["max_rel"] == 0
+
+
 def test_fold_constants_keeps_noops_when_asked(tiny):
     model = tiny.model([helper.make_node("Identity", ["x"], ["i"]), helper.make_node("Neg", ["i"], ["y"])],
                        {"x": [2]}, ["y"])
