@@ -183,7 +183,8 @@ def _transposes_of_unit_axes_to_reshapes(ed: Editor) -> bool:
         node.op_type = "Reshape"
         del node.attribute[:]
         node.input.append(target)
-    ed.touch()
+    if found:  # an edit forgets the shapes: none, no shape inference again
+        ed.touch()
     return bool(found)
 
 
@@ -202,7 +203,8 @@ def _collapse_reshape_chains(ed: Editor) -> bool:
             continue
         node.input[0] = first.input[0]
         changed = True
-    ed.touch()
+    if changed:
+        ed.touch()
     return changed
 
 
