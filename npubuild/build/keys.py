@@ -5,12 +5,12 @@ the external files it reads, npubuild's version and the digest of its code
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from npubuild.build.hashing import HashCache, sha256_data
+from npubuild.recipe.paths import spelled
 
 if TYPE_CHECKING:
     from npubuild.recipe import LoadedRecipe
@@ -55,23 +55,11 @@ def upstream_digest(manifest: dict | None) -> str:
 
 
 def file_label(path: Path, base_dir: Path) -> str:
-    """A name for an input file that is the same on every machine, so keys agree across
-    checkouts: relative to the recipe's folder, else ``pkg:`` + relative to the installed-
-    packages folder holding it, else the absolute path."""
-    resolved = path.resolve()
-    try:
-        return resolved.relative_to(base_dir.resolve()).as_posix()
-    except ValueError:
-        pass
-    for root in _package_roots():
-        if resolved.is_relative_to(root):
-            return "pkg:" + resolved.relative_to(root).as_posix()
-    return str(resolved)
-
-
-def _package_roots() -> list[Path]:
-    roots = {Path(p).resolve() for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
-    return sorted(roots, key=lambda r: -len(r.parts))
+    """An input file's name in a key, the same on every machine where it can be
+    (`paths.spelled`: inside the recipe's folder or an installed package); a file outside both
+    keeps its absolute path, which names it wherever the recipe is copied to."""
+    label = spelled(path, base_dir)
+    return str(Path(path).resolve()) if label.startswith("../") else label
 
 
 def key_parts(stage: "Stage", loaded: "LoadedRecipe", upstream: dict[str, dict | None],

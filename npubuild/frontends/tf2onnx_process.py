@@ -28,6 +28,7 @@ from pathlib import Path
 import onnx
 
 from npubuild.errors import UserError
+from npubuild.recipe.paths import package_roots
 
 HASH_SEED = "0"
 
@@ -47,7 +48,7 @@ def convert(request: dict) -> onnx.ModelProto:
         req.write_text(json.dumps(request))
         env = {**os.environ, "PYTHONHASHSEED": HASH_SEED, "TF_CPP_MIN_LOG_LEVEL": "3"}
         code = Path(__file__).resolve().parents[2]
-        if not {"site-packages", "dist-packages"} & set(code.parts):
+        if not any(code.is_relative_to(root) for root in package_roots()):
             # a source tree on sys.path, not an install: the child imports this very npubuild
             env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code), env.get("PYTHONPATH")) if p)
         done = subprocess.run([sys.executable, "-m", __name__, str(req), str(out), str(err)],

@@ -13,6 +13,7 @@ import importlib.util
 import os
 import re
 import site
+import sys
 import sysconfig
 from pathlib import Path, PurePosixPath
 
@@ -94,18 +95,22 @@ def resolve_glob(specs: str | list[str], base_dir: Path) -> list[Path]:
 
 
 def spelled(path: Path, base_dir: Path) -> str:
-    """``path`` as a recipe would name it, the same on every machine: ``pkg:<package>/<path>``
-    for a file inside an installed package, else relative to the recipe's folder (artifacts
-    carry no machine's paths: a shared cache compares them byte for byte)."""
-    path = Path(path)
-    for root in _package_roots():
-        if path.is_relative_to(root):
-            return PKG_PREFIX + path.relative_to(root).as_posix()
-    return PurePosixPath(*Path(os.path.relpath(path, base_dir)).parts).as_posix()
+    """``path`` as a recipe would name it, the same on every machine (artifacts and cache keys
+    carry no machine's paths: a shared cache compares them byte for byte): relative to the
+    recipe's folder inside it, ``pkg:<package>/<path>`` inside an installed package, else
+    relative to the recipe's folder through ``..``."""
+    resolved, base = Path(path).resolve(), Path(base_dir).resolve()
+    if resolved.is_relative_to(base):
+        return resolved.relative_to(base).as_posix()
+    for root in package_roots():
+        if resolved.is_relative_to(root):
+            return PKG_PREFIX + resolved.relative_to(root).as_posix()
+    return Path(os.path.relpath(resolved, base)).as_posix()
 
 
-def _package_roots() -> list[Path]:
-    """The folders installed packages live in, deepest first."""
+def package_roots() -> list[Path]:
+    """The folders installed packages live in (site-packages, user site), deepest first."""
     roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
-    roots.update(site.getsitepackages() + [site.getusersitepackages()])
-    return sorted({Path(r) for r in roots if r}, key=lambda r: (-len(r.parts), str(r)))
+    roots.update(site.getsitepackages(), [site.getusersitepackages()])
+    roots.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
+    return sorted({Path(r).resolve() for r in roots if r}, key=lambda r: (-len(r.parts), str(r)))

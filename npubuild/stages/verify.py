@@ -111,8 +111,9 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
     failed = [(name, m, limits, lines) for name, label, m, limits, against in checks
               if (lines := failures_of(label, m, limits, against))]
     failures = [line for *_, lines in failed for line in lines]
-    result = {"samples": len(refs), "data": [ctx.loaded.spelled(f) for f in images], "outputs": metrics,
-              "npu_outputs": boundaries, "npu_graphs": len(pipeline.npu_graphs), "slices": slices}
+    result = {"samples": len(refs), "data": [ctx.loaded.spelled(f) for f in images],
+              "outputs": metrics, "npu_outputs": boundaries,
+              "npu_graphs": len(pipeline.npu_graphs), "slices": slices}
     if not pipeline.npu_graphs:
         result["note"] = NO_NPU_NOTE
     if spec.detections or spec.task == "detector":
