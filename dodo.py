@@ -1,7 +1,7 @@
 """Plain `doit` entry point: every recipe in recipes/ as tasks ``<recipe name>:<stage>``.
 
 `doit list --all` shows them and `doit yolov8n:import` builds one; `npubuild run` uses the same
-task builder (`npubuild.build.tasks.stage_task_dicts`), so both see the same DAG and cache.
+task builder (`npubuild.engine.tasks.stage_task_dicts`), so both see the same DAG and cache.
 A recipe that cannot be loaded becomes one task that fails with npubuild's message.
 """
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from doit.exceptions import TaskFailed
 
-from npubuild.build.engine import BuildSession
-from npubuild.build.tasks import stage_task_dicts
+from npubuild.engine.session import BuildSession
+from npubuild.engine.tasks import stage_task_dicts
 from npubuild.errors import NpubuildError
 from npubuild.recipe import load_recipe
 from npubuild.stages import PIPELINE

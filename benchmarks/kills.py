@@ -47,17 +47,17 @@ HOOK = textwrap.dedent(f"""
         real = getattr(module, attr)
         setattr(module, attr, lambda ctx: (real(ctx), hit()))
     elif point == "store":  # the entry's files are copied into .tmp-*, not yet renamed
-        from npubuild.build import cache
+        from npubuild.engine import cache
         cache.Cache._publish = lambda self, tmp, final, key: hit()
     elif point == "restore":  # the first file of an entry is copied into the scratch dir
-        from npubuild.build import cache
+        from npubuild.engine import cache
         real_copy = cache.copy_checked
         def copy(*args):
             real_copy(*args)
             hit()
         cache.copy_checked = copy
     elif point == "swap":  # between the two renames: the old stage dir moved away
-        from npubuild.build import engine
+        from npubuild.engine import session as engine
         def swap(self, stage_, scratch):
             final = self.paths.stage_dir(stage_.name)
             final.rename(self.paths.scratch / "old")

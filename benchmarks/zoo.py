@@ -247,7 +247,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def rows_from_build(recipes: list[Path], chips: list[str], build_root: Path) -> list[dict]:
     from npubuild import api
-    from npubuild.build.keys import read_manifest
+    from npubuild.engine.keys import read_manifest
     from npubuild.recipe import load_recipe
 
     rows = []

@@ -10,10 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from npubuild.build.engine import BuildSession, StageResult, stage_list
-from npubuild.build.keys import read_manifest
-from npubuild.build.remote import is_url
-from npubuild.build.lock import build_lock
+from npubuild.engine.session import BuildSession, StageResult, stage_list
+from npubuild.engine.keys import read_manifest
+from npubuild.engine.remote import is_url
+from npubuild.engine.lock import build_lock
 from npubuild.errors import BuildError, UserError
 from npubuild.recipe import LoadedRecipe, load_recipe
 from npubuild.stages import PIPELINE, no_progress
@@ -41,7 +41,7 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
 
     Raises the first stage error after writing the report, so callers map it to an exit code.
     """
-    from npubuild.build.tasks import run_with_doit
+    from npubuild.engine.tasks import run_with_doit
 
     stages = stage_list(stage)
     for each in stages:  # a missing model or data file is a recipe error; doit would trace it
@@ -109,10 +109,10 @@ def clean(session: BuildSession) -> Path:
 def cache_check(cache: Path | None = None) -> list:
     """Every entry of the content cache re-hashed, and its orphans (`npubuild cache verify`);
     without ``--cache`` or ``$NPUBUILD_CACHE``, the cache the settings above the current
-    folder name (`npubuild.build.settings`)."""
-    from npubuild.build.cache import Cache
-    from npubuild.build.paths import cache_dir
-    from npubuild.build.settings import find_settings
+    folder name (`npubuild.engine.settings`)."""
+    from npubuild.engine.cache import Cache
+    from npubuild.engine.paths import cache_dir
+    from npubuild.engine.settings import find_settings
 
     return list(Cache(cache_dir(cache, find_settings(Path.cwd()).cache)).check_all())
 
@@ -120,7 +120,7 @@ def cache_check(cache: Path | None = None) -> list:
 def cache_gc(cache: Path | None = None) -> list:
     """Remove orphans (``.tmp-*`` of killed runs) and entries that fail their check
     (`npubuild cache gc`); returns every check, the removed ones being those with a problem."""
-    from npubuild.build.cache import remove
+    from npubuild.engine.cache import remove
 
     checks = cache_check(cache)
     for item in checks:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from npubuild.build.engine import BuildSession
-from npubuild.build.keys import section_value
+from npubuild.engine.session import BuildSession
+from npubuild.engine.keys import section_value
 from npubuild.diff.changes import Change, changes
 from npubuild.diff.figures import compare, figures, merged_report
 from npubuild.recipe import LoadedRecipe

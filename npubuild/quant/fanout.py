@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from npubuild.build.fetch import StageArtifacts
+from npubuild.engine.fetch import StageArtifacts
 from npubuild.distributed import dask_client, ordered_submit
 from npubuild.quant.workflow import BatchMapper, Options, Workflow
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 if TYPE_CHECKING:
-    from npubuild.build.fetch import StageArtifacts
+    from npubuild.engine.fetch import StageArtifacts
     from npubuild.recipe import LoadedRecipe
     from npubuild.targets.model import Chip
 

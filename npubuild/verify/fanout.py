@@ -15,7 +15,7 @@ from __future__ import annotations
 from itertools import islice
 from typing import Iterable, Iterator, Mapping
 
-from npubuild.build.fetch import StageArtifacts
+from npubuild.engine.fetch import StageArtifacts
 from npubuild.distributed import dask_client, ordered_submit
 from npubuild.verify.samples import STAGES, Observed, SampleRun
 

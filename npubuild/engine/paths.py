@@ -22,8 +22,8 @@ MANIFEST = "manifest.json"
 
 def cache_dir(override: str | Path | None = None, setting: Path | None = None) -> Path:
     """``--cache`` wins, then ``$NPUBUILD_CACHE``, then the project's ``cache`` setting
-    (``npubuild.build.settings``), then ``.npubuild/cache``; a URL in any of them names the
-    remote level (``npubuild.build.remote``), not this folder."""
+    (``npubuild.engine.settings``), then ``.npubuild/cache``; a URL in any of them names the
+    remote level (``npubuild.engine.remote``), not this folder."""
     env = os.environ.get(CACHE_ENV)
     return Path(override or (env if env and "://" not in env else None) or setting
                 or DEFAULT_CACHE_DIR)

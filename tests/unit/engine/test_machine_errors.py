@@ -11,7 +11,7 @@ from doit.dependency import SqliteDB
 
 from npubuild import cli
 import npubuild.stages.split as split_stage
-from npubuild.build import engine
+from npubuild.engine import session as engine
 
 
 def _full_disk(*_args, **_kwargs):

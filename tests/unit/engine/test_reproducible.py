@@ -50,7 +50,7 @@ def assert_identical(a: dict, b: dict) -> None:
 
 def test_two_clean_builds_of_the_tiny_recipe_are_byte_identical(tmp_path):
     """The second build also runs npubuild from a copy of its source in another directory:
-    stage keys cover the code (`npubuild.build.code`), and the same code is the same key."""
+    stage keys cover the code (`npubuild.engine.code`), and the same code is the same key."""
     recipe = write_recipe(tmp_path, TINY_RECIPE, name="tiny.yaml")
     package = Path(npubuild.__file__).resolve().parent
     checkout = tmp_path / "other-checkout"
@@ -96,7 +96,7 @@ def test_data_that_matches_nothing_fails_with_exit_2_and_no_success_line(tmp_pat
 
 
 def test_a_lock_timeout_prints_no_success_line(tmp_path):
-    from npubuild.build.lock import build_lock
+    from npubuild.engine.lock import build_lock
 
     recipe = write_recipe(tmp_path, TINY_RECIPE)
     with build_lock(tmp_path / "b" / "tiny" / ".lock"):

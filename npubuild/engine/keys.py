@@ -1,6 +1,6 @@
 """A stage's cache key: its own recipe sections, its input artifacts, the chip when it uses one,
 the external files it reads, npubuild's version and the digest of its code
-(`npubuild.build.code`) — and the reason a key changed."""
+(`npubuild.engine.code`) — and the reason a key changed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from npubuild.build.hashing import HashCache, sha256_data
+from npubuild.engine.hashing import HashCache, sha256_data
 from npubuild.recipe.paths import spelled
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def file_label(path: Path, base_dir: Path) -> str:
 def key_parts(stage: "Stage", loaded: "LoadedRecipe", upstream: dict[str, dict | None],
               hashes: HashCache, chip_digest: str | None, version: str, code: str) -> KeyParts:
     """The parts of ``stage``'s key; ``upstream`` maps each needed stage to its manifest;
-    ``code`` is the digest of npubuild's code (`npubuild.build.code.code_digest`)."""
+    ``code`` is the digest of npubuild's code (`npubuild.engine.code.code_digest`)."""
     data = loaded.recipe.model_dump(mode="json")
     return KeyParts(
         stage=stage.name, version=version, code=code,

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterator
 
-from npubuild.build.hashing import CHUNK
-from npubuild.build.paths import MANIFEST
+from npubuild.engine.hashing import CHUNK
+from npubuild.engine.paths import MANIFEST
 
 TMP_PREFIX = ".tmp-"
 ORPHAN_AGE_SECONDS = 3600.0  # a .tmp-* of another machine's run is an orphan after this long

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from npubuild import api
-from npubuild.build.engine import PLANNED
+from npubuild.engine.session import PLANNED
 from tests.conftest import TINY_RECIPE, write_recipe
 
 

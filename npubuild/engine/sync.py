@@ -7,8 +7,8 @@ stage where its current key is.
 
 from __future__ import annotations
 
-from npubuild.build.engine import BuildSession
-from npubuild.build.keys import read_manifest
+from npubuild.engine.session import BuildSession
+from npubuild.engine.keys import read_manifest
 from npubuild.errors import NpubuildError, UserError
 from npubuild.stages import PIPELINE
 

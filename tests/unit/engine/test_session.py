@@ -14,7 +14,7 @@ import onnx
 import pytest
 
 from npubuild import api
-from npubuild.build.hashing import sha256_file
+from npubuild.engine.hashing import sha256_file
 from tests.conftest import REPO, TINY_RECIPE, write_recipe
 
 
@@ -145,7 +145,7 @@ def test_two_runs_started_at_once_do_not_corrupt_the_build(tiny_recipe, tmp_path
 
 
 def test_second_concurrent_run_fails_clearly_when_it_may_not_wait(tiny_recipe, tmp_path):
-    from npubuild.build.lock import build_lock
+    from npubuild.engine.lock import build_lock
     from npubuild.errors import BuildLocked
 
     session = api.session_for(tiny_recipe, build_root=tmp_path / "build", cache=tmp_path / "cache")

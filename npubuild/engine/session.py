@@ -1,7 +1,7 @@
 """Build one recipe: decide per stage cached / restore / build, run it, swap its artifacts in.
 
 `BuildSession` is what both the CLI's `npubuild run` and the top-level `dodo.py` use (through
-`npubuild.build.tasks`); doit orders the stages and skips the current ones, and this module
+`npubuild.engine.tasks`); doit orders the stages and skips the current ones, and this module
 does the work of one stage: key → restore from the content cache or run the stage function into
 a scratch directory → manifest → cache → atomic swap into ``build/<name>/<stage>/``.
 """
@@ -20,14 +20,14 @@ from typing import Any, Callable
 
 from npubuild import __version__
 from npubuild.atomic import write_json
-from npubuild.build.cache import TMP_PREFIX, Cache, CacheCorrupt, remove
-from npubuild.build.code import code_digest
-from npubuild.build.fetch import StageArtifacts
-from npubuild.build.hashing import HashCache, sha256_data, sha256_file
-from npubuild.build.keys import KeyParts, explain_change, key_parts, read_manifest
-from npubuild.build.paths import MANIFEST, BuildPaths, cache_dir
-from npubuild.build.remote import RemoteCache, resolve_remote_url
-from npubuild.build.settings import Settings, find_settings
+from npubuild.engine.cache import TMP_PREFIX, Cache, CacheCorrupt, remove
+from npubuild.engine.code import code_digest
+from npubuild.engine.fetch import StageArtifacts
+from npubuild.engine.hashing import HashCache, sha256_data, sha256_file
+from npubuild.engine.keys import KeyParts, explain_change, key_parts, read_manifest
+from npubuild.engine.paths import MANIFEST, BuildPaths, cache_dir
+from npubuild.engine.remote import RemoteCache, resolve_remote_url
+from npubuild.engine.settings import Settings, find_settings
 from npubuild.errors import BuildError, NpubuildError
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from npubuild.build.cache import Cache
+from npubuild.engine.cache import Cache
 from npubuild.errors import BuildError
 
 _MATERIALISED: dict[tuple, Path] = {}
@@ -35,7 +35,7 @@ class StageArtifacts:
             return _MATERIALISED[memo]
         cache = Cache(Path(self.cache_root))
         if cache.manifest(self.key) is None and self.remote_url:
-            from npubuild.build.remote import RemoteCache
+            from npubuild.engine.remote import RemoteCache
 
             RemoteCache(self.remote_url).pull(self.key, cache)
         if cache.manifest(self.key) is None:

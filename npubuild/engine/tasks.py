@@ -19,7 +19,7 @@ from doit.doit_cmd import DoitMain
 from doit.exceptions import TaskFailed
 from doit.task import dict_to_task
 
-from npubuild.build.engine import BuildSession
+from npubuild.engine.session import BuildSession
 from npubuild.errors import BuildError, NpubuildError, machine_error
 from npubuild.stages import Stage
 
@@ -90,7 +90,7 @@ def _action(session: BuildSession, stage: Stage):
 
 
 def _fail(session: BuildSession, stage: Stage, exc: NpubuildError) -> TaskFailed:
-    from npubuild.build.engine import StageResult
+    from npubuild.engine.session import StageResult
 
     session.error = exc
     session._record(StageResult(stage.name, "failed", reason=exc.message))

@@ -15,8 +15,8 @@ import pytest
 
 import npubuild
 from npubuild import api
-from npubuild.build import engine
-from npubuild.build.code import DATA_PATTERNS, code_digest, tree_digest
+from npubuild.engine import session as engine
+from npubuild.engine.code import DATA_PATTERNS, code_digest, tree_digest
 from npubuild.stages import PIPELINE
 from tests.conftest import REPO, TINY_RECIPE, write_recipe
 
@@ -36,13 +36,13 @@ def test_the_same_tree_in_another_directory_has_the_same_digest(tmp_path):
 def test_byte_code_and_stray_files_do_not_count(tmp_path):
     copy = copy_package(tmp_path)
     before = tree_digest(copy)
-    (copy / "build" / "__pycache__").mkdir(exist_ok=True)
-    (copy / "build" / "__pycache__" / "keys.cpython-311.pyc").write_bytes(b"\x00byte code")
-    (copy / "build" / "keys.py.orig").write_text("an editor's backup, not shipped in a wheel")
+    (copy / "engine" / "__pycache__").mkdir(exist_ok=True)
+    (copy / "engine" / "__pycache__" / "keys.cpython-311.pyc").write_bytes(b"\x00byte code")
+    (copy / "engine" / "keys.py.orig").write_text("an editor's backup, not shipped in a wheel")
     assert tree_digest(copy) == before
 
 
-@pytest.mark.parametrize("changed", ["build/keys.py", "targets/npu-16m.yaml",
+@pytest.mark.parametrize("changed", ["engine/keys.py", "targets/npu-16m.yaml",
                                      "schemas/npu_ir.schema.json"])
 def test_changing_a_source_or_shipped_data_file_changes_the_digest(tmp_path, changed):
     copy = copy_package(tmp_path)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from npubuild.build.cache import CacheCorrupt, parse_manifest
-from npubuild.build.paths import CACHE_ENV, MANIFEST
+from npubuild.engine.cache import CacheCorrupt, parse_manifest
+from npubuild.engine.paths import CACHE_ENV, MANIFEST
 
 REMOTE_ENV = "NPUBUILD_REMOTE"
 KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from npubuild import api
-from npubuild.build.paths import DEFAULT_CACHE_DIR
-from npubuild.build.settings import Settings, find_settings
+from npubuild.engine.paths import DEFAULT_CACHE_DIR
+from npubuild.engine.settings import Settings, find_settings
 from npubuild.errors import UserError
 from tests.conftest import TINY_RECIPE, run_cli, write_recipe
 

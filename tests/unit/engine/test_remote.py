@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from npubuild import api
-from npubuild.build.cache import Cache
-from npubuild.build.remote import RemoteCache
+from npubuild.engine.cache import Cache
+from npubuild.engine.remote import RemoteCache
 from npubuild.stages import PIPELINE
 
 s3fs = pytest.importorskip("s3fs", reason="the remote cache test needs s3fs")
@@ -188,8 +188,8 @@ def test_cache_push_without_a_remote_says_how_to_configure_one(tiny_recipe, tmp_
 
 
 def test_a_url_in_npubuild_cache_is_the_remote_and_the_local_cache_stays_a_folder(monkeypatch, tmp_path):
-    from npubuild.build.paths import DEFAULT_CACHE_DIR, cache_dir
-    from npubuild.build.remote import resolve_remote_url
+    from npubuild.engine.paths import DEFAULT_CACHE_DIR, cache_dir
+    from npubuild.engine.remote import resolve_remote_url
 
     monkeypatch.delenv("NPUBUILD_REMOTE", raising=False)
     monkeypatch.setenv("NPUBUILD_CACHE", "s3://team-bucket/npubuild")

@@ -12,8 +12,8 @@ import socket
 import pytest
 
 from npubuild import api
-from npubuild.build.cache import Cache
-from npubuild.build.paths import MANIFEST
+from npubuild.engine.cache import Cache
+from npubuild.engine.paths import MANIFEST
 
 
 def build(recipe, tmp_path, cache=None):
@@ -202,7 +202,7 @@ def test_cache_gc_removes_entries_failing_their_hash_and_keeps_good_ones(tiny_re
 
 def test_a_read_only_build_dir_is_a_clear_user_error(tiny_recipe, tmp_path, monkeypatch):
     """(Root ignores chmod, so the read-only mount is simulated where the lock opens.)"""
-    from npubuild.build import lock
+    from npubuild.engine import lock
     from npubuild.errors import UserError
 
     def read_only(*args, **kwargs):

@@ -1,0 +1,151 @@
+"""What commands share: exit codes, the build session of a command's options, and output
+(a rich console that is plain off a terminal, progress bars, stage lines, sizes)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+STATUS_STYLE = {"built": "green", "restored": "cyan", "cached": "dim", "failed": "bold red",
+                "will run": "yellow", "will restore": "cyan"}
+
+
+def session_for(args, recipe, **options):
+    """A build session with the command's --build-dir, --cache and --remote."""
+    from npubuild import api
+
+    return api.session_for(recipe, build_root=args.build_dir, cache=args.cache,
+                           remote=args.remote, **options)
+
+
+def written_report(session) -> dict:
+    """report.json as the failed run left it (empty when it was not written)."""
+    from npubuild.engine.keys import read_manifest
+
+    return read_manifest(session.paths.report) or {}
+
+
+def print_headline(args, session) -> None:
+    """The run's result on stdout: verdict, worst cosine, NPU coverage, fps, GMEM, the page."""
+    from npubuild.report.summary import headline_lines
+
+    if args.json:
+        return
+    for line in headline_lines(session.paths.root):
+        print(line)
+    if session.paths.report_html.is_file():
+        print(f"report: {session.paths.report_html}")
+
+
+def fmt(value) -> str:
+    """A table cell: floats to 6 significant digits, None as '-'."""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return "-" if value is None else str(value)
+
+
+def console(args, *, stdout: bool = False):
+    """A rich console on stderr (progress, logs; silent with -q) or stdout (results). Off a
+    terminal or with NO_COLOR set it writes plain text: no styles, no control codes; it never
+    wraps lines (a file name stays whole when output goes to a file)."""
+    from rich.console import Console
+
+    stream = sys.stdout if stdout else sys.stderr
+    plain = not stream.isatty() or bool(os.environ.get("NO_COLOR"))
+    return Console(file=stream, highlight=False, soft_wrap=True, emoji=False,
+                   color_system=None if plain else "auto", no_color=plain,
+                   quiet=not stdout and getattr(args, "quiet", False))
+
+
+def line(*parts):
+    """A line of plain strings and (text, style) pairs, safe from rich markup ([brackets])."""
+    from rich.text import Text
+
+    return Text.assemble(*parts)
+
+
+def progress(out):
+    """Progress bars on a terminal, counted in what a stage loops over (samples, steps)."""
+
+    def bar(items, total=None, description=""):
+        if not out.is_terminal or out.quiet:
+            yield from items
+            return
+        from rich.progress import track
+
+        yield from track(items, total=total, description=description, console=out,
+                         transient=True)
+
+    return bar
+
+
+def stage_printer(out):
+    """One line when a stage starts (a spinner on a terminal) and one when it is done; a stage
+    whose own check fails (verify) is shown failed, never built."""
+    spinner = {}
+
+    def on_event(result) -> None:
+        if "status" in spinner:
+            spinner.pop("status").stop()
+        if result.status == "running":
+            if out.is_terminal and not out.quiet:
+                spinner["status"] = out.status(f"{result.stage}: running ({result.reason})")
+                spinner["status"].start()
+            else:
+                out.print(f"  {result.stage:<9} started    ({result.reason})", markup=False)
+            return
+        if result.status not in ("built", "restored", "failed"):
+            return
+        status = result.status if result.passed else "failed"
+        seconds = f"{result.seconds:7.2f} s" if result.seconds else " " * 9
+        reason = f"  ({result.reason})" if result.reason and status != "failed" else ""
+        out.print(line(f"  {result.stage:<9} ", (f"{status:<10}", STATUS_STYLE[status]),
+                       f" {seconds}{reason}"))
+
+    return on_event
+
+
+def print_progress_summary(out, session) -> None:
+    """What this run did not build (cached, skipped, not implemented), on stderr."""
+    results = session.results.values()
+    ran = [r for r in results if r.status in ("built", "restored")]
+    cached = [r.stage for r in results if r.status == "cached"]
+    if not ran and cached and session.error is None:
+        out.print(f"nothing to rebuild: {', '.join(cached)} up to date")
+    elif cached:
+        out.print(f"  cached: {', '.join(cached)}", style="dim")
+    missing = [r.stage for r in results if r.status.startswith("not built: not implemented")]
+    if missing:
+        out.print(f"not built (not implemented yet): {', '.join(missing)}", style="yellow")
+    skipped = [r.stage for r in results if r.status == "skipped"]
+    if skipped:
+        out.print(f"skipped after the failure: {', '.join(skipped)}", style="yellow")
+
+
+def size(n: float) -> str:
+    """Bytes as B, KiB, MiB or GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def error_object(exc: Exception, exit_code: int) -> dict:
+    """The ``error`` member of a --json document."""
+    from npubuild.errors import NpubuildError
+
+    if not isinstance(exc, NpubuildError):
+        return {"kind": "internal", "exit_code": exit_code,
+                "message": f"{type(exc).__name__}: {exc}"}
+    out = {"kind": "user" if exc.exit_code == EXIT_BAD_INPUT else "build",
+           "exit_code": exit_code, "message": exc.message}
+    if exc.location is not None:
+        out["location"] = {"file": exc.location.file, "line": exc.location.line,
+                           "column": exc.location.column}
+    for name in ("field", "hint", "stage"):
+        if getattr(exc, name, None):
+            out[name] = getattr(exc, name)
+    return out
