@@ -29,7 +29,7 @@ Columns: output cosine against the float model (mean over photos), the cosine of
 (YOLOv8n: class scores, channels 4..), and top-1 agreement with the float model (classifiers;
 PP-OCR rec: the argmax character per time step).
 
-    pip install -e ".[examples]"    # PP-OCRv4 models (rapidocr-onnxruntime)
+    pip install --no-deps -r requirements/models.txt    # PP-OCRv4 models (rapidocr-onnxruntime)
     python3 benchmarks/quant.py [--models yolov8n,mobilenetv2,...] [--json out.json]
     python3 benchmarks/quant.py --schemes      # YOLOv8n: every scheme x granularity x method
 """
@@ -300,7 +300,7 @@ def cases() -> list[Case]:
     for name in ("inception_v2", "vgg19", "zfnet512"):
         out.append(recipe_case(name, f"light-{name.replace('_', '-')}.yaml", top1_axis=-1))
     if ocr is None:
-        print("  PP-OCRv4 skipped: pip install -e '.[examples]' (rapidocr-onnxruntime)", file=sys.stderr)
+        print("  PP-OCRv4 skipped: pip install --no-deps -r requirements/models.txt (rapidocr-onnxruntime)", file=sys.stderr)
         return out
     out.append(Case("ppocrv4_det", _onnx_file(ocr / "ch_PP-OCRv4_det_infer.onnx", det), det))
     out.append(Case("ppocrv4_rec", _onnx_file(ocr / "ch_PP-OCRv4_rec_infer.onnx", rec), rec,
