@@ -83,6 +83,8 @@ def read_yaml(path: Path, display: str | None = None) -> Marked:
             loader.dispose()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
+        if mark and "nesting depth" in str(exc.problem):  # PyYAML >= 6.0.3 stops deep flow
+            raise _too_deep(display, mark) from None   # collections itself, in its scanner
         where = Location(display, mark.line + 1, mark.column + 1) if mark else Location(display, 1, 1)
         raise UserError(f"YAML syntax error: {short(exc.problem or exc.context)[1:-1]}",
                         location=where) from None
