@@ -31,7 +31,7 @@ def session_for(recipe: str | Path | LoadedRecipe, *, build_root: Path | None = 
         cache, remote = None, remote or str(cache)
     session = BuildSession(loaded, build_root, cache, progress, on_event, remote_url=remote,
                            scheduler=scheduler)
-    _ = session.settings  # read now: a bad settings file is a user error before doit runs
+    _ = session.settings, session.trust  # bad settings or keys: a user error before doit runs
     return session
 
 

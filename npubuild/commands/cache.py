@@ -1,5 +1,6 @@
 """`npubuild cache verify|gc` checks and cleans the content caches; `cache status|push|pull R`
-moves a recipe's stages between the build, the local cache and the remote."""
+moves a recipe's stages between the build, the local cache and the remote; `cache keygen FILE`
+makes the key pair that signs the remote's entries."""
 
 from __future__ import annotations
 
@@ -12,22 +13,27 @@ from npubuild.errors import UserError
 
 NAME = "cache"
 HELP = ("the content caches: check every entry (verify), remove orphans and corrupt entries (gc), "
-        "and per recipe: where its stages are (status), upload them to the remote (push), "
-        "download them (pull)")
+        "per recipe: where its stages are (status), upload them to the remote (push), "
+        "download them (pull); make the remote's signing key pair (keygen)")
 OPTIONS = {"recipe": False, "build_opts": True, "json_opt": True}
 
 
 def add_arguments(p) -> None:
-    p.add_argument("action", choices=["verify", "gc", "status", "push", "pull"],
+    p.add_argument("action", choices=["verify", "gc", "status", "push", "pull", "keygen"],
                    help="verify: re-hash every entry; gc: remove what verify finds bad and the "
                         ".tmp-* that killed runs left; status/push/pull RECIPE: its stages between "
-                        "the build, the local cache and the remote (--remote)")
-    p.add_argument("recipe", type=Path, nargs="?", help="recipe YAML file (status, push, pull)")
+                        "the build, the local cache and the remote (--remote); keygen FILE: a new "
+                        "ed25519 key pair, FILE (private, for the writer) and FILE.pub")
+    p.add_argument("recipe", type=Path, nargs="?", metavar="RECIPE|FILE",
+                   help="recipe YAML file (status, push, pull), or the private key file to write "
+                        "(keygen)")
 
 
 def run(args) -> int:
     if args.action in ("status", "push", "pull"):
         return _sync(args)
+    if args.action == "keygen":
+        return _keygen(args)
     from npubuild import api
 
     checks = api.cache_check(args.cache) if args.action == "verify" else api.cache_gc(args.cache)
@@ -74,3 +80,23 @@ def _sync(args) -> int:
             print(f"{outcome}: {', '.join(stages) if stages else '-'}")
     failed = args.action != "status" and result.get("failed")
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _keygen(args) -> int:
+    from npubuild.engine.signing import SIGNING_KEY_ENV, generate_key_pair
+
+    if args.recipe is None:
+        raise UserError("npubuild cache keygen needs the file to write the private key to",
+                        hint="npubuild cache keygen ci-cache.key (the public key goes to "
+                             "ci-cache.key.pub)")
+    public = generate_key_pair(args.recipe)
+    pub_file = args.recipe.with_name(args.recipe.name + ".pub")
+    if args.json:
+        print(json.dumps({"private_key": str(args.recipe), "public_key_file": str(pub_file),
+                          "public_key": public}, indent=2))
+        return EXIT_OK
+    print(f"private key: {args.recipe} (secret: the writer's {SIGNING_KEY_ENV}, e.g. a CI secret)")
+    print(f"public key:  {pub_file}")
+    print("readers trust it with, in npubuild.toml (or [tool.npubuild] in pyproject.toml):")
+    print(f'trusted_keys = ["{public}"]')
+    return EXIT_OK

@@ -25,24 +25,34 @@ from typing import Iterator
 
 from npubuild.engine.hashing import CHUNK
 from npubuild.engine.paths import MANIFEST
+from npubuild.errors import UserError
 
 TMP_PREFIX = ".tmp-"
 ORPHAN_AGE_SECONDS = 3600.0  # a .tmp-* of another machine's run is an orphan after this long
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 MAX_MANIFEST_BYTES = 64 << 20
+MAX_NAME_BYTES = 512  # a manifest's file name, whole (each component: 255, as file systems allow)
 
 
 class CacheCorrupt(Exception):
     """A cache entry that fails a check: unreadable manifest, wrong key, or a file off its hash."""
 
 
+class EntryMissing(CacheCorrupt):
+    """A file an entry needs is not there (for a remote entry's manifest: no entry at all)."""
+
+
 def safe_relpath(rel: object) -> PurePosixPath:
-    """A manifest's file name as a path that stays inside the entry (no ``..``, not absolute)."""
+    """A manifest's file name as a path that stays inside the entry (no ``..``, not absolute)
+    and that every file system and object store can hold (no NUL, short components)."""
     if not isinstance(rel, str) or not rel:
-        raise CacheCorrupt(f"bad file name {rel!r} in the manifest")
+        raise CacheCorrupt(f"bad file name {str(rel)[:80]!r} in the manifest")
     path = PurePosixPath(rel)
     if path.is_absolute() or any(part in ("", ".", "..") for part in rel.split("/")):
         raise CacheCorrupt(f"file name {rel[:80]!r} in the manifest leaves the entry")
+    if (len(rel.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES or "\0" in rel
+            or any(len(part.encode("utf-8", "surrogatepass")) > 255 for part in path.parts)):
+        raise CacheCorrupt(f"file name {rel[:80]!r}… in the manifest is too long or has a NUL")
     return path
 
 
@@ -66,21 +76,39 @@ def parse_manifest(raw: bytes, key: str) -> dict:
 
 def open_inside(root: Path, parts: tuple[str, ...]) -> int:
     """Open ``root/parts...`` as a regular file, refusing a symlink or special file at every
-    step below ``root`` (``O_NOFOLLOW`` per component)."""
-    fd = os.open(root, _DIR_FLAGS)
+    step below ``root`` (``O_NOFOLLOW`` per component; the root itself is the user's setting
+    and may be a symlink)."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise CacheCorrupt(f"{root}: {exc.strerror or exc}") from None
+    try:
+        return safe_open(fd, parts)
+    finally:
+        os.close(fd)
+
+
+def safe_open(dir_fd: int, parts: tuple[str, ...]) -> int:
+    """Open ``parts`` below the open folder ``dir_fd`` as a regular file, never through a
+    symlink and never blocking (a FIFO or a device is refused before the first read); raises
+    EntryMissing when a component is absent, CacheCorrupt for anything else."""
+    fd = dir_fd
     try:
         for part in parts[:-1]:
             nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
+            if fd != dir_fd:
+                os.close(fd)
             fd = nxt
         leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
     except OSError as exc:
-        raise CacheCorrupt(f"{'/'.join(parts)}: {exc.strerror or exc}") from None
+        kind = EntryMissing if exc.errno == errno.ENOENT else CacheCorrupt
+        raise kind(f"{'/'.join(parts)[:200]}: {exc.strerror or exc}") from None
     finally:
-        os.close(fd)
+        if fd != dir_fd:
+            os.close(fd)
     if not stat_mod.S_ISREG(os.fstat(leaf).st_mode):
         os.close(leaf)
-        raise CacheCorrupt(f"{'/'.join(parts)} is not a regular file")
+        raise CacheCorrupt(f"{'/'.join(parts)[:200]} is not a regular file")
     return leaf
 
 
@@ -136,9 +164,88 @@ class EntryCheck:
     orphan: bool = False
 
 
+class ForeignFolder(OSError):
+    """The cache folder holds things npubuild never wrote: it is not written into, nor cleaned."""
+
+
 class Cache:
     def __init__(self, root: Path):
         self.root = Path(root)
+        self._claimed = False
+
+    # -- the marker: only a folder npubuild made a cache is ever written to or cleaned ---------
+    def foreign(self) -> str | None:
+        """Why the root is not an npubuild cache, or None when it is: it has npubuild's
+        ``CACHEDIR.TAG``, or (a cache from before the tag) holds nothing but the cache's own
+        layout, or is empty or absent."""
+        if _has_marker(self.root):
+            return None
+        try:
+            items = sorted(os.scandir(self.root), key=lambda e: e.name)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        for item in items:
+            if item.name.startswith((TMP_PREFIX, LEGACY_PULL_PREFIX)):
+                continue
+            if not _is_shard(Path(item.path)):
+                return f"it holds {item.name!r}, which npubuild never writes"
+            try:
+                names = os.listdir(item.path)
+            except OSError as exc:
+                return f"{item.name}: {exc.strerror or exc}"
+            stray = next((n for n in sorted(names) if not n.startswith(TMP_PREFIX)
+                          and not (is_key(n) and n.startswith(item.name))), None)
+            if stray is not None:
+                return f"it holds {item.name}/{stray[:80]!r}, which npubuild never writes"
+        return None
+
+    def claim(self) -> None:
+        """Before the first write: make the root with its marker, or write the marker into an
+        existing folder that `foreign` accepts; ForeignFolder (an OSError: the cache is then
+        not used, with one warning) for any other folder."""
+        if self._claimed:
+            return
+        if not _has_marker(self.root):
+            self.root.mkdir(parents=True, exist_ok=True)
+            reason = self.foreign()
+            if reason is not None:
+                raise ForeignFolder(f"{self.root} is not an npubuild cache ({reason}; no "
+                                    f"{MARKER} from npubuild)")
+            _write_marker(self.root)
+        self._claimed = True
+
+    def staging(self) -> Path:
+        """A new private folder at the root to assemble an entry in (a pull), named so that
+        gc, and the next run on this host once this process is gone, remove it if left."""
+        self.claim()
+        path = self.root / f"{TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        path.mkdir()
+        return path
+
+    def adopt(self, staging: Path, key: str) -> None:
+        """Publish an assembled folder (`staging`) as the entry for ``key`` (one rename)."""
+        final = self.entry(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        self._publish(staging, final, key)
+
+    def remove_dead_orphans(self) -> None:
+        """Remove what this host's killed runs left at the root (their pid is gone); what other
+        hosts left waits for `npubuild cache gc`."""
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return
+        for name in names:
+            path = self.root / name
+            fields = name[len(TMP_PREFIX):].rsplit("-", 2)
+            if (name.startswith(TMP_PREFIX) and len(fields) == 3 and fields[1].isdigit()
+                    and fields[0] == socket.gethostname() and not _pid_alive(int(fields[1]))):
+                try:
+                    remove(path)
+                except OSError:
+                    pass
 
     def entry(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -167,6 +274,7 @@ class Cache:
         the cache cannot be written (the caller warns and builds on without it)."""
         if self.manifest(key) is not None:
             return
+        self.claim()
         manifest = json.loads((stage_dir / MANIFEST).read_text())
         final = self.entry(key)
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -243,24 +351,58 @@ class Cache:
         now = time.time() if now is None else now
         if not self.root.is_dir():
             return
+        reason = self.foreign()
+        if reason is not None:
+            raise UserError(f"{self.root} is not an npubuild cache: {reason}, and it has no "
+                            f"{MARKER} written by npubuild; nothing was checked or removed",
+                            hint="point --cache at an npubuild cache folder (the default is "
+                                 ".npubuild/cache); npubuild writes its marker when it makes one")
         for shard in sorted(self.root.iterdir()):
             if shard.name.startswith(TMP_PREFIX) and _is_orphan_tmp(shard, now):
                 yield EntryCheck(shard, None, tree_bytes(shard), "left by a killed run", True)
+            elif shard.name.startswith(LEGACY_PULL_PREFIX) and _is_orphan_tmp(shard, now):
+                yield EntryCheck(shard, None, tree_bytes(shard), "left by a killed pull", True)
             if not _is_shard(shard):
                 continue  # not the cache's layout: never touched (the root may hold other things)
             for entry in sorted(shard.iterdir()):
                 if entry.name.startswith(TMP_PREFIX):
                     if _is_orphan_tmp(entry, now):
                         yield EntryCheck(entry, None, tree_bytes(entry), "left by a killed run", True)
-                elif _is_key(entry.name) and entry.name.startswith(shard.name):
+                elif is_key(entry.name) and entry.name.startswith(shard.name):
                     yield EntryCheck(entry, entry.name, tree_bytes(entry), self.check(entry.name))
 
 
 HEX = frozenset("0123456789abcdef")
+MARKER = "CACHEDIR.TAG"
+# The Cache Directory Tagging Specification's tag (backup tools skip the folder), naming its maker
+MARKER_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
+               "# This file is a cache directory tag created by npubuild.\n"
+               "# For information about cache directory tags see https://bford.info/cachedir/\n")
+LEGACY_PULL_PREFIX = ".pull-"  # remote pulls' staging before it moved under TMP_PREFIX
 
 
-def _is_key(name: str) -> bool:
+def is_key(name: str) -> bool:
     return len(name) == 64 and set(name) <= HEX
+
+
+def _has_marker(root: Path) -> bool:
+    """Whether ``root`` holds npubuild's CACHEDIR.TAG (a regular file, never a symlink)."""
+    try:
+        fd = open_inside(root, (MARKER,))
+    except CacheCorrupt:
+        return False
+    with os.fdopen(fd, "rb") as fh:
+        head = fh.read(1024)
+    return head.startswith(MARKER_TEXT.encode()[:43]) and b"created by npubuild" in head
+
+
+def _write_marker(root: Path) -> None:
+    try:
+        fd = os.open(root / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    except FileExistsError:  # another run wrote it first (or a foreign file: foreign() said no)
+        return
+    with os.fdopen(fd, "w") as fh:
+        fh.write(MARKER_TEXT)
 
 
 def _is_shard(path: Path) -> bool:

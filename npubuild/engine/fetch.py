@@ -21,12 +21,14 @@ _MATERIALISED: dict[tuple, Path] = {}
 
 @dataclass(frozen=True)
 class StageArtifacts:
-    """Where to find one stage's artifacts: its key, the local cache, the remote (if any)."""
+    """Where to find one stage's artifacts: its key, the local cache, the remote (if any) and
+    the public keys whose signatures on it are believed (a worker reads, never signs)."""
 
     stage: str
     key: str
     cache_root: str
     remote_url: str | None = None
+    trusted_keys: tuple[str, ...] = ()
 
     def materialise(self) -> Path:
         """A private copy of the stage's artifacts on this machine (one per process and key)."""
@@ -35,9 +37,9 @@ class StageArtifacts:
             return _MATERIALISED[memo]
         cache = Cache(Path(self.cache_root))
         if cache.manifest(self.key) is None and self.remote_url:
-            from npubuild.engine.remote import RemoteCache
+            from npubuild.engine.remote import RemoteCache, trusted_only
 
-            RemoteCache(self.remote_url).pull(self.key, cache)
+            RemoteCache(self.remote_url, trust=trusted_only(self.trusted_keys)).pull(self.key, cache)
         if cache.manifest(self.key) is None:
             raise BuildError(f"{self.stage} artifacts {self.key[:12]} are in neither the local "
                              f"cache {self.cache_root} nor a remote cache",

@@ -28,6 +28,7 @@ from npubuild.engine.keys import KeyParts, explain_change, key_parts, read_manif
 from npubuild.engine.paths import MANIFEST, BuildPaths, cache_dir
 from npubuild.engine.remote import RemoteCache, resolve_remote_url
 from npubuild.engine.settings import Settings, find_settings
+from npubuild.engine.signing import Trust, load_trust
 from npubuild.errors import BuildError, NpubuildError
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
@@ -79,9 +80,15 @@ class BuildSession:
 
     @cached_property
     def remote(self) -> RemoteCache | None:
-        """The shared second cache level (``--remote``/``$NPUBUILD_REMOTE``), if any."""
+        """The shared second cache level (``--remote``/``$NPUBUILD_REMOTE``), if any, with
+        this machine's keys (`npubuild.engine.signing`; a bad key file is a UserError)."""
         url = resolve_remote_url(self.remote_url, self.settings.remote)
-        return RemoteCache(url) if url else None
+        return RemoteCache(url, trust=self.trust) if url else None
+
+    @cached_property
+    def trust(self) -> Trust:
+        """This machine's signing key and trusted public keys (a bad one is a UserError)."""
+        return load_trust(self.settings.trusted_keys)
 
     @cached_property
     def paths(self) -> BuildPaths:
@@ -279,6 +286,7 @@ class BuildSession:
         """Remove what killed runs left in the build directory (scratch dirs, ``.tmp-*`` files);
         called under the build lock, so no live run owns them."""
         remove(self.paths.scratch)
+        self.cache.remove_dead_orphans()  # a pull or store this host's killed runs left
         for path in self.paths.root.glob(f"{TMP_PREFIX}*"):
             remove(path)
         for stage in PIPELINE:
@@ -319,12 +327,13 @@ class BuildSession:
         build dir whose entry was removed from the cache is left out; its stage's fan-out
         then runs in this process, with a warning)."""
         remote = self.remote.url if self.remote is not None and self.remote.available else None
+        trusted = self.remote.trust.trusted_texts() if remote else ()
         out = {}
         for name in stage.needs:
             manifest = read_manifest(self.paths.manifest(name))
             if manifest and (remote or self.cache.manifest(manifest["key"]) is not None):
                 out[name] = StageArtifacts(name, manifest["key"], str(self.cache.root.resolve()),
-                                           remote)
+                                           remote, trusted)
         return out
 
     def _swap_in(self, stage: Stage, scratch: Path) -> None:

@@ -8,10 +8,14 @@ folder, may say
 
     cache = ".npubuild/cache"          # a folder (relative to the settings file) or a URL
     remote = "s3://team-bucket/npubuild"
+    trusted_keys = ["ed25519:…"]       # whose signatures the remote's readers believe
 
 ``--cache``/``--remote`` win over ``$NPUBUILD_CACHE``/``$NPUBUILD_REMOTE``, which win over
-these, which win over the default. Credentials never come from here: the endpoint and keys
-come from the usual fsspec/boto environment; a URL carrying a user or password is refused.
+these, which win over the default (``$NPUBUILD_TRUSTED_KEYS`` replaces ``trusted_keys``).
+Credentials never come from here: the endpoint and keys come from the usual fsspec/boto
+environment, and the signing key from ``$NPUBUILD_SIGNING_KEY`` (`npubuild.engine.signing`);
+a URL carrying a user or password is refused. Public keys are not secrets: they belong here,
+reviewed with the project.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from npubuild.errors import Location, UserError
 
 SETTINGS_FILE = "npubuild.toml"
 KEYS = {"cache": "a cache folder (relative to this file) or an fsspec URL",
-        "remote": "the shared remote cache's fsspec URL (s3://bucket/prefix, gs://…, file://…)"}
+        "remote": "the shared remote cache's fsspec URL (s3://bucket/prefix, gs://…, file://…)",
+        "trusted_keys": "the public keys (ed25519:<base64>) whose remote cache entries are "
+                        "believed"}
 CREDENTIALS_HINT = ("credentials come from the environment (AWS_ACCESS_KEY_ID, "
                     "AWS_ENDPOINT_URL, AWS_PROFILE, FSSPEC_S3_*, ...), never from a settings file")
 
@@ -38,6 +44,7 @@ class Settings:
     cache: Path | None = None
     remote: str | None = None
     source: Path | None = None
+    trusted_keys: tuple[str, ...] = ()
 
 
 def find_settings(start: Path) -> Settings:
@@ -70,6 +77,9 @@ def parse(path: Path, table: object, prefix: tuple[str, ...]) -> Settings:
             raise UserError(f"unknown setting {key!r}; settings: " + "; ".join(
                 f"{k}: {v}" for k, v in KEYS.items()), location=at, field=field,
                 hint=CREDENTIALS_HINT if _looks_secret(key) else None)
+        if key == "trusted_keys":
+            _check_public_keys(value, at, field)
+            continue
         if not isinstance(value, str) or not value:
             raise UserError(f"must be a non-empty string, not {value!r}", location=at, field=field)
         if "://" in value and _has_credentials(value):
@@ -78,7 +88,22 @@ def parse(path: Path, table: object, prefix: tuple[str, ...]) -> Settings:
     cache, remote = table.get("cache"), table.get("remote")
     if cache and "://" in cache:
         cache, remote = None, remote or cache
-    return Settings(cache=(path.parent / cache) if cache else None, remote=remote, source=path)
+    return Settings(cache=(path.parent / cache) if cache else None, remote=remote, source=path,
+                    trusted_keys=tuple(table.get("trusted_keys", ())))
+
+
+def _check_public_keys(value: object, at: Location, field: str) -> None:
+    from npubuild.engine.signing import KEYGEN_HINT, parse_public
+
+    if not isinstance(value, list):
+        raise UserError(f"must be a list of public keys, not {value!r:.80}", location=at,
+                        field=field, hint=KEYGEN_HINT)
+    for index, text in enumerate(value):
+        try:
+            parse_public(text)
+        except ValueError as exc:
+            raise UserError(str(exc), location=at, field=f"{field}[{index}]",
+                            hint=KEYGEN_HINT) from None
 
 
 def _load(path: Path) -> dict:

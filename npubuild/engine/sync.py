@@ -1,24 +1,39 @@
 """`npubuild cache status|push|pull`: one recipe's stages between the local and remote caches.
 
-In DVC's manner: `push` uploads what this build has, `pull` downloads what the remote has for
-the recipe as it is now (the next `run` then restores instead of building), `status` says per
-stage where its current key is.
+In DVC's manner: `push` uploads what this build has (signed; a remote entry that does not
+verify, or whose files are not the manifest's, is replaced), `pull` downloads what the remote
+has for the recipe as it is now (the next `run` then restores instead of building), `status`
+says per stage where its current key is.
 """
 
 from __future__ import annotations
 
 from npubuild.engine.session import BuildSession
 from npubuild.engine.keys import read_manifest
+from npubuild.engine.signing import KEYGEN_HINT, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
 from npubuild.errors import NpubuildError, UserError
 from npubuild.stages import PIPELINE
 
 
-def _remote(session: BuildSession):
-    if session.remote is None:
+def _remote(session: BuildSession, *, writing: bool = False):
+    """The session's remote, or a UserError saying what is missing to use it: its URL, the
+    public keys to believe its entries, the private key to sign them (pushing)."""
+    remote = session.remote
+    if remote is None:
         raise UserError("no remote cache is configured",
                         hint="give --remote s3://bucket/prefix, set NPUBUILD_REMOTE, or set "
                              "`remote` in the project's npubuild.toml or [tool.npubuild]")
-    return session.remote
+    if writing and remote.trust.signer is None:
+        raise UserError(f"no signing key for the remote cache {remote.shown}: entries are "
+                        f"pushed signed, and readers refuse unsigned ones",
+                        field=SIGNING_KEY_ENV, hint=f"set {SIGNING_KEY_ENV} to the writer's "
+                        f"private key file; {KEYGEN_HINT}")
+    if not remote.trust.trusted:
+        raise UserError(f"no trusted public key for the remote cache {remote.shown}: nothing "
+                        "on it can be believed", field="trusted_keys",
+                        hint=f"list the writers' public keys in the `trusted_keys` setting or "
+                             f"{TRUSTED_KEYS_ENV}; {KEYGEN_HINT}")
+    return remote
 
 
 def status(session: BuildSession) -> list[dict]:
@@ -38,7 +53,7 @@ def status(session: BuildSession) -> list[dict]:
 
 def push(session: BuildSession) -> dict[str, list[str]]:
     """Upload every stage this build directory holds (storing it locally first if needed)."""
-    remote = _remote(session)
+    remote = _remote(session, writing=True)
     done: dict[str, list[str]] = {"pushed": [], "failed": [], "not built": []}
     for stage in PIPELINE:
         manifest = read_manifest(session.paths.manifest(stage.name))
@@ -48,7 +63,8 @@ def push(session: BuildSession) -> dict[str, list[str]]:
         key = manifest["key"]
         if session.cache.manifest(key) is None:
             session.cache.store(session.paths.stage_dir(stage.name), key)
-        done["pushed" if remote.push(key, session.cache) else "failed"].append(stage.name)
+        pushed = remote.push(key, session.cache, thorough=True)  # re-hash what is there
+        done["pushed" if pushed else "failed"].append(stage.name)
     return done
 
 

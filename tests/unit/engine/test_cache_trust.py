@@ -211,3 +211,55 @@ def test_a_read_only_build_dir_is_a_clear_user_error(tiny_recipe, tmp_path, monk
     monkeypatch.setattr(lock.os, "open", read_only)
     with pytest.raises(UserError, match="cannot lock the build directory .*Read-only file system"):
         build(tiny_recipe, tmp_path)
+
+
+def plant_look_alikes(folder):
+    """What `cache gc` used to remove from any folder: a stale .tmp-* and an entry-shaped dir."""
+    old = folder / ".tmp-editor-swap"
+    old.mkdir(parents=True)
+    os.utime(old, (1, 1))
+    entry = folder / "ab" / ("ab" * 32)
+    entry.mkdir(parents=True)
+    (entry / "notes.txt").write_text("mine")
+    (folder / "Documents").mkdir()
+    return sorted(p.relative_to(folder) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("action", ["gc", "verify"])
+def test_gc_and_verify_refuse_a_folder_npubuild_did_not_make_a_cache(tmp_path, cli, action):
+    home = tmp_path / "home"
+    before = plant_look_alikes(home)
+    result = cli("cache", action, "--cache", str(home))
+    assert result.returncode == 2
+    assert f"error: {home} is not an npubuild cache: it holds 'Documents'" in result.stderr
+    assert "nothing was checked or removed" in result.stderr
+    assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
+
+
+def test_a_new_cache_is_tagged_and_a_tagged_cache_is_cleaned(tiny_recipe, tmp_path, cli):
+    session = build(tiny_recipe, tmp_path)
+    tag = session.cache.root / "CACHEDIR.TAG"
+    assert tag.read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55\n")
+    (session.cache.root / "Documents").mkdir()  # the tag, not the layout, makes it a cache
+    assert cli("cache", "gc", "--cache", str(session.cache.root)).returncode == 0
+
+
+def test_a_cache_from_before_the_tag_is_adopted_when_it_holds_only_entries(tiny_recipe, tmp_path,
+                                                                          cli, calls):
+    session = build(tiny_recipe, tmp_path)
+    (session.cache.root / "CACHEDIR.TAG").unlink()
+    assert cli("cache", "verify", "--cache", str(session.cache.root)).returncode == 0
+    assert not (session.cache.root / "CACHEDIR.TAG").exists()  # verify only reads
+    assert status(fresh_build(tiny_recipe, tmp_path)) == "restored"
+    Cache(session.cache.root).store(session.paths.stage_dir("import"), "cd" * 32)  # adopted
+    assert (session.cache.root / "CACHEDIR.TAG").is_file()
+
+
+def test_a_run_never_writes_into_a_folder_that_is_not_a_cache(tiny_recipe, tmp_path, caplog):
+    home = tmp_path / "home"
+    before = plant_look_alikes(home)
+    with caplog.at_level(logging.WARNING, logger="npubuild"):
+        session = build(tiny_recipe, tmp_path, cache=home)
+    assert status(session) == "built"
+    assert caplog.text.count("is not an npubuild cache") == 1
+    assert sorted(p.relative_to(home) for p in home.rglob("*")) == before

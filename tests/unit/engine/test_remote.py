@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import socket
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -17,10 +20,12 @@ import pytest
 from npubuild import api
 from npubuild.engine.cache import Cache
 from npubuild.engine.remote import RemoteCache
+from npubuild.engine.signing import load_trust
 from npubuild.stages import PIPELINE
 
 s3fs = pytest.importorskip("s3fs", reason="the remote cache test needs s3fs")
 moto_server = pytest.importorskip("moto.server", reason="the remote cache test needs moto[server]")
+pytestmark = pytest.mark.usefixtures("signing_key")
 
 @pytest.fixture
 def bucket() -> str:
@@ -85,7 +90,7 @@ def test_machine_b_restores_every_stage_from_the_remote_byte_for_byte(
 
     assert {name: r.status for name, r in b.results.items()} == {s.name: "restored" for s in PIPELINE}
     assert stage_dirs_digest(b.paths.root) == stage_dirs_digest(a.paths.root)
-    assert len(RemoteCache(url).keys()) == len(PIPELINE)
+    assert len(RemoteCache(url, trust=load_trust()).keys()) == len(PIPELINE)
 
 
 def test_a_url_given_as_cache_is_the_remote_behind_the_default_local_cache(s3_server, bucket, tiny_recipe, tmp_path,
@@ -128,8 +133,11 @@ def test_a_tampered_remote_file_is_a_miss_not_a_wrong_artifact(s3_server, bucket
                         cache=tmp_path / "a" / "cache", remote=url)
     api.build(a, "import")
     key = a.results["import"].key
-    remote = RemoteCache(url)
-    remote.fs.pipe_file(f"{remote.entry(key)}/model.onnx", b"not the model")
+    remote = RemoteCache(url, trust=load_trust())
+    path = f"{remote.entry(key)}/model.onnx"
+    data = bytearray(remote.transport.fs.cat_file(path))
+    data[100] ^= 0xFF  # the same size: only the hash can tell
+    remote.transport.fs.pipe_file(path, bytes(data))
 
     local = Cache(tmp_path / "b" / "cache")
     with caplog.at_level(logging.WARNING, logger="npubuild"):
@@ -197,3 +205,107 @@ def test_a_url_in_npubuild_cache_is_the_remote_and_the_local_cache_stays_a_folde
     assert cache_dir(None) == DEFAULT_CACHE_DIR
     monkeypatch.setenv("NPUBUILD_CACHE", str(tmp_path))
     assert resolve_remote_url(None) is None and cache_dir(None) == tmp_path
+
+
+class FreezableProxy:
+    """A TCP proxy in front of the S3 server that can stop answering (a remote frozen mid-
+    transfer: connections stay open, nothing comes back)."""
+
+    def __init__(self, upstream: tuple[str, int]):
+        self.upstream, self.frozen = upstream, threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.held.append(client)
+            if self.frozen.is_set():
+                continue  # accepted, never answered
+            server = socket.create_connection(self.upstream)
+            self.held.append(server)
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if self.frozen.is_set():
+                    return  # swallow: the other side waits for ever
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+        for sock in self.held:
+            sock.close()
+
+
+def test_a_remote_freezing_mid_push_costs_seconds_and_one_warning(
+        s3_server, bucket, tiny_recipe, tmp_path, monkeypatch, caplog):
+    from npubuild.engine import remote as remote_module
+
+    proxy = FreezableProxy(s3_server.get_host_and_port())
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
+    monkeypatch.setenv("NPUBUILD_REMOTE_TIMEOUT", "2")
+    s3fs.S3FileSystem.clear_instance_cache()
+    real_upload = remote_module.RemoteCache._upload
+    uploads = []
+
+    def upload_then_freeze(self, key, rel, info, local):
+        uploads.append(rel)
+        if len(uploads) == 2:  # the second file of the first entry: mid-push
+            proxy.frozen.set()
+        return real_upload(self, key, rel, info, local)
+
+    monkeypatch.setattr(remote_module.RemoteCache, "_upload", upload_then_freeze)
+    session = api.session_for(tiny_recipe, build_root=tmp_path / "build", cache=tmp_path / "cache",
+                              remote=f"s3://{bucket}/cache")
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="npubuild"):
+        api.build(session, "fusion")
+    elapsed = time.monotonic() - started
+    proxy.close()
+    assert {r.status for r in session.results.values() if r.key} == {"built"}
+    warnings = [r.getMessage() for r in caplog.records if "remote cache" in r.getMessage()]
+    assert len(warnings) == 1 and "cannot push to it (no answer within" in warnings[0], warnings
+    assert len(uploads) == 2 and not session.remote.available
+    assert elapsed < 60, elapsed  # the frozen call is given up after its deadline (2 s + 1 s)
+
+
+def test_an_endpoint_that_accepts_and_never_answers_costs_seconds(tiny_recipe, tmp_path, monkeypatch,
+                                                                  caplog):
+    listener = socket.create_server(("127.0.0.1", 0))  # connects, never answers
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{listener.getsockname()[1]}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("NPUBUILD_REMOTE_TIMEOUT", "2")
+    s3fs.S3FileSystem.clear_instance_cache()
+    session = api.session_for(tiny_recipe, build_root=tmp_path / "build", cache=tmp_path / "cache",
+                              remote="s3://frozen-bucket/cache")
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="npubuild"):
+        assert session.remote_manifest("ab" * 32) is None
+    assert time.monotonic() - started < 10
+    assert "no answer within 3 s" in caplog.text
+    listener.close()
+
+
+def test_credentials_in_the_remote_url_never_appear_in_output(tiny_recipe, tmp_path, cli):
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens: connection refused
+    url = "s3://AKIASECRETKEYID:wJalrXUtnFEMIK7MDENGbPxRfiCYSECRET@bucket/cache"
+    result = cli("run", str(tiny_recipe), "import", "--build-dir", str(tmp_path / "b"),
+                 "--cache", str(tmp_path / "c"), "--remote", url, "-v",
+                 env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "NPUBUILD_REMOTE_TIMEOUT": "2"})
+    assert result.returncode == 0, result.stderr
+    assert "remote cache s3://***@bucket/cache" in result.stderr
+    assert "AKIASECRETKEYID" not in result.stderr + result.stdout
+    assert "YSECRET" not in result.stderr + result.stdout

@@ -74,6 +74,8 @@ def test_the_flag_beats_the_environment_which_beats_the_setting(tmp_path, monkey
     ('remote = "s3://AKIA:secret@bucket/x"\n', "never hold credentials", 1),
     ('cache = 3\n', "must be a non-empty string", 1),
     ('cache = "c\n', "not valid TOML", 1),
+    ('remote = "s3://b/p"\ntrusted_keys = ["ssh-ed25519 AAAA"]\n', "write ed25519:<base64>", 2),
+    ('trusted_keys = "ed25519:AAAA"\n', "must be a list of public keys", 1),
 ])
 def test_bad_settings_are_one_user_error_at_the_file_and_line(tmp_path, settings, message, line):
     recipe = project(tmp_path, settings)
@@ -83,7 +85,7 @@ def test_bad_settings_are_one_user_error_at_the_file_and_line(tmp_path, settings
     assert info.value.location.line == line
 
 
-def test_the_cli_builds_into_the_settings_cache_and_pushes_to_its_remote(tmp_path):
+def test_the_cli_builds_into_the_settings_cache_and_pushes_to_its_remote(tmp_path, signing_key):
     recipe = project(tmp_path, f'cache = "store"\nremote = "file://{tmp_path}/remote"\n')
     result = run_cli("run", str(recipe), "import", "--build-dir", str(tmp_path / "b"),
                      cwd=tmp_path / "deploy")
@@ -108,6 +110,9 @@ def test_the_readme_settings_example_is_valid(tmp_path):
 
     [block] = re.findall(r"^ *```toml\n(.*?)^ *```$", (REPO / "README.md").read_text(), re.S | re.M)
     (tmp_path / "pyproject.toml").write_text(textwrap.dedent(block))
-    assert find_settings(tmp_path) == Settings(cache=tmp_path / ".npubuild/cache",
-                                               remote="s3://team-bucket/npubuild",
-                                               source=tmp_path / "pyproject.toml")
+    settings = find_settings(tmp_path)
+    assert settings == Settings(cache=tmp_path / ".npubuild/cache",
+                                remote="s3://team-bucket/npubuild",
+                                source=tmp_path / "pyproject.toml",
+                                trusted_keys=settings.trusted_keys)
+    assert len(settings.trusted_keys) == 1
