@@ -14,7 +14,7 @@ from npubuild.engine.session import BuildSession, StageResult, stage_list
 from npubuild.engine.keys import read_manifest
 from npubuild.engine.remote import is_url
 from npubuild.engine.lock import build_lock
-from npubuild.errors import BuildError, UserError
+from npubuild.errors import BuildError, Location, UserError
 from npubuild.recipe import LoadedRecipe, load_recipe
 from npubuild.stages import PIPELINE, no_progress
 
@@ -46,7 +46,8 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
     stages = stage_list(stage)
     for each in stages:  # a missing model or data file is a recipe error; doit would trace it
         each.external_files(session.loaded)
-    with build_lock(session.paths.lock_file, wait_seconds=wait_seconds, on_wait=on_wait):
+    with build_lock(session.paths.lock_file, wait_seconds=wait_seconds, on_wait=on_wait,
+                    location=Location(str(session.loaded.path))):
         session.clear_orphans()
         code = run_with_doit(session, stages)
         try:
@@ -97,7 +98,8 @@ def show(session: BuildSession) -> dict:
 
 def clean(session: BuildSession) -> Path:
     """Delete the recipe's build directory (the shared cache is kept)."""
-    with build_lock(session.paths.lock_file, wait_seconds=0):
+    with build_lock(session.paths.lock_file, wait_seconds=0,
+                    location=Location(str(session.loaded.path))):
         root = session.paths.root
         for child in root.iterdir() if root.exists() else []:
             if child.name != ".lock":

@@ -10,13 +10,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from npubuild.errors import BuildLocked, UserError
+from npubuild.errors import BuildLocked, Location, UserError
 
 
 @contextmanager
 def build_lock(path: Path, *, wait_seconds: float = 600.0,
-               on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
-    """Hold the lock; wait up to ``wait_seconds`` for another run to finish, then fail clearly."""
+               on_wait: Callable[[str], None] | None = None,
+               location: Location | None = None) -> Iterator[None]:
+    """Hold the lock; wait up to ``wait_seconds`` for another run to finish, then fail clearly
+    (at ``location``: the recipe whose build directory it is)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # O_NOFOLLOW: a planted symlink must not make the run overwrite its target with a pid
@@ -35,9 +37,13 @@ def build_lock(path: Path, *, wait_seconds: float = 600.0,
             except BlockingIOError:
                 holder = _holder(fd)
                 if time.monotonic() >= deadline:
+                    waited = f" (waited {wait_seconds:g} s)" if wait_seconds else ""
                     raise BuildLocked(
-                        f"another npubuild run{holder} is writing {path.parent}",
-                        hint="wait for it to finish, or pass --wait SECONDS to wait longer") from None
+                        f"another npubuild run{holder} is writing {path.parent}{waited}",
+                        location=location,
+                        hint="wait for it to finish, or pass --wait SECONDS to wait longer; "
+                             f"if no such run exists, the lock is held by a process that has "
+                             f"{path.name} open (`fuser {path}` names it)") from None
                 if on_wait and not told:
                     on_wait(f"waiting for another npubuild run{holder} on {path.parent}")
                     told = True

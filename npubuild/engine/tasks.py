@@ -10,6 +10,8 @@ inside ``build/<name>/``, a backend that tolerates concurrent readers.
 from __future__ import annotations
 
 import logging
+import os
+import stat
 import sys
 from contextlib import contextmanager
 from typing import Iterator
@@ -20,7 +22,7 @@ from doit.exceptions import TaskFailed
 from doit.task import dict_to_task
 
 from npubuild.engine.session import BuildSession
-from npubuild.errors import BuildError, NpubuildError, machine_error
+from npubuild.errors import BuildError, NpubuildError, UserError, machine_error
 from npubuild.stages import Stage
 
 
@@ -121,6 +123,7 @@ def run_with_doit(session: BuildSession, stages: tuple[Stage, ...]) -> int:
     # report with its recipe location and exit code, not a traceback inside doit's loader
     tasks = [dict_to_task(d) for d in stage_task_dicts(session, stages)]
     session.paths.root.mkdir(parents=True, exist_ok=True)
+    check_doit_db(session.paths.doit_db)
     with _doit_tracebacks_to_error(session) as stderr:
         code = DoitMain(SessionLoader(session, tasks), config_filenames=()).run(["run", *targets])
     if code != 0 and session.error is None and stderr.traceback:
@@ -130,6 +133,29 @@ def run_with_doit(session: BuildSession, stages: tuple[Stage, ...]) -> int:
                                    f"{last}", hint="free disk space or build elsewhere "
                                    "(--build-dir); run with -v for doit's traceback")
     return code
+
+
+SQLITE_SIDE_FILES = ("", "-journal", "-wal", "-shm")
+
+
+def check_doit_db(path) -> None:
+    """doit opens its database with sqlite3, which follows symlinks (and so would write into a
+    planted link's target): refuse a database, or a journal beside it, that is not a regular
+    file; create the database without following a link, so it is one from the start."""
+    for name in (path.name + suffix for suffix in SQLITE_SIDE_FILES):
+        try:
+            mode = os.lstat(path.with_name(name)).st_mode
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(mode):
+            kind = "a symlink" if stat.S_ISLNK(mode) else "not a regular file"
+            raise UserError(f"{path.with_name(name)} is {kind}: doit's database is never opened "
+                            "through one", hint=f"remove it (`npubuild clean` removes the whole "
+                                                f"{path.parent})")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666))
+    except OSError as exc:  # a link planted since the check above
+        raise UserError(f"cannot open doit's database {path}: {exc.strerror or exc}") from None
 
 
 class _TracebackFilter:

@@ -263,3 +263,29 @@ def test_a_run_never_writes_into_a_folder_that_is_not_a_cache(tiny_recipe, tmp_p
     assert status(session) == "built"
     assert caplog.text.count("is not an npubuild cache") == 1
     assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
+
+
+@pytest.mark.parametrize("name", [".doit.sqlite", ".doit.sqlite-journal"])
+def test_doits_database_is_never_opened_through_a_symlink(tiny_recipe, tmp_path, cli, name):
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me")
+    link = tmp_path / "build" / "tiny" / name
+    link.parent.mkdir(parents=True)
+    link.symlink_to(target)
+    result = cli("run", str(tiny_recipe), "import", "--build-dir", str(tmp_path / "build"),
+                 "--cache", str(tmp_path / "cache"))
+    assert result.returncode == 2
+    assert f"error: {link} is a symlink: doit's database is never opened through one" in result.stderr
+    assert target.read_text() == "keep me"
+
+
+def test_a_lock_timeout_names_the_recipe_the_holder_and_the_wait(tiny_recipe, tmp_path, cli):
+    from npubuild.engine.lock import build_lock
+
+    with build_lock(tmp_path / "build" / "tiny" / ".lock"):
+        result = cli("run", str(tiny_recipe), "--build-dir", str(tmp_path / "build"),
+                     "--cache", str(tmp_path / "cache"), "--wait", "0.5")
+    assert result.returncode == 2
+    assert (f"error: {tiny_recipe}: another npubuild run (pid {os.getpid()}) is writing "
+            f"{tmp_path / 'build' / 'tiny'} (waited 0.5 s)") in result.stderr
+    assert "hint: wait for it to finish, or pass --wait SECONDS" in result.stderr
