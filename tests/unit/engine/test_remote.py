@@ -10,7 +10,6 @@ import hashlib
 import json
 import logging
 import socket
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +20,7 @@ from npubuild import api
 from npubuild.engine.cache import Cache
 from npubuild.engine.remote import RemoteCache
 from npubuild.engine.signing import load_trust
+from tests.unit.engine.test_kills_and_hostile_sample import benchmark
 from npubuild.stages import PIPELINE
 
 s3fs = pytest.importorskip("s3fs", reason="the remote cache test needs s3fs")
@@ -207,64 +207,12 @@ def test_a_url_in_npubuild_cache_is_the_remote_and_the_local_cache_stays_a_folde
     assert resolve_remote_url(None) is None and cache_dir(None) == tmp_path
 
 
-class FreezableProxy:
-    """A TCP proxy in front of the S3 server that can stop answering (a remote frozen mid-
-    transfer: connections stay open, nothing comes back)."""
-
-    def __init__(self, upstream: tuple[str, int]):
-        self.upstream, self.frozen = upstream, threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            self.held.append(client)
-            if self.frozen.is_set():
-                continue  # accepted, never answered
-            server = socket.create_connection(self.upstream)
-            self.held.append(server)
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                if self.frozen.is_set():
-                    return  # swallow: the other side waits for ever
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.listener.close()
-        for sock in self.held:
-            sock.close()
-
-
 def test_a_remote_freezing_mid_push_costs_seconds_and_one_warning(
         s3_server, bucket, tiny_recipe, tmp_path, monkeypatch, caplog):
-    from npubuild.engine import remote as remote_module
-
-    proxy = FreezableProxy(s3_server.get_host_and_port())
+    proxy = benchmark("remote_attacks").FreezableProxy(s3_server.get_host_and_port(), 1)
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")
     monkeypatch.setenv("NPUBUILD_REMOTE_TIMEOUT", "2")
     s3fs.S3FileSystem.clear_instance_cache()
-    real_upload = remote_module.RemoteCache._upload
-    uploads = []
-
-    def upload_then_freeze(self, key, rel, info, local):
-        uploads.append(rel)
-        if len(uploads) == 2:  # the second file of the first entry: mid-push
-            proxy.frozen.set()
-        return real_upload(self, key, rel, info, local)
-
-    monkeypatch.setattr(remote_module.RemoteCache, "_upload", upload_then_freeze)
     session = api.session_for(tiny_recipe, build_root=tmp_path / "build", cache=tmp_path / "cache",
                               remote=f"s3://{bucket}/cache")
     started = time.monotonic()
@@ -275,7 +223,7 @@ def test_a_remote_freezing_mid_push_costs_seconds_and_one_warning(
     assert {r.status for r in session.results.values() if r.key} == {"built"}
     warnings = [r.getMessage() for r in caplog.records if "remote cache" in r.getMessage()]
     assert len(warnings) == 1 and "cannot push to it (no answer within" in warnings[0], warnings
-    assert len(uploads) == 2 and not session.remote.available
+    assert proxy.frozen.is_set() and not session.remote.available
     assert elapsed < 60, elapsed  # the frozen call is given up after its deadline (2 s + 1 s)
 
 

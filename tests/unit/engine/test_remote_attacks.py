@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from npubuild import api
-from npubuild.engine.cache import MANIFEST
-from npubuild.engine.signing import SIGNATURE, SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, load_trust
+from npubuild.engine.signing import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
 from tests.conftest import REPO, TINY_RECIPE, write_recipe
+from tests.unit.engine.test_kills_and_hostile_sample import benchmark
 
 pytestmark = pytest.mark.usefixtures("signing_key")
 
@@ -54,88 +54,14 @@ def entry(remote: Path, key: str) -> Path:
     return remote / key[:2] / key
 
 
-def resign(path: Path, key: str, manifest: dict, key_file: Path) -> None:
-    """Write ``manifest`` and a valid signature by ``key_file`` (a trusted writer's mistake)."""
-    raw = json.dumps(manifest, sort_keys=True).encode()
-    (path / MANIFEST).write_bytes(raw)
-    trust = load_trust(environ={SIGNING_KEY_ENV: str(key_file)})
-    (path / SIGNATURE).write_bytes(trust.sign(key, raw))
+# The attack set is the benchmark's (benchmarks/remote_attacks.py), where it is also measured
+ATTACKS = benchmark("remote_attacks")
+IMPORT_ATTACKS = {name: attack for name, (attack, spoilt, upto) in ATTACKS.FILE_ATTACKS.items()
+                  if spoilt == upto == "import"}
 
 
-def other_weights(path: Path) -> bytes:
-    import onnx
-    from onnx import numpy_helper
-
-    model = onnx.load(path)
-    init = model.graph.initializer[0]
-    init.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(init), init.name))
-    return model.SerializeToString()
-
-
-# -- the attacks: each spoils the import entry of the remote ------------------------------------
-def tampered_artifact_with_fixed_manifest_hash(path, key, keys):
-    data = other_weights(path / "model.onnx")
-    (path / "model.onnx").write_bytes(data)
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest["files"]["model.onnx"] = {"sha256": __import__("hashlib").sha256(data).hexdigest(),
-                                       "bytes": len(data)}
-    (path / MANIFEST).write_text(json.dumps(manifest))
-
-
-def flipped_report(path, key, keys):
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest["report"]["flipped"] = {"passed": True}
-    (path / MANIFEST).write_text(json.dumps(manifest))
-
-
-def corrupt_file_same_size(path, key, keys):
-    data = bytearray((path / "model.onnx").read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    (path / "model.onnx").write_bytes(bytes(data))
-
-
-def missing_signature(path, key, keys):
-    (path / SIGNATURE).unlink()
-
-
-def signed_by_an_untrusted_key(path, key, keys, tmp=None):
-    from npubuild.engine.signing import generate_key_pair
-
-    stranger = path.parent.parent.parent / "stranger.key"
-    generate_key_pair(stranger)
-    resign(path, key, json.loads((path / MANIFEST).read_text()), stranger)
-
-
-def oversized_object(path, key, keys):
-    with open(path / "model.onnx", "wb") as fh:
-        fh.truncate(1 << 30)  # 1 GiB, sparse: costs no disk
-
-
-def oversized_manifest(path, key, keys):
-    with open(path / MANIFEST, "r+b") as fh:
-        fh.truncate(1 << 30)
-
-
-def manifest_symlink_to_dev_zero(path, key, keys):
-    (path / MANIFEST).unlink()
-    (path / MANIFEST).symlink_to("/dev/zero")
-
-
-def listed_file_is_a_fifo(path, key, keys):
-    (path / "model.onnx").unlink()
-    os.mkfifo(path / "model.onnx")
-
-
-def listed_file_is_a_symlink_to_the_same_bytes(path, key, keys):
-    outside = path.parent.parent.parent / "outside.onnx"
-    (path / "model.onnx").rename(outside)
-    (path / "model.onnx").symlink_to(outside)
-
-
-ATTACKS = [tampered_artifact_with_fixed_manifest_hash, flipped_report, corrupt_file_same_size,
-           missing_signature, signed_by_an_untrusted_key, oversized_object, oversized_manifest,
-           manifest_symlink_to_dev_zero, listed_file_is_a_fifo,
-           listed_file_is_a_symlink_to_the_same_bytes]
+def spoil(attack, remote: Path, key: str, tmp_path: Path, key_pair) -> None:
+    attack(entry(remote, key), key, ATTACKS.Context(key_pair[0], tmp_path))
 
 
 def machine(name: str, tiny_recipe: Path, tmp_path: Path, remote: Path, stage="import"):
@@ -145,12 +71,12 @@ def machine(name: str, tiny_recipe: Path, tmp_path: Path, remote: Path, stage="i
     return session
 
 
-@pytest.mark.parametrize("attack", ATTACKS, ids=lambda a: a.__name__)
+@pytest.mark.parametrize("name", IMPORT_ATTACKS)
 def test_an_attacked_entry_is_rebuilt_with_one_warning_and_healed_by_the_next_push(
-        attack, pushed, remote, tiny_recipe, tmp_path, caplog):
+        name, pushed, remote, tiny_recipe, tmp_path, caplog, key_pair):
     a_root, keys = pushed
     key = keys["import"]
-    attack(entry(remote, key), key, keys)
+    spoil(IMPORT_ATTACKS[name], remote, key, tmp_path, key_pair)
 
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="npubuild"):
@@ -171,10 +97,7 @@ def test_a_signed_entry_with_an_over_long_file_name_is_refused_alone(
         pushed, remote, tiny_recipe, tmp_path, caplog, key_pair):
     """A trusted writer's bug: the manifest is signed but lists a name no file system holds."""
     _, keys = pushed
-    path = entry(remote, keys["import"])
-    manifest = json.loads((path / MANIFEST).read_text())
-    manifest["files"]["x" * 300] = {"sha256": "0" * 64, "bytes": 1}
-    resign(path, keys["import"], manifest, key_pair[0])
+    spoil(ATTACKS.over_long_name, remote, keys["import"], tmp_path, key_pair)
     with caplog.at_level(logging.WARNING, logger="npubuild"):
         b = machine("b", tiny_recipe, tmp_path, remote, "surgery")
     assert [b.results[s].status for s in ("import", "surgery")] == ["built", "restored"]
@@ -186,11 +109,8 @@ def test_a_flipped_verdict_in_a_verify_entry_is_not_believed(tiny_recipe, tmp_pa
     remote = tmp_path / "remote"
     a = machine("a", tiny_recipe, tmp_path, remote, "verify")
     key = a.results["verify"].key
-    path = entry(remote, key)
-    manifest = json.loads((path / MANIFEST).read_text())
-    verdict = manifest["report"]["verify"]["passed"]
-    manifest["report"]["verify"]["passed"] = not verdict
-    (path / MANIFEST).write_text(json.dumps(manifest))
+    verdict = a.results["verify"].report["verify"]["passed"]
+    spoil(ATTACKS.flipped_verdict, remote, key, tmp_path, (None,))
     with caplog.at_level(logging.WARNING, logger="npubuild"):
         b = machine("b", tiny_recipe, tmp_path, remote, "verify")
     assert b.results["verify"].status == "built"
@@ -222,7 +142,7 @@ def test_with_no_key_configured_the_remote_is_not_used_with_one_warning(
 def test_cache_push_replaces_a_corrupt_remote_entry_it_used_to_call_pushed(
         pushed, remote, tiny_recipe, tmp_path, cli):
     a_root, keys = pushed
-    corrupt_file_same_size(entry(remote, keys["import"]), keys["import"], keys)
+    spoil(ATTACKS.corrupt_entry, remote, keys["import"], tmp_path, (None,))
     args = ["--build-dir", str(a_root / "build"), "--cache", str(a_root / "cache"),
             "--remote", f"file://{remote}", "--json"]
     pushed_now = cli("cache", "push", str(tiny_recipe), *args)
