@@ -232,7 +232,9 @@ class Cache:
 
     def remove_dead_orphans(self) -> None:
         """Remove what this host's killed runs left at the root (their pid is gone); what other
-        hosts left waits for `npubuild cache gc`."""
+        hosts left waits for `npubuild cache gc`. Only in a folder tagged as npubuild's cache."""
+        if not _has_marker(self.root):
+            return
         try:
             names = os.listdir(self.root)
         except OSError:
@@ -344,7 +346,9 @@ class Cache:
         return out
 
     def evict(self, key: str) -> None:
-        remove(self.entry(key))
+        """Remove a bad entry (never from a folder that is not npubuild's cache)."""
+        if self.foreign() is None:
+            remove(self.entry(key))
 
     def check_all(self, *, now: float | None = None) -> Iterator[EntryCheck]:
         """Every entry, checked, and every orphan (``.tmp-*`` of dead runs, stray files)."""

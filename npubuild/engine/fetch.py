@@ -10,7 +10,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from npubuild.engine.cache import Cache
@@ -27,7 +27,7 @@ class StageArtifacts:
     stage: str
     key: str
     cache_root: str
-    remote_url: str | None = None
+    remote_url: str | None = field(default=None, repr=False)  # may hold credentials
     trusted_keys: tuple[str, ...] = ()
 
     def materialise(self) -> Path:

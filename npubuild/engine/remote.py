@@ -69,7 +69,7 @@ def s3_options(timeout: float) -> dict:
 class RemoteCache:
     """One remote; ``available`` turns False at its first failure (one warning)."""
 
-    url: str
+    url: str = field(repr=False)  # may hold credentials: shown only through `shown`
     trust: Trust = field(default_factory=Trust)
     timeout: float = field(default_factory=timeout_seconds)
     available: bool = True

@@ -75,7 +75,7 @@ class BuildSession:
     results: dict[str, StageResult] = field(default_factory=dict)
     error: NpubuildError | None = None
     cache_off: str | None = None  # why the cache is not written this run (warned once)
-    remote_url: str | None = None
+    remote_url: str | None = field(default=None, repr=False)  # may hold credentials
     scheduler: str | None = None
 
     @cached_property
