@@ -175,9 +175,16 @@ def remote_table() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
+            from npubuild.engine.signing import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV, generate_key_pair
+
+            public = generate_key_pair(tmp / "writer.key")  # A signs; B trusts A's public key
+            keys = {"A": {SIGNING_KEY_ENV: str(tmp / "writer.key")}, "B": {TRUSTED_KEYS_ENV: public}}
             rows = []
             for machine in ("A (builds, pushes)", "B (restores from the remote)"):
                 tag = machine[0]
+                for name in (SIGNING_KEY_ENV, TRUSTED_KEYS_ENV):
+                    os.environ.pop(name, None)
+                os.environ.update(keys[tag])
                 session = api.session_for(recipe, build_root=tmp / tag, cache=tmp / f"cache-{tag}",
                                           remote=url)
                 start = time.perf_counter()
