@@ -62,7 +62,12 @@ def push(session: BuildSession) -> dict[str, list[str]]:
             continue
         key = manifest["key"]
         if session.cache.manifest(key) is None:
-            session.cache.store(session.paths.stage_dir(stage.name), key)
+            try:  # pushes go from the local cache: the stage is stored there first
+                session.cache.store(session.paths.stage_dir(stage.name), key)
+            except OSError as exc:
+                raise UserError(f"cannot store {stage.name} into the local cache: "
+                                f"{exc.strerror or exc}",
+                                hint="point --cache at a writable npubuild cache folder") from None
         pushed = remote.push(key, session.cache, thorough=True)  # re-hash what is there
         done["pushed" if pushed else "failed"].append(stage.name)
     return done

@@ -197,3 +197,16 @@ def test_a_pull_killed_midway_leaves_nothing_a_rerun_keeps(pushed, remote, tiny_
     assert [p["path"] for p in json.loads(gc.stdout)["problems"]] == [str(legacy)]
     assert sorted(p.name for p in cache.iterdir()) == sorted(
         ["CACHEDIR.TAG", b.results["import"].key[:2]])
+
+
+def test_cache_push_through_a_folder_that_is_not_a_cache_is_one_user_error(
+        pushed, tiny_recipe, tmp_path, cli):
+    a_root, _ = pushed
+    home = tmp_path / "home"
+    (home / "Documents").mkdir(parents=True)
+    result = cli("cache", "push", str(tiny_recipe), "--build-dir", str(a_root / "build"),
+                 "--cache", str(home), "--remote", f"file://{tmp_path}/r")
+    assert result.returncode == 2
+    assert f"error: cannot store import into the local cache: {home} is not an npubuild cache" \
+        in result.stderr
+    assert sorted(p.name for p in home.iterdir()) == ["Documents"]
