@@ -13,7 +13,7 @@ from npubuild.recipe import paths
 from npubuild.recipe.load import Marked, dotted, read_yaml, validate
 
 MODEL_SUFFIXES = {".onnx": "onnx", ".pb": "tf_frozen", ".keras": "keras", ".h5": "keras",
-                  ".tflite": "tflite"}
+                  ".hdf5": "keras", ".tflite": "tflite"}
 
 
 @dataclass

@@ -132,7 +132,7 @@ ModelFormat = Literal["onnx", "tf_frozen", "saved_model", "keras", "tflite"]
 class ModelSpec(Strict):
     """The source model: its file, its inputs and (optionally) where to cut it."""
 
-    path: str = Field(description="Model file: .onnx, frozen .pb, SavedModel dir, .keras/.h5, "
+    path: str = Field(description="Model file: .onnx, frozen .pb, SavedModel dir, .keras/.h5/.hdf5, "
                                   ".tflite; relative to the recipe or pkg:<package>/<path>.")
     format: ModelFormat | None = Field(None, description="Default: from the file name.")
     inputs: list[InputSpec] = Field(default_factory=list)
