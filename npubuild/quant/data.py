@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -45,14 +45,42 @@ def _error(path: Path, message: str, hint: str | None = None) -> UserError:
     return UserError(message, location=Location(str(path)), hint=hint)
 
 
+@dataclass(frozen=True)
+class Source:
+    """Where one sample comes from: its image files (N for an input of batch N) or its array
+    file, and its place in that file when the file holds a stack of samples. A sample is never
+    found by its file's position in the data list: one file may hold many samples, and one
+    sample many files."""
+
+    files: tuple[Path, ...]
+    index: int | None = None  # the sample's place in a stacked .npy/.npz
+
+    def label(self, spell: Callable[[Path], str] = lambda path: path.name) -> str:
+        """``page.png``, ``a.png + b.png`` or ``lines.npy[3]`` (files named by ``spell``)."""
+        names = " + ".join(spell(f) for f in self.files)
+        return names if self.index is None else f"{names}[{self.index}]"
+
+    @property
+    def image(self) -> Path | None:
+        """The sample's first image file, if it was made from images."""
+        return self.files[0] if self.files[0].suffix.lower() in IMAGE_SUFFIXES else None
+
+
 def load_samples(files: Sequence[Path], inputs: Sequence[InputInfo],
                  limit: int | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Yield up to ``limit`` samples ``{input name: array}`` from ``files`` (in order)."""
+    return (sample for _, sample in sources_and_samples(files, inputs, limit))
+
+
+def sources_and_samples(files: Sequence[Path], inputs: Sequence[InputInfo],
+                        limit: int | None = None) -> Iterator[tuple[Source, dict[str, np.ndarray]]]:
+    """`load_samples` with each sample's `Source`."""
     if not files:
         raise UserError("no calibration files", hint="set quantization.calibration.data to a glob "
                                                       "that matches images or .npy/.npz files")
     produced = 0
     pending: list[np.ndarray] = []
+    pending_files: list[Path] = []
     for path in files:
         if limit is not None and produced >= limit:
             return
@@ -60,14 +88,16 @@ def load_samples(files: Sequence[Path], inputs: Sequence[InputInfo],
         if suffix in IMAGE_SUFFIXES:
             info = _single_input(inputs, path, "an image")
             pending.append(image_tensor(path, info))
+            pending_files.append(path)
             if len(pending) == max(1, info.shape[0]):
-                yield {info.name: _finite(path, np.concatenate(pending).astype(info.dtype), info.name)}
-                produced, pending = produced + 1, []
+                array = _finite(path, np.concatenate(pending).astype(info.dtype), info.name)
+                yield Source(tuple(pending_files)), {info.name: array}
+                produced, pending, pending_files = produced + 1, [], []
         elif suffix in TENSOR_SUFFIXES:
-            for sample in _tensor_samples(path, inputs):
+            for index, sample in _tensor_samples(path, inputs):
                 if limit is not None and produced >= limit:
                     return
-                yield sample
+                yield Source((path,), index), sample
                 produced += 1
         else:
             raise _error(path, f"cannot use {path.name!r} as calibration data (suffix {suffix!r})",
@@ -129,15 +159,18 @@ def image_tensor(path: Path, info: InputInfo) -> np.ndarray:
     return np.ascontiguousarray(x[None], dtype=np.float32)
 
 
-def _tensor_samples(path: Path, inputs: Sequence[InputInfo]) -> Iterator[dict[str, np.ndarray]]:
+def _tensor_samples(path: Path, inputs: Sequence[InputInfo]
+                    ) -> Iterator[tuple[int | None, dict[str, np.ndarray]]]:
+    """Each sample of an array file with its index in the file (None when it holds one)."""
     arrays = _read_arrays(path, inputs)
     per_input = {info.name: _as_samples(path, info, arrays[info.name]) for info in inputs}
     counts = {len(v) for v in per_input.values()}
     if len(counts) != 1:
         raise _error(path, "the arrays hold different numbers of samples: " + ", ".join(
             f"{k}: {len(v)}" for k, v in per_input.items()))
-    for i in range(counts.pop()):
-        yield {name: samples[i] for name, samples in per_input.items()}
+    count = counts.pop()
+    for i in range(count):
+        yield (i if count > 1 else None), {name: samples[i] for name, samples in per_input.items()}
 
 
 MAX_ARRAY_BYTES = 1 << 30  # one data array; a header may not promise more than this

@@ -59,17 +59,18 @@ def run(ctx: StageContext) -> dict:
     inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
     files = data_files(ctx.loaded)
     field = ("verify", "data") if spec.data else ("quantization", "calibration", "data")
-    samples = list(ctx.loaded.located(data.load_samples(files, inputs, spec.samples), *field))
+    found = list(ctx.loaded.located(data.sources_and_samples(files, inputs, spec.samples), *field))
+    sources, samples = [s for s, _ in found], [x for _, x in found]
     progress = ctx.progress(samples, total=len(samples), description="verify: samples")
     refs, gots, floats = map(list, zip(*observe(ctx, run_sample, progress)))
-    used = files[:len(samples)]
-    result = judge(ctx, refs, gots, floats, pipeline, reference.missing, inputs[0], used)
+    result = judge(ctx, refs, gots, floats, pipeline, reference.missing, inputs[0], sources,
+                   samples)
     plan = result.pop("bisect")
     if not result["passed"]:
         fixes = RecipeFixes.from_recipe(ctx.recipe.quantization, bool(ctx.chip and ctx.chip.int16))
         result["bisection"] = bisect_sample(dirs, pipeline, reference, samples[plan["sample"]],
                                             plan["limits"], spec.slices, fixes)
-        result["bisection"]["sample"] = ctx.loaded.spelled(used[plan["sample"]])
+        result["bisection"]["sample"] = sources[plan["sample"]].label(ctx.loaded.spelled)
     write_json(ctx.out / "verify.json", result)
     accuracy = {"outputs": result["outputs"], "data": "verify", "samples": len(samples),
                 "against": "float original (import stage)"}
@@ -93,10 +94,11 @@ def observe(ctx: StageContext, run_sample: SampleRun, samples: Iterable) -> Iter
 
 
 def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline, missing: list[str],
-          info, images: list[Path]) -> dict:
+          info, sources: list, samples: list[dict]) -> dict:
     """Every metric and verdict of verify.json: outputs, hand-over tensors, slices, the task;
     ``bisect`` says what to bisect when something failed (tensor → cosine limit, and the sample
-    where the first failing tensor is worst)."""
+    where the first failing tensor is worst). ``sources`` (`npubuild.quant.data.Source`) and
+    ``samples`` are the verify samples, one of each per entry of ``refs``."""
     spec = ctx.recipe.verify
     handed_over = npu_handovers(pipeline)
     metrics = output_metrics(refs, gots, floats, missing)
@@ -111,13 +113,14 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
     failed = [(name, m, limits, lines) for name, label, m, limits, against in checks
               if (lines := failures_of(label, m, limits, against))]
     failures = [line for *_, lines in failed for line in lines]
-    result = {"samples": len(refs), "data": [ctx.loaded.spelled(f) for f in images],
+    result = {"samples": len(refs), "data": [s.label(ctx.loaded.spelled) for s in sources],
               "outputs": metrics, "npu_outputs": boundaries,
               "npu_graphs": len(pipeline.npu_graphs), "slices": slices}
     if not pipeline.npu_graphs:
         result["note"] = NO_NPU_NOTE
     if spec.detections or spec.task == "detector":
-        result["detections"] = detections(ctx, info, images, refs, gots, floats, pipeline.outputs)
+        result["detections"] = detections(ctx, info, sources, samples, refs, gots, floats,
+                                          pipeline.outputs)
     if spec.task:
         result["task"] = task_check(spec.task, result.get("detections"), refs, gots, floats,
                                     pipeline.outputs)
@@ -262,10 +265,11 @@ def bisect_sample(dirs, pipeline, reference, feeds, limits: dict[str, float], sl
     return result.as_dict()
 
 
-def detections(ctx, info, images: list[Path], refs: list[dict], gots: list[dict],
+def detections(ctx, info, sources: list, samples: list[dict], refs: list[dict], gots: list[dict],
                floats: list[dict], outputs: list[str]) -> dict:
-    """Boxes found by the float model and by the deployed pipeline on every verify image, their
-    agreement, and the picture of every image (green: float, red: deployed, class names)."""
+    """Boxes found by the float model and by the deployed pipeline on every verify sample, their
+    agreement, and the picture of every sample (green: float, red: deployed, class names): its
+    image, or (array data) the input tensor itself."""
     from npubuild.verify import detections as det
 
     hw = tuple(info.shape[2:]) if info.layout != "NHWC" else tuple(info.shape[1:3])
@@ -273,16 +277,18 @@ def detections(ctx, info, images: list[Path], refs: list[dict], gots: list[dict]
                             ctx.recipe.verify.class_names)
     totals = {"float_boxes": 0, "deployed_boxes": 0, "matched": 0}
     found, per_image = [], []
-    for path, ref, got, flt in zip(images, refs, gots, floats):
+    for source, ref, got, flt in zip(sources, refs, gots, floats):
         reference = det.boxes(det.yolov8_output0({n: {**flt, **ref}[n] for n in outputs}, hw))
         deployed = det.boxes(det.yolov8_output0({n: got[n] for n in outputs}, hw))
         agreement = det.agreement(reference, deployed)
         for key, value in agreement.items():
             totals[key] += value
         found.append((reference, deployed))
-        per_image.append({"image": path.name, "float": det.as_records(reference, names),
+        per_image.append({"image": source.label(), "float": det.as_records(reference, names),
                           "deployed": det.as_records(deployed, names), **agreement})
-    det.draw(images[:len(found)], hw, found, names, ctx.out / "detections.png")
+    pictures = [(s.label(), s.image or det.tensor_picture(x[info.name], info.layout))
+                for s, x in zip(sources, samples)]
+    det.draw(pictures[:len(found)], hw, found, names, ctx.out / "detections.png")
     recall = totals["matched"] / totals["float_boxes"] if totals["float_boxes"] else None
     return {"picture": "detections.png", "images": len(refs), **totals, "box_recall": recall,
             "class_names": "recipe" if ctx.recipe.verify.class_names else

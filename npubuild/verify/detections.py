@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Mapping
 
@@ -85,20 +86,35 @@ COLUMNS = 4
 FONT_PX = 14
 
 
-def draw(images: list[Path], input_hw: tuple[int, int], found: list[tuple[list, list]],
-         names: list[str], out: Path) -> Path:
-    """Every verify image at the model's input size, float boxes (green, thick) and deployed
-    boxes (red), each labelled with its class name and score, in a grid with a caption row."""
+def tensor_picture(x: np.ndarray, layout: str):
+    """A model's image input as a picture (values stretched to 0..255): what a sample read from
+    a .npy/.npz file looks like to the model."""
+    from PIL import Image
+
+    x = np.asarray(x, np.float64)[0]
+    if x.ndim == 3 and (layout == "NCHW" or (layout != "NHWC" and x.shape[0] in (1, 3))):
+        x = x.transpose(1, 2, 0)
+    low, high = float(x.min()), float(x.max())
+    pixels = np.round(255 * (x - low) / (high - low)).astype(np.uint8) if high > low else \
+        np.zeros(x.shape, np.uint8)
+    return Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels)
+
+
+def draw(pictures: list[tuple[str, object]], input_hw: tuple[int, int],
+         found: list[tuple[list, list]], names: list[str], out: Path) -> Path:
+    """Every verify sample at the model's input size, float boxes (green, thick) and deployed
+    boxes (red), each labelled with its class name and score, in a grid with a caption row;
+    ``pictures`` are (caption, image file or PIL image) per sample."""
     from PIL import Image, ImageDraw, ImageFont
 
     from npubuild.atomic import atomic_path
 
     font = ImageFont.load_default(size=FONT_PX)
-    rows = -(-len(images) // COLUMNS)
+    rows = -(-len(pictures) // COLUMNS)
     caption = FONT_PX + 12
-    sheet = Image.new("RGB", (TILE * min(COLUMNS, len(images)), rows * (TILE + caption)), "white")
-    for i, (path, (reference, deployed)) in enumerate(zip(images, found)):
-        with Image.open(path) as img:
+    sheet = Image.new("RGB", (TILE * min(COLUMNS, len(pictures)), rows * (TILE + caption)), "white")
+    for i, ((name, picture), (reference, deployed)) in enumerate(zip(pictures, found)):
+        with (Image.open(picture) if isinstance(picture, Path) else nullcontext(picture)) as img:
             tile = img.convert("RGB").resize((input_hw[1], input_hw[0])).resize((TILE, TILE))
         sx, sy = TILE / input_hw[1], TILE / input_hw[0]
         pen = ImageDraw.Draw(tile)
@@ -115,7 +131,7 @@ def draw(images: list[Path], input_hw: tuple[int, int], found: list[tuple[list, 
         x, y = (i % COLUMNS) * TILE, (i // COLUMNS) * (TILE + caption)
         sheet.paste(tile, (x, y))
         ImageDraw.Draw(sheet).text(
-            (x + 6, y + TILE + 4), f"{path.name}: {len(reference)} float / {len(deployed)} deployed",
+            (x + 6, y + TILE + 4), f"{name}: {len(reference)} float / {len(deployed)} deployed",
             fill="#111", font=font)
     with atomic_path(out) as tmp:
         # an adaptive 256-colour palette keeps the photos recognisable at a third of the size

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from npubuild.errors import UserError
-from npubuild.quant.data import InputInfo, load_samples
+from npubuild.quant.data import InputInfo, load_samples, sources_and_samples
 from npubuild.recipe.model import Preprocess
 
 NCHW = InputInfo("images", (1, 3, 16, 20), "float32", "NCHW",
@@ -53,6 +53,24 @@ def test_npy_and_npz_shapes(tmp_path):
     samples = list(load_samples(files, [info]))
     assert len(samples) == 1 + 1 + 5 + 2
     assert all(s["x"].shape == (1, 3, 4, 4) and s["x"].dtype == np.float32 for s in samples)
+
+
+def test_each_sample_names_its_file_and_its_place_in_a_stack(tmp_path):
+    info = InputInfo("x", (1, 3, 4, 4))
+    np.save(tmp_path / "one.npy", np.ones((1, 3, 4, 4)))
+    np.save(tmp_path / "stack.npy", np.ones((3, 3, 4, 4)))
+    found = list(sources_and_samples([tmp_path / "one.npy", tmp_path / "stack.npy"], [info]))
+    assert [s.label() for s, _ in found] == ["one.npy", "stack.npy[0]", "stack.npy[1]",
+                                            "stack.npy[2]"]
+    assert all(s.image is None for s, _ in found)
+
+
+def test_a_batch_of_images_is_one_sample_of_several_files(tmp_path):
+    batch = InputInfo("images", (2, 3, 16, 20), "float32", "NCHW", NCHW.preprocess)
+    files = [png(tmp_path, f"{i}.png") for i in range(4)]
+    found = list(sources_and_samples(files, [batch]))
+    assert [s.label() for s, _ in found] == ["0.png + 1.png", "2.png + 3.png"]
+    assert found[1][0].image == files[2] and found[1][1]["images"].shape == (2, 3, 16, 20)
 
 
 def test_npz_for_two_inputs(tmp_path):

@@ -101,3 +101,24 @@ def test_a_slice_below_its_threshold_fails_the_run_and_is_bisected(built):
     verify = json.loads((root / "build" / "mixed" / "verify" / "verify.json").read_text())
     assert verify["bisection"]["finding"]["stage"] == "quantize"
     assert "Traceback" not in result.stderr
+
+
+def test_a_failing_verify_on_one_stacked_npy_names_the_sample_not_a_file(built):
+    """A .npy holding four samples: the verdict, the data list and the bisection count
+    samples, never files (indexing the files by the worst sample's number was an IndexError)."""
+    root, _ = built
+    stack = np.random.default_rng(0).uniform(0, 1, (4, 3, 16, 16)).astype(np.float32)
+    np.save(root / "stack.npy", stack)
+    body = RECIPE.format(slice_min=1.0).replace('"pkg:skimage/data/[d-h]*.png"', "stack.npy")
+    recipe = write_recipe(root, body.replace("samples: 3\n  min_cosine", "samples: 4\n  min_cosine"),
+                          name="stacked.yaml")
+    result = run_cli("run", str(recipe), "--build-dir", str(root / "build"),
+                     "--cache", str(root / "cache"))
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr and "likely a bug" not in result.stderr
+    assert "error: verify: slice 'last_five'" in result.stderr
+    verify = json.loads((root / "build" / "mixed" / "verify" / "verify.json").read_text())
+    assert verify["samples"] == 4
+    assert verify["data"] == [f"stack.npy[{i}]" for i in range(4)]
+    assert verify["bisection"]["sample"] in verify["data"]
+    assert verify["bisection"]["finding"]["stage"] == "quantize"
