@@ -120,7 +120,7 @@ def _from_recipe(loaded, index: int, spec, name: str, shape: list[int], dtype: n
 
 def _read_file(loaded, path: Path, name: str, where: tuple) -> np.ndarray:
     if not path.is_file() or path.suffix.lower() not in (".npy", ".npz"):
-        raise loaded.error(f"proof data {str(path)!r} is not a .npy or .npz file", *where)
+        raise loaded.error(f"proof data {loaded.spelled(path)!r} is not a .npy or .npz file", *where)
     try:
         data = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
@@ -171,7 +171,7 @@ def recipe_files(loaded: "LoadedRecipe") -> list[Path]:
             where = ("model", "inputs", index, "proof", "data")
             path = loaded.resolve(spec.proof.data, *where)
             if not path.is_file():
-                raise loaded.error(f"proof data file not found: {path}", *where,
+                raise loaded.error(f"proof data file not found: {loaded.spelled(path)}", *where,
                                    hint="paths are relative to the recipe file")
             files.append(path)
     return files

@@ -45,9 +45,12 @@ class LoadedRecipe:
         except UserError as exc:
             if exc.location is not None and exc.location.line is not None:
                 raise
-            where = f"{exc.location.file}: " if exc.location else ""
+            message = exc.message
+            if exc.location is not None:  # the file as the recipe names it, never site-packages
+                file = self.spelled(Path(exc.location.file))
+                message = f"{file}: " + message.replace(exc.location.file, file)
             path = _field_path(exc.field) if exc.field else field_path
-            raise UserError(where + exc.message, location=self.location(*path),
+            raise UserError(message, location=self.location(*path),
                             field=exc.field or dotted(field_path) or None, hint=exc.hint) from None
 
     def located(self, items: Iterator, *field_path: str | int) -> Iterator:
@@ -141,10 +144,10 @@ def check_model_file(loaded: LoadedRecipe) -> Path:
     """The model's path, or the recipe's error (file:line:col of `model.path`) when it is missing."""
     model_path = loaded.model_path
     if not model_path.exists():
-        raise loaded.error(f"model file not found: {model_path}", "model", "path",
+        raise loaded.error(f"model file not found: {loaded.spelled(model_path)}", "model", "path",
                            hint="paths are relative to the recipe file; pkg:<package>/<path> "
                                 "names a file inside an installed package")
     if not (model_path.is_file() or model_path.is_dir()):  # a FIFO or /dev/zero never ends
-        raise loaded.error(f"{model_path} is not a regular file or a SavedModel folder",
+        raise loaded.error(f"{loaded.spelled(model_path)} is not a regular file or a SavedModel folder",
                            "model", "path")
     return model_path

@@ -56,3 +56,15 @@ def test_recipe_yaml_tags_never_execute_code(cli, tmp_path):
     assert result.returncode == 2
     assert "could not determine a constructor" in result.stderr
     assert not (REPO / "pwned").exists() and not (tmp_path / "pwned").exists()
+
+
+def test_a_bad_package_file_is_named_as_the_recipe_names_it(cli, tmp_path):
+    """Never the absolute site-packages path: the recipe's own `pkg:` spelling."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("version: 1\nname: pkgfile\nmodel:\n  path: pkg:skimage/data/page.png\n"
+                      "  format: onnx\n")
+    result = cli("run", str(recipe), "import", "--build-dir", str(tmp_path / "b"),
+                 "--cache", str(tmp_path / "c"))
+    assert result.returncode == 2
+    assert "model.path: pkg:skimage/data/page.png: not a readable ONNX model" in result.stderr
+    assert "site-packages" not in result.stderr
