@@ -157,12 +157,29 @@ class _FrozenGraph:
                                {p.key: a for p, a in zip(self.inputs, arrays)})
 
 
+def _saved_model(path: Path, inputs: list, outputs: list[str] | None):
+    """A SavedModel through its revived serving function, else (an older TensorFlow or Keras
+    wrote objects this one cannot revive, such as Keras 2 optimizer slots) through its MetaGraph
+    as TensorFlow reads a TensorFlow 1 SavedModel; when neither loads, the error says which
+    TensorFlow wrote it."""
+    tf = _tensorflow()
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as revive_error:  # noqa: BLE001 - TF raises anything from a bad object graph
+        try:
+            return _SavedModelGraph(path, inputs, outputs)
+        except UserError:
+            raise
+        except Exception as graph_error:  # noqa: BLE001
+            raise _unreadable_saved_model(path, revive_error, graph_error) from None
+    return _SavedModel(path, inputs, outputs, loaded)
+
+
 class _SavedModel:
     """A SavedModel directory, converted and run through its serving signature."""
 
-    def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
-        tf = _tensorflow()
-        self._loaded = _load(path, "a SavedModel", lambda: tf.saved_model.load(str(path)))
+    def __init__(self, path: Path, inputs: list, outputs: list[str] | None, loaded):
+        self._loaded = loaded
         self.fn = _serving_signature(self._loaded, path)
         specs = self.fn.structured_input_signature[1]
         available = {k: (_dims(specs[k].shape), specs[k].dtype.name) for k in sorted(specs)}
@@ -177,6 +194,80 @@ class _SavedModel:
         tf = _tensorflow()
         result = self.fn(**{p.key: tf.constant(a) for p, a in zip(self.inputs, arrays)})
         return [result[p.key].numpy() for p in self.outputs]
+
+
+class _SavedModelGraph:
+    """A SavedModel read as TensorFlow 1 read one: the MetaGraph tagged ``serve`` into a session,
+    its variables restored and frozen into constants; named, converted and run through its
+    serving signature as `_SavedModel` is (the signature's keys are the ONNX names)."""
+
+    def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
+        tf = _tensorflow()
+        graph = tf.Graph()
+        with tf.compat.v1.Session(graph=graph) as session:
+            meta = tf.compat.v1.saved_model.loader.load(session, _serving_tags(path), str(path))
+            signature = _serving_signature_def(meta.signature_def, path)
+            self.tensors = {k: v.name for k, v in [*signature.inputs.items(),
+                                                    *signature.outputs.items()]}
+            self.graph_def = tf.compat.v1.graph_util.convert_variables_to_constants(
+                session, graph.as_graph_def(),
+                [v.name.split(":")[0] for v in signature.outputs.values()])
+        self.graph = _import_graph(tf, self.graph_def)
+        available = {k: (_dims(tf.TensorShape(v.tensor_shape)), tf.as_dtype(v.dtype).name)
+                     for k, v in sorted(signature.inputs.items())}
+        self.inputs = _all_inputs(inputs, available, path)
+        keys = sorted(signature.outputs)
+        self.outputs = _output_ports(outputs, keys, (), path, _cut_hint("signature", keys))
+
+    def to_onnx(self, opset: int) -> onnx.ModelProto:
+        return _graph_def_to_onnx(
+            self.graph_def, [Port(p.name, self.tensors[p.key], p.shape) for p in self.inputs],
+            [Port(p.name, self.tensors[p.key]) for p in self.outputs], opset)
+
+    def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        tf = _tensorflow()
+        with tf.compat.v1.Session(graph=self.graph) as session:
+            return session.run([self.tensors[p.key] for p in self.outputs],
+                               {self.tensors[p.key]: a for p, a in zip(self.inputs, arrays)})
+
+
+def _meta_graphs(path: Path) -> list:
+    """The MetaGraphs in ``saved_model.pb`` (empty when the file cannot be parsed)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    try:
+        saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    except Exception:  # noqa: BLE001 - a missing or damaged file: no MetaGraph to read
+        return []
+    return list(saved.meta_graphs)
+
+
+def _serving_tags(path: Path) -> list[str]:
+    """The tags of the MetaGraph to load: ``serve`` when one has it, else the first one's."""
+    tags = [list(m.meta_info_def.tags) for m in _meta_graphs(path)]
+    return next((t for t in tags if "serve" in t), tags[0] if tags else ["serve"])
+
+
+def _unreadable_saved_model(path: Path, revive_error: Exception, graph_error: Exception
+                            ) -> UserError:
+    """Neither TensorFlow 2's loader nor the MetaGraph reads it: say which TensorFlow wrote it
+    (``meta_info_def.tensorflow_version``) and what to do."""
+    import tensorflow as tf
+
+    written = sorted({m.meta_info_def.tensorflow_version for m in _meta_graphs(path)} - {""})
+    if not written:
+        return UserError(f"cannot read a SavedModel: {_brief(revive_error)}",
+                         location=Location(str(path)),
+                         hint="check that model.path is a SavedModel folder (saved_model.pb and "
+                              "variables/) and model.format matches")
+    return UserError(
+        f"cannot read this SavedModel, written by TensorFlow {', '.join(written)}, with "
+        f"TensorFlow {tf.__version__}: {_brief(revive_error)}; as a TensorFlow 1 MetaGraph: "
+        f"{_brief(graph_error)}", location=Location(str(path)),
+        hint=f"re-export it: load it with TensorFlow {written[-1]} and save it with "
+             f"tf.saved_model.save for TensorFlow {tf.__version__}; or give model.path an ONNX or "
+             "TFLite export of the model")
 
 
 class _Keras:
@@ -322,7 +413,7 @@ def _cuts_inputs(specs: list, graph_inputs: dict, tensors: list[str]) -> bool:
     return any(inner(spec.name) for spec in specs)
 
 
-_SOURCES = {"tf_frozen": _FrozenGraph, "saved_model": _SavedModel, "keras": _Keras,
+_SOURCES = {"tf_frozen": _FrozenGraph, "saved_model": _saved_model, "keras": _Keras,
             "tflite": _TFLite}
 
 
@@ -643,13 +734,18 @@ def _import_graph(tf, graph_def):
 
 
 def _serving_signature(loaded, path: Path):
+    """The revived SavedModel's serving function (`_serving_signature_def` picks it)."""
+    return _serving_signature_def(dict(loaded.signatures.items()), path)
+
+
+def _serving_signature_def(signatures, path: Path):
     """'serving_default' if present, else the first public signature (as tf2onnx picks)."""
-    signatures = {k: v for k, v in loaded.signatures.items() if not k.startswith("_")}
-    if not signatures:
+    public = {k: v for k, v in signatures.items() if not k.startswith("_")}
+    if not public:
         raise UserError("the SavedModel has no signature to convert", location=Location(str(path)),
                         hint="export it with model.export(dir), or tf.saved_model.save(obj, dir, "
                              "signatures=...)")
-    return signatures.get("serving_default") or next(iter(signatures.values()))
+    return public.get("serving_default") or next(iter(public.values()))
 
 
 def _function_to_onnx(fn, inputs: list[Port], outputs: list[Port], opset: int) -> onnx.ModelProto:
