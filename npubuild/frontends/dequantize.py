@@ -60,9 +60,12 @@ class Dequantized:
 
 
 def is_quantized(model: onnx.ModelProto) -> bool:
-    """Whether the model quantizes computed tensors (not only weights)."""
+    """Whether the model quantizes computed tensors, or keeps weights quantized behind a
+    DequantizeLinear (a weight-only or dynamic-range quantized model)."""
     inits = {t.name for t in model.graph.initializer}
-    return any(n.op_type == "QuantizeLinear" and n.input[0] not in inits for n in model.graph.node)
+    return any((n.op_type == "QuantizeLinear" and n.input[0] not in inits)
+               or (n.op_type == "DequantizeLinear" and all(i in inits for i in n.input if i))
+               for n in model.graph.node)
 
 
 def to_float(model: onnx.ModelProto) -> Dequantized:

@@ -392,6 +392,7 @@ class _TFLite:
                             location=Location(str(self.path)),
                             hint="name every input the cut outputs depend on") from None
         tflite_graph.densify(_tensorflow(), model)
+        tflite_graph.dequantize_weights(model)  # a dynamic-range model is imported as float
         unsupported = tflite_graph.unsupported_custom_ops(model)
         if unsupported:
             ops = "; ".join(f"{op} (the operator writing {tensor!r})" for op, tensor in unsupported.ops)

@@ -5,6 +5,9 @@
   nothing can run) plays no part in either.
 - `densify` turns sparse weights into dense constants (tf2onnx reads a sparse tensor at its
   dense shape and fails: "cannot reshape array of size 96 into shape (16,1,1,24)").
+- `dequantize_weights` turns the int8 weights of a dynamic-range quantized model (float
+  activations, hybrid kernels) into the float weights they stand for: npubuild imports the
+  float model, and TFLite runs the same float model for the proof.
 - `unsupported_custom_ops` names custom ops npubuild cannot lower, with the cut that avoids them.
 - `with_readable_options` rewrites the C-struct options of the custom ops npubuild lowers
   (`tflite_custom.CUSTOM_OPS`) as the flexbuffer map tf2onnx reads.
@@ -266,3 +269,55 @@ def densify(tf, model) -> bool:
             graph.tensors[index].sparsity = None
     graph.operators = [op for op in graph.operators if not any(op is d for d in ops)]
     return True
+
+
+# --- dynamic-range quantized weights -------------------------------------------------------
+
+
+def dequantize_weights(model) -> int:
+    """Replace (in place) every quantized constant an operator reads beside float activations
+    (a dynamic-range model's hybrid CONV_2D, FULLY_CONNECTED, LSTM...: int8 weights, float
+    inputs) by the float32 constant it stands for, ``(q - zero_point) * scale`` per tensor or
+    per channel; returns how many. A full-integer model's weights (read beside integer
+    activations) and DEQUANTIZE's input are left as they are."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    graph = model.subgraphs[0]
+    tensors = graph.tensors
+    done: set[int] = set()
+    for op in graph.operators:
+        if op_type(model, op) == "DEQUANTIZE":
+            continue
+        reads = _reads(op)
+        activations = [t for t in reads if not is_constant(model, t)]
+        if not activations or any(tensors[t].type != 0 for t in activations):
+            continue
+        weights = [t for t in reads if is_constant(model, t) and tensors[t].type in _QUANTIZED_TYPES
+                   and tensors[t].quantization is not None
+                   and tensors[t].quantization.scale is not None
+                   and len(tensors[t].quantization.scale)]
+        for t in weights:
+            if t in done:
+                continue
+            buffer = schema.BufferT()
+            buffer.data = np.frombuffer(
+                _dequantized(constant(model, t), tensors[t].quantization).tobytes(), np.uint8)
+            model.buffers.append(buffer)
+            tensors[t].buffer, tensors[t].type, tensors[t].quantization = len(model.buffers) - 1, 0, None
+            done.add(t)
+        if weights and hasattr(op.builtinOptions, "asymmetricQuantizeInputs"):
+            op.builtinOptions.asymmetricQuantizeInputs = False  # a float kernel now, not hybrid
+    return len(done)
+
+
+def _dequantized(values: np.ndarray, q) -> np.ndarray:
+    """``(q - zero_point) * scale``, per channel along ``quantizedDimension`` when there are
+    several scales (float32 arithmetic, as TFLite's own DEQUANTIZE)."""
+    scale = np.asarray(q.scale, np.float32)
+    zero = np.asarray(q.zeroPoint if q.zeroPoint is not None else [0], np.float32)
+    if scale.size > 1:
+        shape = [1] * values.ndim
+        shape[q.quantizedDimension] = scale.size
+        scale = scale.reshape(shape)
+        zero = zero.reshape(shape) if zero.size == scale.size else zero.reshape(())
+    return ((values.astype(np.float32) - zero) * scale).astype(np.float32)

@@ -109,10 +109,33 @@ def test_a_pair_that_cannot_be_removed_exactly_leaves_the_model_quantized(kwargs
     assert result.summary() == {"kept_quantized": reason}
 
 
-def test_only_models_that_quantize_computed_tensors_count_as_quantized():
+def test_models_that_quantize_tensors_or_keep_weights_quantized_count_as_quantized():
     assert dequantize.is_quantized(_qdq_model())
-    weights_only = dequantize.to_float(_qdq_model()).model
-    assert not dequantize.is_quantized(weights_only)
+    assert not dequantize.is_quantized(dequantize.to_float(_qdq_model()).model)
+    assert dequantize.is_quantized(_weights_only_model())
+
+
+def _weights_only_model() -> onnx.ModelProto:
+    """Float activations, int8 weights behind a DequantizeLinear (weight-only quantization)."""
+    w_q = np.random.default_rng(0).integers(-127, 128, (3, 2, 1, 1)).astype(np.int8)
+    inits = [numpy_helper.from_array(w_q, "w_q"),
+             numpy_helper.from_array(np.array([0.01, 0.02, 0.03], np.float32), "s_w")]
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "s_w"], ["w"], name="dq_w", axis=0),
+             helper.make_node("Conv", ["x", "w"], ["y"], name="conv")]
+    graph = helper.make_graph(nodes, "weights_only", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, X_SHAPE)], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 3, 4, 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=onnx_io.MAX_ORT_IR_VERSION)
+
+
+def test_a_weight_only_quantized_model_becomes_its_float_model_exactly():
+    model = _weights_only_model()
+    result = dequantize.to_float(model)
+    assert [n.op_type for n in result.model.graph.node] == ["Conv"] and result.constants == 1
+    x = np.random.default_rng(1).standard_normal(X_SHAPE).astype(np.float32)
+    np.testing.assert_array_equal(onnx_io.run(result.model, {"x": x})["y"],
+                                  onnx_io.run(model, {"x": x})["y"])
 
 
 def test_a_concat_of_integers_with_one_scale_is_moved_as_floats():
