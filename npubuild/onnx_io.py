@@ -176,8 +176,9 @@ def _external_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str
     return light, values
 
 
-def session(model: onnx.ModelProto | str | Path):
-    """An ONNX Runtime CPU session (graph optimisations off: we check *our* rewrites)."""
+def session(model: onnx.ModelProto | str | Path, optimized: bool = False):
+    """An ONNX Runtime CPU session (graph optimisations off: we check *our* rewrites; on with
+    ``optimized``, as a deployment opens one)."""
     import onnxruntime as ort
 
     if not isinstance(model, (str, Path)) and (missing := missing_functions(model)):
@@ -189,7 +190,8 @@ def session(model: onnx.ModelProto | str | Path):
     # word for the user; printed too, it is noise (and warnings more so).
     ort.set_default_logger_severity(4)
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     options.log_severity_level = 4
     options.intra_op_num_threads = max(1, min(2, os.cpu_count() or 1))
     # No spinning: every session has its own thread pool, and a build holds many at once (one

@@ -227,14 +227,19 @@ def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
 
 
 def run_with_scales(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
-                    tensors: Sequence[str]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+                    tensors: Sequence[str], products: bool = False
+                    ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """The values of ``tensors`` (outputs or internal tensors of ``model``) on ``feeds``, and
-    each one's `input_scales`, from one run."""
+    each one's `input_scales` (with ``products``, raised to its `products_scales` where a
+    Conv, Gemm or MatMul computes it), from one run."""
     extra = producer_inputs(model, tensors)
     names = list(dict.fromkeys([*tensors, *(t for t in extra if t not in feeds)]))
     values = dict(feeds)
     values.update(run(onnx_io.with_outputs(model, names), feeds, names))
-    return {t: values[t] for t in tensors}, input_scales(model, values, tensors)
+    scales = input_scales(model, values, tensors)
+    for name, scale in (products_scales(model, values, tensors) if products else {}).items():
+        scales[name] = max(scales.get(name, 0.0), scale)
+    return {t: values[t] for t in tensors}, scales
 
 
 # ---- equivalence -----------------------------------------------------------------------------
@@ -272,13 +277,14 @@ class Mismatch:
 
 
 def compare(reference: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray], *,
-            tolerance: float = 1e-5, exact: bool = False,
+            tolerance: float | Mapping[str, float] = 1e-5, exact: bool = False,
             scales: Mapping[str, float] | None = None
             ) -> tuple[dict[str, Checked], list[Mismatch]]:
     """Compare every reference tensor: a mismatch is a missing tensor, a shape or dtype change,
     or (unless ``exact``, where any difference is one) a largest difference above
-    ``tolerance`` × the tensor's scale — the larger of its own largest magnitude and
-    ``scales[name]``, the magnitude of the values it was computed from (`input_scales`)."""
+    ``tolerance`` (one for all, or per tensor) × the tensor's scale — the larger of its own
+    largest magnitude and ``scales[name]``, the magnitude of the values it was computed from
+    (`input_scales`)."""
     sims, bad = {}, []
     for name, ref in reference.items():
         if name not in actual:
@@ -294,16 +300,23 @@ def compare(reference: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray
                                             f"{np.asarray(got).dtype}"))
             continue
         sim = similarity(ref, got)
-        scale = max(_magnitude(ref), float((scales or {}).get(name, 0.0)))
+        scale = judged_scale(ref, (scales or {}).get(name, 0.0))
         error = sim.max_abs / scale if scale else (0.0 if sim.max_abs == 0 else float("inf"))
         sims[name] = Checked(sim, scale, error)
         if exact:
             if not sim.identical:
                 bad.append(Mismatch(name, sim, f"not bit-identical (max abs diff {sim.max_abs:.3g})"))
             continue
-        if not error <= tolerance:
-            bad.append(Mismatch(name, sim, _excess(sim, ref, scale, error, tolerance)))
+        allowed = tolerance.get(name, 0.0) if isinstance(tolerance, Mapping) else tolerance
+        if not error <= allowed:
+            bad.append(Mismatch(name, sim, _excess(sim, ref, scale, error, allowed)))
     return sims, bad
+
+
+def judged_scale(reference, input_scale: float = 0.0) -> float:
+    """What `compare` divides a tensor's largest difference by: the larger of the reference's
+    largest magnitude and ``input_scale`` (the magnitude of the values it is computed from)."""
+    return max(_magnitude(reference), float(input_scale))
 
 
 def _magnitude(value) -> float:
@@ -329,6 +342,24 @@ def input_scales(model: onnx.ModelProto, values: Mapping[str, np.ndarray],
     return {name: max((_magnitude(values[i]) for i in producers[name].input if i in values),
                       default=0.0)
             for name in tensors if name in producers}
+
+
+def rounding_floor(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+                   values: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Per float tensor of ``values`` (``model``'s results on ``feeds`` in the proofs'
+    session): the largest absolute change of ONNX Runtime's own result when it runs the same
+    model with its graph optimisations on (fused kernels, other summation orders). That is
+    the float rounding this model amplifies on these inputs (a Log of small power-spectrum bins
+    magnifies it 100-fold): another framework's result cannot be expected closer. Empty when
+    the optimised session cannot run the model."""
+    names = [n for n in values if np.asarray(values[n]).dtype.kind == "f"]
+    try:
+        other = onnx_io.run(onnx_io.session(onnx_io.with_outputs(model, names), optimized=True),
+                            feeds, names)
+    except Exception:  # noqa: BLE001 - an optimisation ONNX Runtime cannot apply: no floor
+        return {}
+    return {name: float(np.max(np.abs(np.asarray(values[name], np.float64) - other[name]),
+                               initial=0.0)) for name in names}
 
 
 LINEAR = ("Conv", "ConvTranspose", "Gemm", "MatMul")

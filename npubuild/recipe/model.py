@@ -140,6 +140,11 @@ class ModelSpec(Strict):
     outputs: list[str] | None = Field(None, description="Cut the model at these tensors.")
     opset: int | None = Field(None, ge=7, description="Convert to this opset (default: keep; "
                                                       "TF/TFLite conversions use 17).")
+    tolerance: float | None = Field(
+        None, ge=0, le=1, description="How far a TensorFlow or TFLite source's outputs may be "
+        "from the imported model's on the proof inputs, as a fraction of the scale of the "
+        "values involved, beyond the float rounding the model shows in ONNX Runtime itself "
+        "(measured); default 1e-4. ONNX sources must be bit-identical.")
 
 
 def _surgery_step_union() -> Any:
