@@ -116,8 +116,12 @@ def report_fields(grouped: Estimate, baseline: Estimate) -> dict:
 def with_cpu(cycles: int, cycles_no_grouping: int, clock_hz: float, cpu_parts: dict,
              method: str) -> dict:
     """The deployment's fps (NPU cycles plus the CPU parts' seconds, run one after the other),
-    the NPU-only fps, and the CPU parts themselves, as ``report.json`` estimate fields."""
-    cpu = sum(p["seconds"] for p in cpu_parts.values())
+    the NPU-only fps, and the CPU parts themselves, as ``report.json`` estimate fields. A part
+    not measured (``seconds`` None, ``not_measured`` says why) is left out of the sum and
+    listed in ``cpu.not_measured``."""
+    cpu = sum(p["seconds"] for p in cpu_parts.values() if p.get("seconds") is not None)
+    missing = {name: p.get("not_measured", "") for name, p in cpu_parts.items()
+               if p.get("seconds") is None}
 
     def fps(npu_cycles: int) -> float:
         total = npu_cycles / clock_hz + cpu
@@ -126,4 +130,5 @@ def with_cpu(cycles: int, cycles_no_grouping: int, clock_hz: float, cpu_parts: d
     return {"fps": fps(cycles), "fps_no_grouping": fps(cycles_no_grouping),
             "npu_fps": round(clock_hz / cycles, 2) if cycles else 0.0,
             "npu_seconds": round(cycles / clock_hz, 9), "cpu_seconds": round(cpu, 6),
-            "cpu": {"method": method, "parts": cpu_parts}}
+            "cpu": {"method": method, "parts": cpu_parts,
+                    **({"not_measured": missing} if missing else {})}}

@@ -4,18 +4,22 @@ The performance estimate adds it to the NPU's cycles: every CPU submodel of the 
 layer quantize kept in float inside an NPU graph (a quantization override), each run after the
 NPU work it depends on (no overlap is assumed, as in a single-threaded deployment loop).
 
-Measured, not modelled: the median wall time of up to ``REPEATS`` runs (after one warm-up, and
-stopping early once ``BUDGET_SECONDS`` is spent) of an ONNX Runtime session with its default
-graph optimisations and at most two intra-op threads, on seeded random inputs of the model's own
-shapes and types. The figures change from machine to machine and from run to run, so they go
-into ``report.json`` only, never into an artifact.
+Measured, not modelled, on the values the deployment computes: the split's submodels run in
+order, in float, on the proof inputs (``split/proof_inputs.npz``), so a CPU submodel reads what
+the submodels before it really hand over (an int64 shape one of them computes, a state an LSTM
+carries); each part is then timed in a session opened as the proofs open theirs (one that runs
+what the proofs ran): the median wall time of up to ``REPEATS`` runs after one warm-up, stopping
+early once ``BUDGET_SECONDS`` is spent. A part that cannot be measured never fails the build: it
+is reported as not measured, with the reason, and left out of the sum. The figures change from
+machine to machine and from run to run, so they go into ``report.json`` only, never into an
+artifact.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
+from pathlib import Path
 from typing import Mapping
 
 import numpy as np
@@ -25,67 +29,97 @@ from npubuild import onnx_io
 
 REPEATS = 20
 BUDGET_SECONDS = 1.0
-METHOD = ("measured with ONNX Runtime on the build machine (median of up to "
-          f"{REPEATS} runs, <= 2 threads, default graph optimisations); added to the NPU time, "
-          "no overlap")
+METHOD = ("measured with ONNX Runtime on the build machine on the proof inputs and the values "
+          f"the submodels before each part compute (median of up to {REPEATS} runs, <= 2 "
+          "threads, sessions as the proofs open them); added to the NPU time, no overlap")
 
 
-def session(model: onnx.ModelProto):
-    """An ONNX Runtime CPU session as a deployment would open it (graph optimisations on)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = max(1, min(2, os.cpu_count() or 1))
-    source = onnx_io.with_loadable_ir(model).SerializeToString()
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-
-
-def median_seconds(model: onnx.ModelProto, shapes: Mapping[str, list[int]] | None = None) -> float:
-    """The median time of one run of ``model`` (inputs of ``shapes`` when its own are unknown)."""
-    from npubuild.proofs import make_feeds
-
-    sess = session(model)
-    feeds = _feeds(sess, shapes or {}) if shapes else make_feeds(model)
-    sess.run(None, feeds)
+def median_seconds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> float:
+    """The median time of one run of ``model`` on ``feeds``."""
+    sess = onnx_io.session(model)
+    onnx_io.run(sess, feeds)
     times: list[float] = []
     while len(times) < REPEATS and sum(times) < BUDGET_SECONDS:
         start = time.perf_counter()
-        sess.run(None, feeds)
+        onnx_io.run(sess, feeds)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-          "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
-          "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+def measured(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray | None],
+             missing_because: str = "") -> dict:
+    """``{"seconds": s}``, or ``{"seconds": None, "not_measured": why}`` when an input has no
+    value (``missing_because`` says why) or ONNX Runtime cannot run the part."""
+    absent = [name for name, value in feeds.items() if value is None]
+    if absent:
+        return {"seconds": None, "not_measured": f"no value for {absent[0]!r}"
+                + (f": {missing_because}" if missing_because else "")}
+    try:
+        return {"seconds": round(median_seconds(model, feeds), 6)}
+    except Exception as exc:  # noqa: BLE001 - an estimate is never worth a failed build
+        return {"seconds": None, "not_measured": _brief(exc)}
 
 
-def _feeds(sess, shapes: Mapping[str, list[int]]) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {i.name: rng.standard_normal(shapes[i.name]).astype(_TYPES.get(i.type, np.float32))
-            for i in sess.get_inputs()}
-
-
-def deployment_parts(split_dir, qgraphs) -> dict[str, dict]:
+def deployment_parts(split_dir: Path | None, qgraphs) -> dict[str, dict]:
     """Measured seconds of every CPU submodel in ``split_dir`` (``graph_<i>``; none without a
     split directory) and of every float layer inside the quantized NPU graphs ``qgraphs``
-    (``graph_<i>/<layer>``)."""
-    from npubuild.runtime.runner import Runner
+    (``graph_<i>/<layer>``), each on the values the deployment feeds it."""
+    if split_dir is None:
+        return {}
+    from npubuild.quant.pipeline import SplitPipeline
 
+    pipeline = SplitPipeline(split_dir)
+    values, why = pipeline_values(pipeline)
     parts: dict[str, dict] = {}
-    for graph in Runner(split_dir).graphs if split_dir is not None else []:
+    for graph in pipeline.graphs:
         if graph.device == "cpu":
-            model = onnx_io.load_model(graph.model_path)
-            parts[graph.name] = {"seconds": round(median_seconds(model), 6),
-                                 "nodes": len(model.graph.node)}
+            parts[graph.info.name] = {**measured(graph.model, {t: values.get(t) for t in graph.inputs},
+                                                 why), "nodes": len(graph.model.graph.node)}
+    by_name = {g.info.name: g for g in pipeline.graphs}
     for qgraph in qgraphs:
-        for layer in qgraph.cpu_layers():
-            if "model" not in layer.arrays:
-                continue
+        layers = [layer for layer in qgraph.cpu_layers() if "model" in layer.arrays]
+        inner = _inner_values(by_name.get(qgraph.name), values,
+                              [t for layer in layers for t in layer.inputs])
+        for layer in layers:
             model = onnx.load_from_string(layer.arrays["model"].tobytes())
-            shapes = {t: qgraph.tensors[t].shape for t in layer.inputs if t in qgraph.tensors}
             parts[f"{qgraph.name}/{layer.name}"] = {
-                "seconds": round(median_seconds(model, shapes), 6), "nodes": 1,
+                **measured(model, {t: inner.get(t) for t in layer.inputs}, why), "nodes": 1,
                 "reason": layer.attrs.get("reason", "")}
     return parts
+
+
+def pipeline_values(pipeline) -> tuple[dict[str, np.ndarray], str]:
+    """Every tensor between the submodels, the float pipeline run in order on the proof inputs;
+    ``({}, why)`` when it cannot run."""
+    from npubuild import proofs
+
+    graph = onnx.helper.make_graph([], "inputs", pipeline.input_values(), [])
+    try:
+        feeds = proofs.load(pipeline.split_dir, onnx.helper.make_model(graph))
+        return pipeline.float_values(feeds), ""
+    except Exception as exc:  # noqa: BLE001
+        return {}, f"the float pipeline did not run on the proof inputs ({_brief(exc)})"
+
+
+def _inner_values(graph, values: Mapping[str, np.ndarray], names: list[str]
+                  ) -> dict[str, np.ndarray]:
+    """The values of tensors inside the NPU submodel ``graph`` (its float model run on the
+    pipeline's ``values``); those it does not compute are left out."""
+    if graph is None or not names:
+        return {}
+    computed = {o for n in graph.model.graph.node for o in n.output}
+    wanted = [t for t in dict.fromkeys(names) if t in computed]
+    inner = {t: values[t] for t in names if t in values}
+    try:
+        inner.update(onnx_io.run(onnx_io.with_outputs(graph.model, wanted),
+                                 {t: values[t] for t in graph.inputs}, wanted) if wanted else {})
+    except Exception:  # noqa: BLE001 - those layers are then reported as not measured
+        pass
+    return inner
+
+
+def _brief(exc: BaseException) -> str:
+    """The exception in one line: its type and its message's last line (ONNX Runtime puts the
+    cause there)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[-1][:300] if text else ''}".rstrip(": ")

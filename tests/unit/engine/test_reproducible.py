@@ -120,7 +120,7 @@ def test_a_bad_data_file_is_reported_at_the_recipe_line_that_names_it(tmp_path):
     result = run_cli("run", str(recipe), "quantize", "--build-dir", str(tmp_path / "b"),
                      "--cache", str(tmp_path / "c"))
     assert result.returncode == 2
-    assert f"{recipe}:11:23: quantization.calibration.data: {tmp_path / 'bad.npy'}:" in result.stderr
+    assert f"{recipe}:11:23: quantization.calibration.data: bad.npy:" in result.stderr  # as written
 
 
 def test_measured_cpu_time_stays_out_of_artifacts_and_a_no_op_run_keeps_it(tmp_path):
