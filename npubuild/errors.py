@@ -8,7 +8,9 @@ the tensor and the numbers. The library raises these; only `cli.py` prints and e
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 
 @dataclass(frozen=True)
@@ -81,3 +83,39 @@ def machine_error(exc: OSError, stage: str | None = None) -> BuildError:
 
 class BuildLocked(UserError):
     """Another npubuild run holds the build directory's lock."""
+
+
+@contextmanager
+def working_on(**place: str | None) -> Iterator[None]:
+    """Say what the code inside works on (``graph=``, ``node=``, ``tensor=``, ``sample=``): an
+    exception npubuild did not expect carries it out (``npubuild_place``; the innermost place
+    first), so the stage's failure names where it happened instead of being a bare traceback."""
+    try:
+        yield
+    except NpubuildError:
+        raise
+    except Exception as exc:
+        known = getattr(exc, "npubuild_place", {})
+        exc.npubuild_place = {**known, **{k: v for k, v in place.items()
+                                          if v is not None and k not in known}}
+        raise
+
+
+def unexpected(exc: Exception, stage: str) -> BuildError:
+    """An exception a stage did not translate, as that stage's failure: where it happened
+    (`working_on`), what was raised, and what the user can do about it."""
+    place = getattr(exc, "npubuild_place", {})
+    order = ("graph", "node", "tensor", "sample")
+    where = ", ".join(f"{k} {place[k]!r}" for k in sorted(place, key=lambda k: (
+        order.index(k) if k in order else len(order), k)))
+    text = str(exc).strip().splitlines()
+    message = ("failed" + (f" at {where}" if where else "")
+               + f": {type(exc).__name__}: {text[0][:500] if text else ''}".rstrip(": "))
+    dodge = (f"to build past it, run node {place['node']!r} on the CPU (split.force_cpu: "
+             f"[{place['node']!r}]); " if "node" in place and stage in ("quantize", "compile")
+             else "")
+    err = BuildError(message, stage=stage, hint=(
+        f"the stages before {stage} built and proved their outputs; {stage} itself failed on "
+        f"this model: {dodge}report it with the recipe and model (-v prints the traceback)"))
+    err.__cause__ = exc
+    return err

@@ -22,7 +22,7 @@ from doit.exceptions import TaskFailed
 from doit.task import dict_to_task
 
 from npubuild.engine.session import BuildSession
-from npubuild.errors import BuildError, NpubuildError, UserError, machine_error
+from npubuild.errors import BuildError, NpubuildError, UserError, machine_error, unexpected
 from npubuild.stages import Stage
 
 
@@ -83,11 +83,8 @@ def _action(session: BuildSession, stage: Stage):
         return _fail(session, stage, exc)
     except OSError as exc:  # the machine, not npubuild: a full disk, a read-only build dir
         return _fail(session, stage, machine_error(exc, stage.name))
-    except Exception as exc:  # a bug, or a library error a stage did not translate
-        err = BuildError(f"{type(exc).__name__}: {str(exc)[:500]}", stage=stage.name,
-                         hint="this is likely a bug in npubuild; run with -v for the traceback")
-        err.__cause__ = exc
-        return _fail(session, stage, err)
+    except Exception as exc:  # a library error a stage did not translate: that stage failed
+        return _fail(session, stage, unexpected(exc, stage.name))
     return True
 
 

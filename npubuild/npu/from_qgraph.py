@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from npubuild.errors import working_on
 from npubuild.npu.layer_group import CpuLayer, LayerGroups, plan_groups
 from npubuild.npu.layers import LayerGraph, LayerSpec, Shape
 from npubuild.quant import reference
@@ -166,7 +167,9 @@ def layers_from_qgraph(qgraph: QGraph) -> QLayers:
     specs, kernels, weights, breakers = [], {}, {}, {}
     for layer in qgraph.layers:
         try:
-            spec, kernel, record = _tiled(layer, tensors)
+            with working_on(node=(layer.source_nodes or [layer.name])[0],
+                            tensor=layer.outputs[0] if layer.outputs else None):
+                spec, kernel, record = _tiled(layer, tensors)
         except NotTiled as exc:
             spec, kernel, record = _breaker_spec(layer, tensors), layer, None
             breakers[layer.name] = Breaker(layer.name, _executes(layer), str(exc))

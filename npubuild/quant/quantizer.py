@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from npubuild.errors import working_on
 from npubuild.quant import calibrators, schemes
 from npubuild.quant.floatgraph import FLayer, FloatGraph
 from npubuild.quant.qgraph import QGraph, QLayer, QTensor
@@ -291,7 +292,9 @@ class Quantizer:
 
     def _build(self, layer: FLayer) -> QLayer:
         builder = BUILDERS[layer.kind]
-        q = builder(self, layer)
+        with working_on(node=(layer.source_nodes or [layer.name])[0],
+                        tensor=layer.outputs[0] if layer.outputs else None):
+            q = builder(self, layer)
         q.source_nodes = list(layer.source_nodes)
         if requantizes(q):
             out = self.params[layer.outputs[0]]

@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from npubuild.errors import BuildError
+from npubuild.errors import BuildError, working_on
 from npubuild.quant import schemes
 from npubuild.quant.qgraph import QGraph, QLayer
 
@@ -403,7 +403,9 @@ def run_reference(qgraph: QGraph, int_inputs: Mapping[str, np.ndarray]) -> dict[
             raise BuildError(f"run_reference: input {name!r} not given")
         env[name] = _checked_input(qgraph, name, int_inputs[name])
     for layer in qgraph.layers:
-        outputs = run_layer(layer, [env[t] for t in layer.inputs])
+        with working_on(graph=qgraph.name, node=(layer.source_nodes or [layer.name])[0],
+                        tensor=layer.outputs[0] if layer.outputs else None):
+            outputs = run_layer(layer, [env[t] for t in layer.inputs])
         for name, value in zip(layer.outputs, outputs):
             env[name] = value
     return env

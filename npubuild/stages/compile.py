@@ -37,7 +37,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from npubuild.atomic import write_json
-from npubuild.errors import BuildError
+from npubuild.errors import BuildError, working_on
 from npubuild.npu import build_program, conflicts, estimate, gmem_lower_bound, write_timelines
 from npubuild.npu.estimate import Estimate, with_cpu
 from npubuild.npu.from_qgraph import QLayers, layers_from_qgraph, plan_qgraph
@@ -62,7 +62,10 @@ def run(ctx: StageContext) -> dict:
     paths = sorted(qdir.glob("graph_*.qgraph.json"), key=_graph_index)
     if not paths:
         return no_npu_report(ctx)
-    results = [compile_graph(QGraph.load(p), ctx, qdir) for p in paths]
+    results = []
+    for path in paths:
+        with working_on(graph=path.name.split(".")[0]):
+            results.append(compile_graph(QGraph.load(path), ctx, qdir))
     return report(results, ctx)
 
 

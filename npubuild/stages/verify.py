@@ -27,6 +27,7 @@ import numpy as np
 
 from npubuild import onnx_io
 from npubuild.atomic import write_json
+from npubuild.errors import working_on
 from npubuild.stages import StageContext
 from npubuild.verify.bisect import RecipeFixes
 from npubuild.verify.judge import Thresholds, tensor_metrics
@@ -62,7 +63,8 @@ def run(ctx: StageContext) -> dict:
     found = list(ctx.loaded.located(data.sources_and_samples(files, inputs, spec.samples), *field))
     sources, samples = [s for s, _ in found], [x for _, x in found]
     progress = ctx.progress(samples, total=len(samples), description="verify: samples")
-    refs, gots, floats = map(list, zip(*observe(ctx, run_sample, progress)))
+    labels = [s.label(ctx.loaded.spelled) for s in sources]
+    refs, gots, floats = map(list, zip(*observe(ctx, run_sample, progress, labels)))
     result = judge(ctx, refs, gots, floats, pipeline, reference.missing, inputs[0], sources,
                    samples)
     plan = result.pop("bisect")
@@ -79,9 +81,11 @@ def run(ctx: StageContext) -> dict:
             "verify": {k: v for k, v in result.items() if k not in ("outputs", "data")}}
 
 
-def observe(ctx: StageContext, run_sample: SampleRun, samples: Iterable) -> Iterator[Observed]:
+def observe(ctx: StageContext, run_sample: SampleRun, samples: Iterable,
+            labels: list[str]) -> Iterator[Observed]:
     """Every sample through the float original, the deployed and the float pipeline, in
-    order: on the Dask workers with ``--scheduler`` (`npubuild.verify.fanout`), else here."""
+    order: on the Dask workers with ``--scheduler`` (`npubuild.verify.fanout`), else here (an
+    unexpected failure names the sample, ``labels``)."""
     if ctx.scheduler:
         from npubuild.verify import fanout
 
@@ -90,7 +94,12 @@ def observe(ctx: StageContext, run_sample: SampleRun, samples: Iterable) -> Iter
             return fanout.samples_on_dask(ctx.scheduler, sources, samples)
         ctx.log.warning("verify: the upstream artifacts are not in a cache the workers can "
                         "reach; verifying in this process")
-    return map(run_sample, samples)
+    return map(lambda feeds, label: _observed(run_sample, feeds, label), samples, labels)
+
+
+def _observed(run_sample: SampleRun, feeds: dict, label: str) -> Observed:
+    with working_on(sample=label):
+        return run_sample(feeds)
 
 
 def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline, missing: list[str],
