@@ -384,10 +384,19 @@ class _TFLite:
         from npubuild.frontends import tflite_custom, tflite_graph
 
         model = tflite_graph.read(self.path)
+        inputs = [self.index[p.key] for p in self.inputs]
+        outputs = [self.index[p.key] for p in self.outputs]
+        graph = model.subgraphs[0]
+        whole = (sorted(inputs) == sorted(int(t) for t in graph.inputs)
+                 and sorted(outputs) == sorted(int(t) for t in graph.outputs))
         try:
-            tflite_graph.cut(model, [self.index[p.key] for p in self.inputs],
-                             [self.index[p.key] for p in self.outputs])
+            tflite_graph.cut(model, inputs, outputs)
         except ValueError as exc:
+            if whole:  # the recipe cuts nothing: the file itself reads what nothing provides
+                raise UserError(f"the TFLite model cannot run as it is: {exc}",
+                                location=Location(str(self.path)),
+                                hint="check the file with TensorFlow Lite's interpreter, or cut "
+                                     "the model before that operator (model.outputs)") from None
             raise UserError(f"cannot cut the TFLite model: {exc}", field="model.inputs",
                             location=Location(str(self.path)),
                             hint="name every input the cut outputs depend on") from None

@@ -68,10 +68,20 @@ def tensor_name(model, index: int) -> str:
 
 
 def is_constant(model, index: int) -> bool:
-    """Whether a tensor holds data in the file (a weight), rather than being computed or fed."""
+    """Whether a tensor is a constant of the file (a weight), rather than computed or fed: it
+    holds data, or it has no elements and a buffer of its own (an empty constant, such as the
+    zero-row operand a converted ``tf.cond`` hands its IF; buffer 0 is the file's "no data")."""
     tensor = model.subgraphs[0].tensors[index]
     data = model.buffers[tensor.buffer].data if 0 <= tensor.buffer < len(model.buffers) else None
-    return data is not None and len(data) > 0
+    if data is not None and len(data) > 0:
+        return True
+    empty = tensor.shape is not None and 0 in list(tensor.shape)
+    return empty and tensor.buffer > 0 and index not in _written(model)
+
+
+def _written(model) -> set[int]:
+    """The tensors an operator of subgraph 0 writes."""
+    return {t for op in model.subgraphs[0].operators for t in _writes(op)}
 
 
 def constant(model, index: int) -> np.ndarray:
@@ -121,8 +131,12 @@ def cut(model, inputs: list[int], outputs: list[int]) -> None:
     made = {t for op in keep for t in _writes(op)}
     for t in sorted(needed - made - stop):
         if not is_constant(model, t):
-            raise ValueError(f"tensor {tensor_name(model, t)!r} is needed for the outputs but "
-                             "is neither a model input nor computed from them")
+            reader = next(op for op in keep if t in _reads(op))
+            raise ValueError(f"tensor {tensor_name(model, t)!r} (shape "
+                             f"{list(graph.tensors[t].shape)}, read by {op_type(model, reader)} "
+                             f"writing {tensor_name(model, _writes(reader)[0])!r}) is needed for "
+                             "the outputs but is neither a model input, a constant nor computed "
+                             "from them")
     graph.operators = keep
     graph.inputs, graph.outputs = list(inputs), list(outputs)
     model.signatureDefs = []  # their tensor lists describe the uncut model
