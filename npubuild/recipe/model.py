@@ -454,13 +454,22 @@ class VerifySpec(Strict):
         "to the CPU (reported always, judged only where set, so an intermediate does not fail "
         "a model whose outputs pass unless asked), dead channels included "
         "(handover.dead_channels: true fails on them).")
-    task: Literal["classifier", "detector", "text_detection"] | None = Field(
-        None, description="Task-level agreement: classifier — top-1/top-5 agreement of the first "
-        "output; detector — YOLOv8 box recall (IoU ≥ 0.5, same class); text_detection — IoU of "
-        "the first output's text maps binarized at 0.3.")
+    task: Literal["classifier", "detector", "text_detection", "text_recognition",
+                  "binary_map"] | None = Field(
+        None, description="Task-level agreement: classifier — top-1/top-5 agreement; detector — "
+        "YOLOv8 box recall (IoU ≥ 0.5, same class); text_detection — IoU of the text maps "
+        "binarized at 0.3; text_recognition — the same text from a CTC head's greedy decoding "
+        "(class 0 the blank); binary_map — IoU of the maps binarized at task_threshold (notes "
+        "and onsets, speech frames).")
+    task_outputs: list[str] | None = Field(
+        None, min_length=1, description="The model outputs the task reads (default: the first); "
+        "with several, the lowest agreement is judged.")
+    task_threshold: float | None = Field(
+        None, description="binary_map: the value above which a map element counts as present "
+        "(default 0.5).")
     min_task_agreement: float | None = Field(
         None, ge=0, le=1, description="Threshold on the task's figure (top-1 agreement, box "
-        "recall, text-map IoU), if set.")
+        "recall, map IoU, share of samples with the same text), if set.")
     detections: Literal["yolov8"] | None = Field(
         None, description="Find boxes with the float model and with the deployed pipeline on "
                           "every verify image and draw them (verify/detections.png): the outputs "

@@ -131,8 +131,8 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
         result["detections"] = detections(ctx, info, sources, samples, refs, gots, floats,
                                           pipeline.outputs)
     if spec.task:
-        result["task"] = task_check(spec.task, result.get("detections"), refs, gots, floats,
-                                    pipeline.outputs)
+        result["task"] = task_check(ctx.loaded, spec, result.get("detections"), refs, gots,
+                                    floats, pipeline.outputs)
         failures += task_verdict(result["task"], spec.min_task_agreement)
     limits = {name: lim.min_cosine if lim.min_cosine is not None else (lim.sample_cosine or 0.0)
               for name, _, lim, _ in failed} or {name: spec.min_cosine for name in metrics}
@@ -215,17 +215,34 @@ def cut(check, value: np.ndarray) -> np.ndarray:
     return np.asarray(value)[tuple(where)]
 
 
-def task_check(task: str, detections: dict | None, refs: list[dict], gots: list[dict],
+def task_check(loaded, spec, detections: dict | None, refs: list[dict], gots: list[dict],
                floats: list[dict], outputs: list[str]) -> dict:
-    """The task's agreement on the first model output (detector: the detection comparison)."""
+    """The task's agreement on ``verify.task_outputs`` (default: the first model output); with
+    several, per output and the lowest as the agreement (detector: the detection comparison)."""
     from npubuild.verify import tasks
 
-    if task == "detector":
+    if spec.task == "detector":
         return tasks.detector(detections)
-    first = outputs[0]
-    source = refs if first in refs[0] else floats
-    check = tasks.classifier if task == "classifier" else tasks.text_detection
-    return check([s[first] for s in source], [g[first] for g in gots])
+    names = spec.task_outputs or outputs[:1]
+    for i, name in enumerate(names):
+        if name not in outputs:
+            raise loaded.error(f"verify.task_outputs: the model has no output {name!r}",
+                               "verify", "task_outputs", i,
+                               hint="outputs: " + ", ".join(map(repr, outputs)))
+    checks = {"classifier": tasks.classifier, "text_detection": tasks.text_detection,
+              "text_recognition": tasks.text_recognition,
+              "binary_map": lambda r, g: tasks.binary_map(
+                  r, g, tasks.BINARY_THRESHOLD if spec.task_threshold is None
+                  else spec.task_threshold)}
+    per_output = {}
+    for name in names:
+        source = refs if name in refs[0] else floats
+        per_output[name] = checks[spec.task]([s[name] for s in source], [g[name] for g in gots])
+    if len(per_output) == 1:
+        return next(iter(per_output.values()))
+    worst = min(per_output.values(), key=lambda r: (r["agreement"] is not None, r["agreement"] or 0))
+    return {"task": spec.task, "outputs": per_output, "agreement": worst["agreement"],
+            "agreement_is": f"lowest {worst['agreement_is']} of {len(per_output)} outputs"}
 
 
 def task_verdict(result: dict, minimum: float | None) -> list[str]:
