@@ -207,7 +207,8 @@ def test_stage_reads_upstream_and_maps_selector_errors_to_the_recipe(tmp_path):
     report = STAGES["split"].function()(ctx)["split"]
     assert devices(report) == [("cpu", 2), ("npu", 1)] and report["proof"]["outputs_equal"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "graph_0.onnx", "graph_1.onnx", "graph_infos.json", "segments.svg", "support.json"]
+        "graph_0.onnx", "graph_1.onnx", "graph_infos.json", "proof_inputs.npz", "segments.svg",
+        "support.json"]
     recipe.write_text(body.replace("NAME", "typo"))
     ctx = StageContext(load_recipe(recipe), NPU16, {"fusion": upstream}, tmp_path / "out2")
     with pytest.raises(UserError) as info:
