@@ -17,6 +17,8 @@ the zoo recipes whose models come from wheels.
 * ``textline_<H>x<W>_<i>.npy``: text-line crops of scikit-image's scanned ``page.png`` and
   ``text.png`` (upright and turned 180 degrees), preprocessed as RapidOCR feeds PP-OCR's
   recognizer (48x320) and direction classifier (48x192): ``(x / 255 - 0.5) / 0.5``, NCHW.
+* ``printed_line_48x320_<i>.npy``: page.png's printed lines, each in three pieces, as PP-OCR
+  feeds its recognizer (height 48 at the line's aspect ratio, padded to 320).
 * ``face_64_<i>.png``: grey 64x64 faces for fer's emotion classifier (astronaut.png's face and
   scikit-image's Labeled Faces in the Wild subset).
 * ``document_<i>.png`` (608x800 pages composed of page.png/text.png strips, a photo and a ruled
@@ -475,6 +477,31 @@ def oriented(page, size: int = 224):
     return [crop.rotate(angle, expand=True) for angle in (0, 90, 180, 270)]
 
 
+# The printed lines of page.png (top, bottom rows), cut as PP-OCR's detector would box them.
+PAGE_LINES = [(6, 34), (46, 67), (63, 84), (80, 101), (96, 117), (113, 135), (168, 190)]
+
+
+def line_pieces(height: int = 48, width: int = 320, pieces: int = 3) -> list[np.ndarray]:
+    """page.png's printed lines, each cut in ``pieces`` along its width, as PP-OCR feeds a
+    recognizer: resized to ``height`` keeping the aspect ratio (at most ``width``),
+    ``(x / 255 - 0.5) / 0.5``, padded with zeros on the right to ``width``; NCHW, 3 channels."""
+    from PIL import Image
+    from skimage import data
+
+    page = Image.open(Path(data.__file__).parent / "page.png").convert("RGB")
+    out = []
+    for top, bottom in PAGE_LINES:
+        step = page.width // pieces
+        for k in range(pieces):
+            crop = page.crop((k * step, top, (k + 1) * step, bottom))
+            w = min(width, int(np.ceil(height * crop.width / crop.height)))
+            x = np.asarray(crop.resize((w, height), Image.BILINEAR), np.float32)
+            line = np.zeros((3, height, width), np.float32)
+            line[:, :, :w] = ((x / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)
+            out.append(line[None])
+    return out
+
+
 # ---- files ----------------------------------------------------------------------------------
 
 def _write_bytes(path: Path, data: bytes) -> None:
@@ -515,6 +542,8 @@ def main(argv: list[str]) -> Path:
     for height, width in ((48, 320), (48, 192)):
         for i, line in enumerate(text_lines(height, width)):
             _write_npy(out / f"textline_{height}x{width}_{i:02d}.npy", line)
+    for i, line in enumerate(line_pieces()):
+        _write_npy(out / f"printed_line_48x320_{i:02d}.npy", line)
     for i, face in enumerate(faces()):
         _write_png(out / f"face_64_{i:02d}.png", face)
     for i in range(SAMPLES):
