@@ -42,13 +42,14 @@ def build_cell(recipe_path: str, target: str, stage: str | None, build_root, cac
     from npubuild import api
     from npubuild.recipe import load_recipe
 
-    loaded = load_recipe(recipe_path).for_target(target)
-    session = api.session_for(loaded, build_root=build_root, cache=cache, remote=remote)
-    try:
+    session = None
+    try:  # the recipe too: it may have changed since the shared stages were built
+        loaded = load_recipe(recipe_path).for_target(target)
+        session = api.session_for(loaded, build_root=build_root, cache=cache, remote=remote)
         report = api.build(session, stage)
         return {"target": target, "ok": True, "report": report}
     except NpubuildError as exc:
-        report = session.report(PIPELINE) if session.results else {}
+        report = session.report(PIPELINE) if session is not None and session.results else {}
         return {"target": target, "ok": False, "error": str(exc), "exit_code": exc.exit_code,
                 "report": report}
 

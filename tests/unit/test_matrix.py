@@ -35,3 +35,14 @@ def test_targets_list_in_the_recipe_is_a_matrix_build(cli, tmp_path):
                  "--cache", str(tmp_path / "c"))
     assert result.returncode == 0, result.stderr
     assert [row["target"] for row in json.loads(result.stdout)["targets"]] == ["npu-16m", "npu-strict"]
+
+
+def test_a_cell_whose_recipe_no_longer_loads_is_a_failed_cell_not_a_crash(tmp_path):
+    """A recipe edited while a matrix runs: the cell reports the recipe's error as data."""
+    from npubuild.matrix import build_cell
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("version: 1\nname: r\nmodel: {path: m.onnx}\nverify: {task: nonsense}\n")
+    cell = build_cell(str(recipe), "npu-16m", None, tmp_path / "b", tmp_path / "c")
+    assert cell["ok"] is False and cell["exit_code"] == 2 and cell["report"] == {}
+    assert "verify.task: 'nonsense' is not one of" in cell["error"]
