@@ -253,9 +253,9 @@ def infer(session: BuildSession, inputs: dict[str, Any], *, deployed: bool = Tru
     build(session, "compile" if deployed else "split")
     backends = None
     if deployed:
-        from npubuild.runtime.simulator import simulator_backend
+        from npubuild.backends import npu_runner
 
-        backends = {"npu": simulator_backend(session.paths.root)}
+        backends = {"npu": npu_runner(session.paths.stage_dir("compile"))}
     outputs = Runner(session.paths.stage_dir("split"), backends=backends).run(inputs)
     write_json(session.paths.infer_report, {
         "pipeline": "deployed (NPU graphs in the simulator)" if deployed else "float",

@@ -12,7 +12,7 @@ import importlib
 from types import ModuleType
 
 COMMANDS = ("run", "validate", "plan", "show", "clean", "schema", "targets", "infer", "cache",
-            "view", "diff")
+            "view", "diff", "toolchain")
 
 
 def command_modules() -> list[ModuleType]:

@@ -41,10 +41,16 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(chips, indent=2))
         return EXIT_OK
-    print(f"{'chip':<12} {'lanes':>5} {'LMEM':>9} {'clock':>9} {'TOPS':>6} {'ops':>4}  description")
+    print(f"{'chip':<14} {'backend':<10} {'vendor':<9} {'toolchain':<16} {'installed':<9} "
+          f"{'lanes':>5} {'LMEM':>9} {'clock':>9} {'TOPS':>6} {'ops':>4}  description")
     for c in chips:
-        print(f"{c['name']:<12} {c['lanes']:>5} {output.size(c['lmem_bytes']):>9} "
-              f"{c['clock_mhz']:>5g} MHz {c['tops_int8']:>6g} {c['ops']:>4}  {c['description']}")
+        print(f"{c['name']:<14} {c['backend']:<10} {c['vendor']:<9} {c['toolchain']:<16} "
+              f"{'yes' if c['installed'] else 'no':<9} {c['lanes']:>5} "
+              f"{output.size(c['lmem_bytes']):>9} {c['clock_mhz']:>5g} MHz {c['tops_int8']:>6g} "
+              f"{c['ops']:>4}  {c['description']}")
+    missing = sorted({c["install"] for c in chips if not c["installed"]})
+    if missing:
+        print("\nto install a missing toolchain: " + "; ".join(missing))
     return EXIT_OK
 
 

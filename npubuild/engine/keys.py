@@ -93,7 +93,8 @@ TENSORFLOW: dict[str, tuple[str, ...]] = {
                    "tf-nightly", "tf-nightly-cpu"),
     "tf2onnx": ("tf2onnx",),
 }
-TOOL_VERSION_HOOKS: tuple[str, ...] = ("npubuild.engine.keys:tensorflow_frontend",)
+TOOL_VERSION_HOOKS: tuple[str, ...] = ("npubuild.engine.keys:tensorflow_frontend",
+                                        "npubuild.backends:toolchain_versions")
 ENTRY_POINT_GROUP = "npubuild.tool_versions"
 ToolVersionHook = Callable[["Stage", "LoadedRecipe"], Mapping[str, str]]
 

@@ -379,6 +379,14 @@ class CompileSpec(Strict):
     ir_feature_maps: bool = Field(
         True, description="Save every layer's output feature map (HWC .npy) in the IR dump "
                           "compile/graph_ir_<i>/; false: weights, biases and tables only.")
+    quantizer: Literal["vendor", "npubuild"] = Field(
+        "vendor", description="Real chips: whose int8 decisions the deployed artifact carries: "
+        "the vendor toolchain's own quantizer on the recipe's calibration data (vendor), or "
+        "npubuild's calibration handed to the vendor (npubuild: a QDQ model for RKNN, the int8 "
+        "TFLite written from npubuild's ranges for Vela).")
+    compare_quantizers: bool = Field(
+        True, description="Real chips: build the other quantizer's artifact too, and report "
+        "both side by side (verify runs the deployed one; the other's outputs are compared too).")
 
 
 class Limits(Strict):

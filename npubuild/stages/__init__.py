@@ -54,6 +54,7 @@ class Stage:
     sections: tuple[str, ...]
     needs: tuple[str, ...] = ()
     uses_chip: bool = False
+    uses_toolchain: bool = False
     entry: str | None = None
     file_inputs: str | None = None
     description: str = ""
@@ -91,11 +92,12 @@ PIPELINE: tuple[Stage, ...] = (
           file_inputs="npubuild.stages.quantize:data_files",
           description="int8 NPU submodels, calibration, per-layer accuracy"),
     Stage("compile", ("compile",), needs=("quantize", "split"), uses_chip=True,
-          entry="npubuild.stages.compile:run",
+          uses_toolchain=True, entry="npubuild.stages.compile:run",
+          file_inputs="npubuild.backends:compile_files",
           description="layer groups, LMEM plan, simulator program"),
     Stage("verify", ("verify", "model.inputs"), needs=("import", "surgery", "fusion", "split",
                                                         "quantize", "compile"),
-          uses_chip=True, entry="npubuild.stages.verify:run",
+          uses_chip=True, uses_toolchain=True, entry="npubuild.stages.verify:run",
           file_inputs="npubuild.stages.verify:data_files",
           description="deployed pipeline vs the float model; report"),
 )

@@ -56,8 +56,17 @@ SEED = 0
 
 
 def run(ctx: StageContext) -> dict:
+    """Compile through the chip's backend (`npubuild.backends`): this module's own compiler
+    for the simulated chips, the vendor's toolchain for real ones."""
+    from npubuild import backends
+
     if ctx.chip is None:
         raise BuildError("no target chip was given", stage=STAGE)
+    return backends.of(ctx.chip).compile(ctx)
+
+
+def compile_simulated(ctx: StageContext) -> dict:
+    """The simulated chips: layer groups, LMEM plan, program and the simulator's proof."""
     qdir = Path(ctx.upstream["quantize"])
     paths = sorted(qdir.glob("graph_*.qgraph.json"), key=_graph_index)
     if not paths:

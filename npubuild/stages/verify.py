@@ -259,7 +259,7 @@ def bisect_sample(dirs, pipeline, reference, feeds, limits: dict[str, float], sl
     on the failing tensors (``limits``: name → cosine threshold; slices by their label)."""
     from npubuild.quant.qgraph import QGraph
     from npubuild.runtime import Runner
-    from npubuild.runtime.simulator import simulator_backend
+    from npubuild.backends import npu_runner
     from npubuild.verify.bisect import bisect, quantize_tensor_drops
 
     qgraphs = {g.index: QGraph.load(dirs["quantize"] / f"graph_{g.index}.qgraph.json")
@@ -282,7 +282,7 @@ def bisect_sample(dirs, pipeline, reference, feeds, limits: dict[str, float], sl
         "fusion": model_outputs("fusion"),
         "split": lambda: pipeline.runner.run(feeds, keep_intermediates=True),
         "quantize": lambda: pipeline.quantized_runner(qgraphs).run(feeds, keep_intermediates=True),
-        "compile": lambda: Runner(dirs["split"], backends={"npu": simulator_backend(dirs["compile"].parent)}
+        "compile": lambda: Runner(dirs["split"], backends={"npu": npu_runner(dirs["compile"])}
                                   ).run(feeds, keep_intermediates=True),
     }
     stage_outputs = {stage: (lambda fn=fn: with_slices(fn())) for stage, fn in stage_outputs.items()}

@@ -50,10 +50,27 @@ def load_chip(name_or_path: str, base_dir: Path | None = None) -> Chip:
 
 
 def describe(chip: Chip) -> dict:
-    return {"name": chip.name, "lanes": chip.lanes, "lmem_bytes": chip.lmem_bytes,
+    from npubuild import backends
+
+    backend = backends.of(chip)
+    return {"name": chip.name, "backend": chip.backend, "vendor": chip.vendor or "-",
+            **_toolchain_state(backend.toolchain),
+            "lanes": chip.lanes, "lmem_bytes": chip.lmem_bytes,
             "lmem_bytes_per_lane": chip.lmem_bytes_per_lane, "clock_mhz": chip.clock_mhz,
             "tops_int8": round(2 * chip.lanes * chip.macs_per_cycle_per_lane * chip.clock_mhz / 1e6, 3),
             "ops": len(chip.ops), "description": chip.description}
+
+
+def _toolchain_state(name: str | None) -> dict:
+    """The chip's toolchain and whether its environment is there (`npubuild targets`)."""
+    if name is None:
+        return {"toolchain": "-", "installed": True}
+    from npubuild import toolchains
+    from npubuild.toolchains.env import find
+
+    chain = toolchains.get(name)
+    return {"toolchain": f"{chain.name} {chain.version}", "installed": find(chain) is not None,
+            "install": chain.install_command}
 
 
 __all__ = ["Chip", "Location", "chip_file", "describe", "preset_file", "load_chip", "preset_names"]

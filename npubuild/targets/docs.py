@@ -21,8 +21,9 @@ INTRO = """\
 
 A node runs on the NPU when its op is in the chip's table and none of the reasons below
 applies; otherwise the split stage places it on the CPU and `support.json` gives the reason,
-word for word as listed here (plus which tensor or attribute broke it). The chips are
-simulated; each says what its figures are modelled on.
+word for word as listed here (plus which tensor or attribute broke it). Simulated chips say
+what their figures are modelled on; real chips (a vendor backend) take their op table from the
+vendor's own support list, whose limits the notes quote.
 
 ## Checked for every op
 
@@ -58,8 +59,12 @@ def supported_ops_markdown(chips: list[Chip] | None = None) -> str:
 def _chip_section(chip: Chip) -> list[str]:
     from npubuild.targets import describe
 
+    from npubuild import backends
+
+    built = (f"backend `{chip.backend}`: {backends.of(chip).description}"
+             + (f"; op table from {chip.support_source}" if chip.support_source else ""))
     lines = [f"## {chip.name}", "", chip.description, "",
-             f"Modelled on: {chip.modelled_on or '-'} (simulated).", "",
+             f"Modelled on: {chip.modelled_on or '-'} ({built}).", "",
              f"{chip.lanes} lanes × {chip.lmem_bytes_per_lane // 1024} KiB LMEM, "
              f"{chip.clock_mhz:g} MHz, {describe(chip)['tops_int8']:g} int8 TOPS peak; dtypes "
              f"{either(chip.dtypes)}; fused bodies accepted: "

@@ -58,13 +58,22 @@ class OpSupport(Strict):
 
 
 class Chip(Strict):
-    """A simulated NPU: memory, compute, bandwidth and the op table."""
+    """An NPU: memory, compute, bandwidth, the op table and the backend that builds for it."""
 
     name: str
     """The chip's name (`target:` in a recipe)."""
     description: str = ""
     """One line shown by `npubuild targets`."""
     modelled_on: str = Field("", description="Public datasheet figures this preset borrows.")
+    backend: str = Field("simulated", description=(
+        "How npubuild builds for this chip (`npubuild.backends`): simulated (npubuild's own "
+        "compiler and simulator), or a vendor toolchain such as rknn, tpu-mlir or vela."))
+    vendor: str = Field("", description="Who makes the chip (real chips).")
+    platform: str = Field("", description=(
+        "The chip's name in its vendor toolchain (RKNN target_platform, TPU-MLIR --chip, "
+        "Vela --accelerator-config); empty for simulated chips."))
+    support_source: str = Field("", description=(
+        "Where the op table comes from (the vendor's own support list, with its version)."))
     lanes: int = Field(ge=1, description="Parallel lanes (NPUs); LMEM is split among them.")
     lmem_bytes_per_lane: int = Field(ge=1024)
     """Local memory (LMEM) per lane, in bytes."""
@@ -96,6 +105,16 @@ class Chip(Strict):
                 raise ValueError(f"{op}: {', '.join(bad)} do{'es' * (len(bad) == 1)} not apply "
                                  f"to {op}; remove {'it' if len(bad) == 1 else 'them'}")
         return ops
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, name: str) -> str:
+        from npubuild import backends
+
+        known = backends.names()
+        if name not in known:
+            raise ValueError(f"unknown backend {name!r}; known: {', '.join(known)}")
+        return name
 
     @cached_property
     def lmem_bytes(self) -> int:

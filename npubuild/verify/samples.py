@@ -35,12 +35,11 @@ class SampleRun:
         from npubuild import onnx_io
         from npubuild.quant.pipeline import SplitPipeline
         from npubuild.runtime import Runner
-        from npubuild.runtime.simulator import simulator_backend
+        from npubuild.backends import npu_runner
         from npubuild.verify.reference import FloatReference, original_names
 
         self.pipeline = SplitPipeline(dirs["split"])
-        self.deployed = Runner(dirs["split"],
-                               backends={"npu": simulator_backend(dirs["compile"].parent)})
+        self.deployed = Runner(dirs["split"], backends={"npu": npu_runner(dirs["compile"])})
         original = onnx_io.load_model(dirs["import"] / "model.onnx")
         surgery = onnx_io.load_model(dirs["surgery"] / "model.onnx")
         self.reference = FloatReference(original, self.pipeline.outputs, original_names(surgery))

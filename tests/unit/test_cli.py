@@ -16,10 +16,15 @@ def test_help_lists_every_command(cli):
         assert command in result.stdout
 
 
-def test_targets_lists_the_three_presets(cli):
+def test_targets_lists_the_simulated_presets_and_the_real_chips_with_their_toolchain(cli):
     result = cli("targets", "--json")
     assert result.returncode == 0
-    assert {c["name"] for c in json.loads(result.stdout)} == {"npu-16m", "npu-strict", "npu-tiny"}
+    chips = {c["name"]: c for c in json.loads(result.stdout)}
+    assert {"npu-16m", "npu-strict", "npu-tiny", "rk3588", "bm1684x", "ethos-u55-256"} <= set(chips)
+    assert chips["npu-16m"]["backend"] == "simulated" and chips["npu-16m"]["installed"]
+    assert chips["rk3588"]["backend"] == "rknn"
+    assert chips["rk3588"]["toolchain"] == "rknn 2.5.0"
+    assert chips["rk3588"]["install"] == "npubuild toolchain install rknn"
 
 
 def test_validate_says_valid_and_touches_no_build(cli, tmp_path):

@@ -1,0 +1,298 @@
+"""Rockchip NPUs (RK3588 ...) through rknn-toolkit2: ONNX → ``.rknn``, run in its PC simulator.
+
+Per NPU graph, in ``compile/graph_ir_<i>/``: the ONNX the toolkit was given (fused ops
+inlined), the calibration inputs, one ``.rknn`` per quantizer —
+
+- ``vendor``: the toolkit's own quantizer (``build(do_quantization=True)``) on the recipe's
+  calibration data, what users ship today;
+- ``npubuild``: npubuild's calibration handed over as its QDQ model
+  (``quantize/graph_<i>.qdq.onnx``; the toolkit reads the scales and does not quantize again)
+
+— with the toolkit's log (its layer table: which ops run on the NPU, cycle estimates, memory)
+and the simulator's outputs on the proof inputs. ``compile.quantizer`` says which one is
+deployed; both are compared with the float submodel on the verify data in the report.
+
+Facts this module handles: ``.rknn`` bytes differ run to run (about 1 kB), the simulator's
+outputs do not, so the artifact is keyed on its inputs and checked by its proof outputs; the
+simulator refuses a loaded ``.rknn`` (``load_rknn`` then ``init_runtime()`` without a target),
+so verify builds the same job again in the worker and first checks those proof outputs; a
+build that fails in one of the toolkit's fusion rules is retried once with the rule the toolkit
+itself suggests disabling.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from npubuild.backends import Backend, register, vendor
+from npubuild.backends.vendor import STAGE, NpuGraph
+from npubuild.errors import BuildError
+from npubuild.toolchains.process import Worker, run_worker, vendor_line
+
+WORKER = "rknn_worker.py"
+#: The toolkit's error lines ("E build: ...", "E load_onnx: ...") and Python's last line.
+ERROR_PATTERNS = (r"^E [a-z_]+:.*$", r"^E RKNN:.*$", r"^\w*Error: .*$")
+DISABLE_RULES = re.compile(r"disable_rules\s*=\s*\[([^\]]*)\]")
+RULE_FAILED = re.compile(r"(?:rule|Rule)\s*[:=]?\s*['\"]?([a-z][a-z0-9_]+)['\"]?\s+(?:failed|error)")
+LAYER_ROW = re.compile(r"^D RKNN:\s+(\d+)\s+(\S+)\s+(\S+)\s+(NPU|CPU)\s+.*?\s(\d+)/(\d+)/(\d+)\s+(\S+)\s+(\S+)\s*$")
+MEMORY = re.compile(r"Total (Internal|Weight) Memory Size:\s*([\d.]+)\s*(KB|MB|B)")
+QUANTIZERS = ("vendor", "npubuild")
+PROOF_SAMPLES = 4
+
+
+class Rknn(Backend):
+    name = "rknn"
+    description = "Rockchip rknn-toolkit2: ONNX -> .rknn, proven in its PC simulator"
+    toolchain = "rknn"
+    runs_in = "rknn-toolkit2's PC simulator"
+
+    def file_inputs(self, loaded) -> list[Path]:
+        from npubuild.stages.quantize import data_files
+
+        return data_files(loaded)  # the vendor's calibration, and the verify data compared on
+
+    def compile(self, ctx) -> dict:
+        graphs = vendor.npu_graphs(ctx)
+        if not graphs:
+            return vendor.no_npu(ctx, self.name)
+        env = vendor.require_env(ctx, self.toolchain)
+        spec = ctx.recipe.compile
+        quantizers = [spec.quantizer] + [q for q in QUANTIZERS if q != spec.quantizer
+                                         and spec.compare_quantizers]
+        calibration = vendor.calibration_feeds(ctx)
+        compare = _compare_feeds(ctx)
+        results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
+                                         quantizers) for g in graphs}
+        vendor.write_backend_file(ctx.out, self.name, env, {
+            name: {"deployed": r["deployed"], "jobs": {q: f"{r['context_dir']}/job.{q}.json"
+                                                       for q in r["quantizers"]}}
+            for name, r in results.items()})
+        return report(ctx, env, results)
+
+    def npu_runner(self, compile_dir: Path):
+        return RknnRunner(Path(compile_dir))
+
+
+def _compare_feeds(ctx) -> dict[int, list[dict]]:
+    """Inputs the quantizers are compared on: the verify data (else the calibration data)."""
+    files = (ctx.loaded.resolve_glob(ctx.recipe.verify.data, "verify", "data")
+             if ctx.recipe.verify.data else vendor.calibration_files(ctx.loaded))
+    return vendor.graph_feeds(ctx, files, PROOF_SAMPLES)
+
+
+def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: list[dict],
+                  quantizers: list[str]) -> dict:
+    folder = ctx.out / graph.context_dir
+    onnx_path = vendor.write_vendor_model(graph, ctx.out)
+    dataset = vendor.save_samples(folder / "calibration", calibration)
+    proofs = vendor.save_samples(folder / "proof", compare)
+    qdq = _npubuild_qdq(ctx, graph, folder) if "npubuild" in quantizers else None
+    shapes = [list(np.shape(calibration[0][t])) for t in graph.inputs]
+    floats = [_float_outputs(onnx_path, p, graph) for p in proofs]
+    out = {"context_dir": graph.context_dir, "deployed": quantizers[0], "quantizers": {}}
+    for q in quantizers:
+        job = {"onnx": (qdq if q == "npubuild" else onnx_path).name, "platform": ctx.chip.platform,
+               "inputs": graph.inputs, "outputs": graph.outputs, "input_shapes": shapes,
+               "quantize": q == "vendor",
+               "dataset": [f"calibration/{p.name}" for p in dataset] if q == "vendor" else [],
+               "export": f"{graph.name}.{q}.rknn", "proof": [f"proof/{p.name}" for p in proofs],
+               "proof_outputs": f"proof_outputs.{q}.npz"}
+        out["quantizers"][q] = build_variant(env, graph, folder, job, floats)
+    return out
+
+
+def _npubuild_qdq(ctx, graph: NpuGraph, folder: Path) -> Path:
+    from npubuild import onnx_io
+
+    source = Path(ctx.upstream["quantize"]) / f"{graph.name}.qdq.onnx"
+    if not source.is_file():
+        raise BuildError(f"{graph.name}: quantize wrote no {source.name} to hand to the toolkit",
+                         stage=STAGE)
+    path = folder / f"{graph.name}.qdq.onnx"
+    onnx_io.save_model(vendor.vendor_model(onnx_io.load_model(source)), path)
+    return path
+
+
+def _float_outputs(onnx_path: Path, proof: Path, graph: NpuGraph) -> dict:
+    from npubuild import onnx_io
+
+    return onnx_io.run(onnx_io.load_model(onnx_path), vendor.load_npz(proof), graph.outputs)
+
+
+def build_variant(env, graph: NpuGraph, folder: Path, job: dict, floats: list[dict]) -> dict:
+    """One ``.rknn`` (retried once with the toolkit's own suggested ``disable_rules``)."""
+    try:
+        result, log = _run(env, graph, folder, job)
+    except BuildError as exc:
+        rules = suggested_rules(exc)
+        if not rules:
+            raise
+        job = {**job, "disable_rules": rules}
+        result, log = _run(env, graph, folder, job)
+    vendor.write_json(folder / f"job.{job['export'].split('.')[-2]}.json", job)
+    figures = layer_figures(log)
+    figures["artifact_bytes"] = (folder / job["export"]).stat().st_size
+    got = vendor.load_npz(folder / job["proof_outputs"])
+    figures["proof"] = _against_float(graph, got, floats)
+    if job.get("disable_rules"):
+        figures["applied_vendor_suggestion"] = f"disable_rules={job['disable_rules']}"
+    return figures
+
+
+def _run(env, graph: NpuGraph, folder: Path, job: dict) -> tuple[dict, str]:
+    with vendor.workdir("rknn") as work:
+        absolute = _absolute(job, folder)
+        result = run_worker(env, WORKER, absolute, work, stage=STAGE, graph=graph.name,
+                            patterns=ERROR_PATTERNS)
+        shutil.copyfile(work / Path(absolute["export"]).name, folder / job["export"])
+        log_path = work / "rknn_worker.log"
+        vendor.keep_log(log_path, folder / f"{graph.name}.{job['export'].split('.')[-2]}.log",
+                        work, folder)
+        text = vendor.clean_log(log_path.read_text(encoding="utf-8", errors="replace"))
+    return result, text
+
+
+def _absolute(job: dict, folder: Path) -> dict:
+    folder = folder.resolve()
+    out = dict(job)
+    for key in ("onnx", "proof_outputs"):
+        out[key] = str(folder / job[key])
+    out["export"] = Path(job["export"]).name  # written in the worker's folder, then copied
+    out["dataset"] = [str(folder / p) for p in job["dataset"]]
+    out["proof"] = [str(folder / p) for p in job["proof"]]
+    return out
+
+
+def suggested_rules(exc: BuildError) -> list[str]:
+    """The fusion rules the toolkit's own message suggests disabling (none: not that failure)."""
+    text = f"{exc.message}\n{exc.hint or ''}"
+    found = DISABLE_RULES.search(text)
+    if found:
+        return [r.strip().strip("'\"") for r in found.group(1).split(",") if r.strip()]
+    log = re.search(r"the whole log: (\S+)", exc.hint or "")
+    if log and Path(log.group(1)).is_file():
+        found = DISABLE_RULES.search(Path(log.group(1)).read_text(errors="replace"))
+        if found:
+            return [r.strip().strip("'\"") for r in found.group(1).split(",") if r.strip()]
+    return []
+
+
+def layer_figures(log: str) -> dict:
+    """The toolkit's own figures from its layer table: ops on the NPU and on the CPU (inputs and
+    outputs are not ops), its cycle estimate and memory."""
+    npu, cpu, cycles, rw_kb = 0, 0, 0, 0.0
+    for line in log.splitlines():
+        row = LAYER_ROW.match(line.strip())
+        if not row or row.group(2) in ("InputOperator", "OutputOperator"):
+            continue
+        npu += row.group(4) == "NPU"
+        cpu += row.group(4) == "CPU"
+        cycles += int(row.group(7))
+        try:
+            rw_kb += float(row.group(8))
+        except ValueError:
+            pass
+    figures = {"npu_ops": npu, "cpu_ops": cpu, "cycles": cycles,
+               "rw_bytes": int(rw_kb * 1024)}
+    for kind, value, unit in MEMORY.findall(log):
+        scale = {"B": 1, "KB": 1024, "MB": 1024 ** 2}[unit]
+        figures[f"{kind.lower()}_memory_bytes"] = int(float(value) * scale)
+    return figures
+
+
+def _against_float(graph: NpuGraph, got: dict, floats: list[dict]) -> dict:
+    """The simulator's outputs on the proof samples against the float submodel, per output."""
+    return vendor.against_float(graph.outputs, got, floats)
+
+
+def report(ctx, env, results: dict) -> dict:
+    graphs = {}
+    for name, r in results.items():
+        graphs[name] = {"deployed": r["deployed"], "artifact": f"{r['context_dir']}/{name}."
+                        f"{r['deployed']}.rknn", "quantizers": r["quantizers"]}
+    deployed = [r["quantizers"][r["deployed"]] for r in results.values()]
+    figures = {"npu_ops": sum(d["npu_ops"] for d in deployed),
+               "cpu_ops": sum(d["cpu_ops"] for d in deployed),
+               "cycles": sum(d["cycles"] for d in deployed),
+               "artifact_bytes": sum(d["artifact_bytes"] for d in deployed),
+               "internal_memory_bytes": max(d.get("internal_memory_bytes", 0) for d in deployed),
+               "weight_memory_bytes": sum(d.get("weight_memory_bytes", 0) for d in deployed),
+               "reproducible": False,
+               "note": ".rknn bytes differ run to run (the simulator's outputs do not): keyed "
+                       "on their inputs, checked by re-running the proof inputs"}
+    return {STAGE: {"chip": ctx.chip.name, "backend": "rknn", "platform": ctx.chip.platform,
+                    "toolchain": env.identity(), "graphs": graphs},
+            "vendor": {"backend": "rknn", "toolchain": env.identity(), **figures},
+            "estimate": vendor.npubuild_estimate(ctx)}
+
+
+class RknnRunner:
+    """Runs each NPU graph in the toolkit's simulator (one worker per graph, built once from
+    the compile job, its proof outputs checked first)."""
+
+    def __init__(self, compile_dir: Path):
+        from npubuild.backends import BACKEND_FILE
+
+        self.dir = compile_dir
+        self.info = vendor.json_load(compile_dir / BACKEND_FILE)
+        self.workers: dict[str, tuple[Worker, object]] = {}
+
+    def __call__(self, graph, feeds) -> dict:
+        worker, folder = self._worker(graph.name)
+        inputs = vendor.save_npz(folder / "in.npz", {t: feeds[t] for t in feeds})
+        worker(inputs, folder / "out.npz")
+        got = vendor.load_npz(folder / "out.npz")
+        return {t: got[t] for t in graph.outputs}
+
+    def _worker(self, name: str):
+        if name not in self.workers:
+            from npubuild import toolchains
+            from npubuild.toolchains.env import require
+
+            entry = self.info["graphs"][name]
+            job_path = self.dir / entry["jobs"][entry["deployed"]]
+            folder = job_path.parent
+            job = _absolute(vendor.json_load(job_path), folder)
+            env = require(toolchains.get("rknn"))
+            tmp = Path(tempfile.mkdtemp(prefix="npubuild-rknn-run-"))
+            worker = Worker(env, WORKER, job, tmp, stage="verify", graph=name,
+                            patterns=ERROR_PATTERNS)
+            self.workers[name] = (worker, tmp)
+            self._check_proof(name, worker, tmp, job)
+        return self.workers[name]
+
+    def _check_proof(self, name: str, worker: Worker, folder: Path, job: dict) -> None:
+        """The rebuilt model must reproduce compile's proof outputs exactly."""
+        want = vendor.load_npz(Path(job["proof_outputs"]))
+        for k, proof in enumerate(job["proof"]):
+            worker(Path(proof), folder / "proof_out.npz")
+            got = vendor.load_npz(folder / "proof_out.npz")
+            for t, value in got.items():
+                if not np.array_equal(value, want[f"{k}:{t}"]):
+                    raise BuildError(f"{name}: the simulator's outputs on proof sample {k} differ "
+                                     f"from compile's ({t!r}: max difference "
+                                     f"{np.max(np.abs(value - want[f'{k}:{t}'])):.6g}); the "
+                                     "restored artifact does not match its build", stage="verify",
+                                     hint="rebuild compile (npubuild clean R, or delete build/<name>/compile)")
+
+    def close(self) -> None:
+        for worker, tmp in self.workers.values():
+            worker.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.workers.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+__all__ = ["Rknn", "layer_figures", "suggested_rules", "vendor_line"]
+
+register(Rknn())

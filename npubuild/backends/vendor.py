@@ -1,0 +1,214 @@
+"""What the vendor backends share: the NPU submodels as the vendor gets them, calibration and
+proof inputs per NPU graph, npubuild's own estimate for the chip, and ``backend.json``.
+
+Every vendor artifact goes into ``compile/graph_ir_<i>/`` (the graph's ``context_dir``), beside
+the ONNX the vendor was given, the calibration inputs it used (``calibration/sample_<k>.npz``,
+so verify can rebuild where the vendor's simulator needs that), the proof inputs and the
+vendor's outputs on them (``proof.npz`` / ``proof_outputs.npz``). Vendor bytes that are not
+reproducible are keyed on their inputs; a restored artifact is checked by running the proof
+inputs again (verify), never by its bytes.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import onnx
+
+from npubuild import onnx_io
+from npubuild.atomic import atomic_path, write_json, write_text
+from npubuild.backends import BACKEND_FILE
+from npubuild.errors import BuildError
+from npubuild.stages import StageContext
+
+STAGE = "compile"
+#: Old vendor runtimes read at most this ONNX IR version (TPU-MLIR's onnxruntime 1.16.3: 9).
+VENDOR_IR = 9
+TIMESTAMP = re.compile(r"\[\d\d:\d\d:\d\d(\.\d+)?\]\s*|\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d[.,\d]*\s*")
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+@dataclass
+class NpuGraph:
+    """One NPU submodel of the split, as a vendor compiles it."""
+
+    index: int
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    model_path: Path
+
+    @property
+    def context_dir(self) -> str:
+        return f"graph_ir_{self.index}"
+
+
+def npu_graphs(ctx: StageContext) -> list[NpuGraph]:
+    from npubuild.runtime import Runner
+
+    runner = Runner(ctx.upstream["split"])
+    return [NpuGraph(g.index, g.name, list(g.inputs), list(g.outputs), g.model_path)
+            for g in runner.graphs if g.device == "npu"]
+
+
+def vendor_model(model: onnx.ModelProto, ir_version: int = VENDOR_IR) -> onnx.ModelProto:
+    """A submodel as a vendor reads it: npubuild's fused ops inlined into standard ONNX ops
+    (no vendor knows domain ``npubuild.fused``), IR version at most ``ir_version``."""
+    import onnx.inliner
+
+    model = onnx.inliner.inline_local_functions(model) if model.functions else onnx_io.clone(model)
+    del model.functions[:]
+    keep = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    del model.opset_import[:]
+    model.opset_import.extend(keep)
+    model.ir_version = min(model.ir_version, ir_version)
+    return model
+
+
+def write_vendor_model(graph: NpuGraph, out: Path) -> Path:
+    path = out / graph.context_dir / f"{graph.name}.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx_io.save_model(vendor_model(onnx_io.load_model(graph.model_path)), path)
+    return path
+
+
+def graph_feeds(ctx: StageContext, files: list[Path], count: int) -> dict[int, list[dict]]:
+    """Every NPU graph's float inputs on up to ``count`` samples of ``files`` (the recipe's
+    preprocessing; the float pipeline before the graph), by graph index."""
+    from npubuild.quant import data, onnx_inputs
+    from npubuild.quant.pipeline import SplitPipeline
+
+    pipeline = SplitPipeline(ctx.upstream["split"])
+    inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
+    out: dict[int, list[dict]] = {g.index: [] for g in pipeline.npu_graphs}
+    for sample in data.load_samples(files, inputs, count):
+        values = pipeline.float_values(sample)
+        for g in pipeline.npu_graphs:
+            out[g.index].append({t: np.asarray(values[t]) for t in g.inputs})
+    return out
+
+
+def calibration_files(loaded) -> list[Path]:
+    from npubuild.stages.quantize import calibration_files as files
+
+    return files(loaded)
+
+
+def calibration_feeds(ctx: StageContext) -> dict[int, list[dict]]:
+    spec = ctx.recipe.quantization.calibration
+    return graph_feeds(ctx, calibration_files(ctx.loaded), spec.samples)
+
+
+def json_load(path: Path) -> dict:
+    import json
+
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def save_npz(path: Path, arrays: dict) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **{k: np.asarray(arrays[k]) for k in sorted(arrays)})
+    return path
+
+
+def load_npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
+
+
+def save_samples(folder: Path, samples: Iterable[dict]) -> list[Path]:
+    return [save_npz(folder / f"sample_{k}.npz", s) for k, s in enumerate(samples)]
+
+
+def clean_log(text: str, *paths: Path) -> str:
+    """A vendor log as an artifact: no colour codes, times or machine paths."""
+    text = TIMESTAMP.sub("", ANSI.sub("", text))
+    for path in paths:
+        text = text.replace(str(path), "<work>")
+    return text
+
+
+def keep_log(source: Path, target: Path, *paths: Path) -> Path:
+    return write_text(target, clean_log(source.read_text(encoding="utf-8", errors="replace"), *paths))
+
+
+@contextmanager
+def workdir(prefix: str) -> Iterator[Path]:
+    """A scratch folder for the vendor's own files (outside the stage's artifacts), removed
+    when the vendor succeeded and kept when it failed (the error names its log there)."""
+    path = Path(tempfile.mkdtemp(prefix=f"npubuild-{prefix}-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def write_backend_file(out: Path, backend: str, env, graphs: dict) -> Path:
+    return write_json(out / BACKEND_FILE, {"backend": backend, "toolchain": env.identity(),
+                                           "graphs": graphs})
+
+
+def npubuild_estimate(ctx: StageContext) -> dict:
+    """npubuild's own estimate of the NPU graphs on the chip's datasheet figures (the simulated
+    compiler's plan, no simulator run), to set beside the vendor's figures."""
+    from npubuild.npu import build_program, estimate
+    from npubuild.npu.from_qgraph import layers_from_qgraph, plan_qgraph
+    from npubuild.quant.qgraph import QGraph
+
+    qdir = Path(ctx.upstream["quantize"])
+    cycles, gmem, lmem = 0, 0, 0
+    for path in sorted(qdir.glob("graph_*.qgraph.json")):
+        try:
+            program = build_program(plan_qgraph(layers_from_qgraph(QGraph.load(path)), ctx.chip,
+                                                grouping=True, on_no_fit="cpu"))
+        except Exception as exc:  # the estimate is a figure, never a reason to fail the build
+            return {"note": f"npubuild's estimate failed on {path.name}: {exc}"}
+        est = estimate(program)
+        cycles, gmem = cycles + est.cycles, gmem + est.gmem_bytes
+        lmem = max(lmem, est.lmem_peak_bytes)
+    clock = ctx.chip.clock_mhz * 1e6
+    return {"cycles": cycles, "fps": round(clock / cycles, 2) if cycles else 0.0,
+            "gmem_bytes": gmem, "lmem_peak_bytes": lmem,
+            "note": "npubuild's own model of the chip (datasheet figures in its chip file)"}
+
+
+def no_npu(ctx: StageContext, backend: str) -> dict:
+    note = "the split placed every node on the CPU: no NPU graph for the vendor to compile"
+    write_json(ctx.out / "compile.json", {"graphs": {}, "note": note})
+    return {STAGE: {"chip": ctx.chip.name, "backend": backend, "graphs": {}, "npu_graphs": 0,
+                    "note": note}}
+
+
+def require_env(ctx: StageContext, toolchain: str):
+    from npubuild import toolchains
+    from npubuild.toolchains.env import require
+
+    return require(toolchains.get(toolchain))
+
+
+def check_outputs(graph: NpuGraph, got: dict, where: str) -> None:
+    missing = [t for t in graph.outputs if t not in got]
+    if missing:
+        raise BuildError(f"{graph.name}: {where} returned no {missing[0]!r}", stage=STAGE)
+
+
+def against_float(outputs: list[str], got: dict, floats: list[dict]) -> dict:
+    """A vendor's outputs on the proof samples (``"<k>:<tensor>"``) against the float submodel,
+    per output over all samples: cosine, SQNR and the largest difference."""
+    from npubuild.metrics import similarity
+
+    out = {}
+    for t in outputs:
+        ref = np.concatenate([np.ravel(f[t]) for f in floats])
+        val = np.concatenate([np.ravel(got[f"{k}:{t}"]) for k in range(len(floats))])
+        s = similarity(ref, val)
+        out[t] = {"cosine": round(s.cosine, 6), "sqnr_db": round(s.sqnr_db, 2)
+                  if np.isfinite(s.sqnr_db) else None, "max_abs": round(s.max_abs, 6)}
+    return out
