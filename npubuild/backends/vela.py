@@ -1,15 +1,260 @@
-"""Arm Ethos-U (U55/U65/U85) through Vela: a full-int8 TFLite -> the Vela-compiled TFLite."""
+"""Arm Ethos-U (U55/U65/U85) through Vela: a full-int8 TFLite → the Vela-compiled TFLite.
+
+Per NPU graph, in ``compile/graph_ir_<i>/``: the ONNX submodel (fused ops inlined), one int8
+TFLite per quantizer written by `npubuild.backends.tflite_writer` from that ONNX and per-tensor
+ranges, and what Vela made of each (``<graph>.<quantizer>_vela.tflite``, its summary CSV):
+
+- ``npubuild``: npubuild's calibrated ranges (``quantize/calibration.json``, its method:
+  minmax, percentile, KL or MSE) for every tensor npubuild quantized; min/max on the
+  calibration data for the tensors inside its fused ops;
+- ``vendor``: min/max of every tensor on the recipe's calibration data, which is the TFLite
+  converter's own calibration for full-int8 (its representative dataset); the converter itself
+  needs a TensorFlow graph, which an ONNX source does not have, so npubuild applies its method.
+
+No Ethos-U simulator exists on PyPI (tflite-micro refuses Vela's custom operator), so the
+deployed graph runs as the int8 TFLite Vela consumed, in TensorFlow Lite's reference kernels
+(``BUILTIN_REF``), which Ethos-U is specified to match on the operators it runs. Vela is
+deterministic, and so is the writer: every byte here is reproducible. Vela's figures (cycles,
+inferences/s, SRAM/DRAM/flash bytes, NPU/CPU operators) come from its summary CSV.
+"""
 
 from __future__ import annotations
 
-from npubuild.backends import Backend, register
+import csv
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from npubuild.backends import Backend, register, vendor
+from npubuild.backends.vendor import STAGE, NpuGraph
+from npubuild.errors import BuildError
+from npubuild.toolchains.process import run_worker
+
+WORKER = "vela_worker.py"
+ERROR_PATTERNS = (r"^Error: .*$", r"^\w*Error: .*$")
+QUANTIZERS = ("vendor", "npubuild")
+PROOF_SAMPLES = 4
+#: The CSV columns reported, under npubuild's names.
+CSV_FIGURES = {"cycles_total": "cycles", "inferences_per_second": "inferences_per_second",
+               "sram_memory_used": "sram_kib", "dram_memory_used": "dram_kib",
+               "off_chip_flash_memory_used": "off_chip_flash_kib",
+               "on_chip_flash_memory_used": "on_chip_flash_kib", "nn_macs": "macs",
+               "cycles_npu": "cycles_npu", "system_config": "system_config",
+               "memory_mode": "memory_mode", "core_clock": "core_clock_hz"}
 
 
 class Vela(Backend):
     name = "vela"
     description = "Arm Vela: full-int8 TFLite -> Ethos-U command stream, proven on the int8 TFLite"
     toolchain = "vela"
-    runs_in = "the TFLite interpreter on the int8 TFLite Vela compiles (Ethos-U matches its reference kernels)"
+    runs_in = ("TensorFlow Lite's reference kernels on the int8 TFLite Vela compiles (Ethos-U "
+               "is specified to match them)")
+
+    def file_inputs(self, loaded) -> list[Path]:
+        from npubuild.stages.quantize import data_files
+
+        return data_files(loaded)
+
+    def compile(self, ctx) -> dict:
+        graphs = vendor.npu_graphs(ctx)
+        if not graphs:
+            return vendor.no_npu(ctx, self.name)
+        env = vendor.require_env(ctx, self.toolchain)
+        spec = ctx.recipe.compile
+        quantizers = [spec.quantizer] + [q for q in QUANTIZERS if q != spec.quantizer
+                                         and spec.compare_quantizers]
+        calibration = vendor.calibration_feeds(ctx)
+        compare = _compare_feeds(ctx)
+        npubuild_ranges = _calibrated_ranges(Path(ctx.upstream["quantize"]))
+        results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
+                                         quantizers, npubuild_ranges.get(g.name, {}))
+                   for g in graphs}
+        vendor.write_backend_file(ctx.out, self.name, env, {
+            name: {"deployed": r["deployed"],
+                   "tflite": f"{r['context_dir']}/{name}.{r['deployed']}.tflite"}
+            for name, r in results.items()})
+        return report(ctx, env, results)
+
+    def npu_runner(self, compile_dir: Path):
+        return TfliteRunner(Path(compile_dir))
+
+
+def _compare_feeds(ctx) -> dict[int, list[dict]]:
+    files = (ctx.loaded.resolve_glob(ctx.recipe.verify.data, "verify", "data")
+             if ctx.recipe.verify.data else vendor.calibration_files(ctx.loaded))
+    return vendor.graph_feeds(ctx, files, PROOF_SAMPLES)
+
+
+def _calibrated_ranges(qdir: Path) -> dict[str, dict[str, tuple[float, float]]]:
+    path = qdir / "calibration.json"
+    if not path.is_file():
+        return {}
+    graphs = vendor.json_load(path).get("graphs", {})
+    return {g: {t: tuple(info["range"]) for t, info in data.get("tensors", {}).items()
+                if info.get("range")} for g, data in graphs.items()}
+
+
+def minmax_ranges(model, feeds: list[dict]) -> dict[str, tuple[float, float]]:
+    """Every tensor's min and max over ``feeds`` (the TFLite converter's calibration)."""
+    from npubuild import onnx_io
+
+    names = [o for n in model.graph.node for o in n.output if o]
+    probe = onnx_io.with_outputs(model, names)
+    ranges: dict[str, tuple[float, float]] = {}
+    for feed in feeds:
+        values = {**feed, **onnx_io.run(probe, feed, names)}
+        for name, value in values.items():
+            value = np.asarray(value)
+            if value.size == 0 or value.dtype.kind != "f":
+                continue
+            lo, hi = ranges.get(name, (np.inf, -np.inf))
+            ranges[name] = (min(lo, float(value.min())), max(hi, float(value.max())))
+    return ranges
+
+
+def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: list[dict],
+                  quantizers: list[str], calibrated: dict) -> dict:
+    from npubuild import onnx_io
+    from npubuild.backends.tflite_writer import Unwritable, write_tflite
+    from npubuild.atomic import write_bytes
+
+    folder = ctx.out / graph.context_dir
+    onnx_path = vendor.write_vendor_model(graph, ctx.out)
+    model = onnx_io.load_model(onnx_path)
+    minmax = minmax_ranges(model, calibration)
+    floats = [onnx_io.run(model, f, graph.outputs) for f in compare]
+    out = {"context_dir": graph.context_dir, "deployed": quantizers[0], "quantizers": {}}
+    for q in quantizers:
+        ranges = minmax if q == "vendor" else {**minmax, **calibrated}
+        try:
+            data = write_tflite(model, ranges)
+        except Unwritable as exc:
+            raise BuildError(f"{graph.name}: cannot write the int8 TFLite Vela takes: {exc}",
+                             stage=STAGE, hint="keep that node on the CPU (split.force_cpu)") from None
+        tflite = write_bytes(folder / f"{graph.name}.{q}.tflite", data)
+        figures = run_vela(ctx, env, graph, tflite, folder)
+        got = TfliteModel(tflite)
+        outputs = {}
+        for k, feed in enumerate(compare):
+            outputs.update({f"{k}:{t}": v for t, v in got.run(feed, graph.outputs).items()})
+        figures["proof"] = vendor.against_float(graph.outputs, outputs, floats)
+        figures["tflite_bytes"] = len(data)
+        figures["ranges"] = ("min/max on the calibration data (the TFLite converter's method)"
+                             if q == "vendor" else "npubuild's calibration (quantize/calibration.json)")
+        out["quantizers"][q] = figures
+    return out
+
+
+def run_vela(ctx, env, graph: NpuGraph, tflite: Path, folder: Path) -> dict:
+    with vendor.workdir("vela") as work:
+        job = {"tflite": str(tflite.resolve()), "accelerator": ctx.chip.platform,
+               "output_dir": str(work / "out")}
+        result = run_worker(env, WORKER, job, work, stage=STAGE, graph=graph.name,
+                            patterns=ERROR_PATTERNS)
+        compiled = folder / Path(result["compiled"]).name
+        shutil.copyfile(result["compiled"], compiled)
+        figures = {"npu_ops": result["npu_ops"], "cpu_ops": result["cpu_ops"],
+                   "artifact": compiled.name, "artifact_bytes": compiled.stat().st_size}
+        if result.get("summary"):
+            summary = folder / Path(result["summary"]).name
+            shutil.copyfile(result["summary"], summary)
+            figures.update(summary_figures(summary))
+        vendor.keep_log(work / "vela_worker.log", folder / f"{tflite.stem}.vela.log", work, folder)
+    return figures
+
+
+def summary_figures(path: Path) -> dict:
+    """Vela's summary CSV row under npubuild's names (KiB figures as bytes too)."""
+    with open(path, newline="", encoding="utf-8") as fh:
+        row = next(csv.DictReader(fh))
+    out = {}
+    for column, name in CSV_FIGURES.items():
+        value = row.get(column)
+        if value is None:
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            out[name] = value
+            continue
+        if name.endswith("_kib"):
+            out[name.replace("_kib", "_bytes")] = int(round(number * 1024))
+        else:
+            out[name] = int(number) if number.is_integer() else round(number, 2)
+    return out
+
+
+def report(ctx, env, results: dict) -> dict:
+    graphs = {name: {"deployed": r["deployed"], "quantizers": r["quantizers"]}
+              for name, r in results.items()}
+    deployed = [r["quantizers"][r["deployed"]] for r in results.values()]
+    cycles = sum(d.get("cycles", 0) for d in deployed)
+    clock = deployed[0].get("core_clock_hz", 0)
+    figures = {"npu_ops": sum(d["npu_ops"] for d in deployed),
+               "cpu_ops": sum(d["cpu_ops"] for d in deployed), "cycles": cycles,
+               "inferences_per_second": round(clock / cycles, 2) if cycles and clock else None,
+               "artifact_bytes": sum(d["artifact_bytes"] for d in deployed),
+               "sram_bytes": max(d.get("sram_bytes", 0) for d in deployed),
+               "dram_bytes": max(d.get("dram_bytes", 0) for d in deployed),
+               "off_chip_flash_bytes": sum(d.get("off_chip_flash_bytes", 0) for d in deployed),
+               "system_config": deployed[0].get("system_config"), "reproducible": True}
+    return {STAGE: {"chip": ctx.chip.name, "backend": "vela", "platform": ctx.chip.platform,
+                    "toolchain": env.identity(), "graphs": graphs},
+            "vendor": {"backend": "vela", "toolchain": env.identity(), **figures},
+            "estimate": vendor.npubuild_estimate(ctx)}
+
+
+class TfliteModel:
+    """One int8 TFLite in TensorFlow Lite's reference kernels, fed and read in ONNX's terms
+    (float values, NCHW for 4-D tensors): the host's quantize and transpose at the boundary."""
+
+    def __init__(self, path: Path):
+        import warnings
+
+        from npubuild.frontends.tensorflow import _tensorflow
+
+        tf = _tensorflow()  # one way in: quiet logs, absl kept off doit's stderr, the tf extra's hint
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # tf.lite.Interpreter's move-to-LiteRT notice
+            self.interpreter = tf.lite.Interpreter(
+                model_path=str(path),
+                experimental_op_resolver_type=tf.lite.experimental.OpResolverType.BUILTIN_REF)
+        self.interpreter.allocate_tensors()
+        self.inputs = {d["name"]: d for d in self.interpreter.get_input_details()}
+        self.outputs = {d["name"]: d for d in self.interpreter.get_output_details()}
+
+    def run(self, feeds: dict, names: list[str]) -> dict[str, np.ndarray]:
+        for name, detail in self.inputs.items():
+            value = np.asarray(feeds[name], np.float32)
+            value = value.transpose(0, 2, 3, 1) if value.ndim == 4 else value
+            scale, zero = detail["quantization"]
+            self.interpreter.set_tensor(detail["index"], np.clip(
+                np.round(value / scale + zero), -128, 127).astype(np.int8))
+        self.interpreter.invoke()
+        out = {}
+        for name in names:
+            detail = self.outputs[name]
+            scale, zero = detail["quantization"]
+            value = (self.interpreter.get_tensor(detail["index"]).astype(np.float32) - zero) * scale
+            out[name] = value.transpose(0, 3, 1, 2) if value.ndim == 4 else value
+        return out
+
+
+class TfliteRunner:
+    """`Runner` backend: each NPU graph's deployed int8 TFLite (`TfliteModel`)."""
+
+    def __init__(self, compile_dir: Path):
+        from npubuild.backends import BACKEND_FILE
+
+        self.dir = compile_dir
+        self.info = vendor.json_load(compile_dir / BACKEND_FILE)
+        self.models: dict[str, TfliteModel] = {}
+
+    def __call__(self, graph, feeds) -> dict:
+        if graph.name not in self.models:
+            self.models[graph.name] = TfliteModel(self.dir / self.info["graphs"][graph.name]["tflite"])
+        return self.models[graph.name].run(feeds, list(graph.outputs))
 
 
 register(Vela())
