@@ -1,4 +1,5 @@
-"""Build the Keras part of the zoo: EfficientNetB0, MobileNetV3Small, ResNet50 and DenseNet121
+"""Build the Keras part of the zoo: EfficientNetB0, MobileNetV3Small, ResNet50, DenseNet121 and
+MobileNetV2
 (Keras applications, 96×96, random weights: no download) with BatchNorm statistics measured on
 photos, saved in every TensorFlow format npubuild imports, for recipes/zoo/keras/.
 
@@ -35,6 +36,7 @@ MODELS = {
     "mobilenetv3small": ("MobileNetV3Small", 1.0, 0.0),
     "resnet50": ("ResNet50", 1 / 127.5, -1.0),
     "densenet121": ("DenseNet121", 1 / 127.5, -1.0),
+    "mobilenetv2": ("MobileNetV2", 1 / 127.5, -1.0),  # recipes/real/ (issue 22's classifier)
 }
 CALIBRATION_PHOTOS = ["chelsea.png", "coffee.png", "astronaut.png", "rocket.jpg",
                       "motorcycle_left.png", "retina.jpg", "hubble_deep_field.jpg", "ihc.png"]

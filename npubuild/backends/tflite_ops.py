@@ -299,23 +299,35 @@ def pad(w: Writer, node) -> None:
 
 @emitter("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 def reshape(w: Writer, node) -> None:
+    """ONNX reshapes in NCHW order: an NHWC feature map is transposed to NCHW first (unless its
+    spatial size is 1), and a 4-D result transposed back to NHWC."""
     x = w.activation(node.input[0])
-    out_shape = w.shapes[node.output[0]]
+    out_shape = list(w.shapes[node.output[0]])
     if x.nhwc and not (x.shape[1] == 1 and x.shape[2] == 1):
-        x = _transpose(w, node, x, NHWC_TO_NCHW)  # ONNX flattens in NCHW order
+        x = _transpose(w, node, x, NHWC_TO_NCHW, "in")
     y = w.activation(node.output[0])
-    if y.nhwc and not (out_shape[2] == 1 and out_shape[3] == 1):
-        raise Unwritable("reshaping into a 4-D tensor with spatial size")
-    shape = w.int32(f"{node.output[0]}/shape", np.array(y.shape, np.int32))
+    spatial = y.nhwc and not (out_shape[2] == 1 and out_shape[3] == 1)
+    target = out_shape if spatial else y.shape
+    if spatial:
+        name = f"{node.output[0]}/nchw"
+        index = w._add_tensor(name, target, w.s.TensorType.INT8, x.quant)
+        mid = type(x)(index, target, False, x.quant)
+    else:
+        mid = y
+    shape = w.int32(f"{node.output[0]}/shape", np.array(target, np.int32))
     options = w.s.ReshapeOptionsT()
-    options.newShape = list(y.shape)
-    w.op(w.s.BuiltinOperator.RESHAPE, [x.index, shape], [y.index],
+    options.newShape = list(target)
+    w.op(w.s.BuiltinOperator.RESHAPE, [x.index, shape], [mid.index],
          w.s.BuiltinOptions.ReshapeOptions, options)
+    if spatial:
+        p = w.int32(f"{node.output[0]}/perm", np.array(NCHW_TO_NHWC, np.int32))
+        w.op(w.s.BuiltinOperator.TRANSPOSE, [mid.index, p], [y.index],
+             w.s.BuiltinOptions.TransposeOptions, w.s.TransposeOptionsT())
 
 
-def _transpose(w: Writer, node, x, perm):
+def _transpose(w: Writer, node, x, perm, tag: str = "transpose"):
     shape = [x.shape[i] for i in perm]
-    name = f"{node.output[0]}/transpose"
+    name = f"{node.output[0]}/{tag}"
     index = w._add_tensor(name, shape, w.s.TensorType.INT8, x.quant)
     p = w.int32(f"{name}/perm", np.array(perm, np.int32))
     w.op(w.s.BuiltinOperator.TRANSPOSE, [x.index, p], [index],
@@ -343,3 +355,22 @@ def gemm(w: Writer, node) -> None:
     options = w.s.FullyConnectedOptionsT()
     w.op(w.s.BuiltinOperator.FULLY_CONNECTED, [x.index, wi, bi], [y.index],
          w.s.BuiltinOptions.FullyConnectedOptions, options)
+
+
+@emitter("Split")
+def split(w: Writer, node) -> None:
+    x = w.activation(node.input[0])
+    rank = len(w.shapes[node.input[0]])
+    axis = int(attrs(node).get("axis", 0)) % rank
+    axis = AXIS_NHWC[axis] if x.nhwc else axis
+    sizes = (w.consts.get(node.input[1]) if len(node.input) > 1 and node.input[1]
+             else attrs(node).get("split"))
+    if sizes is None:
+        sizes = [x.shape[axis] // len(node.output)] * len(node.output)
+    ys = [w.activation(o) for o in node.output]
+    size_splits = w.int32(f"{node.output[0]}/sizes", np.array(sizes, np.int32))
+    axis_t = w.int32(f"{node.output[0]}/axis", np.array(axis, np.int32))
+    options = w.s.SplitVOptionsT()
+    options.numSplits = len(ys)
+    w.op(w.s.BuiltinOperator.SPLIT_V, [x.index, size_splits, axis_t], [y.index for y in ys],
+         w.s.BuiltinOptions.SplitVOptions, options)

@@ -193,7 +193,7 @@ class Writer:
 #: (they move or select values, never requantize): their tensors share one range.
 SAME_QUANT = {"Concat": None, "MaxPool": 1, "AveragePool": 1, "GlobalAveragePool": 1,
               "Reshape": 1, "Flatten": 1, "Squeeze": 1, "Unsqueeze": 1, "Transpose": 1, "Pad": 1,
-              "Resize": 1, "Identity": 1}
+              "Resize": 1, "Identity": 1, "Split": 1}
 #: The real ranges of the fixed output quantizations (scale, zero point) in FIXED_OUTPUT.
 FIXED_RANGE = {op: ((-128 - z) * s, (127 - z) * s) for op, (s, z) in FIXED_OUTPUT.items()}
 
@@ -215,7 +215,8 @@ def shared_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]]
         if node.op_type not in SAME_QUANT:
             continue
         count = SAME_QUANT[node.op_type]
-        members = [t for t in list(node.input)[:count] if t and t not in consts] + [node.output[0]]
+        members = ([t for t in list(node.input)[:count] if t and t not in consts]
+                   + [o for o in node.output if o])
         for t in members[1:]:
             parent[find(t)] = find(members[0])
     groups: dict[str, list[str]] = {}

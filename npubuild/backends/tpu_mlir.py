@@ -1,15 +1,229 @@
-"""Sophgo TPU-MLIR (BM1684X ...): ONNX -> bmodel, run on its cmodel simulator."""
+"""Sophgo TPU-MLIR (BM1684X ...): ONNX → a real bmodel, run on TPU-MLIR's cmodel simulator.
+
+Per NPU graph, in ``compile/graph_ir_<i>/``: the ONNX submodel (fused ops inlined, IR 9: the
+toolchain's onnxruntime 1.16.3 reads no newer), the calibration inputs, and per quantizer a
+calibration table and a bmodel —
+
+- ``vendor``: ``run_calibration.py`` (its KL method) on the recipe's calibration data;
+- ``npubuild``: the same table with npubuild's calibrated ranges (``quantize/calibration.json``)
+  as the thresholds of every tensor npubuild quantized —
+
+built by ``model_transform.py`` → ``model_deploy.py --quantize INT8 --chip <platform>``, with
+``model_runner.py``'s outputs on the proof inputs. A bmodel embeds its creation time, so its bytes
+are keyed on their inputs and a restored one is checked by re-running the proof inputs (verify).
+"""
 
 from __future__ import annotations
 
-from npubuild.backends import Backend, register
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from npubuild.backends import Backend, register, vendor
+from npubuild.backends.vendor import STAGE, NpuGraph
+from npubuild.errors import BuildError
+from npubuild.toolchains.process import Worker, run_worker
+
+WORKER = "tpu_mlir_worker.py"
+ERROR_PATTERNS = (r"^.*\[ERROR\].*$", r"^\w*Error: .*$", r"^.*failed: .*$")
+QUANTIZERS = ("vendor", "npubuild")
+PROOF_SAMPLES = 2  # the simulator takes seconds per image
 
 
 class TpuMlir(Backend):
     name = "tpu-mlir"
     description = "Sophgo TPU-MLIR: ONNX -> bmodel, proven on its cmodel simulator"
     toolchain = "tpu-mlir"
-    runs_in = "TPU-MLIR's cmodel simulator (model_runner)"
+    runs_in = "TPU-MLIR's cmodel simulator (model_runner.py)"
+
+    def file_inputs(self, loaded) -> list[Path]:
+        from npubuild.stages.quantize import data_files
+
+        return data_files(loaded)
+
+    def compile(self, ctx) -> dict:
+        graphs = vendor.npu_graphs(ctx)
+        if not graphs:
+            return vendor.no_npu(ctx, self.name)
+        env = vendor.require_env(ctx, self.toolchain)
+        spec = ctx.recipe.compile
+        quantizers = [spec.quantizer] + [q for q in QUANTIZERS if q != spec.quantizer
+                                         and spec.compare_quantizers]
+        calibration = vendor.calibration_feeds(ctx)
+        files = (ctx.loaded.resolve_glob(ctx.recipe.verify.data, "verify", "data")
+                 if ctx.recipe.verify.data else vendor.calibration_files(ctx.loaded))
+        compare = vendor.graph_feeds(ctx, files, PROOF_SAMPLES)
+        from npubuild.backends.vela import _calibrated_ranges
+
+        npubuild_ranges = _calibrated_ranges(Path(ctx.upstream["quantize"]))
+        results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
+                                         quantizers, npubuild_ranges.get(g.name, {}))
+                   for g in graphs}
+        vendor.write_backend_file(ctx.out, self.name, env, {
+            name: {"deployed": r["deployed"],
+                   "bmodel": f"{r['context_dir']}/{name}.{r['deployed']}.bmodel",
+                   "proof": r["proof"], "proof_outputs":
+                       f"{r['context_dir']}/proof_outputs.{r['deployed']}.npz"}
+            for name, r in results.items()})
+        return report(ctx, env, results)
+
+    def npu_runner(self, compile_dir: Path):
+        return BmodelRunner(Path(compile_dir))
+
+
+def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: list[dict],
+                  quantizers: list[str], calibrated: dict) -> dict:
+    from npubuild import onnx_io
+
+    folder = ctx.out / graph.context_dir
+    onnx_path = vendor.write_vendor_model(graph, ctx.out)
+    dataset = vendor.save_samples(folder / "calibration", calibration)
+    proofs = vendor.save_samples(folder / "proof", compare)
+    model = onnx_io.load_model(onnx_path)
+    floats = [onnx_io.run(model, f, graph.outputs) for f in compare]
+    shapes = [list(np.shape(calibration[0][t])) for t in graph.inputs]
+    out = {"context_dir": graph.context_dir, "deployed": quantizers[0], "quantizers": {},
+           "proof": [f"{graph.context_dir}/proof/{p.name}" for p in proofs]}
+    vendor_table = None
+    for q in ["vendor"] + [q for q in quantizers if q != "vendor"]:
+        table = None if q == "vendor" else _npubuild_table(vendor_table, calibrated, folder, graph)
+        job = {"onnx": str(onnx_path.resolve()), "name": f"{graph.name}", "chip": ctx.chip.platform,
+               "input_shapes": shapes, "data_list": [str(p.resolve()) for p in dataset],
+               "cali_table": str(table.resolve()) if table else None,
+               "test_inputs": [str(p.resolve()) for p in proofs],
+               "proof_outputs": str((folder / f"proof_outputs.{q}.npz").resolve())}
+        figures, table_path = _build(env, graph, folder, job, q)
+        if q == "vendor":
+            vendor_table = table_path
+        got = vendor.load_npz(folder / f"proof_outputs.{q}.npz")
+        figures["proof"] = vendor.against_float(graph.outputs, _named(got, graph.outputs, len(compare)), floats)
+        if q in quantizers:
+            out["quantizers"][q] = figures
+    return out
+
+
+def _build(env, graph: NpuGraph, folder: Path, job: dict, q: str) -> tuple[dict, Path]:
+    with vendor.workdir("tpu-mlir") as work:
+        job = {**job, "output_dir": str(work / "out")}
+        result = run_worker(env, WORKER, job, work, stage=STAGE, graph=graph.name,
+                            patterns=ERROR_PATTERNS, timeout=7200)
+        bmodel = folder / f"{graph.name}.{q}.bmodel"
+        shutil.copyfile(result["bmodel"], bmodel)
+        table = folder / f"{graph.name}.{q}.cali_table"
+        shutil.copyfile(result["cali_table"], table)
+        vendor.keep_log(work / "tpu_mlir_worker.log", folder / f"{graph.name}.{q}.log", work, folder)
+    return {"artifact": bmodel.name, "artifact_bytes": bmodel.stat().st_size}, table
+
+
+def _npubuild_table(vendor_table: Path | None, calibrated: dict, folder: Path,
+                    graph: NpuGraph) -> Path:
+    """The vendor's table with npubuild's ranges as thresholds where npubuild has the tensor
+    (TPU-MLIR's INT8 is symmetric: threshold = the larger magnitude of the range)."""
+    if vendor_table is None:
+        raise BuildError(f"{graph.name}: no vendor calibration table to start from", stage=STAGE)
+    lines, replaced = [], 0
+    for line in vendor_table.read_text().splitlines():
+        parts = line.split()
+        if line.startswith("#") or len(parts) < 4 or parts[0] not in calibrated:
+            lines.append(line)
+            continue
+        lo, hi = calibrated[parts[0]]
+        threshold = max(abs(lo), abs(hi), 1e-8)
+        lines.append(" ".join([parts[0], f"{threshold:.7f}", f"{lo:.7f}", f"{hi:.7f}", *parts[4:]]))
+        replaced += 1
+    path = folder / f"{graph.name}.npubuild-input.cali_table"
+    vendor.write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _named(got: dict, outputs: list[str], samples: int) -> dict:
+    """model_runner's outputs by the submodel's output names ("<k>:<name>"); TPU-MLIR may
+    suffix a name with its op type, so a name is matched exactly, then by prefix, then by order."""
+    out = {}
+    for k in range(samples):
+        keys = [key.split(":", 1)[1] for key in got if key.startswith(f"{k}:")]
+        for i, name in enumerate(outputs):
+            match = (name if name in keys else next((key for key in keys if key.startswith(name)), None)
+                     or (keys[i] if i < len(keys) else None))
+            if match is None:
+                raise BuildError(f"model_runner returned no output for {name!r} (got {keys})",
+                                 stage=STAGE)
+            out[f"{k}:{name}"] = got[f"{k}:{match}"]
+    return out
+
+
+def report(ctx, env, results: dict) -> dict:
+    graphs = {name: {"deployed": r["deployed"], "quantizers": r["quantizers"]}
+              for name, r in results.items()}
+    deployed = [r["quantizers"][r["deployed"]] for r in results.values()]
+    figures = {"artifact_bytes": sum(d["artifact_bytes"] for d in deployed), "reproducible": False,
+               "note": "a bmodel embeds its creation time: keyed on its inputs, checked by "
+                       "re-running the proof inputs"}
+    return {STAGE: {"chip": ctx.chip.name, "backend": "tpu-mlir", "platform": ctx.chip.platform,
+                    "toolchain": env.identity(), "graphs": graphs},
+            "vendor": {"backend": "tpu-mlir", "toolchain": env.identity(), **figures},
+            "estimate": vendor.npubuild_estimate(ctx)}
+
+
+class BmodelRunner:
+    """`Runner` backend: each NPU graph's deployed bmodel in model_runner (cmodel), after the
+    proof inputs reproduced compile's outputs."""
+
+    def __init__(self, compile_dir: Path):
+        from npubuild.backends import BACKEND_FILE
+
+        self.dir = compile_dir
+        self.info = vendor.json_load(compile_dir / BACKEND_FILE)
+        self.workers: dict[str, tuple[Worker, Path]] = {}
+
+    def __call__(self, graph, feeds) -> dict:
+        worker, folder = self._worker(graph)
+        inputs = vendor.save_npz(folder / "in.npz", dict(feeds))
+        worker(inputs, folder / "out.npz")
+        got = {f"0:{k}": v for k, v in vendor.load_npz(folder / "out.npz").items()}
+        named = _named(got, list(graph.outputs), 1)
+        return {t: named[f"0:{t}"] for t in graph.outputs}
+
+    def _worker(self, graph):
+        if graph.name not in self.workers:
+            import tempfile
+
+            from npubuild import toolchains
+            from npubuild.toolchains.env import require
+
+            entry = self.info["graphs"][graph.name]
+            env = require(toolchains.get("tpu-mlir"))
+            tmp = Path(tempfile.mkdtemp(prefix="npubuild-tpu-mlir-run-"))
+            worker = Worker(env, WORKER, {"bmodel": str((self.dir / entry["bmodel"]).resolve())},
+                            tmp, stage="verify", graph=graph.name, patterns=ERROR_PATTERNS)
+            self.workers[graph.name] = (worker, tmp)
+            self._check_proof(graph, worker, tmp, entry)
+        return self.workers[graph.name]
+
+    def _check_proof(self, graph, worker: Worker, folder: Path, entry: dict) -> None:
+        want = vendor.load_npz(self.dir / entry["proof_outputs"])
+        proofs = [self.dir / p for p in entry["proof"]]
+        for k, proof in enumerate(proofs[:1]):  # one sample: the simulator takes seconds
+            worker(proof, folder / "proof_out.npz")
+            got = vendor.load_npz(folder / "proof_out.npz")
+            for key, value in got.items():
+                if f"{k}:{key}" in want and not np.array_equal(value, want[f"{k}:{key}"]):
+                    raise BuildError(f"{graph.name}: the bmodel's outputs on proof sample {k} "
+                                     f"differ from compile's ({key!r}); the restored artifact "
+                                     "does not match its build", stage="verify")
+
+    def close(self) -> None:
+        for worker, tmp in self.workers.values():
+            worker.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.workers.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 register(TpuMlir())

@@ -54,6 +54,9 @@ def figures(report: dict) -> dict[str, Any]:
         value = _get(report, path)
         if value is not None:
             out[label] = value
+    from npubuild.backends.figures import vendor_figures
+
+    out.update(vendor_figures(report))  # real chips: the vendor's own figures
     return out
 
 

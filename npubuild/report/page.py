@@ -17,6 +17,7 @@ from npubuild.report import graph, numbers, overview
 from npubuild.report.artifacts import BuildArtifacts, UnreadableArtifact
 from npubuild.report.headline import headline
 from npubuild.report.html import esc, fmt
+from npubuild.backends.figures import vendor_section
 
 log = logging.getLogger("npubuild")
 
@@ -28,6 +29,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[BuildArtifacts], str]], ...] = (
     ("quantization", "Quantization per layer", numbers.quantization_section),
     ("lmem", "Layer groups and LMEM", numbers.lmem_section),
     ("estimate", "Performance estimate", numbers.estimate_section),
+    ("vendor", "Vendor toolchain: its figures beside npubuild's estimate", vendor_section),
     ("model", "Model and rewrites", graph.model_section),
     ("recipe", "Recipe and lock hashes", overview.recipe_section),
 )

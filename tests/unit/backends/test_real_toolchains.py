@@ -1,0 +1,63 @@
+"""Each vendor backend end to end on the tiny recipe, through the real toolchain (no mocks):
+compile writes the vendor artifact into the graph's context_dir with the vendor's figures, and
+verify runs it (RKNN's simulator, the int8 TFLite Vela compiles, TPU-MLIR's cmodel). Slow; each
+skips, saying how to install it, when its toolchain environment is absent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from npubuild import toolchains
+from npubuild.split import graph_infos
+from npubuild.toolchains.env import find
+from tests.conftest import TINY_RECIPE, write_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def needs(name: str) -> None:
+    if find(toolchains.get(name)) is None:
+        pytest.skip(f"the {name} toolchain is not installed (npubuild toolchain install {name})")
+
+
+def build(cli, tmp_path, chip: str) -> tuple[dict, object]:
+    body = TINY_RECIPE.replace("name: tiny", f"name: tiny-{chip}") + f"target: {chip}\n" + \
+        "verify: {data: 'pkg:skimage/data/[d-h]*.png', samples: 2, min_cosine: 0.98}\n"
+    recipe = write_recipe(tmp_path, body)
+    result = cli("run", str(recipe), "--build-dir", str(tmp_path / "build"),
+                 "--cache", str(tmp_path / "cache"), cwd=tmp_path, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    root = tmp_path / "build" / f"tiny-{chip}"
+    return json.loads((root / "report.json").read_text()), root
+
+
+def test_rknn_builds_an_rknn_and_verify_runs_it_in_the_simulator(cli, tmp_path):
+    needs("rknn")
+    report, root = build(cli, tmp_path, "rk3588")
+    infos = graph_infos.read(root / "split")
+    npu = [g for g in infos["graphs"] if g["device"] == "npu"]
+    assert (root / "compile" / npu[0]["context_dir"] / "graph_0.vendor.rknn").is_file()
+    assert report["vendor"]["npu_ops"] >= 2 and report["vendor"]["reproducible"] is False
+    graph = report["compile"]["graphs"]["graph_0"]
+    assert set(graph["quantizers"]) == {"vendor", "npubuild"}  # side by side
+    assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
+    assert report["compile"]["toolchain"]["rknn-toolkit2"] == "2.5.0"
+
+
+def test_vela_compiles_the_int8_tflite_and_verify_runs_it(cli, tmp_path):
+    needs("vela")
+    report, root = build(cli, tmp_path, "ethos-u55-256")
+    folder = root / "compile" / "graph_ir_0"
+    assert (folder / "graph_0.vendor_vela.tflite").is_file()
+    assert report["vendor"]["npu_ops"] >= 2 and report["vendor"]["cpu_ops"] == 0
+    assert report["vendor"]["cycles"] > 0 and report["vendor"]["inferences_per_second"] > 0
+    assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
+
+
+def test_tpu_mlir_builds_a_bmodel_and_verify_runs_it_on_the_cmodel(cli, tmp_path):
+    needs("tpu-mlir")
+    report, root = build(cli, tmp_path, "bm1684x")
+    assert (root / "compile" / "graph_ir_0" / "graph_0.vendor.bmodel").is_file()
+    assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
