@@ -36,7 +36,7 @@ from npubuild.toolchains.process import Worker, run_worker, vendor_line
 
 WORKER = "rknn_worker.py"
 #: The toolkit's error lines ("E build: ...", "E load_onnx: ...") and Python's last line.
-ERROR_PATTERNS = (r"^E [a-z_]+:.*$", r"^E RKNN:.*$", r"^\w*Error: .*$")
+ERROR_PATTERNS = (r"^E (?!build: Traceback)[a-z_]+: .*$", r"^E RKNN:.*$", r"^\w*Error: .*$")
 DISABLE_RULES = re.compile(r"disable_rules\s*=\s*\[([^\]]*)\]")
 RULE_FAILED = re.compile(r"(?:rule|Rule)\s*[:=]?\s*['\"]?([a-z][a-z0-9_]+)['\"]?\s+(?:failed|error)")
 LAYER_ROW = re.compile(r"^D RKNN:\s+(\d+)\s+(\S+)\s+(\S+)\s+(NPU|CPU)\s+.*?\s(\d+)/(\d+)/(\d+)\s+(\S+)\s+(\S+)\s*$")

@@ -31,7 +31,7 @@ def run(args) -> int:
                             hint="npubuild toolchain install " + "|".join(toolchains.TOOLCHAINS.names()))
         for name in args.names:
             chain = toolchains.get(name)
-            made = env.install_env(chain, force=args.force)
+            made = env.install_env(chain, force=args.force, say=_say)
             print(f"{chain.name}: {made.python.parent.parent}")
         return EXIT_OK
     if args.names:
@@ -48,3 +48,10 @@ def run(args) -> int:
               f"{'yes' if r['installed'] else 'no':<10} {size:>9}  {r['where']}"
               + ("" if r["installed"] else f"  (install: {r['install']})"))
     return EXIT_OK
+
+
+def _say(message: str, *values) -> None:
+    """Install progress on stderr (results go to stdout)."""
+    import sys
+
+    print(message % values, file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 from npubuild.errors import BuildError, UserError
 from npubuild.toolchains import Toolchain
@@ -117,11 +118,13 @@ def require(toolchain: Toolchain, install: bool = True) -> Env:
                          f"is not installed", hint=f"run `{toolchain.install_command}`")
     log.warning("toolchain %s is not installed: installing it into %s (once; later builds "
                 "reuse it)", toolchain.name, folder(toolchain))
-    return install_env(toolchain)
+    return install_env(toolchain, say=log.warning)
 
 
-def install_env(toolchain: Toolchain, force: bool = False) -> Env:
-    """Make the environment from the package registries: venv, pip steps, fixes, marker."""
+def install_env(toolchain: Toolchain, force: bool = False,
+                say: Callable[..., None] = log.info) -> Env:
+    """Make the environment from the package registries: venv, pip steps, fixes, marker.
+    ``say`` gets one line per step (pip's own lines go to the log, shown with -v)."""
     from npubuild.toolchains import fixes
 
     target = folder(toolchain)
@@ -135,8 +138,8 @@ def install_env(toolchain: Toolchain, force: bool = False) -> Env:
     _step(toolchain, [str(base), "-m", "venv", str(target)], "create the environment")
     python = target / "bin" / "python"
     for i, step in enumerate(toolchain.steps, 1):
-        log.info("toolchain %s: pip step %d of %d: %s", toolchain.name, i, len(toolchain.steps),
-                 " ".join(step))
+        say("toolchain %s: pip step %d of %d: pip install %s", toolchain.name, i,
+            len(toolchain.steps), " ".join(step))
         _step(toolchain, [str(python), "-m", "pip", "install", "--progress-bar", "off",
                           "--disable-pip-version-check", *step], f"pip step {i}")
     for name in toolchain.post_install:
@@ -151,8 +154,8 @@ def install_env(toolchain: Toolchain, force: bool = False) -> Env:
     (target / MARKER).write_text(json.dumps(
         {"toolchain": toolchain.name, "versions": versions, "seconds": seconds,
          "size_bytes": size, "python": str(base)}, indent=2), encoding="utf-8")
-    log.info("toolchain %s installed in %.0f s (%.2f GB) at %s", toolchain.name, seconds,
-             size / 1e9, target)
+    say("toolchain %s installed in %.0f s (%.2f GB) at %s", toolchain.name, seconds,
+        size / 1e9, target)
     return Env(toolchain, python, versions)
 
 

@@ -128,8 +128,9 @@ SUGGESTION = re.compile(r"((?:[Pp]lease|[Tt]ry to|[Yy]ou can|[Yy]ou may)[^\n]{5,
 
 
 def suggestion(text: str) -> str | None:
-    match = SUGGESTION.search(text)
-    return match.group(1).strip() if match else None
+    """The vendor's own advice nearest the failure (its last "Please ..." / "You can ...")."""
+    found = SUGGESTION.findall(text)
+    return found[-1].strip() if found else None
 
 
 class Worker:

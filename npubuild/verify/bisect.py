@@ -133,6 +133,14 @@ def explain(stage: str, tensor: str, cosine: float, dirs: Mapping[str, Path], mi
                        "report this: split's own proof should have caught it")
     if stage == "quantize":
         return explain_quantize(tensor, cosine, quantized_tensors(), min_cosine, fixes)
+    from npubuild.backends import built_by, get
+
+    backend = get(built_by(dirs["compile"]))
+    if backend.toolchain is not None:  # a vendor's own compiler and quantizer made the artifact
+        return Finding(stage, tensor, cosine, f"the {backend.name} artifact",
+                       f"compare the quantizers side by side in the report (compile.quantizer: "
+                       f"vendor or npubuild), or cut where one int8 scale spans values of "
+                       f"different ranges (model.outputs, split.force_cpu)")
     return Finding(stage, tensor, cosine, "the compiled program",
                    "the simulator should equal the integer reference bit for bit: report this")
 

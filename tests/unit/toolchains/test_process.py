@@ -85,3 +85,14 @@ def test_vendor_lines_and_suggestions_are_found_in_their_logs():
     assert vendor_line(log, (r"^Error: .*$",)) is None
     assert suggestion("E x\nYou can set disable_rules=['fuse_pad_into_conv'] to skip it") == \
         "You can set disable_rules=['fuse_pad_into_conv'] to skip it"
+
+
+def test_the_advice_nearest_the_failure_is_the_one_shown():
+    log = ("W you can try changing config.optimization_level to 2.\n"
+           "W You can add disable_rules=['fuse_pad_into_conv'] in rknn.config() to temporarily "
+           "disable the error rule!\nE build: Traceback (most recent call last):\n"
+           "ValueError: assignment destination is read-only\n")
+    from npubuild.backends.rknn import ERROR_PATTERNS
+
+    assert suggestion(log).startswith("You can add disable_rules=['fuse_pad_into_conv']")
+    assert vendor_line(log, ERROR_PATTERNS) == "ValueError: assignment destination is read-only"
