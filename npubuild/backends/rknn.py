@@ -238,7 +238,7 @@ class RknnRunner:
     def __init__(self, compile_dir: Path):
         from npubuild.backends import BACKEND_FILE
 
-        self.dir = compile_dir
+        self.dir = compile_dir.resolve()  # the worker runs in a folder of its own
         self.info = vendor.json_load(compile_dir / BACKEND_FILE)
         self.workers: dict[str, tuple[Worker, object]] = {}
 

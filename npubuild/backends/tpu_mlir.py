@@ -113,7 +113,8 @@ def _build(env, graph: NpuGraph, folder: Path, job: dict, q: str) -> tuple[dict,
         table = folder / f"{graph.name}.{q}.cali_table"
         shutil.copyfile(result["cali_table"], table)
         vendor.keep_log(work / "tpu_mlir_worker.log", folder / f"{graph.name}.{q}.log", work, folder)
-    return {"artifact": bmodel.name, "artifact_bytes": bmodel.stat().st_size}, table
+    figures = {k: v for k, v in result.items() if k not in ("ok", "bmodel", "cali_table")}
+    return {"artifact": bmodel.name, "artifact_bytes": bmodel.stat().st_size, **figures}, table
 
 
 def _npubuild_table(vendor_table: Path | None, calibrated: dict, folder: Path,
@@ -125,16 +126,26 @@ def _npubuild_table(vendor_table: Path | None, calibrated: dict, folder: Path,
     lines, replaced = [], 0
     for line in vendor_table.read_text().splitlines():
         parts = line.split()
-        if line.startswith("#") or len(parts) < 4 or parts[0] not in calibrated:
+        name = None if line.startswith("#") or len(parts) < 4 else table_tensor(parts[0], calibrated)
+        if name is None:
             lines.append(line)
             continue
-        lo, hi = calibrated[parts[0]]
+        lo, hi = calibrated[name]
         threshold = max(abs(lo), abs(hi), 1e-8)
         lines.append(" ".join([parts[0], f"{threshold:.7f}", f"{lo:.7f}", f"{hi:.7f}", *parts[4:]]))
         replaced += 1
     path = folder / f"{graph.name}.npubuild-input.cali_table"
     vendor.write_text(path, "\n".join(lines) + "\n")
     return path
+
+
+def table_tensor(op_name: str, calibrated: dict) -> str | None:
+    """The npubuild tensor a TPU-MLIR table entry names: TPU-MLIR calls a value by the ONNX
+    output's name, suffixed with its op type when converting (``relu`` -> ``relu_Relu``)."""
+    if op_name in calibrated:
+        return op_name
+    head, _, _ = op_name.rpartition("_")
+    return head if head in calibrated else None
 
 
 def _named(got: dict, outputs: list[str], samples: int) -> dict:
@@ -158,6 +169,8 @@ def report(ctx, env, results: dict) -> dict:
               for name, r in results.items()}
     deployed = [r["quantizers"][r["deployed"]] for r in results.values()]
     figures = {"artifact_bytes": sum(d["artifact_bytes"] for d in deployed), "reproducible": False,
+               **{key: sum(d.get(key, 0) for d in deployed)
+                  for key in ("npu_ops", "cpu_ops", "device_memory_bytes", "weight_memory_bytes")},
                "note": "a bmodel embeds its creation time: keyed on its inputs, checked by "
                        "re-running the proof inputs"}
     return {STAGE: {"chip": ctx.chip.name, "backend": "tpu-mlir", "platform": ctx.chip.platform,
@@ -173,7 +186,7 @@ class BmodelRunner:
     def __init__(self, compile_dir: Path):
         from npubuild.backends import BACKEND_FILE
 
-        self.dir = compile_dir
+        self.dir = compile_dir.resolve()  # the worker runs in a folder of its own
         self.info = vendor.json_load(compile_dir / BACKEND_FILE)
         self.workers: dict[str, tuple[Worker, Path]] = {}
 

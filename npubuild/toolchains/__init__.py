@@ -84,10 +84,11 @@ register(Toolchain(
 register(Toolchain(
     name="tpu-mlir", package="tpu_mlir", version="1.30.2", python="3.10",
     # The ONNX extra (onnx 1.14.1, onnxruntime 1.16.3); psutil and torch are imported but not
-    # declared.
-    steps=(("tpu_mlir[onnx]==1.30.2", "psutil", "torch"),),
+    # declared (from PyPI, torch brings its CUDA libraries: most of the size); setuptools<81 keeps
+    # the pkg_resources tpu_mlir/__init__.py imports (torch's install lifts it past that).
+    steps=(("tpu_mlir[onnx]==1.30.2", "psutil", "torch", "setuptools<81"),),
     identity=("tpu_mlir", "onnx", "onnxruntime", "numpy", "torch"),
-    post_install=("move_bundled_glibc",), size="6 GB",
+    post_install=("move_bundled_glibc",), size="7.4 GB",
     notes=("ONNX -> BM1684X bmodel (Sophgo) and its cmodel simulator; needs Python 3.10",)))
 
 

@@ -8,7 +8,9 @@ model_deploy.py --quantize INT8, then model_runner.py on the test input.
 Job (run, --serve): bmodel; each request runs model_runner.py on one input npz.
 """
 
+import glob
 import os
+import re
 import shutil
 import subprocess
 
@@ -44,7 +46,7 @@ def build(spec):
     bmodel = os.path.join(out, f"{name}.bmodel")
     _tool(["model_deploy.py", "--mlir", mlir, "--quantize", "INT8", "--calibration_table", table,
            "--chip", spec["chip"], "--model", bmodel], "model_deploy.py")
-    result = {"bmodel": bmodel, "cali_table": table}
+    result = {"bmodel": bmodel, "cali_table": table, **_figures(bmodel, out, name)}
     if spec.get("test_inputs"):
         outputs = {}
         for k, path in enumerate(spec["test_inputs"]):
@@ -52,6 +54,25 @@ def build(spec):
                 outputs[f"{k}:{key}"] = value
         np.savez(spec["proof_outputs"], **outputs)
     return result
+
+
+def _figures(bmodel, out, name):
+    """The bmodel's device memory (model_tool --info) and its TPU and CPU ops (the tpu dialect
+    model_deploy lowered to: a GenericCpu op runs on the host CPU)."""
+    info = _tool(["model_tool", "--info", bmodel], "model_tool --info")
+    figures = {}
+    found = re.search(r"device mem size: (\d+) \(weight: (\d+), instruct: (\d+), runtime: (\d+)\)", info)
+    if found:
+        for key, value in zip(("device_memory_bytes", "weight_memory_bytes",
+                               "instruction_bytes", "runtime_memory_bytes"), found.groups()):
+            figures[key] = int(value)
+    tpu = glob.glob(os.path.join(os.getcwd(), f"{name}_*_tpu.mlir")) + glob.glob(
+        os.path.join(out, f"{name}_*_tpu.mlir"))
+    if tpu:
+        ops = re.findall(r'"tpu\.(\w+)"', open(tpu[0]).read())
+        figures["cpu_ops"] = sum(op == "GenericCpu" for op in ops)
+        figures["npu_ops"] = len(ops) - figures["cpu_ops"]
+    return figures
 
 
 def _run(bmodel, inputs, output):
@@ -62,8 +83,12 @@ def _run(bmodel, inputs, output):
 
 
 def serve(spec):
+    # model_runner unpacks a bmodel into a folder beside it: run a copy in this worker's folder,
+    # never the build's artifact in place
+    bmodel = shutil.copy(spec["bmodel"], os.path.basename(spec["bmodel"]))
+
     def run(inputs, outputs):
-        values = _run(spec["bmodel"], inputs, outputs + ".raw.npz")
+        values = _run(bmodel, inputs, outputs + ".raw.npz")
         np.savez(outputs, **values)
         shutil.os.remove(outputs + ".raw.npz")
 

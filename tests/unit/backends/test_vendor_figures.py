@@ -48,10 +48,11 @@ def test_npubuilds_ranges_replace_the_vendors_thresholds_where_it_has_them(tmp_p
     from npubuild.backends.vendor import NpuGraph
 
     table = tmp_path / "t"
-    table.write_text("# genetated time\n# op_name threshold min max\nx 1.0 -1.0 1.0\ny 2.0 0.0 2.0\n")
+    table.write_text("# genetated time\n# op_name threshold min max\nx 1.0 -1.0 1.0\ny_Relu 2.0 0.0 2.0\n")
     graph = NpuGraph(0, "graph_0", ["x"], ["y"], tmp_path / "g.onnx")
     out = _npubuild_table(table, {"y": (-0.5, 3.0)}, tmp_path, graph).read_text().splitlines()
-    assert out[2] == "x 1.0 -1.0 1.0" and out[3] == "y 3.0000000 -0.5000000 3.0000000"
+    # TPU-MLIR names a value after the ONNX output and its op type: y_Relu is npubuild's y
+    assert out[2] == "x 1.0 -1.0 1.0" and out[3] == "y_Relu 3.0000000 -0.5000000 3.0000000"
 
 
 def test_model_runner_outputs_are_matched_by_name_then_prefix_then_order():
