@@ -68,6 +68,8 @@ def vendor_section(a) -> str:
 
     report = a.report
     vendor = report.get("vendor")
+    if not vendor and not report.get("compile"):
+        return a.not_built("compile", "report.json vendor")
     if not vendor:
         return para("simulated chip: npubuild's own compiler and simulator (no vendor toolchain)",
                     "note")

@@ -17,7 +17,7 @@ from pathlib import Path
 # The package's code and shipped data; pyproject's [tool.setuptools.package-data] lists the
 # same data patterns (a test keeps the two equal).
 CODE_PATTERNS = ("**/*.py",)
-DATA_PATTERNS = ("targets/*.yaml", "schemas/*.schema.json", "py.typed")
+DATA_PATTERNS = ("targets/*.yaml", "schemas/*.schema.json", "py.typed", "toolchains/workers/*.py")
 
 
 def code_files(package: Path) -> list[Path]:
