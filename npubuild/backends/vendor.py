@@ -63,12 +63,33 @@ def vendor_model(model: onnx.ModelProto, ir_version: int = VENDOR_IR) -> onnx.Mo
     (no vendor knows domain ``npubuild.fused``), IR version at most ``ir_version``."""
     import onnx.inliner
 
-    model = onnx.inliner.inline_local_functions(model) if model.functions else onnx_io.clone(model)
+    model = onnx.inliner.inline_local_functions(without_overloads(model)) if model.functions \
+        else onnx_io.clone(model)
     del model.functions[:]
     keep = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
     del model.opset_import[:]
     model.opset_import.extend(keep)
     model.ir_version = min(model.ir_version, ir_version)
+    return model
+
+
+def without_overloads(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every overloaded function renamed ``<name>__<overload>`` (and its calls):
+    ONNX's inliner leaves calls to an overload (such as quantize's ``HardSwish`` overload
+    ``Relu6Div``) in place, which no vendor could load."""
+    model = onnx_io.clone(model)
+    renamed = {(f.domain, f.name, f.overload): f"{f.name}__{f.overload}"
+               for f in model.functions if f.overload}
+    if not renamed:
+        return model
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    for node in nodes:
+        key = (node.domain, node.op_type, node.overload)
+        if key in renamed:
+            node.op_type, node.overload = renamed[key], ""
+    for f in model.functions:
+        if (f.domain, f.name, f.overload) in renamed:
+            f.name, f.overload = renamed[(f.domain, f.name, f.overload)], ""
     return model
 
 

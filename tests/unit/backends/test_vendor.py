@@ -71,3 +71,21 @@ def test_a_chip_file_naming_an_unknown_backend_is_refused_at_its_line(tmp_path):
     path.write_text(text)
     with pytest.raises(UserError, match=r"x.yaml:\d+.*backend.*unknown backend 'nope'"):
         load_chip(str(path))
+
+
+def test_calls_to_an_overloaded_function_are_inlined_too():
+    import onnx
+    from onnx import helper
+
+    body = helper.make_function("npubuild.fused", "HardSwish", ["x"], ["y"],
+                                [helper.make_node("HardSwish", ["x"], ["y"])],
+                                [helper.make_opsetid("", 17)], overload="Relu6Div")
+    node = helper.make_node("HardSwish", ["a"], ["b"], domain="npubuild.fused", overload="Relu6Div")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", 1, [1, 2])],
+                              [helper.make_tensor_value_info("b", 1, [1, 2])])
+    model = helper.make_model(graph, functions=[body], opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("npubuild.fused", 1)])
+    model.ir_version = 10
+    out = vendor.vendor_model(model)
+    assert [(n.domain, n.op_type) for n in out.graph.node] == [("", "HardSwish")]
+    onnx.checker.check_model(out)
