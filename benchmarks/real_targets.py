@@ -52,6 +52,7 @@ def build(model: str, chip: str, root: Path) -> dict:
     folder = root / "build" / (f"{name}@{chip}" if zoo else name)
     report = json.loads((folder / "report.json").read_text()) if (folder / "report.json").is_file() else {}
     error = next((line for line in done.stderr.splitlines() if line.startswith("error:")), "")
+    error = error or str(report.get("error") or "")  # a matrix cell's error is in its report
     return row(model, chip, report, wall, error)
 
 
@@ -109,7 +110,7 @@ def table(rows: list[dict]) -> str:
         cos = "; ".join(f"{n[-24:]}: {_pair(v)}" for n, v in r["cosine"].items()) or "-"
         sl = "; ".join(f"{n}: {_pair(v)}" for n, v in r["slices"].items()) or "-"
         q = " / ".join(f"{r['quantizers'].get(k, '-')}" for k in ("vendor", "npubuild"))
-        fmt = lambda v: "-" if v is None else f"{v:,}" if isinstance(v, int) else str(v)  # noqa: E731
+        fmt = lambda v: "-" if v is None else f"{v:,}" if isinstance(v, int) else str(v)
         lines.append(f"| {r['model']} | {r['chip']} | {'pass' if r['passed'] else 'fail' if r['passed'] is False else '-'} "
                      f"| {fmt(r['artifact_bytes'])} | {fmt(r['npu_ops'])}/{fmt(r['cpu_ops'])} "
                      f"| {fmt(r['split_nodes'][0])}/{fmt(r['split_nodes'][1])} | {cos} | {sl} | {q} "

@@ -21,8 +21,9 @@ chip's name.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class Backend:
     #: What the deployed NPU graphs run in during verify (the report says it).
     runs_in: str = ""
 
-    def compile(self, ctx: "StageContext") -> dict:
+    def compile(self, ctx: StageContext) -> dict:
         """NPU submodels → artifacts under ``ctx.out``; returns the report fragment."""
         raise NotImplementedError
 
@@ -59,7 +60,7 @@ class Backend:
         """A `Runner` backend executing the artifacts of ``compile_dir``."""
         raise NotImplementedError
 
-    def file_inputs(self, loaded: "LoadedRecipe") -> list[Path]:
+    def file_inputs(self, loaded: LoadedRecipe) -> list[Path]:
         """Files outside the build that compile reads (the vendor's calibration data)."""
         return []
 
@@ -88,12 +89,12 @@ def get(name: str) -> Backend:
     return BACKENDS[name]
 
 
-def of(chip: "Chip") -> Backend:
+def of(chip: Chip) -> Backend:
     """The backend that builds for ``chip`` (its ``backend`` field, validated on load)."""
     return get(chip.backend)
 
 
-def compile_files(loaded: "LoadedRecipe") -> list[Path]:
+def compile_files(loaded: LoadedRecipe) -> list[Path]:
     """The compile stage's external files: what the chip's backend reads (calibration data
     for a vendor quantizer), so editing them re-keys compile."""
     return of(loaded.chip()).file_inputs(loaded)

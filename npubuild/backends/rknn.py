@@ -38,34 +38,26 @@ WORKER = "rknn_worker.py"
 #: The toolkit's error lines ("E build: ...", "E load_onnx: ...") and Python's last line.
 ERROR_PATTERNS = (r"^E (?!build: Traceback)[a-z_]+: .*$", r"^E RKNN:.*$", r"^\w*Error: .*$")
 DISABLE_RULES = re.compile(r"disable_rules\s*=\s*\[([^\]]*)\]")
+OPTIMIZATION_LEVEL = re.compile(r"optimization_level to (\d)")
 RULE_FAILED = re.compile(r"(?:rule|Rule)\s*[:=]?\s*['\"]?([a-z][a-z0-9_]+)['\"]?\s+(?:failed|error)")
 LAYER_ROW = re.compile(r"^D RKNN:\s+(\d+)\s+(\S+)\s+(\S+)\s+(NPU|CPU)\s+.*?\s(\d+)/(\d+)/(\d+)\s+(\S+)\s+(\S+)\s*$")
 MEMORY = re.compile(r"Total (Internal|Weight) Memory Size:\s*([\d.]+)\s*(KB|MB|B)")
-QUANTIZERS = ("vendor", "npubuild")
-PROOF_SAMPLES = 4
 
 
-class Rknn(Backend):
+class Rknn(vendor.VendorBackend, Backend):
     name = "rknn"
     description = "Rockchip rknn-toolkit2: ONNX -> .rknn, proven in its PC simulator"
     toolchain = "rknn"
     runs_in = "rknn-toolkit2's PC simulator"
-
-    def file_inputs(self, loaded) -> list[Path]:
-        from npubuild.stages.quantize import data_files
-
-        return data_files(loaded)  # the vendor's calibration, and the verify data compared on
 
     def compile(self, ctx) -> dict:
         graphs = vendor.npu_graphs(ctx)
         if not graphs:
             return vendor.no_npu(ctx, self.name)
         env = vendor.require_env(ctx, self.toolchain)
-        spec = ctx.recipe.compile
-        quantizers = [spec.quantizer] + [q for q in QUANTIZERS if q != spec.quantizer
-                                         and spec.compare_quantizers]
+        quantizers = self.quantizers(ctx)
         calibration = vendor.calibration_feeds(ctx)
-        compare = _compare_feeds(ctx)
+        compare = self.compare_feeds(ctx)
         results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
                                          quantizers) for g in graphs}
         vendor.write_backend_file(ctx.out, self.name, env, {
@@ -76,13 +68,6 @@ class Rknn(Backend):
 
     def npu_runner(self, compile_dir: Path):
         return RknnRunner(Path(compile_dir))
-
-
-def _compare_feeds(ctx) -> dict[int, list[dict]]:
-    """Inputs the quantizers are compared on: the verify data (else the calibration data)."""
-    files = (ctx.loaded.resolve_glob(ctx.recipe.verify.data, "verify", "data")
-             if ctx.recipe.verify.data else vendor.calibration_files(ctx.loaded))
-    return vendor.graph_feeds(ctx, files, PROOF_SAMPLES)
 
 
 def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: list[dict],
@@ -125,22 +110,26 @@ def _float_outputs(onnx_path: Path, proof: Path, graph: NpuGraph) -> dict:
 
 
 def build_variant(env, graph: NpuGraph, folder: Path, job: dict, floats: list[dict]) -> dict:
-    """One ``.rknn`` (retried once with the toolkit's own suggested ``disable_rules``)."""
-    try:
-        result, log = _run(env, graph, folder, job)
-    except BuildError as exc:
-        rules = suggested_rules(exc)
-        if not rules:
-            raise
-        job = {**job, "disable_rules": rules}
-        result, log = _run(env, graph, folder, job)
+    """One ``.rknn``; a failed build is retried with each config change the toolkit itself
+    suggests (``disable_rules=[...]``, ``optimization_level``), once each."""
+    applied: dict = {}
+    while True:
+        try:
+            result, log = _run(env, graph, folder, job)
+            break
+        except BuildError as exc:
+            fix = {k: v for k, v in suggested_config(exc).items() if k not in applied}
+            if not fix:
+                raise
+            applied.update(fix)
+            job = {**job, **fix}
     vendor.write_json(folder / f"job.{job['export'].split('.')[-2]}.json", job)
     figures = layer_figures(log)
     figures["artifact_bytes"] = (folder / job["export"]).stat().st_size
     got = vendor.load_npz(folder / job["proof_outputs"])
     figures["proof"] = _against_float(graph, got, floats)
-    if job.get("disable_rules"):
-        figures["applied_vendor_suggestion"] = f"disable_rules={job['disable_rules']}"
+    if applied:
+        figures["applied_vendor_suggestion"] = ", ".join(f"{k}={v}" for k, v in applied.items())
     return figures
 
 
@@ -168,18 +157,21 @@ def _absolute(job: dict, folder: Path) -> dict:
     return out
 
 
-def suggested_rules(exc: BuildError) -> list[str]:
-    """The fusion rules the toolkit's own message suggests disabling (none: not that failure)."""
+def suggested_config(exc: BuildError) -> dict:
+    """The config changes the toolkit's own messages suggest for this failure (its log's
+    "You can add disable_rules=[...]", "you can try changing config.optimization_level to N")."""
     text = f"{exc.message}\n{exc.hint or ''}"
-    found = DISABLE_RULES.search(text)
-    if found:
-        return [r.strip().strip("'\"") for r in found.group(1).split(",") if r.strip()]
     log = re.search(r"the whole log: (\S+)", exc.hint or "")
     if log and Path(log.group(1)).is_file():
-        found = DISABLE_RULES.search(Path(log.group(1)).read_text(errors="replace"))
-        if found:
-            return [r.strip().strip("'\"") for r in found.group(1).split(",") if r.strip()]
-    return []
+        text += "\n" + Path(log.group(1)).read_text(errors="replace")
+    fix: dict = {}
+    found = DISABLE_RULES.search(text)
+    if found:
+        fix["disable_rules"] = [r.strip().strip("'\"") for r in found.group(1).split(",") if r.strip()]
+    level = OPTIMIZATION_LEVEL.search(text)
+    if level:
+        fix["optimization_level"] = int(level.group(1))
+    return fix
 
 
 def layer_figures(log: str) -> dict:
@@ -225,46 +217,29 @@ def report(ctx, env, results: dict) -> dict:
                "reproducible": False,
                "note": ".rknn bytes differ run to run (the simulator's outputs do not): keyed "
                        "on their inputs, checked by re-running the proof inputs"}
-    return {STAGE: {"chip": ctx.chip.name, "backend": "rknn", "platform": ctx.chip.platform,
-                    "toolchain": env.identity(), "graphs": graphs},
-            "vendor": {"backend": "rknn", "toolchain": env.identity(), **figures},
-            "estimate": vendor.npubuild_estimate(ctx)}
+    return vendor.stage_report(ctx, env, "rknn", graphs, figures)
 
 
-class RknnRunner:
+class RknnRunner(vendor.WorkerRunner):
     """Runs each NPU graph in the toolkit's simulator (one worker per graph, built once from
     the compile job, its proof outputs checked first)."""
 
-    def __init__(self, compile_dir: Path):
-        from npubuild.backends import BACKEND_FILE
-
-        self.dir = compile_dir.resolve()  # the worker runs in a folder of its own
-        self.info = vendor.json_load(compile_dir / BACKEND_FILE)
-        self.workers: dict[str, tuple[Worker, object]] = {}
-
     def __call__(self, graph, feeds) -> dict:
-        worker, folder = self._worker(graph.name)
-        inputs = vendor.save_npz(folder / "in.npz", {t: feeds[t] for t in feeds})
-        worker(inputs, folder / "out.npz")
-        got = vendor.load_npz(folder / "out.npz")
+        got = self.run(graph.name, feeds)
         return {t: got[t] for t in graph.outputs}
 
-    def _worker(self, name: str):
-        if name not in self.workers:
-            from npubuild import toolchains
-            from npubuild.toolchains.env import require
+    def start(self, name: str) -> tuple:
+        from npubuild import toolchains
+        from npubuild.toolchains.env import require
 
-            entry = self.info["graphs"][name]
-            job_path = self.dir / entry["jobs"][entry["deployed"]]
-            folder = job_path.parent
-            job = _absolute(vendor.json_load(job_path), folder)
-            env = require(toolchains.get("rknn"))
-            tmp = Path(tempfile.mkdtemp(prefix="npubuild-rknn-run-"))
-            worker = Worker(env, WORKER, job, tmp, stage="verify", graph=name,
-                            patterns=ERROR_PATTERNS)
-            self.workers[name] = (worker, tmp)
-            self._check_proof(name, worker, tmp, job)
-        return self.workers[name]
+        entry = self.info["graphs"][name]
+        job_path = self.dir / entry["jobs"][entry["deployed"]]
+        job = _absolute(vendor.json_load(job_path), job_path.parent)
+        folder = Path(tempfile.mkdtemp(prefix="npubuild-rknn-run-"))
+        worker = Worker(require(toolchains.get("rknn")), WORKER, job, folder, stage="verify",
+                        graph=name, patterns=ERROR_PATTERNS)
+        self._check_proof(name, worker, folder, job)
+        return worker, folder
 
     def _check_proof(self, name: str, worker: Worker, folder: Path, job: dict) -> None:
         """The rebuilt model must reproduce compile's proof outputs exactly."""
@@ -280,19 +255,7 @@ class RknnRunner:
                                      "restored artifact does not match its build", stage="verify",
                                      hint="rebuild compile (npubuild clean R, or delete build/<name>/compile)")
 
-    def close(self) -> None:
-        for worker, tmp in self.workers.values():
-            worker.close()
-            shutil.rmtree(tmp, ignore_errors=True)
-        self.workers.clear()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-
-__all__ = ["Rknn", "layer_figures", "suggested_rules", "vendor_line"]
+__all__ = ["Rknn", "layer_figures", "suggested_config", "vendor_line"]
 
 register(Rknn())

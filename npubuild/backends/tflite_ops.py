@@ -3,14 +3,21 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import onnx
 from onnx import helper
 
-from npubuild.backends.tflite_writer import (AXIS_NHWC, NCHW_TO_NHWC, NHWC_TO_NCHW, Quant,
-                                             Unwritable, Writer, weight_quant)
+from npubuild.backends.tflite_writer import (
+    AXIS_NHWC,
+    NCHW_TO_NHWC,
+    NHWC_TO_NCHW,
+    Quant,
+    Unwritable,
+    Writer,
+    weight_quant,
+)
 
 EMITTERS: dict[str, Callable[[Writer, onnx.NodeProto], None]] = {}
 

@@ -27,36 +27,24 @@ from npubuild.toolchains.process import Worker, run_worker
 
 WORKER = "tpu_mlir_worker.py"
 ERROR_PATTERNS = (r"^.*\[ERROR\].*$", r"^\w*Error: .*$", r"^.*failed: .*$")
-QUANTIZERS = ("vendor", "npubuild")
-PROOF_SAMPLES = 2  # the simulator takes seconds per image
 
 
-class TpuMlir(Backend):
+class TpuMlir(vendor.VendorBackend, Backend):
     name = "tpu-mlir"
     description = "Sophgo TPU-MLIR: ONNX -> bmodel, proven on its cmodel simulator"
     toolchain = "tpu-mlir"
     runs_in = "TPU-MLIR's cmodel simulator (model_runner.py)"
-
-    def file_inputs(self, loaded) -> list[Path]:
-        from npubuild.stages.quantize import data_files
-
-        return data_files(loaded)
+    proof_samples = 2  # the cmodel takes seconds per image
 
     def compile(self, ctx) -> dict:
         graphs = vendor.npu_graphs(ctx)
         if not graphs:
             return vendor.no_npu(ctx, self.name)
         env = vendor.require_env(ctx, self.toolchain)
-        spec = ctx.recipe.compile
-        quantizers = [spec.quantizer] + [q for q in QUANTIZERS if q != spec.quantizer
-                                         and spec.compare_quantizers]
+        quantizers = self.quantizers(ctx)
         calibration = vendor.calibration_feeds(ctx)
-        files = (ctx.loaded.resolve_glob(ctx.recipe.verify.data, "verify", "data")
-                 if ctx.recipe.verify.data else vendor.calibration_files(ctx.loaded))
-        compare = vendor.graph_feeds(ctx, files, PROOF_SAMPLES)
-        from npubuild.backends.vela import _calibrated_ranges
-
-        npubuild_ranges = _calibrated_ranges(Path(ctx.upstream["quantize"]))
+        compare = self.compare_feeds(ctx)
+        npubuild_ranges = vendor.calibrated_ranges(Path(ctx.upstream["quantize"]))
         results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
                                          quantizers, npubuild_ranges.get(g.name, {}))
                    for g in graphs}
@@ -173,70 +161,41 @@ def report(ctx, env, results: dict) -> dict:
                   for key in ("npu_ops", "cpu_ops", "device_memory_bytes", "weight_memory_bytes")},
                "note": "a bmodel embeds its creation time: keyed on its inputs, checked by "
                        "re-running the proof inputs"}
-    return {STAGE: {"chip": ctx.chip.name, "backend": "tpu-mlir", "platform": ctx.chip.platform,
-                    "toolchain": env.identity(), "graphs": graphs},
-            "vendor": {"backend": "tpu-mlir", "toolchain": env.identity(), **figures},
-            "estimate": vendor.npubuild_estimate(ctx)}
+    return vendor.stage_report(ctx, env, "tpu-mlir", graphs, figures)
 
 
-class BmodelRunner:
+class BmodelRunner(vendor.WorkerRunner):
     """`Runner` backend: each NPU graph's deployed bmodel in model_runner (cmodel), after the
     proof inputs reproduced compile's outputs."""
 
-    def __init__(self, compile_dir: Path):
-        from npubuild.backends import BACKEND_FILE
-
-        self.dir = compile_dir.resolve()  # the worker runs in a folder of its own
-        self.info = vendor.json_load(compile_dir / BACKEND_FILE)
-        self.workers: dict[str, tuple[Worker, Path]] = {}
-
     def __call__(self, graph, feeds) -> dict:
-        worker, folder = self._worker(graph)
-        inputs = vendor.save_npz(folder / "in.npz", dict(feeds))
-        worker(inputs, folder / "out.npz")
-        got = {f"0:{k}": v for k, v in vendor.load_npz(folder / "out.npz").items()}
+        got = {f"0:{k}": v for k, v in self.run(graph.name, feeds).items()}
         named = _named(got, list(graph.outputs), 1)
         return {t: named[f"0:{t}"] for t in graph.outputs}
 
-    def _worker(self, graph):
-        if graph.name not in self.workers:
-            import tempfile
+    def start(self, name: str) -> tuple:
+        import tempfile
 
-            from npubuild import toolchains
-            from npubuild.toolchains.env import require
+        from npubuild import toolchains
+        from npubuild.toolchains.env import require
 
-            entry = self.info["graphs"][graph.name]
-            env = require(toolchains.get("tpu-mlir"))
-            tmp = Path(tempfile.mkdtemp(prefix="npubuild-tpu-mlir-run-"))
-            worker = Worker(env, WORKER, {"bmodel": str((self.dir / entry["bmodel"]).resolve())},
-                            tmp, stage="verify", graph=graph.name, patterns=ERROR_PATTERNS)
-            self.workers[graph.name] = (worker, tmp)
-            self._check_proof(graph, worker, tmp, entry)
-        return self.workers[graph.name]
+        entry = self.info["graphs"][name]
+        folder = Path(tempfile.mkdtemp(prefix="npubuild-tpu-mlir-run-"))
+        worker = Worker(require(toolchains.get("tpu-mlir")), WORKER,
+                        {"bmodel": str(self.dir / entry["bmodel"])}, folder, stage="verify",
+                        graph=name, patterns=ERROR_PATTERNS)
+        self._check_proof(name, worker, folder, entry)
+        return worker, folder
 
-    def _check_proof(self, graph, worker: Worker, folder: Path, entry: dict) -> None:
+    def _check_proof(self, name: str, worker: Worker, folder: Path, entry: dict) -> None:
+        """One proof sample (the cmodel takes seconds) must reproduce compile's outputs."""
         want = vendor.load_npz(self.dir / entry["proof_outputs"])
-        proofs = [self.dir / p for p in entry["proof"]]
-        for k, proof in enumerate(proofs[:1]):  # one sample: the simulator takes seconds
-            worker(proof, folder / "proof_out.npz")
-            got = vendor.load_npz(folder / "proof_out.npz")
-            for key, value in got.items():
-                if f"{k}:{key}" in want and not np.array_equal(value, want[f"{k}:{key}"]):
-                    raise BuildError(f"{graph.name}: the bmodel's outputs on proof sample {k} "
-                                     f"differ from compile's ({key!r}); the restored artifact "
-                                     "does not match its build", stage="verify")
-
-    def close(self) -> None:
-        for worker, tmp in self.workers.values():
-            worker.close()
-            shutil.rmtree(tmp, ignore_errors=True)
-        self.workers.clear()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        worker(self.dir / entry["proof"][0], folder / "proof_out.npz")
+        for key, value in vendor.load_npz(folder / "proof_out.npz").items():
+            if f"0:{key}" in want and not np.array_equal(value, want[f"0:{key}"]):
+                raise BuildError(f"{name}: the bmodel's outputs on proof sample 0 differ from "
+                                 f"compile's ({key!r}); the restored artifact does not match its "
+                                 "build", stage="verify")
 
 
 register(TpuMlir())

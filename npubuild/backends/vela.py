@@ -33,8 +33,6 @@ from npubuild.toolchains.process import run_worker
 
 WORKER = "vela_worker.py"
 ERROR_PATTERNS = (r"^Error: .*$", r"^\w*Error: .*$")
-QUANTIZERS = ("vendor", "npubuild")
-PROOF_SAMPLES = 4
 #: The CSV columns reported, under npubuild's names.
 CSV_FIGURES = {"cycles_total": "cycles", "inferences_per_second": "inferences_per_second",
                "sram_memory_used": "sram_kib", "dram_memory_used": "dram_kib",
@@ -44,29 +42,22 @@ CSV_FIGURES = {"cycles_total": "cycles", "inferences_per_second": "inferences_pe
                "memory_mode": "memory_mode", "core_clock": "core_clock_hz"}
 
 
-class Vela(Backend):
+class Vela(vendor.VendorBackend, Backend):
     name = "vela"
     description = "Arm Vela: full-int8 TFLite -> Ethos-U command stream, proven on the int8 TFLite"
     toolchain = "vela"
     runs_in = ("TensorFlow Lite's reference kernels on the int8 TFLite Vela compiles (Ethos-U "
                "is specified to match them)")
 
-    def file_inputs(self, loaded) -> list[Path]:
-        from npubuild.stages.quantize import data_files
-
-        return data_files(loaded)
-
     def compile(self, ctx) -> dict:
         graphs = vendor.npu_graphs(ctx)
         if not graphs:
             return vendor.no_npu(ctx, self.name)
         env = vendor.require_env(ctx, self.toolchain)
-        spec = ctx.recipe.compile
-        quantizers = [spec.quantizer] + [q for q in QUANTIZERS if q != spec.quantizer
-                                         and spec.compare_quantizers]
+        quantizers = self.quantizers(ctx)
         calibration = vendor.calibration_feeds(ctx)
-        compare = _compare_feeds(ctx)
-        npubuild_ranges = _calibrated_ranges(Path(ctx.upstream["quantize"]))
+        compare = self.compare_feeds(ctx)
+        npubuild_ranges = vendor.calibrated_ranges(Path(ctx.upstream["quantize"]))
         results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
                                          quantizers, npubuild_ranges.get(g.name, {}))
                    for g in graphs}
@@ -78,21 +69,6 @@ class Vela(Backend):
 
     def npu_runner(self, compile_dir: Path):
         return TfliteRunner(Path(compile_dir))
-
-
-def _compare_feeds(ctx) -> dict[int, list[dict]]:
-    files = (ctx.loaded.resolve_glob(ctx.recipe.verify.data, "verify", "data")
-             if ctx.recipe.verify.data else vendor.calibration_files(ctx.loaded))
-    return vendor.graph_feeds(ctx, files, PROOF_SAMPLES)
-
-
-def _calibrated_ranges(qdir: Path) -> dict[str, dict[str, tuple[float, float]]]:
-    path = qdir / "calibration.json"
-    if not path.is_file():
-        return {}
-    graphs = vendor.json_load(path).get("graphs", {})
-    return {g: {t: tuple(info["range"]) for t, info in data.get("tensors", {}).items()
-                if info.get("range")} for g, data in graphs.items()}
 
 
 def minmax_ranges(model, feeds: list[dict]) -> dict[str, tuple[float, float]]:
@@ -116,8 +92,8 @@ def minmax_ranges(model, feeds: list[dict]) -> dict[str, tuple[float, float]]:
 def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: list[dict],
                   quantizers: list[str], calibrated: dict) -> dict:
     from npubuild import onnx_io
-    from npubuild.backends.tflite_writer import Unwritable, write_tflite
     from npubuild.atomic import write_bytes
+    from npubuild.backends.tflite_writer import Unwritable, write_tflite
 
     folder = ctx.out / graph.context_dir
     onnx_path = vendor.write_vendor_model(graph, ctx.out)
@@ -199,10 +175,7 @@ def report(ctx, env, results: dict) -> dict:
                "dram_bytes": max(d.get("dram_bytes", 0) for d in deployed),
                "off_chip_flash_bytes": sum(d.get("off_chip_flash_bytes", 0) for d in deployed),
                "system_config": deployed[0].get("system_config"), "reproducible": True}
-    return {STAGE: {"chip": ctx.chip.name, "backend": "vela", "platform": ctx.chip.platform,
-                    "toolchain": env.identity(), "graphs": graphs},
-            "vendor": {"backend": "vela", "toolchain": env.identity(), **figures},
-            "estimate": vendor.npubuild_estimate(ctx)}
+    return vendor.stage_report(ctx, env, "vela", graphs, figures)
 
 
 class TfliteModel:

@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 import onnx
@@ -200,6 +200,26 @@ def npubuild_estimate(ctx: StageContext) -> dict:
             "note": "npubuild's own model of the chip (datasheet figures in its chip file)"}
 
 
+def stage_report(ctx: StageContext, env, backend: str, graphs: dict, figures: dict) -> dict:
+    """The report fragment of a vendor compile: per graph and quantizer in ``compile``, the
+    deployed artifacts' figures in ``vendor``, npubuild's own estimate in ``estimate``."""
+    return {STAGE: {"chip": ctx.chip.name, "backend": backend, "platform": ctx.chip.platform,
+                    "toolchain": env.identity(), "graphs": graphs},
+            "vendor": {"backend": backend, "toolchain": env.identity(), **figures},
+            "estimate": npubuild_estimate(ctx)}
+
+
+def calibrated_ranges(qdir: Path) -> dict[str, dict[str, tuple[float, float]]]:
+    """npubuild's calibrated range of every tensor it quantized, per NPU graph
+    (``quantize/calibration.json``): what the ``npubuild`` quantizer hands to a vendor."""
+    path = Path(qdir) / "calibration.json"
+    if not path.is_file():
+        return {}
+    graphs = json_load(path).get("graphs", {})
+    return {g: {t: tuple(info["range"]) for t, info in data.get("tensors", {}).items()
+                if info.get("range")} for g, data in graphs.items()}
+
+
 def no_npu(ctx: StageContext, backend: str) -> dict:
     note = "the split placed every node on the CPU: no NPU graph for the vendor to compile"
     write_json(ctx.out / "compile.json", {"graphs": {}, "note": note})
@@ -233,3 +253,67 @@ def against_float(outputs: list[str], got: dict, floats: list[dict]) -> dict:
         out[t] = {"cosine": round(s.cosine, 6), "sqnr_db": round(s.sqnr_db, 2)
                   if np.isfinite(s.sqnr_db) else None, "max_abs": round(s.max_abs, 6)}
     return out
+
+
+QUANTIZERS = ("vendor", "npubuild")
+
+
+class VendorBackend:
+    """What every vendor backend shares: the recipe's data files in compile's key, the
+    quantizers to build, and the inputs they are compared on. Mixed into a `Backend`."""
+
+    proof_samples = 4
+
+    def file_inputs(self, loaded) -> list[Path]:
+        from npubuild.stages.quantize import data_files
+
+        return data_files(loaded)  # the vendor's calibration, and the verify data compared on
+
+    @staticmethod
+    def quantizers(ctx: StageContext) -> list[str]:
+        """The deployed quantizer first, then the other when the recipe compares them."""
+        spec = ctx.recipe.compile
+        return [spec.quantizer] + [q for q in QUANTIZERS if q != spec.quantizer
+                                   and spec.compare_quantizers]
+
+    def compare_feeds(self, ctx: StageContext) -> dict[int, list[dict]]:
+        """Inputs the quantizers are compared on: the verify data (else the calibration data)."""
+        files = (ctx.loaded.resolve_glob(ctx.recipe.verify.data, "verify", "data")
+                 if ctx.recipe.verify.data else calibration_files(ctx.loaded))
+        return graph_feeds(ctx, files, self.proof_samples)
+
+
+class WorkerRunner:
+    """A `Runner` backend keeping one toolchain worker per NPU graph (each in a scratch folder
+    of its own), started on the graph's first sample and stopped with the runner."""
+
+    def __init__(self, compile_dir: Path):
+        from npubuild.backends import BACKEND_FILE
+
+        self.dir = Path(compile_dir).resolve()  # the workers run in folders of their own
+        self.info = json_load(self.dir / BACKEND_FILE)
+        self.workers: dict[str, tuple] = {}
+
+    def start(self, name: str) -> tuple:
+        """(worker, its folder) for graph ``name``."""
+        raise NotImplementedError
+
+    def run(self, name: str, feeds: dict) -> dict[str, np.ndarray]:
+        """The worker's outputs for ``feeds`` (files cross: an npz in, an npz back)."""
+        if name not in self.workers:
+            self.workers[name] = self.start(name)
+        worker, folder = self.workers[name]
+        worker(save_npz(folder / "in.npz", dict(feeds)), folder / "out.npz")
+        return load_npz(folder / "out.npz")
+
+    def close(self) -> None:
+        for worker, folder in self.workers.values():
+            worker.close()
+            shutil.rmtree(folder, ignore_errors=True)
+        self.workers.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the workers end with their pipes
+            pass

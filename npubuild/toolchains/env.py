@@ -16,10 +16,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Callable
 
 from npubuild.errors import BuildError, UserError
 from npubuild.toolchains import Toolchain
@@ -216,7 +216,7 @@ def _real_python(path: str, version: str) -> bool:
     return out.returncode == 0 and out.stdout.strip() == version
 
 
-@lru_cache(maxsize=None)
+@cache
 def _asked_versions(python: str, packages: tuple[str, ...]) -> dict[str, str | None]:
     env = _install_environment()
     try:

@@ -19,9 +19,9 @@ import os
 import re
 import shutil
 import subprocess
-from functools import lru_cache
+from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
-from typing import Sequence
 
 from npubuild.errors import BuildError
 from npubuild.toolchains.env import Env
@@ -36,7 +36,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PIP_NO_INDEX": "
            "no_proxy": "", "NO_PROXY": ""}
 
 
-@lru_cache(maxsize=None)
+@cache
 def can_unshare() -> bool:
     """Whether ``unshare -n`` gives this user a network namespace (root, or user namespaces)."""
     tool = shutil.which("unshare")

@@ -8,14 +8,9 @@ written to proof_outputs). The simulator runs only a model built in the same pro
 """
 
 import os
-import re
 
 import numpy as np
-
 from _protocol import main
-
-FUSE_RULE = re.compile(r"disable_rules=\[([^\]]*)\]")
-
 
 def _dataset(spec):
     """RKNN's dataset file: one line per sample, one .npy per input (paths relative to it)."""

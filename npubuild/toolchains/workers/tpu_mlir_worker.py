@@ -15,7 +15,6 @@ import shutil
 import subprocess
 
 import numpy as np
-
 from _protocol import main
 
 

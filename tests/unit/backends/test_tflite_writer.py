@@ -8,8 +8,13 @@ import onnx
 import pytest
 
 from npubuild import onnx_io
-from npubuild.backends.tflite_writer import (Unwritable, activation_quant, shared_ranges,
-                                             weight_quant, write_tflite)
+from npubuild.backends.tflite_writer import (
+    Unwritable,
+    activation_quant,
+    shared_ranges,
+    weight_quant,
+    write_tflite,
+)
 from npubuild.backends.vela import TfliteModel, minmax_ranges
 from tests.unit.split.split_models import Net
 

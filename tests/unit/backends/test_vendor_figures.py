@@ -4,7 +4,7 @@ and the figures report.html and diff show beside npubuild's estimate."""
 from __future__ import annotations
 
 from npubuild.backends.figures import table_rows, vendor_figures
-from npubuild.backends.rknn import layer_figures, suggested_rules
+from npubuild.backends.rknn import layer_figures, suggested_config
 from npubuild.backends.tpu_mlir import _named, _npubuild_table
 from npubuild.backends.vela import summary_figures
 from npubuild.errors import BuildError
@@ -26,11 +26,15 @@ def test_rknn_figures_come_from_its_layer_table():
     assert f["internal_memory_bytes"] == 17152 and f["weight_memory_bytes"] == 3776
 
 
-def test_the_rule_the_toolkit_suggests_disabling_is_read_from_its_message():
+def test_the_config_changes_the_toolkit_suggests_are_read_from_its_messages(tmp_path):
     exc = BuildError("graph_0: rknn failed: E build: rule fuse_pad_into_conv failed",
                      hint="rknn suggests: Please set disable_rules=['fuse_pad_into_conv']; log")
-    assert suggested_rules(exc) == ["fuse_pad_into_conv"]
-    assert suggested_rules(BuildError("E build: no")) == []
+    assert suggested_config(exc) == {"disable_rules": ["fuse_pad_into_conv"]}
+    log = tmp_path / "rknn_worker.log"
+    log.write_text("W you can try changing config.optimization_level to 2.\nValueError: remove(x)\n")
+    exc = BuildError("graph_6: rknn failed: ValueError: remove(x)", hint=f"the whole log: {log}")
+    assert suggested_config(exc) == {"optimization_level": 2}
+    assert suggested_config(BuildError("E build: no")) == {}
 
 
 def test_vela_figures_come_from_its_summary_csv(tmp_path):

@@ -3,7 +3,6 @@ failure is one message with the vendor's own line and suggestion."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -12,8 +11,13 @@ import pytest
 from npubuild.errors import BuildError
 from npubuild.toolchains import Toolchain
 from npubuild.toolchains.env import Env
-from npubuild.toolchains.process import (Worker, environment, run_worker, suggestion,
-                                         vendor_line)
+from npubuild.toolchains.process import (
+    Worker,
+    environment,
+    run_worker,
+    suggestion,
+    vendor_line,
+)
 
 CHAIN = Toolchain(name="fake", package="six", version="1", python="current", steps=(),
                   identity=("six",))
