@@ -3,12 +3,13 @@
 Each cell is one build (`npubuild run R --target CHIP`, a matrix build of one: the chip-free
 stages shared across chips through the content cache) through the chip's vendor toolchain, and
 one row: artifact bytes, NPU/CPU ops as the vendor placed them, output cosine over all verify
-samples / on the worst sample and per `verify.slices`, simulator seconds per image (the verify
-stage's time over its samples: three pipelines per sample, so an upper bound), build seconds (every stage, the run
-that built it), and the vendor's figures (cycles, inferences/s).
+samples / on the worst sample and per `verify.slices`, the vendor runtime's seconds per image
+(RKNN's simulator, TPU-MLIR's cmodel, TFLite's reference kernels, timed on compile's proof
+inputs), build seconds (every stage, the run that built it), and the vendor's figures (cycles,
+inferences/s).
 
     python3 benchmarks/real_targets.py [--models yolov8n mobilenetv2 ...] [--chips rk3588 ...]
-                                       [--json out.json] [--from-json out.json]
+                                       [--json out.json] [--from-json a.json b.json ...]
 
 Models: `recipes/real/<model>-<chip>.yaml` where it exists (YOLOv8n with two outputs, the
 Keras MobileNetV2), else the zoo recipe `recipes/zoo/<model>.yaml` built for the chip.
@@ -68,8 +69,6 @@ def row(model: str, chip: str, report: dict, wall: float, error: str) -> dict:
     accuracy = report.get("accuracy") or {}
     outputs = accuracy.get("outputs") or {}
     stages = report.get("stages") or {}
-    verify = stages.get("verify") or {}
-    samples = accuracy.get("samples") or 0
     return {
         "model": model, "chip": chip, "passed": (report.get("verify") or {}).get("passed"),
         "artifact_bytes": vendor.get("artifact_bytes"), "npu_ops": vendor.get("npu_ops"),
@@ -80,7 +79,8 @@ def row(model: str, chip: str, report: dict, wall: float, error: str) -> dict:
                    for n, m in outputs.items()},
         "slices": {n: [round(m["cosine"], 4), round(m.get("min_sample_cosine") or m["cosine"], 4)]
                    for n, m in (accuracy.get("slices") or {}).items()},
-        "seconds_per_image": round(verify.get("built_seconds", 0) / samples, 2) if samples else None,
+        # the vendor's runtime alone, per image, on compile's proof inputs (deployed artifacts)
+        "seconds_per_image": vendor.get("seconds_per_run"),
         "build_seconds": round(sum(s.get("built_seconds") or 0 for s in stages.values()), 1),
         "wall_seconds": round(wall, 1), "cycles": vendor.get("cycles"),
         "inferences_per_second": vendor.get("inferences_per_second"),
@@ -127,8 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--from-json", type=Path, nargs="*")
     args = p.parse_args(argv)
-    if args.from_json:
-        rows = [r for path in args.from_json for r in json.loads(path.read_text())]
+    if args.from_json:  # a later file's cell replaces an earlier one's (a re-run)
+        cells = {(r["model"], r["chip"]): r for path in args.from_json
+                 for r in json.loads(path.read_text())}
+        order = {m: i for i, m in enumerate(MODELS)}
+        rows = sorted(cells.values(), key=lambda r: (order.get(r["model"], 99), r["model"], r["chip"]))
     else:
         os.makedirs(args.root, exist_ok=True)
         rows = []

@@ -102,6 +102,8 @@ def _build(env, graph: NpuGraph, folder: Path, job: dict, q: str) -> tuple[dict,
         shutil.copyfile(result["cali_table"], table)
         vendor.keep_log(work / "tpu_mlir_worker.log", folder / f"{graph.name}.{q}.log", work, folder)
     figures = {k: v for k, v in result.items() if k not in ("ok", "bmodel", "cali_table")}
+    if "seconds_per_run" in figures:  # the cmodel per image (report.json only: a timing)
+        figures["seconds_per_run"] = round(figures["seconds_per_run"], 3)
     return {"artifact": bmodel.name, "artifact_bytes": bmodel.stat().st_size, **figures}, table
 
 
@@ -157,6 +159,7 @@ def report(ctx, env, results: dict) -> dict:
               for name, r in results.items()}
     deployed = [r["quantizers"][r["deployed"]] for r in results.values()]
     figures = {"artifact_bytes": sum(d["artifact_bytes"] for d in deployed), "reproducible": False,
+               "seconds_per_run": round(sum(d.get("seconds_per_run", 0) for d in deployed), 3),
                **{key: sum(d.get(key, 0) for d in deployed)
                   for key in ("npu_ops", "cpu_ops", "device_memory_bytes", "weight_memory_bytes")},
                "note": "a bmodel embeds its creation time: keyed on its inputs, checked by "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -110,10 +111,12 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
                              stage=STAGE, hint="keep that node on the CPU (split.force_cpu)") from None
         tflite = write_bytes(folder / f"{graph.name}.{q}.tflite", data)
         figures = run_vela(ctx, env, graph, tflite, folder)
-        got = TfliteModel(tflite)
+        got, start = TfliteModel(tflite), time.perf_counter()
         outputs = {}
         for k, feed in enumerate(compare):
             outputs.update({f"{k}:{t}": v for t, v in got.run(feed, graph.outputs).items()})
+        # the reference kernels per image (report.json only: a timing)
+        figures["seconds_per_run"] = round((time.perf_counter() - start) / max(len(compare), 1), 3)
         figures["proof"] = vendor.against_float(graph.outputs, outputs, floats)
         figures["tflite_bytes"] = len(data)
         figures["ranges"] = ("min/max on the calibration data (the TFLite converter's method)"
@@ -169,6 +172,7 @@ def report(ctx, env, results: dict) -> dict:
     clock = deployed[0].get("core_clock_hz", 0)
     figures = {"npu_ops": sum(d["npu_ops"] for d in deployed),
                "cpu_ops": sum(d["cpu_ops"] for d in deployed), "cycles": cycles,
+               "seconds_per_run": round(sum(d.get("seconds_per_run", 0) for d in deployed), 3),
                "inferences_per_second": round(clock / cycles, 2) if cycles and clock else None,
                "artifact_bytes": sum(d["artifact_bytes"] for d in deployed),
                "sram_bytes": max(d.get("sram_bytes", 0) for d in deployed),

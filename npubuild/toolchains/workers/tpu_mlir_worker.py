@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import numpy as np
 from _protocol import main
@@ -47,10 +48,11 @@ def build(spec):
            "--chip", spec["chip"], "--model", bmodel], "model_deploy.py")
     result = {"bmodel": bmodel, "cali_table": table, **_figures(bmodel, out, name)}
     if spec.get("test_inputs"):
-        outputs = {}
+        outputs, start = {}, time.perf_counter()
         for k, path in enumerate(spec["test_inputs"]):
             for key, value in _run(bmodel, path, os.path.join(out, f"run_{k}.npz")).items():
                 outputs[f"{k}:{key}"] = value
+        result["seconds_per_run"] = (time.perf_counter() - start) / len(spec["test_inputs"])
         np.savez(spec["proof_outputs"], **outputs)
     return result
 
