@@ -381,3 +381,18 @@ def split(w: Writer, node) -> None:
     options.numSplits = len(ys)
     w.op(w.s.BuiltinOperator.SPLIT_V, [x.index, size_splits, axis_t], [y.index for y in ys],
          w.s.BuiltinOptions.SplitVOptions, options)
+
+
+@emitter("Div")
+def div(w: Writer, node) -> None:
+    """A division by a constant is a MUL by its reciprocal (TFLite's DIV has no int8 kernel
+    Vela runs on Ethos-U55/U65); a division by a tensor has no form here."""
+    divisor = w.consts.get(node.input[1])
+    if divisor is None:
+        raise Unwritable("division by a tensor")
+    nhwc = len(w.shapes.get(node.output[0], [])) == 4
+    a = _operand(w, node.input[0], nhwc)
+    b = w.const_int8(f"{node.input[1]}/reciprocal", 1.0 / np.asarray(divisor, np.float32), nhwc)
+    y = w.activation(node.output[0])
+    w.op(w.s.BuiltinOperator.MUL, [a.index, b.index], [y.index], w.s.BuiltinOptions.MulOptions,
+         w.s.MulOptionsT())

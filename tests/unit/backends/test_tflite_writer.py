@@ -131,3 +131,12 @@ def test_a_channel_split_shares_its_input_quantization_and_matches(tmp_path):
     a, b = net.op("Split", [y, net.init("sizes", np.array([3, 5]))], outputs=2, axis=1)
     out = net.op("Concat", [net.op("Relu", [b]), a], axis=1)
     assert cosine_through_tflite(net.model([out]), tmp_path) > 0.999
+
+
+def test_hard_swish_as_onnx_writes_it_and_a_division_by_a_constant_is_a_multiplication(tmp_path):
+    net = Net()
+    x = net.conv(net.input("x", X), 4, 4)
+    clip = net.op("Clip", [net.op("Add", [x, net.init("three", np.array(3.0, np.float32))]),
+                           net.init("lo", np.array(0.0, np.float32)), net.init("hi", np.array(6.0, np.float32))])
+    y = net.op("Div", [net.op("Mul", [x, clip]), net.init("six", np.array(6.0, np.float32))])
+    assert cosine_through_tflite(net.model([y]), tmp_path) > 0.999
