@@ -74,10 +74,17 @@ def vendor_model(model: onnx.ModelProto, ir_version: int = VENDOR_IR) -> onnx.Mo
 
 
 def without_overloads(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with every overloaded function renamed ``<name>__<overload>`` (and its calls):
-    ONNX's inliner leaves calls to an overload (such as quantize's ``HardSwish`` overload
-    ``Relu6Div``) in place, which no vendor could load."""
+    """``model`` with every overloaded function renamed ``<name>__<overload>`` (and its calls),
+    and every function's standard opset at the model's: ONNX's inliner leaves calls to an
+    overload (quantize's ``HardSwish`` overload ``Relu6Div``) and to a function of another
+    opset (quantize's opset-13 bodies in an opset-17 model) in place, which no vendor could
+    load. The bodies are elementwise ops whose meaning no opset since 13 changed."""
     model = onnx_io.clone(model)
+    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    for f in model.functions:
+        for o in f.opset_import:
+            if o.domain in ("", "ai.onnx") and version is not None:
+                o.version = version
     renamed = {(f.domain, f.name, f.overload): f"{f.name}__{f.overload}"
                for f in model.functions if f.overload}
     if not renamed:
