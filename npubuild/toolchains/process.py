@@ -71,6 +71,18 @@ def environment(env: Env) -> dict[str, str]:
     return out
 
 
+def die_with_parent() -> None:
+    """In the worker, before exec: end it when npubuild ends (Linux's PR_SET_PDEATHSIG), so
+    a killed build leaves no vendor process running."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the worker ends when its pipes close
+        pass
+
+
 def command(env: Env, script: str, *args: str) -> list[str]:
     return [*_unshare_prefix(), str(env.python), str(WORKERS / script), *args]
 
@@ -86,7 +98,8 @@ def run_worker(env: Env, script: str, job: dict, workdir: Path, *, stage: str, g
     with open(log_path, "w", encoding="utf-8") as log_file:
         try:
             code = subprocess.run(command(env, script, "job.json"), cwd=workdir, env=environment(env),
-                                  stdout=log_file, stderr=subprocess.STDOUT, timeout=timeout).returncode
+                                  stdout=log_file, stderr=subprocess.STDOUT, timeout=timeout,
+                                  preexec_fn=die_with_parent).returncode
         except subprocess.TimeoutExpired:
             raise BuildError(f"{graph}: {env.toolchain.name} did not finish in {timeout:.0f} s "
                              f"(log: {log_path})", stage=stage) from None
@@ -148,7 +161,8 @@ class Worker:
         self._log = open(self.log_path, "w", encoding="utf-8")
         self.process = subprocess.Popen(command(env, script, "job.json", "--serve"), cwd=workdir,
                                         env=environment(env), stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=self._log, text=True)
+                                        stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                        preexec_fn=die_with_parent)
         self.count = 0
         self._wait_reply()  # the worker says it is ready (its model built or loaded)
 

@@ -100,3 +100,39 @@ def test_the_advice_nearest_the_failure_is_the_one_shown():
 
     assert suggestion(log).startswith("You can add disable_rules=['fuse_pad_into_conv']")
     assert vendor_line(log, ERROR_PATTERNS) == "ValueError: assignment destination is read-only"
+
+
+def test_a_worker_ends_when_npubuild_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = worker_script(tmp_path, "import time\n"
+                           "def build(spec):\n"
+                           "    time.sleep(60)\n"
+                           "    return {}\n"
+                           "main(build)\n")
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import sys, json\n"
+        f"sys.path.insert(0, {str(Path(__file__).parents[3])!r})\n"
+        "from pathlib import Path\n"
+        "from npubuild.toolchains import Toolchain\n"
+        "from npubuild.toolchains.env import Env\n"
+        "from npubuild.toolchains.process import run_worker\n"
+        "env = Env(Toolchain('fake', 'six', '1', 'current', (), ('six',)), Path(sys.executable), {})\n"
+        f"run_worker(env, {script!r}, {{}}, Path({str(tmp_path / 'w')!r}), stage='s', graph='g')\n")
+    parent = subprocess.Popen([sys.executable, str(driver)])
+    for _ in range(100):  # the worker has started when its job is written
+        if (tmp_path / "w" / "job.json").exists():
+            break
+        time.sleep(0.1)
+    time.sleep(1)
+    children = subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True, text=True).stdout.split()
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    time.sleep(1)
+    alive = [pid for pid in children if os.path.exists(f"/proc/{pid}")
+             and "zombie" not in open(f"/proc/{pid}/status").read().lower()]
+    assert children and not alive
