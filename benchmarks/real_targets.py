@@ -114,7 +114,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['model']} | {r['chip']} | {'pass' if r['passed'] else 'fail' if r['passed'] is False else '-'} "
                      f"| {fmt(r['artifact_bytes'])} | {fmt(r['npu_ops'])}/{fmt(r['cpu_ops'])} "
                      f"| {fmt(r['split_nodes'][0])}/{fmt(r['split_nodes'][1])} | {cos} | {sl} | {q} "
-                     f"| {fmt(r['seconds_per_image'])} | {fmt(r['build_seconds'])} "
+                     f"| {fmt(r['seconds_per_image'])}{'†' if r.get('seconds_kind') == 'verify' else ''} "
+                     f"| {fmt(r['build_seconds'])} "
                      f"| {fmt(r['cycles'])} | {fmt(r['inferences_per_second'])} | {r['error']} |")
     return "\n".join(lines)
 
