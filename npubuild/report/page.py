@@ -13,11 +13,11 @@ from string import Template
 from typing import Callable
 
 from npubuild.atomic import write_text
+from npubuild.backends.figures import vendor_section
 from npubuild.report import graph, numbers, overview
 from npubuild.report.artifacts import BuildArtifacts, UnreadableArtifact
 from npubuild.report.headline import headline
 from npubuild.report.html import esc, fmt
-from npubuild.backends.figures import vendor_section
 
 log = logging.getLogger("npubuild")
 
