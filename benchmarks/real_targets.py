@@ -84,7 +84,7 @@ def row(model: str, chip: str, report: dict, wall: float, error: str) -> dict:
         "build_seconds": round(sum(s.get("built_seconds") or 0 for s in stages.values()), 1),
         "wall_seconds": round(wall, 1), "cycles": vendor.get("cycles"),
         "inferences_per_second": vendor.get("inferences_per_second"),
-        "quantizers": _quantizers(report), "error": error[:160]}
+        "quantizers": _quantizers(report), "error": (error.splitlines() or [""])[0][:160]}
 
 
 def _quantizers(report: dict) -> dict:
@@ -116,7 +116,8 @@ def table(rows: list[dict]) -> str:
                      f"| {fmt(r['split_nodes'][0])}/{fmt(r['split_nodes'][1])} | {cos} | {sl} | {q} "
                      f"| {fmt(r['seconds_per_image'])}{'†' if r.get('seconds_kind') == 'verify' else ''} "
                      f"| {fmt(r['build_seconds'])} "
-                     f"| {fmt(r['cycles'])} | {fmt(r['inferences_per_second'])} | {r['error']} |")
+                     f"| {fmt(r['cycles'])} | {fmt(r['inferences_per_second'])} "
+                     f"| {(r['error'].splitlines() or [''])[0]} |")
     return "\n".join(lines)
 
 
