@@ -113,7 +113,7 @@ def toolchain_versions(stage, loaded) -> dict[str, str]:
 
     try:
         name = of(loaded.chip()).toolchain
-    except NpubuildError:  # a bad target is reported where the chip is loaded
+    except (NpubuildError, AttributeError):  # a bad target is reported where the chip is loaded
         return {}
     if name is None:
         return {}
