@@ -156,12 +156,16 @@ def recipe_at_revision(recipe: Path, rev: str) -> Iterator[Path]:
 
 def diff_inputs(recipes: list[Path], revs: list[str], stack) -> tuple[list[Path], tuple[str, str]]:
     """The two recipe files `npubuild diff` compares, and their labels: ``A.yaml B.yaml``, or one
-    recipe with ``--rev REV`` (vs the working copy), ``--rev A..B`` or ``--rev A --rev B``
-    (git revisions, checked out into temporary files that ``stack`` removes)."""
+    recipe: HEAD vs the working copy (as `git diff`), ``--rev REV`` vs the working copy,
+    ``--rev A..B`` or ``--rev A --rev B`` (git revisions, checked out into temporary files that
+    ``stack`` removes)."""
     revs = [part for rev in revs for part in _rev_range(rev)]
+    if not revs and len(recipes) == 1:
+        revs = ["HEAD"]
     if not revs:
         if len(recipes) != 2:
-            raise UserError("give two recipes (A.yaml B.yaml) or one recipe with --rev A..B")
+            raise UserError("give two recipes (A.yaml B.yaml), or one recipe (HEAD vs the working "
+                            "copy, or --rev A..B)")
         return list(recipes), (str(recipes[0]), str(recipes[1]))
     if len(recipes) != 1 or len(revs) > 2:
         raise UserError("with --rev give one recipe and a revision (REV, A..B, or --rev twice)")

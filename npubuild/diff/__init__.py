@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from npubuild.engine.session import BuildSession
-from npubuild.engine.keys import section_value
+from npubuild.engine.keys import read_manifest, section_value
 from npubuild.diff.changes import Change, changes
-from npubuild.diff.figures import compare, figures, merged_report
+from npubuild.diff.figures import compare, figures, merged_report, with_measurements
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE
 
-SessionFor = Callable[[LoadedRecipe], BuildSession]
+SessionFor = Callable[[LoadedRecipe, str], BuildSession]  # (recipe, side "a" or "b")
+FAIL_ON = ("regression", "fail")
 
 
 @dataclass
@@ -30,16 +31,20 @@ class StageDiff:
 
 def diff_recipes(a: LoadedRecipe, b: LoadedRecipe, session_for: SessionFor,
                  labels: tuple[str, str] | None = None) -> dict:
-    """The whole comparison: recipe ``changes``, per-stage ``stages`` on the primary chip, and
-    per-chip ``chips`` figures (``session_for`` opens a session on a recipe without building)."""
+    """The whole comparison: recipe ``changes``, per-stage ``stages`` on the primary chips, and
+    per chip pair the figures of both sides (``session_for`` opens a session on a recipe
+    without building; its second argument says which side, so each may have its own build
+    directory)."""
     data_a, data_b = a.recipe.model_dump(mode="json"), b.recipe.model_dump(mode="json")
     found = changes(data_a, data_b)
-    session_a, session_b = session_for(a), session_for(b)
+    session_a, session_b = session_for(a, "a"), session_for(b, "b")
+    chips = chip_figures(a, b, session_for, (session_a, session_b))
     return {"a": labels[0] if labels else str(a.path), "b": labels[1] if labels else str(b.path),
             "changes": [c.as_dict() for c in found],
             "stages": [s.__dict__ for s in stage_diffs(session_a, session_b, data_a, data_b)],
-            "chips": chip_figures(a, b, session_for, (session_a, session_b))}
-
+            "chips": chips,
+            "regressions": [{"chips": c["chips"], **r} for c in chips for r in c["figures"]
+                            if r["regression"]]}
 
 def stage_diffs(a: BuildSession, b: BuildSession, data_a: dict, data_b: dict) -> list[StageDiff]:
     """Per stage: same key on both sides, or why not (field changes in its own sections, the
@@ -81,13 +86,18 @@ def stage_diffs(a: BuildSession, b: BuildSession, data_a: dict, data_b: dict) ->
 
 def chip_figures(a: LoadedRecipe, b: LoadedRecipe, session_for: SessionFor,
                  primary: tuple[BuildSession, BuildSession]) -> list[dict]:
-    """Per chip either version builds for: its figures before and after, and which side has
-    none (neither built nor cached)."""
+    """Per chip pair (`chip_pairs`): the state and figures of both sides on one table, the
+    verdicts and b's (and a's) failure messages."""
     out = []
-    for chip in dict.fromkeys([*chips_of(a), *chips_of(b)]):
-        sides = [_figures_on(r, chip, session_for, p) for r, p in zip((a, b), primary)]
-        out.append({"chip": chip, "a": sides[0][0], "b": sides[1][0],
-                    "figures": compare(sides[0][1], sides[1][1])})
+    for chip_a, chip_b in chip_pairs(chips_of(a), chips_of(b)):
+        side_a = _side(a, chip_a, "a", session_for, primary[0])
+        side_b = _side(b, chip_b, "b", session_for, primary[1])
+        out.append({"chips": {"a": chip_a, "b": chip_b},
+                    "state": {"a": side_a["state"], "b": side_b["state"]},
+                    "verdict": {"a": side_a["verdict"], "b": side_b["verdict"]},
+                    "failures": {"a": side_a["failures"], "b": side_b["failures"]},
+                    "figures": compare(side_a["figures"], side_b["figures"],
+                                       a_built=side_a["state"] != "not built")})
     return out
 
 
@@ -95,17 +105,67 @@ def chips_of(loaded: LoadedRecipe) -> list[str]:
     return list(loaded.recipe.targets) or [loaded.recipe.target]
 
 
-def _figures_on(loaded: LoadedRecipe, chip: str, session_for: SessionFor,
-                primary: BuildSession) -> tuple[str, dict]:
-    """(state, figures): state is ``built`` (every stage built or cached), ``partly built``,
-    ``not built`` or ``not a target``."""
-    if chip not in chips_of(loaded):
-        return "not a target", {}
-    session = primary if not loaded.recipe.targets else session_for(loaded.for_target(chip))
+def chip_pairs(a: list[str], b: list[str]) -> list[tuple[str | None, str | None]]:
+    """Chips both versions build for, paired by name (a's order); the chips only one builds
+    for, paired in order (``target: npu-16m`` -> ``target: npu-tiny`` is one pair, one
+    table); what is left over has no partner."""
+    common = [c for c in a if c in b]
+    rest_a, rest_b = [c for c in a if c not in b], [c for c in b if c not in a]
+    pairs: list[tuple[str | None, str | None]] = [(c, c) for c in common]
+    pairs += list(zip(rest_a, rest_b))
+    longer = rest_a[len(rest_b):] or rest_b[len(rest_a):]
+    pairs += [(c, None) if rest_a[len(rest_b):] else (None, c) for c in longer]
+    return pairs
+
+
+def _side(loaded: LoadedRecipe, chip: str | None, side: str, session_for: SessionFor,
+          primary: BuildSession) -> dict:
+    """One side on one chip: ``state`` is ``built`` (every stage built or in a cache),
+    ``partly built``, ``not built`` or ``not a target``; its figures, verdict and failures."""
+    if chip is None:
+        return {"state": "not a target", "figures": [], "verdict": None, "failures": []}
+    session = primary if not loaded.recipe.targets else session_for(loaded.for_target(chip), side)
     expected = session.expected()
     have = [manifest is not None for parts, manifest, _ in expected.values() if parts is not None]
     state = "built" if have and all(have) else "partly built" if any(have) else "not built"
-    return state, figures(merged_report(expected))
+    report = with_measurements(merged_report(expected), expected,
+                               read_manifest(session.paths.report) or {})
+    verify = report.get("verify") or {}
+    passed = verify.get("passed")
+    return {"state": state, "figures": figures(report, loaded.recipe.verify.model_dump(mode="json")),
+            "verdict": None if passed is None else "pass" if passed else "fail",
+            "failures": list(verify.get("failures") or [])}
 
 
-__all__ = ["Change", "StageDiff", "changes", "diff_recipes"]
+def gate(result: dict, fail_on: str | None) -> list[str]:
+    """Why ``--fail-on`` fails the diff (empty: it passes). ``regression``: b fails a
+    threshold a met, or verify went pass -> fail, on any chip pair; ``fail``: b fails verify
+    (or has no verdict) on any of its chips."""
+    if fail_on is None:
+        return []
+    reasons = []
+    for chip in result["chips"]:
+        where = _pair_name(chip["chips"])
+        if fail_on == "fail" and chip["chips"]["b"] is not None and chip["verdict"]["b"] != "pass":
+            why = "; ".join(chip["failures"]["b"]) if chip["verdict"]["b"] == "fail" else \
+                f"no verify verdict ({chip['state']['b']}): build it first"
+            reasons.append(f"{where}: b fails: {why}")
+        if fail_on == "regression":
+            reasons += [f"{where}: {r['label']} {_shown(r['a'])} -> {_shown(r['b'])}"
+                        + (f" (limit {r['limit']!r})" if r["limit"] is not None else "")
+                        for r in chip["figures"] if r["regression"]]
+    return reasons
+
+
+def _pair_name(chips: dict) -> str:
+    a, b = chips["a"], chips["b"]
+    return a if a == b else f"{a or '-'} -> {b or '-'}"
+
+
+def _shown(value) -> str:
+    if isinstance(value, bool):
+        return "pass" if value else "fail"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+__all__ = ["Change", "FAIL_ON", "StageDiff", "changes", "chip_pairs", "diff_recipes", "gate"]
