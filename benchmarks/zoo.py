@@ -107,7 +107,7 @@ def zoo_cell(recipe: str, chip: str, build_root: str | None, cache: str | None,
         return next(c for c in shared_failed if c["target"] == chip)
     started = time.perf_counter()
     try:
-        cell = build_cell(recipe, chip, None, _path(build_root), _path(cache))
+        cell = build_cell(recipe, {"target": chip}, None, _path(build_root), _path(cache))
     except Exception as exc:  # noqa: BLE001
         cell = _crash(recipe, chip, exc)
     cell["recipe"], cell["wall_seconds"] = recipe, round(time.perf_counter() - started, 2)
@@ -157,7 +157,7 @@ def row(cell: dict) -> dict:
     report = cell.get("report") or {}
     stages = report.get("stages") or {}
     done = [s.name for s in PIPELINE
-            if (stages.get(s.name) or {}).get("status") in ("built", "restored", "cached")]
+            if (stages.get(s.name) or {}).get("status") in ("built", "restored", "current", "cached")]
     split, est = report.get("split") or {}, report.get("estimate") or {}
     outputs = (report.get("accuracy") or {}).get("outputs") or {}
     cos = [m["cosine"] for m in outputs.values() if m.get("cosine") is not None]

@@ -8,7 +8,7 @@ import sys
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
-STATUS_STYLE = {"built": "green", "restored": "cyan", "cached": "dim", "failed": "bold red",
+STATUS_STYLE = {"built": "green", "restored": "cyan", "current": "dim", "failed": "bold red",
                 "will run": "yellow", "will restore": "cyan"}
 
 
@@ -20,30 +20,44 @@ def session_for(args, recipe, **options):
                            remote=args.remote, **options)
 
 
-def written_report(session) -> dict:
-    """report.json as the failed run left it (empty when it was not written)."""
-    from npubuild.engine.keys import read_manifest
-
-    return read_manifest(session.paths.report) or {}
-
-
-def print_headline(args, session) -> None:
-    """The run's result on stdout: verdict, worst cosine, NPU coverage, fps, GMEM, the page."""
+def print_headline(args, result) -> None:
+    """The run's result (`npubuild.facade.Result`) on stdout: verdict, worst cosine, NPU
+    coverage, fps, GMEM, the page."""
     from npubuild.report.summary import headline_lines
 
-    if args.json:
+    if args.json or not result.stages:  # a bad recipe built nothing: no headline
         return
-    for line in headline_lines(session.paths.root):
+    for line in headline_lines(result.build_dir):
         print(line)
-    if session.paths.report_html.is_file():
-        print(f"report: {session.paths.report_html}")
+    if result.report_html is not None:
+        print(f"report: {result.report_html}")
 
 
 def fmt(value) -> str:
-    """A table cell: floats to 6 significant digits, None as '-'."""
+    """A table cell: floats below 1,000 to 6 significant digits, larger numbers whole with
+    separators, None as '-', other values as YAML would write them ([1, 3, 8, 8])."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)) and abs(value) >= 1000:
+        return f"{value:,.0f}"
     if isinstance(value, float):
         return f"{value:.6g}"
+    if isinstance(value, (list, dict)):
+        import json
+
+        return json.dumps(value, separators=(", ", ": "))
     return "-" if value is None else str(value)
+
+
+def print_table(rows: list[dict]) -> None:
+    """Rows of equal keys as a Markdown table on stdout (a terminal and a PR comment read it)."""
+    if not rows:
+        return
+    headers = list(rows[0])
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "|".join("---" for _ in headers) + "|")
+    for r in rows:
+        print("| " + " | ".join(fmt(r[h]).replace("|", "\\|") for h in headers) + " |")
 
 
 def console(args, *, stdout: bool = False):
@@ -107,15 +121,16 @@ def stage_printer(out):
     return on_event
 
 
-def print_progress_summary(out, session) -> None:
-    """What this run did not build (cached, skipped, not implemented), on stderr."""
-    results = session.results.values()
+def print_progress_summary(out, result) -> None:
+    """What this run (`npubuild.facade.Result`) did not build (current, skipped, not
+    implemented), on stderr."""
+    results = result.stages.values()
     ran = [r for r in results if r.status in ("built", "restored")]
-    cached = [r.stage for r in results if r.status == "cached"]
-    if not ran and cached and session.error is None:
-        out.print(f"nothing to rebuild: {', '.join(cached)} up to date")
-    elif cached:
-        out.print(f"  cached: {', '.join(cached)}", style="dim")
+    current = [r.stage for r in results if r.status == "current"]
+    if not ran and current and result.error is None:
+        out.print(f"nothing to rebuild: {', '.join(current)} current")
+    elif current:
+        out.print(f"  current: {', '.join(current)}", style="dim")
     missing = [r.stage for r in results if r.status.startswith("not built: not implemented")]
     if missing:
         out.print(f"not built (not implemented yet): {', '.join(missing)}", style="yellow")

@@ -1,4 +1,5 @@
-"""`npubuild run R [STAGE]`: build the recipe (or a matrix of chips) up to a stage."""
+"""`npubuild run R [STAGE]`: build the recipe up to a stage, or a variant of it (``-S``), or a
+matrix of variants (``-S`` with several values of a key, ``--target``, ``targets:``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import json
 
 from npubuild.commands import output
 from npubuild.commands.output import EXIT_OK
-from npubuild.errors import NpubuildError
 
 NAME = "run"
 HELP = "build the recipe up to STAGE (default: every stage)"
@@ -19,65 +19,77 @@ def add_arguments(p) -> None:
     p.add_argument("stage", nargs="?", choices=list(STAGES), help="last stage to build")
     p.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
                    help="how long to wait for another run holding the build directory (default 600)")
+    p.add_argument("-S", "--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="an experiment: build the recipe with FIELD (a dotted path, e.g. "
+                        "quantization.calibration.method) set to VALUE (YAML), validated as the "
+                        "recipe is, into build/<name>@exp-<hash>/; repeat for more fields; the "
+                        "same FIELD twice makes a matrix (`npubuild exp show R` lists them)")
     p.add_argument("--target", action="append", default=[], metavar="CHIP",
-                   help="matrix build: build for this chip too (repeatable); see also `targets:`")
+                   help="matrix build: build for this chip too (repeatable; -S target=CHIP "
+                        "twice says the same); see also `targets:`")
     p.add_argument("-j", "--jobs", type=int, default=2, metavar="N",
-                   help="matrix build: chips built in parallel (default 2)")
+                   help="matrix build: variants built in parallel (default 2)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="run matrix cells, calibration and verify batches on Dask: tcp://HOST:PORT, or "
                         "local:N for a local cluster of N workers (default: $NPUBUILD_SCHEDULER)")
 
 
 def run(args) -> int:
-    from npubuild import api
+    from npubuild import facade
     from npubuild.distributed import resolve_scheduler
-    from npubuild.recipe import load_recipe
+    from npubuild.matrix import chip_variants, combine
+    from npubuild.recipe.overrides import variants as set_variants
 
     out = output.console(args)
-    loaded = load_recipe(args.recipe)
-    targets = args.target or loaded.recipe.targets
-    if targets:
-        return _run_matrix(args, out, loaded, targets)
-    session = output.session_for(args, loaded, scheduler=resolve_scheduler(args.scheduler),
-                                 progress=output.progress(out), on_event=output.stage_printer(out))
-    try:
-        report = api.build(session, args.stage, wait_seconds=args.wait,
-                           on_wait=lambda msg: out.print(msg, style="yellow", markup=False))
-    except NpubuildError:
-        args.partial = output.written_report(session)
-        if session.results:  # a stage failed: say what ran (a bad recipe printed no stages)
-            output.print_progress_summary(out, session)
-            output.print_headline(args, session)
-        raise
+    recipe = facade.load(args.recipe)
+    variants = combine(chip_variants(args.target or recipe.loaded.recipe.targets),
+                       set_variants(args.set))
+    if len(variants) > 1:
+        return _run_matrix(args, out, recipe.loaded, variants)
+    if variants:
+        recipe = facade.Recipe(recipe.loaded.variant(variants[0]))
+        out.print(f"experiment {recipe.name}: " + ", ".join(
+            f"{k}={json.dumps(v)}" for k, v in recipe.overrides.items()), markup=False)
+    result = recipe.build(args.stage, wait_seconds=args.wait,
+                          on_wait=lambda msg: out.print(msg, style="yellow", markup=False),
+                          build_dir=args.build_dir, cache=args.cache, remote=args.remote,
+                          scheduler=resolve_scheduler(args.scheduler),
+                          progress=output.progress(out), on_event=output.stage_printer(out))
+    if result.error is not None:
+        args.partial = result.report
+        output.print_progress_summary(out, result)
+        output.print_headline(args, result)
+        raise result.error
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(result.report, indent=2))
         return EXIT_OK
-    output.print_progress_summary(out, session)
-    output.print_headline(args, session)
+    output.print_progress_summary(out, result)
+    output.print_headline(args, result)
     return EXIT_OK
 
 
-def _run_matrix(args, out, loaded, targets: list[str]) -> int:
+def _run_matrix(args, out, loaded, variants: list[dict]) -> int:
     from npubuild.distributed import resolve_scheduler
-    from npubuild.matrix import build_matrix, table
+    from npubuild.experiments import parameter_keys, row
+    from npubuild.matrix import build_matrix
 
-    for target in targets:
-        loaded.for_target(target).chip()  # an unknown chip fails before anything is built
-    out.print(f"matrix build of {loaded.recipe.name} on {', '.join(targets)}", markup=False)
-    cells = build_matrix(loaded, targets, args.stage, build_root=args.build_dir,
+    for variant in variants:  # a bad value or an unknown chip fails before anything is built
+        loaded.variant(variant)
+    out.print(f"matrix build of {loaded.recipe.name}: {len(variants)} variants", markup=False)
+    cells = build_matrix(loaded, variants, args.stage, build_root=args.build_dir,
                          cache=args.cache, jobs=args.jobs, remote=args.remote,
                          scheduler=resolve_scheduler(args.scheduler))
-    rows = table(cells)
+    keys = parameter_keys(cells)
+    data = loaded.recipe.model_dump(mode="json")
+    rows = [row(c["name"], c["overrides"], c.get("report") or {}, data, keys,
+                "built" if c["ok"] else "failed", loaded.variant(c["overrides"]).recipe
+                .verify.model_dump(mode="json")) for c in cells]
     if args.json:
-        print(json.dumps({"targets": rows, "cells": cells}, indent=2, default=str))
+        print(json.dumps({"variants": rows, "cells": cells}, indent=2, default=str))
     else:
-        headers = list(rows[0])
-        print("| " + " | ".join(headers) + " |")
-        print("|" + "|".join("---" for _ in headers) + "|")
-        for row in rows:
-            print("| " + " | ".join(output.fmt(row[h]) for h in headers) + " |")
+        output.print_table(rows)
         for cell in cells:
             if not cell["ok"]:
-                out.print(f"{cell['target']}: {cell['error']}", style="red", markup=False)
+                out.print(f"{cell['name']}: {cell['error']}", style="red", markup=False)
     failed = [c for c in cells if not c["ok"]]
     return max((c["exit_code"] for c in failed), default=EXIT_OK)

@@ -6,6 +6,7 @@
     build/<recipe name>/report.html        the same for people, with pictures (every run)
     build/<recipe name>/recipe.lock        the resolved recipe and every artifact's hash
     build/<recipe name>/infer.json         the last `npubuild infer` (never touches report.json's figures)
+    build/<name>@<label>/experiment.json   a variant's recipe and its -S overrides (`npubuild exp show`)
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class BuildPaths:
     @property
     def infer_report(self) -> Path:
         return self.root / "infer.json"
+
+    @property
+    def experiment(self) -> Path:
+        return self.root / "experiment.json"
 
     @property
     def recipe_lock(self) -> Path:

@@ -1,4 +1,4 @@
-"""Build one recipe: decide per stage cached / restore / build, run it, swap its artifacts in.
+"""Build one recipe: decide per stage current / restore / build, run it, swap its artifacts in.
 
 `BuildSession` is what both the CLI's `npubuild run` and the top-level `dodo.py` use (through
 `npubuild.engine.tasks`); doit orders the stages and skips the current ones, and this module
@@ -37,14 +37,15 @@ from npubuild.timings import MEASURED_ESTIMATE_KEYS, without_measurements
 log = logging.getLogger("npubuild")
 
 NOT_IMPLEMENTED = "not built: not implemented yet"
-# What `plan` says for each outcome of `run` (a test compares the two).
-PLANNED = {"cached": "cached", "restored": "will restore", "built": "will run"}
+# What `plan` says for each outcome of `run` (a test compares the two). One vocabulary in
+# every command and report: built, restored (from a cache), current (nothing to do), will run.
+PLANNED = {"current": "current", "restored": "will restore", "built": "will run"}
 
 
 @dataclass
 class StageResult:
     stage: str
-    status: str  # built | restored | cached | failed | skipped | not built: ...
+    status: str  # built | restored | current | failed | skipped | not built: ...
     seconds: float = 0.0
     key: str | None = None
     reason: str = ""
@@ -160,7 +161,7 @@ class BuildSession:
         return manifest
 
     def is_current(self, stage: Stage) -> bool:
-        """doit's up-to-date check: a current stage is reported as cached and not run."""
+        """doit's up-to-date check: a current stage is reported as current and not run."""
         parts = self.parts(stage)
         manifest = self.current_manifest(stage, parts.key)
         if manifest is None:
@@ -169,7 +170,7 @@ class BuildSession:
         return True
 
     def _record_cached(self, stage: Stage, key: str, manifest: dict) -> None:
-        self._record(StageResult(stage.name, "cached", 0.0, key, report=manifest.get("report", {})))
+        self._record(StageResult(stage.name, "current", 0.0, key, report=manifest.get("report", {})))
 
     def plan(self, stages: tuple[Stage, ...]) -> list[StageResult]:
         """What a run would do per stage, and why, without running anything.
@@ -204,7 +205,7 @@ class BuildSession:
             return StageResult(stage.name, "cannot run", reason=exc.message), None
         current = self.current_manifest(stage, parts.key)
         if current is not None:
-            return StageResult(stage.name, "cached", key=parts.key), current
+            return StageResult(stage.name, "current", key=parts.key), current
         reason = explain_change(read_manifest(self.paths.manifest(stage.name)), parts)
         cached = self.cache.manifest(parts.key)
         if cached is None and (cached := self.remote_manifest(parts.key)) is not None:
@@ -378,7 +379,7 @@ class BuildSession:
         return report
 
     def _still_current(self, stage: Stage) -> StageResult | None:
-        """A stage this run did not ask for, as "cached" when its artifacts are current."""
+        """A stage this run did not ask for, as "current" when its artifacts are."""
         try:
             parts = self.parts(stage)
         except NpubuildError:
@@ -386,7 +387,7 @@ class BuildSession:
         manifest = self.current_manifest(stage, parts.key)
         if manifest is None:
             return None
-        return StageResult(stage.name, "cached", 0.0, parts.key, report=manifest.get("report", {}))
+        return StageResult(stage.name, "current", 0.0, parts.key, report=manifest.get("report", {}))
 
     def write_html(self) -> None:
         """report.html beside report.json, from this run's artifacts (a page that cannot be
@@ -410,7 +411,7 @@ class BuildSession:
             entry["built_seconds"] = self._built_seconds(self.results[name], previous.get(name))
         for stage in stages:
             result = self.results.get(stage.name)
-            if result and result.status in ("built", "restored", "cached"):
+            if result and result.status in ("built", "restored", "current"):
                 report.update(result.report)
         self._keep_measurements(report, before)
         if self.error is not None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from npubuild.errors import Location, UserError
 from npubuild.recipe import paths
@@ -23,6 +23,7 @@ class LoadedRecipe:
     recipe: "Recipe"  # noqa: F821 — imported lazily below
     path: Path
     marked: Marked
+    overrides: dict[str, Any] = field(default_factory=dict)  # -S fields set on the recipe file
 
     @property
     def base_dir(self) -> Path:
@@ -94,10 +95,39 @@ class LoadedRecipe:
 
     def for_target(self, target: str) -> "LoadedRecipe":
         """This recipe built for another chip: build/<name>@<chip>/ (a matrix build's cell)."""
-        chip_name = Path(target).stem if target.endswith((".yaml", ".yml")) else target
-        recipe = self.recipe.model_copy(update={"target": target,
-                                                "name": f"{self.recipe.name}@{chip_name}"})
-        return LoadedRecipe(recipe, self.path, self.marked)
+        return self.variant({"target": target})
+
+    def with_(self, overrides: dict[str, Any], *, check_files: bool = True) -> "LoadedRecipe":
+        """This recipe with fields set by dotted path (`npubuild.recipe.overrides`), validated
+        as the file is: a bad value is a UserError at the recipe's line for that field, naming
+        the override."""
+        from npubuild.recipe import overrides as ov
+        from npubuild.recipe.model import Recipe
+
+        if not overrides:
+            return self
+        merged = {**self.overrides, **overrides}
+        marked = ov.apply(self.marked, overrides)
+        try:
+            loaded = LoadedRecipe(validate(marked, Recipe), self.path, marked, merged)
+            if check_files:
+                check_recipe_files(loaded)
+        except UserError as exc:
+            raise ov.located(exc, overrides) from None
+        return loaded
+
+    def variant(self, overrides: dict[str, Any]) -> "LoadedRecipe":
+        """`with_` built apart: the name (so the build directory) becomes
+        ``<name>@<label>`` (`npubuild.recipe.overrides.variant_label`)."""
+        from npubuild.recipe.overrides import variant_label
+
+        changed = self.with_(overrides)
+        if not overrides:
+            return changed
+        label = variant_label(changed.overrides)
+        base = self.recipe.name.split("@", 1)[0]
+        recipe = changed.recipe.model_copy(update={"name": f"{base}@{label}"})
+        return LoadedRecipe(recipe, changed.path, changed.marked, changed.overrides)
 
     def chip(self):
         from npubuild.targets import load_chip

@@ -195,3 +195,12 @@ def counts(figures: list[Figure]) -> dict[str, int]:
     judged = [f for f in figures if f.judged]
     return {"judged": len(judged), "failed": sum(f.ok is False for f in judged),
             "reported": len(figures) - len(judged)}
+
+
+def worst_cosine(figures: list[Figure]) -> Figure | None:
+    """The lowest cosine a threshold judges (all samples or worst sample), else the lowest of
+    the model outputs' (reported only)."""
+    cosines = [f for f in figures if ".outputs" in f.key or f.judged
+               if f.key.endswith(("cosine", "min_sample_cosine")) and is_number(f.value)]
+    judged = [f for f in cosines if f.judged] or [f for f in cosines if ".outputs" in f.key]
+    return min(judged, key=lambda f: f.value, default=None)

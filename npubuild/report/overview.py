@@ -24,7 +24,7 @@ BOOKKEEPING = {"identical", "max_rel", "rms_range_error", "worst_sample", "sampl
 PASS_WORDS = ("pass", "passed", "ok", "accept", "accepted", "true")
 KNOWN_VERIFY = {"outputs", "accuracy", "verdict", "passed", "reasons", "failures", "thresholds",
                 "bisection", "simulator", "npu_outputs", "detections", "data"}
-OK_STATUS = {"built": "ok", "cached": "ok", "restored": "ok", "failed": "bad"}
+OK_STATUS = {"built": "ok", "current": "ok", "cached": "ok", "restored": "ok", "failed": "bad"}
 
 
 # -- verdict and verify metrics ---------------------------------------------------------------
@@ -215,7 +215,7 @@ def stages_section(a: BuildArtifacts) -> str:
     out = table(["stage", "this run", "build seconds", "seconds this run", "key", "why"], rows)
     return out + para(f"build seconds: how long the run that built each stage's artifacts took "
                       f"({fmt(total)} s in all). built = ran in this run, "
-                      "restored = copied from the content cache, cached = already current.", "note")
+                      "restored = copied from the content cache, current = already up to date (nothing to do).", "note")
 
 
 def build_seconds(a: BuildArtifacts, stage: str, info: dict) -> float | None:

@@ -38,4 +38,4 @@ def test_second_yolov8_run_rebuilds_nothing_and_says_so(yolov8_build, shared_cac
     assert again.returncode == 0
     assert "nothing to rebuild" in again.stderr
     report = json.loads((build_dir / "report.json").read_text())
-    assert report["stages"]["import"]["status"] == "cached"
+    assert report["stages"]["import"]["status"] == "current"

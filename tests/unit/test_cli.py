@@ -34,15 +34,15 @@ def test_validate_says_valid_and_touches_no_build(cli, tmp_path):
     assert not (tmp_path / "build").exists()
 
 
-def test_plan_then_run_then_plan_reports_cached(cli, tmp_path):
+def test_plan_then_run_then_plan_reports_current(cli, tmp_path):
     recipe = write_recipe(tmp_path, TINY_RECIPE)
     before = json.loads(cli("plan", str(recipe), "import", "--json", *build_args(tmp_path)).stdout)
     assert before["import"] == {"action": "will run", "reason": "never built", "key": before["import"]["key"]}
     assert cli("run", str(recipe), "import", *build_args(tmp_path)).returncode == 0
     after = json.loads(cli("plan", str(recipe), "--json", *build_args(tmp_path)).stdout)
-    assert after["import"]["action"] == "cached"
+    assert after["import"]["action"] == "current"
     assert after["surgery"]["action"].startswith("not built: not implemented yet") or \
-        after["surgery"]["action"] in ("will run", "cached")
+        after["surgery"]["action"] in ("will run", "current")
 
 
 def test_run_json_prints_the_report(cli, tmp_path):
@@ -57,7 +57,7 @@ def test_show_then_clean(cli, tmp_path):
     recipe = write_recipe(tmp_path, TINY_RECIPE)
     cli("run", str(recipe), "import", *build_args(tmp_path))
     shown = json.loads(cli("show", str(recipe), "--json", *build_args(tmp_path)).stdout)
-    assert shown["stages"]["import"]["state"] == "cached"
+    assert shown["stages"]["import"]["state"] == "current"
     assert "model.onnx" in shown["stages"]["import"]["files"]
     assert cli("clean", str(recipe), *build_args(tmp_path)).returncode == 0
     assert not (tmp_path / "build" / "tiny").exists()

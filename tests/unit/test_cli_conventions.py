@@ -56,7 +56,7 @@ def test_off_a_terminal_nothing_is_wrapped_or_styled(built):
 def test_plan_and_show_print_results_on_stdout(built):
     tmp, recipe, _ = built
     plan = run_cli("plan", str(recipe), *opts(tmp))
-    assert plan.stdout.splitlines()[0] == "  import    cached" and plan.stderr == ""
+    assert plan.stdout.splitlines()[0] == "  import    current" and plan.stderr == ""
 
 
 def test_a_no_op_run_keeps_the_build_seconds(built):
@@ -64,7 +64,7 @@ def test_a_no_op_run_keeps_the_build_seconds(built):
     again = run_cli("run", str(recipe), "-q", *opts(tmp))
     assert again.returncode == 0 and again.stderr == ""
     stages = json.loads((tmp / "build" / "tiny" / "report.json").read_text())["stages"]
-    assert stages["verify"]["status"] == "cached"
+    assert stages["verify"]["status"] == "current"
     assert stages["verify"]["built_seconds"] > 0 and stages["verify"]["seconds"] == 0
 
 
@@ -74,7 +74,7 @@ def test_infer_writes_its_own_report_and_keeps_the_builds(built):
     result = run_cli("infer", str(recipe), "--input", str(tmp / "x.npy"), *opts(tmp))
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp / "build" / "tiny" / "report.json").read_text())
-    assert report["verify"]["passed"] is True and report["stages"]["verify"]["status"] == "cached"
+    assert report["verify"]["passed"] is True and report["stages"]["verify"]["status"] == "current"
     infer = json.loads((tmp / "build" / "tiny" / "infer.json").read_text())
     assert infer["outputs"]["y"]["shape"] == [1, 4, 4, 4]
 

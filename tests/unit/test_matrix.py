@@ -1,7 +1,9 @@
-"""Matrix builds: one recipe, several chips, one comparison table; shared stages built once."""
+"""Matrix builds: one recipe, several variants (chips, -S sets), one comparison table; the
+stages no variant changes built once."""
 
 import json
 
+from npubuild.matrix import combine, shared_prefix
 from tests.conftest import TINY_RECIPE, write_recipe
 
 
@@ -11,14 +13,17 @@ def test_matrix_build_gives_one_row_per_chip_and_shares_chip_independent_stages(
                  "--json", "--build-dir", str(tmp_path / "b"), "--cache", str(tmp_path / "c"))
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
-    assert [row["target"] for row in out["targets"]] == ["npu-16m", "npu-tiny"]
-    assert all(row["status"] == "ok" and row["npu seg"] >= 1 for row in out["targets"])
+    assert [(row["variant"], row["target"]) for row in out["variants"]] == [
+        ("tiny@npu-16m", "npu-16m"), ("tiny@npu-tiny", "npu-tiny")]
+    assert all(row["state"] == "built" and row["seg NPU/CPU"] == "1/0" for row in out["variants"])
     for cell in out["cells"]:
         stages = cell["report"]["stages"]
-        assert stages["import"]["status"] in ("restored", "cached")  # built once, before the cells
+        assert stages["import"]["status"] in ("restored", "current")  # built once, before the cells
         assert stages["split"]["status"] == "built"
         assert cell["report"]["target"] == cell["target"]
     assert (tmp_path / "b" / "tiny@npu-tiny" / "split" / "graph_infos.json").is_file()
+    assert json.loads((tmp_path / "b" / "tiny@npu-tiny" / "experiment.json").read_text())[
+        "overrides"] == {"target": "npu-tiny"}
 
 
 def test_matrix_with_an_unknown_chip_fails_before_building(cli, tmp_path):
@@ -34,7 +39,24 @@ def test_targets_list_in_the_recipe_is_a_matrix_build(cli, tmp_path):
     result = cli("run", str(recipe), "fusion", "--json", "--build-dir", str(tmp_path / "b"),
                  "--cache", str(tmp_path / "c"))
     assert result.returncode == 0, result.stderr
-    assert [row["target"] for row in json.loads(result.stdout)["targets"]] == ["npu-16m", "npu-strict"]
+    assert [row["target"] for row in json.loads(result.stdout)["variants"]] == ["npu-16m", "npu-strict"]
+
+
+def test_chips_and_set_values_combine_into_one_matrix():
+    chips = [{"target": "a"}, {"target": "b"}]
+    sets = [{"quantization.scheme": "symmetric"}, {"quantization.scheme": "asymmetric"}]
+    assert combine(chips, sets) == [{"target": t, "quantization.scheme": s}
+                                    for t in "ab" for s in ("symmetric", "asymmetric")]
+    assert combine([], sets) == sets and combine([], []) == []
+
+
+def test_the_shared_prefix_stops_at_the_first_stage_a_variant_changes():
+    assert shared_prefix(None, [{"target": "a"}, {"target": "b"}]) == "fusion"
+    assert shared_prefix(None, [{"quantization.scheme": "x"}]) == "split"
+    assert shared_prefix(None, [{"surgery[0].fold_constants.max_rounds": 2}]) == "import"
+    assert shared_prefix(None, [{"model.inputs[0].shape": [1, 3, 16, 16]}]) is None
+    assert shared_prefix(None, [{"verify.min_cosine": 0.9}]) == "compile"
+    assert shared_prefix("surgery", [{"verify.min_cosine": 0.9}]) == "surgery"
 
 
 def test_a_cell_whose_recipe_no_longer_loads_is_a_failed_cell_not_a_crash(tmp_path):

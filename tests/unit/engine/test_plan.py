@@ -1,4 +1,4 @@
-"""`plan` predicts exactly what `run` then does, stage by stage (cached / restored / built),
+"""`plan` predicts exactly what `run` then does, stage by stage (current / restored / built),
 through a fresh build, a no-op, an edit, its revert, and a lost build directory."""
 
 from __future__ import annotations
@@ -48,15 +48,15 @@ def test_plan_says_what_run_does(history, step):
 
 def test_the_steps_exercise_every_outcome(history):
     assert set(history["fresh"][0].values()) == {"will run"}
-    assert set(history["no-op"][0].values()) == {"cached"}
-    assert history["edit"][0]["split"] == "cached" and history["edit"][0]["quantize"] == "will run"
+    assert set(history["no-op"][0].values()) == {"current"}
+    assert history["edit"][0]["split"] == "current" and history["edit"][0]["quantize"] == "will run"
     assert history["revert"][0]["quantize"] == "will restore"
     assert set(history["lost build dir"][0].values()) == {"will restore"}
 
 
-def test_cached_stages_keep_the_seconds_of_the_run_that_built_them(history):
+def test_current_stages_keep_the_seconds_of_the_run_that_built_them(history):
     stages = history["no-op report"]["stages"]
-    assert all(s["status"] == "cached" for s in stages.values())
+    assert all(s["status"] == "current" for s in stages.values())
     assert all(s["built_seconds"] > 0 for s in stages.values())
 
 

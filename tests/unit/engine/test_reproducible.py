@@ -139,6 +139,6 @@ def test_measured_cpu_time_stays_out_of_artifacts_and_a_no_op_run_keeps_it(tmp_p
     again = run_cli("run", recipe.name, "--build-dir", "out", "--cache", "store", cwd=workdir)
     assert again.returncode == 0, again.stderr
     kept = json.loads(report_path.read_text())
-    assert kept["stages"]["compile"]["status"] == "cached"
+    assert kept["stages"]["compile"]["status"] == "current"
     assert {k: kept["estimate"][k] for k in ("fps", "cpu_seconds")} == \
         {k: measured[k] for k in ("fps", "cpu_seconds")}

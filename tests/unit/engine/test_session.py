@@ -32,15 +32,15 @@ def test_second_run_executes_no_stage(tiny_recipe, tmp_path, calls):
     first = build(tiny_recipe, tmp_path)
     second = build(tiny_recipe, tmp_path)
     assert statuses(first)["import"] == "built"
-    assert statuses(second)["import"] == "cached"
+    assert statuses(second)["import"] == "current"
     assert calls["import"] == 1
 
 
-def test_editing_only_quantization_leaves_import_cached(tiny_recipe, tmp_path, calls):
+def test_editing_only_quantization_leaves_import_current(tiny_recipe, tmp_path, calls):
     build(tiny_recipe, tmp_path)
     tiny_recipe.write_text(tiny_recipe.read_text().replace("scheme: symmetric", "scheme: asymmetric"))
     session = build(tiny_recipe, tmp_path)
-    assert statuses(session)["import"] == "cached"
+    assert statuses(session)["import"] == "current"
     assert calls["import"] == 1
 
 
@@ -138,7 +138,7 @@ def test_two_runs_started_at_once_do_not_corrupt_the_build(tiny_recipe, tmp_path
     outputs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     report = json.loads((tmp_path / "build/tiny/report.json").read_text())
-    assert report["stages"]["import"]["status"] in ("built", "cached")
+    assert report["stages"]["import"]["status"] in ("built", "current")
     model = tmp_path / "build/tiny/import/model.onnx"
     manifest = json.loads((tmp_path / "build/tiny/import/manifest.json").read_text())
     assert manifest["files"]["model.onnx"]["sha256"] == sha256_file(model)
@@ -156,14 +156,14 @@ def test_second_concurrent_run_fails_clearly_when_it_may_not_wait(tiny_recipe, t
         assert time.monotonic() - started < 5
 
 
-def test_a_cached_stage_keeps_the_build_time_of_the_run_that_built_it(tiny_recipe, tmp_path):
+def test_a_current_stage_keeps_the_build_time_of_the_run_that_built_it(tiny_recipe, tmp_path):
     first = build(tiny_recipe, tmp_path, "split")
     built = {s: r.seconds for s, r in first.results.items() if r.status == "built"}
     build(tiny_recipe, tmp_path, "split")
     stages = {s: e for s, e in json.loads(
         (tmp_path / "build" / "tiny" / "report.json").read_text())["stages"].items() if s in built}
     assert len(built) == 4 and {s: e["status"] for s, e in stages.items()} == dict.fromkeys(
-        built, "cached")
+        built, "current")
     assert all(e["seconds"] == 0 for e in stages.values())
     assert {s: e["built_seconds"] for s, e in stages.items()} == {
         s: round(v, 3) for s, v in built.items()}

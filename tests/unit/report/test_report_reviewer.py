@@ -21,7 +21,7 @@ def dump(path: Path, data) -> None:
 
 def reviewed_build(root: Path) -> Path:
     dump(root / "report.json", {
-        "stages": {"verify": {"status": "cached", "seconds": 0.0, "key": "k", "built_seconds": 12.5}},
+        "stages": {"verify": {"status": "current", "seconds": 0.0, "key": "k", "built_seconds": 12.5}},
         "split": {"npu_nodes": 90, "cpu_nodes": 10, "npu_macs": 999_000, "cpu_macs": 1_000,
                   "npu_segments": 1, "cpu_segments": 1},
         "estimate": {"fps": 1234.5, "cycles": 810, "gmem_bytes": 1000, "gmem_bytes_lower_bound": 900,
@@ -56,7 +56,7 @@ def test_thresholds_in_the_verify_section_are_not_rounded(tmp_path):
 
 def test_stage_table_shows_the_build_time_of_the_run_that_built_the_stage(tmp_path):
     stages = re.search(r'<section id="stages">(.*?)</section>', render_report(reviewed_build(tmp_path)), re.S)
-    assert re.search(r"<td>verify</td><td><span[^>]*>cached</span></td><td>12.50</td><td>0</td>",
+    assert re.search(r"<td>verify</td><td><span[^>]*>current</span></td><td>12.50</td><td>0</td>",
                      stages.group(1))
 
 
