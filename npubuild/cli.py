@@ -99,7 +99,20 @@ class Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so --json can still answer with a document."""
 
     def error(self, message):
-        raise UsageError(message, hint=f"see `{self.prog} --help`")
+        raise UsageError(message + _suggestion(message), hint=f"see `{self.prog} --help`")
+
+
+def _suggestion(message: str) -> str:
+    """argparse's "invalid choice: 'rnu' (choose from 'run', ...)" gets "; did you mean 'run'?"
+    (commands, stages, schema names, actions: every choice the command line takes)."""
+    import re
+
+    from npubuild.errors import did_you_mean
+
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if not found or "did you mean" in message:
+        return ""
+    return did_you_mean(found[1], re.findall(r"'([^']*)'", found[2]))
 
 
 def build_parser() -> argparse.ArgumentParser:

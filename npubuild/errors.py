@@ -72,6 +72,15 @@ class BuildError(NpubuildError):
         self.stage = stage
 
 
+def did_you_mean(name: object, known, n: int = 1) -> str:
+    """``; did you mean 'conv_bn'?`` for a misspelt name among ``known`` (difflib's closest,
+    up to ``n``), else "": every name a recipe or a command takes says it the same way."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name)[:200], sorted(map(str, known)), n=n)
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
 def machine_error(exc: OSError, stage: str | None = None) -> BuildError:
     """An OSError of the machine (a full disk, a read-only build directory) as the one message
     the user reads, with what to do; the OSError stays its cause (shown with -v)."""

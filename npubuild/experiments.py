@@ -47,7 +47,7 @@ def state_of(loaded: LoadedRecipe, overrides: dict, session_for) -> str:
     from npubuild.stages import PIPELINE
 
     try:
-        plan = session_for(loaded.variant(overrides)).plan(PIPELINE)
+        plan = session_for(loaded.variant(overrides, apart=True)).plan(PIPELINE)
     except NpubuildError as exc:
         return f"invalid now: {exc.message}"
     stale = [r for r in plan if r.status != "current"]

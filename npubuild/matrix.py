@@ -62,7 +62,7 @@ def build_cell(recipe_path: str, overrides: dict[str, Any] | str, stage: str | N
     cell = {"name": None, "target": overrides.get("target"), "overrides": overrides}
     session = None
     try:  # the recipe too: it may have changed since the shared stages were built
-        loaded = load_recipe(recipe_path).variant(overrides)
+        loaded = load_recipe(recipe_path).variant(overrides, apart=True)
         session = api.session_for(loaded, build_root=build_root, cache=cache, remote=remote)
         record_experiment(session)
         cell.update(name=loaded.recipe.name, target=loaded.recipe.target,
@@ -96,7 +96,7 @@ def build_matrix(loaded: LoadedRecipe, variants: list[dict[str, Any]], stage: st
 
     prefix = shared_prefix(stage, variants)
     if prefix:
-        api.build(api.session_for(loaded.variant(variants[0]), build_root=build_root,
+        api.build(api.session_for(loaded.variant(variants[0], apart=True), build_root=build_root,
                                   cache=cache, remote=remote), prefix)
     calls = [(str(loaded.path), v, stage, build_root, cache, remote) for v in variants]
     return map_tasks(build_cell, calls, scheduler=scheduler, jobs=jobs)

@@ -39,6 +39,20 @@ def cli():
     return run_cli
 
 
+def json_shape(value, *, any_json=("old", "new")):
+    """A JSON document's shape, for golden files: keys kept, leaves as their type name, a list
+    as its items' distinct shapes; values under the keys ``any_json`` are just "json"."""
+    if isinstance(value, dict):
+        return {k: "json" if k in any_json else json_shape(v, any_json=any_json)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        import json
+
+        shapes = [json_shape(v, any_json=any_json) for v in value]
+        return list({json.dumps(s, sort_keys=True): s for s in shapes}.values())
+    return type(value).__name__
+
+
 def write_recipe(directory: Path, body: str, name: str = "recipe.yaml") -> Path:
     path = directory / name
     path.write_text(textwrap.dedent(body))

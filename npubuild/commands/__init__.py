@@ -12,7 +12,7 @@ import importlib
 from types import ModuleType
 
 COMMANDS = ("run", "validate", "plan", "show", "clean", "schema", "targets", "infer", "cache",
-            "view", "diff", "toolchain", "exp")
+            "view", "diff", "toolchain", "exp", "completion")
 
 
 def command_modules() -> list[ModuleType]:

@@ -69,7 +69,8 @@ def _sync(args) -> int:
                         hint=f"npubuild cache {args.action} recipes/yolov8.yaml --remote s3://bucket/prefix")
     result = getattr(sync, args.action)(output.session_for(args, args.recipe))
     if args.json:
-        print(json.dumps(result, indent=2))
+        doc = {"stages": result} if args.action == "status" else result
+        print(json.dumps({"action": args.action, **doc}, indent=2))
     elif args.action == "status":
         print("| stage | key | build | local | remote |\n|---|---|---|---|---|")
         for row in result:

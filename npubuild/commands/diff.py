@@ -7,7 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-from npubuild.commands import output
 from npubuild.commands.output import EXIT_FAILED, EXIT_OK
 
 NAME = "diff"

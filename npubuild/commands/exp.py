@@ -28,10 +28,10 @@ def run(args) -> int:
     loaded = load_recipe(args.recipe)
     rows = experiments.show(loaded, args.build_dir, lambda r: output.session_for(args, r))
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"variants": rows}, indent=2))
     elif rows:
         output.print_table(rows)
     else:
-        print(f"no variant of {loaded.recipe.name} is built under "
-              f"{args.build_dir or 'build'}/: `npubuild run {args.recipe} -S FIELD=VALUE` builds one")
+        print(f"no variant of {loaded.recipe.name} is built under {args.build_dir or 'build'}/: "
+              f"`npubuild run {args.recipe} -S FIELD=VALUE` builds one")
     return EXIT_OK

@@ -38,7 +38,8 @@ def run(args) -> int:
                 np.savez(fh, **outputs)
     summary = api.array_summary(outputs)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps({"pipeline": "float" if args.float else "deployed", "outputs": summary},
+                         indent=2))
     else:
         for k, v in summary.items():
             print(f"{k}: shape {v['shape']} {v['dtype']}  min {v['min']:.4g}  max {v['max']:.4g}  "

@@ -80,43 +80,90 @@ def line(*parts):
     return Text.assemble(*parts)
 
 
-def progress(out):
-    """Progress bars on a terminal, counted in what a stage loops over (samples, steps)."""
+def progress(out, state: dict | None = None):
+    """Progress bars on a terminal with a counter (12/44), labelled with the stage that runs
+    them (``quantize: calibrating``); off a terminal, with -v, one log line per tenth of a
+    long loop (``quantize: calibrating 30/300``)."""
+    import logging
+
+    log = logging.getLogger("npubuild")
+    state = state if state is not None else {}
 
     def bar(items, total=None, description=""):
+        stage = state.get("stage")
+        label = (f"{stage}: {description}" if stage and not description.startswith(stage)
+                 else description)
         if not out.is_terminal or out.quiet:
-            yield from items
+            step = max((total or 0) // 10, 1)
+            for i, item in enumerate(items, 1):
+                yield item
+                if total and total >= 20 and (i % step == 0 or i == total):
+                    log.info("%s %d/%d", label, i, total)
             return
-        from rich.progress import track
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
 
-        yield from track(items, total=total, description=description, console=out,
-                         transient=True)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=out, transient=True) as shown:
+            yield from shown.track(items, total=total, description=label)
 
     return bar
 
 
-def stage_printer(out):
+def why(status: str, reason: str) -> str:
+    """A stage's reason in the words every command uses: a restored stage says where it came
+    from ("from the cache; not in this build directory yet"), a stage to run why."""
+    if status in ("restored", "will restore"):
+        where = reason.partition(" (from the remote cache)")
+        source = "the remote cache" if where[1] else "the cache"
+        rest = "not in this build directory yet" if where[0] == "never built" else where[0]
+        return f"from {source}; {rest}" if rest else f"from {source}"
+    if status == "running" and reason == "never built":  # it may yet come from the cache
+        return "not in this build directory yet"
+    return reason
+
+
+def stage_printer(out, state: dict | None = None):
     """One line when a stage starts (a spinner on a terminal) and one when it is done; a stage
-    whose own check fails (verify) is shown failed, never built."""
-    spinner = {}
+    whose own check fails (verify) is shown failed, never built. With -v each finished stage
+    also logs what it decided (`npubuild.report.summary.stage_summary`) and its key; ``state``
+    shares the running stage with `progress`, which labels its bars with it."""
+    import logging
+
+    from npubuild.report.summary import stage_summary
+
+    spinner, state = {}, state if state is not None else {}
+    log = logging.getLogger("npubuild")
 
     def on_event(result) -> None:
         if "status" in spinner:
             spinner.pop("status").stop()
         if result.status == "running":
+            state["stage"] = result.stage
             if out.is_terminal and not out.quiet:
-                spinner["status"] = out.status(f"{result.stage}: running ({result.reason})")
+                spinner["status"] = out.status(f"{result.stage}: running "
+                                               f"({why('running', result.reason)})")
                 spinner["status"].start()
             else:
-                out.print(f"  {result.stage:<9} started    ({result.reason})", markup=False)
+                out.print(f"  {result.stage:<9} started    ({why('running', result.reason)})",
+                          markup=False)
             return
-        if result.status not in ("built", "restored", "failed"):
+        state.pop("stage", None)
+        if result.status not in ("built", "restored", "failed", "current"):
+            return
+        if result.status == "current":
+            log.info("%s: current (key %s), nothing to do", result.stage, (result.key or "")[:12])
             return
         status = result.status if result.passed else "failed"
         seconds = f"{result.seconds:7.2f} s" if result.seconds else " " * 9
-        reason = f"  ({result.reason})" if result.reason and status != "failed" else ""
+        reason = (f"  ({why(result.status, result.reason)})"
+                  if result.reason and status != "failed" else "")
         out.print(line(f"  {result.stage:<9} ", (f"{status:<10}", STATUS_STYLE[status]),
                        f" {seconds}{reason}"))
+        summary = stage_summary(result.stage, result.report)
+        log.info("%s: %s in %.2f s (key %s)%s", result.stage, status, result.seconds,
+                 (result.key or "")[:12], f": {summary}" if summary else "")
 
     return on_event
 

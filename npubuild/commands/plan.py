@@ -28,6 +28,6 @@ def run(args) -> int:
         return EXIT_OK
     out = output.console(args, stdout=True)
     for r in results:
-        reason = f" — {r.reason}" if r.reason else ""
+        reason = f" — {output.why(r.status, r.reason)}" if r.reason else ""
         out.print(output.line(f"  {r.stage:<9} ", (r.status, STATUS_STYLE.get(r.status, "")), reason))
     return EXIT_OK

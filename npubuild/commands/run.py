@@ -50,11 +50,13 @@ def run(args) -> int:
         recipe = facade.Recipe(recipe.loaded.variant(variants[0]))
         out.print(f"experiment {recipe.name}: " + ", ".join(
             f"{k}={json.dumps(v)}" for k, v in recipe.overrides.items()), markup=False)
+    running: dict = {}  # the stage that runs now: progress bars say whose loop they count
     result = recipe.build(args.stage, wait_seconds=args.wait,
                           on_wait=lambda msg: out.print(msg, style="yellow", markup=False),
                           build_dir=args.build_dir, cache=args.cache, remote=args.remote,
                           scheduler=resolve_scheduler(args.scheduler),
-                          progress=output.progress(out), on_event=output.stage_printer(out))
+                          progress=output.progress(out, running),
+                          on_event=output.stage_printer(out, running))
     if result.error is not None:
         args.partial = result.report
         output.print_progress_summary(out, result)
@@ -74,7 +76,7 @@ def _run_matrix(args, out, loaded, variants: list[dict]) -> int:
     from npubuild.matrix import build_matrix
 
     for variant in variants:  # a bad value or an unknown chip fails before anything is built
-        loaded.variant(variant)
+        loaded.variant(variant, apart=True)
     out.print(f"matrix build of {loaded.recipe.name}: {len(variants)} variants", markup=False)
     cells = build_matrix(loaded, variants, args.stage, build_root=args.build_dir,
                          cache=args.cache, jobs=args.jobs, remote=args.remote,
@@ -82,7 +84,7 @@ def _run_matrix(args, out, loaded, variants: list[dict]) -> int:
     keys = parameter_keys(cells)
     data = loaded.recipe.model_dump(mode="json")
     rows = [row(c["name"], c["overrides"], c.get("report") or {}, data, keys,
-                "built" if c["ok"] else "failed", loaded.variant(c["overrides"]).recipe
+                "built" if c["ok"] else "failed", loaded.variant(c["overrides"], apart=True).recipe
                 .verify.model_dump(mode="json")) for c in cells]
     if args.json:
         print(json.dumps({"variants": rows, "cells": cells}, indent=2, default=str))

@@ -39,7 +39,7 @@ def run(args) -> int:
                         hint="to check a recipe: npubuild targets check R.yaml")
     chips = [describe(load_chip(name)) for name in preset_names()]
     if args.json:
-        print(json.dumps(chips, indent=2))
+        print(json.dumps({"chips": chips}, indent=2))
         return EXIT_OK
     print(f"{'chip':<14} {'backend':<10} {'vendor':<9} {'toolchain':<16} {'installed':<9} "
           f"{'lanes':>5} {'LMEM':>9} {'clock':>9} {'TOPS':>6} {'ops':>4}  description")
@@ -60,7 +60,8 @@ def _check(args, recipe: Path) -> int:
     session = output.session_for(args, recipe)
     nodes = api.placements(session)
     if args.json:
-        print(json.dumps([n.as_dict() for n in nodes], indent=2))
+        print(json.dumps({"recipe": str(recipe), "chip": session.chip.name,
+                          "nodes": [n.as_dict() for n in nodes]}, indent=2))
         return EXIT_OK
     on_npu = sum(n.device == "npu" for n in nodes)
     print(f"{recipe}: {on_npu} of {len(nodes)} nodes on the NPU ({session.chip.name})")

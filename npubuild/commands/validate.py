@@ -20,32 +20,39 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    """One recipe, or many (as pre-commit passes the changed ones): each is checked, every
-    error is printed, and the exit code is the worst one."""
+    """Every recipe given (pre-commit passes the changed ones) is checked and every error is
+    printed; the exit code is the worst. ``--json`` prints one object always:
+    ``{"valid": bool, "recipes": [one entry per recipe]}``, plus the first failure as ``error``
+    (as every command's --json document carries its failure)."""
+    results, worst, first = [], EXIT_OK, None
+    for path in args.recipes:
+        try:
+            results.append(_check(path))
+        except NpubuildError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            results.append({"recipe": str(path), "valid": False,
+                             "error": error_object(exc, exc.exit_code)})
+            worst, first = max(worst, exc.exit_code), first or results[-1]["error"]
+            continue
+        if not args.json:
+            r = results[-1]
+            print(f"{path}: valid — model {Path(r['model']).name} ({r['format']}), target "
+                  f"{r['target']}, {r['surgery_steps']} surgery steps, {r['fusion_rules']} "
+                  "fusion rules")
+    if args.json:
+        doc = {"valid": worst == EXIT_OK, "recipes": results}
+        print(json.dumps({**doc, "error": first} if first else doc, indent=2))
+    return worst
+
+
+def _check(path: Path) -> dict:
     from npubuild.recipe import load_recipe
     from npubuild.stages import importer
 
-    results, worst = [], EXIT_OK
-    for path in args.recipes:
-        try:
-            args.partial = {"recipe": str(path), "valid": False}
-            loaded = load_recipe(path)
-            chip = loaded.chip()
-            signature = importer.check_signature(loaded)
-        except NpubuildError as exc:
-            if len(args.recipes) == 1:
-                raise
-            print(f"error: {exc}", file=sys.stderr)
-            results.append({**args.partial, "error": error_object(exc, exc.exit_code)})
-            worst = max(worst, exc.exit_code)
-            continue
-        results.append({"recipe": str(path), "name": loaded.recipe.name, "valid": True,
-                        "model": str(loaded.model_path), "format": loaded.model_format,
-                        "target": chip.name, **signature})
-        if not args.json:
-            print(f"{path}: valid — model {loaded.model_path.name} ({loaded.model_format}), "
-                  f"target {chip.name}, {len(loaded.recipe.surgery)} surgery steps, "
-                  f"{len(loaded.recipe.fusion)} fusion rules")
-    if args.json:
-        print(json.dumps(results[0] if len(args.recipes) == 1 else results, indent=2))
-    return worst
+    loaded = load_recipe(path)
+    chip = loaded.chip()
+    signature = importer.check_signature(loaded)
+    return {"recipe": str(path), "name": loaded.recipe.name, "valid": True,
+            "model": str(loaded.model_path), "format": loaded.model_format, "target": chip.name,
+            "surgery_steps": len(loaded.recipe.surgery), "fusion_rules": len(loaded.recipe.fusion),
+            **signature}

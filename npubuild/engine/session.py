@@ -29,7 +29,7 @@ from npubuild.engine.paths import MANIFEST, BuildPaths, cache_dir
 from npubuild.engine.remote import RemoteCache, resolve_remote_url
 from npubuild.engine.settings import Settings, find_settings
 from npubuild.engine.signing import Trust, load_trust
-from npubuild.errors import BuildError, NpubuildError
+from npubuild.errors import BuildError, NpubuildError, did_you_mean
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
 from npubuild.timings import MEASURED_ESTIMATE_KEYS, without_measurements
@@ -469,5 +469,6 @@ class BuildSession:
 
 def stage_list(target: str | None) -> tuple[Stage, ...]:
     if target is not None and target not in STAGES:
-        raise BuildError(f"unknown stage {target!r}; stages: {', '.join(STAGES)}")
+        raise BuildError(f"unknown stage {target!r}{did_you_mean(target, STAGES)}; stages: "
+                         f"{', '.join(STAGES)}")
     return upto(target)

@@ -201,7 +201,8 @@ class Workflow:
     def evaluate(self, samples: Sequence[Mapping[str, np.ndarray]]) -> "Evaluation":
         ev = Evaluation({s.graph.index: check.TensorComparison(s.qgraph) for s in self.states},
                         {s.graph.index: check.CrossChecker(s.qgraph) for s in self.states})
-        for k, feeds in enumerate(self.progress(samples, total=len(samples), description="verifying")):
+        for k, feeds in enumerate(self.progress(samples, total=len(samples),
+                                                description="per-layer comparison")):
             values = self.pipeline.float_values(feeds)
             for state in self.states:
                 inputs = {t: values[t] for t in state.fg.inputs}
@@ -309,7 +310,8 @@ class AutoSearch:
     def __init__(self, workflow: "Workflow", samples: Sequence[Mapping[str, np.ndarray]]):
         self.workflow = workflow
         self.samples = list(samples)
-        self.references = [workflow.pipeline.float_values(f) for f in self.samples]
+        self.references = [workflow.pipeline.float_values(f) for f in workflow.progress(
+            self.samples, total=len(self.samples), description="precision search: float references")]
         self.tried: list[dict] = []
 
     def output_cosine(self, overrides: Sequence[OverrideSpec]) -> float:
@@ -318,7 +320,11 @@ class AutoSearch:
         wf = self.workflow
         qgraphs = {s.graph.index: wf._quantized(s, overrides)[0] for s in wf.states}
         ev = Evaluation({}, {})
-        for feeds, ref in zip(self.samples, self.references):
+        label = (f"precision search: try {len(self.tried) + 1} ({len(overrides)} overrides"
+                 + (f", best so far {max(t['output_cosine'] for t in self.tried):.4f})"
+                    if self.tried else ")"))
+        for feeds, ref in wf.progress(list(zip(self.samples, self.references)),
+                                      total=len(self.samples), description=label):
             ev.add_outputs(ref, wf.run_quantized_pipeline(feeds, qgraphs), wf.pipeline.outputs)
         return ev.figure()
 

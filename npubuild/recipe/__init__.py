@@ -95,7 +95,7 @@ class LoadedRecipe:
 
     def for_target(self, target: str) -> "LoadedRecipe":
         """This recipe built for another chip: build/<name>@<chip>/ (a matrix build's cell)."""
-        return self.variant({"target": target})
+        return self.variant({"target": target}, apart=True)
 
     def with_(self, overrides: dict[str, Any], *, check_files: bool = True) -> "LoadedRecipe":
         """This recipe with fields set by dotted path (`npubuild.recipe.overrides`), validated
@@ -116,14 +116,16 @@ class LoadedRecipe:
             raise ov.located(exc, overrides) from None
         return loaded
 
-    def variant(self, overrides: dict[str, Any]) -> "LoadedRecipe":
+    def variant(self, overrides: dict[str, Any], *, apart: bool = False) -> "LoadedRecipe":
         """`with_` built apart: the name (so the build directory) becomes
-        ``<name>@<label>`` (`npubuild.recipe.overrides.variant_label`)."""
+        ``<name>@<label>`` (`npubuild.recipe.overrides.variant_label`); overrides that leave the
+        recipe as it is give the recipe itself, unless ``apart`` (every cell of a matrix has
+        its own directory)."""
         from npubuild.recipe.overrides import variant_label
 
         changed = self.with_(overrides)
-        if not overrides:
-            return changed
+        if not overrides or (changed.recipe == self.recipe and not apart):
+            return self
         label = variant_label(changed.overrides)
         base = self.recipe.name.split("@", 1)[0]
         recipe = changed.recipe.model_copy(update={"name": f"{base}@{label}"})

@@ -6,7 +6,6 @@ each value's position. A pydantic error's location is mapped back onto those mar
 
 from __future__ import annotations
 
-import difflib
 import reprlib
 import stat as stat_mod
 import typing
@@ -17,7 +16,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from npubuild.errors import Location, UserError
+from npubuild.errors import Location, UserError, did_you_mean
 
 M = TypeVar("M", bound=BaseModel)
 SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: same marks, faster
@@ -297,9 +296,7 @@ def _describe(err: dict, path: FieldPath, marked: Marked, model: type[BaseModel]
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "extra_forbidden":
         allowed = _allowed_keys(model, err["loc"][:-1])
-        close = difflib.get_close_matches(str(path[-1])[:100], allowed, n=1)
-        text = f"unknown key {short(path[-1])}"
-        text += f"; did you mean {close[0]!r}?" if close else ""
+        text = f"unknown key {short(path[-1])}" + did_you_mean(path[-1], allowed)
         text += f" (allowed: {', '.join(allowed)})" if allowed else ""
         return text, marked.location(path, key=True)
     if kind == "missing":
@@ -309,9 +306,12 @@ def _describe(err: dict, path: FieldPath, marked: Marked, model: type[BaseModel]
         return f"{short(value)} is not one of {allowed}", marked.location(path)
     if kind == "unknown_step":
         name = next(iter(value)) if isinstance(value, dict) and value else value
-        text = (f"unknown surgery step {short(name)}" if isinstance(value, dict) and len(value) == 1
-                else "a surgery step is a mapping with exactly one key, the rewrite's name")
-        return f"{text}; known: {ctx.get('known', '')}", marked.location(path)
+        known = ctx.get("known", "")
+        if isinstance(value, dict) and len(value) == 1:
+            return (f"unknown surgery step {short(name)} (known: {known})"
+                    + did_you_mean(name, known.split(", ")), marked.location(path))
+        return ("a surgery step is a mapping with exactly one key, the rewrite's name; known: "
+                f"{known}", marked.location(path))
     message = err["msg"]
     if kind.endswith("_type") or kind.endswith("_parsing"):
         message += f", got {short(value)}"

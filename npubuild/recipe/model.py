@@ -15,6 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictFloat, 
                       WithJsonSchema, create_model, field_validator, model_validator)
 
 from npubuild import fusions, surgery
+from npubuild.errors import did_you_mean
 
 RECIPE_VERSION = 1
 
@@ -533,8 +534,9 @@ class Recipe(Strict):
                                  f"{{tolerance: 1e-4}}}}), not {len(item)}")
             for name in [item] if isinstance(item, str) else item if isinstance(item, dict) else []:
                 if name not in registry:
-                    raise ValueError(f"unknown fusion rule {name!r}; known: "
-                                     f"{', '.join(registry.names()) or '(none)'}")
+                    raise ValueError(f"unknown fusion rule {name!r} (known: "
+                                     f"{', '.join(registry.names()) or '(none)'})"
+                                     + did_you_mean(name, registry.names()))
         return items
 
 

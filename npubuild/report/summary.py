@@ -38,3 +38,72 @@ def headline_lines(root: Path) -> list[str]:
         lines.append(f"GMEM {grouped:,} bytes per frame, {grouped / per_layer:.2f} of layer by "
                      f"layer ({per_layer:,})")
     return lines
+
+
+def stage_summary(stage: str, report: dict) -> str:
+    """What a stage decided, on one line, from its report fragment (what `-v` logs): the
+    model's size, the rewrites, the placement, the precision, the tiling, the verdict."""
+    describe = SUMMARIES.get(stage)
+    try:
+        return describe(report) if describe else ""
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
+        return ""  # a fragment in another shape: the stage line alone says enough
+
+
+def _import(r: dict) -> str:
+    info = r.get("import") or {}
+    inputs = ", ".join(f"{k} {v.get('shape')}" for k, v in (info.get("inputs") or {}).items())
+    return f"{info.get('format')} model, {info.get('nodes')} nodes, inputs {inputs}"
+
+
+def _surgery(r: dict) -> str:
+    info = r.get("surgery") or {}
+    return (f"{info.get('steps', 0)} step(s), {info.get('nodes')} nodes after, largest relative "
+            f"change {info.get('max_rel')}")
+
+
+def _fusion(r: dict) -> str:
+    info = r.get("fusion") or {}
+    fired = ", ".join(f"{k}×{v}" for k, v in (info.get("rules") or {}).items()) or "none fired"
+    return f"{info.get('nodes_before')} -> {info.get('nodes_after')} nodes; {fired}"
+
+
+def _split(r: dict) -> str:
+    info = r.get("split") or {}
+    cpu = ", ".join(f"{k}×{v}" for k, v in (info.get("cpu_ops") or {}).items())
+    return (f"{info['npu_segments']} NPU + {info['cpu_segments']} CPU segments, "
+            f"{info['npu_nodes']} of {info['npu_nodes'] + info['cpu_nodes']} nodes on the NPU"
+            + (f"; on the CPU: {cpu}" if cpu else ""))
+
+
+def _quantize(r: dict) -> str:
+    info = r.get("quantization") or {}
+    dtypes: dict[str, int] = {}
+    kept = 0
+    for graph in (info.get("graphs") or {}).values():
+        for dtype, n in (graph.get("tensor_dtypes") or {}).items():
+            dtypes[dtype] = dtypes.get(dtype, 0) + n
+        kept += len(graph.get("cpu_layers") or [])
+    tensors = ", ".join(f"{n} {dtype}" for dtype, n in dtypes.items())
+    return (f"{info.get('scheme')} {info.get('granularity')}, {info.get('method')} on "
+            f"{info.get('calibration_samples')} samples; tensors: {tensors}"
+            + (f"; {kept} layer(s) kept in float" if kept else ""))
+
+
+def _compile(r: dict) -> str:
+    graphs = (r.get("compile") or {}).get("graphs") or {}
+    groups = sum(g.get("groups", 0) for g in graphs.values())
+    sliced = sum(g.get("h_sliced_groups", 0) + g.get("c_sliced_groups", 0) for g in graphs.values())
+    estimate = r.get("estimate") or {}
+    return (f"{len(graphs)} NPU graph(s), {groups} layer groups ({sliced} sliced), "
+            f"{estimate.get('cycles', 0):,} cycles per frame, GMEM {estimate.get('gmem_bytes', 0):,} B")
+
+
+def _verify(r: dict) -> str:
+    info = r.get("verify") or {}
+    verdict = "passed" if info.get("passed") else f"failed ({len(info.get('failures') or [])} checks)"
+    return f"{verdict} on {info.get('samples')} samples"
+
+
+SUMMARIES = {"import": _import, "surgery": _surgery, "fusion": _fusion, "split": _split,
+             "quantize": _quantize, "compile": _compile, "verify": _verify}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from npubuild.errors import UserError
+from npubuild.errors import UserError, did_you_mean
 from npubuild.recipe.load import dotted
 from npubuild.recipe.model import SplitSpec
 from npubuild.split.cost import elements, island_cost, node_macs
@@ -255,7 +255,8 @@ class Selector:
             hits = self.match(pattern)
             if not hits:
                 raise SelectorError(f"{pattern!r} matches no node name, op type or output "
-                                    "tensor", ("split", field_name, k))
+                                    "tensor" + did_you_mean(pattern, self.index),
+                                    ("split", field_name, k))
             for i in hits:
                 chosen.setdefault(i, f"split.{field_name}[{k}] ({pattern!r})")
         return chosen
@@ -266,7 +267,8 @@ class Selector:
             hits = self.match(pattern)
             if not hits:
                 raise SelectorError(f"{pattern!r} matches no node name, op type or output "
-                                    "tensor", ("split", "placement", pattern))
+                                    "tensor" + did_you_mean(pattern, self.index),
+                                    ("split", "placement", pattern))
             for i in hits:
                 chosen.setdefault(i, (device, f"split.placement[{pattern!r}]"))
         return chosen

@@ -34,7 +34,7 @@ import onnx
 
 from npubuild import onnx_io, proofs
 from npubuild.atomic import write_json
-from npubuild.errors import BuildError, UserError
+from npubuild.errors import BuildError, UserError, did_you_mean
 from npubuild.frontends import dequantize
 from npubuild.frontends import onnx as onnx_frontend
 from npubuild.recipe import LoadedRecipe
@@ -133,8 +133,9 @@ def _check_cut(loaded: LoadedRecipe, model: onnx.ModelProto) -> None:
     tensors = {v.name for v in model.graph.input} | {o for n in model.graph.node for o in n.output}
     for index, name in enumerate(loaded.recipe.model.outputs or []):
         if name not in tensors:
-            raise loaded.error(f"the model has no tensor {name!r} to cut at; its outputs: "
-                               f"{', '.join(o.name for o in model.graph.output)}",
+            raise loaded.error(f"the model has no tensor {name!r} to cut at (its outputs: "
+                               f"{', '.join(o.name for o in model.graph.output)})"
+                               + did_you_mean(name, tensors),
                                "model", "outputs", index,
                                hint="model.outputs may name any tensor the model computes")
 
@@ -144,7 +145,8 @@ def _input_named(loaded: LoadedRecipe, inputs: dict, name: str, index: int):
     value = inputs.get(name) or inputs.get(name.removesuffix(":0"))
     if value is None:
         raise loaded.error(f"the model has no input {name!r}; its inputs: "
-                           f"{', '.join(inputs) or '(none)'}", "model", "inputs", index, "name")
+                           f"{', '.join(inputs) or '(none)'}" + did_you_mean(name, inputs),
+                           "model", "inputs", index, "name")
     return value
 
 

@@ -19,11 +19,10 @@ than one step (else the stage fails).
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 
 from npubuild.atomic import write_json
-from npubuild.errors import BuildError
+from npubuild.errors import BuildError, did_you_mean
 from npubuild.quant import data, onnx_inputs
 from npubuild.quant.pipeline import SplitPipeline
 from npubuild.quant.quantizer import QuantConfig
@@ -65,10 +64,9 @@ def check_override_names(loaded, pipeline: SplitPipeline) -> None:
         for kind, names, known in (("nodes", override.nodes, nodes), ("tensors", override.tensors, tensors)):
             for j, name in enumerate(names):
                 if name not in known:
-                    close = difflib.get_close_matches(name, sorted(known), n=1)
                     raise loaded.error(
                         f"no {kind[:-1]} is called {name[:200]!r} in the split model"
-                        + (f"; did you mean {close[0]!r}?" if close else ""),
+                        + did_you_mean(name, known),
                         "quantization", "overrides", i, kind, j,
                         hint="`npubuild targets --check RECIPE` lists the nodes")
 

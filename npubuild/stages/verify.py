@@ -27,7 +27,7 @@ import numpy as np
 
 from npubuild import onnx_io
 from npubuild.atomic import write_json
-from npubuild.errors import working_on
+from npubuild.errors import did_you_mean, working_on
 from npubuild.stages import StageContext
 from npubuild.verify.bisect import RecipeFixes
 from npubuild.verify.judge import Thresholds, tensor_metrics
@@ -185,7 +185,7 @@ def slice_metrics(loaded, spec, refs: list[dict], gots: list[dict], floats: list
         source = refs if check.tensor in refs[0] else floats if check.tensor in handed_over else None
         if source is None:
             raise loaded.error(f"verify.slices: no model output or NPU hand-over tensor is called "
-                               f"{check.tensor!r}", "verify", "slices", i, "tensor",
+                               f"{check.tensor!r}" + did_you_mean(check.tensor, [*refs[0], *handed_over]), "verify", "slices", i, "tensor",
                                hint="outputs: " + ", ".join(map(repr, refs[0]))
                                + "; hand-over tensors: " + (", ".join(map(repr, handed_over)) or "none"))
         cut = [cut_slice(loaded, i, check, s[check.tensor]) for s in source]

@@ -8,7 +8,6 @@ Nodes a rewrite creates carry its name in their ``doc_string``.
 
 from __future__ import annotations
 
-import difflib
 from fnmatch import fnmatchcase
 from typing import Iterable
 
@@ -18,6 +17,7 @@ from onnx import numpy_helper
 
 from npubuild import onnx_io
 from npubuild.onnx_io import clone
+from npubuild.errors import did_you_mean
 from npubuild.surgery import SurgeryError
 
 GLOB_CHARS = "*?["
@@ -430,5 +430,4 @@ def _unique(hint: str, taken: set[str]) -> str:
 
 
 def suggest(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=3)
-    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return did_you_mean(name, known, n=3)

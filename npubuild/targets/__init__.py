@@ -6,7 +6,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from npubuild.errors import Location, UserError
+from npubuild.errors import Location, UserError, did_you_mean
 from npubuild.targets.model import Chip
 
 PRESETS = resources.files(__package__)
@@ -37,7 +37,8 @@ def chip_file(name_or_path: str, base_dir: Path | None = None) -> Path:
         if path.is_file():
             return path
         raise UserError(f"chip file not found: {path}")
-    raise UserError(f"unknown target {name_or_path!r}; built-in chips: {', '.join(preset_names())}",
+    raise UserError(f"unknown target {name_or_path!r} (built-in chips: {', '.join(preset_names())})"
+                    + did_you_mean(name_or_path, preset_names()),
                     hint="run `npubuild targets` to list chips, or give a path to a chip YAML")
 
 

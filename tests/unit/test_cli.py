@@ -19,7 +19,7 @@ def test_help_lists_every_command(cli):
 def test_targets_lists_the_simulated_presets_and_the_real_chips_with_their_toolchain(cli):
     result = cli("targets", "--json")
     assert result.returncode == 0
-    chips = {c["name"]: c for c in json.loads(result.stdout)}
+    chips = {c["name"]: c for c in json.loads(result.stdout)["chips"]}
     assert {"npu-16m", "npu-strict", "npu-tiny", "rk3588", "bm1684x", "ethos-u55-256"} <= set(chips)
     assert chips["npu-16m"]["backend"] == "simulated" and chips["npu-16m"]["installed"]
     assert chips["rk3588"]["backend"] == "rknn"
@@ -74,7 +74,7 @@ def test_targets_check_prints_every_node_with_its_device(cli, tmp_path):
     recipe = write_recipe(tmp_path, TINY_RECIPE)
     result = cli("targets", "--check", str(recipe), "--json", *build_args(tmp_path))
     assert result.returncode == 0, result.stderr
-    nodes = {n["name"]: n for n in json.loads(result.stdout)}
+    nodes = {n["name"]: n for n in json.loads(result.stdout)["nodes"]}
     assert set(nodes) == {"conv", "relu", "pool", "add"}
     assert all(n["device"] == "npu" for n in nodes.values())
 
@@ -119,4 +119,4 @@ def test_infer_takes_an_image_preprocessed_as_the_recipe_says(cli, tmp_path):
     result = cli("infer", str(recipe), "--float", "--input", str(tmp_path / "red.png"), "--json",
                  *build_args(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["y"]["shape"] == [1, 4, 4, 4]
+    assert json.loads(result.stdout)["outputs"]["y"]["shape"] == [1, 4, 4, 4]

@@ -35,7 +35,7 @@ def opts(tmp):
 
 def test_a_run_logs_stages_on_stderr_and_ends_with_its_headline_on_stdout(built):
     tmp, _, first = built
-    assert "  import    started    (never built)" in first.stderr
+    assert "  import    started    (not in this build directory yet)" in first.stderr
     assert "  verify    built " in first.stderr
     lines = first.stdout.splitlines()
     assert lines[0] == "verify passed"
@@ -114,3 +114,37 @@ def test_a_closed_pipe_ends_the_command_quietly():
     proc.stdout.close()  # the reader is gone before the command writes (like `| head -0`)
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and stderr == ""
+
+
+def test_verbose_logs_what_each_stage_decided_and_its_time(built, tmp_path):
+    tmp, recipe, _ = built
+    result = run_cli("run", str(recipe), "-v", "--build-dir", str(tmp_path / "b"), "--cache",
+                     str(tmp / "cache"))
+    assert result.returncode == 0, result.stderr
+    logged = [line for line in result.stderr.splitlines() if line.startswith("INFO npubuild: ")]
+    split = next(line for line in logged if line.startswith("INFO npubuild: split: restored in "))
+    assert split.endswith(": 1 NPU + 0 CPU segments, 4 of 4 nodes on the NPU")
+    assert any(line.startswith("INFO npubuild: quantize: restored in ") and
+               "symmetric per_tensor, minmax on 2 samples" in line for line in logged)
+    quiet = run_cli("run", str(recipe), "--build-dir", str(tmp_path / "b"), "--cache", str(tmp / "cache"))
+    assert "INFO" not in quiet.stderr
+
+
+def test_a_restored_stage_says_it_came_from_the_cache(built, tmp_path):
+    tmp, recipe, _ = built
+    plan = run_cli("plan", str(recipe), "--build-dir", str(tmp_path / "b"), "--cache", str(tmp / "cache"))
+    assert plan.stdout.splitlines()[0] == ("  import    will restore — from the cache; not in this "
+                                           "build directory yet")
+    run = run_cli("run", str(recipe), "--build-dir", str(tmp_path / "b"), "--cache", str(tmp / "cache"))
+    assert "(from the cache; not in this build directory yet)" in run.stderr
+    assert "never built" not in run.stderr
+
+
+@pytest.mark.parametrize("args, suggestion", [
+    (["rnu", "r.yaml"], "did you mean 'run'?"),
+    (["run", "r.yaml", "quantise"], "did you mean 'quantize'?"),
+    (["schema", "chipp"], "did you mean 'chip'?"),
+])
+def test_a_misspelt_command_line_word_gets_did_you_mean(tmp_path, args, suggestion):
+    result = run_cli(*args, cwd=tmp_path)
+    assert result.returncode == 2 and suggestion in result.stderr.splitlines()[0]

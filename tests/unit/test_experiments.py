@@ -64,7 +64,7 @@ def test_exp_show_tabulates_every_variant_built(experiments):
     if UPDATE:
         golden.write_text(shown.stdout)
     assert shown.stdout == golden.read_text()
-    rows = json.loads(run_cli("exp", "show", str(recipe), "--json", *opts(root)).stdout)
+    rows = json.loads(run_cli("exp", "show", str(recipe), "--json", *opts(root)).stdout)["variants"]
     assert [r["state"] for r in rows] == ["current"] * 4
     assert rows[0] == {**rows[0], "variant": "tiny", "quantization.scheme": "symmetric",
                        "quantization.calibration.method": "minmax", "verdict": "pass"}
@@ -73,7 +73,7 @@ def test_exp_show_tabulates_every_variant_built(experiments):
 def test_exp_show_says_when_the_recipe_moved_on(experiments, tmp_path):
     root, recipe, _ = experiments
     edited = write_recipe(root, TINY_RECIPE.replace("samples: 2", "samples: 1"), "edited.yaml")
-    rows = json.loads(run_cli("exp", "show", str(edited), "--json", *opts(root)).stdout)
+    rows = json.loads(run_cli("exp", "show", str(edited), "--json", *opts(root)).stdout)["variants"]
     assert all(r["state"].startswith("stale: quantize, compile, verify (recipe section "
                                      "`quantization` changed)") for r in rows)
 

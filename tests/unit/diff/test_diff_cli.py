@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_RECIPE, run_cli, write_recipe
+from tests.conftest import TINY_RECIPE, json_shape, run_cli, write_recipe
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("NPUBUILD_UPDATE_GOLDEN") == "1"
@@ -38,16 +38,6 @@ def diff(root, *args, code=0):
     return result.stdout
 
 
-def shape(value):
-    """A JSON document's shape: keys kept, leaves as their type, a list as its items' shapes
-    (each distinct shape once); a recipe change's old and new values are any JSON."""
-    if isinstance(value, dict):
-        return {k: "json" if k in ("old", "new") else shape(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return list({json.dumps(shape(v), sort_keys=True): shape(v) for v in value}.values())
-    return type(value).__name__
-
-
 @pytest.mark.parametrize("fmt, flag", [("txt", None), ("md", "--markdown")])
 def test_diff_output_matches_its_golden_file(built_pair, fmt, flag):
     out = diff(built_pair, "a.yaml", "b.yaml", *([flag] if flag else []))
@@ -58,7 +48,7 @@ def test_diff_output_matches_its_golden_file(built_pair, fmt, flag):
 
 
 def test_diff_json_shape_matches_its_golden_file(built_pair):
-    found = shape(json.loads(diff(built_pair, "a.yaml", "b.yaml", "--json")))
+    found = json_shape(json.loads(diff(built_pair, "a.yaml", "b.yaml", "--json")))
     golden = GOLDEN / "tiny_a_b.shape.json"
     if UPDATE:
         golden.write_text(json.dumps(found, indent=2) + "\n")

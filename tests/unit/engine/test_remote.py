@@ -178,7 +178,7 @@ def test_cache_push_then_pull_on_another_machine_then_run_restores(s3_server, bu
     assert json.loads(pushed.stdout)["pushed"] == ["import", "surgery", "fusion", "split"]
 
     status = cli("cache", "status", str(tiny_recipe), *b, "--remote", url, "--json", env=env)
-    rows = {r["stage"]: r for r in json.loads(status.stdout)}
+    rows = {r["stage"]: r for r in json.loads(status.stdout)["stages"]}
     assert rows["split"]["remote"] and not rows["split"]["local"] and not rows["split"]["build"]
 
     pulled = cli("cache", "pull", str(tiny_recipe), *b, "--remote", url, "--json", env=env)

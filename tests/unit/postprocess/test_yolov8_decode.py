@@ -55,7 +55,7 @@ def test_without_the_surgery_the_strict_chip_needs_several_segments_with_reasons
     result = run_cli("targets", "--check", str(recipe), "--json", "--build-dir", str(tmp_path),
                      "--cache", str(shared_cache))
     assert result.returncode == 0, result.stderr
-    cpu = [n for n in json.loads(result.stdout) if n["device"] == "cpu"]
+    cpu = [n for n in json.loads(result.stdout)["nodes"] if n["device"] == "cpu"]
     assert cpu and all(n["reasons"] for n in cpu)
     assert any("not supported by chip npu-strict" in r for n in cpu for r in n["reasons"])
     split = run_cli("run", str(recipe), "split", "--json", "--build-dir", str(tmp_path),
