@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from npubuild.engine.session import BuildSession, StageResult, stage_list
 from npubuild.engine.keys import read_manifest
@@ -22,15 +22,17 @@ from npubuild.stages import PIPELINE, no_progress
 def session_for(recipe: str | Path | LoadedRecipe, *, build_root: Path | None = None,
                 cache: str | Path | None = None, progress: Callable[..., Any] = no_progress,
                 on_event: Callable[[StageResult], None] = lambda r: None,
-                remote: str | None = None, scheduler: str | None = None) -> BuildSession:
+                remote: str | None = None, scheduler: str | None = None,
+                force: Iterable[str] = ()) -> BuildSession:
     """A build session; ``cache`` is a local folder or, as a URL (``s3://…``), the remote
     level behind the default local cache (``remote`` names the remote explicitly);
-    ``scheduler`` fans calibration and verify batches out on Dask."""
+    ``scheduler`` fans calibration and verify batches out on Dask; ``force`` names stages to
+    run again even when current or cached (`forced_stages`)."""
     loaded = recipe if isinstance(recipe, LoadedRecipe) else load_recipe(recipe)
     if is_url(cache):
         cache, remote = None, remote or str(cache)
     session = BuildSession(loaded, build_root, cache, progress, on_event, remote_url=remote,
-                           scheduler=scheduler)
+                           scheduler=scheduler, force=frozenset(force))
     _ = session.settings, session.trust  # bad settings or keys: a user error before doit runs
     return session
 
@@ -74,6 +76,27 @@ def _bisection_hint(bisection: dict | None) -> str:
     return (f"the drop starts in stage `{finding['stage']}` at tensor {finding['tensor']!r} "
             f"(cosine {finding['cosine']:.4f}), introduced by {finding['introduced_by']}; "
             f"{finding['suggestion']}")
+
+
+ALL_STAGES = "all"
+
+
+def forced_stages(names: Iterable[str], last: str | None = None) -> frozenset[str]:
+    """``--force`` as stage names: ``all`` is every stage up to ``last`` (as `dvc repro -f`);
+    an unknown name is a user error with "did you mean"."""
+    from npubuild.errors import did_you_mean
+    from npubuild.stages import STAGES
+
+    out: set[str] = set()
+    for name in names:
+        if name == ALL_STAGES:
+            out |= {s.name for s in stage_list(last)}
+        elif name in STAGES:
+            out.add(name)
+        else:
+            raise UserError(f"--force {name}: no such stage{did_you_mean(name, STAGES)}",
+                            hint=f"stages: {', '.join(STAGES)}; --force alone forces them all")
+    return frozenset(out)
 
 
 def plan(session: BuildSession, stage: str | None = None) -> list[StageResult]:

@@ -36,8 +36,9 @@ class BuildOptions:
     """Where a build writes and what it reports to: ``build_dir`` (default ``./build``),
     ``cache`` (a folder, or a URL for the remote level), ``remote``, ``scheduler`` (Dask:
     ``tcp://host:port`` or ``local:N``), ``progress`` (called as ``progress(items, total=,
-    description=)`` around every long loop: it must yield the items) and ``on_event`` (called
-    with each stage's `StageResult` as it starts and ends)."""
+    description=)`` around every long loop: it must yield the items), ``on_event`` (called
+    with each stage's `StageResult` as it starts and ends) and ``force`` (stages to run again,
+    re-measuring, as ``npubuild run --force STAGE``)."""
 
     build_dir: str | Path | None = None
     cache: str | Path | None = None
@@ -45,6 +46,7 @@ class BuildOptions:
     scheduler: str | None = None
     progress: Callable[..., Any] | None = None
     on_event: Callable[[Any], None] | None = None
+    force: tuple[str, ...] = ()  # stage names, or "all": run again even when current or cached
 
 
 class Recipe:
@@ -85,23 +87,25 @@ class Recipe:
         overrides = {key.replace("__", "."): value for key, value in fields.items()}
         return Recipe(self.loaded.variant(overrides))
 
-    def session(self, options: BuildOptions | None = None):
+    def session(self, options: BuildOptions | None = None, stage: str | None = None):
         """A `BuildSession` on this recipe (`npubuild.api.session_for`)."""
         from npubuild import api
         from npubuild.stages import no_progress
 
         o = options or BuildOptions()
+        force = (o.force,) if isinstance(o.force, str) else o.force
         return api.session_for(self.loaded, build_root=_path(o.build_dir), cache=o.cache,
                                remote=o.remote, scheduler=o.scheduler,
                                progress=o.progress or no_progress,
-                               on_event=o.on_event or (lambda result: None))
+                               on_event=o.on_event or (lambda result: None),
+                               force=api.forced_stages(force, stage))
 
     def plan(self, stage: str | None = None, **options: Any) -> list:
         """What `build` would do per stage, and why (`StageResult` with ``status``: current,
         will restore, will run; ``reason``), building nothing."""
         from npubuild import api
 
-        return api.plan(self.session(BuildOptions(**options)), stage)
+        return api.plan(self.session(BuildOptions(**options), stage), stage)
 
     def build(self, stage: str | None = None, *, wait_seconds: float = 600.0,
               on_wait: Callable[[str], None] | None = None, **options: Any) -> "Result":
@@ -112,7 +116,7 @@ class Recipe:
         from npubuild import api
         from npubuild.matrix import record_experiment
 
-        session = self.session(BuildOptions(**options))
+        session = self.session(BuildOptions(**options), stage)
         record_experiment(session)
         try:
             report = api.build(session, stage, wait_seconds=wait_seconds, on_wait=on_wait)

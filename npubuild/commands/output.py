@@ -112,16 +112,10 @@ def progress(out, state: dict | None = None):
 
 
 def why(status: str, reason: str) -> str:
-    """A stage's reason in the words every command uses: a restored stage says where it came
-    from ("from the cache; not in this build directory yet"), a stage to run why."""
-    if status in ("restored", "will restore"):
-        where = reason.partition(" (from the remote cache)")
-        source = "the remote cache" if where[1] else "the cache"
-        rest = "not in this build directory yet" if where[0] == "never built" else where[0]
-        return f"from {source}; {rest}" if rest else f"from {source}"
-    if status == "running" and reason == "never built":  # it may yet come from the cache
-        return "not in this build directory yet"
-    return reason
+    """`npubuild.report.summary.stage_reason`: one wording for every command and the report."""
+    from npubuild.report.summary import stage_reason
+
+    return stage_reason(status, reason)
 
 
 def stage_printer(out, state: dict | None = None):

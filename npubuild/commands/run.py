@@ -17,6 +17,10 @@ def add_arguments(p) -> None:
     from npubuild.stages import STAGES
 
     p.add_argument("stage", nargs="?", choices=list(STAGES), help="last stage to build")
+    p.add_argument("--force", action="append", nargs="?", const="all", default=[],
+                   metavar="STAGE", help="run STAGE again even when it is current or in the cache, "
+                   "measuring again (the CPU parts' time in compile); --force alone: every stage "
+                   "(as `dvc repro -f`); repeatable")
     p.add_argument("--wait", type=float, default=600.0, metavar="SECONDS",
                    help="how long to wait for another run holding the build directory (default 600)")
     p.add_argument("-S", "--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -54,7 +58,7 @@ def run(args) -> int:
     result = recipe.build(args.stage, wait_seconds=args.wait,
                           on_wait=lambda msg: out.print(msg, style="yellow", markup=False),
                           build_dir=args.build_dir, cache=args.cache, remote=args.remote,
-                          scheduler=resolve_scheduler(args.scheduler),
+                          scheduler=resolve_scheduler(args.scheduler), force=tuple(args.force),
                           progress=output.progress(out, running),
                           on_event=output.stage_printer(out, running))
     if result.error is not None:

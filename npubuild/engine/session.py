@@ -37,6 +37,7 @@ from npubuild.timings import MEASURED_ESTIMATE_KEYS, without_measurements
 log = logging.getLogger("npubuild")
 
 NOT_IMPLEMENTED = "not built: not implemented yet"
+FORCED = "forced (--force): run again, measurements taken again"
 # What `plan` says for each outcome of `run` (a test compares the two). One vocabulary in
 # every command and report: built, restored (from a cache), current (nothing to do), will run.
 PLANNED = {"current": "current", "restored": "will restore", "built": "will run"}
@@ -78,6 +79,7 @@ class BuildSession:
     cache_off: str | None = None  # why the cache is not written this run (warned once)
     remote_url: str | None = field(default=None, repr=False)  # may hold credentials
     scheduler: str | None = None
+    force: frozenset[str] = frozenset()  # stages to run even when current or cached (--force)
 
     @cached_property
     def remote(self) -> RemoteCache | None:
@@ -161,7 +163,10 @@ class BuildSession:
         return manifest
 
     def is_current(self, stage: Stage) -> bool:
-        """doit's up-to-date check: a current stage is reported as current and not run."""
+        """doit's up-to-date check: a current stage is reported as current and not run (a
+        forced one never is)."""
+        if stage.name in self.force:
+            return False
         parts = self.parts(stage)
         manifest = self.current_manifest(stage, parts.key)
         if manifest is None:
@@ -204,6 +209,8 @@ class BuildSession:
         except NpubuildError as exc:  # e.g. its data files are missing: say so, go on
             return StageResult(stage.name, "cannot run", reason=exc.message), None
         current = self.current_manifest(stage, parts.key)
+        if stage.name in self.force:
+            return StageResult(stage.name, "will run", key=parts.key, reason=FORCED), current
         if current is not None:
             return StageResult(stage.name, "current", key=parts.key), current
         reason = explain_change(read_manifest(self.paths.manifest(stage.name)), parts)
@@ -219,15 +226,17 @@ class BuildSession:
         started = time.perf_counter()
         parts = self.parts(stage)
         key = parts.key
-        current = self.current_manifest(stage, key)
+        forced = stage.name in self.force
+        current = None if forced else self.current_manifest(stage, key)
         if current is not None:  # doit reruns a task whose upstream manifest was rewritten
             self._record_cached(stage, key, current)  # even when its own key did not change
             return
-        reason = explain_change(read_manifest(self.paths.manifest(stage.name)), parts)
+        reason = FORCED if forced else explain_change(read_manifest(self.paths.manifest(stage.name)),
+                                                      parts)
         self.on_event(StageResult(stage.name, "running", key=key, reason=reason))
         scratch = self.paths.scratch / f"{stage.name}-{uuid.uuid4().hex[:8]}"
         try:
-            manifest, status = self._restore(stage, key, scratch), "restored"
+            manifest, status = None if forced else self._restore(stage, key, scratch), "restored"
             if manifest is None:
                 manifest, status = self._build(stage, parts, scratch), "built"
                 self._store(scratch, key)

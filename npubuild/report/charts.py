@@ -13,20 +13,27 @@ from typing import Any
 WIDTH = 1160
 
 
-def svg(width: float, height: float, body: list[str], label: str) -> str:
-    return (f'<svg class="chart" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
-            f'role="img" aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
-            + "".join(body) + "</svg>")
+def svg(width: float, height: float, body: list[str], label: str, natural: bool = False) -> str:
+    """An SVG scaled to the page's width (``natural``: drawn at its own size, never smaller,
+    for a picture whose text must stay readable; its container scrolls)."""
+    cls = "chart natural" if natural else "chart"
+    return (f'<svg class="{cls}" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
+            f'height="{height:.0f}" role="img" aria-label="{escape(label)}" '
+            'xmlns="http://www.w3.org/2000/svg">' + "".join(body) + "</svg>")
 
 
 def text(x: float, y: float, text: str, anchor: str = "start", extra: str = "") -> str:
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{extra}>{escape(text)}</text>'
 
 
+LOW, LOWER = "#e0a100", "#9a5b00"  # reported-only low values: amber, never a verdict's red
+
+
 # -- per-layer error -----------------------------------------------------------------------------
 def layer_error_chart(rows: list[dict], threshold: float | None = None) -> str:
     """One bar per tensor in network order, height = 1 − cosine on a log axis (so 0.999 and
-    0.9999 are apart), coloured as the table (red < 0.9, amber < 0.99)."""
+    0.9999 are apart), coloured as the table (reported only: dark amber < 0.9, amber < 0.99,
+    never a judged failure's red)."""
     values = [r for r in rows if isinstance(r.get("cosine"), (int, float))]
     if not values:
         return ""
@@ -49,13 +56,14 @@ def layer_error_chart(rows: list[dict], threshold: float | None = None) -> str:
         body.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{ty:.1f}" y2="{ty:.1f}" '
                     'stroke="#c62828" stroke-width="1"/>')
         body.append(text(left + plot_w, top + plot_h + 32,
-                          f"red line: verify's min_cosine {threshold!r} (it applies to outputs)",
+                          f"red line: verify's min_cosine {threshold!r}, which judges the model outputs, "
+                          "not these layers",
                           "end", ' fill="#c62828"'))
     base = y(10 ** lo_exp)
     for i, r in enumerate(values):
         err = 1 - float(r["cosine"])
         top_y = y(err)
-        color = "#c62828" if r["cosine"] < 0.9 else "#e0a100" if r["cosine"] < 0.99 else "#4e79a7"
+        color = LOWER if r["cosine"] < 0.9 else LOW if r["cosine"] < 0.99 else "#4e79a7"
         tip = (f"#{i + 1} {r.get('tensor')} ({r.get('kind', '?')}, {r.get('graph', '')}): "
                f"cosine {r['cosine']:.6f}, SQNR {_num(r.get('sqnr_db'))} dB")
         body.append(f'<rect x="{left + i * step:.2f}" y="{top_y:.1f}" width="{max(step - 0.6, 0.6):.2f}" '
@@ -65,7 +73,7 @@ def layer_error_chart(rows: list[dict], threshold: float | None = None) -> str:
     body.append(text(left + plot_w, top + plot_h + 16, "output", "end"))
     body.append(text(left + plot_w / 2, top + plot_h + 16,
                       f"{len(values)} NPU tensors in network order (hover a bar for its name)", "middle"))
-    body.append(text(14, top + plot_h / 2, "1 − cosine vs float (log)", "middle",
+    body.append(text(14, top + plot_h / 2, "1 − mean cosine per sample (log)", "middle",
                       f' transform="rotate(-90 14 {top + plot_h / 2})"'))
     return svg(WIDTH, top + plot_h + bottom, body, "per-layer error chart")
 

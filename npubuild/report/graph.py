@@ -90,7 +90,11 @@ def coverage_section(a: BuildArtifacts) -> str:
                        "; ".join(map(str, n.get("reasons") or [])) or "—"] for n in cpu),
                      limit=len(cpu))
     else:
-        out += para("every node runs on the NPU", "ok")
+        out += para("split placed every node in an NPU submodel", "ok")
+    inside = _between_groups(a)
+    if inside:
+        out += para(f"Inside the NPU submodels, compile runs {inside}: see Layer groups and "
+                    "LMEM, and Where the time goes.", "note")
     out += "<h3>By op type</h3>" + _by_op(nodes)
     return out + details(f"all {len(nodes)} nodes", table(
         ["node", "op", "device", "submodel"],
@@ -107,6 +111,16 @@ def _by_op(nodes: list[dict]) -> str:
     return table(["op", "on NPU", "on CPU"], rows, classes=classes)
 
 
+def _between_groups(a: BuildArtifacts) -> str:
+    """What compile runs between layer groups, over every NPU submodel, in words that match
+    where it runs (`npubuild.report.numbers.between_groups_text`)."""
+    from npubuild.report.numbers import between_groups_text
+
+    steps = [g for path in a.glob("compile/**/plan*.json")
+             for g in (a.json(a.rel(path)) or {}).get("groups") or [] if g.get("device") == "cpu"]
+    return between_groups_text(steps) if steps else ""
+
+
 def _graph(index) -> str:
     return "—" if index is None else f"graph_{index}"
 
@@ -117,7 +131,8 @@ def segments_section(a: BuildArtifacts) -> str:
     if infos is None:
         return a.not_built("split", "split/graph_infos.json")
     picture = split_graph_svg(infos, a.json("split/support.json"))
-    out = (f"<figure>{picture}<figcaption>split/graph_infos.json, laid out by grandalf: "
+    out = (f'<figure><div class="graphbox">{picture}</div><figcaption>split/graph_infos.json, '
+           "laid out by grandalf: "
            "submodels in green (NPU) and grey (CPU), the tensors between them; hover for names. "
            "<code>npubuild view RECIPE split</code> opens a submodel in Netron.</figcaption></figure>"
            if picture else "")

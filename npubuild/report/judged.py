@@ -55,6 +55,13 @@ class Figure:
         return self.value >= self.limit if self.higher_is_better else self.value <= self.limit
 
     @property
+    def margin(self) -> float | None:
+        """How far the value is on the good side of its limit (negative: missed)."""
+        if self.limit is None or not is_number(self.value):
+            return None
+        return self.value - self.limit if self.higher_is_better else self.limit - self.value
+
+    @property
     def rule(self) -> str:
         """``≥ 0.99 (verify.min_cosine)``, or "" when not judged."""
         if self.limit is None:
@@ -204,3 +211,11 @@ def worst_cosine(figures: list[Figure]) -> Figure | None:
                if f.key.endswith(("cosine", "min_sample_cosine")) and is_number(f.value)]
     judged = [f for f in cosines if f.judged] or [f for f in cosines if ".outputs" in f.key]
     return min(judged, key=lambda f: f.value, default=None)
+
+
+def tightest(figures: list[Figure]) -> Figure | None:
+    """The judged cosine closest to (or furthest below) its threshold: the one a reviewer
+    reads first."""
+    judged = [f for f in figures if f.judged and f.margin is not None
+              and f.key.endswith(("cosine", "min_sample_cosine"))]
+    return min(judged, key=lambda f: f.margin, default=None)

@@ -38,12 +38,49 @@ def quantization_section(a: BuildArtifacts) -> str:
         out += details("integer reference vs the QDQ model in ONNX Runtime (cross-check)",
                        generic(crosscheck))
     tensors = per_layer.get("tensors") or []
+    out += _reported_note(a, tensors)
     chart = charts.layer_error_chart(network_order(a, tensors),
                                      (a.recipe.get("verify") or {}).get("min_cosine"))
     if chart:
         out += f"<h3>Error per layer, input to output</h3><figure>{chart}</figure>"
     out += _histograms(tensors)
-    return out + _layers(tensors) + _ranges(calibration)
+    return out + _layers(tensors, _verify_cosines(a)) + _ranges(calibration)
+
+
+def _reported_note(a: BuildArtifacts, tensors: list[dict]) -> str:
+    """The count summary, and what these figures are: reported, not judged, and computed
+    otherwise than verify's (so 0.4999 here and 0.9907 in verify are both true)."""
+    cosines = [t["cosine"] for t in tensors if isinstance(t.get("cosine"), (int, float))]
+    low = sum(c < LOW_COSINE for c in cosines)
+    samples = max((t.get("samples") or 0 for t in tensors), default=0)
+    return (para(f"{len(cosines):,} tensors compared, {low:,} below {LOW_COSINE}.", "summary")
+            + para(f"Reported, not judged: quantize's integer reference against float on "
+                   f"{samples} compare sample{'s' * (samples != 1)}, per tensor the mean of the "
+                   "per-sample cosines (a sample whose reference is near zero, e.g. a text map "
+                   "of a photo without text, counts with its own near-random cosine). Verify "
+                   "judges the deployed pipeline's outputs with one cosine over all samples "
+                   "together and the worst non-quiet sample: where a tensor is also judged "
+                   "there, the verify column gives that figure.", "note"))
+
+
+def _verify_cosines(a: BuildArtifacts) -> dict[str, str]:
+    """Tensor name -> verify's figure for it (outputs, hand-overs), as text with its name."""
+    from npubuild.report.headline import verify_view
+    from npubuild.report.judged import tensor_figures
+
+    report, spec = verify_view(a)
+    if a.json("verify/verify.json") is None:
+        return {}
+    out = {}
+    for group, name, found in tensor_figures(report, spec):
+        cos = {f.key.rsplit(".", 1)[-1]: f for f in found}
+        if group != "slices" and "cosine" in cos:
+            judged = "judged" if cos["cosine"].judged else "reported"
+            out[name] = (f"{cos['cosine'].value:.6f} all samples"
+                         + (f", {cos['min_sample_cosine'].value:.6f} worst sample"
+                            if "min_sample_cosine" in cos and cos["min_sample_cosine"].value is not None
+                            else "") + f" ({judged})")
+    return out
 
 
 HISTOGRAMS_SHOWN = 6
@@ -85,14 +122,15 @@ def _cpu_layers(graphs: dict) -> str:
             + table(["submodel", "layer", "why"], rows, limit=len(rows)))
 
 
-def _layers(tensors: list[dict]) -> str:
+def _layers(tensors: list[dict], verify: dict[str, str]) -> str:
     ranked = sorted(tensors, key=_worst_first)
     head = f"<h3>Per-layer error vs float, worst first ({len(ranked)} tensors)</h3>"
-    out = head + _layer_table(ranked[:SHOWN_LAYERS], 0)
-    out += para("cosine cells: red below 0.9, amber below 0.99", "note")
+    out = head + _layer_table(ranked[:SHOWN_LAYERS], 0, verify)
+    out += para("mean cosine per sample, reported only: darker text below 0.99, bold below 0.9 "
+                "(never red: no threshold judges a layer)", "note")
     rest = ranked[SHOWN_LAYERS:]
     if rest:
-        out += details(f"the other {len(rest)} tensors", _layer_table(rest, SHOWN_LAYERS))
+        out += details(f"the other {len(rest)} tensors", _layer_table(rest, SHOWN_LAYERS, verify))
     return out
 
 
@@ -101,13 +139,20 @@ def _worst_first(item: dict) -> tuple:
     return (cosine is None, cosine if isinstance(cosine, (int, float)) else 0.0)
 
 
-def _layer_table(rows: list[dict], start: int) -> str:
-    body = [[start + i + 1, *(_layer_cell(r, c) for c in LAYER_COLUMNS)]
-            for i, r in enumerate(rows)]
+def _layer_table(rows: list[dict], start: int, verify: dict[str, str] | None = None) -> str:
+    verify = verify or {}
+    body = [[start + i + 1, *(_layer_cell(r, c) for c in LAYER_COLUMNS),
+             verify.get(str(r.get("tensor")), "")] for i, r in enumerate(rows)]
     classes = [["", *(_cosine_class(r.get(c)) if c == "cosine" else "" for c in LAYER_COLUMNS)]
                for r in rows]
-    return table(["#", *LAYER_COLUMNS], body, classes=classes, limit=LAYER_LIMIT,
+    headers = ["#", *(LAYER_HEADERS.get(c, c) for c in LAYER_COLUMNS), "verify (its cosine)"]
+    return table(headers, body, classes=classes, limit=LAYER_LIMIT,
                  hidden_note="see quantize/per_layer.json")
+
+
+LAYER_HEADERS = {"cosine": "cosine (mean per sample)", "sqnr_db": "SQNR dB",
+                 "max_abs": "max abs error"}
+LOW_COSINE = 0.99
 
 
 def _layer_cell(row: dict, column: str) -> Any:
@@ -116,9 +161,10 @@ def _layer_cell(row: dict, column: str) -> Any:
 
 
 def _cosine_class(value: Any) -> str:
+    """Reported-only styles (`low`, `lower`): distinct from a judged failure's red."""
     if not isinstance(value, (int, float)):
         return ""
-    return "bad" if value < 0.9 else "warn" if value < 0.99 else ""
+    return "lower" if value < 0.9 else "low" if value < LOW_COSINE else ""
 
 
 def _ranges(calibration: dict) -> str:
@@ -172,10 +218,29 @@ def _plan(a: BuildArtifacts, path) -> str:
     out += table(["group", "layers", "slicing n×h×c", "timesteps", "slices", "buffers",
                   "LMEM peak B/lane", "bank crossings"], rows)
     if cpu:
-        out += details(f"{len(cpu)} layers left to the CPU by compile",
-                       table(["step", "layer", "why"],
-                             [[g.get("index"), g.get("layer"), g.get("reason")] for g in cpu]))
+        out += details(between_groups_text(cpu), table(
+            ["step", "layer", "runs on", "why"],
+            [[g.get("index"), g.get("layer"), RUNS_ON.get(g.get("executes"), "CPU"), g.get("reason")]
+             for g in cpu]))
     return out
+
+
+RUNS_ON = {"dma": "NPU (DMA)", "npu": "NPU", "cpu": "CPU"}
+
+
+def between_groups_text(steps: list[dict]) -> str:
+    """What runs between layer groups, in words that match where it runs: "6 whole-tensor DMA
+    steps and 2 whole-tensor NPU steps between layer groups (on the NPU), 1 layer on the CPU"."""
+    dma = sum(g.get("executes") == "dma" for g in steps)
+    npu = sum(g.get("executes") == "npu" for g in steps)
+    cpu = len(steps) - dma - npu
+    on_npu = [f"{dma} whole-tensor DMA step{'s' * (dma != 1)}" if dma else "",
+              f"{npu} whole-tensor NPU step{'s' * (npu != 1)}" if npu else ""]
+    parts = [" and ".join(p for p in on_npu if p) + " between layer groups (on the NPU)"
+             if dma or npu else "",
+             f"{cpu} layer{'s' * (cpu != 1)} on the CPU between groups (no integer kernel)"
+             if cpu else ""]
+    return "; ".join(p for p in parts if p)
 
 
 def _slicing(slicing: Any) -> str:

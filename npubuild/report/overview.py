@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from npubuild.report.artifacts import BuildArtifacts
-from npubuild.report.headline import exact
+from npubuild.report.headline import _slug, cosine_text, exact, verify_view
+from npubuild.report.judged import Figure, counts, task_figure, tensor_figures
 from npubuild.report.html import (Raw, badge, details, esc, fmt, generic, kv_table, para,
                                   pre_json, table)
 
@@ -23,7 +24,9 @@ BOOKKEEPING = {"identical", "max_rel", "rms_range_error", "worst_sample", "sampl
                "channel_axis", "channels_judged", "axis", "start", "end"}
 PASS_WORDS = ("pass", "passed", "ok", "accept", "accepted", "true")
 KNOWN_VERIFY = {"outputs", "accuracy", "verdict", "passed", "reasons", "failures", "thresholds",
-                "bisection", "simulator", "npu_outputs", "detections", "data"}
+                "bisection", "simulator", "npu_outputs", "detections", "data", "task", "slices",
+                "samples"}
+SHOWN_HANDOVERS = 8  # more hand-over tensors: the lowest shown, the rest folded
 OK_STATUS = {"built": "ok", "current": "ok", "cached": "ok", "restored": "ok", "failed": "bad"}
 
 
@@ -46,6 +49,10 @@ def verdict(a: BuildArtifacts) -> tuple[str, str]:
 
 def verify_section(a: BuildArtifacts) -> str:
     data = a.json("verify/verify.json")
+    report, spec = verify_view(a)
+    figures = {(group, name): {f.key.rsplit(".", 1)[-1] if "worst_channel" not in f.key
+                               else "worst_channel": f for f in found}
+               for group, name, found in tensor_figures(report, spec)}
     if data is None:
         out = a.not_built("verify", "verify/verify.json")
         accuracy = a.report.get("accuracy") or {}
@@ -53,15 +60,30 @@ def verify_section(a: BuildArtifacts) -> str:
             out += para("Until verify runs, this is the accuracy an earlier stage recorded in "
                         "report.json (quantize: its integer reference on the "
                         f"{accuracy.get('data', 'calibration')} data), not the deployed "
-                        "pipeline's:", "note")
-            out += metrics_table(accuracy["outputs"], thresholds(a, {}))
+                        "pipeline's; the thresholds are verify's, not yet applied:", "note")
+            out += metrics_table(accuracy["outputs"], _by_name(figures, "outputs"))
     else:
         kind, text = verdict(a)
         out = f'<p class="verdict">{badge(text, kind)}</p>' + _reasons(data)
-        out += metrics_table(_outputs(data), thresholds(a, data))
+        out += _judged_summary(list(figures.values()), report, spec)
+        out += LEGEND
+        out += "<h3>Model outputs (vs the float model)</h3>"
+        out += metrics_table(_outputs(data), _by_name(figures, "outputs"))
         if isinstance(data.get("npu_outputs"), dict) and data["npu_outputs"]:
-            out += ("<h3>Tensors the NPU hands over (vs the float pipeline)</h3>"
-                    + metrics_table(data["npu_outputs"], thresholds(a, data), label="tensor"))
+            handover = _by_name(figures, "handover")
+            judged = any(f.judged for fs in handover.values() for f in fs.values())
+            out += ("<h3>Tensors the NPU hands over (vs the float pipeline)"
+                    + ("" if judged else " — reported only") + "</h3>")
+            if not judged:
+                out += para("No threshold judges these (verify.handover sets none): they explain "
+                            "the outputs, which are judged. Low values are shown, never as "
+                            "failures.", "note")
+            out += _folded(data["npu_outputs"], handover, "tensor")
+        if isinstance(data.get("slices"), dict) and data["slices"]:
+            out += "<h3>Slices judged on their own</h3>"
+            out += metrics_table(data["slices"], _by_name(figures, "slices"), label="slice")
+        out += _task(report, spec)
+        out += look_section(a, [f for fs in figures.values() for f in fs.values()])
         if data.get("bisection"):
             out += "<h3>Stage bisection</h3>" + generic(data["bisection"])
         extra = {k: v for k, v in data.items() if k not in KNOWN_VERIFY}
@@ -77,44 +99,108 @@ def verify_section(a: BuildArtifacts) -> str:
     return out + _detections(a, data or {})
 
 
-def thresholds(a: BuildArtifacts, data: dict) -> dict:
-    if isinstance(data.get("thresholds"), dict):
-        return data["thresholds"]
-    spec = a.recipe.get("verify") or {}
-    return {k: spec[k] for k in ("min_cosine", "min_sqnr_db", "max_abs")
-            if spec.get(k) is not None}
+LEGEND = ('<p class="note legend"><span class="cell-good key">0.9990 ✓ ≥ 0.99</span> judged, met · '
+          '<span class="cell-bad key">0.9800 ✗ ≥ 0.99</span> judged, missed · '
+          '<span class="cell-reported key">0.9800</span> reported only (no threshold). '
+          "cosine (all samples): one cosine over every verify sample together; cosine (worst "
+          "sample): the lowest per-sample cosine, over samples whose reference is not near zero."
+          "</p>")
 
 
-def metrics_table(outputs: Any, limits: dict, label: str = "output") -> str:
+def _folded(metrics: dict, judged: dict, label: str) -> str:
+    """Many tensors: the lowest `SHOWN_HANDOVERS` (by worst-sample cosine), the rest folded."""
+    if len(metrics) <= SHOWN_HANDOVERS:
+        return metrics_table(metrics, judged, label=label)
+
+    def low(item) -> float:
+        m = item[1] if isinstance(item[1], dict) else {}
+        value = m.get("min_sample_cosine", m.get("cosine"))
+        return value if isinstance(value, (int, float)) else 2.0
+
+    ranked = sorted(metrics.items(), key=low)
+    head, rest = dict(ranked[:SHOWN_HANDOVERS]), dict(ranked[SHOWN_HANDOVERS:])
+    return (metrics_table(head, judged, label=label)
+            + details(f"the other {len(rest)} tensors", metrics_table(rest, judged, label=label)))
+
+
+def _by_name(figures: dict, group: str) -> dict[str, dict[str, Figure]]:
+    return {name: found for (g, name), found in figures.items() if g == group}
+
+
+def _judged_summary(figures: list[dict], report: dict, spec: dict) -> str:
+    flat = [f for found in figures for f in found.values()]
+    task = task_figure(report, spec)
+    total = counts(flat + ([task] if task else []))
+    tensors = len(figures)
+    text = (f"{tensors} tensor{'s' * (tensors != 1)} compared with the float model: "
+            f"{total['judged']} figures judged against a threshold, {total['failed']} missed; "
+            f"{total['reported']} reported only.")
+    return para(text, "summary")
+
+
+def _task(report: dict, spec: dict) -> str:
+    task = task_figure(report, spec)
+    if task is None:
+        return ""
+    cls = "cell-reported" if not task.judged else "cell-bad" if task.ok is False else "cell-good"
+    rule = task.rule if task.judged else "reported only (verify.min_task_agreement sets none)"
+    return ("<h3>Task</h3>" + f'<p><span class="{cls}">{esc(task.label)} '
+            f"{esc(fmt(task.value, 4))}</span> {esc(rule)}, {esc(task.evidence)}.</p>")
+
+
+def look_section(a: BuildArtifacts, figures: list[Figure]) -> str:
+    """For every tensor that misses a threshold: where to look at it (`npubuild view`)."""
+    failing = [f for f in figures if f.ok is False]
+    if not failing:
+        return ""
+    recipe = a.lock.get("recipe") or "RECIPE"
+    rows = []
+    for f in failing:
+        tensor = f.label.rsplit(" cosine", 1)[0].rsplit(" ", 2)[0] if " " in f.label else f.label
+        rows.append(f'<li id="look-{_slug(f.key)}"><code>{esc(tensor)}</code>: '
+                    f"{esc(f.label)} {esc(cosine_text(f.value))} misses {esc(f.rule)}. Open the "
+                    f"model in Netron and search the tensor: <code>npubuild view {esc(recipe)} "
+                    "fusion</code> (the float graph) or <code>npubuild view "
+                    f"{esc(recipe)} quantize --graph N</code> (the quantized submodel).</li>")
+    return "<h3>Where to look</h3><ul>" + "".join(rows) + "</ul>"
+
+
+def metrics_table(outputs: Any, judged: dict[str, dict[str, Figure]] | None = None,
+                  label: str = "output") -> str:
+    """One row per tensor; a judged figure shows ✓/✗ and its threshold in its cell, a
+    reported one is plain."""
     if not isinstance(outputs, dict) or not outputs:
         return para("no per-output metrics recorded", "not-built")
+    judged = judged or {}
     extra = [k for m in outputs.values() if isinstance(m, dict) for k in m
              if k not in METRICS and k not in BOOKKEEPING and not isinstance(m[k], (dict, list))]
     extra.sort(key=lambda k: k != "min_sample_cosine")  # the verdict's figure next to cosine
     columns = [*METRICS, *dict.fromkeys(extra)]
-    rows, classes = [], []
+    head = "".join(f"<th>{esc(COLUMN_NAMES.get(c, c))}</th>" for c in [label, *columns])
+    body = []
     for name, m in outputs.items():
         m = m if isinstance(m, dict) else {}
-        rows.append([name, *(_metric(m.get(c), c) for c in columns)])
-        classes.append(["", *(_judge(m.get(c), c, limits) for c in columns)])
-    out = table([label, *columns], rows, classes=classes)
-    if limits:
-        out += para("thresholds: " + ", ".join(f"{k} {exact(v)}" for k, v in limits.items()), "note")
-    return out
+        cells = [f"<td><code>{esc(name)}</code></td>"]
+        for c in columns:
+            cells.append(_cell(m.get(c), c, (judged.get(name) or {}).get(c)))
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _metric(value: Any, column: str) -> Any:
-    return Raw(esc(fmt(value, 6))) if "cosine" in column else value
+COLUMN_NAMES = {"cosine": "cosine (all samples)", "min_sample_cosine": "cosine (worst sample)",
+                "sqnr_db": "SQNR dB", "max_abs": "max abs error", "range_error": "error / range",
+                "dead_channel_count": "dead channels"}
 
 
-def _judge(value: Any, column: str, limits: dict) -> str:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return ""
-    low = limits.get("min_cosine" if column == "min_sample_cosine" else f"min_{column}")
-    high = limits.get(column) if column == "max_abs" else limits.get(f"max_{column}")
-    if (low is not None and value < low) or (high is not None and value > high):
-        return "bad"
-    return "ok" if low is not None or high is not None else ""
+def _cell(value: Any, column: str, figure: Figure | None) -> str:
+    shown = esc(fmt(value, 6) if "cosine" in column else fmt(value))
+    if figure is None or not figure.judged:
+        anchor = f' id="fig-{_slug(figure.key)}"' if figure is not None else ""
+        cls = ' class="cell-reported"' if figure is not None else ""
+        return f"<td{anchor}{cls}>{shown}</td>"
+    cls, mark = ("cell-bad", "✗") if figure.ok is False else ("cell-good", "✓")
+    return (f'<td id="fig-{_slug(figure.key)}" class="{cls}">{shown} {mark} '
+            f'<small>{esc(figure.rule.split(" (")[0])}</small></td>')
 
 
 def _outputs(data: dict) -> Any:
@@ -211,11 +297,18 @@ def stages_section(a: BuildArtifacts) -> str:
         built_in = build_seconds(a, name, info)
         total += built_in or 0.0
         rows.append([name, badge(status, OK_STATUS.get(status, "muted")), built_in,
-                     info.get("seconds"), _hash(info.get("key")), info.get("reason", "")])
+                     info.get("seconds"), _hash(info.get("key")), _why(status, info.get("reason", ""))])
     out = table(["stage", "this run", "build seconds", "seconds this run", "key", "why"], rows)
     return out + para(f"build seconds: how long the run that built each stage's artifacts took "
                       f"({fmt(total)} s in all). built = ran in this run, "
                       "restored = copied from the content cache, current = already up to date (nothing to do).", "note")
+
+
+def _why(status: str, reason: str) -> str:
+    """The stage's reason in the words the command line uses."""
+    from npubuild.report.summary import stage_reason
+
+    return stage_reason(status, reason)
 
 
 def build_seconds(a: BuildArtifacts, stage: str, info: dict) -> float | None:

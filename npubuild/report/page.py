@@ -14,7 +14,7 @@ from typing import Callable
 
 from npubuild.atomic import write_text
 from npubuild.backends.figures import vendor_section
-from npubuild.report import graph, numbers, overview
+from npubuild.report import graph, numbers, overview, timing
 from npubuild.report.artifacts import BuildArtifacts, UnreadableArtifact
 from npubuild.report.headline import headline
 from npubuild.report.html import esc, fmt
@@ -24,6 +24,7 @@ log = logging.getLogger("npubuild")
 SECTIONS: tuple[tuple[str, str, Callable[[BuildArtifacts], str]], ...] = (
     ("stages", "Stages", overview.stages_section),
     ("verify", "Verify: deployed pipeline vs float", overview.verify_section),
+    ("time", "Where the time goes", timing.time_section),
     ("segments", "Split: segments and the tensors between them", graph.segments_section),
     ("coverage", "Op coverage", graph.coverage_section),
     ("quantization", "Quantization per layer", numbers.quantization_section),
@@ -48,13 +49,29 @@ p.facts { margin: 0 0 10px; color: #57606a; font-size: 13px; }
 nav { font-size: 13px; margin-top: 8px; } nav a { margin-right: 12px; white-space: nowrap; }
 section { border-top: 1px solid #e4e4e4; padding: 14px 0; }
 .headline { display: grid; gap: 10px;
-            grid-template-columns: minmax(120px, .8fr) minmax(300px, 2.3fr) repeat(4, minmax(140px, 1fr)); }
+            grid-template-columns: minmax(170px, 1.15fr) minmax(330px, 2.5fr) minmax(170px, 1.2fr)
+              repeat(3, minmax(120px, .9fr)); }
 .tile { border: 1px solid #d0d7de; border-radius: 8px; padding: 8px 12px; background: #f6f8fa;
         min-width: 0; }
 table.mini { margin: 0; font-size: 12px; } table.mini td, table.mini th { border: 0;
   padding: 0 8px 0 0; font-weight: normal; background: none; position: static; }
 table.mini th { color: #6e7781; } table.mini code { font-size: 11.5px; }
 table.mini tr.bad td { color: #c62828; font-weight: 600; }
+table.mini tr.good td { color: #1b5e20; }
+table.mini tr.reported td { color: #6e7781; font-style: italic; }
+table.mini tr.reported-head th { color: #6e7781; font-size: 11px; padding-top: 4px;
+  text-transform: uppercase; letter-spacing: .03em; }
+table.mini a { color: inherit; text-decoration: none; }
+.tile-sub { display: block; font-size: 11.5px; font-weight: 400; color: #57606a;
+  overflow-wrap: anywhere; }
+td.cell-good, span.cell-good { background: #e3f4e1; } td.cell-bad, span.cell-bad { background: #fde2e1;
+  font-weight: 600; } td.cell-reported, span.cell-reported { color: #57606a; font-style: italic; }
+td small { color: #57606a; white-space: nowrap; }
+p.summary { font-weight: 600; }
+table.time td.num { text-align: right; white-space: nowrap; }
+table.time td.barcell { width: 220px; min-width: 120px; }
+.bar { height: 10px; border-radius: 2px; min-width: 1px; }
+.bar.npu { background: #2e7d32; } .bar.cpu { background: #8c959f; } .bar { background: #bbb; } .legend span { padding: 0 4px; }
 .tile-title { font-size: 12px; color: #57606a; text-transform: uppercase; letter-spacing: .03em; }
 .tile-value { font-size: 22px; font-weight: 650; margin: 2px 0; font-variant-numeric: tabular-nums; }
 .tile-detail { font-size: 12px; color: #424a53; font-variant-numeric: tabular-nums; }
@@ -67,6 +84,8 @@ th { white-space: nowrap; }
 thead th { background: #f3f3f3; position: sticky; top: 0; }
 table.kv th { background: #f8f8f8; font-weight: 600; white-space: nowrap; }
 td.bad { background: #fde2e1; } td.warn { background: #fff1cc; } td.ok { background: #e3f4e1; }
+td.low { color: #7a4b00; font-style: italic; } td.lower { color: #7a4b00; font-style: italic;
+  font-weight: 700; }
 .badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px;
          font-weight: 600; background: #eee; color: #444; }
 .badge.pass, .badge.ok { background: #2e7d32; color: white; }
@@ -80,6 +99,8 @@ pre { background: #f6f6f6; padding: 8px; overflow: auto; max-height: 480px; font
 code.hash { font-size: 12px; } figure { margin: 8px 0; } img { max-width: 100%; height: auto; }
 figcaption { color: #666; font-size: 12px; }
 svg.chart { display: block; max-width: 100%; height: auto; font: 12px system-ui, sans-serif; }
+svg.chart.natural { max-width: none; }
+.graphbox { overflow: auto; max-height: 80vh; border: 1px solid #eaeef2; }
 svg.chart text { fill: #1f2328; } svg.chart .axis { stroke: #8c959f; }
 svg.chart rect:hover, svg.chart path.hover:hover { stroke: #111; stroke-width: 1.5; }
 .gallery { display: flex; flex-wrap: wrap; gap: 12px; }
@@ -119,8 +140,7 @@ def render_report(build_dir: Path, *, stage_dirs: dict[str, Path] | None = None)
     name = a.recipe.get("name") or Path(build_dir).name
     verdict = _guarded(lambda: overview.verdict(a), ("none", "no verdict: verify.json unreadable"))
     facts = _guarded(lambda: facts_line(overview.header_facts(a)), "")
-    top = _guarded(lambda: headline(a, verdict, overview.thresholds(
-        a, a.json("verify/verify.json") or {})), "")
+    top = _guarded(lambda: headline(a, verdict), "")
     return PAGE.substitute(
         title=esc(f"npubuild report: {name}"), css=CSS, headline=top, facts=facts,
         nav="\n".join(f'<a href="#{key}">{esc(title)}</a>' for key, title, _ in SECTIONS),

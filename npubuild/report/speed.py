@@ -65,6 +65,9 @@ def fps_text(value: float | None) -> str:
 
 
 def ms_text(value: float | None) -> str:
+    """Milliseconds to 3 significant digits; below 0.1 ms in µs."""
     if value is None:
         return "—"
+    if value < 0.1:
+        return f"{value * 1000:.3g} µs"
     return f"{value:.3g} ms" if value < 100 else f"{value:,.0f} ms"

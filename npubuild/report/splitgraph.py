@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from html import escape
 
-from npubuild.report.charts import svg
+from npubuild.report.charts import WIDTH, svg
 
 SEGMENT_W, SEGMENT_H, TENSOR_W, TENSOR_H = 210, 74, 200, 40
 GAP_LAYERS, MARGIN = 70, 16
@@ -65,9 +65,11 @@ def nodes_and_edges(infos: dict, support: dict | None) -> tuple[list[dict], list
     return vertices, edges
 
 
-def layout(vertices: list[dict], edges: list[tuple[str, str]]) -> tuple[dict, list]:
-    """grandalf's Sugiyama layout, top-down with the box sides swapped (drawn left-right):
-    the placed vertices by id and, per edge, its view with the bend points."""
+def layout(vertices: list[dict], edges: list[tuple[str, str]], across: bool = True
+           ) -> tuple[dict, list]:
+    """grandalf's Sugiyama layout: the placed vertices by id and, per edge, its view with the
+    bend points. grandalf lays layers out top-down; ``across`` swaps the box sides so the
+    picture reads left to right."""
     from grandalf.graphs import Edge, Graph, Vertex
     from grandalf.layouts import SugiyamaLayout
 
@@ -75,7 +77,7 @@ def layout(vertices: list[dict], edges: list[tuple[str, str]]) -> tuple[dict, li
     for v in vertices:
         vertex = Vertex(v["id"])
         w, h = (SEGMENT_W, SEGMENT_H) if v["kind"] == "segment" else (TENSOR_W, TENSOR_H)
-        vertex.view = _View(h + 12, w)
+        vertex.view = _View(h + 12, w) if across else _View(w + 16, h)
         by_id[v["id"]] = vertex
     links = []
     for a, b in edges:
@@ -84,53 +86,85 @@ def layout(vertices: list[dict], edges: list[tuple[str, str]]) -> tuple[dict, li
         links.append(edge)
     for component in Graph(list(by_id.values()), links).C:
         sugiyama = SugiyamaLayout(component)
-        sugiyama.yspace, sugiyama.xspace = GAP_LAYERS, 12
+        sugiyama.yspace, sugiyama.xspace = (GAP_LAYERS, 12) if across else (GAP_DOWN, 16)
         sugiyama.init_all()
         sugiyama.draw()
     return by_id, links
 
 
+GAP_DOWN = 36  # between layers when drawn top-down
+READABLE = 1.25  # a left-right picture wider than WIDTH × this (text below ~10 px) is drawn top-down
+
+
 def split_graph_svg(infos: dict, support: dict | None) -> str:
-    """The inline SVG, or "" when there is nothing to draw."""
+    """The inline SVG, or "" when there is nothing to draw: left to right while that fits the
+    page at (nearly) full size, else top-down, so the text stays readable at any segment
+    count (a 9-segment graph drawn across was scaled to about 5 px text)."""
     vertices, edges = nodes_and_edges(infos, support)
     if not vertices:
         return ""
-    by_id, links = layout(vertices, edges)
-    # grandalf's y runs along the layers: it becomes our x
-    xs = [by_id[v["id"]].view.xy[1] for v in vertices]
-    ys = [by_id[v["id"]].view.xy[0] for v in vertices]
-    half_w = max(SEGMENT_W, TENSOR_W) / 2
-    x0, y0 = min(xs) - half_w - MARGIN, min(ys) - SEGMENT_H / 2 - MARGIN
-    width = max(xs) - min(xs) + 2 * (half_w + MARGIN)
-    height = max(ys) - min(ys) + SEGMENT_H + 2 * MARGIN
+    drawn = _draw(vertices, edges, across=True)
+    if drawn[0] > WIDTH * READABLE:
+        drawn = _draw(vertices, edges, across=False)
+    width, height, body, across = drawn
+    label = "split graph: segments and the tensors between them"
+    return svg(width, height, body, label, natural=not across)
+
+
+def _draw(vertices: list[dict], edges: list, *, across: bool):
+    by_id, links = layout(vertices, edges, across)
+
+    def our(xy) -> tuple[float, float]:  # grandalf's y runs along the layers
+        return (xy[1], xy[0]) if across else (xy[0], xy[1])
+
+    placed = [our(by_id[v["id"]].view.xy) for v in vertices]
+    half_w, half_h = max(SEGMENT_W, TENSOR_W) / 2, SEGMENT_H / 2
+    x0 = min(x for x, _ in placed) - half_w - MARGIN
+    y0 = min(y for _, y in placed) - half_h - MARGIN
+    width = max(x for x, _ in placed) - x0 + half_w + MARGIN
+    height = max(y for _, y in placed) - y0 + half_h + MARGIN
 
     def at(point) -> tuple[float, float]:
-        return point[1] - x0, point[0] - y0
+        x, y = our(point)
+        return x - x0, y - y0
 
     body = ['<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
             'markerHeight="7" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" '
             'fill="#57606a"/></marker></defs>']
     for edge, (a, b) in zip(links, edges):
-        body.append(_edge(edge.view.points, by_id[a], by_id[b], at))
+        body.append(_edge(edge.view.points, by_id[a], by_id[b], at, across))
     for v in vertices:
         cx, cy = at(by_id[v["id"]].view.xy)
         body.append(_segment(v, cx, cy) if v["kind"] == "segment" else _tensor(v, cx, cy))
-    return svg(width, height, body, "split graph: segments and the tensors between them")
+    return width, height, body, across
 
 
-def _edge(points, a, b, at) -> str:
-    """A path from the right side of ``a`` to the left side of ``b`` through grandalf's bends."""
+def _edge(points, a, b, at, across: bool = True) -> str:
+    """A path from the side of ``a`` facing ``b`` to the side of ``b`` facing ``a`` (right to
+    left across, bottom to top down) through grandalf's bends."""
     pts = [at(p) for p in points] if points else [at(a.view.xy), at(b.view.xy)]
     start, end = at(a.view.xy), at(b.view.xy)
-    wa, wb = a.view.h / 2, b.view.h / 2
-    pts[0] = (start[0] + wa, start[1])
-    pts[-1] = (end[0] - wb - 2, end[1])
+    if across:
+        pts[0] = (start[0] + a.view.h / 2, start[1])
+        pts[-1] = (end[0] - b.view.h / 2 - 2, end[1])
+    else:
+        ha, hb = _half_height(a), _half_height(b)
+        pts[0] = (start[0], start[1] + ha)
+        pts[-1] = (end[0], end[1] - hb - 2)
     d = f"M{pts[0][0]:.1f},{pts[0][1]:.1f}"
     for (x1, y1), (x2, y2) in zip(pts, pts[1:]):
-        mid = (x1 + x2) / 2
-        d += f" C{mid:.1f},{y1:.1f} {mid:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
+        if across:
+            mid = (x1 + x2) / 2
+            d += f" C{mid:.1f},{y1:.1f} {mid:.1f},{y2:.1f} {x2:.1f},{y2:.1f}"
+        else:
+            mid = (y1 + y2) / 2
+            d += f" C{x1:.1f},{mid:.1f} {x2:.1f},{mid:.1f} {x2:.1f},{y2:.1f}"
     return (f'<path d="{d}" fill="none" stroke="#57606a" stroke-width="1.3" '
             'marker-end="url(#arrow)"/>')
+
+
+def _half_height(vertex) -> float:
+    return (SEGMENT_H if vertex.data.startswith("g:") else TENSOR_H) / 2
 
 
 def _segment(v: dict, cx: float, cy: float) -> str:

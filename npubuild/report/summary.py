@@ -7,8 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from npubuild.report.artifacts import BuildArtifacts
-from npubuild.report.headline import worst_cosines
+from npubuild.report.headline import build_figures, verify_view
+from npubuild.report.judged import task_figure, tightest, worst_cosine
 from npubuild.report.overview import verdict
+from npubuild.report.speed import fps_text, ms_text, speed
 
 
 def headline_lines(root: Path) -> list[str]:
@@ -19,20 +21,28 @@ def headline_lines(root: Path) -> list[str]:
     kind, text = verdict(a)
     if kind != "none":
         lines.append(f"verify {'passed' if kind == 'pass' else 'failed' if kind == 'fail' else text}")
-    judged = [(worst, f"{group} {name}") for group, name, worst, _ in worst_cosines(a)
-              if worst is not None]
-    if judged:
-        worst, where = min(judged)
-        lines.append(f"worst cosine {worst:.6f} ({where}, worst sample)")
+    figures = build_figures(a)
+    worst = tightest(figures)
+    if worst is not None:
+        lines.append(f"cosine closest to its threshold: {worst.value:.6f} ({worst.label}) "
+                     f"{worst.rule.split(' (')[0]}")
+    elif (worst := worst_cosine(figures)) is not None:
+        lines.append(f"worst cosine {worst.value:.6f} ({worst.label}), reported only")
+    report, spec = verify_view(a)
+    task = task_figure(report, spec)
+    if task is not None:
+        rule = f" {task.rule.split(' (')[0]}" if task.judged else " (reported only)"
+        lines.append(f"{task.label} {task.value:.4f}{rule}, {task.evidence}")
     if "npu_nodes" in split:
         nodes = split["npu_nodes"] + split.get("cpu_nodes", 0)
         share = split["npu_nodes"] / nodes if nodes else 0.0
         lines.append(f"NPU coverage {split['npu_nodes']}/{nodes} nodes ({share:.0%})")
-    if isinstance(estimate.get("fps"), (int, float)):
-        fps = estimate["fps"]
-        npu = f" (NPU alone {estimate['npu_fps']:,.0f})" if estimate.get("npu_fps") else ""
-        lines.append(f"estimated {fps:,.0f} fps{npu}" if fps >= 100 else
-                     f"estimated {fps:.1f} fps{npu}")
+    fps = speed(estimate)
+    if fps.deployed_fps is not None:
+        lines.append(f"{fps_text(fps.deployed_fps)} fps deployed, {ms_text(fps.latency_ms)} per "
+                     f"frame (NPU alone {fps_text(fps.npu_fps)} fps)")
+    elif fps.npu_fps is not None:
+        lines.append(f"{fps_text(fps.npu_fps)} fps NPU alone; deployed fps unknown: {fps.missing}")
     grouped, per_layer = estimate.get("gmem_bytes"), estimate.get("gmem_bytes_no_grouping")
     if grouped is not None and per_layer:
         lines.append(f"GMEM {grouped:,} bytes per frame, {grouped / per_layer:.2f} of layer by "
@@ -107,3 +117,16 @@ def _verify(r: dict) -> str:
 
 SUMMARIES = {"import": _import, "surgery": _surgery, "fusion": _fusion, "split": _split,
              "quantize": _quantize, "compile": _compile, "verify": _verify}
+
+
+def stage_reason(status: str, reason: str) -> str:
+    """A stage's reason in the words every command uses: a restored stage says where it came
+    from ("from the cache; not in this build directory yet"), a stage to run why."""
+    if status in ("restored", "will restore"):
+        where = reason.partition(" (from the remote cache)")
+        source = "the remote cache" if where[1] else "the cache"
+        rest = "not in this build directory yet" if where[0] == "never built" else where[0]
+        return f"from {source}; {rest}" if rest else f"from {source}"
+    if status == "running" and reason == "never built":  # it may yet come from the cache
+        return "not in this build directory yet"
+    return reason

@@ -35,23 +35,27 @@ def reviewed_build(root: Path) -> Path:
     return root
 
 
-def test_the_headline_comes_first_with_every_figure_and_exact_thresholds(tmp_path):
+def test_the_headline_comes_first_with_every_figure_beside_its_exact_threshold(tmp_path):
     html = render_report(reviewed_build(tmp_path))
     head = html.split("<nav>")[0]
     assert 'class="headline"' in head and "<section" not in head
-    assert 'badge big fail">FAIL' in head and "min_cosine 0.99995" in head
-    # worst cosine per output, hand-over and slice, worst sample first; below the limit in red
-    assert re.findall(r"<code>([^<]+)</code></td><td>([\d.]+)</td>", head) == [
-        ("out", "0.999800"), ("/head/p3", "0.999960"), ("class scores", "0.999900")]
-    assert head.count('<tr class="bad">') == 2
-    for figure in ("99.90%", "MACs: 999.00 k of 1.00 M", "1,234.50", "1,000 B",
-                   "lower bound: 900 B", "one layer per group: 4.88 KiB (5.0×)", "2.00 KiB"):
+    assert 'badge big fail">FAIL' in head
+    # the judged output with each value beside its exact threshold, then what nothing judges
+    # (a hand-over tensor, a slice the recipe does not list): grey and labelled, never red
+    rows = re.findall(r'<tr class="(\w+)"><td title="([^"]+)">', head)
+    assert rows == [("bad", "out"), ("reported", "class scores"), ("reported", "/head/p3")]
+    assert "0.999800 ✗ <small>≥ 0.99995</small>" in head
+    assert "reported only, no threshold" in head and "0.999960</td>" in head
+    assert "2 figures judged against thresholds: 2 below; 4 reported only" in head
+    for figure in ("99.90%", "MACs: 999.00 k of 1.00 M", "1,234", "0.81 ms per frame",
+                   "1,000 B", "lower bound: 900 B", "one layer per group: 4.88 KiB (5.0×)",
+                   "2.00 KiB"):
         assert figure in head, figure
 
 
 def test_thresholds_in_the_verify_section_are_not_rounded(tmp_path):
     verify = re.search(r'<section id="verify">(.*?)</section>', render_report(reviewed_build(tmp_path)), re.S)
-    assert "thresholds: min_cosine 0.99995" in verify.group(1)
+    assert "0.99991 ✗ <small>≥ 0.99995</small>" in verify.group(1)
 
 
 def test_stage_table_shows_the_build_time_of_the_run_that_built_the_stage(tmp_path):
@@ -88,7 +92,7 @@ def test_the_layer_chart_has_one_named_bar_per_tensor():
     rows = [{"tensor": f"t{i}", "cosine": c} for i, c in enumerate([0.5, 0.999, 0.99999, None])]
     chart = layer_error_chart(rows, 0.99)
     assert re.findall(r"<title>#\d (t\d) ", chart) == ["t0", "t1", "t2"]
-    assert 'fill="#c62828"><title>#1 t0' in chart  # below 0.9: red
+    assert 'fill="#9a5b00"><title>#1 t0' in chart  # below 0.9: dark amber, not a verdict's red
 
 
 def test_the_split_graph_has_every_segment_and_every_tensor_between_them():
