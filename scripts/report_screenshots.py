@@ -1,10 +1,13 @@
 """Screenshots of report.html in headless Chromium for docs/ (the README shows them).
 
     python3 scripts/report_screenshots.py build/yolov8n docs/
+    python3 scripts/report_screenshots.py build/ppocr-v4-det docs/ --prefix report-ppocr-det --crops headline,verify,time
+    python3 scripts/report_screenshots.py build/transformer-encoder docs/ --prefix report-segments --crops headline,split
 
 Renders the build's page, takes one tall screenshot at 1280 px, asks the page where its
-sections are, and crops: the headline and stage table, the split graph, the quantization
-charts, and the LMEM timeline. PNGs with a 256-colour palette keep them small.
+sections are, and crops: the headline and stage table, verify, where the time goes, the split
+graph, the quantization charts, and the LMEM timeline (``--crops`` picks some; ``--prefix``
+names the files). PNGs with a 256-colour palette keep them small.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ WIDTH, HEIGHT = 1280, 16000
 PROBE = """<script>
 window.addEventListener("load", () => {
   const at = {};
-  for (const id of ["stages", "verify", "segments", "coverage", "quantization", "lmem", "estimate"]) {
+  for (const id of ["stages", "verify", "time", "segments", "coverage", "quantization", "lmem", "estimate"]) {
     const el = document.getElementById(id);
     if (el) { const r = el.getBoundingClientRect(); at[id] = [r.top + scrollY, r.bottom + scrollY]; }
   }
@@ -35,13 +38,15 @@ window.addEventListener("load", () => {
 });
 </script>
 </body>"""
-CROPS = {  # file: (from the top of, to the bottom of)
-    "report-headline.png": (None, "stages"),
-    "report-verify.png": ("verify", "verify"),
-    "report-split.png": ("segments", "segments"),
-    "report-quantization.png": ("quantization", "histograms"),
-    "report-lmem.png": ("lmem", "lmem"),
+CROPS = {  # name: (from the top of, to the bottom of)
+    "headline": (None, "stages"),
+    "verify": ("verify", "verify"),
+    "time": ("time", "time"),
+    "split": ("segments", "segments"),
+    "quantization": ("quantization", "histograms"),
+    "lmem": ("lmem", "lmem"),
 }
+MAX_HEIGHT = 2400  # a crop taller than this is cut (a long section's start tells enough)
 
 
 def chromium(*args: str) -> str:
@@ -58,7 +63,7 @@ def chromium(*args: str) -> str:
     return proc.stdout
 
 
-def main(build_dir: str, out_dir: str) -> None:
+def main(build_dir: str, out_dir: str, prefix: str = "report", crops: str = ",".join(CROPS)) -> None:
     out = Path(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
         page = Path(tmp) / "report.html"
@@ -70,15 +75,25 @@ def main(build_dir: str, out_dir: str) -> None:
         shot = Path(tmp) / "tall.png"
         chromium(f"--screenshot={shot}", page.as_uri())
         tall = Image.open(shot).convert("RGB")
-        for name, (first, last) in CROPS.items():
+        for crop in crops.split(","):
+            first, last = CROPS[crop]
+            name = f"{prefix}-{crop}.png"
             if (first and first not in at) or last not in at:
                 print(f"{name}: section missing, skipped")
                 continue
             top = max(0, int(at[first][0]) - 8) if first else 0
-            box = (0, top, WIDTH, min(int(at[last][1]) + 8, tall.height))
-            tall.crop(box).quantize(colors=256).save(out / name, optimize=True)
-            print(f"{out / name}: {box[3] - box[1]} px high, {(out / name).stat().st_size:,} bytes")
+            bottom = min(int(at[last][1]) + 8, tall.height, top + MAX_HEIGHT)
+            tall.crop((0, top, WIDTH, bottom)).quantize(colors=256).save(out / name, optimize=True)
+            print(f"{out / name}: {bottom - top} px high, {(out / name).stat().st_size:,} bytes")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("build_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--prefix", default="report")
+    parser.add_argument("--crops", default=",".join(CROPS))
+    args = parser.parse_args()
+    main(args.build_dir, args.out_dir, args.prefix, args.crops)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from npubuild.report.judged import is_number
 
 NOT_MEASURED = ("CPU part not measured here: compile was restored from a cache, and its {n} CPU "
-                "part{s} ({names}) are timed with ONNX Runtime only where compile runs; "
+                "part{s} ({names}) {verb} timed with ONNX Runtime only where compile runs; "
                 "`npubuild run R --force compile` measures them")
 
 
@@ -53,7 +53,8 @@ def speed(estimate: dict | None) -> Speed:
     missing = ""
     if count:
         names = ", ".join(sorted(parts)[:3]) + (", …" if count > 3 else "")
-        missing = NOT_MEASURED.format(n=count, s="s" * (count > 1), names=names)
+        missing = NOT_MEASURED.format(n=count, s="s" * (count > 1), names=names,
+                                      verb="are" if count > 1 else "is")
     return Speed(None, npu, None, npu_seconds, count, missing)
 
 
