@@ -162,7 +162,7 @@ def _cosine_row(row: dict[str, Figure]) -> str:
     failed = any(f.ok is False for f in row.values())
     cls = "bad" if failed else "good" if judged else "reported"
     cells = "".join(f"<td>{_cosine_cell(row.get(which))}</td>" for which in ("worst", "all"))
-    return (f'<tr class="{cls}"><td title="{esc(name)}"><a href="#fig-{_slug(any_figure.key)}">'
+    return (f'<tr class="{cls}"><td title="{esc(name)}"><a href="#fig-{slug(any_figure.key)}">'
             f"<code>{esc(_short(name, 30))}</code></a></td>{cells}</tr>")
 
 
@@ -175,7 +175,7 @@ def _cosine_cell(f: Figure | None) -> str:
     return f"{esc(cosine_text(f.value))} {mark} <small>{esc(f.rule.split(' (')[0])}</small>"
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).strip("-")[:120]
 
 

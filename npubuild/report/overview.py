@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from npubuild.report.artifacts import BuildArtifacts
-from npubuild.report.headline import _slug, cosine_text, exact, verify_view
+from npubuild.report.headline import cosine_text, slug, verify_view
 from npubuild.report.judged import Figure, counts, task_figure, tensor_figures
 from npubuild.report.html import (Raw, badge, details, esc, fmt, generic, kv_table, para,
                                   pre_json, table)
@@ -157,7 +157,7 @@ def look_section(a: BuildArtifacts, figures: list[Figure]) -> str:
     rows = []
     for f in failing:
         tensor = f.label.rsplit(" cosine", 1)[0].rsplit(" ", 2)[0] if " " in f.label else f.label
-        rows.append(f'<li id="look-{_slug(f.key)}"><code>{esc(tensor)}</code>: '
+        rows.append(f'<li id="look-{slug(f.key)}"><code>{esc(tensor)}</code>: '
                     f"{esc(f.label)} {esc(cosine_text(f.value))} misses {esc(f.rule)}. Open the "
                     f"model in Netron and search the tensor: <code>npubuild view {esc(recipe)} "
                     "fusion</code> (the float graph) or <code>npubuild view "
@@ -195,11 +195,11 @@ COLUMN_NAMES = {"cosine": "cosine (all samples)", "min_sample_cosine": "cosine (
 def _cell(value: Any, column: str, figure: Figure | None) -> str:
     shown = esc(fmt(value, 6) if "cosine" in column else fmt(value))
     if figure is None or not figure.judged:
-        anchor = f' id="fig-{_slug(figure.key)}"' if figure is not None else ""
+        anchor = f' id="fig-{slug(figure.key)}"' if figure is not None else ""
         cls = ' class="cell-reported"' if figure is not None else ""
         return f"<td{anchor}{cls}>{shown}</td>"
     cls, mark = ("cell-bad", "✗") if figure.ok is False else ("cell-good", "✓")
-    return (f'<td id="fig-{_slug(figure.key)}" class="{cls}">{shown} {mark} '
+    return (f'<td id="fig-{slug(figure.key)}" class="{cls}">{shown} {mark} '
             f'<small>{esc(figure.rule.split(" (")[0])}</small></td>')
 
 
