@@ -1,4 +1,6 @@
-"""The library façade: what the CLI and `dodo.py` call. Nothing here prints or exits."""
+"""The library operations under the public façade (`npubuild.facade`): sessions, build, plan, show,
+clean, caches, diff inputs, infer. The CLI, `dodo.py` and the façade call them; nothing here
+prints or exits."""
 
 from __future__ import annotations
 

@@ -149,9 +149,11 @@ def _cosines(a: BuildArtifacts, figures: list[Figure]):
              + body + "</table>")
     worst = tightest(figures) or min((f for r in reported for f in r.values()),
                                      key=lambda f: f.value)
-    title = "cosine closest to its threshold" if judged else "worst cosine (reported only)"
+    title = ("cosine furthest below its threshold" if worst.ok is False else
+             "cosine closest to its threshold" if judged else "worst cosine (reported only)")
+    needs = (" needs " if worst.ok is False else " ") + worst.rule.split(" (")[0]
     big = (f'{esc(cosine_text(worst.value))} <span class="tile-sub">{esc(_short(worst.label, 48))}'
-           f"{' ' + esc(worst.rule.split(' (')[0]) if worst.judged else ''}</span>")
+           f"{esc(needs) if worst.judged else ''}</span>")
     return (title, big, table)
 
 

@@ -23,7 +23,10 @@ def headline_lines(root: Path) -> list[str]:
         lines.append(f"verify {'passed' if kind == 'pass' else 'failed' if kind == 'fail' else text}")
     figures = build_figures(a)
     worst = tightest(figures)
-    if worst is not None:
+    if worst is not None and worst.ok is False:
+        lines.append(f"cosine furthest below its threshold: {worst.value:.6f} ({worst.label}), "
+                     f"needs {worst.rule.split(' (')[0]}")
+    elif worst is not None:
         lines.append(f"cosine closest to its threshold: {worst.value:.6f} ({worst.label}) "
                      f"{worst.rule.split(' (')[0]}")
     elif (worst := worst_cosine(figures)) is not None:
