@@ -39,7 +39,7 @@ def test_a_run_logs_stages_on_stderr_and_ends_with_its_headline_on_stdout(built)
     assert "  verify    built " in first.stderr
     lines = first.stdout.splitlines()
     assert lines[0] == "verify passed"
-    assert lines[1].startswith("worst cosine 0.99") and "NPU coverage 4/4 nodes (100%)" in lines
+    assert lines[1].startswith("cosine closest to its threshold: 0.99") and "NPU coverage 4/4 nodes (100%)" in lines
     assert any(line.startswith("GMEM ") and " of layer by layer " in line for line in lines)
     assert lines[-1] == f"report: {tmp / 'build' / 'tiny' / 'report.html'}"
 

@@ -210,8 +210,8 @@ def test_validate_lists_the_real_outputs_for_an_unknown_cut(cli, tmp_path):
         TINY_MODEL, "    - {name: x, shape: [1, 3, 8, 8]}\n", "[relu, nope]"))
     result = cli("validate", str(recipe))
     assert result.returncode == 2
-    assert f"{recipe}:7:19: model.outputs[1]: the model has no tensor 'nope' to cut at; its " \
-           "outputs: y" in result.stderr
+    assert f"{recipe}:7:19: model.outputs[1]: the model has no tensor 'nope' to cut at (its " \
+           "outputs: y)" in result.stderr
 
 
 def test_validate_reads_an_onnx_signature_without_tensorflow(tmp_path):
