@@ -163,6 +163,8 @@ def _pair_name(chips: dict) -> str:
 
 
 def _shown(value) -> str:
+    if value is None:
+        return "—"
     if isinstance(value, bool):
         return "pass" if value else "fail"
     return f"{value:.6g}" if isinstance(value, float) else str(value)
