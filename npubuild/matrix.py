@@ -88,12 +88,14 @@ def record_experiment(session) -> Path | None:
         "overrides": loaded.overrides})
 
 
-def build_matrix(loaded: LoadedRecipe, variants: list[dict[str, Any]], stage: str | None, *,
+def build_matrix(loaded: LoadedRecipe, variants: list[dict[str, Any] | str], stage: str | None, *,
                  build_root: Path | None, cache: Path | None, jobs: int = 1,
                  scheduler: str | None = None, remote: str | None = None) -> list[dict]:
-    """Build the shared stages once, then one cell per variant (``scheduler``: on Dask)."""
+    """Build the shared stages once, then one cell per variant (``scheduler``: on Dask); a
+    variant given as a chip's name is ``{"target": name}``."""
     from npubuild import api
 
+    variants = [{"target": v} if isinstance(v, str) else v for v in variants]
     prefix = shared_prefix(stage, variants)
     if prefix:
         api.build(api.session_for(loaded.variant(variants[0], apart=True), build_root=build_root,

@@ -59,7 +59,8 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, limit: int =
     for row, row_classes in zip(rows[:limit], classes[:limit]):
         cls = list(row_classes) + [""] * (len(row) - len(row_classes))
         body.append("<tr>" + "".join(cell(v, c) for v, c in zip(row, cls)) + "</tr>")
-    out = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    out = (f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
+           "</tbody></table></div>")  # a table wider than the page scrolls, the page does not
     if len(rows) > limit:
         where = f" ({hidden_note})" if hidden_note else ""
         out += f'<p class="hidden-note">{len(rows) - limit:,} more rows not shown{esc(where)}</p>'

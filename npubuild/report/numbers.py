@@ -140,12 +140,15 @@ def _worst_first(item: dict) -> tuple:
 
 
 def _layer_table(rows: list[dict], start: int, verify: dict[str, str] | None = None) -> str:
-    verify = verify or {}
+    verify = {k: v for k, v in (verify or {}).items()
+              if any(str(r.get("tensor")) == k for r in rows)}  # the column only where it says
     body = [[start + i + 1, *(_layer_cell(r, c) for c in LAYER_COLUMNS),
-             verify.get(str(r.get("tensor")), "")] for i, r in enumerate(rows)]
+             *([verify.get(str(r.get("tensor")), "")] if verify else [])]
+            for i, r in enumerate(rows)]
     classes = [["", *(_cosine_class(r.get(c)) if c == "cosine" else "" for c in LAYER_COLUMNS)]
                for r in rows]
-    headers = ["#", *(LAYER_HEADERS.get(c, c) for c in LAYER_COLUMNS), "verify (its cosine)"]
+    headers = ["#", *(LAYER_HEADERS.get(c, c) for c in LAYER_COLUMNS),
+               *(["verify (its cosine)"] if verify else [])]
     return table(headers, body, classes=classes, limit=LAYER_LIMIT,
                  hidden_note="see quantize/per_layer.json")
 

@@ -184,7 +184,8 @@ def metrics_table(outputs: Any, judged: dict[str, dict[str, Figure]] | None = No
         for c in columns:
             cells.append(_cell(m.get(c), c, (judged.get(name) or {}).get(c)))
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}'
+            "</tbody></table></div>")
 
 
 COLUMN_NAMES = {"cosine": "cosine (all samples)", "min_sample_cosine": "cosine (worst sample)",

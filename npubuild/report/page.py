@@ -101,6 +101,7 @@ figcaption { color: #666; font-size: 12px; }
 svg.chart { display: block; max-width: 100%; height: auto; font: 12px system-ui, sans-serif; }
 svg.chart.natural { max-width: none; }
 .graphbox { overflow: auto; max-height: 80vh; border: 1px solid #eaeef2; }
+div.wide { max-width: 100%; overflow-x: auto; }
 svg.chart text { fill: #1f2328; } svg.chart .axis { stroke: #8c959f; }
 svg.chart rect:hover, svg.chart path.hover:hover { stroke: #111; stroke-width: 1.5; }
 .gallery { display: flex; flex-wrap: wrap; gap: 12px; }
