@@ -41,6 +41,9 @@ def shapes(tmp_path_factory):
         doc = json.loads(result.stdout)
         if name == "run":
             doc = {k: "…" for k in doc}
+        if name == "targets":  # what every chip has (install hints depend on this machine)
+            common = set.intersection(*(set(c) for c in doc["chips"]))
+            doc = {"chips": [{k: v for k, v in c.items() if k in common} for c in doc["chips"]]}
         found[name] = json_shape(doc, any_json=("…", "files", "report"))
     return found
 
