@@ -9,9 +9,10 @@ import textwrap
 import jsonschema
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from npubuild.recipe import load_recipe
-from npubuild.recipe.model import ModelSpec, Recipe
+from npubuild.recipe.model import Recipe
 from tests.conftest import REPO, run_cli
 
 README = REPO / "README.md"
@@ -34,6 +35,14 @@ def test_the_readme_has_a_recipe_block():
     assert readme_yaml_blocks(), "README.md lost its ```yaml recipe"
 
 
+def recipe_sections() -> dict[str, set[str]]:
+    """Each recipe section that is a pydantic model (model, split, quantization, verify, ...)
+    with the fields it takes."""
+    return {name: set(field.annotation.model_fields)
+            for name, field in Recipe.model_fields.items()
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)}
+
+
 def as_recipe(text: str) -> dict:
     """A block as a whole recipe: a fragment (a section's fields, shown indented) is put into
     the README's example recipe at the section it belongs to."""
@@ -43,8 +52,10 @@ def as_recipe(text: str) -> dict:
     recipe = yaml.safe_load(readme_yaml_blocks()[0])
     if set(data) <= set(Recipe.model_fields):
         return {**recipe, **data}
-    assert set(data) <= set(ModelSpec.model_fields), f"README block fits no recipe section: {text}"
-    return {**recipe, "model": {**recipe["model"], **data}}
+    sections = [name for name, fields in recipe_sections().items() if set(data) <= fields]
+    assert sections, f"README block fits no recipe section: {text}"
+    section = sections[0]
+    return {**recipe, section: {**(recipe.get(section) or {}), **data}}
 
 
 @pytest.mark.parametrize("index", range(len(readme_yaml_blocks())))
