@@ -1,5 +1,6 @@
-"""ONNX node → TFLite int8 builtins, one emitter per ONNX op (`EMITTERS`), for
-`npubuild.backends.tflite_writer`. 4-D activations are NHWC in the flatbuffer."""
+"""npubuild's quantized layers → TFLite integer builtins, one emitter per layer kind
+(`EMITTERS`), for `npubuild.backends.tflite_writer`. 4-D activations are NHWC in the flatbuffer;
+the layers' attributes are in ONNX (NCHW) terms."""
 
 from __future__ import annotations
 
@@ -7,38 +8,32 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from npubuild.backends.tflite_writer import (
     AXIS_NHWC,
+    INT_RANGE,
     NCHW_TO_NHWC,
     NHWC_TO_NCHW,
     Quant,
+    Tensor,
     Unwritable,
     Writer,
-    weight_quant,
 )
+from npubuild.quant.qgraph import QLayer
 
-EMITTERS: dict[str, Callable[[Writer, onnx.NodeProto], None]] = {}
+EMITTERS: dict[str, Callable[[Writer, QLayer], None]] = {}
 
 
-def emitter(*ops: str):
+def emitter(*kinds: str):
     def register(fn):
-        for op in ops:
-            EMITTERS[op] = fn
+        for kind in kinds:
+            EMITTERS[kind] = fn
         return fn
     return register
 
 
-def attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _str(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value or "")
-
-
-# ---- padding ---------------------------------------------------------------------------------
+# ---- padding and fused activations -------------------------------------------------------------
 
 def _same_pads(size: int, k: int, s: int, d: int) -> tuple[int, int]:
     out = -(-size // s)
@@ -46,233 +41,314 @@ def _same_pads(size: int, k: int, s: int, d: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-def padding(w: Writer, node, x, kernel: list[int], strides: list[int], dilations: list[int],
-            pad_value: int | None = None):
-    """TFLite's SAME or VALID for the node's pads; other pads become an explicit PAD first.
-    Returns (input tensor, padding enum)."""
-    a = attrs(node)
-    h, wd = x.shape[1], x.shape[2]
-    auto = _str(a.get("auto_pad", "NOTSET"))
-    if auto in ("SAME_UPPER",):
-        return x, w.s.Padding.SAME
-    if auto == "VALID":
-        return x, w.s.Padding.VALID
+def padding(w: Writer, layer: QLayer, x: Tensor, fill: int | None = None) -> tuple[Tensor, int]:
+    """TFLite's SAME or VALID for the layer's pads [top, bottom, left, right]; other pads become
+    an explicit PAD (``fill``: PADV2 with that integer; default the zero point, real 0) first."""
+    a = layer.attrs
     pads = list(a.get("pads", [0, 0, 0, 0]))
-    top, left, bottom, right = pads[0], pads[1], pads[2], pads[3]
     if not any(pads):
         return x, w.s.Padding.VALID
-    same = (_same_pads(h, kernel[0], strides[0], dilations[0])
-            + _same_pads(wd, kernel[1], strides[1], dilations[1]))
-    if (top, bottom, left, right) == same:
+    (kh, kw), (sh, sw) = a["kernel"], a["stride"]
+    dh, dw = a.get("dilation", [1, 1])
+    if pads == [*_same_pads(x.shape[1], kh, sh, dh), *_same_pads(x.shape[2], kw, sw, dw)]:
         return x, w.s.Padding.SAME
-    return _pad(w, node, x, [[0, 0], [top, bottom], [left, right], [0, 0]], pad_value), w.s.Padding.VALID
+    pairs = [[0, 0], pads[0:2], pads[2:4], [0, 0]]
+    return pad_tensor(w, f"{layer.outputs[0]}/pad", x, pairs, fill), w.s.Padding.VALID
 
 
-def _pad(w: Writer, node, x, pads: list[list[int]], value: int | None):
-    shape = [d + a + b for d, (a, b) in zip(x.shape, pads)]
-    name = f"{node.output[0]}/pad"
-    index = w._add_tensor(name, shape, w.s.TensorType.INT8, x.quant)
-    out = type(x)(index, shape, x.nhwc, x.quant)
-    paddings = w.int32(f"{name}/paddings", np.array(pads, np.int32))
-    if value is None:
-        w.op(w.s.BuiltinOperator.PAD, [x.index, paddings], [index], w.s.BuiltinOptions.PadOptions,
-             w.s.PadOptionsT())
+def pad_tensor(w: Writer, name: str, x: Tensor, pairs: list[list[int]], fill: int | None) -> Tensor:
+    """PAD (the zero point: real 0) or PADV2 (``fill``) of ``x`` by ``pairs`` in its own order."""
+    shape = [d + a + b for d, (a, b) in zip(x.shape, pairs)]
+    out = w.helper(name, x, x.quant, "npubuild (padding)", shape=shape)
+    paddings = w.constant(f"{name}/paddings", np.array(pairs, np.int32), "int32")
+    if fill is None or fill == x.quant.zero_point[0]:
+        w.op(w.s.BuiltinOperator.PAD, [x.index, paddings], [out.index],
+             w.s.BuiltinOptions.PadOptions, w.s.PadOptionsT())
     else:
-        fill = w._add_tensor(f"{name}/value", [], w.s.TensorType.INT8, x.quant,
-                             np.array(value, np.int8))
-        w.op(w.s.BuiltinOperator.PADV2, [x.index, paddings, fill], [index],
+        value = w.constant(f"{name}/value", np.array(fill), x.dtype, x.quant)
+        w.op(w.s.BuiltinOperator.PADV2, [x.index, paddings, value], [out.index],
              w.s.BuiltinOptions.PadV2Options, w.s.PadV2OptionsT())
     return out
 
 
-# ---- convolution and pooling -----------------------------------------------------------------
+def _tflite_round(v: float) -> int:
+    return int(np.sign(v) * np.floor(abs(v) + 0.5))
 
-@emitter("Conv")
-def conv(w: Writer, node) -> None:
-    a = attrs(node)
-    x = w.activation(node.input[0])
-    if not x.nhwc:
-        raise Unwritable("only 2-D convolutions (4-D tensors)")
-    weight = w.consts.get(node.input[1])
-    if weight is None:
-        raise Unwritable("the weights are not constant")
-    cout, cin_g, kh, kw = weight.shape
-    group = int(a.get("group", 1))
-    cin = x.shape[3]
-    strides = list(a.get("strides", [1, 1]))
-    dil = list(a.get("dilations", [1, 1]))
-    x, pad = padding(w, node, x, [kh, kw], strides, dil)
-    y = w.activation(node.output[0])
-    bias = w.consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(cout)
-    if group == 1:
-        q, wq = weight_quant(weight.transpose(0, 2, 3, 1), 0)  # OHWI
-        code, otype = w.s.BuiltinOperator.CONV_2D, w.s.BuiltinOptions.Conv2DOptions
-        options = w.s.Conv2DOptionsT()
-    elif group == cin and cin_g == 1:
-        q, wq = weight_quant(weight.transpose(1, 2, 3, 0), 3)  # 1HWO
-        code, otype = w.s.BuiltinOperator.DEPTHWISE_CONV_2D, w.s.BuiltinOptions.DepthwiseConv2DOptions
-        options = w.s.DepthwiseConv2DOptionsT()
-        options.depthMultiplier = cout // cin
+
+def fused_activation(w: Writer, layer: QLayer, y: Tensor) -> int:
+    """The TFLite fused activation whose clamp (TFLite's CalculateActivationRangeQuantized on
+    the output's quantization) is the layer's integer clamp [qmin, qmax]."""
+    qmin, qmax = layer.params.get("qmin"), layer.params.get("qmax")
+    lo_t, hi_t = INT_RANGE[y.dtype]
+    if qmin is None:
+        return w.s.ActivationFunctionType.NONE
+    scale, zp = y.quant.scale[0], y.quant.zero_point[0]
+    q = lambda v: zp + _tflite_round(v / scale)  # noqa: E731
+    A = w.s.ActivationFunctionType
+    candidates = {A.NONE: (lo_t, hi_t), A.RELU: (max(lo_t, q(0.0)), hi_t),
+                  A.RELU6: (max(lo_t, q(0.0)), min(hi_t, q(6.0))),
+                  A.RELU_N1_TO_1: (max(lo_t, q(-1.0)), min(hi_t, q(1.0)))}
+    for code, bounds in candidates.items():
+        if bounds == (qmin, qmax):
+            return code
+    raise Unwritable(f"its integer clamp [{qmin}, {qmax}] is no TFLite fused activation "
+                     f"(NONE, RELU, RELU6, RELU_N1_TO_1 on scale {scale:.6g}, zero point {zp})")
+
+
+# ---- convolution and pooling -------------------------------------------------------------------
+
+@emitter("conv")
+def conv(w: Writer, layer: QLayer) -> None:
+    a, p = layer.attrs, layer.params
+    x = w.tensor(layer.inputs[0])
+    y = w.tensor(layer.outputs[0])
+    weight = np.asarray(layer.arrays["weight"], np.int8)
+    cout, cin_g = weight.shape[:2]
+    scales = np.broadcast_to(np.asarray(p["weight_scale"], np.float64), (cout,))
+    name = layer.outputs[0]
+    if a.get("fc"):
+        if x.nhwc:
+            raise Unwritable("a fully connected layer on a 4-D tensor")
+        code, otype = w.s.BuiltinOperator.FULLY_CONNECTED, w.s.BuiltinOptions.FullyConnectedOptions
+        options = w.s.FullyConnectedOptionsT()
+        options.keepNumDims = len(x.shape) > 2
+        wq, axis, inputs = weight.reshape(cout, cin_g), 0, x
     else:
-        raise Unwritable(f"grouped convolution (group {group} of {cin} channels)")
-    options.padding = pad
-    options.strideH, options.strideW = strides
-    options.dilationHFactor, options.dilationWFactor = dil
-    options.fusedActivationFunction = w.s.ActivationFunctionType.NONE
-    wi = w._add_tensor(f"{node.output[0]}/weights", list(q.shape), w.s.TensorType.INT8, wq, q)
-    bscale = (x.quant.scale[0] * wq.scale).astype(np.float32)
-    bq = np.round(np.asarray(bias, np.float64) / bscale).astype(np.int32)
-    bi = w.int32(f"{node.output[0]}/bias", bq, Quant(bscale, np.zeros(len(bscale), np.int64)))
-    w.op(code, [x.index, wi, bi], [y.index], otype, options)
+        if not x.nhwc:
+            raise Unwritable("only 2-D convolutions (4-D tensors)")
+        group, cin = int(a.get("group", 1)), x.shape[3]
+        inputs, pad = padding(w, layer, x)
+        if group == 1:
+            wq, axis = weight.transpose(0, 2, 3, 1), 0  # OHWI
+            code, otype = w.s.BuiltinOperator.CONV_2D, w.s.BuiltinOptions.Conv2DOptions
+            options = w.s.Conv2DOptionsT()
+        elif group == cin and cin_g == 1:
+            wq, axis = weight.transpose(1, 2, 3, 0), 3  # 1HWO
+            code = w.s.BuiltinOperator.DEPTHWISE_CONV_2D
+            otype = w.s.BuiltinOptions.DepthwiseConv2DOptions
+            options = w.s.DepthwiseConv2DOptionsT()
+            options.depthMultiplier = cout // cin
+        else:
+            raise Unwritable(f"grouped convolution (group {group} of {cin} channels)")
+        options.padding = pad
+        options.strideH, options.strideW = a["stride"]
+        options.dilationHFactor, options.dilationWFactor = a.get("dilation", [1, 1])
+    options.fusedActivationFunction = fused_activation(w, layer, y)
+    wi = w.constant(f"{name}/weights", wq, "int8", Quant.of(scales, 0, axis))
+    # TFLite's 16x8 kernels take an int64 bias
+    bias_dtype = "int32" if x.dtype == "int8" else "int64"
+    bi = w.constant(f"{name}/bias", np.asarray(layer.arrays["bias"]), bias_dtype,
+                    Quant.of(np.float32(x.quant.scale[0]) * scales.astype(np.float32), 0))
+    w.op(code, [inputs.index, wi, bi], [y.index], otype, options)
 
 
-def _pool(w: Writer, node, code, otype, kernel, strides, pad_value=None) -> None:
-    x = w.activation(node.input[0])
+def _pool(w: Writer, layer: QLayer, code, out_quant: Quant | None, why: str,
+          fill: int | None = None) -> None:
+    a = layer.attrs
+    x = w.tensor(layer.inputs[0])
     if not x.nhwc:
         raise Unwritable("only 2-D pooling (4-D tensors)")
-    x, pad = padding(w, node, x, kernel, strides, [1, 1], pad_value)
-    y = w.activation(node.output[0])
+    if any(d != 1 for d in a.get("dilation", [1, 1])):
+        raise Unwritable("dilated pooling")
+    x, pad = padding(w, layer, x, fill)
     options = w.s.Pool2DOptionsT()
     options.padding = pad
-    options.strideH, options.strideW = strides
-    options.filterHeight, options.filterWidth = kernel
-    w.op(code, [x.index], [y.index], otype, options)
+    options.strideH, options.strideW = a["stride"]
+    options.filterHeight, options.filterWidth = a["kernel"]
+    w.output_at(layer.outputs[0], out_quant, why, lambda y: w.op(
+        code, [x.index], [y.index], w.s.BuiltinOptions.Pool2DOptions, options))
 
 
-@emitter("MaxPool")
-def max_pool(w: Writer, node) -> None:
-    a = attrs(node)
-    if a.get("ceil_mode", 0) or any(d != 1 for d in a.get("dilations", [1, 1])):
-        raise Unwritable("ceil_mode or dilations")
-    _pool(w, node, w.s.BuiltinOperator.MAX_POOL_2D, w.s.BuiltinOptions.Pool2DOptions,
-          list(a["kernel_shape"]), list(a.get("strides", [1, 1])), pad_value=-128)
+@emitter("maxpool")
+def max_pool(w: Writer, layer: QLayer) -> None:
+    x = w.tensor(layer.inputs[0])
+    _pool(w, layer, w.s.BuiltinOperator.MAX_POOL_2D, x.quant,
+          "MAX_POOL_2D keeps its input's quantization", fill=INT_RANGE[x.dtype][0])
 
 
-@emitter("AveragePool")
-def average_pool(w: Writer, node) -> None:
-    a = attrs(node)
-    if a.get("ceil_mode", 0) or (a.get("count_include_pad", 0) and any(a.get("pads", []))):
-        raise Unwritable("ceil_mode or count_include_pad with padding")
-    _pool(w, node, w.s.BuiltinOperator.AVERAGE_POOL_2D, w.s.BuiltinOptions.Pool2DOptions,
-          list(a["kernel_shape"]), list(a.get("strides", [1, 1])))
+@emitter("avgpool")
+def average_pool(w: Writer, layer: QLayer) -> None:
+    """AVERAGE_POOL_2D at its input's quantization (then a QUANTIZE to npubuild's); a global
+    average pool is a MEAN over H and W, which requantizes itself (one rounding, not two: an
+    average's range is often a fraction of its input's)."""
+    a = layer.attrs
+    x = w.tensor(layer.inputs[0])
+    if a.get("global") and x.nhwc:
+        axes = w.constant(f"{layer.outputs[0]}/axes", np.array([1, 2], np.int32), "int32")
+        options = w.s.ReducerOptionsT()
+        options.keepDims = True
+        y = w.tensor(layer.outputs[0])
+        w.op(w.s.BuiltinOperator.MEAN, [x.index, axes], [y.index],
+             w.s.BuiltinOptions.ReducerOptions, options)
+        return
+    pads = list(a.get("pads", [0, 0, 0, 0]))
+    if any(pads) and not a.get("count_include_pad"):
+        (kh, kw), (sh, sw) = a["kernel"], a["stride"]
+        if pads != [*_same_pads(x.shape[1], kh, sh, 1), *_same_pads(x.shape[2], kw, sw, 1)]:
+            raise Unwritable("padding that is not TFLite's SAME, without count_include_pad "
+                             "(TFLite's SAME divides by the valid positions only)")
+    _pool(w, layer, w.s.BuiltinOperator.AVERAGE_POOL_2D, x.quant,
+          "AVERAGE_POOL_2D keeps its input's quantization")
 
 
-@emitter("GlobalAveragePool")
-def global_average_pool(w: Writer, node) -> None:
-    x = w.activation(node.input[0])
-    y = w.activation(node.output[0])
-    options = w.s.Pool2DOptionsT()
-    options.padding = w.s.Padding.VALID
-    options.strideH = options.strideW = 1
-    options.filterHeight, options.filterWidth = x.shape[1], x.shape[2]
-    w.op(w.s.BuiltinOperator.AVERAGE_POOL_2D, [x.index], [y.index],
-         w.s.BuiltinOptions.Pool2DOptions, options)
+# ---- elementwise -------------------------------------------------------------------------------
+
+BINARY = {"add": ("ADD", "AddOptions"), "sub": ("SUB", "SubOptions"), "mul": ("MUL", "MulOptions")}
 
 
-# ---- elementwise -----------------------------------------------------------------------------
-
-def _operand(w: Writer, name: str, nhwc: bool):
-    if name in w.consts:
-        return w.const_int8(f"{name}/int8", w.consts[name], nhwc)
-    return w.activation(name)
-
-
-@emitter("Add", "Sub", "Mul")
-def binary(w: Writer, node) -> None:
-    nhwc = len(w.shapes.get(node.output[0], [])) == 4
-    a, b = (_operand(w, n, nhwc) for n in node.input[:2])
-    y = w.activation(node.output[0])
-    code = {"Add": w.s.BuiltinOperator.ADD, "Sub": w.s.BuiltinOperator.SUB,
-            "Mul": w.s.BuiltinOperator.MUL}[node.op_type]
-    otype = {"Add": (w.s.BuiltinOptions.AddOptions, w.s.AddOptionsT),
-             "Sub": (w.s.BuiltinOptions.SubOptions, w.s.SubOptionsT),
-             "Mul": (w.s.BuiltinOptions.MulOptions, w.s.MulOptionsT)}[node.op_type]
-    w.op(code, [a.index, b.index], [y.index], otype[0], otype[1]())
+def _binary(w: Writer, layer: QLayer, which: str, inputs: list[Tensor]) -> None:
+    op, opts = BINARY[which]
+    y = w.tensor(layer.outputs[0])
+    options = getattr(w.s, f"{opts}T")()
+    options.fusedActivationFunction = fused_activation(w, layer, y)
+    w.op(getattr(w.s.BuiltinOperator, op), [t.index for t in inputs], [y.index],
+         getattr(w.s.BuiltinOptions, opts), options)
 
 
-def _unary(w: Writer, node, code, otype=None, options=None) -> None:
-    x = w.activation(node.input[0])
-    y = w.activation(node.output[0], node.op_type)
-    w.op(code, [x.index], [y.index], otype, options)
+@emitter("add")
+def add(w: Writer, layer: QLayer) -> None:
+    like = w.tensor(next(t for t in layer.inputs if t not in w.q.constants))
+    _binary(w, layer, "sub" if layer.attrs.get("sub") else "add",
+            [w.operand(t, like) for t in layer.inputs])
 
 
-@emitter("Relu")
-def relu(w: Writer, node) -> None:
-    _unary(w, node, w.s.BuiltinOperator.RELU)
+@emitter("mul")
+def mul(w: Writer, layer: QLayer) -> None:
+    like = w.tensor(next(t for t in layer.inputs if t not in w.q.constants))
+    _binary(w, layer, "mul", [w.operand(t, like) for t in layer.inputs])
 
 
-@emitter("Clip")
-def clip(w: Writer, node) -> None:
-    lo = w.consts.get(node.input[1]) if len(node.input) > 1 and node.input[1] else None
-    lo = float(lo) if lo is not None else float(attrs(node).get("min", -np.inf))
-    if lo != 0.0:
-        raise Unwritable(f"Clip with a lower bound {lo} (only 0: RELU saturating at the output range)")
-    # the upper bound is the output range: int8 saturation clips there
-    _unary(w, node, w.s.BuiltinOperator.RELU)
+@emitter("rescale")
+def rescale(w: Writer, layer: QLayer) -> None:
+    """x · k as a MUL by a one-element constant holding k exactly (±qmax at scale |k|/qmax)."""
+    x = w.tensor(layer.inputs[0])
+    k = float(layer.attrs["factor"])
+    top = INT_RANGE[x.dtype][1]
+    shape = [1] * len(x.shape)
+    value = np.full(shape, top if k >= 0 else -top)
+    factor = w.constant(f"{layer.outputs[0]}/factor", value, x.dtype, Quant.of(abs(k) / top, 0))
+    factor_t = Tensor(factor, shape, x.nhwc, Quant.of(abs(k) / top, 0), x.dtype)
+    _binary(w, layer, "mul", [x, factor_t])
 
 
-@emitter("Sigmoid")
-def sigmoid(w: Writer, node) -> None:
-    _unary(w, node, w.s.BuiltinOperator.LOGISTIC)
+# ---- tables ------------------------------------------------------------------------------------
+
+def _fragment(layer: QLayer) -> onnx.ModelProto | None:
+    data = layer.arrays.get("model")
+    return None if data is None else onnx.load_from_string(np.asarray(data, np.uint8).tobytes())
 
 
-@emitter("Tanh")
-def tanh(w: Writer, node) -> None:
-    _unary(w, node, w.s.BuiltinOperator.TANH)
+def _clip_bounds(frag: onnx.ModelProto) -> tuple[float, float]:
+    node = next(n for n in frag.graph.node if n.op_type == "Clip")
+    consts = {t.name: float(numpy_helper.to_array(t)) for t in frag.graph.initializer}
+    consts.update({n.output[0]: float(numpy_helper.to_array(n.attribute[0].t))
+                   for n in frag.graph.node if n.op_type == "Constant"})
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    lo = consts.get(node.input[1], -np.inf) if len(node.input) > 1 and node.input[1] else attrs.get("min", -np.inf)
+    hi = consts.get(node.input[2], np.inf) if len(node.input) > 2 and node.input[2] else attrs.get("max", np.inf)
+    return float(lo), float(hi)
 
 
-@emitter("HardSwish")
-def hard_swish(w: Writer, node) -> None:
-    _unary(w, node, w.s.BuiltinOperator.HARD_SWISH)
+def _unary(w: Writer, layer: QLayer, op: str, fixed: bool = False, options=None) -> None:
+    x = w.tensor(layer.inputs[0])
+    quant = w.fixed(op, x.dtype) if fixed else None
+    code = getattr(w.s.BuiltinOperator, op)
+    otype = None if options is None else getattr(w.s.BuiltinOptions, type(options).__name__[:-1])
+    w.output_at(layer.outputs[0], quant, f"fixed by {op}",
+                lambda y: w.op(code, [x.index], [y.index], otype, options))
 
 
-@emitter("LeakyRelu")
-def leaky_relu(w: Writer, node) -> None:
+def _silu(w: Writer, layer: QLayer) -> None:
+    """x · sigmoid(x): LOGISTIC (at its fixed quantization) and a MUL."""
+    x = w.tensor(layer.inputs[0])
+    sig = w.helper(f"{layer.outputs[0]}/logistic", x, w.fixed("LOGISTIC", x.dtype),
+                   "fixed by LOGISTIC (SiLU's sigmoid)")
+    w.op(w.s.BuiltinOperator.LOGISTIC, [x.index], [sig.index])
+    y = w.tensor(layer.outputs[0])
+    w.op(w.s.BuiltinOperator.MUL, [x.index, sig.index], [y.index], w.s.BuiltinOptions.MulOptions,
+         w.s.MulOptionsT())
+
+
+def _clip(w: Writer, layer: QLayer) -> None:
+    bounds = _clip_bounds(_fragment(layer))
+    op = {(0.0, np.inf): "RELU", (0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1"}.get(bounds)
+    if op is None:
+        raise Unwritable(f"Clip{bounds} is none of RELU, RELU6, RELU_N1_TO_1")
+    _unary(w, layer, op)
+
+
+def _leaky_relu(w: Writer, layer: QLayer) -> None:
+    node = next(n for n in _fragment(layer).graph.node if n.op_type == "LeakyRelu")
     options = w.s.LeakyReluOptionsT()
-    options.alpha = float(attrs(node).get("alpha", 0.01))
-    _unary(w, node, w.s.BuiltinOperator.LEAKY_RELU, w.s.BuiltinOptions.LeakyReluOptions, options)
+    options.alpha = float(next((helper.get_attribute_value(a) for a in node.attribute
+                                if a.name == "alpha"), 0.01))
+    _unary(w, layer, "LEAKY_RELU", options=options)
 
 
-@emitter("Softmax")
-def softmax(w: Writer, node) -> None:
-    x = w.activation(node.input[0])
-    axis = int(attrs(node).get("axis", -1)) % len(w.shapes[node.input[0]])
-    last = (AXIS_NHWC[axis] if x.nhwc else axis) == len(x.shape) - 1
-    if not last:
+def _hard_swish(w: Writer, layer: QLayer) -> None:
+    frag = _fragment(layer)
+    for node in frag.graph.node if frag is not None else []:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "HardSigmoid" and (abs(attrs.get("alpha", 0.2) - 1 / 6) > 1e-6
+                                              or abs(attrs.get("beta", 0.5) - 0.5) > 1e-6):
+            raise Unwritable("x · HardSigmoid(x) with other than alpha 1/6, beta 1/2")
+    _unary(w, layer, "HARD_SWISH")
+
+
+TABLES: dict[str, Callable[[Writer, QLayer], None]] = {
+    "Sigmoid": lambda w, layer: _unary(w, layer, "LOGISTIC", fixed=True),
+    "Tanh": lambda w, layer: _unary(w, layer, "TANH", fixed=True),
+    "Relu": lambda w, layer: _unary(w, layer, "RELU"),
+    "HardSwish": _hard_swish, "SiLU": _silu, "Clip": _clip, "LeakyRelu": _leaky_relu,
+}
+
+
+@emitter("lut")
+def table(w: Writer, layer: QLayer) -> None:
+    function = layer.attrs.get("function", "")
+    emit = TABLES.get(function)
+    if emit is None or "axis" in layer.attrs:
+        raise Unwritable(f"a {function} table has no TFLite builtin here")
+    emit(w, layer)
+
+
+@emitter("softmax")
+def softmax(w: Writer, layer: QLayer) -> None:
+    x = w.tensor(layer.inputs[0])
+    axis = layer.attrs["axis"]
+    if (AXIS_NHWC[axis] if x.nhwc else axis) != len(x.shape) - 1:
         raise Unwritable(f"softmax over axis {axis} (TFLite's runs over the last dimension)")
     options = w.s.SoftmaxOptionsT()
     options.beta = 1.0
-    _unary(w, node, w.s.BuiltinOperator.SOFTMAX, w.s.BuiltinOptions.SoftmaxOptions, options)
+    _unary(w, layer, "SOFTMAX", fixed=True, options=options)
 
 
-@emitter("Identity")
-def identity(w: Writer, node) -> None:
-    w.names[node.output[0]] = w.activation(node.input[0])
+# ---- data movement -----------------------------------------------------------------------------
+
+def _moves(w: Writer, layer: QLayer, x: Tensor, op: str, emit) -> None:
+    """A data-movement op: npubuild gives its output its input's parameters (else a QUANTIZE)."""
+    w.output_at(layer.outputs[0], x.quant, f"{op} keeps its input's quantization", emit)
 
 
-# ---- data movement ---------------------------------------------------------------------------
-
-@emitter("Concat")
-def concat(w: Writer, node) -> None:
-    xs = [w.activation(n) for n in node.input]
-    axis = int(attrs(node)["axis"]) % len(w.shapes[node.output[0]])
-    axis = AXIS_NHWC[axis] if xs[0].nhwc else axis
-    y = w.activation(node.output[0])
+@emitter("concat")
+def concat(w: Writer, layer: QLayer) -> None:
+    y = w.tensor(layer.outputs[0])
+    xs = [w.at(w.tensor(t), y.quant, f"{t}/to_concat", "CONCATENATION takes its output's "
+               "quantization") for t in layer.inputs]
+    axis = layer.attrs["axis"]
     options = w.s.ConcatenationOptionsT()
-    options.axis = axis
+    options.axis = AXIS_NHWC[axis] if y.nhwc else axis
+    options.fusedActivationFunction = fused_activation(w, layer, y)
     w.op(w.s.BuiltinOperator.CONCATENATION, [x.index for x in xs], [y.index],
          w.s.BuiltinOptions.ConcatenationOptions, options)
 
 
-@emitter("Resize")
-def resize(w: Writer, node) -> None:
-    a = attrs(node)
-    if _str(a.get("mode", "nearest")) != "nearest":
+@emitter("resize")
+def resize(w: Writer, layer: QLayer) -> None:
+    a = layer.attrs
+    if a["mode"] != "nearest":
         raise Unwritable("only nearest resizing")
-    coordinates = _str(a.get("coordinate_transformation_mode", "half_pixel"))
-    nearest = _str(a.get("nearest_mode", "round_prefer_floor"))
-    x = w.activation(node.input[0])
-    y = w.activation(node.output[0])
+    coordinates, nearest = a["coordinate_transformation_mode"], a["nearest_mode"]
     options = w.s.ResizeNearestNeighborOptionsT()
     if coordinates == "asymmetric" and nearest == "floor":
         options.alignCorners, options.halfPixelCenters = False, False
@@ -280,119 +356,118 @@ def resize(w: Writer, node) -> None:
         options.alignCorners, options.halfPixelCenters = False, True
     else:
         raise Unwritable(f"coordinate mode {coordinates} with nearest_mode {nearest}")
-    size = w.int32(f"{node.output[0]}/size", np.array(y.shape[1:3], np.int32))
-    w.op(w.s.BuiltinOperator.RESIZE_NEAREST_NEIGHBOR, [x.index, size], [y.index],
-         w.s.BuiltinOptions.ResizeNearestNeighborOptions, options)
+    x = w.tensor(layer.inputs[0])
+    size = w.constant(f"{layer.outputs[0]}/size", np.array(a["output_size"], np.int32), "int32")
+    _moves(w, layer, x, "RESIZE_NEAREST_NEIGHBOR", lambda y: w.op(
+        w.s.BuiltinOperator.RESIZE_NEAREST_NEIGHBOR, [x.index, size], [y.index],
+        w.s.BuiltinOptions.ResizeNearestNeighborOptions, options))
 
 
-@emitter("Pad")
-def pad(w: Writer, node) -> None:
-    if _str(attrs(node).get("mode", "constant")) != "constant":
-        raise Unwritable("only constant padding")
-    value = w.consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-    if value is not None and float(value) != 0.0:
-        raise Unwritable("padding with a value other than 0")
-    x = w.activation(node.input[0])
-    pads = [int(p) for p in w.consts[node.input[1]]]
+def transpose_tensor(w: Writer, name: str, x: Tensor, perm, nhwc: bool) -> Tensor:
+    shape = [x.shape[i] for i in perm]
+    out = w.helper(name, x, x.quant, "npubuild (layout)", shape=shape, nhwc=nhwc)
+    _transpose_op(w, x, out, perm)
+    return out
+
+
+def _transpose_op(w: Writer, x: Tensor, y: Tensor, perm) -> None:
+    p = w.constant(f"{w.tensors[y.index].name.decode()}/perm", np.array(perm, np.int32), "int32")
+    w.op(w.s.BuiltinOperator.TRANSPOSE, [x.index, p], [y.index],
+         w.s.BuiltinOptions.TransposeOptions, w.s.TransposeOptionsT())
+
+
+@emitter("reshape")
+def reshape(w: Writer, layer: QLayer) -> None:
+    """ONNX reshapes in NCHW order: an NHWC feature map is transposed to NCHW first (unless its
+    spatial size is 1), and a 4-D result is reshaped in NCHW and transposed back to NHWC."""
+    x = w.tensor(layer.inputs[0])
+    out_shape = list(w.qtensor(layer.outputs[0]).shape)
+    if x.nhwc and not (x.shape[1] == 1 and x.shape[2] == 1):
+        x = transpose_tensor(w, f"{layer.outputs[0]}/nchw_in", x, NHWC_TO_NCHW, False)
+    spatial = len(out_shape) == 4 and not (out_shape[2] == 1 and out_shape[3] == 1)
+
+    def emit(y: Tensor) -> None:
+        mid = (w.helper(f"{layer.outputs[0]}/nchw", x, x.quant, "npubuild (layout)",
+                        shape=out_shape, nhwc=False) if spatial else y)
+        shape = w.constant(f"{layer.outputs[0]}/shape", np.array(mid.shape, np.int32), "int32")
+        options = w.s.ReshapeOptionsT()
+        options.newShape = list(mid.shape)
+        w.op(w.s.BuiltinOperator.RESHAPE, [x.index, shape], [mid.index],
+             w.s.BuiltinOptions.ReshapeOptions, options)
+        if spatial:
+            _transpose_op(w, mid, y, NCHW_TO_NHWC)
+    _moves(w, layer, x, "RESHAPE", emit)
+
+
+def _tflite_perm(perm: list[int], in_nhwc: bool, out_nhwc: bool) -> list[int]:
+    """ONNX's perm (out[i] = in[perm[i]]) between TFLite layouts."""
+    to_onnx_out = NCHW_TO_NHWC if out_nhwc else range(len(perm))  # TFLite dim j = ONNX dim map[j]
+    onnx_to_tfl_in = {onnx: j for j, onnx in enumerate(NCHW_TO_NHWC if in_nhwc else range(len(perm)))}
+    return [onnx_to_tfl_in[perm[o]] for o in to_onnx_out]
+
+
+@emitter("transpose")
+def transpose(w: Writer, layer: QLayer) -> None:
+    x = w.tensor(layer.inputs[0])
+    out_nhwc = len(w.qtensor(layer.outputs[0]).shape) == 4
+    perm = _tflite_perm(list(layer.attrs["perm"]), x.nhwc, out_nhwc)
+    _moves(w, layer, x, "TRANSPOSE", lambda y: _transpose_op(w, x, y, perm))
+
+
+@emitter("split")
+def split(w: Writer, layer: QLayer) -> None:
+    x = w.tensor(layer.inputs[0])
+    axis = layer.attrs["axis"]
+    axis = AXIS_NHWC[axis] if x.nhwc else axis
+    ys = [w.tensor(o) for o in layer.outputs]
+    if any(y.quant != x.quant for y in ys):
+        raise Unwritable("its outputs' quantization differs from its input's")
+    sizes = w.constant(f"{layer.outputs[0]}/sizes", np.array(layer.attrs["sizes"], np.int32), "int32")
+    axis_t = w.constant(f"{layer.outputs[0]}/axis", np.array(axis, np.int32), "int32")
+    options = w.s.SplitVOptionsT()
+    options.numSplits = len(ys)
+    w.op(w.s.BuiltinOperator.SPLIT_V, [x.index, sizes, axis_t], [y.index for y in ys],
+         w.s.BuiltinOptions.SplitVOptions, options)
+
+
+@emitter("slice")
+def slice_(w: Writer, layer: QLayer) -> None:
+    a = layer.attrs
+    x = w.tensor(layer.inputs[0])
+    onnx_shape = [x.shape[i] for i in NHWC_TO_NCHW] if x.nhwc else list(x.shape)
+    begin, end, strides = [0] * len(onnx_shape), list(onnx_shape), [1] * len(onnx_shape)
+    for start, stop, axis, step in zip(a["starts"], a["ends"], a["axes"], a["steps"]):
+        if step <= 0 or stop is None:
+            raise Unwritable("a slice with a negative step")
+        begin[axis], end[axis], strides[axis] = start, stop, step
+    order = NCHW_TO_NHWC if x.nhwc else range(len(onnx_shape))
+    vectors = [w.constant(f"{layer.outputs[0]}/{k}", np.array([v[i] for i in order], np.int32), "int32")
+               for k, v in (("begin", begin), ("end", end), ("strides", strides))]
+    _moves(w, layer, x, "STRIDED_SLICE", lambda y: w.op(
+        w.s.BuiltinOperator.STRIDED_SLICE, [x.index, *vectors], [y.index],
+        w.s.BuiltinOptions.StridedSliceOptions, w.s.StridedSliceOptionsT()))
+
+
+@emitter("pad")
+def pad(w: Writer, layer: QLayer) -> None:
+    a = layer.attrs
+    if a.get("mode", "constant") != "constant":
+        raise Unwritable(f"{a['mode']} padding")
+    x = w.tensor(layer.inputs[0])
+    pads = list(a["pads"])
     rank = len(pads) // 2
     pairs = [[pads[i], pads[i + rank]] for i in range(rank)]
     if x.nhwc:
         pairs = [pairs[i] for i in NCHW_TO_NHWC]
-    y = w.activation(node.output[0])
-    paddings = w.int32(f"{node.output[0]}/paddings", np.array(pairs, np.int32))
-    w.op(w.s.BuiltinOperator.PAD, [x.index, paddings], [y.index], w.s.BuiltinOptions.PadOptions,
-         w.s.PadOptionsT())
+    paddings = w.constant(f"{layer.outputs[0]}/paddings", np.array(pairs, np.int32), "int32")
+    fill = int(a.get("value", x.quant.zero_point[0]))
 
-
-@emitter("Reshape", "Flatten", "Squeeze", "Unsqueeze")
-def reshape(w: Writer, node) -> None:
-    """ONNX reshapes in NCHW order: an NHWC feature map is transposed to NCHW first (unless its
-    spatial size is 1), and a 4-D result transposed back to NHWC."""
-    x = w.activation(node.input[0])
-    out_shape = list(w.shapes[node.output[0]])
-    if x.nhwc and not (x.shape[1] == 1 and x.shape[2] == 1):
-        x = _transpose(w, node, x, NHWC_TO_NCHW, "in")
-    y = w.activation(node.output[0])
-    spatial = y.nhwc and not (out_shape[2] == 1 and out_shape[3] == 1)
-    target = out_shape if spatial else y.shape
-    if spatial:
-        name = f"{node.output[0]}/nchw"
-        index = w._add_tensor(name, target, w.s.TensorType.INT8, x.quant)
-        mid = type(x)(index, target, False, x.quant)
-    else:
-        mid = y
-    shape = w.int32(f"{node.output[0]}/shape", np.array(target, np.int32))
-    options = w.s.ReshapeOptionsT()
-    options.newShape = list(target)
-    w.op(w.s.BuiltinOperator.RESHAPE, [x.index, shape], [mid.index],
-         w.s.BuiltinOptions.ReshapeOptions, options)
-    if spatial:
-        p = w.int32(f"{node.output[0]}/perm", np.array(NCHW_TO_NHWC, np.int32))
-        w.op(w.s.BuiltinOperator.TRANSPOSE, [mid.index, p], [y.index],
-             w.s.BuiltinOptions.TransposeOptions, w.s.TransposeOptionsT())
-
-
-def _transpose(w: Writer, node, x, perm, tag: str = "transpose"):
-    shape = [x.shape[i] for i in perm]
-    name = f"{node.output[0]}/{tag}"
-    index = w._add_tensor(name, shape, w.s.TensorType.INT8, x.quant)
-    p = w.int32(f"{name}/perm", np.array(perm, np.int32))
-    w.op(w.s.BuiltinOperator.TRANSPOSE, [x.index, p], [index],
-         w.s.BuiltinOptions.TransposeOptions, w.s.TransposeOptionsT())
-    return type(x)(index, shape, False, x.quant)
-
-
-@emitter("Gemm")
-def gemm(w: Writer, node) -> None:
-    a = attrs(node)
-    if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
-        raise Unwritable("transA, alpha or beta")
-    weight = w.consts.get(node.input[1])
-    if weight is None:
-        raise Unwritable("the weights are not constant")
-    weight = weight if a.get("transB", 0) else weight.T  # FULLY_CONNECTED: [out, in]
-    x = w.activation(node.input[0])
-    y = w.activation(node.output[0])
-    q, wq = weight_quant(weight, 0)
-    wi = w._add_tensor(f"{node.output[0]}/weights", list(q.shape), w.s.TensorType.INT8, wq, q)
-    bias = w.consts.get(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(len(q))
-    bscale = (x.quant.scale[0] * wq.scale).astype(np.float32)
-    bq = np.round(np.broadcast_to(bias, (len(q),)) / bscale).astype(np.int32)
-    bi = w.int32(f"{node.output[0]}/bias", bq, Quant(bscale, np.zeros(len(bscale), np.int64)))
-    options = w.s.FullyConnectedOptionsT()
-    w.op(w.s.BuiltinOperator.FULLY_CONNECTED, [x.index, wi, bi], [y.index],
-         w.s.BuiltinOptions.FullyConnectedOptions, options)
-
-
-@emitter("Split")
-def split(w: Writer, node) -> None:
-    x = w.activation(node.input[0])
-    rank = len(w.shapes[node.input[0]])
-    axis = int(attrs(node).get("axis", 0)) % rank
-    axis = AXIS_NHWC[axis] if x.nhwc else axis
-    sizes = (w.consts.get(node.input[1]) if len(node.input) > 1 and node.input[1]
-             else attrs(node).get("split"))
-    if sizes is None:
-        sizes = [x.shape[axis] // len(node.output)] * len(node.output)
-    ys = [w.activation(o) for o in node.output]
-    size_splits = w.int32(f"{node.output[0]}/sizes", np.array(sizes, np.int32))
-    axis_t = w.int32(f"{node.output[0]}/axis", np.array(axis, np.int32))
-    options = w.s.SplitVOptionsT()
-    options.numSplits = len(ys)
-    w.op(w.s.BuiltinOperator.SPLIT_V, [x.index, size_splits, axis_t], [y.index for y in ys],
-         w.s.BuiltinOptions.SplitVOptions, options)
-
-
-@emitter("Div")
-def div(w: Writer, node) -> None:
-    """A division by a constant is a MUL by its reciprocal (TFLite's DIV has no int8 kernel
-    Vela runs on Ethos-U55/U65); a division by a tensor has no form here."""
-    divisor = w.consts.get(node.input[1])
-    if divisor is None:
-        raise Unwritable("division by a tensor")
-    nhwc = len(w.shapes.get(node.output[0], [])) == 4
-    a = _operand(w, node.input[0], nhwc)
-    b = w.const_int8(f"{node.input[1]}/reciprocal", 1.0 / np.asarray(divisor, np.float32), nhwc)
-    y = w.activation(node.output[0])
-    w.op(w.s.BuiltinOperator.MUL, [a.index, b.index], [y.index], w.s.BuiltinOptions.MulOptions,
-         w.s.MulOptionsT())
+    def emit(y: Tensor) -> None:
+        if fill == x.quant.zero_point[0]:
+            w.op(w.s.BuiltinOperator.PAD, [x.index, paddings], [y.index],
+                 w.s.BuiltinOptions.PadOptions, w.s.PadOptionsT())
+        else:
+            value = w.constant(f"{layer.outputs[0]}/value", np.array(fill), x.dtype, x.quant)
+            w.op(w.s.BuiltinOperator.PADV2, [x.index, paddings, value], [y.index],
+                 w.s.BuiltinOptions.PadV2Options, w.s.PadV2OptionsT())
+    _moves(w, layer, x, "PAD", emit)

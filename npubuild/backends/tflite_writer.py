@@ -1,16 +1,21 @@
-"""A full-int8 TFLite flatbuffer written from a float ONNX NPU submodel and per-tensor ranges.
+"""A full-integer TFLite flatbuffer written from npubuild's own quantized graph (`QGraph`).
 
-This is what Vela takes, and it replaces the TensorFlow-plus-onnx2tf detour for ONNX sources:
-each ONNX node becomes the TFLite builtin that Ethos-U runs, in TFLite's int8 conventions —
-activations per-tensor asymmetric int8 from the given ranges, weights per-channel symmetric
-int8, biases int32 at ``input scale × weight scale``, LOGISTIC/SOFTMAX outputs at 1/256 and
-TANH at 1/128 as TFLite's kernels require. 4-D tensors are NHWC inside the flatbuffer (the
-runner transposes at the boundary); every other tensor keeps its ONNX shape.
+This is what Vela takes, and it replaces the TensorFlow-plus-onnx2tf detour for ONNX sources.
+The TFLite is npubuild's int8 model itself, not a re-quantization of the float one: every
+tensor of the qgraph becomes the TFLite tensor of the same name with npubuild's scale, zero
+point and type (int8, or int16 where npubuild chose it: TFLite's 16x8 kernels), every conv its
+int8 weights, per-channel scales and integer bias (bias correction included), every folded
+Relu/Clip its clamp as the fused activation. Layers map to the builtins Ethos-U runs
+(`npubuild.backends.tflite_ops`). Where a TFLite kernel fixes a quantization npubuild chose
+otherwise (LOGISTIC and SOFTMAX write 1/256, TANH 1/128; AVERAGE_POOL_2D and CONCATENATION keep
+their input's), the op writes a tensor of its own at the fixed parameters and a QUANTIZE
+requantizes it to npubuild's: npubuild's decisions hold on every tensor it made, and
+`Written.coverage` counts what else the TFLite holds and why.
 
-`write_tflite(model, ranges)` returns the flatbuffer bytes (deterministic: same model and
-ranges, same bytes). A node it cannot express raises `Unwritable` naming the node and why; the
-chip files of the Ethos-U targets list only ops this writer emits, so the split keeps such
-nodes on the CPU first.
+4-D tensors are NHWC inside the flatbuffer (the runner transposes at the boundary); every other
+tensor keeps its ONNX shape. ``write_tflite(qgraph)`` is deterministic: same qgraph, same bytes.
+A layer with no TFLite form raises `Unwritable` naming the layer and why; the chip files of the
+Ethos-U targets list only ops written here, so the split keeps such nodes on the CPU first.
 """
 
 from __future__ import annotations
@@ -18,18 +23,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
+
+from npubuild.quant.qgraph import QGraph, QTensor
 
 NCHW_TO_NHWC = (0, 2, 3, 1)
 NHWC_TO_NCHW = (0, 3, 1, 2)
 AXIS_NHWC = {0: 0, 1: 3, 2: 1, 3: 2}
-# TFLite's int8 kernels fix the output quantization of these ops.
-FIXED_OUTPUT = {"Sigmoid": (1 / 256, -128), "Softmax": (1 / 256, -128), "Tanh": (1 / 128, 0)}
+#: Output quantization TFLite's kernels fix, per op and type: (scale, zero point).
+FIXED_OUTPUT = {("LOGISTIC", "int8"): (1 / 256, -128), ("LOGISTIC", "int16"): (1 / 32768, 0),
+                ("SOFTMAX", "int8"): (1 / 256, -128), ("SOFTMAX", "int16"): (1 / 32768, 0),
+                ("TANH", "int8"): (1 / 128, 0), ("TANH", "int16"): (1 / 32768, 0)}
+INT_RANGE = {"int8": (-128, 127), "int16": (-32768, 32767)}
 
 
 class Unwritable(Exception):
-    """The node has no TFLite int8 form here; the message says which node and why."""
+    """The layer has no TFLite integer form here; the message says which layer and why."""
 
 
 def schema():
@@ -38,69 +46,74 @@ def schema():
     return schema_py_generated
 
 
-@dataclass
+@dataclass(frozen=True)
 class Quant:
-    scale: np.ndarray
-    zero_point: np.ndarray
+    """One TFLite tensor's quantization: per-tensor (activations) or per-axis (weights)."""
+
+    scale: tuple[float, ...]
+    zero_point: tuple[int, ...]
     axis: int = 0
 
-
-def activation_quant(lo: float, hi: float) -> Quant:
-    """TFLite's int8 activation parameters for a real range (which must hold 0)."""
-    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
-    scale = (hi - lo) / 255.0 if hi > lo else 1.0 / 255.0
-    zero = int(np.clip(np.round(-128 - lo / scale), -128, 127))
-    return Quant(np.array([scale], np.float32), np.array([zero], np.int64))
-
-
-def weight_quant(w: np.ndarray, axis: int) -> tuple[np.ndarray, Quant]:
-    """Per-channel symmetric int8 along ``axis`` (TFLite: zero points 0)."""
-    moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
-    scale = np.maximum(np.abs(moved).max(axis=1), 1e-12) / 127.0
-    shape = [1] * w.ndim
-    shape[axis] = -1
-    q = np.clip(np.round(w / scale.reshape(shape)), -127, 127).astype(np.int8)
-    return q, Quant(scale.astype(np.float32), np.zeros(len(scale), np.int64), axis)
+    @classmethod
+    def of(cls, scale, zero_point=0, axis: int = 0) -> "Quant":
+        scales = tuple(float(np.float32(s)) for s in np.ravel(scale))
+        zps = np.broadcast_to(np.ravel(zero_point), (len(scales),))
+        return cls(scales, tuple(int(z) for z in zps), axis)
 
 
 @dataclass
 class Tensor:
     index: int
-    shape: list[int]
+    shape: list[int]   # TFLite order (NHWC for a 4-D activation)
     nhwc: bool
-    quant: Quant | None = None
+    quant: Quant
+    dtype: str         # int8 | int16
 
 
 @dataclass
-class Writer:
-    model: onnx.ModelProto
-    ranges: dict[str, tuple[float, float]]
-    tensors: list = field(default_factory=list)
-    buffers: list = field(default_factory=list)
-    operators: list = field(default_factory=list)
-    opcodes: dict[int, int] = field(default_factory=dict)
-    names: dict[str, Tensor] = field(default_factory=dict)
+class Written:
+    """The flatbuffer and where each of its activation tensors' quantization came from."""
 
-    def __post_init__(self):
+    data: bytes
+    #: per TFLite activation tensor: "npubuild" (a qgraph tensor, at its own parameters;
+    #: "npubuild (layout)" / "(padding)": a copy at them), or the TFLite constraint that made a
+    #: tensor of its own ("fixed by LOGISTIC", "AVERAGE_POOL_2D keeps its input's
+    #: quantization", ...) before a QUANTIZE to npubuild's.
+    sources: dict[str, str] = field(default_factory=dict)
+    #: QUANTIZE ops the TFLite constraints added.
+    requantizations: int = 0
+
+    def coverage(self) -> dict:
+        """What the report says: npubuild's parameters on how many of the TFLite's tensors,
+        and every other tensor with its reason."""
+        mine = [t for t, s in self.sources.items() if s.startswith("npubuild")]
+        other = {t: s for t, s in sorted(self.sources.items()) if not s.startswith("npubuild")}
+        return {"tensors": len(self.sources), "npubuild": len(mine),
+                "tflite_constraints": other, "requantizations": self.requantizations}
+
+
+class Writer:
+    """The flatbuffer under construction: tensors, buffers, operators."""
+
+    def __init__(self, qgraph: QGraph):
         self.s = schema()
-        self.buffers.append(self.s.BufferT())  # buffer 0: the empty buffer
-        inferred = onnx.shape_inference.infer_shapes(self.model)
-        self.shapes = {}
-        for v in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-            dims = v.type.tensor_type.shape.dim
-            self.shapes[v.name] = [d.dim_value for d in dims]
-        self.consts = {t.name: numpy_helper.to_array(t) for t in self.model.graph.initializer}
-        for node in self.model.graph.node:
-            if node.op_type == "Constant":
-                self.consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+        self.q = qgraph
+        self.tensors: list = []
+        self.buffers: list = [self.s.BufferT()]  # buffer 0: the empty buffer
+        self.operators: list = []
+        self.opcodes: dict[int, int] = {}
+        self.names: dict[str, Tensor] = {}
+        self.sources: dict[str, str] = {}
+        self.requantizations = 0
+        self.producers = qgraph.producers()
 
     # -- tensors -----------------------------------------------------------------------------
-    def _add_tensor(self, name: str, shape: list[int], dtype: int, quant: Quant | None,
-                    data: np.ndarray | None = None) -> int:
+    def add_tensor(self, name: str, shape: list[int], dtype: str, quant: Quant | None,
+                   data: np.ndarray | None = None) -> int:
         t = self.s.TensorT()
         t.name = name.encode()
-        t.shape = list(int(d) for d in shape)
-        t.type = dtype
+        t.shape = [int(d) for d in shape]
+        t.type = getattr(self.s.TensorType, dtype.upper())
         t.buffer = 0
         if data is not None:
             b = self.s.BufferT()
@@ -109,46 +122,102 @@ class Writer:
             t.buffer = len(self.buffers) - 1
         if quant is not None:
             q = self.s.QuantizationParametersT()
-            q.scale = [float(v) for v in quant.scale]
-            q.zeroPoint = [int(v) for v in quant.zero_point]
+            q.scale = list(quant.scale)
+            q.zeroPoint = list(quant.zero_point)
             q.quantizedDimension = quant.axis
             t.quantization = q
         self.tensors.append(t)
         return len(self.tensors) - 1
 
-    def activation(self, name: str, op: str | None = None) -> Tensor:
-        """The int8 tensor of ONNX activation ``name`` (made on first use)."""
-        if name in self.names:
-            return self.names[name]
-        shape = self.shapes.get(name)
-        if not shape or any(d <= 0 for d in shape):
-            raise Unwritable(f"tensor {name!r} has no static shape")
-        if op in FIXED_OUTPUT:
-            scale, zero = FIXED_OUTPUT[op]
-            quant = Quant(np.array([scale], np.float32), np.array([zero], np.int64))
-        else:
-            if name not in self.ranges:
-                raise Unwritable(f"tensor {name!r} has no calibrated range")
-            quant = activation_quant(*self.ranges[name])
-        nhwc = len(shape) == 4
-        tshape = [shape[i] for i in NCHW_TO_NHWC] if nhwc else shape
-        t = Tensor(self._add_tensor(name, tshape, self.s.TensorType.INT8, quant), tshape, nhwc, quant)
-        self.names[name] = t
+    def qtensor(self, name: str) -> QTensor:
+        t = self.q.tensors.get(name)
+        if t is None:
+            raise Unwritable(f"tensor {name!r} is not in npubuild's quantized graph")
+        if t.dtype not in INT_RANGE:
+            raise Unwritable(f"tensor {name!r} is {t.dtype} (runs on the CPU in npubuild's graph)")
         return t
 
-    def const_int8(self, name: str, value: np.ndarray, like_nhwc: bool) -> Tensor:
-        """A constant operand of an elementwise op, per-tensor int8 (NHWC when 4-D)."""
-        value = np.asarray(value, np.float32)
-        if like_nhwc:
-            value = value.reshape([1] * (4 - value.ndim) + list(value.shape)).transpose(NCHW_TO_NHWC)
-        quant = activation_quant(float(value.min()), float(value.max()))
-        q = np.clip(np.round(value / quant.scale[0]) + quant.zero_point[0], -128, 127).astype(np.int8)
-        index = self._add_tensor(name, list(value.shape), self.s.TensorType.INT8, quant, q)
-        return Tensor(index, list(value.shape), like_nhwc, quant)
+    def tensor(self, name: str) -> Tensor:
+        """The TFLite tensor of qgraph tensor ``name``, at npubuild's parameters (made on first
+        use; a constant operand gets its buffer)."""
+        if name in self.names:
+            return self.names[name]
+        t = self.qtensor(name)
+        if not t.shape or any(d <= 0 for d in t.shape):
+            raise Unwritable(f"tensor {name!r} has no static shape")
+        nhwc = len(t.shape) == 4
+        shape = [t.shape[i] for i in NCHW_TO_NHWC] if nhwc else list(t.shape)
+        quant = Quant.of(t.scale, t.zero_point)
+        data = None
+        if name in self.q.constants:
+            value = np.asarray(self.q.constants[name]).astype(t.dtype)
+            data = value.transpose(NCHW_TO_NHWC) if nhwc else value
+        index = self.add_tensor(name, shape, t.dtype, quant, data)
+        if data is None:
+            self.sources[name] = "npubuild"
+        self.names[name] = Tensor(index, shape, nhwc, quant, t.dtype)
+        return self.names[name]
 
-    def int32(self, name: str, value: np.ndarray, quant: Quant | None = None) -> int:
-        value = np.asarray(value, np.int32)
-        return self._add_tensor(name, list(value.shape), self.s.TensorType.INT32, quant, value)
+    def operand(self, name: str, like: Tensor) -> Tensor:
+        """An elementwise operand: a constant broadcast to ``like``'s rank and layout."""
+        if name not in self.q.constants or name in self.names:
+            return self.tensor(name)
+        t = self.qtensor(name)
+        value = np.asarray(self.q.constants[name]).astype(t.dtype)
+        rank = len(like.shape)
+        if value.ndim < rank:
+            value = value.reshape([1] * (rank - value.ndim) + list(value.shape))
+        if like.nhwc and value.ndim == 4:
+            value = value.transpose(NCHW_TO_NHWC)
+        quant = Quant.of(t.scale, t.zero_point)
+        index = self.add_tensor(name, list(value.shape), t.dtype, quant, value)
+        self.names[name] = Tensor(index, list(value.shape), like.nhwc, quant, t.dtype)
+        return self.names[name]
+
+    def helper(self, name: str, like: Tensor, quant: Quant, why: str, shape=None,
+               nhwc: bool | None = None) -> Tensor:
+        """A tensor of the TFLite's own (``why`` says which constraint made it)."""
+        shape = list(like.shape if shape is None else shape)
+        index = self.add_tensor(name, shape, like.dtype, quant)
+        self.sources[name] = why
+        return Tensor(index, shape, like.nhwc if nhwc is None else nhwc, quant, like.dtype)
+
+    def constant(self, name: str, value: np.ndarray, dtype: str, quant: Quant | None = None) -> int:
+        value = np.asarray(value).astype(dtype)
+        return self.add_tensor(name, list(value.shape), dtype, quant, value)
+
+    # -- requantization where a TFLite kernel fixes a quantization -----------------------------
+    def requantize(self, x: Tensor, to: Tensor) -> None:
+        """QUANTIZE ``x`` into ``to`` (an int8/int16 → int8/int16 rescale)."""
+        self.op(self.s.BuiltinOperator.QUANTIZE, [x.index], [to.index],
+                self.s.BuiltinOptions.QuantizeOptions, self.s.QuantizeOptionsT())
+        self.requantizations += 1
+
+    def at(self, x: Tensor, quant: Quant, name: str, why: str) -> Tensor:
+        """``x`` at ``quant``: itself, or a QUANTIZE of it into a tensor of its own."""
+        if x.quant == quant:
+            return x
+        y = self.helper(name, x, quant, why)
+        self.requantize(x, y)
+        return y
+
+    def output_at(self, name: str, quant: Quant | None, why: str, emit) -> None:
+        """Emit ``emit(out)`` for qgraph tensor ``name`` whose kernel writes ``quant`` (None:
+        any): straight into npubuild's tensor when they agree, else into a tensor of its own
+        and a QUANTIZE to npubuild's."""
+        y = self.tensor(name)
+        if quant is None or quant == y.quant:
+            emit(y)
+            return
+        tmp = self.helper(f"{name}/tflite", y, quant, why)
+        emit(tmp)
+        self.requantize(tmp, y)
+
+    def fixed(self, op: str, dtype: str) -> Quant:
+        try:
+            return Quant.of(*FIXED_OUTPUT[(op, dtype)])
+        except KeyError:
+            raise Unwritable(f"TFLite's {op} has no {dtype} kernel") from None
 
     # -- operators ---------------------------------------------------------------------------
     def op(self, code: int, inputs: list[int], outputs: list[int], options_type=None, options=None):
@@ -162,23 +231,22 @@ class Writer:
             o.builtinOptions = options
         self.operators.append(o)
 
-    def serialize(self, inputs: list[str], outputs: list[str]) -> bytes:
+    def serialize(self) -> bytes:
         import flatbuffers
 
         sub = self.s.SubGraphT()
         sub.tensors = self.tensors
-        sub.inputs = [self.names[n].index for n in inputs]
-        sub.outputs = [self.names[n].index for n in outputs]
+        sub.inputs = [self.names[n].index for n in self.q.inputs]
+        sub.outputs = [self.names[n].index for n in self.q.outputs]
         sub.operators = self.operators
         sub.name = b"main"
         model = self.s.ModelT()
         model.version = 3
-        model.description = b"npubuild int8"
+        model.description = b"npubuild integer model"
         model.buffers = self.buffers
         model.subgraphs = [sub]
-        codes = sorted(self.opcodes.items(), key=lambda kv: kv[1])
         model.operatorCodes = []
-        for code, _ in codes:
+        for code, _ in sorted(self.opcodes.items(), key=lambda kv: kv[1]):
             oc = self.s.OperatorCodeT()
             oc.builtinCode = code
             oc.deprecatedBuiltinCode = min(code, 127)
@@ -189,70 +257,22 @@ class Writer:
         return bytes(builder.Output())
 
 
-#: Ops whose TFLite int8 kernels need the same scale and zero point on inputs and output
-#: (they move or select values, never requantize): their tensors share one range.
-SAME_QUANT = {"Concat": None, "MaxPool": 1, "AveragePool": 1, "GlobalAveragePool": 1,
-              "Reshape": 1, "Flatten": 1, "Squeeze": 1, "Unsqueeze": 1, "Transpose": 1, "Pad": 1,
-              "Resize": 1, "Identity": 1, "Split": 1}
-#: The real ranges of the fixed output quantizations (scale, zero point) in FIXED_OUTPUT.
-FIXED_RANGE = {op: ((-128 - z) * s, (127 - z) * s) for op, (s, z) in FIXED_OUTPUT.items()}
-
-
-def shared_ranges(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]]
-                  ) -> dict[str, tuple[float, float]]:
-    """``ranges`` with every group of tensors that TFLite needs at one quantization widened
-    to their union (a fixed output quantization, such as LOGISTIC's, wins its group)."""
-    parent: dict[str, str] = {}
-
-    def find(t: str) -> str:
-        while parent.get(t, t) != t:
-            t = parent[t]
-        return t
-
-    fixed = {n.output[0]: FIXED_RANGE[n.op_type] for n in model.graph.node if n.op_type in FIXED_RANGE}
-    consts = {t.name for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type not in SAME_QUANT:
-            continue
-        count = SAME_QUANT[node.op_type]
-        members = ([t for t in list(node.input)[:count] if t and t not in consts]
-                   + [o for o in node.output if o])
-        for t in members[1:]:
-            parent[find(t)] = find(members[0])
-    groups: dict[str, list[str]] = {}
-    for t in set(parent) | set(ranges):
-        groups.setdefault(find(t), []).append(t)
-    out = dict(ranges)
-    for members in groups.values():
-        pinned = [fixed[t] for t in members if t in fixed]
-        known = [ranges[t] for t in members if t in ranges]
-        if pinned:
-            union = pinned[0]
-        elif known:
-            union = (min(r[0] for r in known), max(r[1] for r in known))
-        else:
-            continue
-        out.update({t: union for t in members})
-    return out
-
-
-def write_tflite(model: onnx.ModelProto, ranges: dict[str, tuple[float, float]]) -> bytes:
-    """The int8 TFLite of a float ONNX model (standard ops only; see the module docstring)."""
+def write_tflite(qgraph: QGraph) -> Written:
+    """The integer TFLite of npubuild's quantized graph (see the module docstring)."""
     from npubuild.backends import tflite_ops
 
-    w = Writer(model, shared_ranges(model, ranges))
-    graph_inputs = [i.name for i in model.graph.input if i.name not in w.consts]
-    for name in graph_inputs:
-        w.activation(name)
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            continue
-        emit = tflite_ops.EMITTERS.get(node.op_type)
-        if emit is None:
-            raise Unwritable(f"node {node.name or node.output[0]!r}: {node.op_type} has no "
-                             "TFLite int8 form in npubuild's writer")
+    w = Writer(qgraph)
+    for name in qgraph.inputs:
+        w.tensor(name)
+    for layer in qgraph.layers:
+        emit = tflite_ops.EMITTERS.get(layer.kind)
         try:
-            emit(w, node)
+            if layer.device != "npu" or emit is None:
+                raise Unwritable(layer.attrs.get("reason") or f"no TFLite form for a {layer.kind} layer")
+            emit(w, layer)
         except Unwritable as exc:
-            raise Unwritable(f"node {node.name or node.output[0]!r} ({node.op_type}): {exc}") from None
-    return w.serialize(graph_inputs, [o.name for o in model.graph.output])
+            raise Unwritable(f"layer {layer.name!r} ({layer.kind}): {exc}") from None
+    for name in qgraph.outputs:
+        if name not in w.names:
+            raise Unwritable(f"output {name!r} is not made by any layer")
+    return Written(w.serialize(), w.sources, w.requantizations)

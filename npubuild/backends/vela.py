@@ -1,15 +1,17 @@
-"""Arm Ethos-U (U55/U65/U85) through Vela: a full-int8 TFLite → the Vela-compiled TFLite.
+"""Arm Ethos-U (U55/U65/U85) through Vela: an integer TFLite → the Vela-compiled TFLite.
 
-Per NPU graph, in ``compile/graph_ir_<i>/``: the ONNX submodel (fused ops inlined), one int8
-TFLite per quantizer written by `npubuild.backends.tflite_writer` from that ONNX and per-tensor
-ranges, and what Vela made of each (``<graph>.<quantizer>_vela.tflite``, its summary CSV):
+Per NPU graph, in ``compile/graph_ir_<i>/``: the ONNX submodel (fused ops inlined), one integer
+TFLite per quantizer written by `npubuild.backends.tflite_writer` from an integer graph, and
+what Vela made of each (``<graph>.<quantizer>_vela.tflite``, its summary CSV):
 
-- ``npubuild``: npubuild's calibrated ranges (``quantize/calibration.json``, its method:
-  minmax, percentile, KL or MSE) for every tensor npubuild quantized; min/max on the
-  calibration data for the tensors inside its fused ops;
-- ``vendor``: min/max of every tensor on the recipe's calibration data, which is the TFLite
-  converter's own calibration for full-int8 (its representative dataset); the converter itself
-  needs a TensorFlow graph, which an ONNX source does not have, so npubuild applies its method.
+- ``npubuild``: npubuild's own integer graph (``quantize/graph_<i>.qgraph.json``: its
+  calibration method, precision decisions, int8 weights and corrected biases), tensor for
+  tensor; the report counts its tensors and what TFLite's kernels added, and compares
+  npubuild's integer reference with TFLite's kernels on the same integer model
+  (`npubuild.backends.tflite_check`);
+- ``vendor``: the TFLite converter's full-integer defaults (`CONVERTER`: min/max of every
+  tensor on the recipe's calibration data) on npubuild's lowering of the submodel; the
+  converter itself needs a TensorFlow graph, which an ONNX source does not have.
 
 No Ethos-U simulator exists on PyPI (tflite-micro refuses Vela's custom operator), so the
 deployed graph runs as the int8 TFLite Vela consumed, in TensorFlow Lite's reference kernels
@@ -58,10 +60,8 @@ class Vela(vendor.VendorBackend, Backend):
         quantizers = self.quantizers(ctx)
         calibration = vendor.calibration_feeds(ctx)
         compare = self.compare_feeds(ctx)
-        npubuild_ranges = vendor.calibrated_ranges(Path(ctx.upstream["quantize"]))
         results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
-                                         quantizers, npubuild_ranges.get(g.name, {}))
-                   for g in graphs}
+                                         quantizers) for g in graphs}
         vendor.write_backend_file(ctx.out, self.name, env, {
             name: {"deployed": r["deployed"],
                    "tflite": f"{r['context_dir']}/{name}.{r['deployed']}.tflite"}
@@ -72,26 +72,44 @@ class Vela(vendor.VendorBackend, Backend):
         return TfliteRunner(Path(compile_dir))
 
 
-def minmax_ranges(model, feeds: list[dict]) -> dict[str, tuple[float, float]]:
-    """Every tensor's min and max over ``feeds`` (the TFLite converter's calibration)."""
-    from npubuild import onnx_io
+#: The TFLite converter's full-integer defaults: min/max of every tensor on the representative
+#: data, asymmetric int8 activations, symmetric per-channel int8 weights, no bias correction.
+CONVERTER = {"scheme": "asymmetric", "granularity": "per_channel", "method": "minmax",
+             "bias_correction": False}
 
-    names = [o for n in model.graph.node for o in n.output if o]
-    probe = onnx_io.with_outputs(model, names)
-    ranges: dict[str, tuple[float, float]] = {}
+
+def converter_qgraph(model, feeds: list[dict], name: str):
+    """The vendor quantizer for Vela: npubuild's lowering of ``model`` quantized as the TFLite
+    converter does (`CONVERTER`) on ``feeds`` (the converter itself needs a TensorFlow graph,
+    which an ONNX source does not have)."""
+    from npubuild.quant import calibrate
+    from npubuild.quant.lower import lower
+    from npubuild.quant.quantizer import QuantConfig, quantize_graph
+
+    fg, probe = lower(model)
+    observer = calibrate.Observer(fg, probe, CONVERTER["method"])
     for feed in feeds:
-        values = {**feed, **onnx_io.run(probe, feed, names)}
-        for name, value in values.items():
-            value = np.asarray(value)
-            if value.size == 0 or value.dtype.kind != "f":
-                continue
-            lo, hi = ranges.get(name, (np.inf, -np.inf))
-            ranges[name] = (min(lo, float(value.min())), max(hi, float(value.max())))
-    return ranges
+        observer.update({t: feed[t] for t in fg.inputs})
+    qgraph, _ = quantize_graph(fg, observer.stats, QuantConfig(**CONVERTER), name)
+    return qgraph
+
+
+def quantized_graph(ctx, graph: NpuGraph, quantizer: str, calibration: list[dict]):
+    """The integer graph the TFLite is written from: quantize's own (``npubuild``) or the
+    converter's min/max (``vendor``)."""
+    from npubuild import onnx_io
+    from npubuild.quant.qgraph import QGraph
+
+    if quantizer == "npubuild":
+        path = Path(ctx.upstream["quantize"]) / f"{graph.name}.qgraph.json"
+        if not path.is_file():
+            raise BuildError(f"{graph.name}: quantize wrote no {path.name}", stage=STAGE)
+        return QGraph.load(path)
+    return converter_qgraph(onnx_io.load_model(graph.model_path), calibration, graph.name)
 
 
 def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: list[dict],
-                  quantizers: list[str], calibrated: dict) -> dict:
+                  quantizers: list[str]) -> dict:
     from npubuild import onnx_io
     from npubuild.atomic import write_bytes
     from npubuild.backends.tflite_writer import Unwritable, write_tflite
@@ -99,17 +117,16 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
     folder = ctx.out / graph.context_dir
     onnx_path = vendor.write_vendor_model(graph, ctx.out)
     model = onnx_io.load_model(onnx_path)
-    minmax = minmax_ranges(model, calibration)
     floats = [onnx_io.run(model, f, graph.outputs) for f in compare]
     out = {"context_dir": graph.context_dir, "deployed": quantizers[0], "quantizers": {}}
     for q in quantizers:
-        ranges = minmax if q == "vendor" else {**minmax, **calibrated}
+        qgraph = quantized_graph(ctx, graph, q, calibration)
         try:
-            data = write_tflite(model, ranges)
+            written = write_tflite(qgraph)
         except Unwritable as exc:
-            raise BuildError(f"{graph.name}: cannot write the int8 TFLite Vela takes: {exc}",
+            raise BuildError(f"{graph.name}: cannot write the integer TFLite Vela takes: {exc}",
                              stage=STAGE, hint="keep that node on the CPU (split.force_cpu)") from None
-        tflite = write_bytes(folder / f"{graph.name}.{q}.tflite", data)
+        tflite = write_bytes(folder / f"{graph.name}.{q}.tflite", written.data)
         figures = run_vela(ctx, env, graph, tflite, folder)
         got, start = TfliteModel(tflite), time.perf_counter()
         outputs = {}
@@ -118,11 +135,30 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
         # the reference kernels per image (report.json only: a timing)
         figures["seconds_per_run"] = round((time.perf_counter() - start) / max(len(compare), 1), 3)
         figures["proof"] = vendor.against_float(graph.outputs, outputs, floats)
-        figures["tflite_bytes"] = len(data)
-        figures["ranges"] = ("min/max on the calibration data (the TFLite converter's method)"
-                             if q == "vendor" else "npubuild's calibration (quantize/calibration.json)")
+        figures["tflite_bytes"] = len(written.data)
+        figures["quantization"] = quantization_summary(q, written)
+        if q == "npubuild":  # the same integer model in npubuild's reference and in TFLite
+            from npubuild.backends.tflite_check import integer_agreement
+
+            figures["integer_reference"] = integer_agreement(qgraph, tflite, compare[:1])
         out["quantizers"][q] = figures
     return out
+
+
+def quantization_summary(quantizer: str, written) -> dict:
+    """Whose quantization the TFLite carries, and on how many of its tensors."""
+    coverage = written.coverage()
+    source = ("npubuild's integer graph (quantize/graph_<i>.qgraph.json)" if quantizer == "npubuild"
+              else "min/max on the calibration data, the TFLite converter's defaults")
+    extra = coverage["tflite_constraints"]
+    line = (f"{source}: its parameters on {coverage['npubuild']} of {coverage['tensors']} "
+            "activation tensors")
+    if extra:
+        line += (f"; {len(extra)} more at a quantization a TFLite kernel fixes, requantized by "
+                 f"{coverage['requantizations']} QUANTIZE op(s): "
+                 + ", ".join(f"{t} ({why})" for t, why in list(extra.items())[:5])
+                 + (" ..." if len(extra) > 5 else ""))
+    return {"summary": line, **coverage}
 
 
 def run_vela(ctx, env, graph: NpuGraph, tflite: Path, folder: Path) -> dict:
@@ -206,8 +242,9 @@ class TfliteModel:
             value = np.asarray(feeds[name], np.float32)
             value = value.transpose(0, 2, 3, 1) if value.ndim == 4 else value
             scale, zero = detail["quantization"]
+            info = np.iinfo(detail["dtype"])
             self.interpreter.set_tensor(detail["index"], np.clip(
-                np.round(value / scale + zero), -128, 127).astype(np.int8))
+                np.round(value / scale) + zero, info.min, info.max).astype(detail["dtype"]))
         self.interpreter.invoke()
         out = {}
         for name in names:
