@@ -6,7 +6,10 @@ calibration table and a bmodel —
 
 - ``vendor``: ``run_calibration.py`` (its KL method) on the recipe's calibration data;
 - ``npubuild``: the same table with npubuild's calibrated ranges (``quantize/calibration.json``)
-  as the thresholds of every tensor npubuild quantized —
+  as the thresholds of every entry npubuild calibrated: the tensors it quantized and those it
+  computes inside one integer layer (the ONNX TPU-MLIR reads names them as quantize does,
+  `vendor.vendor_model`); an entry without one keeps TPU-MLIR's threshold and is named in the
+  report (``quantization.fell_back``) and the log —
 
 built by ``model_transform.py`` → ``model_deploy.py --quantize INT8 --chip <platform>``, with
 ``model_runner.py``'s outputs on the proof inputs. A bmodel embeds its creation time, so its bytes
@@ -46,7 +49,7 @@ class TpuMlir(vendor.VendorBackend, Backend):
         compare = self.compare_feeds(ctx)
         npubuild_ranges = vendor.calibrated_ranges(Path(ctx.upstream["quantize"]))
         results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
-                                         quantizers, npubuild_ranges.get(g.name, {}))
+                                         quantizers, npubuild_ranges.get(g.name, vendor.Ranges({}, {})))
                    for g in graphs}
         vendor.write_backend_file(ctx.out, self.name, env, {
             name: {"deployed": r["deployed"],
@@ -61,7 +64,7 @@ class TpuMlir(vendor.VendorBackend, Backend):
 
 
 def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: list[dict],
-                  quantizers: list[str], calibrated: dict) -> dict:
+                  quantizers: list[str], calibrated: vendor.Ranges) -> dict:
     from npubuild import onnx_io
 
     folder = ctx.out / graph.context_dir
@@ -73,9 +76,13 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
     shapes = [list(np.shape(calibration[0][t])) for t in graph.inputs]
     out = {"context_dir": graph.context_dir, "deployed": quantizers[0], "quantizers": {},
            "proof": [f"{graph.context_dir}/proof/{p.name}" for p in proofs]}
-    vendor_table = None
+    vendor_table, coverage = None, None
     for q in ["vendor"] + [q for q in quantizers if q != "vendor"]:
-        table = None if q == "vendor" else _npubuild_table(vendor_table, calibrated, folder, graph)
+        table = None
+        if q == "npubuild":
+            table, coverage = _npubuild_table(vendor_table, calibrated, folder, graph)
+            if coverage["fell_back"]:
+                ctx.log.warning("compile: %s: %s", graph.name, coverage["summary"])
         job = {"onnx": str(onnx_path.resolve()), "name": f"{graph.name}", "chip": ctx.chip.platform,
                "input_shapes": shapes, "data_list": [str(p.resolve()) for p in dataset],
                "cali_table": str(table.resolve()) if table else None,
@@ -86,6 +93,8 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
             vendor_table = table_path
         got = vendor.load_npz(folder / f"proof_outputs.{q}.npz")
         figures["proof"] = vendor.against_float(graph.outputs, _named(got, graph.outputs, len(compare)), floats)
+        if q == "npubuild":
+            figures["quantization"] = coverage
         if q in quantizers:
             out["quantizers"][q] = figures
     return out
@@ -107,35 +116,52 @@ def _build(env, graph: NpuGraph, folder: Path, job: dict, q: str) -> tuple[dict,
     return {"artifact": bmodel.name, "artifact_bytes": bmodel.stat().st_size, **figures}, table
 
 
-def _npubuild_table(vendor_table: Path | None, calibrated: dict, folder: Path,
-                    graph: NpuGraph) -> Path:
-    """The vendor's table with npubuild's ranges as thresholds where npubuild has the tensor
-    (TPU-MLIR's INT8 is symmetric: threshold = the larger magnitude of the range)."""
-    if vendor_table is None:
-        raise BuildError(f"{graph.name}: no vendor calibration table to start from", stage=STAGE)
-    lines, replaced = [], 0
-    for line in vendor_table.read_text().splitlines():
+def npubuild_table(vendor_table: str, ranges: vendor.Ranges) -> tuple[str, dict]:
+    """The vendor's table text with npubuild's ranges as the thresholds of every entry npubuild
+    calibrated (TPU-MLIR's INT8 is symmetric: threshold = the larger magnitude of the range),
+    and how many: an entry npubuild has no range for keeps TPU-MLIR's own threshold, named in
+    the coverage (never silently)."""
+    lines, applied, inner, fell_back, entries = [], 0, 0, [], 0
+    for line in vendor_table.splitlines():
         parts = line.split()
-        name = None if line.startswith("#") or len(parts) < 4 else table_tensor(parts[0], calibrated)
-        if name is None:
+        if line.startswith("#") or len(parts) < 4:
             lines.append(line)
             continue
-        lo, hi = calibrated[name]
+        entries += 1
+        found = table_tensor(parts[0], ranges)
+        if found is None:
+            fell_back.append(parts[0])
+            lines.append(line)
+            continue
+        kind, (lo, hi) = found
         threshold = max(abs(lo), abs(hi), 1e-8)
         lines.append(" ".join([parts[0], f"{threshold:.7f}", f"{lo:.7f}", f"{hi:.7f}", *parts[4:]]))
-        replaced += 1
+        applied += 1
+        inner += kind == "inner"
+    coverage = {"entries": entries, "applied": applied, "inner": inner, "fell_back": fell_back,
+                "summary": vendor.coverage_line(applied, entries, inner, fell_back,
+                                                "calibration table entries")}
+    return "\n".join(lines) + "\n", coverage
+
+
+def _npubuild_table(vendor_table: Path | None, ranges: vendor.Ranges, folder: Path,
+                    graph: NpuGraph) -> tuple[Path, dict]:
+    if vendor_table is None:
+        raise BuildError(f"{graph.name}: no vendor calibration table to start from", stage=STAGE)
+    text, coverage = npubuild_table(vendor_table.read_text(), ranges)
     path = folder / f"{graph.name}.npubuild-input.cali_table"
-    vendor.write_text(path, "\n".join(lines) + "\n")
-    return path
+    vendor.write_text(path, text)
+    return path, coverage
 
 
-def table_tensor(op_name: str, calibrated: dict) -> str | None:
-    """The npubuild tensor a TPU-MLIR table entry names: TPU-MLIR calls a value by the ONNX
-    output's name, suffixed with its op type when converting (``relu`` -> ``relu_Relu``)."""
-    if op_name in calibrated:
-        return op_name
-    head, _, _ = op_name.rpartition("_")
-    return head if head in calibrated else None
+def table_tensor(op_name: str, ranges: vendor.Ranges) -> tuple[str, tuple[float, float]] | None:
+    """npubuild's range for a TPU-MLIR table entry: TPU-MLIR calls a value by the ONNX output's
+    name, suffixed with its op type when converting (``relu`` -> ``relu_Relu``)."""
+    found = ranges.get(op_name)
+    if found is None:
+        head, _, _ = op_name.rpartition("_")
+        found = ranges.get(head) if head else None
+    return found
 
 
 def _named(got: dict, outputs: list[str], samples: int) -> dict:

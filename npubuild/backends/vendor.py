@@ -60,11 +60,19 @@ def npu_graphs(ctx: StageContext) -> list[NpuGraph]:
 
 def vendor_model(model: onnx.ModelProto, ir_version: int = VENDOR_IR) -> onnx.ModelProto:
     """A submodel as a vendor reads it: npubuild's fused ops inlined into standard ONNX ops
-    (no vendor knows domain ``npubuild.fused``), IR version at most ``ir_version``."""
+    (no vendor knows domain ``npubuild.fused``), IR version at most ``ir_version``.
+
+    Inlined first exactly as quantize's lowering inlines them (`npubuild.quant.lower.prepare`),
+    so every tensor has the name it has in ``quantize/calibration.json`` (the inliner numbers
+    the tensors of each call it inlines: inlining another selection renames them); then the
+    element-wise functions the lowering keeps whole (one table each in npubuild's graph)."""
     import onnx.inliner
 
+    from npubuild.quant.lower import prepare
+
+    model = prepare(model) if model.functions else onnx_io.clone(model)
     model = onnx.inliner.inline_local_functions(without_overloads(model)) if model.functions \
-        else onnx_io.clone(model)
+        else model
     del model.functions[:]
     keep = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
     del model.opset_import[:]
@@ -216,15 +224,46 @@ def stage_report(ctx: StageContext, env, backend: str, graphs: dict, figures: di
             "estimate": npubuild_estimate(ctx)}
 
 
-def calibrated_ranges(qdir: Path) -> dict[str, dict[str, tuple[float, float]]]:
-    """npubuild's calibrated range of every tensor it quantized, per NPU graph
-    (``quantize/calibration.json``): what the ``npubuild`` quantizer hands to a vendor."""
+@dataclass
+class Ranges:
+    """npubuild's calibrated ranges of one NPU graph (``quantize/calibration.json``): of the
+    tensors it quantized, and of those it computes inside one integer layer and never
+    quantizes (``inner``: a conv's output before its folded bias Add or Relu)."""
+
+    quantized: dict[str, tuple[float, float]]
+    inner: dict[str, tuple[float, float]]
+
+    def get(self, name: str) -> tuple[str, tuple[float, float]] | None:
+        """(``"quantized"`` | ``"inner"``, range) of tensor ``name``, or None."""
+        if name in self.quantized:
+            return "quantized", self.quantized[name]
+        if name in self.inner:
+            return "inner", self.inner[name]
+        return None
+
+
+def calibrated_ranges(qdir: Path) -> dict[str, Ranges]:
+    """npubuild's calibrated ranges per NPU graph: what the ``npubuild`` quantizer hands to a
+    vendor that takes ranges (TPU-MLIR's calibration table)."""
     path = Path(qdir) / "calibration.json"
     if not path.is_file():
         return {}
     graphs = json_load(path).get("graphs", {})
-    return {g: {t: tuple(info["range"]) for t, info in data.get("tensors", {}).items()
-                if info.get("range")} for g, data in graphs.items()}
+    return {g: Ranges(*({t: tuple(info["range"]) for t, info in data.get(key, {}).items()
+                         if info.get("range")} for key in ("tensors", "inner_tensors")))
+            for g, data in graphs.items()}
+
+
+def coverage_line(applied: int, entries: int, inner: int, fell_back: list[str], what: str) -> str:
+    """The report's sentence on how much of npubuild's calibration reached the vendor."""
+    line = f"npubuild's ranges applied to {applied} of {entries} {what}"
+    if inner:
+        line += (f" ({inner} of them tensors npubuild computes inside one integer layer and "
+                 "never quantizes: their calibrated range)")
+    if fell_back:
+        line += (f"; {len(fell_back)} kept the vendor's own: " + ", ".join(fell_back[:8])
+                 + (" ..." if len(fell_back) > 8 else ""))
+    return line
 
 
 def no_npu(ctx: StageContext, backend: str) -> dict:

@@ -18,7 +18,7 @@ import numpy as np
 from npubuild import onnx_io
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError, UserError
-from npubuild.quant import calibrate, check, qdq, quantizer
+from npubuild.quant import calibrate, calibrators, check, qdq, quantizer
 from npubuild.quant.floatgraph import FloatGraph, Probe
 from npubuild.quant.lower import lower
 from npubuild.quant.pipeline import SplitPipeline, SubGraph
@@ -190,11 +190,28 @@ class Workflow:
             files["qdq"].append(f"{name}.qdq.onnx")
             calibration["graphs"][name] = {
                 "samples": state.observer.samples,
-                "tensors": {t: r.as_dict() for t, r in state.records.items()}}
+                "tensors": {t: r.as_dict() for t, r in state.records.items()},
+                "inner_tensors": self._inner_ranges(state)}
             if state.fg.equalization is not None:
                 calibration["graphs"][name]["equalization"] = state.fg.equalization.as_dict()
         write_json(out / "calibration.json", calibration)
         return files
+
+    def _inner_ranges(self, state: GraphState) -> dict[str, dict]:
+        """The calibrated range (the recipe's method) of every tensor npubuild computes inside
+        one of its integer layers and never quantizes (a conv's output before its folded bias
+        Add or Relu): a vendor that quantizes such a tensor (TPU-MLIR's calibration table) gets
+        npubuild's calibration for it too."""
+        cfg = self.options.config
+        options = calibrators.CalibrationOptions(cfg.percentile)
+        out = {}
+        for t, stats in state.observer.stats.items():
+            if t in state.records or not stats.count:
+                continue
+            lo, hi = calibrators.calibrated_range(stats, cfg.method, cfg.scheme, options)
+            out[t] = {"min": float(stats.min), "max": float(stats.max),
+                      "range": [float(lo), float(hi)]}
+        return out
 
     # ---- checks -------------------------------------------------------------------------
 

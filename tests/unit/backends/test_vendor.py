@@ -89,3 +89,72 @@ def test_calls_to_an_overloaded_function_of_another_opset_are_inlined_too():
     out = vendor.vendor_model(model)
     assert [(n.domain, n.op_type) for n in out.graph.node] == [("", "HardSwish")]
     onnx.checker.check_model(out)
+
+
+def fused_net_recipe(tmp_path, target: str) -> object:
+    """A tiny model whose NPU graph holds a HardSwish (a fused element-wise function, one table
+    in npubuild's graph), fused convs (Conv+Relu, Conv+SiLU) and a conv with a bias Add
+    npubuild folds into it: tensors inside npubuild's layers, numbered by the inliner."""
+    from tests.conftest import write_recipe
+
+    net = Net()
+    h = net.conv(net.input("x", [1, 3, 8, 8]), 3, 3, name="c0")
+    three, six = net.init("three", np.array(3.0, np.float32)), net.init("six", np.array(6.0, np.float32))
+    clip = net.op("Clip", [net.op("Add", [h, three]), net.init("zero", np.array(0.0, np.float32)), six])
+    h = net.op("Div", [net.op("Mul", [h, clip]), six])
+    x = net.op("Relu", [net.conv(h, 3, 4, name="c1")])
+    y = net.conv(x, 4, 4, name="c2")
+    y = net.op("Mul", [y, net.op("Sigmoid", [y])])
+    z = net.op("Add", [net.conv(y, 4, 4, name="c3"), net.init("bias", np.full((1, 4, 1, 1), 0.25, np.float32))])
+    model = net.model([net.op("Relu", [z])])
+    onnx_path = tmp_path / "fused.onnx"
+    import onnx
+
+    onnx.save(model, onnx_path)
+    return write_recipe(tmp_path, f"""\
+        version: 1
+        name: fused-{target}
+        model:
+          path: {onnx_path}
+          inputs:
+            - name: x
+              shape: [1, 3, 8, 8]
+              preprocess: {{resize: [8, 8], scale: 0.00392156862745098}}
+        target: {target}
+        fusion: [hard_swish, conv_act, conv_silu]
+        quantization:
+          scheme: symmetric
+          calibration: {{data: "pkg:skimage/data/[a-c]*.png", samples: 2}}
+        verify: {{data: "pkg:skimage/data/[d-h]*.png", samples: 2, min_cosine: 0.98}}
+        """)
+
+
+def test_every_tensor_a_vendor_sees_has_npubuilds_calibrated_range(cli, tmp_path):
+    """The vendor's ONNX names its tensors as quantize did (inlined the same way), and
+    calibration.json has a range for each, those inside npubuild's layers (a conv's output
+    before its Relu, SiLU or bias Add) included: none falls back to the vendor's own but the
+    inside of an element-wise function, one table in npubuild's graph (which TPU-MLIR
+    converts to one op too)."""
+    from npubuild import onnx_io
+    from npubuild.runtime import Runner
+
+    recipe = fused_net_recipe(tmp_path, "bm1684x")
+    result = cli("run", str(recipe), "quantize", "--build-dir", str(tmp_path / "build"),
+                 "--cache", str(tmp_path / "cache"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    root = tmp_path / "build" / "fused-bm1684x"
+    ranges = vendor.calibrated_ranges(root / "quantize")
+    npu = [g for g in Runner(root / "split").graphs if g.device == "npu"]
+    assert npu
+    for graph in npu:
+        split_model = onnx_io.load_model(graph.model_path)
+        model = vendor.vendor_model(split_model)
+        tensors = [o for n in model.graph.node if n.op_type != "Constant" for o in n.output]
+        tables = {f.name: [o for n in f.node for o in n.output] for f in split_model.functions
+                  if f.name == "HardSwish"}
+        assert tables, "the hard_swish fusion fired"
+        missing = [t for t in tensors if ranges[graph.name].get(t) is None
+                   and t.rsplit("__", 1)[0] not in tables["HardSwish"]]
+        assert tensors and not missing, f"{graph.name}: no npubuild range for {missing}"
+        assert any(ranges[graph.name].get(t) and ranges[graph.name].get(t)[0] == "inner"
+                   for t in tensors)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from npubuild.backends.figures import table_rows, vendor_figures
 from npubuild.backends.rknn import layer_figures, suggested_config
-from npubuild.backends.tpu_mlir import _named, _npubuild_table
+from npubuild.backends.tpu_mlir import _named, npubuild_table
+from npubuild.backends.vendor import Ranges
 from npubuild.backends.vela import summary_figures
 from npubuild.errors import BuildError
 
@@ -48,15 +49,19 @@ def test_vela_figures_come_from_its_summary_csv(tmp_path):
                  "system_config": "Ethos_U55_High_End_Embedded"}
 
 
-def test_npubuilds_ranges_replace_the_vendors_thresholds_where_it_has_them(tmp_path):
-    from npubuild.backends.vendor import NpuGraph
-
-    table = tmp_path / "t"
-    table.write_text("# genetated time\n# op_name threshold min max\nx 1.0 -1.0 1.0\ny_Relu 2.0 0.0 2.0\n")
-    graph = NpuGraph(0, "graph_0", ["x"], ["y"], tmp_path / "g.onnx")
-    out = _npubuild_table(table, {"y": (-0.5, 3.0)}, tmp_path, graph).read_text().splitlines()
-    # TPU-MLIR names a value after the ONNX output and its op type: y_Relu is npubuild's y
-    assert out[2] == "x 1.0 -1.0 1.0" and out[3] == "y_Relu 3.0000000 -0.5000000 3.0000000"
+def test_a_tpu_mlir_table_takes_npubuilds_ranges_and_names_every_entry_it_cannot():
+    table = ("# op_name    threshold    min    max\n"
+             "x 1.0 -1.0 1.0\nrelu_Relu 5.0 0.0 5.0\nconv:0__1_Conv 7.0 -7.0 6.0\n"
+             "mystery_Conv 3.0 -3.0 2.0\n")
+    ranges = Ranges({"x": (-0.5, 0.75), "relu": (0.0, 4.0)}, {"conv:0__1": (-2.0, 3.0)})
+    text, coverage = npubuild_table(table, ranges)
+    assert text.splitlines()[1:] == ["x 0.7500000 -0.5000000 0.7500000",
+                                     "relu_Relu 4.0000000 0.0000000 4.0000000",
+                                     "conv:0__1_Conv 3.0000000 -2.0000000 3.0000000",
+                                     "mystery_Conv 3.0 -3.0 2.0"]
+    assert (coverage["applied"], coverage["entries"], coverage["inner"]) == (3, 4, 1)
+    assert coverage["fell_back"] == ["mystery_Conv"]
+    assert coverage["summary"].endswith("1 kept the vendor's own: mystery_Conv")
 
 
 def test_model_runner_outputs_are_matched_by_name_then_prefix_then_order():
