@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +86,7 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
                "dataset": [f"calibration/{p.name}" for p in dataset] if q == "vendor" else [],
                "export": f"{graph.name}.{q}.rknn", "proof": [f"proof/{p.name}" for p in proofs],
                "proof_outputs": f"proof_outputs.{q}.npz"}
-        out["quantizers"][q] = build_variant(env, graph, folder, job, floats)
+        out["quantizers"][q] = build_variant(env, graph, folder, job, floats, vendor.logs_dir(ctx))
     return out
 
 
@@ -109,13 +108,15 @@ def _float_outputs(onnx_path: Path, proof: Path, graph: NpuGraph) -> dict:
     return onnx_io.run(onnx_io.load_model(onnx_path), vendor.load_npz(proof), graph.outputs)
 
 
-def build_variant(env, graph: NpuGraph, folder: Path, job: dict, floats: list[dict]) -> dict:
+def build_variant(env, graph: NpuGraph, folder: Path, job: dict, floats: list[dict],
+                  logs: Path) -> dict:
     """One ``.rknn``; a failed build is retried with each config change the toolkit itself
-    suggests (``disable_rules=[...]``, ``optimization_level``), once each."""
+    suggests (``disable_rules=[...]``, ``optimization_level``), once each (the failed
+    attempt's log is kept in ``logs``)."""
     applied: dict = {}
     while True:
         try:
-            result, log = _run(env, graph, folder, job)
+            result, log = _run(env, graph, folder, job, logs)
             break
         except BuildError as exc:
             fix = {k: v for k, v in suggested_config(exc).items() if k not in applied}
@@ -134,15 +135,15 @@ def build_variant(env, graph: NpuGraph, folder: Path, job: dict, floats: list[di
     return figures
 
 
-def _run(env, graph: NpuGraph, folder: Path, job: dict) -> tuple[dict, str]:
-    with vendor.workdir("rknn") as work:
+def _run(env, graph: NpuGraph, folder: Path, job: dict, logs: Path) -> tuple[dict, str]:
+    variant = job["export"].split(".")[-2]
+    with vendor.workdir("rknn", logs, f"compile.{graph.name}.{variant}") as work:
         absolute = _absolute(job, folder)
         result = run_worker(env, WORKER, absolute, work, stage=STAGE, graph=graph.name,
                             patterns=ERROR_PATTERNS)
         shutil.copyfile(work / Path(absolute["export"]).name, folder / job["export"])
         log_path = work / "rknn_worker.log"
-        vendor.keep_log(log_path, folder / f"{graph.name}.{job['export'].split('.')[-2]}.log",
-                        work, folder)
+        vendor.keep_log(log_path, folder / f"{graph.name}.{variant}.log", work, folder)
         text = vendor.clean_log(log_path.read_text(encoding="utf-8", errors="replace"))
     return result, text
 
@@ -230,21 +231,23 @@ class RknnRunner(vendor.WorkerRunner):
         got = self.run(graph.name, feeds)
         return {t: got[t] for t in graph.outputs}
 
-    def start(self, name: str) -> tuple:
+    prefix = "rknn"
+
+    def job(self, name: str) -> dict:
+        entry = self.info["graphs"][name]
+        job_path = self.dir / entry["jobs"][entry["deployed"]]
+        return _absolute(vendor.json_load(job_path), job_path.parent)
+
+    def start(self, name: str, folder: Path) -> Worker:
         from npubuild import toolchains
         from npubuild.toolchains.env import require
 
-        entry = self.info["graphs"][name]
-        job_path = self.dir / entry["jobs"][entry["deployed"]]
-        job = _absolute(vendor.json_load(job_path), job_path.parent)
-        folder = Path(tempfile.mkdtemp(prefix="npubuild-rknn-run-"))
-        worker = Worker(require(toolchains.get("rknn")), WORKER, job, folder, stage="verify",
-                        graph=name, patterns=ERROR_PATTERNS)
-        self._check_proof(name, worker, folder, job)
-        return worker, folder
+        return Worker(require(toolchains.get("rknn")), WORKER, self.job(name), folder,
+                      stage="verify", graph=name, patterns=ERROR_PATTERNS)
 
-    def _check_proof(self, name: str, worker: Worker, folder: Path, job: dict) -> None:
+    def check_proof(self, name: str, worker: Worker, folder: Path) -> None:
         """The rebuilt model must reproduce compile's proof outputs exactly."""
+        job = self.job(name)
         want = vendor.load_npz(Path(job["proof_outputs"]))
         for k, proof in enumerate(job["proof"]):
             worker(Path(proof), folder / "proof_out.npz")

@@ -88,7 +88,7 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
                "cali_table": str(table.resolve()) if table else None,
                "test_inputs": [str(p.resolve()) for p in proofs],
                "proof_outputs": str((folder / f"proof_outputs.{q}.npz").resolve())}
-        figures, table_path = _build(env, graph, folder, job, q)
+        figures, table_path = _build(env, graph, folder, job, q, vendor.logs_dir(ctx))
         if q == "vendor":
             vendor_table = table_path
         got = vendor.load_npz(folder / f"proof_outputs.{q}.npz")
@@ -100,8 +100,9 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
     return out
 
 
-def _build(env, graph: NpuGraph, folder: Path, job: dict, q: str) -> tuple[dict, Path]:
-    with vendor.workdir("tpu-mlir") as work:
+def _build(env, graph: NpuGraph, folder: Path, job: dict, q: str,
+           logs: Path) -> tuple[dict, Path]:
+    with vendor.workdir("tpu-mlir", logs, f"compile.{graph.name}.{q}") as work:
         job = {**job, "output_dir": str(work / "out")}
         result = run_worker(env, WORKER, job, work, stage=STAGE, graph=graph.name,
                             patterns=ERROR_PATTERNS, timeout=7200)
@@ -202,22 +203,19 @@ class BmodelRunner(vendor.WorkerRunner):
         named = _named(got, list(graph.outputs), 1)
         return {t: named[f"0:{t}"] for t in graph.outputs}
 
-    def start(self, name: str) -> tuple:
-        import tempfile
+    prefix = "tpu-mlir"
 
+    def start(self, name: str, folder: Path) -> Worker:
         from npubuild import toolchains
         from npubuild.toolchains.env import require
 
-        entry = self.info["graphs"][name]
-        folder = Path(tempfile.mkdtemp(prefix="npubuild-tpu-mlir-run-"))
-        worker = Worker(require(toolchains.get("tpu-mlir")), WORKER,
-                        {"bmodel": str(self.dir / entry["bmodel"])}, folder, stage="verify",
-                        graph=name, patterns=ERROR_PATTERNS)
-        self._check_proof(name, worker, folder, entry)
-        return worker, folder
+        return Worker(require(toolchains.get("tpu-mlir")), WORKER,
+                      {"bmodel": str(self.dir / self.info["graphs"][name]["bmodel"])}, folder,
+                      stage="verify", graph=name, patterns=ERROR_PATTERNS)
 
-    def _check_proof(self, name: str, worker: Worker, folder: Path, entry: dict) -> None:
+    def check_proof(self, name: str, worker: Worker, folder: Path) -> None:
         """One proof sample (the cmodel takes seconds) must reproduce compile's outputs."""
+        entry = self.info["graphs"][name]
         want = vendor.load_npz(self.dir / entry["proof_outputs"])
         worker(self.dir / entry["proof"][0], folder / "proof_out.npz")
         for key, value in vendor.load_npz(folder / "proof_out.npz").items():

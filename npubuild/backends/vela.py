@@ -162,7 +162,7 @@ def quantization_summary(quantizer: str, written) -> dict:
 
 
 def run_vela(ctx, env, graph: NpuGraph, tflite: Path, folder: Path) -> dict:
-    with vendor.workdir("vela") as work:
+    with vendor.workdir("vela", vendor.logs_dir(ctx), f"compile.{tflite.stem}") as work:
         job = {"tflite": str(tflite.resolve()), "accelerator": ctx.chip.platform,
                "output_dir": str(work / "out")}
         result = run_worker(env, WORKER, job, work, stage=STAGE, graph=graph.name,

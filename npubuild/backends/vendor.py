@@ -177,13 +177,36 @@ def keep_log(source: Path, target: Path, *paths: Path) -> Path:
     return write_text(target, clean_log(source.read_text(encoding="utf-8", errors="replace"), *paths))
 
 
+def logs_dir(ctx: StageContext) -> Path:
+    """Where a failing vendor's logs are kept: the build's ``logs/`` (a failed stage's own
+    directory is discarded), or the stage's directory when it runs outside a build."""
+    return ctx.logs if ctx.logs is not None else ctx.out / "logs"
+
+
 @contextmanager
-def workdir(prefix: str) -> Iterator[Path]:
+def workdir(prefix: str, logs: Path, label: str) -> Iterator[Path]:
     """A scratch folder for the vendor's own files (outside the stage's artifacts), removed
-    when the vendor succeeded and kept when it failed (the error names its log there)."""
+    however the vendor ends: when it fails, its logs are kept first (`keep_failure_logs`)."""
     path = Path(tempfile.mkdtemp(prefix=f"npubuild-{prefix}-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        yield path
+    except BuildError as exc:
+        keep_failure_logs(exc, path, logs, label)
+        raise
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def keep_failure_logs(exc: BuildError, folder: Path, logs: Path, label: str) -> None:
+    """Copy the ``*.log`` files of ``folder`` (about to be removed) to ``logs/<label>.<name>``
+    and make ``exc`` name the copies instead."""
+    for log in sorted(folder.glob("*.log")):
+        logs.mkdir(parents=True, exist_ok=True)
+        kept = logs / f"{label}.{log.name}"
+        shutil.copyfile(log, kept)
+        exc.message = exc.message.replace(str(log), str(kept))
+        exc.hint = exc.hint.replace(str(log), str(kept)) if exc.hint else exc.hint
+        exc.args = (exc.message,)
 
 
 def write_backend_file(out: Path, backend: str, env, graphs: dict) -> Path:
@@ -340,14 +363,38 @@ class WorkerRunner:
         self.info = json_load(self.dir / BACKEND_FILE)
         self.workers: dict[str, tuple] = {}
 
-    def start(self, name: str) -> tuple:
-        """(worker, its folder) for graph ``name``."""
+    #: The scratch folders' prefix (``npubuild-<prefix>-run-*``).
+    prefix = "vendor"
+
+    def start(self, name: str, folder: Path):
+        """The started `Worker` for graph ``name``, working in ``folder``."""
         raise NotImplementedError
+
+    def check_proof(self, name: str, worker, folder: Path) -> None:
+        """Raise unless the started worker reproduces compile's proof outputs."""
+        raise NotImplementedError
+
+    def _started(self, name: str) -> tuple:
+        """(worker, its folder): on any failure the worker is stopped, its folder removed and
+        a vendor error's log kept in the build's ``logs/`` (as compile's are)."""
+        folder = Path(tempfile.mkdtemp(prefix=f"npubuild-{self.prefix}-run-"))
+        worker = None
+        try:
+            worker = self.start(name, folder)
+            self.check_proof(name, worker, folder)
+            return worker, folder
+        except BaseException as exc:
+            if worker is not None:
+                worker.close()
+            if isinstance(exc, BuildError):
+                keep_failure_logs(exc, folder, self.dir.parent / "logs", f"verify.{name}")
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
 
     def run(self, name: str, feeds: dict) -> dict[str, np.ndarray]:
         """The worker's outputs for ``feeds`` (files cross: an npz in, an npz back)."""
         if name not in self.workers:
-            self.workers[name] = self.start(name)
+            self.workers[name] = self._started(name)
         worker, folder = self.workers[name]
         worker(save_npz(folder / "in.npz", dict(feeds)), folder / "out.npz")
         return load_npz(folder / "out.npz")

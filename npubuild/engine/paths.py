@@ -77,6 +77,11 @@ class BuildPaths:
         return self.root / ".hashes.json"
 
     @property
+    def logs(self) -> Path:
+        """Where a failing vendor tool's logs are kept (its scratch folder is removed)."""
+        return self.root / "logs"
+
+    @property
     def scratch(self) -> Path:
         """Where stages write before their directory is swapped into place."""
         return self.root / ".tmp"

@@ -308,7 +308,8 @@ class BuildSession:
         upstream = {u: self.paths.stage_dir(u) for u in stage.needs}
         ctx = StageContext(self.loaded, self.chip if stage.uses_chip else None, upstream,
                            scratch, self.progress, scheduler=self.scheduler,
-                           sources=self._sources(stage) if self.scheduler else {})
+                           sources=self._sources(stage) if self.scheduler else {},
+                           logs=self.paths.logs)
         try:
             report = stage.function()(ctx) or {}
         except BuildError as exc:

@@ -40,6 +40,9 @@ class StageContext:
     # content key, which workers fetch through the cache instead of reading ``upstream``.
     scheduler: str | None = None
     sources: dict[str, "StageArtifacts"] = field(default_factory=dict)
+    # Where a failing external tool's logs are kept (``build/<name>/logs``): a failed stage's
+    # own directory is discarded, and its scratch folders are removed whatever happens.
+    logs: Path | None = None
 
     @property
     def recipe(self):

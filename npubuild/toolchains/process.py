@@ -164,7 +164,11 @@ class Worker:
                                         stdout=subprocess.PIPE, stderr=self._log, text=True,
                                         preexec_fn=die_with_parent)
         self.count = 0
-        self._wait_reply()  # the worker says it is ready (its model built or loaded)
+        try:
+            self._wait_reply()  # the worker says it is ready (its model built or loaded)
+        except BaseException:
+            self.close()  # a worker that failed to start leaves no process or open log behind
+            raise
 
     def __call__(self, inputs: Path, outputs: Path) -> dict:
         self.count += 1

@@ -23,12 +23,18 @@ def needs(name: str) -> None:
 
 
 def build(cli, tmp_path, chip: str) -> tuple[dict, object]:
+    """The tiny recipe built for ``chip``; the vendor's scratch folders (in a TMPDIR of the
+    test's own) are all gone afterwards."""
     body = TINY_RECIPE.replace("name: tiny", f"name: tiny-{chip}") + f"target: {chip}\n" + \
         "verify: {data: 'pkg:skimage/data/[d-h]*.png', samples: 2, min_cosine: 0.98}\n"
     recipe = write_recipe(tmp_path, body)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     result = cli("run", str(recipe), "--build-dir", str(tmp_path / "build"),
-                 "--cache", str(tmp_path / "cache"), cwd=tmp_path, timeout=1800)
+                 "--cache", str(tmp_path / "cache"), cwd=tmp_path, timeout=1800,
+                 env={"TMPDIR": str(scratch)})
     assert result.returncode == 0, result.stderr[-3000:]
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("npubuild-")] == []
     root = tmp_path / "build" / f"tiny-{chip}"
     return json.loads((root / "report.json").read_text()), root
 
@@ -61,3 +67,29 @@ def test_tpu_mlir_builds_a_bmodel_and_verify_runs_it_on_the_cmodel(cli, tmp_path
     report, root = build(cli, tmp_path, "bm1684x")
     assert (root / "compile" / "graph_ir_0" / "graph_0.vendor.bmodel").is_file()
     assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
+
+
+def test_a_failing_rknn_build_leaves_no_scratch_folder_and_keeps_its_log(tmp_path, monkeypatch):
+    import tempfile
+
+    from npubuild.backends import rknn
+    from npubuild.backends.vendor import NpuGraph
+    from npubuild.errors import BuildError
+    from npubuild.toolchains.env import require
+
+    needs("rknn")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    folder = tmp_path / "graph_ir_0"
+    folder.mkdir()
+    (folder / "g.onnx").write_bytes(b"not an ONNX model")
+    job = {"onnx": "g.onnx", "platform": "rk3588", "inputs": ["x"], "outputs": ["y"],
+           "input_shapes": [[1, 3, 8, 8]], "quantize": False, "dataset": [],
+           "export": "graph_0.vendor.rknn", "proof": [], "proof_outputs": "proof_outputs.npz"}
+    graph = NpuGraph(0, "graph_0", ["x"], ["y"], folder / "g.onnx")
+    with pytest.raises(BuildError, match="graph_0: rknn failed") as err:
+        rknn._run(require(toolchains.get("rknn")), graph, folder, job, tmp_path / "logs")
+    kept = tmp_path / "logs" / "compile.graph_0.vendor.rknn_worker.log"
+    assert list(scratch.iterdir()) == [] and kept.is_file()
+    assert f"the whole log: {kept}" in err.value.hint

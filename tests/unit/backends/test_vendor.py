@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from npubuild import backends
 from npubuild.backends import vendor
@@ -158,3 +159,27 @@ def test_every_tensor_a_vendor_sees_has_npubuilds_calibrated_range(cli, tmp_path
         assert tensors and not missing, f"{graph.name}: no npubuild range for {missing}"
         assert any(ranges[graph.name].get(t) and ranges[graph.name].get(t)[0] == "inner"
                    for t in tensors)
+
+
+
+def test_a_vendor_scratch_folder_is_removed_and_a_failed_runs_log_kept_in_the_build(tmp_path, monkeypatch):
+    import tempfile
+
+    from npubuild.errors import BuildError
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with vendor.workdir("rknn", tmp_path / "logs", "compile.graph_0.npubuild") as work:
+        (work / "rknn_worker.log").write_text("fine\n")
+    assert list(scratch.iterdir()) == []
+    assert not (tmp_path / "logs").exists()  # nothing kept when the vendor succeeded
+    with pytest.raises(BuildError) as err:
+        with vendor.workdir("rknn", tmp_path / "logs", "compile.graph_0.vendor") as work:
+            log = work / "rknn_worker.log"
+            log.write_text("E build: boom\n")
+            raise BuildError(f"graph_0: rknn failed: boom (log: {log})", stage="compile",
+                             hint=f"the whole log: {log}")
+    kept = tmp_path / "logs" / "compile.graph_0.vendor.rknn_worker.log"
+    assert list(scratch.iterdir()) == [] and kept.read_text() == "E build: boom\n"
+    assert err.value.hint == f"the whole log: {kept}" and f"(log: {kept})" in str(err.value)
