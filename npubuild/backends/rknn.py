@@ -41,6 +41,9 @@ OPTIMIZATION_LEVEL = re.compile(r"optimization_level to (\d)")
 RULE_FAILED = re.compile(r"(?:rule|Rule)\s*[:=]?\s*['\"]?([a-z][a-z0-9_]+)['\"]?\s+(?:failed|error)")
 LAYER_ROW = re.compile(r"^D RKNN:\s+(\d+)\s+(\S+)\s+(\S+)\s+(NPU|CPU)\s+.*?\s(\d+)/(\d+)/(\d+)\s+(\S+)\s+(\S+)\s*$")
 MEMORY = re.compile(r"Total (Internal|Weight) Memory Size:\s*([\d.]+)\s*(KB|MB|B)")
+#: A row of the toolkit's Feature Tensor Information Table: id, user op, tensor, data type.
+FEATURE_ROW = re.compile(r"^D RKNN:\s+\d+\s+\S+\s+(\S+)\s+([A-Z]+\d*)\s+\S+\s+\(")
+INTEGER_TYPES = ("INT8", "UINT8", "INT16")
 
 
 class Rknn(vendor.VendorBackend, Backend):
@@ -71,6 +74,8 @@ class Rknn(vendor.VendorBackend, Backend):
 
 def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: list[dict],
                   quantizers: list[str]) -> dict:
+    from npubuild import onnx_io
+
     folder = ctx.out / graph.context_dir
     onnx_path = vendor.write_vendor_model(graph, ctx.out)
     dataset = vendor.save_samples(folder / "calibration", calibration)
@@ -86,7 +91,13 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
                "dataset": [f"calibration/{p.name}" for p in dataset] if q == "vendor" else [],
                "export": f"{graph.name}.{q}.rknn", "proof": [f"proof/{p.name}" for p in proofs],
                "proof_outputs": f"proof_outputs.{q}.npz"}
-        out["quantizers"][q] = build_variant(env, graph, folder, job, floats, vendor.logs_dir(ctx))
+        figures = build_variant(env, graph, folder, job, floats, vendor.logs_dir(ctx))
+        tensors = figures.pop("feature_tensors")
+        if q == "npubuild":  # whose quantization each tensor the toolkit holds carries
+            figures["quantization"] = qdq_coverage(onnx_io.load_model(qdq), tensors)
+            if figures["quantization"]["fell_back"]:
+                ctx.log.warning("compile: %s: %s", graph.name, figures["quantization"]["summary"])
+        out["quantizers"][q] = figures
     return out
 
 
@@ -126,6 +137,7 @@ def build_variant(env, graph: NpuGraph, folder: Path, job: dict, floats: list[di
             job = {**job, **fix}
     vendor.write_json(folder / f"job.{job['export'].split('.')[-2]}.json", job)
     figures = layer_figures(log)
+    figures["feature_tensors"] = feature_tensors(log)
     figures["artifact_bytes"] = (folder / job["export"]).stat().st_size
     got = vendor.load_npz(folder / job["proof_outputs"])
     figures["proof"] = _against_float(graph, got, floats)
@@ -199,6 +211,68 @@ def layer_figures(log: str) -> dict:
     return figures
 
 
+def feature_tensors(log: str) -> list[str]:
+    """The integer tensors the toolkit holds between its ops, in its Feature Tensor Information
+    Table (a tensor its fused ops compute inside is not one of them)."""
+    names, inside = [], False
+    for line in log.splitlines():
+        if "Information Table" in line:
+            inside = "Feature Tensor" in line
+            continue
+        row = FEATURE_ROW.match(line.strip()) if inside else None
+        if row and row.group(2) in INTEGER_TYPES and row.group(1) not in names:
+            names.append(row.group(1))
+    return names
+
+
+def qdq_sources(model) -> dict[str, str]:
+    """Every name in a QDQ model under which npubuild's quantization of a tensor travels →
+    that tensor: a QuantizeLinear's input and output and its DequantizeLinear's output (named
+    after the scale, ``<tensor>::scale``), and what an Identity passes on."""
+    sources: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear":
+            scale = node.input[1]
+            tensor = scale[:-len("::scale")] if scale.endswith("::scale") else node.input[0]
+            sources.update({node.input[0]: tensor, node.output[0]: tensor})
+        elif node.op_type in ("DequantizeLinear", "Identity") and node.input[0] in sources:
+            sources[node.output[0]] = sources[node.input[0]]
+    return sources
+
+
+def qdq_coverage(model, tensors: list[str]) -> dict:
+    """Whose quantization each of the toolkit's integer ``tensors`` carries: npubuild's (a Q/DQ
+    pair of the QDQ model it was given), npubuild's carried over by the toolkit onto a tensor of
+    its own rewrites (named after the one it rewrote: ``<tensor>-rs``, ``<tensor>_exSecondary``;
+    the toolkit is given no calibration data with a QDQ model), or neither (named, never
+    silent)."""
+    sources = qdq_sources(model)
+    derived = {t: sources[base] for t in tensors if t not in sources
+               and (base := _rewritten(t, sources)) is not None}
+    fell_back = [t for t in tensors if t not in sources and t not in derived]
+    applied = len(tensors) - len(derived) - len(fell_back)
+    line = f"npubuild's Q/DQ on {applied} of {len(tensors)} integer tensors the toolkit holds between its ops"
+    if derived:
+        line += (f"; {len(derived)} more are tensors of its own rewrites, quantized from npubuild's "
+                 "(no calibration data is given to the toolkit): "
+                 + ", ".join(f"{t} (named after {src})" for t, src in list(derived.items())[:4])
+                 + (" ..." if len(derived) > 4 else ""))
+    if fell_back:
+        line += (f"; {len(fell_back)} with no npubuild quantization the toolkit chose itself: "
+                 + ", ".join(fell_back[:8]) + (" ..." if len(fell_back) > 8 else ""))
+    return {"entries": len(tensors), "applied": applied, "derived": derived,
+            "fell_back": fell_back, "summary": line}
+
+
+def _rewritten(name: str, sources: dict[str, str]) -> str | None:
+    """The tensor of the QDQ model whose name ``name`` extends (``-``/``_`` and a suffix), if
+    any: the longest such."""
+    for end in range(len(name) - 1, 0, -1):
+        if name[end] in "-_" and name[:end] in sources:
+            return name[:end]
+    return None
+
+
 def _against_float(graph: NpuGraph, got: dict, floats: list[dict]) -> dict:
     """The simulator's outputs on the proof samples against the float submodel, per output."""
     return vendor.against_float(graph.outputs, got, floats)
@@ -261,6 +335,7 @@ class RknnRunner(vendor.WorkerRunner):
                                      hint="rebuild compile (npubuild clean R, or delete build/<name>/compile)")
 
 
-__all__ = ["Rknn", "layer_figures", "suggested_config", "vendor_line"]
+__all__ = ["Rknn", "feature_tensors", "layer_figures", "qdq_coverage", "suggested_config",
+           "vendor_line"]
 
 register(Rknn())

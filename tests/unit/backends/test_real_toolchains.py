@@ -48,6 +48,9 @@ def test_rknn_builds_an_rknn_and_verify_runs_it_in_the_simulator(cli, tmp_path):
     assert report["vendor"]["npu_ops"] >= 2 and report["vendor"]["reproducible"] is False
     graph = report["compile"]["graphs"]["graph_0"]
     assert set(graph["quantizers"]) == {"vendor", "npubuild"}  # side by side
+    # every integer tensor the toolkit holds carries npubuild's Q/DQ: none fell back
+    coverage = graph["quantizers"]["npubuild"]["quantization"]
+    assert coverage["entries"] >= 2 and coverage["fell_back"] == []
     assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
     assert report["compile"]["toolchain"]["rknn-toolkit2"] == "2.5.0"
 

@@ -4,7 +4,7 @@ and the figures report.html and diff show beside npubuild's estimate."""
 from __future__ import annotations
 
 from npubuild.backends.figures import table_rows, vendor_figures
-from npubuild.backends.rknn import layer_figures, suggested_config
+from npubuild.backends.rknn import feature_tensors, layer_figures, qdq_coverage, suggested_config
 from npubuild.backends.tpu_mlir import _named, npubuild_table
 from npubuild.backends.vendor import Ranges
 from npubuild.backends.vela import summary_figures
@@ -25,6 +25,48 @@ def test_rknn_figures_come_from_its_layer_table():
     f = layer_figures(RKNN_LOG)
     assert (f["npu_ops"], f["cpu_ops"], f["cycles"], f["rw_bytes"]) == (1, 1, 2404, 6 * 1024)
     assert f["internal_memory_bytes"] == 17152 and f["weight_memory_bytes"] == 3776
+
+
+RKNN_FEATURES = """\
+D RKNN: Network Layer Information Table
+D RKNN: 1    ConvExSwish        INT8     NPU    (1,4,8,8),(4,4,3,3),(4)                  (1,4,8,8)              122/576/576              1            Conv:c
+D RKNN: Feature Tensor Information Table
+D RKNN: ID  User           Tensor             DataType  DataFormat   OrigShape    NativeShape  |     [Start       End)       Size
+D RKNN: 1   ConvExSwish    x                  INT8      NC1HWC2      (1,4,8,8)    (1,2,8,8,3)  | 0x00000000 0x00000180 0x00000180
+D RKNN: 2   ConvClip       a::q               INT8      NC1HWC2      (1,4,8,8)    (1,2,8,8,16) | 0x00000180 0x00000980 0x00000800
+D RKNN: 3   Add            a::q               INT8      NC1HWC2      (1,4,8,8)    (1,2,8,8,16) | 0x00000180 0x00000980 0x00000800
+D RKNN: 3   Add            mid                INT8      NC1HWC2      (1,4,8,8)    (1,2,8,8,16) | 0x00000980 0x00001180 0x00000800
+D RKNN: 3   Add            a::q-rs            INT8      NC1HWC2      (1,4,8,8)    (1,2,8,8,16) | 0x00000980 0x00001180 0x00000800
+D RKNN: 4   Softmax        s                  FLOAT16   NCHW         (1,4,8,8)    (1,4,8,8)    | 0x00000000 0x00000800 0x00000800
+D RKNN: 5   OutputOperator y                  INT8      NC1HWC2      (1,4,8,8)    (1,2,8,8,16) | 0x00000800 0x00001000 0x00000800
+D RKNN: Const Tensor Information Table
+D RKNN: 1   ConvExSwish   c::weight INT8      (4,4,3,3)    | 0x00000000 0x00000240 0x00000240
+"""
+
+
+def test_rknn_coverage_says_whose_quantization_each_tensor_the_toolkit_holds_carries():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    def qdq(t, src):
+        return [helper.make_node("QuantizeLinear", [src, f"{t}::scale", f"{t}::zp"], [f"{t}::q"]),
+                helper.make_node("DequantizeLinear", [f"{t}::q", f"{t}::scale", f"{t}::zp"], [f"{t}::dq"])]
+
+    nodes = [*qdq("x", "x"), helper.make_node("Relu", ["x::dq"], ["a_pre"]), *qdq("a", "a_pre"),
+             helper.make_node("Relu", ["a::dq"], ["mid"]), helper.make_node("Relu", ["mid"], ["y_pre"]),
+             *qdq("y", "y_pre"), helper.make_node("Identity", ["y::dq"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(0.1, np.float32), f"{t}::scale") for t in "xay"] + \
+        [numpy_helper.from_array(np.array(0, np.int8), f"{t}::zp") for t in "xay"]
+    info = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4, 8, 8])  # noqa: E731
+    model = helper.make_model(helper.make_graph(nodes, "g", [info("x")], [info("y")], inits))
+    # integer tensors only, once each (a::q has two users; the FLOAT16 one and constants are none)
+    tensors = feature_tensors(RKNN_FEATURES)
+    assert tensors == ["x", "a::q", "mid", "a::q-rs", "y"]
+    coverage = qdq_coverage(model, tensors)
+    assert (coverage["applied"], coverage["entries"]) == (3, 5)
+    assert coverage["derived"] == {"a::q-rs": "a"}  # a reshape the toolkit inserted after a
+    assert coverage["fell_back"] == ["mid"]
+    assert coverage["summary"].endswith("1 with no npubuild quantization the toolkit chose itself: mid")
 
 
 def test_the_config_changes_the_toolkit_suggests_are_read_from_its_messages(tmp_path):
