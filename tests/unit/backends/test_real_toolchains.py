@@ -69,6 +69,10 @@ def test_tpu_mlir_builds_a_bmodel_and_verify_runs_it_on_the_cmodel(cli, tmp_path
     needs("tpu-mlir")
     report, root = build(cli, tmp_path, "bm1684x")
     assert (root / "compile" / "graph_ir_0" / "graph_0.vendor.bmodel").is_file()
+    # every calibration-table entry took npubuild's range under TPU-MLIR's name: none fell back
+    coverage = report["compile"]["graphs"]["graph_0"]["quantizers"]["npubuild"]["quantization"]
+    assert coverage["entries"] >= 2 and coverage["applied"] == coverage["entries"]
+    assert coverage["fell_back"] == []
     assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
 
 
