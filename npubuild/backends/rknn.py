@@ -97,6 +97,9 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
             figures["quantization"] = qdq_coverage(onnx_io.load_model(qdq), tensors)
             if figures["quantization"]["fell_back"]:
                 ctx.log.warning("compile: %s: %s", graph.name, figures["quantization"]["summary"])
+            figures["integer_reference"] = vendor.reference_agreement(
+                _qgraph(ctx, graph), graph.outputs, vendor.load_npz(folder / job["proof_outputs"]),
+                [vendor.load_npz(p) for p in proofs])
         out["quantizers"][q] = figures
     return out
 
@@ -111,6 +114,12 @@ def _npubuild_qdq(ctx, graph: NpuGraph, folder: Path) -> Path:
     path = folder / f"{graph.name}.qdq.onnx"
     onnx_io.save_model(vendor.vendor_model(onnx_io.load_model(source)), path)
     return path
+
+
+def _qgraph(ctx, graph: NpuGraph):
+    from npubuild.quant.qgraph import QGraph
+
+    return QGraph.load(Path(ctx.upstream["quantize"]) / f"{graph.name}.qgraph.json")
 
 
 def _float_outputs(onnx_path: Path, proof: Path, graph: NpuGraph) -> dict:

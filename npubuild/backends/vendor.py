@@ -324,6 +324,39 @@ def against_float(outputs: list[str], got: dict, floats: list[dict]) -> dict:
     return out
 
 
+def reference_agreement(qgraph, outputs: list[str], got: dict, feeds: list[dict]) -> dict:
+    """npubuild's integer reference against a vendor runtime given npubuild's quantized model
+    (its outputs at npubuild's scale and zero point), on the proof samples ``feeds`` (float;
+    the vendor's outputs in ``got`` as ``"<k>:<tensor>"``, dequantized): per output, the
+    vendor's values in integer steps of npubuild's quantization — whether they are whole steps
+    (the vendor kept npubuild's output quantization), the largest difference from npubuild's
+    integers, its 99th percentile and the fraction of elements that differ."""
+    from npubuild.quant.reference import quantize_inputs, run_reference
+
+    ours = [run_reference(qgraph, quantize_inputs(qgraph, feed)) for feed in feeds]
+    rows = {}
+    for t in outputs:
+        q = qgraph.tensors[t]
+        if q.is_float:
+            continue
+        theirs = np.concatenate([np.ravel(got[f"{k}:{t}"]) / q.scale + q.zero_point
+                                 for k in range(len(feeds))]).astype(np.float64)
+        mine = np.concatenate([np.ravel(o[t]) for o in ours]).astype(np.float64)
+        steps = np.abs(np.round(theirs) - mine)
+        rows[t] = {"whole_steps": bool(np.max(np.abs(theirs - np.round(theirs)), initial=0) < 1e-3),
+                   "max_steps": int(steps.max(initial=0)),
+                   "p99_steps": float(np.percentile(steps, 99)) if steps.size else 0.0,
+                   "differing_fraction": round(float(np.count_nonzero(steps)) / max(steps.size, 1), 6)}
+    exact = sum(r["max_steps"] == 0 for r in rows.values())
+    worst = max(rows.items(), key=lambda kv: (kv[1]["max_steps"], kv[1]["differing_fraction"]),
+                default=None)
+    line = f"{exact} of {len(rows)} outputs bit-exact with npubuild's integer reference on {len(feeds)} proof samples"
+    if worst and worst[1]["max_steps"]:
+        line += (f"; the largest difference {worst[1]['max_steps']} step(s) on {worst[0]} "
+                 f"({worst[1]['differing_fraction']:.2%} of its elements)")
+    return {"outputs": rows, "bit_exact": exact, "summary": line}
+
+
 QUANTIZERS = ("vendor", "npubuild")
 
 

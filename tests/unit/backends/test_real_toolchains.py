@@ -51,6 +51,10 @@ def test_rknn_builds_an_rknn_and_verify_runs_it_in_the_simulator(cli, tmp_path):
     # every integer tensor the toolkit holds carries npubuild's Q/DQ: none fell back
     coverage = graph["quantizers"]["npubuild"]["quantization"]
     assert coverage["entries"] >= 2 and coverage["fell_back"] == []
+    # npubuild's integer reference against the simulator running npubuild's QDQ model
+    agreement = graph["quantizers"]["npubuild"]["integer_reference"]
+    assert set(agreement["outputs"]) == {"y"}
+    assert agreement["bit_exact"] == sum(r["max_steps"] == 0 for r in agreement["outputs"].values())
     assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
     assert report["compile"]["toolchain"]["rknn-toolkit2"] == "2.5.0"
 

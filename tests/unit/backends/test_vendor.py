@@ -183,3 +183,27 @@ def test_a_vendor_scratch_folder_is_removed_and_a_failed_runs_log_kept_in_the_bu
     kept = tmp_path / "logs" / "compile.graph_0.vendor.rknn_worker.log"
     assert list(scratch.iterdir()) == [] and kept.read_text() == "E build: boom\n"
     assert err.value.hint == f"the whole log: {kept}" and f"(log: {kept})" in str(err.value)
+
+
+def test_a_vendors_outputs_are_read_in_npubuilds_integer_steps_against_its_reference():
+    from npubuild.backends.vela import converter_qgraph
+    from npubuild.quant.reference import dequantize_tensor, quantize_inputs, run_reference
+
+    net = Net()
+    model = net.model([net.op("Relu", [net.conv(net.input("x", [1, 3, 8, 8]), 3, 4)])])
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(2)]
+    qgraph = converter_qgraph(model, feeds, "g")
+    out = qgraph.outputs[0]
+    ints = [run_reference(qgraph, quantize_inputs(qgraph, f))[out] for f in feeds]
+    same = {f"{k}:{out}": dequantize_tensor(qgraph, out, v) for k, v in enumerate(ints)}
+    agreement = vendor.reference_agreement(qgraph, [out], same, feeds)
+    assert agreement["bit_exact"] == 1 and agreement["outputs"][out]["whole_steps"]
+    moved = dict(same)
+    first = ints[0].astype(np.int32)
+    first.flat[3] += 2  # one element two steps off
+    moved[f"0:{out}"] = dequantize_tensor(qgraph, out, first)
+    row = vendor.reference_agreement(qgraph, [out], moved, feeds)["outputs"][out]
+    assert (row["max_steps"], row["differing_fraction"]) == (2, round(1 / (2 * first.size), 6))
+    half = {**same, f"0:{out}": same[f"0:{out}"] + 0.5 * qgraph.tensors[out].scale}
+    assert not vendor.reference_agreement(qgraph, [out], half, feeds)["outputs"][out]["whole_steps"]
