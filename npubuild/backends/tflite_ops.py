@@ -57,18 +57,24 @@ def padding(w: Writer, layer: QLayer, x: Tensor, fill: int | None = None) -> tup
 
 
 def pad_tensor(w: Writer, name: str, x: Tensor, pairs: list[list[int]], fill: int | None) -> Tensor:
-    """PAD (the zero point: real 0) or PADV2 (``fill``) of ``x`` by ``pairs`` in its own order."""
+    """A tensor of its own holding ``x`` padded by ``pairs`` (`pad_op`)."""
     shape = [d + a + b for d, (a, b) in zip(x.shape, pairs)]
     out = w.helper(name, x, x.quant, "npubuild (padding)", shape=shape)
+    pad_op(w, name, x, out, pairs, fill)
+    return out
+
+
+def pad_op(w: Writer, name: str, x: Tensor, y: Tensor, pairs: list[list[int]], fill: int | None) -> None:
+    """PAD (``fill`` None or the zero point: real 0) or PADV2 (``fill``) of ``x`` into ``y`` by
+    ``pairs`` in ``x``'s own order."""
     paddings = w.constant(f"{name}/paddings", np.array(pairs, np.int32), "int32")
     if fill is None or fill == x.quant.zero_point[0]:
-        w.op(w.s.BuiltinOperator.PAD, [x.index, paddings], [out.index],
+        w.op(w.s.BuiltinOperator.PAD, [x.index, paddings], [y.index],
              w.s.BuiltinOptions.PadOptions, w.s.PadOptionsT())
     else:
         value = w.constant(f"{name}/value", np.array(fill), x.dtype, x.quant)
-        w.op(w.s.BuiltinOperator.PADV2, [x.index, paddings, value], [out.index],
+        w.op(w.s.BuiltinOperator.PADV2, [x.index, paddings, value], [y.index],
              w.s.BuiltinOptions.PadV2Options, w.s.PadV2OptionsT())
-    return out
 
 
 def _tflite_round(v: float) -> int:
@@ -459,15 +465,5 @@ def pad(w: Writer, layer: QLayer) -> None:
     pairs = [[pads[i], pads[i + rank]] for i in range(rank)]
     if x.nhwc:
         pairs = [pairs[i] for i in NCHW_TO_NHWC]
-    paddings = w.constant(f"{layer.outputs[0]}/paddings", np.array(pairs, np.int32), "int32")
     fill = int(a.get("value", x.quant.zero_point[0]))
-
-    def emit(y: Tensor) -> None:
-        if fill == x.quant.zero_point[0]:
-            w.op(w.s.BuiltinOperator.PAD, [x.index, paddings], [y.index],
-                 w.s.BuiltinOptions.PadOptions, w.s.PadOptionsT())
-        else:
-            value = w.constant(f"{layer.outputs[0]}/value", np.array(fill), x.dtype, x.quant)
-            w.op(w.s.BuiltinOperator.PADV2, [x.index, paddings, value], [y.index],
-                 w.s.BuiltinOptions.PadV2Options, w.s.PadV2OptionsT())
-    _moves(w, layer, x, "PAD", emit)
+    _moves(w, layer, x, "PAD", lambda y: pad_op(w, layer.outputs[0], x, y, pairs, fill))

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from npubuild import backends
+from npubuild import backends, onnx_io
 from npubuild.backends import vendor
 from tests.unit.split.split_models import Net
 
@@ -96,7 +96,7 @@ def fused_net_recipe(tmp_path, target: str) -> object:
     """A tiny model whose NPU graph holds a HardSwish (a fused element-wise function, one table
     in npubuild's graph), fused convs (Conv+Relu, Conv+SiLU) and a conv with a bias Add
     npubuild folds into it: tensors inside npubuild's layers, numbered by the inliner."""
-    from tests.conftest import write_recipe
+    from tests.conftest import TINY_MODEL, TINY_RECIPE, write_recipe
 
     net = Net()
     h = net.conv(net.input("x", [1, 3, 8, 8]), 3, 3, name="c0")
@@ -109,25 +109,12 @@ def fused_net_recipe(tmp_path, target: str) -> object:
     z = net.op("Add", [net.conv(y, 4, 4, name="c3"), net.init("bias", np.full((1, 4, 1, 1), 0.25, np.float32))])
     model = net.model([net.op("Relu", [z])])
     onnx_path = tmp_path / "fused.onnx"
-    import onnx
-
-    onnx.save(model, onnx_path)
-    return write_recipe(tmp_path, f"""\
-        version: 1
-        name: fused-{target}
-        model:
-          path: {onnx_path}
-          inputs:
-            - name: x
-              shape: [1, 3, 8, 8]
-              preprocess: {{resize: [8, 8], scale: 0.00392156862745098}}
-        target: {target}
-        fusion: [hard_swish, conv_act, conv_silu]
-        quantization:
-          scheme: symmetric
-          calibration: {{data: "pkg:skimage/data/[a-c]*.png", samples: 2}}
-        verify: {{data: "pkg:skimage/data/[d-h]*.png", samples: 2, min_cosine: 0.98}}
-        """)
+    onnx_io.save_model(model, onnx_path)
+    body = TINY_RECIPE.replace("name: tiny", f"name: fused-{target}").replace(
+        str(TINY_MODEL), str(onnx_path))
+    return write_recipe(tmp_path, body + f"target: {target}\n"
+                        "fusion: [hard_swish, conv_act, conv_silu]\n"
+                        "verify: {data: 'pkg:skimage/data/[d-h]*.png', samples: 2, min_cosine: 0.98}\n")
 
 
 def test_every_tensor_a_vendor_sees_has_npubuilds_calibrated_range(cli, tmp_path):
@@ -136,7 +123,6 @@ def test_every_tensor_a_vendor_sees_has_npubuilds_calibrated_range(cli, tmp_path
     before its Relu, SiLU or bias Add) included: none falls back to the vendor's own but the
     inside of an element-wise function, one table in npubuild's graph (which TPU-MLIR
     converts to one op too)."""
-    from npubuild import onnx_io
     from npubuild.runtime import Runner
 
     recipe = fused_net_recipe(tmp_path, "bm1684x")
