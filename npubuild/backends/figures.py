@@ -62,6 +62,20 @@ def quantizer_rows(report: dict) -> list[list[Any]]:
     return rows
 
 
+def handover_lines(report: dict) -> list[str]:
+    """Per graph and quantizer: whose quantization the vendor's tensors carry and how the
+    vendor's integers agree with npubuild's reference (the ``summary`` lines of report.json's
+    ``quantization`` and ``integer_reference``)."""
+    lines = []
+    for graph, info in ((report.get("compile") or {}).get("graphs") or {}).items():
+        for quantizer, q in (info.get("quantizers") or {}).items():
+            for key in ("quantization", "integer_reference"):
+                summary = (q.get(key) or {}).get("summary")
+                if summary:
+                    lines.append(f"{graph}, {quantizer}: {summary}")
+    return lines
+
+
 def vendor_section(a) -> str:
     """report.html: the vendor's figures beside npubuild's estimate, and the quantizers."""
     from npubuild.report.html import para, table
@@ -82,4 +96,6 @@ def vendor_section(a) -> str:
     out += table(["figure", "vendor", "npubuild estimate"], table_rows(report))
     out += table(["graph", "quantizer", "NPU output", "cosine vs float", "SQNR dB",
                   "artifact bytes", "NPU ops", "CPU ops"], quantizer_rows(report))
+    for line in handover_lines(report):
+        out += para(line, "note")
     return out

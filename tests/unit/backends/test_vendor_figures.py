@@ -3,7 +3,7 @@ and the figures report.html and diff show beside npubuild's estimate."""
 
 from __future__ import annotations
 
-from npubuild.backends.figures import table_rows, vendor_figures
+from npubuild.backends.figures import handover_lines, table_rows, vendor_figures
 from npubuild.backends.rknn import feature_tensors, layer_figures, qdq_coverage, suggested_config
 from npubuild.backends.tpu_mlir import _named, npubuild_table
 from npubuild.backends.vendor import Ranges
@@ -124,3 +124,12 @@ def test_report_and_diff_show_the_vendors_figures_beside_npubuilds_estimate():
     figures = vendor_figures(report)
     assert figures["vendor NPU ops"] == 3 and figures["toolchain"] == "rknn-toolkit2==2.5.0"
     assert figures["vendor quantizer cosine graph_0:y"] == 0.9989
+
+
+def test_the_report_says_whose_quantization_each_vendor_artifact_carries():
+    report = {"compile": {"graphs": {"graph_0": {"quantizers": {
+        "vendor": {"proof": {}},
+        "npubuild": {"quantization": {"summary": "npubuild's Q/DQ on 3 of 4 ..."},
+                     "integer_reference": {"summary": "0 of 1 outputs bit-exact ..."}}}}}}}
+    assert handover_lines(report) == ["graph_0, npubuild: npubuild's Q/DQ on 3 of 4 ...",
+                                      "graph_0, npubuild: 0 of 1 outputs bit-exact ..."]
