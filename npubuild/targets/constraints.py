@@ -250,6 +250,24 @@ def pad_bound(node: NodeView, spec: OpSupport) -> str | None:
     return f"pads {p}" if p and max(p) > spec.max_pad else None
 
 
+@constraint(field="same_padding_only", ops={"AveragePool"})
+def average_pool_same_padding(node: NodeView, spec: OpSupport) -> str | None:
+    """Padding left out of the average is not TFLite's SAME (its AVERAGE_POOL_2D divides by the valid positions only with SAME)"""
+    p = list(node.attr("pads", []))
+    if not any(p) or node.attr("count_include_pad", 0):
+        return None
+    x, y, k = node.shape(node.input(0)), node.shape(node.node.output[0]), kernel(node)
+    if not (is_static(x) and is_static(y) and k):
+        return f"pads {p} on unknown shapes"
+    s, n = strides(node), len(k)
+    for i in range(n):
+        out = -(-x[2 + i] // s[i])
+        total = max((out - 1) * s[i] + k[i] - x[2 + i], 0)
+        if y[2 + i] != out or (p[i], p[i + n]) != (total // 2, total - total // 2):
+            return f"pads {p} (SAME would be {total // 2} before and {total - total // 2} after on axis {2 + i})"
+    return None
+
+
 @constraint(field="pad_modes", ops={"Pad"})
 def pad_mode(node: NodeView, spec: OpSupport) -> str | None:
     """Pad mode is not {pad_modes}"""

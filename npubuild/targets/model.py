@@ -52,6 +52,8 @@ class OpSupport(Strict):
     resize_coordinate_modes: list[str] | None = Field(
         None, description="Allowed Resize coordinate_transformation_mode values.")
     pad_modes: list[str] | None = Field(None, description="Allowed Pad modes.")
+    same_padding_only: bool = False
+    """AveragePool: padding left out of the average (count_include_pad 0) only as TFLite's SAME pads it."""
     broadcast: Literal["any", "same_shape", "channel", "scalar_or_channel"] = "any"
     """How the inputs of an elementwise op may differ in shape: any broadcast, same shape, per channel, or scalar or per channel."""
     note: str | None = Field(None, description="Free text shown in SUPPORTED_OPS.md.")

@@ -196,3 +196,17 @@ def test_presets_are_honest_about_being_simulated_or_say_whose_list_they_follow(
             assert "simulated" in chip.description
         else:  # a real chip: its vendor, its name in the vendor's toolchain, its op list
             assert chip.vendor and chip.platform and chip.support_source
+
+
+def test_an_average_pool_leaving_padding_out_stays_on_npu_only_with_tflites_same_padding():
+    """Ethos-U: TFLite's AVERAGE_POOL_2D leaves padding out of the count only with SAME pads;
+    other pads (ShuffleNet's [1, 1, 1, 1] at stride 2 on an even size) go to the CPU, named."""
+    def reasons(pads, size=8, include=0):
+        net = Net()
+        y = net.op("AveragePool", [net.input("x", [1, 4, size, size])], kernel_shape=[3, 3],
+                   strides=[2, 2], pads=pads, count_include_pad=include, name="p")
+        return reasons_of(net.model([y]), "ethos-u55-256", "p")
+
+    assert reasons([0, 0, 1, 1]) == []                       # SAME on 8: 0 before, 1 after
+    assert reasons([1, 1, 1, 1], include=1) == []            # padding counted: PAD + VALID
+    assert "not TFLite's SAME" in " ".join(reasons([1, 1, 1, 1]))
