@@ -253,7 +253,8 @@ def rounding_shift(prod: np.ndarray, shift, rounding: str = "half_up") -> np.nda
     if np.any(left):
         prod = np.clip(prod, -(1 << 31), 1 << 31) << np.minimum(left, 31)
     half = (np.int64(1) << right) >> 1
-    out = (prod + half) >> right
+    out = np.asarray(prod + half)  # a new array (0-d for scalars), shifted in place
+    out >>= right
     if rounding == "half_even":
         tie = (right > 0) & ((prod & ((np.int64(1) << right) - 1)) == half)
         out = out - (tie & ((out & 1) == 1))
@@ -270,14 +271,47 @@ def requantize(acc, multiplier, shift, zero_point: int, qmin: int, qmax: int,
     ``multiplier`` and ``shift`` broadcast against ``acc`` (per-channel arrays must be shaped
     to the channel axis by the caller). This is the only place results are rounded.
     """
-    acc = np.asarray(acc, dtype=np.int64)
+    acc = np.asarray(acc)
+    if acc.dtype.kind != "f":  # float accumulators hold exact integers below 2^53
+        acc = acc.astype(np.int64, copy=False)
     multiplier = np.asarray(multiplier, dtype=np.int64)
-    if acc.size and multiplier.size and (
-            float(np.abs(acc).max()) * float(np.abs(multiplier).max()) >= 2.0**62):
+    shift = np.asarray(shift, dtype=np.int64)
+    bound = 0.0
+    if acc.size and multiplier.size:
+        bound = (max(float(acc.max()), -float(acc.min()))
+                 * max(float(multiplier.max()), -float(multiplier.min())))
+    if bound >= 2.0**62:
         raise OverflowError("requantize: acc · multiplier leaves int64 (the multiplier width "
                             "must follow the accumulator bound, see multiplier_bits)")
-    y = rounding_shift(acc * multiplier, shift, rounding) + zero_point
-    return np.clip(y, qmin, qmax).astype(DTYPES[dtype])
+    if bound < FLOAT64_EXACT and (shift.size == 0 or int(shift.min()) >= 0):
+        y = _rounded_in_float64(acc, multiplier, shift, zero_point, rounding)
+    else:
+        y = rounding_shift(acc.astype(np.int64) * multiplier, shift, rounding)
+        y += zero_point
+    return np.clip(y, qmin, qmax, out=y).astype(DTYPES[dtype])
+
+
+FLOAT64_EXACT = 2.0 ** 52  # |acc · M| below this: every step of the float64 rounding is exact
+
+
+def _rounded_in_float64(acc: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
+                        zero_point: int, rounding: str) -> np.ndarray:
+    """`rounding_shift` ``(acc · M, n) + zp`` for ``n ≥ 0`` and ``|acc · M| < 2^52``, in
+    float64 (SIMD, where int64 products and shifts are scalar loops). Every step is exact:
+    ``M · 2^-n`` is M with another exponent, so ``acc · (M · 2^-n)`` is the exact
+    ``acc · M / 2^n``; ``rint`` rounds ties to even; for ties up, ``p + (zp + 1/2)`` is exact
+    (``p`` has at most 52 bits from ``2^-n`` up) before ``floor``."""
+    p = acc.astype(np.float64)
+    p *= multiplier.astype(np.float64) * np.ldexp(1.0, -shift)
+    if rounding == "half_even":
+        np.rint(p, out=p)
+        p += zero_point
+    elif rounding == "half_up":
+        p += zero_point + 0.5
+        np.floor(p, out=p)
+    else:
+        raise ValueError(f"unknown rounding {rounding!r}")
+    return p
 
 
 def build_lut(fn, src: QParams, dst: QParams) -> np.ndarray:

@@ -16,8 +16,9 @@ group and slice it runs the steps in order:
 
 Group breakers (CPU and DMA items) run their kernel on whole tensors in GMEM.
 
-Every LMEM byte carries the id of the buffer *instance* that last wrote it (a buffer starts a new
-instance in every slice; a weight buffer at every load). Reading a range whose bytes were not
+Every LMEM address carries the id of the buffer *instance* that last wrote it (a buffer starts a
+new instance in every slice; a weight buffer at every load; a write reaches every lane at the same
+per-lane address, so one tag per address serves all lanes; ids keep counting across runs). Reading a range whose bytes were not
 written by the buffer's current instance — a halo row never loaded, a buffer another live buffer
 overwrote, a weight clobbered — is a `SimulatorFault` naming the group, slice, step, tensor,
 buffer and who wrote the byte instead. So is a write that reaches into another buffer live at the
@@ -107,17 +108,40 @@ class _Instances:
 
 
 _THREAD = threading.local()
+TAG_LIMIT = 2 ** 31 - 1  # instance ids are int32 tags
 
 
-def _chip_memory(lanes: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
-    """The LMEM and its tag plane for a chip geometry, one pair per thread: `Simulator.run`
-    resets both before every program, so the simulators of one build share them. Each kept its
-    own before, and `run` touches every page (5 bytes per LMEM byte): a model split into 100
-    NPU graphs held 8 GB of them in verify."""
+@dataclass
+class ChipMemory:
+    """LMEM, its tags and the next free buffer-instance id, for one chip geometry.
+
+Every write reaches all lanes at the same per-lane address (the LMEM layout contract), so one
+tag per per-lane address says who last wrote that byte in every lane.
+
+    Instance ids keep counting across runs (and across the programs sharing this memory), so
+    a byte an earlier run wrote carries an id no current instance has: a read of it fails the
+    tag check as a never-written byte would. Neither plane needs clearing between runs (80 MiB
+    of memset per run on npu-16m); they are cleared only when the ids run out."""
+
+    lmem: np.ndarray
+    tags: np.ndarray
+    next_id: int = 1
+
+    def reset_if_exhausted(self, needed: int) -> None:
+        if self.next_id + needed >= TAG_LIMIT:
+            self.lmem.fill(0x5A)
+            self.tags.fill(NEVER)
+            self.next_id = 1
+
+
+def _chip_memory(lanes: int, capacity: int) -> ChipMemory:
+    """The chip memory for a geometry, one per thread: the simulators of one build share it.
+    Each kept its own before, and a run touches every page (5 bytes per LMEM byte): a model
+    split into 100 NPU graphs held 8 GB of them in verify."""
     pool = _THREAD.__dict__.setdefault("chip_memory", {})
     if (lanes, capacity) not in pool:
-        pool[lanes, capacity] = (np.zeros((lanes, capacity), np.int8),
-                                 np.zeros((lanes, capacity), np.int32))
+        lmem = np.full((lanes, capacity), 0x5A, np.int8)
+        pool[lanes, capacity] = ChipMemory(lmem, np.zeros(capacity, np.int32))
     return pool[lanes, capacity]
 
 
@@ -129,11 +153,16 @@ class Simulator:
         doc = self.program.doc
         chip = doc["chip"]
         self.lanes, self.capacity = chip["lanes"], chip["lmem_bytes_per_lane"]
-        self.lmem, self.tags = _chip_memory(self.lanes, self.capacity)
+        self.memory = _chip_memory(self.lanes, self.capacity)
+        self.lmem, self.tags = self.memory.lmem, self.memory.tags
         self.gmem = np.zeros(doc["gmem"]["size"], np.uint8)
         self.tensors = doc["tensors"]
         self.kernels = {name: self._kernel(name, k) for name, k in doc["kernels"].items()}
         self.stats = Stats()
+        self._clash_cache: dict[int, dict[int, list[dict]]] = {}
+        self._instances_per_run = sum(
+            len(g["slices"]) * len(g["buffers"]) + sum(len(p["steps"]) for p in g["slices"])
+            for g in doc["groups"] if g["device"] == "npu")  # a bound: buffers and weight loads
 
     def _kernel(self, name: str, k: dict) -> Kernel:
         arrays = {key: self.program.arrays[ref] for key, ref in k["arrays"].items()}
@@ -153,13 +182,13 @@ class Simulator:
         """Integer inputs by name → every tensor that went through GMEM (real shapes)."""
         start = time.perf_counter()
         doc = self.program.doc
-        self.lmem, self.tags = _chip_memory(self.lanes, self.capacity)  # this thread's
-        self.lmem.fill(0x5A)
-        self.tags.fill(NEVER)
+        self.memory = _chip_memory(self.lanes, self.capacity)  # this thread's
+        self.lmem, self.tags = self.memory.lmem, self.memory.tags
+        self.memory.reset_if_exhausted(self._instances_per_run)
         self.gmem.fill(0)
         image = self.program.arrays[doc["gmem"]["image"]["key"]]
         self.gmem[:image.size] = image
-        self._inst = _Instances()  # instance ids are unique over the whole run
+        self._inst = _Instances(next_id=self.memory.next_id)  # ids unique over every run
         for name in doc["model_inputs"]:  # constants are in the GMEM image already
             if name not in inputs:
                 raise SimulatorFault(f"{self.name}: input {name!r} not given")
@@ -169,6 +198,7 @@ class Simulator:
                 self._group(entry)
             else:
                 self._breaker(entry)
+        self.memory.next_id = self._inst.next_id
         self.stats.seconds += time.perf_counter() - start
         return {t: self.read_tensor(t) for t in doc["gmem"]["tensors"]}
 
@@ -210,8 +240,9 @@ class Simulator:
 
     def _group(self, group: dict) -> None:
         self._buffers = {b["id"]: b for b in group["buffers"]}
-        self._live = [[b for b in group["buffers"] if b["lifetime"][0] <= t and (
-            b["lifetime"][1] is None or t <= b["lifetime"][1])] for t in range(group["timesteps"])]
+        if group["index"] not in self._clash_cache:  # the program is static: once per group
+            self._clash_cache[group["index"]] = self._address_clashes(group)
+        self._clashes = self._clash_cache[group["index"]]
         self._elem = group["elem_bytes"]
         self._inst.current = {}
         for piece in group["slices"]:
@@ -249,52 +280,76 @@ class Simulator:
         if nbytes > buf["bytes_per_lane"] or addr + nbytes > self.capacity:
             raise self._fault(f"needs {nbytes} bytes per lane at {addr}; buffer {buf['id']} "
                               f"({buf['name']!r}) has {buf['bytes_per_lane']}", tensor)
-        return self.lmem.view(np.uint8)[:, addr:addr + nbytes], self.tags[:, addr:addr + nbytes]
+        return self.lmem.view(np.uint8)[:, addr:addr + nbytes], self.tags[addr:addr + nbytes]
 
-    def _writable(self, buf: dict, nbytes: int, timestep: int, tensor: str):
-        """The region a write may change: it must not reach a buffer live at this timestep."""
+    @staticmethod
+    def _address_clashes(group: dict) -> dict[int, list[dict]]:
+        """Per buffer, the other buffers sharing LMEM bytes with it at some timestep (none in
+        a sound allocation); a write is checked against these only, at its own timestep."""
+        clashes: dict[int, list[dict]] = {}
+        spans = sorted((b["addr"], b["addr"] + b["bytes_per_lane"], i)
+                       for i, b in enumerate(group["buffers"]) if b["bytes_per_lane"])
+        for k, (lo, hi, i) in enumerate(spans):
+            for lo2, hi2, j in spans[k + 1:]:
+                if lo2 >= hi:
+                    break
+                a, b = group["buffers"][i], group["buffers"][j]
+                if _live_together(a["lifetime"], b["lifetime"]):
+                    clashes.setdefault(a["id"], []).append(b)
+                    clashes.setdefault(b["id"], []).append(a)
+        return clashes
+
+    def _writable(self, buf: dict, nbytes: int, timestep: int, tensor: str) -> None:
+        """A write must not reach a buffer live at this timestep."""
         lo, hi = buf["addr"], buf["addr"] + nbytes
-        for other in self._live[timestep]:
-            if other is not buf and lo < other["addr"] + other["bytes_per_lane"] \
-                    and other["addr"] < hi and other["bytes_per_lane"] and nbytes:
+        for other in self._clashes.get(buf["id"], ()):
+            start, end = other["lifetime"]
+            if start <= timestep and (end is None or timestep <= end) and nbytes \
+                    and lo < other["addr"] + other["bytes_per_lane"] and other["addr"] < hi:
                 raise self._fault(
                     f"writes {tensor!r} to LMEM [{lo}, {hi}) over buffer {other['id']} "
                     f"({other['name']!r}, [{other['addr']}, "
                     f"{other['addr'] + other['bytes_per_lane']}), lifetime "
                     f"{other['lifetime']}), which is live at this timestep", tensor)
-        return self._region(buf, buf["addr"], nbytes, tensor)
 
     def _block(self, operand: dict, timestep: int, write: bool = False):
-        """LMEM bytes and tags of an activation buffer, as (lanes, n, c/lanes, rows, W·eb)."""
+        """LMEM bytes of an activation buffer, as (lanes, n, c/lanes, rows, W·eb), and its
+        tags, as (n, c/lanes, rows, W·eb)."""
         t = operand["tensor"]
         buf = self._buffer(operand["buffer"], timestep, t)
         (b0, b1), (c0, c1), (r0, r1) = operand["batch"], operand["channels"], operand["rows_held"]
         w, eb = self.tensors[t]["view"][3], self._elem[t]
-        shape = (self.lanes, b1 - b0, ceil((c1 - c0) / self.lanes), r1 - r0, w * eb)
-        data, tags = self._region(buf, operand["addr"], prod(shape[1:]), t)
+        shape = (self.lanes, b1 - b0, -(-(c1 - c0) // self.lanes), r1 - r0, w * eb)
+        nbytes = shape[1] * shape[2] * shape[3] * shape[4]
+        data, tags = self._region(buf, operand["addr"], nbytes, t)
         if write:
-            self._writable(buf, prod(shape[1:]), timestep, t)
-        return buf, data.reshape(shape), tags.reshape(shape)
+            self._writable(buf, nbytes, timestep, t)
+        return buf, data.reshape(shape), tags.reshape(shape[1:])
 
     def _write_rows(self, operand: dict, timestep: int, value: np.ndarray, rows) -> None:
         buf, data, tags = self._block(operand, timestep, write=True)
         t = operand["tensor"]
         lo = rows[0] - operand["rows_held"][0]
         n, c, r, w = value.shape
-        raw = np.ascontiguousarray(value.astype(f"<i{self._elem[t]}")).view(np.uint8)
+        raw = np.ascontiguousarray(value.astype(f"<i{self._elem[t]}", copy=False)).view(np.uint8)
         raw = raw.reshape(n, c, r, -1)
         cpl = data.shape[2]
-        if c != cpl * self.lanes:
-            raw = np.concatenate([raw, np.zeros((n, cpl * self.lanes - c, r, raw.shape[3]),
-                                                np.uint8)], axis=1)
-        data[:, :, :, lo:lo + r] = raw.reshape(n, cpl, self.lanes, r, -1).transpose(2, 0, 1, 3, 4)
-        tags[:, :, :, lo:lo + r] = self._inst.current[buf["id"]]
+        if c == cpl * self.lanes:
+            lanes_first = raw.reshape(n, cpl, self.lanes, r, -1).transpose(2, 0, 1, 3, 4)
+            data[:, :, :, lo:lo + r] = lanes_first
+        else:  # the last channel group fills only some lanes; the others keep their bytes
+            full, rest = divmod(c, self.lanes)
+            if full:
+                data[:, :, :full, lo:lo + r] = raw[:, :full * self.lanes].reshape(
+                    n, full, self.lanes, r, -1).transpose(2, 0, 1, 3, 4)
+            data[:rest, :, full, lo:lo + r] = raw[:, full * self.lanes:].transpose(1, 0, 2, 3)
+        tags[:, :, lo:lo + r] = self._inst.current[buf["id"]]
 
     def _read_rows(self, operand: dict, timestep: int, rows) -> np.ndarray:
         buf, data, tags = self._block(operand, timestep)
         t = operand["tensor"]
         lo, hi = rows[0] - operand["rows_held"][0], rows[1] - operand["rows_held"][0]
-        self._check(buf, tags[:, :, :, lo:hi], t, f"rows [{rows[0]}, {rows[1]})")
+        self._check(buf, tags[:, :, lo:hi], t, f"rows [{rows[0]}, {rows[1]})")
         n, c = data.shape[1], operand["channels"][1] - operand["channels"][0]
         block = data[:, :, :, lo:hi].transpose(1, 2, 0, 3, 4).reshape(n, -1, hi - lo,
                                                                        data.shape[4])[:, :c]
@@ -307,14 +362,15 @@ class Simulator:
         bad = tags != want
         if want is not None and not bad.any():
             return
-        lane, *rest = np.argwhere(bad)[0] if bad.any() else (0,)
-        got = int(tags[(lane, *rest)]) if bad.any() else NEVER
+        first = np.argwhere(bad)[0] if bad.any() else None
+        got = int(tags[tuple(first)]) if first is not None else NEVER
         who = self._inst.owner.get(got)
         by = (f"last written by buffer {who[0]} ({who[1]!r}) in slice {who[2]}" if who
               else "never written in this group")
+        offset = int(np.ravel_multi_index(first, tags.shape)) if first is not None else 0
         raise self._fault(f"reads {what} of {tensor!r} from buffer {buf['id']} at LMEM "
-                          f"{buf['addr']}: lane {lane} holds bytes not written during the "
-                          f"buffer's lifetime ({by})", tensor)
+                          f"{buf['addr']}: its byte {offset} (of the bytes read) was not "
+                          f"written during the buffer's lifetime ({by})", tensor)
 
     # ---- DMA ----------------------------------------------------------------------------------
 
@@ -340,8 +396,8 @@ class Simulator:
         record, (c0, c1) = kernel.record, step["channels"]
         if record.replicated:
             raw = self.gmem[step["gmem"]:step["gmem"] + record.bytes]
-            self._region(buf, step["addr"], record.bytes, step["tensor"])
-            data, tags = self._writable(buf, record.bytes, step["timestep"], step["tensor"])
+            data, tags = self._region(buf, step["addr"], record.bytes, step["tensor"])
+            self._writable(buf, record.bytes, step["timestep"], step["tensor"])
             data[:] = raw[None, :]
         else:
             size = record.bytes
@@ -349,8 +405,8 @@ class Simulator:
             cpl = ceil((c1 - c0) / self.lanes)
             padded = np.zeros((cpl * self.lanes, size), np.uint8)
             padded[:c1 - c0] = raw
-            self._region(buf, step["addr"], cpl * size, step["tensor"])
-            data, tags = self._writable(buf, cpl * size, step["timestep"], step["tensor"])
+            data, tags = self._region(buf, step["addr"], cpl * size, step["tensor"])
+            self._writable(buf, cpl * size, step["timestep"], step["tensor"])
             data[:] = padded.reshape(cpl, self.lanes, size).transpose(1, 0, 2).reshape(
                 self.lanes, -1)
         tags[:] = self._inst.start(buf, slice_index)
@@ -398,8 +454,8 @@ class Simulator:
         buf = self._buffer(ref["buffer"], step["timestep"], f"{step['layer']}/scratch")
         flat = np.ascontiguousarray(value.astype("<i2")).view(np.uint8).reshape(-1)
         size = min(buf["bytes_per_lane"], ceil(flat.size / self.lanes))
-        self._region(buf, ref["addr"], size, buf["name"])
-        data, tags = self._writable(buf, size, step["timestep"], buf["name"])
+        data, tags = self._region(buf, ref["addr"], size, buf["name"])
+        self._writable(buf, size, step["timestep"], buf["name"])
         padded = np.resize(flat, self.lanes * size).reshape(self.lanes, size)
         data[:] = padded
         tags[:] = self._inst.start(buf, self._where.slice)
@@ -414,6 +470,13 @@ class Simulator:
         for t, value in zip(entry["outputs"], outs):
             self.write_tensor(t, value)
         self.stats.breakers += 1
+
+
+def _live_together(a: list, b: list) -> bool:
+    """Whether two lifetimes ``[start, end]`` (end None: resident) share a timestep."""
+    if a[1] is None or b[1] is None:
+        return True
+    return a[0] <= b[1] and b[0] <= a[1]
 
 
 def _with(layer: QLayer, arrays: dict, spec: dict) -> QLayer:

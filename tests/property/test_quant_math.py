@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from npubuild.quant import schemes
 from npubuild.quant.qgraph import QLayer
-from npubuild.quant.reference import avgpool2d, conv2d, input_rows, maxpool2d
+from npubuild.quant.reference import (avgpool2d, conv2d, conv_accumulator, input_rows,
+                                      maxpool2d)
 from npubuild.quant.schemes import QParams
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -30,6 +31,40 @@ def test_requantize_equals_exact_rational(acc, m, n, zp, dtype):
     qmin, qmax = schemes.qrange(dtype)
     got = schemes.requantize(np.array([acc]), m, n, zp, qmin, qmax, dtype)
     assert int(got[0]) == exact_requant(acc, m, n, zp, qmin, qmax)
+
+
+def exact_half_even(acc: int, m: int, n: int, zp: int, qmin: int, qmax: int) -> int:
+    value = Fraction(acc * m) / Fraction(2) ** n
+    low = math.floor(value)
+    up = value - low > Fraction(1, 2) or (value - low == Fraction(1, 2) and low % 2 == 1)
+    return max(qmin, min(qmax, low + up + zp))
+
+
+@FAST
+@given(acc=st.integers(-2**31, 2**31 - 1), m=st.integers(-(2**31 - 1), 2**31 - 1),
+       n=st.integers(-8, 62), zp=st.integers(-128, 127), dtype=dtypes,
+       rounding=st.sampled_from(["half_up", "half_even"]))
+def test_requantize_rounds_exactly_on_the_float64_and_the_int64_path(acc, m, n, zp, dtype,
+                                                                     rounding):
+    """Small products take the float64 path, large ones or left shifts the int64 one: both
+    round exactly as the rational says, ties up or to even."""
+    qmin, qmax = schemes.qrange(dtype)
+    want = (exact_requant if rounding == "half_up" else exact_half_even)(acc, m, n, zp, qmin,
+                                                                          qmax)
+    got = schemes.requantize(np.array([acc]), m, n, zp, qmin, qmax, dtype, rounding)
+    assert int(got[0]) == want
+
+
+@FAST
+@given(k=st.integers(-32000, 32000), n=st.integers(1, 46),
+       rounding=st.sampled_from(["half_up", "half_even"]))
+def test_requantize_ties_on_both_paths(k, n, rounding):
+    """Exact ties (acc / 2^n = k + 1/2): below n = 38 the product fits the float64 path,
+    above it only the int64 one; both round ties up, or to even."""
+    acc = (2 * k + 1) << (n - 1)
+    exact = exact_requant if rounding == "half_up" else exact_half_even
+    got = schemes.requantize(np.array([acc]), 1, n, 0, -32768, 32767, "int16", rounding)
+    assert int(got[0]) == exact(acc, 1, n, 0, -32768, 32767)
 
 
 @FAST
@@ -174,6 +209,39 @@ def test_conv_accumulates_exactly(g, seed):
     got = conv2d(layer, x)
     want = _naive_conv(x, w, bias, g["zp"], g["pads"], g["stride"], g["dilation"], g["group"])
     assert np.array_equal(got, np.clip(want, -32768, 32767).astype(np.int16))
+
+
+@settings(max_examples=80, deadline=None)
+@given(m=st.integers(1, 6), k=st.integers(1, 3000), p=st.integers(1, 7),
+       x_bits=st.sampled_from([7, 8, 15, 16, 24, 30]), w_bits=st.sampled_from([7, 8, 15]),
+       seed=st.integers(0, 2**16))
+def test_int_matmul_is_exact_in_every_regime(m, k, p, x_bits, w_bits, seed):
+    """One float32 GEMM, K cut into float32-exact runs, or float64: always the exact integer
+    product (numpy's int64 matmul, which never goes through BLAS, is the reference)."""
+    from npubuild.quant.reference import int_matmul
+
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-2**w_bits, 2**w_bits, (m, k))
+    x = rng.integers(-2**x_bits, 2**x_bits, (1, k, p))
+    got = int_matmul(w, x.astype(np.float64))
+    assert got.dtype == np.int64
+    assert np.array_equal(got, w.astype(np.int64) @ x.astype(np.int64))
+
+
+@settings(max_examples=40, deadline=None)
+@given(g=geometry, dtype=st.sampled_from(["int8", "int16"]), seed=st.integers(0, 2**16))
+def test_depthwise_conv_accumulates_exactly_for_8_and_16_bit_inputs(g, dtype, seed):
+    """Depthwise windows summed in float32 while exact, else in int64 (16-bit inputs with
+    large taps)."""
+    rng = np.random.default_rng(seed)
+    lo, hi = schemes.qrange(dtype)
+    x = rng.integers(lo, hi + 1, (1, 4, g["h"], g["w"])).astype(dtype)
+    w = rng.integers(-128, 128, (4, 1, g["k"], g["k"])).astype(np.int8)
+    bias = rng.integers(-1000, 1000, 4).astype(np.int32)
+    layer = _conv_layer(w, bias, g["zp"], g["pads"], g["stride"], g["dilation"], 4)
+    got = conv_accumulator(layer, x)
+    want = _naive_conv(x, w, bias, g["zp"], g["pads"], g["stride"], g["dilation"], 4)
+    assert np.array_equal(got, want)
 
 
 @settings(max_examples=80, deadline=None)
