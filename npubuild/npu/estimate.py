@@ -2,9 +2,13 @@
 
 Per timestep of every slice, compute takes ``MACs ÷ (lanes × macs_per_cycle_per_lane)`` cycles
 and DMA ``bytes ÷ gmem_bandwidth_bytes_per_cycle``; they overlap, so the timestep costs the
-larger. A group costs the sum over its slices' timesteps (slices do not overlap each other), the
-model the sum over its NPU groups; fps is the chip clock over that. The baseline compiles the same
-layers with one layer per group; the lower bound moves each weight, model input and output once.
+larger. A group costs the sum over its slices' timesteps (slices do not overlap each other).
+A step between groups (a group breaker) reads its inputs and weights from GMEM and writes its
+outputs: an NPU step also computes (its MACs, at the same rate), a DMA step only moves bytes, a
+CPU step's own time is measured apart (below); a reshape moves nothing (its output is an alias
+of its input in GMEM). The model costs the sum over groups and steps; fps is the chip clock
+over that. The baseline compiles the same layers with one layer per group; the lower bound
+moves each weight, model input and output once.
 
 A split model also runs float work on the host CPU (its CPU submodels, float layers kept inside
 NPU graphs): `with_cpu` adds those seconds (measured by `npubuild.runtime.cpu_time`) to the NPU
@@ -19,7 +23,7 @@ from math import ceil
 
 from npubuild.npu.layer_group import plan_groups
 from npubuild.npu.layers import LayerGraph
-from npubuild.npu.program import Compute, Dma, GroupProgram, Program, build_program
+from npubuild.npu.program import Compute, CpuStep, Dma, GroupProgram, Program, build_program
 from npubuild.targets.model import Chip
 
 
@@ -37,6 +41,20 @@ class GroupEstimate:
 
 
 @dataclass(frozen=True)
+class StepEstimate:
+    """A whole-tensor step between groups."""
+
+    index: int
+    layer: str
+    executes: str
+    compute_cycles: int
+    dma_cycles: int
+    cycles: int
+    gmem_read: int
+    gmem_write: int
+
+
+@dataclass(frozen=True)
 class Estimate:
     groups: tuple[GroupEstimate, ...]
     compute_cycles: int
@@ -48,46 +66,79 @@ class Estimate:
     lmem_peak_bytes: int
     fps: float
     cpu_layers: tuple[str, ...]
+    steps: tuple[StepEstimate, ...] = ()
 
     @property
     def gmem_bytes(self) -> int:
         return self.gmem_read + self.gmem_write
 
+    @property
+    def between_groups_gmem_bytes(self) -> int:
+        return sum(s.gmem_read + s.gmem_write for s in self.steps)
+
+    @property
+    def between_groups_cycles(self) -> int:
+        return sum(s.cycles for s in self.steps)
+
     def as_dict(self, groups: bool = True) -> dict:
         data = asdict(self)
         data["gmem_bytes"] = self.gmem_bytes
+        data["between_groups_gmem_bytes"] = self.between_groups_gmem_bytes
+        data["between_groups_cycles"] = self.between_groups_cycles
         if not groups:
-            del data["groups"]
+            del data["groups"], data["steps"]
         return data
 
 
 def estimate(program: Program) -> Estimate:
     chip = program.chip
     groups = tuple(_group_estimate(g, chip) for g in program.npu_groups)
-    cycles = sum(g.cycles for g in groups)
+    steps = tuple(_step_estimate(g, program) for g in program.groups if isinstance(g, CpuStep))
+    parts = groups + steps
+    cycles = sum(g.cycles for g in parts)
     peak = max((g.lmem_peak_bytes_per_lane for g in groups), default=0)
-    return Estimate(groups, sum(g.compute_cycles for g in groups),
-                    sum(g.dma_cycles for g in groups), cycles,
-                    sum(g.gmem_read for g in groups), sum(g.gmem_write for g in groups),
+    return Estimate(groups, sum(g.compute_cycles for g in parts),
+                    sum(g.dma_cycles for g in parts), cycles,
+                    sum(g.gmem_read for g in parts), sum(g.gmem_write for g in parts),
                     peak, peak * chip.lanes, chip.clock_mhz * 1e6 / cycles if cycles else 0.0,
-                    tuple(g.layer.name for g in program.groups if g.device == "cpu"))
+                    tuple(g.layer.name for g in program.groups if g.device == "cpu"), steps)
 
 
 def _group_estimate(group: GroupProgram, chip: Chip) -> GroupEstimate:
     compute = dma = cycles = read = write = 0
-    macs_per_cycle = chip.lanes * chip.macs_per_cycle_per_lane
     for piece in group.slices:
         for _, steps in groupby(piece.steps, key=lambda s: s.timestep):
             steps = list(steps)
             macs = sum(s.macs for s in steps if isinstance(s, Compute))
             moved = sum(s.bytes for s in steps if isinstance(s, Dma))
-            c, d = ceil(macs / macs_per_cycle), ceil(moved / chip.gmem_bandwidth_bytes_per_cycle)
+            c, d = compute_cycles(macs, chip), ceil(moved / chip.gmem_bandwidth_bytes_per_cycle)
             compute, dma, cycles = compute + c, dma + d, cycles + max(c, d)
             read += sum(s.bytes for s in steps if isinstance(s, Dma) and s.op == "load")
             write += sum(s.bytes for s in steps if isinstance(s, Dma) and s.op == "store")
     plan = group.plan
     return GroupEstimate(group.index, len(plan.group), plan.slicing.as_dict(), compute, dma, cycles,
                          read, write, plan.placement.peak)
+
+
+def _step_estimate(step: CpuStep, program: Program) -> StepEstimate:
+    """Inputs and weights read from GMEM, outputs written (nothing for an alias); an NPU step's
+    MACs on the NPU, a CPU step's time left to the CPU measurement."""
+    layer, gmem = step.layer, program.gmem
+    executes = layer.attr("executes", "cpu")
+    if all(gmem.aliases.get(t) in layer.inputs for t in layer.outputs):
+        read = write = 0
+    else:
+        read = sum(gmem.tensors[t][1] for t in dict.fromkeys(layer.inputs)) + layer.weight_bytes
+        write = sum(gmem.tensors[t][1] for t in layer.outputs)
+    compute = compute_cycles(layer.macs, program.chip) if executes == "npu" else 0
+    dma = ceil((read + write) / program.chip.gmem_bandwidth_bytes_per_cycle)
+    return StepEstimate(step.index, layer.name, executes, compute, dma, max(compute, dma), read,
+                        write)
+
+
+def compute_cycles(macs: int, chip: Chip) -> int:
+    """Cycles of ``macs`` multiply-accumulates on the whole MAC array."""
+    return ceil(macs / (chip.lanes * chip.macs_per_cycle_per_lane))
 
 
 def gmem_lower_bound(graph: LayerGraph) -> int:

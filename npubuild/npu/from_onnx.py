@@ -74,6 +74,12 @@ def _constants(graph) -> dict[str, np.ndarray]:
     return consts
 
 
+def node_layer(node, shapes, consts) -> LayerSpec:
+    """One node as a `LayerSpec` (``shapes`` and ``consts`` by tensor name); `Unmodelled`
+    when the tiler does not model it."""
+    return _convert(node, shapes, consts)
+
+
 def _convert(node, shapes, consts) -> LayerSpec:
     convert = CONVERTERS.get(node.op_type)
     if convert is None:

@@ -171,8 +171,10 @@ def layers_from_qgraph(qgraph: QGraph) -> QLayers:
                             tensor=layer.outputs[0] if layer.outputs else None):
                 spec, kernel, record = _tiled(layer, tensors)
         except NotTiled as exc:
-            spec, kernel, record = _breaker_spec(layer, tensors), layer, None
-            breakers[layer.name] = Breaker(layer.name, _executes(layer), str(exc))
+            executes = _executes(layer)
+            record = conv_record(layer) if layer.kind == "conv" else None
+            spec, kernel = _breaker_spec(layer, tensors, executes, record), layer
+            breakers[layer.name] = Breaker(layer.name, executes, str(exc))
         specs.append(spec)
         kernels[layer.name] = kernel
         if record is not None:
@@ -204,12 +206,20 @@ def _act_bytes(layer: QLayer, tensors: dict[str, TensorInfo]) -> int:
     return max(tensors[t].itemsize for t in [*layer.inputs, *layer.outputs])
 
 
-def _breaker_spec(layer: QLayer, tensors: dict[str, TensorInfo]) -> LayerSpec:
+def _breaker_spec(layer: QLayer, tensors: dict[str, TensorInfo], executes: str,
+                  record: WeightRecord | None) -> LayerSpec:
+    """A whole-tensor step between groups; a conv (a fully connected layer, or a conv on a
+    tensor that is not 4-D) keeps its weights, which GMEM holds, and its MACs."""
+    outs = [tensors[t].view for t in layer.outputs]
+    macs, weight_bytes = sum(prod(o) for o in outs), 0
+    if record is not None:
+        weight = layer.arrays["weight"]
+        cout = weight.shape[0]
+        macs, weight_bytes = sum(prod(o) for o in outs) * (weight.size // cout), cout * record.bytes
     return LayerSpec(layer.name, "move", tuple(layer.inputs), tuple(layer.outputs),
-                     tuple(tensors[t].view for t in layer.inputs),
-                     tuple(tensors[t].view for t in layer.outputs),
-                     macs=sum(prod(tensors[t].view) for t in layer.outputs),
-                     act_bytes=_act_bytes(layer, tensors), attrs=(("kind", layer.kind),))
+                     tuple(tensors[t].view for t in layer.inputs), tuple(outs),
+                     weight_bytes=weight_bytes, macs=macs, act_bytes=_act_bytes(layer, tensors),
+                     attrs=(("kind", layer.kind), ("executes", executes)))
 
 
 def _tiled(layer: QLayer, tensors: dict[str, TensorInfo]):
@@ -271,6 +281,11 @@ def _conv(layer: QLayer, tensors):
                  macs=n * cout * ho * wo * cin_g * kh * kw,
                  attrs=(("group", group), ("kernel", tuple(layer.attrs["kernel"]))))
     return layer, extra, record
+
+
+RECORD_PARAM_BYTES = 4 + 4 + 1
+"""A conv record's bytes past its int8 weights for a typical layer: int32 bias, int32
+multiplier, int8 shift (`conv_record` stores each in the narrowest type that holds it)."""
 
 
 def conv_record(layer: QLayer) -> WeightRecord:

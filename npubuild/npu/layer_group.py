@@ -21,7 +21,7 @@ from typing import Callable, Union
 
 from npubuild.errors import BuildError
 from npubuild.npu.buffers import Buffer, Schedule, group_buffers, schedule
-from npubuild.npu.layers import C_SLICEABLE_OPS, Group, LayerGraph, LayerSpec
+from npubuild.npu.layers import Group, LayerGraph, LayerSpec
 from npubuild.npu.lmem import LmemOverflow, Placement, allocate, peak_live_bytes
 from npubuild.npu.tiling import GroupTiling, Slicing, TilingRejected, tile_group
 from npubuild.targets.model import Chip
@@ -125,13 +125,27 @@ def plan_groups(graph: LayerGraph, chip: Chip, *, grouping: bool = True,
     return LayerGroups(graph, chip, grouping, tuple(reversed(items)))
 
 
-def _no_fit(layer: LayerSpec, why: NoFit, chip: Chip, on_no_fit: str) -> CpuLayer:
+def fits_alone(layer: LayerSpec, chip: Chip) -> str | None:
+    """Why ``layer`` cannot run on ``chip``'s NPU even in a group of its own (None: it can).
+    The split stage asks this of every node it would place on the NPU, so that compile never
+    refuses what split placed: one answer, from the compiler's own slicing search."""
+    graph = LayerGraph((layer,), tuple(dict.fromkeys(layer.inputs)), layer.outputs,
+                       dict(zip(layer.inputs + layer.outputs, layer.in_shapes + layer.out_shapes)))
+    found = fit_group(graph.group(0, 1), chip)
+    return no_fit_message(layer, found, chip) if isinstance(found, NoFit) else None
+
+
+def no_fit_message(layer: LayerSpec, why: NoFit, chip: Chip) -> str:
     at = f" at the finest slicing tried ({why.slicing})" if why.slicing else ""
-    message = (f"layer {layer.name!r} ({layer.op}) does not fit in LMEM even alone: it needs "
-               f"{why.need} bytes per lane{at}, LMEM has {chip.lmem_bytes_per_lane} bytes per "
-               f"lane ({chip.lanes} lanes × {chip.lmem_bytes_per_lane}); {why.reason}")
     if why.slicing is None and not why.need:  # refused before any slicing was tried
-        message = f"layer {layer.name!r} ({layer.op}) cannot run on the NPU: {why.reason}"
+        return f"layer {layer.name!r} ({layer.op}) cannot run on the NPU: {why.reason}"
+    return (f"layer {layer.name!r} ({layer.op}) does not fit in LMEM even alone: it needs "
+            f"{why.need} bytes per lane{at}, LMEM has {chip.lmem_bytes_per_lane} bytes per "
+            f"lane ({chip.lanes} lanes × {chip.lmem_bytes_per_lane}); {why.reason}")
+
+
+def _no_fit(layer: LayerSpec, why: NoFit, chip: Chip, on_no_fit: str) -> CpuLayer:
+    message = no_fit_message(layer, why, chip)
     if on_no_fit == "cpu":
         return CpuLayer(layer, message)
     raise BuildError(message, stage="compile",
@@ -173,7 +187,7 @@ def _c_min(group: Group, chip: Chip) -> int:
 
 def _c_max(group: Group) -> int:
     layer = group.layers[0]
-    if len(group) > 1 or layer.op not in C_SLICEABLE_OPS or layer.attr("group", 1) > 1:
+    if len(group) > 1 or not layer.c_sliceable:
         return 1
     return layer.c_out
 

@@ -87,6 +87,13 @@ class LayerSpec:
         c = self.c_out if c_out is None else c_out
         return ceil(ceil(c / lanes) * self.weight_bytes / self.c_out)
 
+    @property
+    def c_sliceable(self) -> bool:
+        """Whether the layer can compute a range of its output channels alone: channel-wise
+        layers and depthwise convs (each output channel reads its own input channel), and
+        dense convs (each reads every input); a grouped conv's groups would be cut."""
+        return self.op in C_SLICEABLE_OPS and (self.op == "dwconv" or self.attr("group", 1) == 1)
+
     def input_follows_channels(self, index: int) -> bool:
         """Whether a channel slice of the output reads the same channel slice of this input."""
         return self.op in CHANNELWISE_OPS and self.in_shapes[index][1] == self.c_out

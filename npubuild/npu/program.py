@@ -15,7 +15,7 @@ guarantees it), so any order is correct. Layout contracts, also written into ``p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from npubuild.npu.backward_h import Rows
@@ -105,6 +105,7 @@ class GmemLayout:
     weights: dict[str, tuple[int, int]]  # layer → (offset, bytes)
     tensors: dict[str, tuple[int, int]]  # tensor → (offset, bytes)
     size: int
+    aliases: dict[str, str] = field(default_factory=dict)  # a reshape's output → its input
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,9 @@ def build_program(groups: LayerGroups) -> Program:
 
 
 def gmem_layout(groups: LayerGroups) -> GmemLayout:
-    """Weights first, then every tensor that crosses a group (or CPU layer) border."""
+    """Weights first, then every tensor that crosses a group (or CPU layer) border. A reshape
+    between groups reinterprets C-order bytes: its output is its input's GMEM slot (an alias),
+    so it moves no data."""
     graph, offset = groups.graph, 0
     weights, tensors = {}, {}
     for layer in graph.layers:
@@ -143,16 +146,29 @@ def gmem_layout(groups: LayerGroups) -> GmemLayout:
             weights[layer.name] = (offset, layer.weight_bytes)
             offset += _gmem_align(layer.weight_bytes)
     crossing = list(graph.inputs)
+    aliases = {}
     for item in groups.items:
         if isinstance(item, CpuLayer):
             crossing += list(item.layer.inputs + item.layer.outputs)
+            if is_alias(item.layer):
+                aliases[item.layer.outputs[0]] = item.layer.inputs[0]
         else:
             crossing += list(item.group.inputs + item.group.outputs)
     for t in dict.fromkeys(crossing):
         size = graph.tensor_bytes(t, _elem_bytes(graph, t))
+        source = aliases.get(t)
+        if source in tensors and tensors[source][1] == size:
+            tensors[t] = tensors[source]
+            continue
+        aliases.pop(t, None)
         tensors[t] = (offset, size)
         offset += _gmem_align(size)
-    return GmemLayout(weights, tensors, offset)
+    return GmemLayout(weights, tensors, offset, aliases)
+
+
+def is_alias(layer: LayerSpec) -> bool:
+    """A reshape (Reshape, Flatten, Squeeze, Unsqueeze) run between groups: no data moves."""
+    return layer.attr("kind") == "reshape" and len(layer.inputs) == len(layer.outputs) == 1
 
 
 def _gmem_align(size: int) -> int:

@@ -21,7 +21,7 @@
 - ``gmem_image``: the initial GMEM bytes — every weight record and every quantized constant
   at its GMEM offset (activations start unwritten);
 - ``k<j>.<name>``: the kernel arrays not stored in GMEM weight records (pooling tables, the
-  ONNX node of a ``float`` layer, a breaker's own weights).
+  ONNX node of a ``float`` layer).
 
 A kernel's ``attrs`` are the layer's, with axes renumbered for the tensors' 4-D views when the
 layer is tiled (``npubuild.npu.from_qgraph``); the simulator calls ``npubuild.quant.reference``
@@ -85,11 +85,12 @@ def _gmem_elem_bytes(program: Program, layers: QLayers, tensor: str) -> int:
 
 def _kernels(layers: QLayers, arrays: dict[str, np.ndarray], whole: set[str]) -> dict[str, dict]:
     """Kernel parameters per layer; a layer run whole between groups (a breaker, or a layer
-    ``on_no_fit: cpu`` moved off the NPU) keeps its own attrs and every array."""
+    ``on_no_fit: cpu`` moved off the NPU) keeps its own attrs. Weights in GMEM records (every
+    conv's, fully connected layers' too) are read from there; the other arrays are kept."""
     originals = {layer.name: layer for layer in layers.qgraph.layers}
     out = {}
     for j, (name, kernel) in enumerate(layers.kernels.items()):
-        record = None if name in whole else layers.weights.get(name)
+        record = layers.weights.get(name)
         kernel = originals[name] if name in whole else kernel
         in_record = {f[0] for f in record.fields} if record else set()
         refs = {}

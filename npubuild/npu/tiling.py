@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from npubuild.npu.backward_h import Rows, input_rows, overlap, overlap_ok, share, split_rows
-from npubuild.npu.layers import C_SLICEABLE_OPS, Group
+from npubuild.npu.layers import Group
 
 
 class TilingRejected(Exception):
@@ -125,8 +125,9 @@ def _check_limits(group: Group, slicing: Slicing) -> None:
         raise TilingRejected(f"cannot cut an output of H={height} into {slicing.h} H slices")
     if slicing.c > 1:
         layer = group.layers[0]
-        if len(group) > 1 or layer.op not in C_SLICEABLE_OPS or layer.attr("group", 1) > 1:
-            raise TilingRejected("C slicing is only for a group of one conv or channel-wise layer")
+        if len(group) > 1 or not layer.c_sliceable:
+            raise TilingRejected("C slicing is only for a group of one conv, depthwise conv or "
+                                 "channel-wise layer")
         if slicing.c > layer.c_out:
             raise TilingRejected(f"cannot cut {layer.c_out} channels into {slicing.c} C slices")
 

@@ -464,9 +464,18 @@ class Simulator:
 
     def _breaker(self, entry: dict) -> None:
         self._where = _Where(self.name)
-        kernel = self.kernels[entry["layer"]]
+        name = entry["layer"]
+        kernel = self.kernels[name]
+        layer = kernel.layer
+        if kernel.record is not None:  # its weights, from their GMEM records
+            slot = self.program.doc["gmem"]["weights"][name]
+            raw = self.gmem[slot["offset"]:slot["offset"] + slot["bytes"]]
+            raw = raw[None, :kernel.record.bytes] if kernel.record.replicated else \
+                raw.reshape(-1, kernel.record.bytes)
+            arrays = {**layer.arrays, **unpack_weights(raw, kernel.record)}
+            layer = _with(layer, arrays, self.program.doc["layers"][name])
         xs = [self.read_tensor(t) for t in entry["inputs"]]
-        outs = reference.run_layer(kernel.layer, xs)
+        outs = reference.run_layer(layer, xs)
         for t, value in zip(entry["outputs"], outs):
             self.write_tensor(t, value)
         self.stats.breakers += 1

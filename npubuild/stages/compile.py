@@ -94,14 +94,6 @@ class Compiled:
     proof: dict
     seconds: dict
 
-    @property
-    def breaker_traffic(self) -> tuple[int, int]:
-        """GMEM bytes and DMA cycles of the whole-tensor steps between groups."""
-        sizes = self.program.gmem.tensors
-        total = sum(sizes[t][1] for g in self.program.groups if g.device == "cpu"
-                    for t in (*g.layer.inputs, *g.layer.outputs))
-        return total, int(np.ceil(total / self.program.chip.gmem_bandwidth_bytes_per_cycle))
-
 
 def compile_graph(qgraph: QGraph, ctx: StageContext, qdir: Path) -> Compiled:
     spec, chip, times = ctx.recipe.compile, ctx.chip, {}
@@ -262,19 +254,18 @@ def graph_report(c: Compiled) -> tuple[dict, dict]:
         "seconds": {k: round(v, 3) for k, v in c.seconds.items()},
         "files": [f"{c.name}/plan.json", f"{c.name}/program.npz",
                   f"graph_ir_{c.name.split('_')[1]}/{c.name}.json"]}
-    extra_bytes, extra_cycles = c.breaker_traffic
-    cycles = c.grouped.cycles + extra_cycles
-    base_cycles = c.baseline.cycles + extra_cycles
+    cycles, base_cycles = c.grouped.cycles, c.baseline.cycles
     clock = c.program.chip.clock_mhz * 1e6
-    est = {"cycles": cycles, "gmem_bytes": c.grouped.gmem_bytes + extra_bytes,
-           "gmem_bytes_no_grouping": c.baseline.gmem_bytes + extra_bytes,
+    est = {"cycles": cycles, "gmem_bytes": c.grouped.gmem_bytes,
+           "gmem_bytes_no_grouping": c.baseline.gmem_bytes,
            "gmem_bytes_lower_bound": gmem_lower_bound(c.layers.graph),
            "lmem_peak_bytes": c.grouped.lmem_peak_bytes,
            "fps": round(clock / cycles, 2) if cycles else 0.0,
            "groups": len(groups), "cycles_no_grouping": base_cycles,
            "fps_no_grouping": round(clock / base_cycles, 2) if base_cycles else 0.0,
            "compute_cycles": c.grouped.compute_cycles, "dma_cycles": c.grouped.dma_cycles,
-           "between_groups_gmem_bytes": extra_bytes, "between_groups_cycles": extra_cycles}
+           "between_groups_gmem_bytes": c.grouped.between_groups_gmem_bytes,
+           "between_groups_cycles": c.grouped.between_groups_cycles}
     return summary, est
 
 

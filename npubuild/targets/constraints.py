@@ -454,6 +454,10 @@ def node_reasons(view: NodeView, chip: Chip) -> list[str]:
                and (detail := c.check(view, spec)) is not None]
     if fused and not reasons:
         reasons += _body_reasons(view, chip)
+    elif not reasons:
+        from npubuild.targets.fit import lmem_reasons
+
+        reasons += lmem_reasons(view, chip)
     return reasons
 
 

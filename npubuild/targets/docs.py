@@ -11,6 +11,7 @@ import onnx
 from npubuild.targets.constraints import (CONSTRAINTS, HAS_SUBGRAPH_REASON, LAYOUT_NOOP_NOTE,
                                           PARAM_INPUTS, either, effective_spec, integer_kernel,
                                           params_constant)
+from npubuild.targets.fit import LMEM_REASON
 from npubuild.targets.integer import conditions
 from npubuild.targets.model import Chip
 
@@ -35,6 +36,9 @@ vendor's own support list, whose limits the notes quote.
   node's real shapes; a fused op the table does not name is accepted only when the chip sets
   `accept_fused_bodies`.
 - {layout_noop}.
+- {lmem}: the compiler's own slicing search, asked of the layer in a group of its own (int8
+  activations; a conv's weights as compile stores them), so split never places on the NPU what
+  compile would refuse.
 """
 
 
@@ -50,7 +54,7 @@ def supported_ops_markdown(chips: list[Chip] | None = None) -> str:
                   "reason carries the rule's own text)" if c.check is integer_kernel else "")
                for c in CONSTRAINTS if c.field is None]
     lines = [INTRO.format(subgraph=HAS_SUBGRAPH_REASON, generic="\n".join(generic),
-                          layout_noop=LAYOUT_NOOP_NOTE)]
+                          layout_noop=LAYOUT_NOOP_NOTE, lmem=LMEM_REASON)]
     for chip in chips:
         lines += _chip_section(chip)
     return "\n".join(lines).rstrip() + "\n"

@@ -105,6 +105,16 @@ class Stack:
         self.shapes[name] = tuple(shape)
         return name
 
+    def gemm(self, x: str, cout: int) -> str:
+        """A fully connected layer on a 2-D [N, K] input."""
+        n, k = self.shapes[x]
+        name = self._name("Gemm")
+        weight = self._const(f"{name}_w", self.rng.normal(0, 0.1, (k, cout)))
+        bias = self._const(f"{name}_b", self.rng.normal(0, 0.2, cout))
+        self.nodes.append(helper.make_node("Gemm", [x, weight, bias], [name], name=name))
+        self.shapes[name] = (n, cout)
+        return name
+
     def model(self, outputs: list[str]) -> onnx.ModelProto:
         def value(name):
             return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(self.shapes[name]))

@@ -4,7 +4,7 @@ import numpy as np
 from onnx import helper
 import pytest
 
-from npubuild.npu import Rows, input_rows
+from npubuild.npu import Rows, estimate, gmem_lower_bound, input_rows
 from npubuild.npu.from_qgraph import (conv_record, layers_from_qgraph, pack_weights, plan_qgraph,
                                       unpack_weights, view4, view_axis)
 from npubuild.npu.program import CpuStep, GroupProgram
@@ -125,4 +125,38 @@ def test_an_integer_softmax_runs_on_the_npu_between_groups_bit_exact():
     layers = layers_from_qgraph(qgraph)
     assert layers.breakers[b].executes == "npu" and "softmax along axis 1" in layers.breakers[b].reason
     _, _, program_file = compile_qgraph(qgraph, TINY)
+    simulate_and_compare(qgraph, program_file)
+
+
+def _classifier():
+    s = Stack((1, 16, 8, 8))
+    a = s.conv("x", 32, 3)
+    flat = s.reshape(a, [1, 32 * 8 * 8])  # a reshape between groups: an alias in GMEM
+    return s.model([s.gemm(flat, 10)])
+
+
+def test_a_fully_connected_layer_counts_its_weights_and_macs_and_reads_them_from_gmem():
+    qgraph = quantize(_classifier(), "symmetric", granularity="per_channel")
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    fc = next(layer for layer in qgraph.layers if layer.attrs.get("fc"))
+    spec = next(s for s in layers.graph.layers if s.name == fc.name)
+    record = layers.weights[fc.name]
+    assert spec.weight_bytes == 10 * record.bytes and spec.macs == 10 * 32 * 8 * 8
+    assert program.gmem.weights[fc.name][1] == spec.weight_bytes
+    assert "weight" not in program_file.doc["kernels"][fc.name]["arrays"]  # read from GMEM
+    step = next(s for s in estimate(program).steps if s.layer == fc.name)
+    assert step.executes == "npu" and step.gmem_read == 32 * 8 * 8 + spec.weight_bytes
+    assert step.compute_cycles == -(-spec.macs // (TINY.lanes * TINY.macs_per_cycle_per_lane))
+    assert gmem_lower_bound(layers.graph) >= spec.weight_bytes + 16 * 8 * 8
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_a_reshape_between_groups_is_an_alias_that_moves_no_data():
+    qgraph = quantize(_classifier(), "symmetric", granularity="per_channel")
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    reshape = next(layer for layer in qgraph.layers if layer.kind == "reshape")
+    (src,), (dst,) = reshape.inputs, reshape.outputs
+    assert program.gmem.tensors[dst] == program.gmem.tensors[src]
+    step = next(s for s in estimate(program).steps if s.layer == reshape.name)
+    assert (step.gmem_read, step.gmem_write, step.cycles) == (0, 0, 0)
     simulate_and_compare(qgraph, program_file)

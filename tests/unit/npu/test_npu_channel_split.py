@@ -45,3 +45,17 @@ def test_without_a_limit_the_wide_conv_groups_with_its_neighbours():
     model, wide = wide_pointwise()
     groups = plan_qgraph(layers_from_qgraph(quantize(model)), load_chip("npu-tiny"))
     assert any(wide in g.group.names and len(g.group) > 1 for g in groups.npu_groups)
+
+
+def test_a_depthwise_conv_wider_than_the_limit_runs_in_channel_slices_bit_exact():
+    """EfficientNet's 1152-channel depthwise convs on a 1024-channel chip: each output channel
+    reads only its own input channel, so a C slice reads the same channel range."""
+    s = Stack((1, 40, 6, 6))
+    wide = s.conv(s.conv("x", 40, 1), 0, 3, depthwise=True)
+    qgraph = quantize(s.model([s.conv(wide, 8, 1)]))
+    chip = narrow_chip(16)
+    layers, program, program_file = compile_qgraph(qgraph, chip)
+    [plan] = [g.plan for g in program.npu_groups if wide in g.plan.group.names]
+    assert list(plan.group.names) == [wide] and plan.slicing.c >= 3
+    assert not [g for g in program.groups if g.device == "cpu"]
+    simulate_and_compare(qgraph, program_file)

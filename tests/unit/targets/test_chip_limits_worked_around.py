@@ -89,3 +89,27 @@ def test_channel_padding_is_a_fill_not_a_window_border():
     spatial = one("Pad", [[1, 4, 8, 8], [8]], {1: np.array([0, 0, 16, 0, 0, 0, 16, 0])})
     assert reasons_of(channels, "npu-16m") == []
     assert reasons_of(spatial, "npu-16m") == ["Padding is larger than 15: pads [16, 0, 16, 0]"]
+
+
+def test_a_layer_that_fits_lmem_in_no_slicing_goes_to_the_cpu_with_the_compilers_reason():
+    """A 1x1 conv over rows of 70,000 pixels: no N, H or C slice brings one row under
+    npu-tiny's 32 KiB per lane, so compile would refuse it; split asks compile's own search."""
+    net = Net()
+    model = net.model([net.conv(net.input("x", [1, 8, 4, 70000]), 8, 8, k=1, name="n")])
+    [reason] = reasons_of(model, TINY)
+    assert reason.startswith("Does not fit the NPU's local memory even alone (compile would "
+                             "refuse it): layer 'n' (conv) does not fit in LMEM even alone")
+
+
+def test_what_split_places_on_the_npu_compile_compiles():
+    """EfficientNet's 1152-channel depthwise conv on npu-tiny (1024 channels per step): split
+    places it on the NPU and compile runs it in channel slices (it used to refuse it)."""
+    from npubuild.npu.from_onnx import layers_from_onnx
+    from npubuild.npu.layer_group import fits_alone
+
+    net = Net()
+    x = net.input("x", [1, 1152, 6, 6])
+    model = net.model([net.conv(x, 1152, 1152, k=5, group=1152, name="dw")])
+    assert reasons_of(model, TINY) == []
+    (layer,) = layers_from_onnx(model).layers
+    assert fits_alone(layer, TINY) is None
