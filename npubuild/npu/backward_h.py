@@ -2,7 +2,9 @@
 
 Most layers read the rows they write. A convolution or pool with kernel ``k``, stride ``s``,
 top padding ``p`` and dilation ``d`` computes output row ``r`` from input rows
-``r·s - p + i·d`` for ``i < k``; a nearest-neighbour resize by an integer factor ``f`` reads row
+``r·s - p + i·d`` for ``i < k`` (a constant pad of H is such a window of one row); a concat
+along H reads each input's part of the rows; a reshape regrouping H x W reads the input rows
+holding the same pixels; a nearest-neighbour resize by an integer factor ``f`` reads row
 ``r // f``, and any other resize (bilinear, other coordinate modes) carries its exact
 per-output-row input span ``[lo, hi)`` in ``attrs["row_spans"]``. Rows that fall outside the
 input are padding: the slice gets them as *effective* paddings, so an inner slice has none and
@@ -107,9 +109,18 @@ def window_rows(out: Rows, kernel: int, stride: int, pad_top: int, dilation: int
 def input_rows(layer: LayerSpec, out: Rows, index: int = 0) -> Needed:
     """The rows of input ``index`` that ``layer`` reads to compute output rows ``out``."""
     height = layer.in_shapes[index][2]
-    if layer.op in ("conv", "dwconv", "pool"):
+    if layer.op in ("conv", "dwconv", "pool", "pad"):
         return window_rows(out, layer.kernel_h, layer.stride_h, layer.pad_top, layer.dilation_h,
                            height)
+    if layer.op == "concat" and layer.attr("axis") == 2:  # joined along H: this input's part
+        start = sum(shape[2] for shape in layer.in_shapes[:index])
+        lo, hi = max(out.start, start), min(out.stop, start + height)
+        return Needed(Rows(lo - start, hi - start) if lo < hi else Rows(0, 0), 0, 0)
+    if layer.op == "reshape":  # H x W regrouped: output rows are a run of the flat pixels
+        w_in, w_out = layer.in_shapes[index][3], layer.out_shapes[0][3]
+        if not out.size:
+            return Needed(Rows(0, 0), 0, 0)
+        return Needed(Rows(out.start * w_out // w_in, -(-out.stop * w_out // w_in)), 0, 0)
     if layer.op == "resize":
         spans = layer.attr("row_spans")
         if spans is not None:  # monotone spans: the first row's start, the last row's stop

@@ -23,7 +23,8 @@ from math import ceil
 
 from npubuild.npu.layer_group import plan_groups
 from npubuild.npu.layers import LayerGraph
-from npubuild.npu.program import Compute, CpuStep, Dma, GroupProgram, Program, build_program
+from npubuild.npu.program import (Compute, CpuStep, Dma, GroupProgram, Program, build_program,
+                                  tensor_elem_bytes)
 from npubuild.targets.model import Chip
 
 
@@ -142,9 +143,11 @@ def compute_cycles(macs: int, chip: Chip) -> int:
 
 
 def gmem_lower_bound(graph: LayerGraph) -> int:
-    """Each weight once, each model input once, each model output once."""
-    return (graph.weight_bytes + sum(graph.tensor_bytes(t) for t in graph.inputs)
-            + sum(graph.tensor_bytes(t) for t in graph.outputs))
+    """Each weight once, each model input once, each model output once (at the width GMEM
+    holds them: a float output of a CPU layer is 4 bytes an element)."""
+    return (graph.weight_bytes
+            + sum(graph.tensor_bytes(t, tensor_elem_bytes(graph, t)) for t in graph.inputs)
+            + sum(graph.tensor_bytes(t, tensor_elem_bytes(graph, t)) for t in graph.outputs))
 
 
 def compare(graph: LayerGraph, chip: Chip, *, on_no_fit: str = "error") -> dict:

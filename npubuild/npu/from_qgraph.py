@@ -357,10 +357,11 @@ def _elementwise(layer: QLayer, tensors):
     return layer, extra, None
 
 
-def _not_along_n_or_h(layer: QLayer, tensors, axes) -> list[int]:
+def _view_axes(layer: QLayer, tensors, axes, allow_h: bool = False) -> list[int]:
+    """The axes in the 4-D view; N (and H, unless ``allow_h``) cannot be tiled."""
     rank = _rank(tensors, layer.inputs[0])
     mapped = [view_axis(a, rank) for a in axes]
-    bad = [a for a, m in zip(axes, mapped) if m in (0, 2)]
+    bad = [a for a, m in zip(axes, mapped) if m == 0 or (m == 2 and not allow_h)]
     if bad:
         where = "N" if view_axis(bad[0], rank) == 0 else "H"
         raise NotTiled(f"{layer.kind} along axis {bad[0]} ({where} of the 4-D view): runs as a "
@@ -369,41 +370,62 @@ def _not_along_n_or_h(layer: QLayer, tensors, axes) -> list[int]:
 
 
 def _concat(layer: QLayer, tensors):
-    (axis,) = _not_along_n_or_h(layer, tensors, [layer.attrs["axis"]])
-    return _kernel(layer, axis=axis), {"op": "concat"}, None
+    """Along C or W: each input gives the same rows; along H (YOLO's three heads joined along
+    their anchors) an output row comes from one input at its own offset."""
+    (axis,) = _view_axes(layer, tensors, [layer.attrs["axis"]], allow_h=True)
+    return _kernel(layer, axis=axis), {"op": "concat", "attrs": (("axis", axis),)}, None
 
 
 def _split(layer: QLayer, tensors):
-    (axis,) = _not_along_n_or_h(layer, tensors, [layer.attrs["axis"]])
+    (axis,) = _view_axes(layer, tensors, [layer.attrs["axis"]])
     return _kernel(layer, axis=axis), {"op": "split"}, None
 
 
 def _slice(layer: QLayer, tensors):
-    axes = _not_along_n_or_h(layer, tensors, list(layer.attrs["axes"]))
+    axes = _view_axes(layer, tensors, list(layer.attrs["axes"]))
     return _kernel(layer, axes=axes), {"op": "split"}, None
 
 
 def _pad(layer: QLayer, tensors):
+    """A constant pad of H is a window of one row with its own top and bottom padding (as a
+    conv's); reflect or edge padding along H needs rows of other slices: a breaker."""
     rank = _rank(tensors, layer.inputs[0])
     pads = list(layer.attrs["pads"])
     moved = [a for a in range(rank) if pads[a] or pads[a + rank]]
-    _not_along_n_or_h(layer, tensors, moved)
+    mapped = _view_axes(layer, tensors, moved, allow_h=True)
     if rank != 4:
         raise NotTiled("pad of a tensor that is not 4-D: runs as a whole-tensor DMA step")
+    if 2 in mapped:
+        if layer.attrs.get("mode", "constant") != "constant":
+            raise NotTiled(f"{layer.attrs['mode']} pad along H reads rows of other H slices: "
+                           "runs as a whole-tensor DMA step between groups")
+        return layer, {"op": "pad", "pad_top": pads[2], "pad_bottom": pads[2 + rank]}, None
     op = "move" if tensors[layer.inputs[0]].view[1] == tensors[layer.outputs[0]].view[1] \
         else "split"
     return layer, {"op": op}, None
 
 
+def _reshape(layer: QLayer, tensors):
+    """A reshape that keeps N and C of the view and regroups H x W (a flatten of the spatial
+    axes, as YOLO's heads do) keeps every channel's bytes in order: output rows map to a run of
+    input rows. Any other reshape moves data across lanes: a breaker (an alias in GMEM)."""
+    (n, c, h, w), (n2, c2, h2, w2) = tensors[layer.inputs[0]].view, tensors[layer.outputs[0]].view
+    if (n, c) != (n2, c2) or h * w != h2 * w2:
+        raise NotTiled("reshape: changes the tensor layout, runs as a whole-tensor DMA step "
+                       "between groups")
+    return layer, {"op": "reshape"}, None
+
+
 def _softmax(layer: QLayer, tensors):
-    raise NotTiled(f"softmax along axis {layer.attrs['axis']} needs every value of a row at "
-                   "once: computed whole between groups")
+    """Along C or W every row is its own: the rows of a slice are enough."""
+    (axis,) = _view_axes(layer, tensors, [layer.attrs["axis"]])
+    return _kernel(layer, axis=axis), {"op": "softmax", "scratch_elem_bytes": 4}, None
 
 
 CONVERTERS = {"conv": _conv, "maxpool": _pool, "avgpool": _pool, "resize": _resize,
               "add": _elementwise, "mul": _elementwise, "rescale": _elementwise,
               "lut": _elementwise, "concat": _concat, "split": _split, "slice": _slice,
-              "pad": _pad, "softmax": _softmax}
+              "pad": _pad, "softmax": _softmax, "reshape": _reshape}
 
 
 # ---- weights in GMEM / LMEM ---------------------------------------------------------------

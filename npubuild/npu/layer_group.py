@@ -1,7 +1,8 @@
 """LayerGroup (seed 001): cut the layer list into groups that each run inside LMEM.
 
 Groups are searched from the tail towards the head: a group starts as the last unplaced layer
-and grows towards the head while the longer group still fits. A group fits when some slicing —
+and grows towards the head while the longer group still fits; then each cut between two
+neighbouring groups moves to where the least GMEM traffic crosses it (`npubuild.npu.cuts`). A group fits when some slicing —
 N first, then H (backward-H, overlap ≤ h/2), and for a lone layer whose weights are too big, C —
 gives buffers the allocator can place in ``chip.lmem_bytes_per_lane``. A convolution with more
 output channels than the chip computes in one step (``Conv``'s ``max_channels``) runs alone,
@@ -21,6 +22,7 @@ from typing import Callable, Union
 
 from npubuild.errors import BuildError
 from npubuild.npu.buffers import Buffer, Schedule, group_buffers, schedule
+from npubuild.npu.cuts import refine
 from npubuild.npu.layers import Group, LayerGraph, LayerSpec
 from npubuild.npu.lmem import LmemOverflow, Placement, allocate, peak_live_bytes
 from npubuild.npu.tiling import GroupTiling, Slicing, TilingRejected, tile_group
@@ -122,7 +124,14 @@ def plan_groups(graph: LayerGraph, chip: Chip, *, grouping: bool = True,
             found, start = wider, start - 1
         items.append(found)
         end = start
-    return LayerGroups(graph, chip, grouping, tuple(reversed(items)))
+    items.reverse()
+    if grouping:
+        items = refine(items, graph, lambda a, b: _fitting(fit_group(graph.group(a, b), chip)))
+    return LayerGroups(graph, chip, grouping, tuple(items))
+
+
+def _fitting(found: GroupPlan | NoFit) -> GroupPlan | None:
+    return None if isinstance(found, NoFit) else found
 
 
 def fits_alone(layer: LayerSpec, chip: Chip) -> str | None:

@@ -25,7 +25,8 @@ Shape = tuple[int, int, int, int]
 
 #: Op families the tiler knows. Channel-wise ones can be sliced along C (input channel =
 #: output channel); ``conv`` can be sliced along output channels (every slice reads all inputs).
-OPS = ("conv", "dwconv", "pool", "add", "eltwise", "lut", "concat", "split", "resize", "move")
+OPS = ("conv", "dwconv", "pool", "add", "eltwise", "lut", "concat", "split", "resize", "move",
+       "pad", "reshape", "softmax")
 CHANNELWISE_OPS = frozenset({"dwconv", "pool", "add", "eltwise", "lut", "resize", "move"})
 C_SLICEABLE_OPS = CHANNELWISE_OPS | {"conv"}
 
@@ -35,7 +36,9 @@ class LayerSpec:
     """One NPU layer as the tiler sees it.
 
     ``kernel_h``/``stride_h``/``pad_top``/``pad_bottom``/``dilation_h`` describe H for ``conv``,
-    ``dwconv`` and ``pool``; ``scale_h`` is a ``resize``'s integer nearest-neighbour factor.
+    ``dwconv``, ``pool`` and ``pad`` (a window of one row); ``scale_h`` is a ``resize``'s
+    integer nearest-neighbour factor; a ``concat`` with ``axis`` 2 joins along H, a ``reshape``
+    regroups H x W (N and C kept).
     ``macs`` counts multiply-accumulates for convolutions and one operation per output element
     (per window element for pools) otherwise. ``scratch_elem_bytes`` > 0 means the layer needs a
     scratch buffer of its output slice's shape at that many bytes per element (e.g. int16

@@ -155,7 +155,7 @@ def gmem_layout(groups: LayerGroups) -> GmemLayout:
         else:
             crossing += list(item.group.inputs + item.group.outputs)
     for t in dict.fromkeys(crossing):
-        size = graph.tensor_bytes(t, _elem_bytes(graph, t))
+        size = graph.tensor_bytes(t, tensor_elem_bytes(graph, t))
         source = aliases.get(t)
         if source in tensors and tensors[source][1] == size:
             tensors[t] = tensors[source]
@@ -175,7 +175,8 @@ def _gmem_align(size: int) -> int:
     return -(-size // GMEM_ALIGN) * GMEM_ALIGN
 
 
-def _elem_bytes(graph: LayerGraph, tensor: str) -> int:
+def tensor_elem_bytes(graph: LayerGraph, tensor: str) -> int:
+    """Bytes per element of a tensor in GMEM: the width of the first layer touching it."""
     for layer in graph.layers:
         if tensor in layer.inputs or tensor in layer.outputs:
             return layer.act_bytes
@@ -186,13 +187,13 @@ def _slice_program(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout,
                    lanes: int) -> SliceProgram:
     steps: list[Step] = []
     by_step = _layers_by_timestep(plan)
-    for t in range(plan.schedule.timesteps):
+    for t in range(plan.schedule.timesteps):  # (a slice may need no rows of a tensor: H-concat)
         steps += [_load(plan, piece, gmem, name) for name, at in plan.schedule.loads.items()
-                  if at == t]
+                  if at == t and piece.window.rows[name].size]
         steps += [_weight_load(plan, piece, gmem, name)
                   for name, at in plan.schedule.weight_loads.items()
                   if at == t and _loads_weights(piece)]
-        if t in by_step:
+        if t in by_step and piece.window.layers[by_step[t].name].out_rows.size:
             steps.append(_compute(plan, piece, by_step[t]))
         steps += [_store(plan, piece, gmem, name) for name, at in plan.schedule.stores.items()
                   if at == t]

@@ -351,8 +351,8 @@ class Simulator:
         lo, hi = rows[0] - operand["rows_held"][0], rows[1] - operand["rows_held"][0]
         self._check(buf, tags[:, :, lo:hi], t, f"rows [{rows[0]}, {rows[1]})")
         n, c = data.shape[1], operand["channels"][1] - operand["channels"][0]
-        block = data[:, :, :, lo:hi].transpose(1, 2, 0, 3, 4).reshape(n, -1, hi - lo,
-                                                                       data.shape[4])[:, :c]
+        block = data[:, :, :, lo:hi].transpose(1, 2, 0, 3, 4).reshape(
+            n, data.shape[2] * self.lanes, hi - lo, data.shape[4])[:, :c]
         eb = self._elem[t]
         value = np.ascontiguousarray(block).view(f"<i{eb}")
         return value.astype(self.tensors[t]["dtype"], copy=False)
@@ -514,7 +514,24 @@ def _run_kernel(layer: QLayer, xs: list[np.ndarray], step: dict) -> list[np.ndar
         out = step["outputs"][0]["rows"]
         return [reference.resize(layer, xs[0], out_rows=tuple(out),
                                  in_row0=step["inputs"][0]["rows"][0])]
+    if kind == "pad":  # the slice's own padding along H, the layer's along the other axes
+        pads = list(layer.attrs["pads"])
+        pads[2], pads[6] = step["pad_top"], step["pad_bottom"]
+        return reference.run_layer(_with_attrs(layer, pads=pads), xs)
+    if kind == "reshape":  # H x W regrouped: the output rows' pixels, out of the rows read
+        (a, b), r0 = step["outputs"][0]["rows"], step["inputs"][0]["rows"][0]
+        x = xs[0]
+        w_out = layer.attrs["shape"][-1] if len(layer.attrs["shape"]) == 4 else 1
+        flat = x.reshape(x.shape[0], x.shape[1], -1)
+        start = a * w_out - r0 * x.shape[3]
+        return [flat[:, :, start:start + (b - a) * w_out].reshape(x.shape[0], x.shape[1],
+                                                                   b - a, w_out)]
     return reference.run_layer(layer, xs)
+
+
+def _with_attrs(layer: QLayer, **attrs) -> QLayer:
+    return QLayer(layer.name, layer.kind, layer.inputs, layer.outputs, {**layer.attrs, **attrs},
+                  layer.params, layer.arrays, layer.source_nodes, layer.device)
 
 
 # ---- the runner's NPU backend ---------------------------------------------------------------

@@ -105,6 +105,18 @@ class Stack:
         self.shapes[name] = tuple(shape)
         return name
 
+    def pad(self, x: str, pads: list[int], value: float = 0.0) -> str:
+        """A constant Pad (ONNX order: begins of every axis, then ends)."""
+        name = self._name("Pad")
+        amounts = self._const(f"{name}_pads", np.array(pads, np.int64))
+        fill = self._const(f"{name}_value", np.array(value, np.float32))
+        self.nodes.append(helper.make_node("Pad", [x, amounts, fill], [name], name=name,
+                                           mode="constant"))
+        rank = len(pads) // 2
+        self.shapes[name] = tuple(d + pads[i] + pads[i + rank]
+                                  for i, d in enumerate(self.shapes[x]))
+        return name
+
     def gemm(self, x: str, cout: int) -> str:
         """A fully connected layer on a 2-D [N, K] input."""
         n, k = self.shapes[x]
