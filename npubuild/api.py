@@ -45,13 +45,15 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
 
     Raises the first stage error after writing the report, so callers map it to an exit code.
     """
+    from npubuild.distributed import one_cluster
     from npubuild.engine.tasks import run_with_doit
 
     stages = stage_list(stage)
     for each in stages:  # a missing model or data file is a recipe error; doit would trace it
         each.external_files(session.loaded)
     with build_lock(session.paths.lock_file, wait_seconds=wait_seconds, on_wait=on_wait,
-                    location=Location(str(session.loaded.path))):
+                    location=Location(str(session.loaded.path))), \
+            one_cluster(session.scheduler):  # calibration and verify share the workers
         session.clear_orphans()
         code = run_with_doit(session, stages)
         try:

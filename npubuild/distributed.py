@@ -2,7 +2,7 @@
 
 ``--scheduler tcp://HOST:PORT`` (or ``$NPUBUILD_SCHEDULER``) sends tasks to a running Dask
 scheduler; ``--scheduler local:N`` starts a ``distributed.LocalCluster`` of N single-threaded
-worker processes for the duration of the call. Tasks are plain functions of picklable
+worker processes, once per invocation (`one_cluster`): every fan-out of the command shares it. Tasks are plain functions of picklable
 arguments that exchange artifacts only through the content cache (local, or the remote level
 when one is configured), never through a shared working directory. Without a scheduler Dask is
 never imported.
@@ -14,7 +14,7 @@ import os
 import re
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from npubuild.errors import BuildError, UserError
@@ -29,9 +29,42 @@ def resolve_scheduler(override: str | None = None) -> str | None:
     return override or os.environ.get(SCHEDULER_ENV) or None
 
 
+_SHARED: dict[str, list] = {}  # address -> [client or None, ExitStack], while one_cluster runs
+
+
+@contextmanager
+def one_cluster(address: str | None) -> Iterator[None]:
+    """Within the block every fan-out to ``address`` shares one client (and, for ``local:N``,
+    one cluster), started on first use and closed at the end; no fan-out, no cluster. The
+    CLI and `npubuild.api.build` wrap a whole invocation in it: calibration batches, verify
+    samples and matrix cells of one command run on the same workers."""
+    if not address or address in _SHARED:
+        yield
+        return
+    with ExitStack() as stack:
+        _SHARED[address] = [None, stack]
+        try:
+            yield
+        finally:
+            del _SHARED[address]
+
+
 @contextmanager
 def dask_client(address: str) -> Iterator[Any]:
-    """A ``distributed.Client`` for ``address`` (``local:N`` or a scheduler URL)."""
+    """A ``distributed.Client`` for ``address`` (``local:N`` or a scheduler URL); inside
+    `one_cluster` the shared one."""
+    shared = _SHARED.get(address)
+    if shared is not None:
+        if shared[0] is None:
+            shared[0] = shared[1].enter_context(_connect(address))
+        yield shared[0]
+        return
+    with _connect(address) as client:
+        yield client
+
+
+@contextmanager
+def _connect(address: str) -> Iterator[Any]:
     try:
         from distributed import Client, LocalCluster
     except ImportError as exc:

@@ -217,24 +217,29 @@ def write_backend_file(out: Path, backend: str, env, graphs: dict) -> Path:
 def npubuild_estimate(ctx: StageContext) -> dict:
     """npubuild's own estimate of the NPU graphs on the chip's datasheet figures (the simulated
     compiler's plan, no simulator run), to set beside the vendor's figures."""
+    return quantized_estimate(Path(ctx.upstream["quantize"]), ctx.chip)
+
+
+def quantized_estimate(qdir: Path, chip) -> dict:
+    """npubuild's estimate of the quantized NPU graphs in ``qdir`` (``graph_*.qgraph.json``)
+    planned for ``chip``: cycles, fps, GMEM and off-chip bytes, LMEM peak."""
     from npubuild.npu import build_program, estimate
     from npubuild.npu.from_qgraph import layers_from_qgraph, plan_qgraph
     from npubuild.quant.qgraph import QGraph
 
-    qdir = Path(ctx.upstream["quantize"])
-    cycles, gmem, lmem = 0, 0, 0
-    for path in sorted(qdir.glob("graph_*.qgraph.json")):
+    cycles, gmem, offchip, lmem = 0, 0, 0, 0
+    for path in sorted(Path(qdir).glob("graph_*.qgraph.json")):
         try:
-            program = build_program(plan_qgraph(layers_from_qgraph(QGraph.load(path)), ctx.chip,
+            program = build_program(plan_qgraph(layers_from_qgraph(QGraph.load(path)), chip,
                                                 grouping=True, on_no_fit="cpu"))
         except Exception as exc:  # the estimate is a figure, never a reason to fail the build
             return {"note": f"npubuild's estimate failed on {path.name}: {exc}"}
         est = estimate(program)
-        cycles, gmem = cycles + est.cycles, gmem + est.gmem_bytes
+        cycles, gmem, offchip = cycles + est.cycles, gmem + est.gmem_bytes, offchip + est.offchip_bytes
         lmem = max(lmem, est.lmem_peak_bytes)
-    clock = ctx.chip.clock_mhz * 1e6
+    clock = chip.clock_mhz * 1e6
     return {"cycles": cycles, "fps": round(clock / cycles, 2) if cycles else 0.0,
-            "gmem_bytes": gmem, "lmem_peak_bytes": lmem,
+            "gmem_bytes": gmem, "offchip_bytes": offchip, "lmem_peak_bytes": lmem,
             "note": "npubuild's own model of the chip (datasheet figures in its chip file)"}
 
 

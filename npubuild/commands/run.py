@@ -75,16 +75,18 @@ def run(args) -> int:
 
 
 def _run_matrix(args, out, loaded, variants: list[dict]) -> int:
-    from npubuild.distributed import resolve_scheduler
+    from npubuild.distributed import one_cluster, resolve_scheduler
     from npubuild.experiments import parameter_keys, row
     from npubuild.matrix import build_matrix
 
     for variant in variants:  # a bad value or an unknown chip fails before anything is built
         loaded.variant(variant, apart=True)
     out.print(f"matrix build of {loaded.recipe.name}: {len(variants)} variants", markup=False)
-    cells = build_matrix(loaded, variants, args.stage, build_root=args.build_dir,
-                         cache=args.cache, jobs=args.jobs, remote=args.remote,
-                         scheduler=resolve_scheduler(args.scheduler))
+    scheduler = resolve_scheduler(args.scheduler)
+    with one_cluster(scheduler):  # the shared stages and the cells: one cluster
+        cells = build_matrix(loaded, variants, args.stage, build_root=args.build_dir,
+                             cache=args.cache, jobs=args.jobs, remote=args.remote,
+                             scheduler=scheduler)
     keys = parameter_keys(cells)
     data = loaded.recipe.model_dump(mode="json")
     rows = [row(c["name"], c["overrides"], c.get("report") or {}, data, keys,

@@ -7,8 +7,9 @@ its first reader runs, a layer's weights one timestep before the layer (seed 001
 ``[T5, T5]`` becomes ``[T2, T5]``), and a group output is stored the timestep after it is made.
 
 Buffer kinds: ``activation`` (freed after its last reader, or after its store), ``weight``
-(freed after its layer unless N or H is sliced; then resident: ``end = inf``, loaded by the
-first slice only and kept for every slice) and ``scratch`` (a layer's intermediate, freed when
+(freed after its layer unless N, H or C is sliced; then resident: ``end = inf``, loaded by the
+first slice only and kept for every slice; a C-sliced layer has two, alternating between its C
+slices, so the next slice's weights load while this one computes) and ``scratch`` (a layer's intermediate, freed when
 the layer is done). Ids are assigned breadth-first over the group's layers: a layer's new inputs,
 then its weight, its scratch, its outputs. Sizes are bytes per lane of the largest slice.
 """
@@ -122,8 +123,11 @@ def group_buffers(tiling: GroupTiling, lanes: int) -> tuple[Buffer, ...]:
                 add("activation", t, plan.loads[t], _last_read(plan, readers[t]),
                     _activation_size(tiling, t, lanes))
         if layer.weight_bytes:
-            add("weight", f"{layer.name}/weight", step - 1, INF if resident else step,
-                _weight_size(tiling, layer, lanes), layer.name)
+            size = _weight_size(tiling, layer, lanes)
+            add("weight", f"{layer.name}/weight", step - 1, INF if resident else step, size,
+                layer.name)
+            if tiling.slicing.c > 1:  # double-buffered: the next C slice's weights stream in
+                add("weight", f"{layer.name}/weight.next", step - 1, INF, size, layer.name)
         if layer.scratch_elem_bytes:
             add("scratch", f"{layer.name}/scratch", step, step,
                 _activation_size(tiling, layer.outputs[0], lanes, layer.scratch_elem_bytes),

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from itertools import groupby
 from math import ceil
 
+from npubuild.npu.cost import FREE_OPS, compute_cycles
 from npubuild.npu.layer_group import plan_groups
 from npubuild.npu.layers import LayerGraph
 from npubuild.npu.program import (Compute, CpuStep, Dma, GroupProgram, Program, build_program,
@@ -39,6 +40,7 @@ class GroupEstimate:
     gmem_read: int
     gmem_write: int
     lmem_peak_bytes_per_lane: int
+    weight_read: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class StepEstimate:
     cycles: int
     gmem_read: int
     gmem_write: int
+    weight_read: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Estimate:
     fps: float
     cpu_layers: tuple[str, ...]
     steps: tuple[StepEstimate, ...] = ()
+    offchip_bytes: int = 0
 
     @property
     def gmem_bytes(self) -> int:
@@ -93,53 +97,89 @@ class Estimate:
 
 def estimate(program: Program) -> Estimate:
     chip = program.chip
-    groups = tuple(_group_estimate(g, chip) for g in program.npu_groups)
+    layers = {layer.name: layer for layer in program.graph.layers}
+    groups = tuple(_group_estimate(g, chip, layers) for g in program.npu_groups)
     steps = tuple(_step_estimate(g, program) for g in program.groups if isinstance(g, CpuStep))
     parts = groups + steps
     cycles = sum(g.cycles for g in parts)
     peak = max((g.lmem_peak_bytes_per_lane for g in groups), default=0)
+    read, write = sum(g.gmem_read for g in parts), sum(g.gmem_write for g in parts)
+    weights = sum(g.weight_read for g in parts)
     return Estimate(groups, sum(g.compute_cycles for g in parts),
-                    sum(g.dma_cycles for g in parts), cycles,
-                    sum(g.gmem_read for g in parts), sum(g.gmem_write for g in parts),
+                    sum(g.dma_cycles for g in parts), cycles, read, write,
                     peak, peak * chip.lanes, chip.clock_mhz * 1e6 / cycles if cycles else 0.0,
-                    tuple(g.layer.name for g in program.groups if g.device == "cpu"), steps)
+                    tuple(g.layer.name for g in program.groups if g.device == "cpu"), steps,
+                    offchip_bytes(chip, read + write, weights))
 
 
-def _group_estimate(group: GroupProgram, chip: Chip) -> GroupEstimate:
-    compute = dma = cycles = read = write = 0
+def offchip_bytes(chip: Chip, gmem: int, weights: int) -> int:
+    """Bytes the chip moves to and from off-chip memory: GMEM's traffic when GMEM is off-chip
+    (weights included unless they have their own memory), and the weights' own memory's."""
+    apart = weights if chip.weights_bandwidth_bytes_per_cycle else 0
+    return (gmem - apart) * chip.gmem_off_chip + apart * chip.weights_off_chip
+
+
+def _group_estimate(group: GroupProgram, chip: Chip, layers: dict) -> GroupEstimate:
+    compute = dma = cycles = read = write = weights = 0
+    elem = group.plan.group.elem_bytes
     for piece in group.slices:
         for _, steps in groupby(piece.steps, key=lambda s: s.timestep):
             steps = list(steps)
-            macs = sum(s.macs for s in steps if isinstance(s, Compute))
-            moved = sum(s.bytes for s in steps if isinstance(s, Dma))
-            c, d = compute_cycles(macs, chip), ceil(moved / chip.gmem_bandwidth_bytes_per_cycle)
+            c = sum(_compute_step(s, layers[s.layer], elem, chip) for s in steps
+                    if isinstance(s, Compute))
+            loads = [s for s in steps if isinstance(s, Dma)]
+            w = sum(s.bytes for s in loads if s.rows is None)
+            d = dma_cycles(sum(s.bytes for s in loads) - w, w, chip)
             compute, dma, cycles = compute + c, dma + d, cycles + max(c, d)
-            read += sum(s.bytes for s in steps if isinstance(s, Dma) and s.op == "load")
-            write += sum(s.bytes for s in steps if isinstance(s, Dma) and s.op == "store")
+            read += sum(s.bytes for s in loads if s.op == "load")
+            write += sum(s.bytes for s in loads if s.op == "store")
+            weights += w
     plan = group.plan
     return GroupEstimate(group.index, len(plan.group), plan.slicing.as_dict(), compute, dma, cycles,
-                         read, write, plan.placement.peak)
+                         read, write, plan.placement.peak, weights)
+
+
+def _compute_step(step: Compute, layer, elem: dict, chip: Chip) -> int:
+    """The MAC array's cycles for the step, or the fast port's when its operands take longer
+    to read and write."""
+    out = step.outputs[0]
+    w = layer.out_shapes[0][3]
+    block = (out.batch.size, out.channels.size, out.rows.size, w)
+    cycles = compute_cycles(layer, block, step.macs, chip)
+    if chip.lmem_bandwidth_bytes_per_cycle and layer.op not in FREE_OPS:
+        moved = sum(op.batch.size * op.channels.size * op.rows.size * layer_w * elem[op.tensor]
+                    for op, layer_w in [*((o, s[3]) for o, s in zip(step.inputs, layer.in_shapes)),
+                                        *((o, s[3]) for o, s in zip(step.outputs,
+                                                                    layer.out_shapes))])
+        cycles = max(cycles, ceil(moved / chip.lmem_bandwidth_bytes_per_cycle))
+    return cycles
+
+
+def dma_cycles(activations: int, weights: int, chip: Chip) -> int:
+    """DMA cycles of a timestep: through GMEM's port, weights through their own when the chip
+    has one (in parallel)."""
+    if chip.weights_bandwidth_bytes_per_cycle:
+        return max(ceil(activations / chip.gmem_bandwidth_bytes_per_cycle),
+                   ceil(weights / chip.weights_bandwidth_bytes_per_cycle))
+    return ceil((activations + weights) / chip.gmem_bandwidth_bytes_per_cycle)
 
 
 def _step_estimate(step: CpuStep, program: Program) -> StepEstimate:
     """Inputs and weights read from GMEM, outputs written (nothing for an alias); an NPU step's
     MACs on the NPU, a CPU step's time left to the CPU measurement."""
-    layer, gmem = step.layer, program.gmem
+    layer, gmem, chip = step.layer, program.gmem, program.chip
     executes = layer.attr("executes", "cpu")
     if all(gmem.aliases.get(t) in layer.inputs for t in layer.outputs):
         read = write = 0
     else:
         read = sum(gmem.tensors[t][1] for t in dict.fromkeys(layer.inputs)) + layer.weight_bytes
         write = sum(gmem.tensors[t][1] for t in layer.outputs)
-    compute = compute_cycles(layer.macs, program.chip) if executes == "npu" else 0
-    dma = ceil((read + write) / program.chip.gmem_bandwidth_bytes_per_cycle)
+    weights = layer.weight_bytes if read else 0
+    compute = compute_cycles(layer, layer.out_shapes[0], layer.macs, chip) \
+        if executes == "npu" else 0
+    dma = dma_cycles(read + write - weights, weights, chip)
     return StepEstimate(step.index, layer.name, executes, compute, dma, max(compute, dma), read,
-                        write)
-
-
-def compute_cycles(macs: int, chip: Chip) -> int:
-    """Cycles of ``macs`` multiply-accumulates on the whole MAC array."""
-    return ceil(macs / (chip.lanes * chip.macs_per_cycle_per_lane))
+                        write, weights)
 
 
 def gmem_lower_bound(graph: LayerGraph) -> int:

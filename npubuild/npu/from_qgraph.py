@@ -216,10 +216,13 @@ def _breaker_spec(layer: QLayer, tensors: dict[str, TensorInfo], executes: str,
         weight = layer.arrays["weight"]
         cout = weight.shape[0]
         macs, weight_bytes = sum(prod(o) for o in outs) * (weight.size // cout), cout * record.bytes
+    attrs = (("kind", layer.kind), ("executes", executes))
+    if record is not None:  # (output channels, what each reads): the MAC array's shape of it
+        attrs += (("weights", (cout, weight.size // cout)),)
     return LayerSpec(layer.name, "move", tuple(layer.inputs), tuple(layer.outputs),
                      tuple(tensors[t].view for t in layer.inputs), tuple(outs),
                      weight_bytes=weight_bytes, macs=macs, act_bytes=_act_bytes(layer, tensors),
-                     attrs=(("kind", layer.kind), ("executes", executes)))
+                     attrs=attrs)
 
 
 def _tiled(layer: QLayer, tensors: dict[str, TensorInfo]):

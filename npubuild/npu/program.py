@@ -185,16 +185,22 @@ def tensor_elem_bytes(graph: LayerGraph, tensor: str) -> int:
 
 def _slice_program(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout,
                    lanes: int) -> SliceProgram:
+    """A slice's steps by timestep. Weights load in the group's first slice; with C slices,
+    the next C slice's weights load (into the other weight buffer) while the last slice of
+    this one computes."""
     steps: list[Step] = []
     by_step = _layers_by_timestep(plan)
+    upcoming = _next_chunk(plan, piece)
     for t in range(plan.schedule.timesteps):  # (a slice may need no rows of a tensor: H-concat)
         steps += [_load(plan, piece, gmem, name) for name, at in plan.schedule.loads.items()
                   if at == t and piece.window.rows[name].size]
         steps += [_weight_load(plan, piece, gmem, name)
                   for name, at in plan.schedule.weight_loads.items()
-                  if at == t and _loads_weights(piece)]
+                  if at == t and piece.index == 0]
         if t in by_step and piece.window.layers[by_step[t].name].out_rows.size:
             steps.append(_compute(plan, piece, by_step[t]))
+            if upcoming is not None and by_step[t].weight_bytes:
+                steps.append(_weight_load(plan, upcoming, gmem, by_step[t].name, at=t))
         steps += [_store(plan, piece, gmem, name) for name, at in plan.schedule.stores.items()
                   if at == t]
     return SliceProgram(piece.index, piece.batch, piece.channels, piece.part, tuple(steps))
@@ -205,9 +211,26 @@ def _layers_by_timestep(plan: GroupPlan) -> dict[int, LayerSpec]:
     return {t: layers[name] for name, t in plan.schedule.compute.items()}
 
 
-def _loads_weights(piece: SliceWindow) -> bool:
-    """Weights load in the first slice of each C chunk; they stay resident for the others."""
-    return piece.batch.start == 0 and piece.part == 0
+def _next_chunk(plan: GroupPlan, piece: SliceWindow) -> SliceWindow | None:
+    """The first slice of the next C slice when ``piece`` is the last of its own."""
+    slices = plan.tiling.slices
+    following = slices[piece.index + 1] if piece.index + 1 < len(slices) else None
+    if following is None or following.channels == piece.channels:
+        return None
+    return following
+
+
+def _chunk(plan: GroupPlan, piece: SliceWindow) -> int:
+    """Which C slice ``piece`` belongs to (0 without C slicing)."""
+    if piece.channels is None:
+        return 0
+    starts = sorted({s.channels.start for s in plan.tiling.slices})
+    return starts.index(piece.channels.start)
+
+
+def _weight_buffer(plan: GroupPlan, piece: SliceWindow, layer: str):
+    """Even C slices use ``<layer>/weight``, odd ones ``<layer>/weight.next``."""
+    return plan.buffer(f"{layer}/weight" + (".next" if _chunk(plan, piece) % 2 else ""))
 
 
 def _activation_bytes(plan: GroupPlan, piece: SliceWindow, tensor: str, rows: Rows) -> int:
@@ -231,12 +254,16 @@ def _store(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout, tensor: str) -
                _activation_bytes(plan, piece, tensor, rows))
 
 
-def _weight_load(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout, layer_name: str) -> Dma:
+def _weight_load(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout, layer_name: str,
+                 at: int | None = None) -> Dma:
+    """The weights ``piece`` computes with, into its weight buffer (at timestep ``at``, by
+    default the schedule's)."""
     layer = next(l for l in plan.group.layers if l.name == layer_name)
-    buf = plan.buffer(f"{layer_name}/weight")
+    buf = _weight_buffer(plan, piece, layer_name)
     chans = piece.channels or Rows(0, layer.c_out)
     size = layer.weight_bytes * chans.size // layer.c_out
-    return Dma("load", plan.schedule.weight_loads[layer_name], buf.name, buf.id,
+    timestep = plan.schedule.weight_loads[layer_name] if at is None else at
+    return Dma("load", timestep, buf.name, buf.id,
                plan.placement.addresses[buf.id], gmem.weights[layer_name][0], None, chans,
                None, None, size)
 
@@ -253,7 +280,7 @@ def _compute(plan: GroupPlan, piece: SliceWindow, layer: LayerSpec) -> Compute:
     outputs = tuple(_operand(plan, piece, t, window.out_rows) for t in layer.outputs)
     weight = scratch = None
     if layer.weight_bytes:
-        buf = plan.buffer(f"{layer.name}/weight")
+        buf = _weight_buffer(plan, piece, layer.name)
         weight = {"buffer": buf.id, "addr": plan.placement.addresses[buf.id],
                   "channels": piece.channels or Rows(0, layer.c_out)}
     if layer.scratch_elem_bytes:

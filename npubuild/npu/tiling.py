@@ -38,8 +38,9 @@ class Slicing:
 
     @property
     def weights_resident(self) -> bool:
-        """Seed 001: when N or H is sliced, weights stay in LMEM for every slice."""
-        return self.n > 1 or self.h > 1
+        """Seed 001: when N or H is sliced, weights stay in LMEM for every slice (and when C
+        is, each C slice's part stays until the next part replaces it)."""
+        return self.n > 1 or self.h > 1 or self.c > 1
 
     def as_dict(self) -> dict[str, int]:
         return {"n": self.n, "h": self.h, "c": self.c}

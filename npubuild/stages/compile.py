@@ -257,6 +257,7 @@ def graph_report(c: Compiled) -> tuple[dict, dict]:
     cycles, base_cycles = c.grouped.cycles, c.baseline.cycles
     clock = c.program.chip.clock_mhz * 1e6
     est = {"cycles": cycles, "gmem_bytes": c.grouped.gmem_bytes,
+           "offchip_bytes": c.grouped.offchip_bytes,
            "gmem_bytes_no_grouping": c.baseline.gmem_bytes,
            "gmem_bytes_lower_bound": gmem_lower_bound(c.layers.graph),
            "lmem_peak_bytes": c.grouped.lmem_peak_bytes,
@@ -297,7 +298,7 @@ def report(results: list[Compiled], ctx: StageContext) -> dict:
              "cycles_no_grouping": base, "fps_no_grouping": round(clock / base, 2) if base else 0.0,
              "lmem_peak_bytes": max(e["lmem_peak_bytes"] for e in estimates),
              "groups": sum(e["groups"] for e in estimates)}
-    for key in ("gmem_bytes", "gmem_bytes_no_grouping", "gmem_bytes_lower_bound"):
+    for key in ("gmem_bytes", "gmem_bytes_no_grouping", "gmem_bytes_lower_bound", "offchip_bytes"):
         total[key] = sum(e[key] for e in estimates)
     parts = cpu_time.deployment_parts(ctx.upstream.get("split"), [c.layers.qgraph for c in results])
     total.update(with_cpu(cycles, base, clock, parts, cpu_time.METHOD))

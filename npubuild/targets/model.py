@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Strict(BaseModel):
@@ -59,6 +59,40 @@ class OpSupport(Strict):
     note: str | None = Field(None, description="Free text shown in SUPPORTED_OPS.md.")
 
 
+class MacArray(Strict):
+    """How the MAC array computes each op, for the estimate: its utilisation (which shapes
+    waste it) and its output rate. The rules are Arm Vela's performance model for Ethos-U; the
+    numbers are the chip's. Without it the estimate counts MACs ÷ (lanes × MACs per lane)."""
+
+    microblock: list[int] = Field(min_length=3, max_length=3, description=(
+        "[h, w, c]: output elements computed together; an op's output is rounded up to whole "
+        "microblocks (Ethos-U55-256: [2, 2, 8])."))
+    ifm_depth_per_step: int = Field(32, ge=1, description=(
+        "Input channels one step of a dense conv reads (a conv's input depth is rounded up to "
+        "it)."))
+    cycles_per_step: int = Field(4, ge=1, description=(
+        "Cycles of one step: one kernel element (or a few, below) over one input-depth chunk "
+        "for every microblock of the block."))
+    min_cycles_per_step: int = Field(32, ge=0, description=(
+        "A step never takes fewer cycles (accumulator write-back), which makes small outputs "
+        "— a fully connected layer, a 3x3 feature map — slow per MAC."))
+    kernel_elements_per_step: int = Field(4, ge=1, description=(
+        "Kernel elements one step covers in a depthwise conv, and in a dense conv computed "
+        "'part-kernel first' (chosen when it uses the array better: few input channels)."))
+    part_kernel_depth: int = Field(16, ge=1, description=(
+        "Input channels per step of a part-kernel-first dense conv."))
+    output_cycles_per_element: dict[str, float] = Field(default_factory=dict, description=(
+        "Cycles per output element by op (conv, depthwise, pool, maxpool, add, mul, lut, "
+        "default): the output stage's rate, which bounds element-wise ops and small convs."))
+    activation_cycles_per_element: dict[str, float] = Field(default_factory=dict, description=(
+        "Cycles per output element of a fused activation (lut: a lookup table)."))
+
+    @property
+    def peak_macs_per_cycle(self) -> float:
+        h, w, c = self.microblock
+        return h * w * c * self.ifm_depth_per_step / self.cycles_per_step
+
+
 class Chip(Strict):
     """An NPU: memory, compute, bandwidth, the op table and the backend that builds for it."""
 
@@ -87,6 +121,19 @@ class Chip(Strict):
     clock_mhz: float = Field(gt=0)
     """Clock frequency in MHz (for cycles to seconds)."""
     macs_per_cycle_per_lane: int = Field(ge=1, description="int8 MACs per cycle per lane.")
+    mac_array: MacArray | None = Field(None, description=(
+        "The MAC array's utilisation rules for the estimate (none: every MAC at peak)."))
+    lmem_bandwidth_bytes_per_cycle: float | None = Field(None, gt=0, description=(
+        "Bytes per cycle between LMEM and the MAC array (the fast port): a compute step takes "
+        "at least its operands' and results' bytes over this (none: free)."))
+    weights_bandwidth_bytes_per_cycle: float | None = Field(None, gt=0, description=(
+        "Weights stream from their own memory (e.g. flash) through this port, in parallel "
+        "with GMEM (none: weights are in GMEM, on its bandwidth)."))
+    weights_off_chip: bool = Field(True, description=(
+        "Whether the weights' memory is off-chip (counted in the estimate's off-chip bytes)."))
+    gmem_off_chip: bool = Field(True, description=(
+        "Whether GMEM is off-chip (an on-chip SRAM arena is not: its traffic is not counted in "
+        "the estimate's off-chip bytes)."))
     int16: bool = Field(False, description="Whether int16 activations are supported.")
     dtypes: list[str] = Field(["float32", "float16"], description=(
         "Tensor dtypes (of the float model, before quantization) the NPU path accepts; an "
@@ -117,6 +164,15 @@ class Chip(Strict):
         if name not in known:
             raise ValueError(f"unknown backend {name!r}; known: {', '.join(known)}")
         return name
+
+    @model_validator(mode="after")
+    def _mac_array_matches_peak(self) -> "Chip":
+        if self.mac_array is not None:
+            peak = self.lanes * self.macs_per_cycle_per_lane
+            if self.mac_array.peak_macs_per_cycle != peak:
+                raise ValueError(f"mac_array computes {self.mac_array.peak_macs_per_cycle:g} MACs "
+                                 f"per cycle at best, lanes x macs_per_cycle_per_lane = {peak}")
+        return self
 
     @cached_property
     def lmem_bytes(self) -> int:

@@ -40,3 +40,26 @@ def test_zoo_recipe_passes_verify_on_npu_16m(name, zoo_bench, tmp_path_factory, 
     assert row["reached"] == "verify" and row["bit_exact"] is True
     assert row["worst_cosine"] >= 0.95 and row["nodes"][0] > 0
     assert not row["unexplained"]
+
+
+def test_zoo_cells_as_dask_tasks_build_the_same_bytes_as_one_process(zoo_bench, tmp_path):
+    """`benchmarks/zoo.py --scheduler local:2`: every cell a Dask task (after its recipe's shared
+    stages), the artifacts byte-identical to the cells built in one process."""
+    import hashlib
+
+    pytest.importorskip("distributed")
+    recipe, chips = str(REPO / "recipes" / "zoo" / "speech-vad.yaml"), ["npu-16m", "npu-tiny"]
+    serial = zoo_bench.build_recipe(recipe, chips, str(tmp_path / "serial"), str(tmp_path / "cs"))
+    fanned = zoo_bench.cells_on_dask("local:2", [(recipe, chips, str(tmp_path / "dask"),
+                                                  str(tmp_path / "cd"))])
+    assert [c["target"] for c in fanned] == chips
+    assert [zoo_bench.row(c)["passed"] for c in fanned] == [c["ok"] for c in serial]
+
+    def digests(root):
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file() and p.parent != root
+                and p.name not in ("report.json", "report.html", ".doit.sqlite")}
+
+    for chip in chips:
+        cell = f"speech-vad@{chip}"
+        assert digests(tmp_path / "dask" / cell) == digests(tmp_path / "serial" / cell)

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from npubuild.npu import conflicts
-from npubuild.targets import load_chip
+from npubuild.targets import Chip, load_chip
 from tests.unit.npu.qstacks import compile_qgraph, quantize, simulate_and_compare, stacks
 
 TINY = load_chip("npu-tiny")
@@ -42,3 +42,22 @@ def _stores_cover_each_output_once(group) -> None:
     for (tensor, _, _), counts in rows.items():
         height = group.plan.group.shapes[tensor][2]
         assert sorted(counts) == list(range(height)) and set(counts.values()) == {1}, tensor
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stacks(), st.sampled_from([4, 8, 16]), st.sampled_from([8192, 16384, 32768, 65536]),
+       st.sampled_from([1, 2, 4]))
+def test_any_lmem_geometry_compiles_bit_exact(stack_outputs, lanes, lmem, banks):
+    """The same stacks on chips with other lane counts, LMEM sizes and banks: the slicing, the
+    cuts between groups and the allocation change, the simulator's results do not."""
+    stack, outputs = stack_outputs
+    qgraph = quantize(stack.model(outputs), "asymmetric", granularity="per_channel")
+    chip = Chip(**{**TINY.model_dump(exclude_unset=True), "lanes": lanes,
+                   "lmem_bytes_per_lane": lmem, "lmem_banks": banks})
+    _, program, program_file = compile_qgraph(qgraph, chip, on_no_fit="cpu")
+    event(f"slicings: {sorted({str(g.plan.slicing) for g in program.npu_groups})[:2]}")
+    for group in program.npu_groups:
+        plan = group.plan
+        assert conflicts(plan.buffers, plan.placement, lmem) == []
+        _stores_cover_each_output_once(group)
+    simulate_and_compare(qgraph, program_file)

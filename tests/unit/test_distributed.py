@@ -125,3 +125,48 @@ def test_verify_samples_on_dask_give_byte_identical_verify_artifacts(tmp_path, m
     assert {"verify/verify.json", "verify/manifest.json"} <= set(fanned_files)
     assert fanned_files == digests(tmp_path / "s" / "tiny")
     assert fanned.results["verify"].report == serial.results["verify"].report  # report.json's figures
+
+
+def test_one_local_cluster_serves_calibration_and_verify_of_a_build(tmp_path, monkeypatch):
+    """--scheduler local:2 on a whole build: the calibration batches and the verify samples run
+    on the same cluster, started once (each fan-out used to start its own), and the artifacts
+    are byte-identical to a build in one process."""
+    from npubuild import api, distributed
+    from tests.conftest import TINY_RECIPE, write_recipe
+
+    started = []
+    real = distributed._local_cluster
+
+    def counted(*args):
+        started.append(args[1])
+        return real(*args)
+
+    monkeypatch.setattr(distributed, "_local_cluster", counted)
+    many = TINY_RECIPE.replace('"pkg:skimage/data/[a-c]*.png", samples: 2',
+                               '"pkg:skimage/data/*.png", samples: 12')
+    recipe = write_recipe(tmp_path, many + 'verify: {data: "pkg:skimage/data/*.png", samples: 12}\n')
+    serial = api.session_for(recipe, build_root=tmp_path / "s", cache=tmp_path / "cs")
+    api.build(serial)
+    from npubuild.verify.samples import SampleRun
+
+    def no_sample_here(self, feeds):
+        raise AssertionError("a verify sample ran in the driver, not on a worker")
+
+    monkeypatch.setattr(SampleRun, "__call__", no_sample_here)
+    fanned = api.session_for(recipe, build_root=tmp_path / "d", cache=tmp_path / "cd",
+                             scheduler="local:2")
+    api.build(fanned)
+
+    assert started == ["local:2"]
+    assert {fanned.results[s].status for s in ("quantize", "verify")} == {"built"}
+    assert digests(tmp_path / "d" / "tiny") == digests(tmp_path / "s" / "tiny")
+
+
+def test_outside_an_invocation_each_fan_out_has_its_own_client():
+    from npubuild.distributed import one_cluster
+
+    with one_cluster("local:1"):
+        with dask_client("local:1") as first, dask_client("local:1") as second:
+            assert first is second
+    with dask_client("local:1") as third:
+        assert third is not first

@@ -177,14 +177,16 @@ def simulate_and_compare(qgraph, program_file: ProgramFile, inputs=None) -> dict
 @st.composite
 def stacks(draw) -> tuple[Stack, list[str]]:
     """Random conv/pool/add/concat/resize/lut stacks on [1, C, H, 128] inputs (big enough that
-    npu-tiny slices H most of the time)."""
+    npu-tiny slices H most of the time), with the tiled layout layers too (H pads, spatial
+    reshapes, concats along H, channel softmax) and a reshape across channels (a breaker)."""
     c = draw(st.sampled_from([8, 16, 16]))
     stack = Stack((1, c, draw(st.integers(48, 128)), 128), seed=draw(st.integers(0, 99)))
     cur, seen = "x", ["x"]
     for _ in range(draw(st.integers(2, 6))):
         n, c, h, w = stack.shapes[cur]
         kind = draw(st.sampled_from(["conv", "conv", "dwconv", "maxpool", "avgpool", "add",
-                                     "concat", "resize", "lut", "reshape"]))
+                                     "concat", "resize", "lut", "reshape", "hpad", "hconcat",
+                                     "softmax", "shuffle"]))
         if kind in ("conv", "dwconv"):
             k = draw(st.sampled_from([1, 3, 5]))
             s = draw(st.sampled_from([1, 1, 2])) if h >= 16 else 1
@@ -207,8 +209,20 @@ def stacks(draw) -> tuple[Stack, list[str]]:
             mode = draw(st.sampled_from(["nearest", "linear"]))
             cur = stack.resize(cur, mode, 2, "asymmetric" if mode == "nearest" else
                                draw(st.sampled_from(["half_pixel", "align_corners"])))
-        elif kind == "reshape" and w % 2 == 0 and h <= 96:  # a group breaker (DMA step)
+        elif kind == "reshape" and w % 2 == 0 and h <= 96:  # H x W regrouped: tiled
             cur = stack.reshape(cur, [n, c, h * 2, w // 2])
+        elif kind == "shuffle" and c % 2 == 0 and w % 2 == 0:  # across channels: a breaker
+            cur = stack.reshape(cur, [n, c // 2, h, w * 2])
+        elif kind == "hpad":  # Keras' ZeroPadding2D: a window of one row along H
+            top, bottom = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+            cur = stack.pad(cur, [0, 0, top, 0, 0, 0, bottom, draw(st.integers(0, 1))])
+        elif kind == "hconcat" and h <= 96:  # along H: each output row from one input
+            same = [t for t in seen if stack.shapes[t][:2] == (n, c)
+                    and stack.shapes[t][3] == w and stack.shapes[t][2] <= 48]
+            cur = stack.concat([cur, draw(st.sampled_from(same))] if same else [cur, cur], axis=2)
+        elif kind == "softmax":  # along the channels
+            cur = stack.unary(cur, "Softmax")
+            stack.nodes[-1].attribute.extend([helper.make_attribute("axis", 1)])
         else:
             cur = stack.unary(cur, "Sigmoid")
         seen.append(cur)

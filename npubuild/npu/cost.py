@@ -1,0 +1,105 @@
+"""What one compute step costs on the chip's MAC array: the estimate's compute side.
+
+Without ``chip.mac_array`` every MAC runs at the array's peak (``MACs ÷ (lanes × MACs per
+cycle per lane)``). With it, the rules of Arm Vela's performance model for Ethos-U apply, with
+the chip's own numbers — what makes a real array slower than its peak:
+
+- the output is computed in *microblocks* (``[h, w, c]``, 2×2×8 on Ethos-U55-256): an output of
+  7×7×20 costs 4×4×3 microblocks; every *step* covers all of them for one kernel element (or
+  ``kernel_elements_per_step`` of them) and one chunk of input channels, in
+  ``cycles_per_step × microblocks`` cycles but never fewer than ``min_cycles_per_step``;
+- a dense conv reads its input in chunks of ``ifm_depth_per_step`` channels (3 input channels
+  cost as much as 32), or part-kernel first (``kernel_elements_per_step`` elements of
+  ``part_kernel_depth`` channels per step) when that uses the array better;
+- a depthwise conv covers ``kernel_elements_per_step`` kernel elements per step, one channel
+  each: a 3×3 depthwise conv uses a few percent of the array;
+- a pool takes ``max(cycles_per_step, kernel elements)`` cycles per microblock;
+- the output stage writes ``output_cycles_per_element`` (by op) or, for a lookup table,
+  ``activation_cycles_per_element["lut"]``: element-wise ops cost that alone, a conv the larger
+  of its MAC cycles and its output cycles;
+- data movement (concat, split, pad, reshape) is free: the producers write into place.
+"""
+
+from __future__ import annotations
+
+from math import ceil, prod
+
+from npubuild.npu.layers import LayerSpec
+from npubuild.targets.model import Chip, MacArray
+
+FREE_OPS = frozenset({"concat", "split", "move", "pad", "reshape"})
+
+
+def compute_cycles(layer: LayerSpec, out: tuple[int, int, int, int], macs: int,
+                   chip: Chip) -> int:
+    """Cycles of computing ``out`` = (batch, channels, rows, W) of ``layer``'s output
+    (``macs`` of them)."""
+    array = chip.mac_array
+    if array is None:
+        return ceil(macs / (chip.lanes * chip.macs_per_cycle_per_lane))
+    weights = layer.attr("weights")
+    if layer.op == "move" and weights is not None:  # a fully connected layer run whole
+        cout, depth = weights
+        return fully_connected_cycles(array, prod(out) // max(1, cout), cout, depth)
+    if layer.op in FREE_OPS:
+        return 0
+    elements = prod(out)
+    output = ceil(elements * output_cycles_per_element(array, layer))
+    if layer.op in ("conv", "dwconv", "pool"):
+        return max(array_cycles(array, layer, out), output)
+    return output
+
+
+def array_cycles(array: MacArray, layer: LayerSpec, out: tuple[int, int, int, int]) -> int:
+    """The MAC array's cycles for a conv, depthwise conv or pool output block."""
+    n, c, h, w = out
+    uh, uw, uc = array.microblock
+    xy = n * ceil(h / uh) * ceil(w / uw)
+    z = ceil(c / uc)
+    kh, kw = layer.attr("kernel", (layer.kernel_h, 1))
+    elements = kh * kw
+    if layer.op == "pool":
+        return max(array.cycles_per_step, elements) * xy * z
+    per_step = max(array.min_cycles_per_step, array.cycles_per_step * xy)
+    if layer.op == "dwconv":
+        return per_step * ceil(elements / array.kernel_elements_per_step) * z
+    depth = layer.in_shapes[0][1] // max(1, layer.attr("group", 1))
+    return per_step * conv_steps(array, depth, elements) * z
+
+
+def conv_steps(array: MacArray, depth: int, elements: int) -> int:
+    """Steps of a dense conv per microblock set: depth first (every kernel element over each
+    ``ifm_depth_per_step`` chunk) or part-kernel first, whichever uses the array better."""
+    uc, kps = array.microblock[2], array.kernel_elements_per_step
+    depth_first = elements * ceil(depth / array.ifm_depth_per_step)
+    block = _round_up(min(depth, array.part_kernel_depth), uc)
+    part_first = ceil(elements / kps) * ceil(block / uc) * ceil(depth / block)
+    depth_use = depth / _round_up(depth, array.ifm_depth_per_step)
+    part_use = depth * elements / (_round_up(depth, uc) * _round_up(elements, kps))
+    return part_first if depth <= uc or part_use > depth_use else depth_first
+
+
+def fully_connected_cycles(array: MacArray, vectors: int, cout: int, depth: int) -> int:
+    """A fully connected layer: a 1×1 conv over ``vectors`` output positions."""
+    uh, uw, uc = array.microblock
+    xy = ceil(vectors / (uh * uw))
+    per_step = max(array.min_cycles_per_step, array.cycles_per_step * xy)
+    return per_step * ceil(depth / array.ifm_depth_per_step) * ceil(cout / uc)
+
+
+def output_cycles_per_element(array: MacArray, layer: LayerSpec) -> float:
+    rates = array.output_cycles_per_element
+    key = {"dwconv": "depthwise", "add": "add", "lut": "lut", "softmax": "softmax"}.get(
+        layer.op, layer.op)
+    if layer.op == "pool" and "max" in (layer.attr("kind"), layer.attr("mode")):
+        key = "maxpool" if layer.attr("kind") != "avgpool" else "pool"
+    if layer.op == "eltwise" and layer.attr("kind", layer.attr("fn")) in ("mul",):
+        key = "mul"
+    rate = rates.get(key, rates.get("default", 0.0))
+    if layer.op == "lut":
+        rate = max(rate, array.activation_cycles_per_element.get("lut", 0.0))
+    return rate
+
+
+def _round_up(value: int, to: int) -> int:
+    return -(-value // to) * to

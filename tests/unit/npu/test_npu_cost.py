@@ -1,0 +1,91 @@
+"""The MAC array's utilisation rules (npubuild.npu.cost), each against cycles worked out by hand
+for ethos-u55-256: 2x2x8 microblocks, 32 input channels per dense-conv step, 4 cycles a step and at
+least 32, 4 kernel elements per depthwise step, output 0.25 cycles an element (add 0.75, max
+pool 0.125, lookup table 1.0)."""
+
+from __future__ import annotations
+
+from npubuild.npu import build_program, estimate, plan_groups
+from npubuild.npu.builder import GraphBuilder
+from npubuild.npu.cost import compute_cycles, fully_connected_cycles
+from npubuild.targets import load_chip
+
+U55 = load_chip("ethos-u55-256")
+U65 = load_chip("ethos-u65-256")
+
+
+def _only(builder: GraphBuilder, out: str):
+    layer = builder.layers[-1]
+    return layer, builder.shapes[out]
+
+
+def test_a_deep_3x3_conv_fills_the_array():
+    b = GraphBuilder({"x": (1, 64, 8, 8)})
+    layer, out = _only(b, b.conv("x", 16, k=3))
+    # 4x4 microblocks x 2 channel groups; 9 kernel elements x 2 chunks of 32 input channels;
+    # 4 cycles x 16 microblocks = 64 per step: 64 x 18 x 2
+    assert compute_cycles(layer, out, layer.macs, U55) == 64 * 18 * 2 == layer.macs // 256
+
+
+def test_three_input_channels_cost_a_whole_part_kernel_step():
+    b = GraphBuilder({"x": (1, 3, 8, 8)})
+    layer, out = _only(b, b.conv("x", 16, k=3))
+    # part-kernel first (8 channels or fewer): ceil(9 / 4) = 3 steps of 8 channels, 64 cycles
+    # each, x 2 channel groups = 384 (the peak would take 108)
+    assert compute_cycles(layer, out, layer.macs, U55) == 384
+    assert -(-layer.macs // 256) == 108
+
+
+def test_a_depthwise_conv_uses_a_few_percent_of_the_array():
+    b = GraphBuilder({"x": (1, 32, 8, 8)})
+    layer, out = _only(b, b.conv("x", 32, k=3, groups=32))
+    assert layer.op == "dwconv"
+    # 16 microblocks -> 64 cycles a step; ceil(9 / 4) = 3 steps; 4 channel groups
+    assert compute_cycles(layer, out, layer.macs, U55) == 64 * 3 * 4 == 768
+    assert layer.macs // 256 == 72
+
+
+def test_a_small_output_pays_the_minimum_step():
+    # one output position: 4 cycles of work, 32 of write-back, per step
+    assert fully_connected_cycles(U55.mac_array, 1, 1024, 576) == 32 * 18 * 128
+    b = GraphBuilder({"x": (1, 64, 3, 3)})
+    layer, out = _only(b, b.conv("x", 64, k=1))
+    # 2x2 microblocks -> max(32, 16) = 32; 2 depth chunks; 8 channel groups
+    assert compute_cycles(layer, out, layer.macs, U55) == 32 * 2 * 8
+
+
+def test_pools_and_element_wise_ops_run_at_the_output_rate():
+    b = GraphBuilder({"x": (1, 16, 8, 8)})
+    pool, out = _only(b, b.pool("x", k=3, s=1, p=1))
+    assert compute_cycles(pool, out, pool.macs, U55) == 9 * 16 * 2  # max(4, 9) per microblock
+    add, out = _only(b, b.add("x", "x"))
+    assert compute_cycles(add, out, add.macs, U55) == 1024 * 3 // 4
+    lut, out = _only(b, b.lut("x"))
+    assert compute_cycles(lut, out, lut.macs, U55) == 1024
+    cat, out = _only(b, b.concat(["x", "x"]))
+    assert compute_cycles(cat, out, cat.macs, U55) == 0  # producers write into place
+
+
+def test_without_a_mac_array_every_mac_runs_at_peak():
+    chip = load_chip("npu-16m")
+    b = GraphBuilder({"x": (1, 3, 8, 8)})
+    layer, out = _only(b, b.conv("x", 16, k=3))
+    assert compute_cycles(layer, out, layer.macs, chip) == -(-layer.macs // (64 * 128))
+
+
+def test_weights_stream_through_their_own_port_and_operands_through_the_fast_one():
+    b = GraphBuilder({"x": (1, 64, 8, 8)})
+    graph = b.build([b.conv("x", 64, k=1)])
+    conv = graph.layers[0]
+    est = estimate(build_program(plan_groups(graph, U55)))
+    act = 64 * 8 * 8
+    # T0: input (8 B/cycle, SRAM arena) and weights (1 B/cycle, flash) in parallel;
+    # T1: the conv (64 cycles a step for 16 microblocks, 2 chunks of 32 input channels, 8
+    # channel groups) or its 4096 + 4096 operand bytes over the 8 B/cycle fast port; T2: store
+    t0 = max(act // 8, conv.weight_bytes)
+    t1 = max(64 * 2 * 8, (act + act) // 8)
+    assert (t0, t1) == (conv.weight_bytes, 1024)
+    assert est.cycles == t0 + t1 + act // 8
+    assert est.offchip_bytes == conv.weight_bytes  # the SRAM arena is on chip
+    est65 = estimate(build_program(plan_groups(graph, U65)))
+    assert est65.offchip_bytes == est65.gmem_bytes  # DRAM: everything GMEM moves
