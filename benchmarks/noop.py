@@ -1,13 +1,20 @@
-"""No-op build overhead: `npubuild run recipes/yolov8.yaml import` when everything is current,
-against plain `doit` running an equivalent one-task dodo file (a python-action with a file_dep
-on the model and an up-to-date check), both measured in this run. Prints a table.
+"""No-op build overhead: `npubuild run recipes/yolov8.yaml import` when everything is current
+and `npubuild validate recipes/yolov8.yaml`, against plain `doit` running an equivalent
+one-task dodo file (a python-action with a file_dep on the model and an up-to-date check), all
+measured in this run, interleaved (one run of each in turn), in CPU time (user + system of the
+child process: steady on a shared machine) and wall time. Prints a table.
 
-    python3 benchmarks/noop.py [--runs 10]
+    python3 benchmarks/noop.py [--runs 10] [--baseline-tree /path/to/other/checkout]
+
+``--baseline-tree`` runs the two npubuild commands of another checkout too (its directory on
+PYTHONPATH), interleaved with this one's: a before/after comparison in one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -30,18 +37,39 @@ DODO = textwrap.dedent("""
 """)
 
 
-def timed(cmd: list[str], cwd: Path, runs: int) -> list[float]:
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(cmd, cwd=cwd, check=True, capture_output=True)
-        times.append(time.perf_counter() - start)
-    return times
+def clocked(cmd: list[str], cwd: Path, env: dict) -> tuple[float, float]:
+    """(CPU seconds of the child, wall seconds) of one run."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, env=env, check=True, capture_output=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
+
+
+def environment(tmp: Path, **extra: str) -> dict:
+    """Byte code cached (in a folder of this run), as an installed package has it: with
+    PYTHONDONTWRITEBYTECODE every run would compile npubuild's sources again."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPYCACHEPREFIX": str(tmp / "pycache"), **extra}
+
+
+def commands(tree: Path, tmp: Path, tag: str) -> list[tuple[str, list[str], Path, dict]]:
+    env = environment(tmp, PYTHONPATH=str(tree))
+    recipe = str(REPO / "recipes/yolov8.yaml")
+    run = [sys.executable, "-m", "npubuild", "run", recipe, "import", "--build-dir",
+           str(tmp / f"build-{tag}"), "--cache", str(tmp / f"cache-{tag}")]
+    subprocess.run(run, cwd=tmp, env=env, check=True, capture_output=True)  # the real build
+    validate = [sys.executable, "-m", "npubuild", "validate", recipe]
+    return [(f"npubuild run yolov8.yaml import{tag and f' ({tag})'}", run, tmp, env),
+            (f"npubuild validate yolov8.yaml{tag and f' ({tag})'}", validate, tmp, env)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--baseline-tree", type=Path,
+                        help="another checkout to measure beside this one (e.g. main)")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from npubuild.recipe.paths import resolve
@@ -49,22 +77,31 @@ def main() -> None:
     model = resolve("pkg:nudenet/320n.onnx", REPO)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        npubuild = [sys.executable, "-m", "npubuild", "run", str(REPO / "recipes/yolov8.yaml"),
-                    "import", "--build-dir", str(tmp / "build"), "--cache", str(tmp / "cache")]
-        subprocess.run(npubuild, cwd=tmp, check=True, capture_output=True)  # the real build
+        rows = commands(REPO, tmp, "")
+        if args.baseline_tree:
+            rows += commands(args.baseline_tree.resolve(), tmp, "baseline")
         (tmp / "dodo").mkdir()
         (tmp / "dodo/dodo.py").write_text(DODO.format(model=str(model)))
         doit = [sys.executable, "-m", "doit"]
-        subprocess.run(doit, cwd=tmp / "dodo", check=True, capture_output=True)
-        rows = [("npubuild run recipes/yolov8.yaml import", timed(npubuild, tmp, args.runs)),
-                ("doit (one-task dodo.py)", timed(doit, tmp / "dodo", args.runs))]
-    base = statistics.median(rows[1][1])
-    print(f"no-op runs, {args.runs} each (wall time, seconds)\n")
-    print(f"| {'command':<42} | median | min   | max   | vs doit |")
-    print(f"|{'-' * 44}|--------|-------|-------|---------|")
-    for name, times in rows:
-        med = statistics.median(times)
-        print(f"| {name:<42} | {med:6.3f} | {min(times):5.3f} | {max(times):5.3f} | {med / base:6.2f}x |")
+        subprocess.run(doit, cwd=tmp / "dodo", check=True, capture_output=True,
+                       env=environment(tmp))
+        rows.append(("doit (one-task dodo.py)", doit, tmp / "dodo", environment(tmp)))
+        for _, cmd, cwd, env in rows:  # byte code written once, before anything is timed
+            subprocess.run(cmd, cwd=cwd, env=env, check=True, capture_output=True)
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name, *_ in rows}
+        for _ in range(args.runs):
+            for name, cmd, cwd, env in rows:
+                times[name].append(clocked(cmd, cwd, env))
+    base = statistics.median(cpu for cpu, _ in times["doit (one-task dodo.py)"])
+    base_wall = statistics.median(wall for _, wall in times["doit (one-task dodo.py)"])
+    print(f"no-op runs, {args.runs} each, interleaved (seconds; medians)\n")
+    print(f"| {'command':<46} | CPU    | vs doit | wall   | vs doit |")
+    print(f"|{'-' * 48}|--------|---------|--------|---------|")
+    for name, measured in times.items():
+        cpu = statistics.median(c for c, _ in measured)
+        wall = statistics.median(w for _, w in measured)
+        print(f"| {name:<46} | {cpu:6.3f} | {cpu / base:6.2f}x | {wall:6.3f} | "
+              f"{wall / base_wall:6.2f}x |")
 
 
 if __name__ == "__main__":

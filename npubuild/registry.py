@@ -6,6 +6,7 @@ group given to the registry (for example ``npubuild.surgery``). A name can be re
 
 from __future__ import annotations
 
+from functools import cache
 from importlib.metadata import entry_points
 from typing import Generic, Iterator, TypeVar
 
@@ -32,7 +33,7 @@ class Registry(Generic[T]):
         if self._plugins_loaded or not self.entry_point_group:
             return
         self._plugins_loaded = True
-        for ep in entry_points(group=self.entry_point_group):
+        for ep in _installed_entry_points().select(group=self.entry_point_group):
             ep.load()
 
     def __getitem__(self, name: str) -> T:
@@ -52,3 +53,10 @@ class Registry(Generic[T]):
 
     def items(self):
         return self._items.items()
+
+
+@cache
+def _installed_entry_points():
+    """Every installed package's entry points, read once per process: each query reads every
+    distribution's metadata (a few hundred packages where TensorFlow is installed)."""
+    return entry_points()

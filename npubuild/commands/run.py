@@ -4,6 +4,7 @@ matrix of variants (``-S`` with several values of a key, ``--target``, ``targets
 from __future__ import annotations
 
 import json
+import sys
 
 from npubuild.commands import output
 from npubuild.commands.output import EXIT_OK
@@ -39,10 +40,21 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from npubuild.engine import noop
+
+    if noop.replay(args):  # nothing changed since the last no-op run of this very command
+        return EXIT_OK
+    with noop.recording(args) as recorded:
+        return _run(args, recorded)
+
+
+def _run(args, recorded) -> int:
     from npubuild import facade
     from npubuild.distributed import resolve_scheduler
+    from npubuild.engine.paths import BuildPaths
     from npubuild.matrix import chip_variants, combine
     from npubuild.recipe.overrides import variants as set_variants
+    from npubuild.stages import upto
 
     out = output.console(args)
     recipe = facade.load(args.recipe)
@@ -68,9 +80,11 @@ def run(args) -> int:
         raise result.error
     if args.json:
         print(json.dumps(result.report, indent=2))
-        return EXIT_OK
-    output.print_progress_summary(out, result)
-    output.print_headline(args, result)
+    else:
+        output.print_progress_summary(out, result)
+        output.print_headline(args, result)
+    sys.stdout.flush()
+    recorded.stamp(recipe.loaded, BuildPaths(result.build_dir), result.stages, upto(args.stage))
     return EXIT_OK
 
 

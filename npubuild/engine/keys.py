@@ -149,7 +149,7 @@ def key_parts(stage: "Stage", loaded: "LoadedRecipe", upstream: dict[str, dict |
               hashes: HashCache, chip_digest: str | None, version: str, code: str) -> KeyParts:
     """The parts of ``stage``'s key; ``upstream`` maps each needed stage to its manifest;
     ``code`` is the digest of npubuild's code (`npubuild.engine.code.code_digest`)."""
-    data = loaded.recipe.model_dump(mode="json")
+    data = loaded.dumped
     return KeyParts(
         stage=stage.name, version=version, code=code,
         sections={s: sha256_data(section_value(data, s)) for s in stage.sections},

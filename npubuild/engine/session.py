@@ -381,10 +381,13 @@ class BuildSession:
                 status = "skipped" if blocked or self.error else "not built"
             blocked = blocked or not stage.implemented
             self._record(StageResult(stage.name, status))
-        report = self.report(PIPELINE)
+        report, lock = self.report(PIPELINE), self.lock_data()
         self.paths.root.mkdir(parents=True, exist_ok=True)
+        if (read_manifest(self.paths.report) == report and read_manifest(self.paths.recipe_lock)
+                == lock and self.paths.report_html.is_file()):
+            return report  # a no-op run: report.json, recipe.lock and report.html stand
         write_json(self.paths.report, report)
-        write_json(self.paths.recipe_lock, self.lock_data())
+        write_json(self.paths.recipe_lock, lock)
         self.write_html()
         return report
 

@@ -66,10 +66,21 @@ class LoadedRecipe:
             raise self.error(exc.message, *field_path, hint=exc.hint) from None
 
     def resolve_glob(self, specs: str | list[str], *field_path: str | int) -> list[Path]:
-        try:
-            return paths.resolve_glob(specs, self.base_dir)
-        except UserError as exc:
-            raise self.error(exc.message, *field_path, hint=exc.hint) from None
+        """The files a data spec matches, globbed once per run (every stage key of a no-op
+        run asks again)."""
+        memo = self.__dict__.setdefault("_globbed", {})
+        key = (specs if isinstance(specs, str) else tuple(specs), field_path)
+        if key not in memo:
+            try:
+                memo[key] = paths.resolve_glob(specs, self.base_dir)
+            except UserError as exc:
+                raise self.error(exc.message, *field_path, hint=exc.hint) from None
+        return list(memo[key])
+
+    @cached_property
+    def dumped(self) -> dict:
+        """The recipe as JSON data (what stage keys hash, section by section)."""
+        return self.recipe.model_dump(mode="json")
 
     def spelled(self, path: Path) -> str:
         """A file this recipe reads, named as on any machine (`paths.spelled`)."""

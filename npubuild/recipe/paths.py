@@ -15,6 +15,7 @@ import re
 import site
 import sys
 import sysconfig
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
 from npubuild.errors import UserError
@@ -24,8 +25,10 @@ TOP_LEVEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_SPEC = 1024
 
 
+@lru_cache(maxsize=None)
 def package_dir(package: str) -> Path:
-    """The folder of an installed top-level package, without importing it."""
+    """The folder of an installed top-level package, without importing it (looked up once
+    per process)."""
     if not TOP_LEVEL_NAME.match(package):
         raise UserError(f"{package[:80]!r} is not a top-level package name (pkg:<package>/<path>; "
                         "no dots: a submodule's folder is a path inside its package)")
