@@ -283,7 +283,7 @@ def requantize(acc, multiplier, shift, zero_point: int, qmin: int, qmax: int,
     if bound >= 2.0**62:
         raise OverflowError("requantize: acc · multiplier leaves int64 (the multiplier width "
                             "must follow the accumulator bound, see multiplier_bits)")
-    if bound < FLOAT64_EXACT and (shift.size == 0 or int(shift.min()) >= 0):
+    if bound < FLOAT64_ROUNDING_BOUND and (shift.size == 0 or int(shift.min()) >= 0):
         y = _rounded_in_float64(acc, multiplier, shift, zero_point, rounding)
     else:
         y = rounding_shift(acc.astype(np.int64) * multiplier, shift, rounding)
@@ -291,7 +291,7 @@ def requantize(acc, multiplier, shift, zero_point: int, qmin: int, qmax: int,
     return np.clip(y, qmin, qmax, out=y).astype(DTYPES[dtype])
 
 
-FLOAT64_EXACT = 2.0 ** 52  # |acc · M| below this: every step of the float64 rounding is exact
+FLOAT64_ROUNDING_BOUND = 2.0 ** 52  # |acc · M| below it, every float64 rounding step is exact
 
 
 def _rounded_in_float64(acc: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,

@@ -20,6 +20,16 @@ def digests(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file() and p.parent != root}
 
 
+def no_sample_in_the_driver(monkeypatch) -> None:
+    """Fail any verify sample run in this process (the workers are other processes)."""
+    from npubuild.verify.samples import SampleRun
+
+    def no_sample_here(self, feeds):
+        raise AssertionError("a verify sample ran in the driver, not on a worker")
+
+    monkeypatch.setattr(SampleRun, "__call__", no_sample_here)
+
+
 def test_matrix_cells_on_a_local_dask_cluster_equal_the_in_process_build(tiny_recipe, tmp_path):
     loaded = load_recipe(tiny_recipe)
     targets = ["npu-16m", "npu-tiny"]
@@ -100,7 +110,6 @@ def test_verify_samples_on_dask_give_byte_identical_verify_artifacts(tmp_path, m
     import shutil
 
     from npubuild import api
-    from npubuild.verify.samples import SampleRun
     from tests.conftest import TINY_RECIPE, write_recipe
 
     recipe = write_recipe(tmp_path, TINY_RECIPE + 'verify: {data: "pkg:skimage/data/*.png", '
@@ -110,10 +119,7 @@ def test_verify_samples_on_dask_give_byte_identical_verify_artifacts(tmp_path, m
     shutil.copytree(tmp_path / "cs", tmp_path / "cd")  # the upstream stages, restored below
     api.build(serial)
 
-    def no_sample_here(self, feeds):
-        raise AssertionError("a verify sample ran in the driver, not on a worker")
-
-    monkeypatch.setattr(SampleRun, "__call__", no_sample_here)
+    no_sample_in_the_driver(monkeypatch)
     fanned = api.session_for(recipe, build_root=tmp_path / "d", cache=tmp_path / "cd",
                              scheduler="local:2")
     api.build(fanned)
@@ -147,12 +153,7 @@ def test_one_local_cluster_serves_calibration_and_verify_of_a_build(tmp_path, mo
     recipe = write_recipe(tmp_path, many + 'verify: {data: "pkg:skimage/data/*.png", samples: 12}\n')
     serial = api.session_for(recipe, build_root=tmp_path / "s", cache=tmp_path / "cs")
     api.build(serial)
-    from npubuild.verify.samples import SampleRun
-
-    def no_sample_here(self, feeds):
-        raise AssertionError("a verify sample ran in the driver, not on a worker")
-
-    monkeypatch.setattr(SampleRun, "__call__", no_sample_here)
+    no_sample_in_the_driver(monkeypatch)
     fanned = api.session_for(recipe, build_root=tmp_path / "d", cache=tmp_path / "cd",
                              scheduler="local:2")
     api.build(fanned)
