@@ -51,6 +51,10 @@ class Backend:
     toolchain: str | None = None
     #: What the deployed NPU graphs run in during verify (the report says it).
     runs_in: str = ""
+    #: Whether npubuild's own compiler places every NPU layer in the chip's LMEM, so split asks
+    #: it whether a node fits even alone (a vendor compiler tiles for itself: its chip file's
+    #: memory figures only feed npubuild's estimate).
+    plans_lmem: bool = False
 
     def compile(self, ctx: StageContext) -> dict:
         """NPU submodels → artifacts under ``ctx.out``; returns the report fragment."""

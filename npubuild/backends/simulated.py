@@ -12,6 +12,7 @@ class Simulated(Backend):
     name = SIMULATED
     description = "npubuild's own compiler and bit-exact simulator (no silicon behind it)"
     runs_in = "npubuild's simulator"
+    plans_lmem = True
 
     def compile(self, ctx) -> dict:
         from npubuild.stages.compile import compile_simulated

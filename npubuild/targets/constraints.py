@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 import numpy as np
 import onnx
 
+from npubuild import backends
 from npubuild.fusions import FUSED_DOMAIN
 from npubuild.targets.model import Chip, OpSupport
 from npubuild.targets.view import NodeView, is_static, show_shape
@@ -454,7 +455,7 @@ def node_reasons(view: NodeView, chip: Chip) -> list[str]:
                and (detail := c.check(view, spec)) is not None]
     if fused and not reasons:
         reasons += _body_reasons(view, chip)
-    elif not reasons:
+    elif not reasons and backends.of(chip).plans_lmem:
         from npubuild.targets.fit import lmem_reasons
 
         reasons += lmem_reasons(view, chip)

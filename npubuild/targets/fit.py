@@ -1,8 +1,9 @@
 """Whether a node fits the chip's local memory even alone: the compiler's own answer.
 
-The split stage places a node on the NPU only when compile can run it. Besides the op table,
-that means the layer fits LMEM in a group of its own under some slicing (N, H, and for one layer
-C); `npubuild.npu.layer_group.fits_alone` answers with the very search compile runs, on the
+The split stage places a node on the NPU only when compile can run it. On a chip npubuild's own
+compiler builds for (`Backend.plans_lmem`; a vendor compiler tiles for itself), besides the op
+table, that means the layer fits LMEM in a group of its own under some slicing (N, H, and for
+one layer C); `npubuild.npu.layer_group.fits_alone` answers with the very search compile runs, on the
 layer as `npubuild.npu.from_onnx` sees the float node: int8 activations, and a conv's weights
 as compile stores them (int8 weights per output channel plus its bias, multiplier and shift).
 A layer that quantize later widens to int16 may still miss LMEM in compile, which

@@ -113,3 +113,12 @@ def test_what_split_places_on_the_npu_compile_compiles():
     assert reasons_of(model, TINY) == []
     (layer,) = layers_from_onnx(model).layers
     assert fits_alone(layer, TINY) is None
+
+
+def test_a_vendor_chip_tiles_for_itself_so_lmem_never_sends_a_node_to_the_cpu():
+    """The same too-wide conv on rk3588 and ethos-u65-256: their compilers tile it (their chip
+    files' LMEM only feeds npubuild's estimate), so split leaves it on the NPU."""
+    net = Net()
+    model = net.model([net.conv(net.input("x", [1, 8, 4, 70000]), 8, 8, k=1, name="n")])
+    for chip in ("rk3588", "ethos-u65-256"):
+        assert not any("local memory" in r for r in reasons_of(model, chip)), chip
