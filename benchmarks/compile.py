@@ -24,7 +24,6 @@ import json
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,14 +32,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from npubuild import api  # noqa: E402
-from npubuild.quant.qgraph import QGraph  # noqa: E402
-from npubuild.quant.reference import run_reference  # noqa: E402
-from npubuild.recipe import load_recipe  # noqa: E402
-from npubuild.runtime.simulator import Simulator  # noqa: E402
-from npubuild.stages import StageContext  # noqa: E402
-from npubuild.stages import compile as compile_stage  # noqa: E402
-from npubuild.targets import preset_names  # noqa: E402
+from benchmarks.builds import add_build_options, build_roots
+from npubuild import api
+from npubuild.quant.qgraph import QGraph
+from npubuild.quant.reference import run_reference
+from npubuild.recipe import load_recipe
+from npubuild.runtime.simulator import Simulator
+from npubuild.stages import StageContext
+from npubuild.stages import compile as compile_stage
+from npubuild.targets import preset_names
 
 RECIPES = ("recipes/yolov8.yaml", "recipes/zoo/yolov8n-640.yaml", "recipes/mobilenetv2-tf.yaml")
 
@@ -126,12 +126,9 @@ def main() -> int:
     parser.add_argument("--recipes", nargs="+", type=Path, default=[REPO / r for r in RECIPES])
     parser.add_argument("--chips", nargs="+", default=["npu-16m"], choices=preset_names())
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--build-dir", type=Path, help="keep the builds here (default: temporary)")
-    parser.add_argument("--cache", type=Path)
+    add_build_options(parser)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = args.build_dir or Path(tmp) / "build"
-        cache = args.cache or Path(tmp) / "cache"
+    with build_roots(args) as (root, cache):
         rows = []
         for recipe in args.recipes:
             for chip in args.chips:

@@ -26,11 +26,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks.builds import add_build_options, build_roots
 
 MODELS_DIR = REPO / "models" / "keras_zoo"
 ZOO_SIZE = 96
@@ -90,9 +91,9 @@ def write_mobilenetv2(path: Path, size: int = 224) -> None:
     sys.path.insert(0, str(REPO / "scripts"))
     import make_keras_zoo as zoo
     import numpy as np
+    import skimage
     import tensorflow as tf
     from PIL import Image
-    import skimage
 
     data = Path(skimage.__file__).parent / "data"
     images = np.stack([np.asarray(Image.open(data / name).convert("RGB").resize(
@@ -132,7 +133,7 @@ def run_npubuild(name: str, model: Path, chip: str, size: int, root: Path, cache
     recipe = root / f"{name}@{chip}.yaml"
     recipe.write_text(RECIPE.format(name=name, path=model, input=input_name(model), size=size,
                                     chip=chip, photos=photos))
-    session = api.session_for(load_recipe(recipe), build_root=root / "build", cache=cache)
+    session = api.session_for(load_recipe(recipe), build_root=root, cache=cache)
     api.build(session, "quantize")
     est = quantized_estimate(session.paths.stage_dir("quantize"), session.loaded.chip())
     return {"cycles": est["cycles"], "fps": est["fps"], "offchip_bytes": est["offchip_bytes"],
@@ -168,18 +169,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vela", default="vela", help="the vela executable (its own venv)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument("--build-dir", type=Path, help="keep the builds here (default: temporary)")
-    parser.add_argument("--cache", type=Path)
+    add_build_options(parser)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--write-mobilenetv2", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.write_mobilenetv2:
         write_mobilenetv2(args.write_mobilenetv2)
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        root = (args.build_dir or Path(tmp)).resolve()
+    with build_roots(args) as (root, cache):
+        root = root.resolve()
         root.mkdir(parents=True, exist_ok=True)
-        cache = args.cache or root / "cache"
         rows = [row for name in args.models for row in rows_for(name, args.vela, root, cache)]
     print_table(rows)
     if args.json:

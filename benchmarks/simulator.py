@@ -20,12 +20,13 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks.builds import add_build_options, build_roots
 
 RECIPES = ("recipes/yolov8.yaml", "recipes/zoo/yolov8n-640.yaml",
            "recipes/zoo/light-resnet50.yaml", "recipes/zoo/ppocr-v4-det.yaml")
@@ -66,14 +67,14 @@ def measure(recipe: Path, root: Path, cache: Path, runs: int) -> dict:
     feeds = first_sample(loaded, build_dir)
     session = onnx_io.session(build_dir / "import" / "model.onnx")
     deployed = Runner(build_dir / "split", backends={"npu": simulator_backend(build_dir)})
-    float_run = lambda: session.run(None, feeds)  # noqa: E731
-    deployed_run = lambda: deployed.run(feeds)  # noqa: E731
+    float_run = lambda: session.run(None, feeds)
+    deployed_run = lambda: deployed.run(feeds)
     float_run(), deployed_run()  # warm: sessions, simulators, first-touch of LMEM pages
     floats, sims = [], []
     for _ in range(runs):
         floats.append(clocked(float_run))
         sims.append(clocked(deployed_run))
-    med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
+    med = lambda xs, i: statistics.median(x[i] for x in xs)
     graphs = report["compile"]["graphs"]
     return {"recipe": str(recipe.relative_to(REPO)) if recipe.is_relative_to(REPO) else str(recipe),
             "npu_graphs": len(graphs), "groups": sum(g["groups"] for g in graphs.values()),
@@ -101,13 +102,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", type=Path, default=[REPO / r for r in RECIPES])
     parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--build-dir", type=Path, help="keep the builds here (default: temporary)")
-    parser.add_argument("--cache", type=Path, help="content cache (default: temporary)")
+    add_build_options(parser)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = args.build_dir or Path(tmp) / "build"
-        cache = args.cache or Path(tmp) / "cache"
+    with build_roots(args) as (root, cache):
         rows = []
         for recipe in args.recipes:
             rows.append(measure(recipe.resolve(), root, cache, args.runs))

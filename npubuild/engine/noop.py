@@ -35,9 +35,9 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from npubuild.engine.hashing import stat_key
 
@@ -172,12 +172,11 @@ def recording(args) -> Iterator[Recording]:
 
 def _stats(loaded, build) -> dict[str, list | None] | None:
     """Stat keys of everything the up-to-date check read; None when it cannot be stamped."""
+    import npubuild
     from npubuild.engine.code import code_files
     from npubuild.engine.keys import read_manifest
     from npubuild.stages import PIPELINE
     from npubuild.targets import chip_file
-
-    import npubuild
 
     toolchain = _toolchain_files(loaded)
     if toolchain is None:
@@ -193,7 +192,7 @@ def _stats(loaded, build) -> dict[str, list | None] | None:
         manifest = read_manifest(manifest_path)
         if manifest:
             paths += [build.stage_dir(stage.name) / rel for rel in manifest["files"]]
-    for (specs, _field), _matches in loaded.__dict__.get("_globbed", {}).items():
+    for specs, _field in loaded.__dict__.get("_globbed", {}):
         for spec in [specs] if isinstance(specs, str) else specs:
             if "**" in spec:
                 return None

@@ -166,7 +166,7 @@ class Chip(Strict):
         return name
 
     @model_validator(mode="after")
-    def _mac_array_matches_peak(self) -> "Chip":
+    def _mac_array_matches_peak(self) -> Chip:
         if self.mac_array is not None:
             peak = self.lanes * self.macs_per_cycle_per_lane
             if self.mac_array.peak_macs_per_cycle != peak:

@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.conftest import TINY_RECIPE, run_cli, write_recipe
+from tests.conftest import TINY_RECIPE, write_recipe
 
 PROBE = ("import sys, runpy; sys.argv = ['npubuild', *sys.argv[1:]]\n"
          "try:\n    runpy.run_module('npubuild', run_name='__main__')\n"
@@ -24,7 +24,7 @@ def run(tmp: Path, recipe: Path, *extra: str, env: dict | None = None):
 
     proc = subprocess.run([sys.executable, "-c", PROBE, "run", str(recipe), "import", "--build-dir",
                            str(tmp / "build"), "--cache", str(tmp / "cache"), *extra], cwd=tmp,
-                          capture_output=True, text=True,
+                          capture_output=True, text=True, check=False,
                           env={**os.environ, "TERM": "dumb", **(env or {})})
     assert proc.returncode == 0, proc.stderr
     fast = proc.stderr.strip().endswith("FAST")
