@@ -9,16 +9,16 @@ into text or a Markdown pull-request comment.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from npubuild.engine.session import BuildSession
-from npubuild.engine.keys import read_manifest, section_value
 from npubuild.diff.changes import Change, changes
-from npubuild.diff.figures import compare, figures, merged_report, with_measurements
-from npubuild.recipe import LoadedRecipe
-from npubuild.stages import PIPELINE
 
-SessionFor = Callable[[LoadedRecipe, str], BuildSession]  # (recipe, side "a" or "b")
+if TYPE_CHECKING:  # the engine and the figures load in the functions: `npubuild diff --fail-on`
+    # reads FAIL_ON while the CLI builds its parser, on every command's start (the no-op too)
+    from npubuild.engine.session import BuildSession
+    from npubuild.recipe import LoadedRecipe
+
+SessionFor = Callable[["LoadedRecipe", str], "BuildSession"]  # (recipe, side "a" or "b")
 FAIL_ON = ("regression", "fail")
 
 
@@ -49,6 +49,9 @@ def diff_recipes(a: LoadedRecipe, b: LoadedRecipe, session_for: SessionFor,
 def stage_diffs(a: BuildSession, b: BuildSession, data_a: dict, data_b: dict) -> list[StageDiff]:
     """Per stage: same key on both sides, or why not (field changes in its own sections, the
     chip, its input files or upstream artifacts, npubuild's version)."""
+    from npubuild.engine.keys import section_value
+    from npubuild.stages import PIPELINE
+
     expected_a, expected_b = a.expected(), b.expected()
     out, differing = [], set()
     for stage in PIPELINE:
@@ -88,6 +91,8 @@ def chip_figures(a: LoadedRecipe, b: LoadedRecipe, session_for: SessionFor,
                  primary: tuple[BuildSession, BuildSession]) -> list[dict]:
     """Per chip pair (`chip_pairs`): the state and figures of both sides on one table, the
     verdicts and b's (and a's) failure messages."""
+    from npubuild.diff.figures import compare
+
     out = []
     for chip_a, chip_b in chip_pairs(chips_of(a), chips_of(b)):
         side_a = _side(a, chip_a, "a", session_for, primary[0])
@@ -122,6 +127,9 @@ def _side(loaded: LoadedRecipe, chip: str | None, side: str, session_for: Sessio
           primary: BuildSession) -> dict:
     """One side on one chip: ``state`` is ``built`` (every stage built or in a cache),
     ``partly built``, ``not built`` or ``not a target``; its figures, verdict and failures."""
+    from npubuild.diff.figures import figures, merged_report, with_measurements
+    from npubuild.engine.keys import read_manifest
+
     if chip is None:
         return {"state": "not a target", "figures": [], "verdict": None, "failures": []}
     session = primary if not loaded.recipe.targets else session_for(loaded.for_target(chip), side)

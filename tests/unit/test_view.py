@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from npubuild.commands.view import netron_page, serve_model
+from npubuild.model_viewer import netron_page, serve_model
 from tests.conftest import REPO
 
 NETRON = netron_page()
