@@ -14,15 +14,20 @@ from tests.conftest import TINY_RECIPE, write_recipe
 PROBE = ("import sys, runpy; sys.argv = ['npubuild', *sys.argv[1:]]\n"
          "try:\n    runpy.run_module('npubuild', run_name='__main__')\n"
          "except SystemExit as exc:\n    code = exc.code\n"
-         "print('RECIPE MODEL LOADED' if 'npubuild.recipe.model' in sys.modules else 'FAST',"
-         " file=sys.stderr)\nsys.exit(code)\n")
+         "heavy = {m.split('.')[0] for m in sys.modules} & set(HEAVY)\n"
+         "print(f'LOADED {sorted(heavy)}' if heavy or 'npubuild.recipe.model' in sys.modules"
+         " else 'FAST', file=sys.stderr)\nsys.exit(code)\n")
+#: What a replay never imports: the recipe model's libraries, the stages', the CLI's printing
+#: and the servers of other commands (the parser of every command is built on each start).
+HEAVY = {"numpy", "pydantic", "onnx", "yaml", "rich", "doit", "http", "webbrowser"}
 
 
 def run(tmp: Path, recipe: Path, *extra: str, env: dict | None = None):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", PROBE, "run", str(recipe), "import", "--build-dir",
+    probe = f"HEAVY = {sorted(HEAVY)!r}\n" + PROBE
+    proc = subprocess.run([sys.executable, "-c", probe, "run", str(recipe), "import", "--build-dir",
                            str(tmp / "build"), "--cache", str(tmp / "cache"), *extra], cwd=tmp,
                           capture_output=True, text=True, check=False,
                           env={**os.environ, "TERM": "dumb", **(env or {})})
