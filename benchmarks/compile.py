@@ -34,13 +34,14 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.builds import add_build_options, build_roots
 from npubuild import api
+from npubuild.backends import SIMULATED
 from npubuild.quant.qgraph import QGraph
 from npubuild.quant.reference import run_reference
 from npubuild.recipe import load_recipe
 from npubuild.runtime.simulator import Simulator
 from npubuild.stages import StageContext
 from npubuild.stages import compile as compile_stage
-from npubuild.targets import preset_names
+from npubuild.targets import load_chip, preset_names
 
 RECIPES = ("recipes/yolov8.yaml", "recipes/zoo/yolov8n-640.yaml", "recipes/mobilenetv2-tf.yaml")
 
@@ -124,7 +125,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--recipes", nargs="+", type=Path, default=[REPO / r for r in RECIPES])
-    parser.add_argument("--chips", nargs="+", default=["npu-16m"], choices=preset_names())
+    simulated = [c for c in preset_names() if load_chip(c).backend == SIMULATED]  # npubuild's compiler
+    parser.add_argument("--chips", nargs="+", default=["npu-16m"], choices=simulated)
     parser.add_argument("--json", type=Path)
     add_build_options(parser)
     args = parser.parse_args()
