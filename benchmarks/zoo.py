@@ -54,6 +54,57 @@ def zoo_recipes(patterns: list[str] | None) -> list[Path]:
     return [p for p in found if any(fnmatch.fnmatch(p.stem, pat) for pat in patterns)]
 
 
+# What a user writes in `quantization:` from the README: the calibration data, nothing tuned.
+WRITTEN_QUANTIZATION = ("data", "samples")
+WRITTEN_MIN_COSINE = 0.99
+WRITTEN_SUFFIX = ".written"
+
+
+def as_written(recipe: Path, out_dir: Path) -> Path:
+    """A copy of ``recipe`` as a user would write it from the README, in ``out_dir``: the
+    model, its inputs, surgery, fusion, split, the chip, calibration and verify data, verify's
+    task check, and `min_cosine: 0.99`; no per-model quantization setting (scheme,
+    granularity, method, overrides, auto, int16_where_underflows, compare_samples ...) and no
+    lowered bar (`min_sample_cosine`). Relative paths become absolute, so the copy reads the
+    same files; its name gets ``.written`` (its own build directory)."""
+    import yaml
+
+    data = yaml.safe_load(recipe.read_text())
+    base = recipe.resolve().parent
+    calibration = (data.get("quantization") or {}).get("calibration") or {}
+    data["quantization"] = {"calibration": {k: calibration[k] for k in WRITTEN_QUANTIZATION
+                                            if k in calibration}}
+    verify = data.setdefault("verify", {})
+    verify["min_cosine"] = WRITTEN_MIN_COSINE
+    verify.pop("min_sample_cosine", None)
+    data["name"] = f"{data['name']}{WRITTEN_SUFFIX}"
+    model = data["model"]
+    model["path"] = _absolute(model["path"], base)
+    for spec in model.get("inputs") or []:
+        if (spec.get("proof") or {}).get("data"):
+            spec["proof"]["data"] = _absolute(spec["proof"]["data"], base)
+    for section in (data["quantization"]["calibration"], verify):
+        if section.get("data"):
+            section["data"] = _absolute(section["data"], base)
+    for key in ("target",):
+        if str(data.get(key, "")).endswith((".yaml", ".yml")):
+            data[key] = _absolute(data[key], base)
+    out = Path(out_dir) / f"{recipe.stem}{WRITTEN_SUFFIX}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# derived from {recipe.name} by benchmarks/zoo.py (as a user writes it)\n"
+                   + yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def _absolute(spec, base: Path):
+    """A recipe path (or list of them) made absolute; ``pkg:`` paths stay as they are."""
+    if isinstance(spec, list):
+        return [_absolute(s, base) for s in spec]
+    if spec.startswith("pkg:") or Path(spec).is_absolute():
+        return spec
+    return str(base / spec)
+
+
 def run_generators() -> None:
     for script in GENERATORS:
         if script.exists():

@@ -14,15 +14,17 @@ from npubuild.quant.floatgraph import FloatGraph, Probe
 class Observer:
     """Statistics of every activation tensor of one float graph, updated sample by sample."""
 
-    def __init__(self, fg: FloatGraph, probe: Probe, method: str, *, every_tensor: bool = False):
+    def __init__(self, fg: FloatGraph, probe: Probe, method: str, *, every_tensor: bool = False,
+                 histograms: bool = False):
         """``every_tensor``: observe every node output, not only the layers' tensors (so a
-        lowering with other float overrides finds its statistics too)."""
+        lowering with other float overrides finds its statistics too); ``histograms``: keep
+        every tensor's histogram whatever ``method`` needs (methods chosen per tensor later)."""
         self.fg, self.probe = fg, probe
         self.tensors = fg.activation_tensors()
         if every_tensor:
             extra = [n for n in probe.output_names if n not in fg.constants]
             self.tensors += [n for n in extra if n not in set(self.tensors)]
-        histogram = method in NEEDS_HISTOGRAM
+        histogram = histograms or method in NEEDS_HISTOGRAM
         self.stats = {t: TensorStats(with_histogram=histogram) for t in self.tensors}
         for t in fg.outputs:  # per-channel ranges of what leaves the graph (dead channels)
             if t in self.stats and len(fg.shapes.get(t, [])) >= 2:
@@ -35,11 +37,12 @@ class Observer:
                 self.stats[layer.inputs[0]].with_histogram = True
         self._computed = [t for t in self.tensors if t not in fg.inputs]
         self.samples = 0
-        self._method, self._every_tensor = method, every_tensor
+        self._method, self._every_tensor, self._histograms = method, every_tensor, histograms
 
     def empty_like(self) -> "Observer":
         """A new observer of the same graph and tensors, with nothing observed yet."""
-        return Observer(self.fg, self.probe, self._method, every_tensor=self._every_tensor)
+        return Observer(self.fg, self.probe, self._method, every_tensor=self._every_tensor,
+                        histograms=self._histograms)
 
     def merge(self, stats: Mapping[str, TensorStats], samples: int) -> None:
         """Add the statistics of ``samples`` later samples (e.g. one batch, from a worker)."""

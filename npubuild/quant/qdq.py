@@ -66,6 +66,23 @@ class _Builder:
         self.nodes.append(helper.make_node(op, list(inputs), list(outputs), **attrs))
         return outputs[0] if len(outputs) == 1 else outputs
 
+    def weight(self, key: str, layer: QLayer, arrange, scale: np.ndarray, axis: int) -> str:
+        """A conv layer's weights as the layer reads them (``arrange``: the layout its float op
+        takes), dequantized from int8 per channel along ``axis``."""
+        return _dq_weight(self, key, arrange(layer.arrays["weight"]), scale, axis)
+
+    def bias(self, key: str, layer: QLayer, scale: np.ndarray) -> str:
+        """A conv layer's int32 bias, dequantized at the accumulator's scale."""
+        count = layer.arrays["bias"].shape[0]
+        return self.node("DequantizeLinear", [self.const(f"{key}::b", layer.arrays["bias"]),
+                                              self.const(f"{key}::bs", scale),
+                                              self.const(f"{key}::bz", np.zeros(count, np.int32))],
+                         [f"{key}::bias"], axis=0)
+
+    def clamp(self, layer: QLayer) -> tuple[float, float] | None:
+        """The real bounds of a layer's folded Relu/Clip (None: its dtype's own range)."""
+        return _clamp(layer, self.qgraph)
+
     # ---- tensors ------------------------------------------------------------------------
 
     def qparams(self, t: str) -> tuple[str, str]:
@@ -135,12 +152,24 @@ def _tie(layer: QLayer, qg: QGraph, multipliers, shifts, shape=None):
 
 
 def _clamp(layer: QLayer, qg: QGraph):
+    sides = clamp_sides(layer, qg)
+    if sides == (None, None):
+        return None
+    t = qg.tensors[layer.outputs[0]]
+    qmin, qmax = schemes.qrange(t.dtype)
+    lo, hi = ((qmin - t.zero_point) * t.scale if sides[0] is None else sides[0],
+              (qmax - t.zero_point) * t.scale if sides[1] is None else sides[1])
+    return lo, hi
+
+
+def clamp_sides(layer: QLayer, qg: QGraph) -> tuple[float | None, float | None]:
+    """The real bound of each side a folded Relu/Clip narrows below the output's dtype range
+    (None for a side it does not): Relu's 0, Clip's ``lo``/``hi`` at the output's steps."""
     t = qg.tensors[layer.outputs[0]]
     qmin, qmax = schemes.qrange(t.dtype)
     lo, hi = layer.params.get("qmin", qmin), layer.params.get("qmax", qmax)
-    if (lo, hi) == (qmin, qmax):
-        return None
-    return (lo - t.zero_point) * t.scale, (hi - t.zero_point) * t.scale
+    return ((lo - t.zero_point) * t.scale if lo != qmin else None,
+            (hi - t.zero_point) * t.scale if hi != qmax else None)
 
 
 def _conv(b: _Builder, layer: QLayer, key: str):
@@ -150,31 +179,28 @@ def _conv(b: _Builder, layer: QLayer, key: str):
     w_scale = np.asarray(layer.params["weight_scale"], np.float32)
     s_x = qg.tensors[layer.inputs[0]].scale
     bias_scale = (s_x * w_scale.astype(np.float64)).astype(np.float32)
-    bias = b.node("DequantizeLinear", [b.const(f"{key}::b", layer.arrays["bias"]),
-                                       b.const(f"{key}::bs", bias_scale),
-                                       b.const(f"{key}::bz", np.zeros(w.shape[0], np.int32))],
-                  [f"{key}::bias"], axis=0)
+    bias = b.bias(key, layer, bias_scale)
     cout = w.shape[0]
     if a.get("fc"):
         rank = len(qg.tensors[layer.inputs[0]].shape)
-        w2 = w.reshape(cout, -1)
         if rank == 2:
-            wf = _dq_weight(b, key, w2, w_scale, 0)
+            wf = b.weight(key, layer, lambda v: v.reshape(cout, -1), w_scale, 0)
             y = b.node("Gemm", [x, wf, bias], [f"{key}::y"], transB=1)
         else:
-            wf = _dq_weight(b, key, np.ascontiguousarray(w2.T), w_scale, 1)
+            wf = b.weight(key, layer, lambda v: np.ascontiguousarray(v.reshape(cout, -1).T),
+                          w_scale, 1)
             mm = b.node("MatMul", [x, wf], [f"{key}::mm"])
             y = b.node("Add", [mm, bias], [f"{key}::y"])
         tie_shape = None
     else:
-        wf = _dq_weight(b, key, w, w_scale, 0)
+        wf = b.weight(key, layer, lambda v: v, w_scale, 0)
         top, bottom, left, right = a["pads"]
         y = b.node("Conv", [x, wf, bias], [f"{key}::y"], kernel_shape=a["kernel"],
                    strides=a["stride"], dilations=a["dilation"], group=a["group"],
                    pads=[top, left, bottom, right])
         tie_shape = (1, cout, 1, 1)
     nudge = _tie(layer, qg, layer.arrays["multiplier"], layer.arrays["shift"], tie_shape or (cout,))
-    b.write(layer.outputs[0], y, nudge, _clamp(layer, qg))
+    b.write(layer.outputs[0], y, nudge, b.clamp(layer))
 
 
 def _dq_weight(b: _Builder, key: str, w: np.ndarray, scale: np.ndarray, axis: int) -> str:
@@ -188,14 +214,14 @@ def _add(b: _Builder, layer: QLayer, key: str):
     op = "Sub" if p.get("sub") else "Add"
     y = b.node(op, [b.read(t) for t in layer.inputs], [f"{key}::y"])
     b.write(layer.outputs[0], y, _tie(layer, b.qgraph, p["multipliers"], p["shift"]),
-            _clamp(layer, b.qgraph))
+            b.clamp(layer))
 
 
 def _mul(b: _Builder, layer: QLayer, key: str):
     p = layer.params
     y = b.node("Mul", [b.read(t) for t in layer.inputs], [f"{key}::y"])
     b.write(layer.outputs[0], y, _tie(layer, b.qgraph, p["multiplier"], p["shift"]),
-            _clamp(layer, b.qgraph))
+            b.clamp(layer))
 
 
 def _rescale(b: _Builder, layer: QLayer, key: str):
@@ -203,14 +229,14 @@ def _rescale(b: _Builder, layer: QLayer, key: str):
     y = b.node("Mul", [b.read(layer.inputs[0]),
                        b.const(f"{key}::k", np.float32(layer.attrs["factor"]))], [f"{key}::y"])
     b.write(layer.outputs[0], y, _tie(layer, b.qgraph, p["multiplier"], p["shift"]),
-            _clamp(layer, b.qgraph))
+            b.clamp(layer))
 
 
 def _concat(b: _Builder, layer: QLayer, key: str):
     p = layer.params
     y = b.node("Concat", [b.read(t) for t in layer.inputs], [f"{key}::y"], axis=layer.attrs["axis"])
     nudge = _tie(layer, b.qgraph, p["multipliers"], p["shifts"])
-    b.write(layer.outputs[0], y, nudge, _clamp(layer, b.qgraph))
+    b.write(layer.outputs[0], y, nudge, b.clamp(layer))
 
 
 def _maxpool(b: _Builder, layer: QLayer, key: str):
@@ -235,7 +261,7 @@ def _avgpool(b: _Builder, layer: QLayer, key: str):
         y = b.node("AveragePool", [x], [f"{key}::y"], kernel_shape=a["kernel"],
                    strides=a["stride"], pads=[t, l, bo, r],
                    count_include_pad=a.get("count_include_pad", 0))
-    b.write(layer.outputs[0], y, _avgpool_tie(layer, b.qgraph), _clamp(layer, b.qgraph))
+    b.write(layer.outputs[0], y, _avgpool_tie(layer, b.qgraph), b.clamp(layer))
 
 
 def _avgpool_tie(layer: QLayer, qg: QGraph):
@@ -258,7 +284,7 @@ def _resize(b: _Builder, layer: QLayer, key: str):
     if a["mode"] == "nearest":
         b.write(layer.outputs[0], y)
         return
-    b.write(layer.outputs[0], y, _resize_tie(layer, b.qgraph), _clamp(layer, b.qgraph))
+    b.write(layer.outputs[0], y, _resize_tie(layer, b.qgraph), b.clamp(layer))
 
 
 def _resize_tie(layer: QLayer, qg: QGraph):

@@ -55,10 +55,15 @@ class QuantConfig:
     int16_tensors: frozenset[str] = frozenset()
     float_tensors: frozenset[str] = frozenset()
     int16_underflow: bool = False   # the chip has int16: tensors that underflow int8 use it
+    tensor_methods: tuple[tuple[str, str], ...] = ()  # (tensor, method) where not ``method``
 
     @property
     def per_channel(self) -> bool:
         return self.granularity == "per_channel"
+
+    def method_of(self, tensor: str) -> str:
+        """The calibration method of one tensor: its own where chosen, else ``method``."""
+        return dict(self.tensor_methods).get(tensor, self.method)
 
 
 @dataclass
@@ -90,15 +95,41 @@ class Quantizer:
     params: dict[str, QParams] = field(default_factory=dict)
     records: dict[str, TensorRecord] = field(default_factory=dict)
     const_values: dict[str, np.ndarray] = field(default_factory=dict)
+    # (tensor, method, scheme, dtype) -> calibrated range: the precision search asks for the
+    # same ranges under hundreds of choices (kl alone searches thresholds per tensor)
+    ranges: dict[tuple, tuple[float, float]] = field(default_factory=dict)
 
     def run(self, name: str) -> QGraph:
-        layers = [self._placed(layer) for layer in self.fg.layers]
-        dtypes = self._dtypes(layers)
-        self._choose_params(layers, dtypes)
+        layers = self._typed_layers()
         qlayers = [self._build(layer) for layer in layers]
         tensors = {t: self._qtensor(t) for t in self._tensor_names(layers)}
         return QGraph(name, self.config.scheme, self.config.granularity, list(self.fg.inputs),
                       list(self.fg.outputs), tensors, qlayers, dict(self.const_values))
+
+    def tensor_params(self) -> tuple[dict[str, QParams | None], set[str]]:
+        """Every activation's parameters under this configuration (None: it stays float) and
+        the layers it places on the CPU, without building a layer: what the precision search
+        feeds its fake-quant model."""
+        layers = self._typed_layers()
+        return ({t: self.params.get(t) for t in self._tensor_names(layers)
+                 if t not in self.fg.constants},
+                {layer.name for layer in layers if layer.kind == "float"})
+
+    def _typed_layers(self) -> list[FLayer]:
+        layers = [self._placed(layer) for layer in self.fg.layers]
+        self._choose_params(layers, self._dtypes(layers))
+        return layers
+
+    def calibrated(self, t: str, dtype: str = "int8") -> tuple[float, float]:
+        """``t``'s range for ``dtype``: graph outputs keep min/max, the others their method's."""
+        stats = self.stats.get(t) or calibrators.TensorStats()
+        method = "minmax" if t in self.fg.outputs else self.config.method_of(t)
+        key = (t, method, self.config.scheme, dtype, self.config.percentile)
+        if key not in self.ranges:
+            self.ranges[key] = calibrators.calibrated_range(
+                stats, method, self.config.scheme,
+                calibrators.CalibrationOptions(self.config.percentile, dtype))
+        return self.ranges[key]
 
     # ---- placement and types ----------------------------------------------------------
 
@@ -131,9 +162,7 @@ class Quantizer:
         stats = self.stats.get(t)
         if stats is None or not stats.count or stats.mean_abs == 0:
             return False
-        method = "minmax" if t in self.fg.outputs else self.config.method
-        lo, hi = calibrators.calibrated_range(
-            stats, method, self.config.scheme, calibrators.CalibrationOptions(self.config.percentile))
+        lo, hi = self.calibrated(t)
         step = schemes.choose_params(self.config.scheme, lo, hi, "int8").scale
         return stats.mean_abs < MIN_TYPICAL_STEPS * step or (
             t in self.fg.outputs and self._kills_channels(stats, step))
@@ -195,8 +224,7 @@ class Quantizer:
         centers = (np.arange(calibrators.HIST_BINS) - half + 0.5) * (stats.range / half)
         keep = stats.hist > 0
         x, weight = centers[keep].astype(np.float32), stats.hist[keep].astype(np.float64)
-        lo, hi = calibrators.calibrated_range(stats, self.config.method, self.config.scheme,
-                                              calibrators.CalibrationOptions(self.config.percentile))
+        lo, hi = self.calibrated(layer.inputs[0])
         p = schemes.choose_params(self.config.scheme, lo, hi, "int8")
         xq = schemes.dequantize(schemes.quantize(x, p.scale, p.zero_point, p.dtype), p.scale,
                                 p.zero_point)
@@ -226,11 +254,10 @@ class Quantizer:
             if dtype == "float32":
                 self.records[t] = TensorRecord(stats.as_dict(), None, None)
                 continue
-            options = calibrators.CalibrationOptions(cfg.percentile, dtype)
-            method = "minmax" if t in self.fg.outputs else cfg.method
-            lo, hi = calibrators.calibrated_range(stats, method, cfg.scheme, options)
+            lo, hi = self.calibrated(t, dtype)
             self.params[t] = schemes.choose_params(cfg.scheme, lo, hi, dtype)
-            source = "calibrated" if method == cfg.method else "graph output: min/max"
+            source = ("graph output: min/max" if t in self.fg.outputs else "calibrated"
+                      if cfg.method_of(t) == cfg.method else f"calibrated ({cfg.method_of(t)})")
             self.records[t] = TensorRecord(stats.as_dict(), (lo, hi), self.params[t], source)
         self._share_concat_params(layers)
         for layer in layers:

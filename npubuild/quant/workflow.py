@@ -51,6 +51,7 @@ class Options:
     overrides: tuple[OverrideSpec, ...] = ()
     chip_int16: bool = False
     equalize: bool = False   # cross-layer equalisation of conv pairs before calibration
+    histograms: bool = False  # keep every tensor's histogram (methods chosen per tensor later)
 
 
 @dataclass
@@ -115,13 +116,15 @@ class Workflow:
                             "honoured", field="quantization.overrides",
                             hint="use precision: float, or a chip with int16: true")
         self.states = [self._lowered(g) for g in pipeline.npu_graphs]
+        self.base_overrides = options.overrides
+        self._deployed: dict = {}
 
     def _lowered(self, graph: SubGraph) -> GraphState:
         _, float_nodes = _config_for(self.options, self.options.overrides, graph.model)
         fg, probe = lower(graph.model, float_nodes=float_nodes, equalize=self.options.equalize)
-        method = self.options.config.method
-        return GraphState(graph, fg, probe, calibrate.Observer(fg, probe, method, every_tensor=True),
-                          float_nodes)
+        observer = calibrate.Observer(fg, probe, self.options.config.method, every_tensor=True,
+                                      histograms=self.options.histograms)
+        return GraphState(graph, fg, probe, observer, float_nodes)
 
     # ---- calibration and quantization ---------------------------------------------------
 
@@ -156,6 +159,7 @@ class Workflow:
         return len(batch), [observer.stats for observer in observers]
 
     def quantize(self) -> None:
+        self._deployed = {}
         for state in self.states:
             state.qgraph, state.records = self._quantized(state, self.options.overrides)
             check.check_quantized(state.qgraph)
@@ -215,10 +219,30 @@ class Workflow:
 
     # ---- checks -------------------------------------------------------------------------
 
-    def evaluate(self, samples: Sequence[Mapping[str, np.ndarray]]) -> "Evaluation":
+    def deployed_values(self, samples: Sequence[Mapping[str, np.ndarray]],
+                        kept: Sequence[str]) -> list[dict[str, np.ndarray]]:
+        """Per sample, the ``kept`` tensors of the pipeline with every NPU graph run by the
+        integer reference (what the simulator computes bit for bit); computed once per
+        quantization (``quantize`` forgets them)."""
+        key = (tuple(kept), len(samples))
+        if self._deployed.get("key") != key:
+            runner = self.pipeline.quantized_runner(self.qgraphs())
+            wanted = set(kept)
+            values = []
+            for feeds in self.progress(samples, total=len(samples), description="judging"):
+                got = runner.run(dict(feeds), keep_intermediates=True)
+                values.append({k: v for k, v in got.items() if k in wanted})
+            self._deployed = {"key": key, "values": values}
+        return self._deployed["values"]
+
+    def evaluate(self, samples: Sequence[Mapping[str, np.ndarray]], kept: Sequence[str] = (),
+                 per_layer_samples: int | None = None) -> "Evaluation":
+        """Every NPU tensor against float and the integer reference against ONNX Runtime on
+        the first ``per_layer_samples`` samples; the pipeline's outputs on all of them."""
         ev = Evaluation({s.graph.index: check.TensorComparison(s.qgraph) for s in self.states},
                         {s.graph.index: check.CrossChecker(s.qgraph) for s in self.states})
-        for k, feeds in enumerate(self.progress(samples, total=len(samples),
+        first = list(samples)[:per_layer_samples]
+        for k, feeds in enumerate(self.progress(first, total=len(first),
                                                 description="per-layer comparison")):
             values = self.pipeline.float_values(feeds)
             for state in self.states:
@@ -229,43 +253,33 @@ class Workflow:
                 ev.tensors[state.graph.index].add(float_values, env)
                 if k < MAX_CROSSCHECK_SAMPLES:
                     ev.crosscheck[state.graph.index].add(env)
-            ev.add_outputs(values, self.run_quantized_pipeline(feeds, self.qgraphs()),
-                           self.pipeline.outputs)
+        deployed = self.deployed_values(samples, [*self.pipeline.outputs, *kept])
+        for feeds, got in zip(samples, deployed):
+            ev.add_outputs(self.pipeline.float_values(feeds), got, self.pipeline.outputs)
         return ev
 
-    def auto_precision(self, samples: Sequence[Mapping[str, np.ndarray]],
-                       target: AutoTarget) -> AutoResult:
-        """Search the fewest overrides reaching ``target`` (``AutoSearch``), adopt them and
-        quantize again."""
-        if target.precision == "int16" and not self.options.chip_int16:
-            raise UserError("the target chip has no int16 support, so auto cannot keep tensors "
-                            "in int16", field="quantization.auto.precision",
-                            hint="use precision: float, or a chip with int16: true")
-        search = AutoSearch(self, samples)
-        evaluation = Evaluation({s.graph.index: check.TensorComparison(s.qgraph) for s in self.states}, {})
-        for feeds, values in zip(search.samples, search.references):
-            for state in self.states:
-                inputs = {t: values[t] for t in state.fg.inputs}
-                float_values = {**state.probe.run(inputs), **inputs}
-                env = run_reference(state.qgraph, quantize_inputs(state.qgraph, inputs))
-                evaluation.tensors[state.graph.index].add(float_values, env)
-        result = search.run(target, self.options.overrides, evaluation)
-        self.options = replace(self.options, overrides=(*self.options.overrides, *result.chosen))
+    def adopt(self, overrides: Sequence[OverrideSpec], method: str | None = None,
+              tensor_methods: tuple[tuple[str, str], ...] = ()) -> None:
+        """Quantize again with ``overrides`` after the recipe's own, and calibration
+        ``method`` (per tensor where ``tensor_methods`` says): the search's choice."""
+        config = replace(self.options.config, method=method or self.options.config.method,
+                         tensor_methods=tuple(tensor_methods))
+        self.options = replace(self.options, config=config,
+                               overrides=(*self.base_overrides, *overrides))
         self.quantize()
-        return result
 
     def run_quantized_pipeline(self, feeds, qgraphs: Mapping[int, QGraph]) -> dict[str, np.ndarray]:
         return self.pipeline.quantized_outputs(feeds, qgraphs)
 
     def override_gains(self, samples: Sequence[Mapping[str, np.ndarray]],
                        with_all: Mapping[str, float]) -> list[dict]:
-        """Output cosine with every override against without each one in turn."""
+        """Output cosine with every override against without each of the recipe's in turn."""
         rows = []
-        matched = {ov: [] for ov in self.options.overrides}
+        matched = {ov: [] for ov in self.base_overrides}
         for state in self.states:
-            for ov in self.options.overrides:
+            for ov in self.base_overrides:
                 matched[ov] += resolve_overrides([ov], state.graph.model)[3]
-        for ov in self.options.overrides:
+        for ov in self.base_overrides:
             rest = [o for o in self.options.overrides if o is not ov]
             qgraphs = {s.graph.index: self._quantized(s, rest)[0] for s in self.states}
             without = Evaluation({}, {})
@@ -280,148 +294,6 @@ class Workflow:
                          "output_cosine_with": cos_with, "output_cosine_without": cos_without,
                          "cosine_gain": cos_with - cos_without})
         return rows
-
-
-@dataclass(frozen=True)
-class AutoTarget:
-    """``quantization.auto`` as the library sees it (None: no limit)."""
-
-    min_cosine: float
-    precision: str = "int16"
-    max_overrides: int | None = None
-    candidates: int | None = None
-
-
-@dataclass
-class AutoResult:
-    target: AutoTarget
-    before: float
-    after: float
-    chosen: list[OverrideSpec]
-    tried: list[dict]
-
-    @property
-    def reached(self) -> bool:
-        return self.after >= self.target.min_cosine
-
-    def as_dict(self) -> dict:
-        return {"min_cosine": self.target.min_cosine, "precision": self.target.precision,
-                "output_cosine_before": self.before, "output_cosine_after": self.after,
-                "reached": self.reached,
-                "overrides": [{"tensors": list(o.tensors), "precision": o.precision}
-                              for o in self.chosen],
-                "tried": self.tried}
-
-
-class AutoSearch:
-    """Mixed-precision search (as TPU-MLIR's qtable search): rank every NPU layer's output by
-    the cosine it loses over its inputs, find the shortest prefix of that ranking whose
-    overrides reach the target (a binary search, as if the prefixes' output cosine grew with
-    their length: it mostly does), then drop the overrides of the prefix the target does not
-    need, in blocks from the least sensitive (``_drop_unneeded``). Each step quantizes the
-    graphs again and runs the pipeline on the compare samples, so a search costs about
-    log2(candidates) + DROP_EVALUATIONS evaluations, not candidates × chosen. A deterministic
-    function of the calibration statistics and the compare samples, so the stage's cache key
-    covers it."""
-
-    def __init__(self, workflow: "Workflow", samples: Sequence[Mapping[str, np.ndarray]]):
-        self.workflow = workflow
-        self.samples = list(samples)
-        self.references = [workflow.pipeline.float_values(f) for f in workflow.progress(
-            self.samples, total=len(self.samples), description="precision search: float references")]
-        self.tried: list[dict] = []
-
-    def output_cosine(self, overrides: Sequence[OverrideSpec]) -> float:
-        """The cosine verify judges: per output, over all compare samples together and on
-        the worst (non-quiet) sample; the lowest of these over the outputs."""
-        wf = self.workflow
-        qgraphs = {s.graph.index: wf._quantized(s, overrides)[0] for s in wf.states}
-        ev = Evaluation({}, {})
-        label = (f"precision search: try {len(self.tried) + 1} ({len(overrides)} overrides"
-                 + (f", best so far {max(t['output_cosine'] for t in self.tried):.4f})"
-                    if self.tried else ")"))
-        for feeds, ref in wf.progress(list(zip(self.samples, self.references)),
-                                      total=len(self.samples), description=label):
-            ev.add_outputs(ref, wf.run_quantized_pipeline(feeds, qgraphs), wf.pipeline.outputs)
-        return ev.figure()
-
-    def ranked(self, evaluation: "Evaluation") -> list[str]:
-        """NPU tensors that a layer rounds, largest cosine drop over the layer first."""
-        rows = []
-        for state in self.workflow.states:
-            cos = {r["tensor"]: r["cosine"] for r in evaluation.tensors[state.graph.index].rows()}
-            for layer in state.qgraph.layers:
-                if layer.device != "npu" or layer.kind not in ROUNDING_KINDS:
-                    continue
-                ins = [cos[t] for t in layer.inputs if t in cos]
-                for t in layer.outputs:
-                    if t in cos:
-                        rows.append((-(min(ins, default=1.0) - cos[t]), t))
-        return [t for _, t in sorted(rows)]
-
-    def _cosine_of(self, base, tensors: Sequence[str], target: AutoTarget, step: str) -> float:
-        cos = self.output_cosine([*base, *self._overrides(tensors, target)])
-        self.tried.append({"step": step, "tensors": len(tensors), "output_cosine": cos})
-        return cos
-
-    @staticmethod
-    def _overrides(tensors: Sequence[str], target: AutoTarget) -> list[OverrideSpec]:
-        return [OverrideSpec(tensors=(t,), precision=target.precision) for t in tensors]
-
-    def run(self, target: AutoTarget, base: Sequence[OverrideSpec],
-            evaluation: "Evaluation") -> AutoResult:
-        before = self.output_cosine(base)
-        if before >= target.min_cosine:
-            return AutoResult(target, before, before, [], self.tried)
-        ranking = self.ranked(evaluation)[:target.candidates]
-        limit = min(len(ranking), target.max_overrides or len(ranking))
-        best = self._cosine_of(base, ranking[:limit], target, "prefix")
-        if best < target.min_cosine:  # unreachable within the limit: keep what helps most
-            if best <= before:
-                return AutoResult(target, before, before, [], self.tried)
-            return AutoResult(target, before, best, self._overrides(ranking[:limit], target),
-                              self.tried)
-        low, high, at_high = 0, limit, best  # cos(prefix low) < target <= cos(prefix high)
-        while high - low > 1:
-            mid = (low + high) // 2
-            cos = self._cosine_of(base, ranking[:mid], target, "prefix")
-            if cos >= target.min_cosine:
-                high, at_high = mid, cos
-            else:
-                low = mid
-        chosen, current = self._drop_unneeded(base, list(ranking[:high]), at_high, target)
-        return AutoResult(target, before, current, self._overrides(chosen, target), self.tried)
-
-    def _drop_unneeded(self, base, chosen: list[str], current: float,
-                       target: AutoTarget) -> tuple[list[str], float]:
-        """Drop the overrides of ``chosen`` the target does not need, least sensitive first,
-        in blocks: a block that can go goes whole and the next block is twice as long; one
-        that cannot is halved, down to a single tensor, which then stays. A prefix often
-        holds a few tensors that matter and many that do not (PP-OCRv4 det: the 44th tensor
-        of the ranking alone buys 0.011), so this keeps the few in about
-        ``needed · log2(prefix)`` evaluations, capped at ``DROP_EVALUATIONS``."""
-        order = list(reversed(chosen))
-        start, block = 0, max(1, len(order) // 2)
-        for _ in range(DROP_EVALUATIONS):
-            if start >= len(order):
-                break
-            dropped = set(order[start:start + block])
-            rest = [t for t in chosen if t not in dropped]
-            cos = self._cosine_of(base, rest, target, "drop")
-            if cos >= target.min_cosine:
-                chosen, current = rest, cos
-                start, block = start + len(dropped), block * 2
-            elif block > 1:
-                block //= 2
-            else:
-                start += 1
-        return chosen, current
-
-
-# The drop pass stops after this many evaluations however long the prefix: a search stays
-# about log2(candidates) + DROP_EVALUATIONS evaluations of the whole pipeline.
-DROP_EVALUATIONS = 24
-ROUNDING_KINDS = {"conv", "add", "mul", "rescale", "concat", "avgpool", "resize", "lut", "softmax"}
 
 
 @dataclass

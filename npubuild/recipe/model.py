@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictFloat, StrictInt, Tag,
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, Tag,
                       WithJsonSchema, create_model, field_validator, model_validator)
 
 from npubuild import fusions, surgery
@@ -289,10 +289,12 @@ class CalibrationSpec(Strict):
     data: str | list[str] | None = Field(
         None, description="Images or .npy/.npz tensors; globs; pkg:<package>/<glob>.")
     samples: int = Field(8, ge=1, description="Use at most this many samples.")
-    method: Literal["minmax", "percentile", "kl", "mse"] = Field(
-        "minmax", description="How each tensor's range is chosen from what calibration saw: "
-                              "min/max, a percentile of |x|, the KL-divergence threshold, or the "
-                              "range with the least expected squared error.")
+    method: Literal["minmax", "percentile", "kl", "mse"] | None = Field(
+        None, description="How each tensor's range is chosen from what calibration saw: "
+                          "min/max, a percentile of |x|, the KL-divergence threshold, or the "
+                          "range with the least expected squared error. Unset: min/max, and "
+                          "where int8 misses verify's thresholds the precision search chooses "
+                          "per tensor by measurement.")
     percentile: float = Field(99.99, gt=50, le=100, description="For method percentile.")
 
 
@@ -307,34 +309,36 @@ class Override(Strict):
 
 
 class AutoPrecisionSpec(Strict):
-    """Automatic mixed precision: the fewest tensors kept out of int8 to reach a target."""
+    """The precision search, on by default: when int8 misses verify's thresholds, the fewest
+    tensors kept in int16 (on chips with int16) or in float on the CPU until they hold."""
 
-    min_cosine: float = Field(
-        gt=0, le=1, description="Target on the compare samples: every output's cosine against "
-                                "float over all samples and on its worst meaningful sample "
-                                "(as verify's min_cosine reads them).")
+    enabled: bool = Field(True, description="Search when int8 alone misses verify's thresholds "
+                                            "(`auto: false` switches it off).")
+    seconds: float = Field(
+        600.0, gt=0, description="Time budget: the search stops with the best choice it found.")
+    min_cosine: float | None = Field(
+        None, gt=0, le=1, description="An extra bar beside verify's: every output's cosine "
+                                      "over all verify samples and on its worst sample.")
     precision: Literal["int16", "float"] | None = Field(
-        None, description="What a chosen tensor becomes; default int16 on chips with int16, "
-                          "else float (its producer runs on the CPU).")
+        None, description="The one precision a chosen tensor may take; default: int16 where "
+                          "the chip has it, float (on the CPU) where int16 is not enough.")
     max_overrides: int | None = Field(
-        None, ge=1, description="At most this many tensors (default: no limit); when the target "
-                                "needs more, the most sensitive ones are kept and the result "
-                                "says the target was not reached.")
-    candidates: int | None = Field(
-        None, ge=1, description="Search among this many of the most sensitive tensors (largest "
-                                "cosine drop over their layer; default: every tensor a layer "
-                                "rounds).")
+        None, ge=1, description="At most this many tensors (default: no limit); when the "
+                                "thresholds need more, the most important ones are kept and "
+                                "the report says they were not reached.")
 
 
 class QuantizationSpec(Strict):
     """How the NPU submodels become int8: scheme, weight granularity, calibration, exceptions."""
 
-    scheme: Literal["pow2_symmetric", "symmetric", "asymmetric"] = Field(
-        "pow2_symmetric", description="pow2_symmetric: scales are powers of two and requantizing "
-                                      "is a shift; symmetric: float scale, zero point "
-                                      "0; asymmetric: float scale and zero point.")
-    granularity: Literal["per_tensor", "per_channel"] = Field(
-        "per_tensor", description="Weight scales: one per tensor or one per output channel.")
+    scheme: Literal["pow2_symmetric", "symmetric", "asymmetric"] | None = Field(
+        None, description="pow2_symmetric: scales are powers of two and requantizing is a "
+                          "shift; symmetric: float scale, zero point 0; asymmetric: float "
+                          "scale and zero point. Unset: asymmetric (the finest steps: a ReLU "
+                          "output keeps all 256 levels).")
+    granularity: Literal["per_tensor", "per_channel"] | None = Field(
+        None, description="Weight scales: one per tensor or one per output channel. Unset: "
+                          "per_channel (a depthwise layer's channels span orders of magnitude).")
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     """The data activation ranges are measured on, and the method."""
     overrides: list[Override] = Field(default_factory=list)
@@ -350,18 +354,27 @@ class QuantizationSpec(Strict):
                            "convolutions (through Relu, LeakyRelu, PRelu, zero Pad, MaxPool) so "
                            "both weight tensors span similar ranges; the float function is "
                            "unchanged. Helps per-tensor weights of depthwise networks.")
-    auto: AutoPrecisionSpec | None = Field(
-        None, description="Search the fewest int16/float overrides (added to `overrides`) that "
-                          "lift the output cosine to auto.min_cosine, from per-layer sensitivity; "
-                          "the chosen ones are in report.json and recipe.lock.")
+    auto: AutoPrecisionSpec | StrictBool = Field(
+        default_factory=AutoPrecisionSpec,
+        description="The precision search (on by default): the fewest int16/float tensors, "
+                    "added to `overrides`, that make verify's thresholds hold; what it chose "
+                    "and why is in report.json and recipe.lock. `false` switches it off.")
     int16_where_underflows: bool = Field(
         False, description="On chips with int16: a tensor whose typical value is under 2 int8 "
                           "steps (mean |x|), and the input of a lookup table whose int8 steps alone cost "
                           "its output more than 30 dB SQNR, become int16 (tiny activations and "
                           "steep tables keep their resolution).")
     compare_samples: int = Field(
-        4, ge=1, description="Samples (verify.data if set, else calibration data) for "
-                             "per_layer.json, the ONNX Runtime cross-check and accuracy.outputs.")
+        4, ge=1, description="The first this many verify samples (verify.data if set, else "
+                             "calibration data) give per_layer.json and the ONNX Runtime "
+                             "cross-check; accuracy.outputs and the search judge all of "
+                             "verify.samples.")
+
+    @field_validator("auto")
+    @classmethod
+    def _auto_switch(cls, value):
+        """``auto: true`` / ``auto: false``: the search with its defaults, or none."""
+        return AutoPrecisionSpec(enabled=value) if isinstance(value, bool) else value
 
 
 class CompileSpec(Strict):

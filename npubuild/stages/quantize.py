@@ -19,6 +19,7 @@ than one step (else the stage fails).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from npubuild.atomic import write_json
@@ -26,8 +27,11 @@ from npubuild.errors import BuildError, did_you_mean
 from npubuild.quant import data, onnx_inputs
 from npubuild.quant.pipeline import SplitPipeline
 from npubuild.quant.quantizer import QuantConfig
-from npubuild.quant.workflow import AutoTarget, Options, OverrideSpec, Workflow
+from npubuild.quant.search import PrecisionSearch, SearchSpec
+from npubuild.quant.workflow import Options, OverrideSpec, Workflow
 from npubuild.stages import StageContext
+from npubuild.stages import verify as verify_data
+from npubuild.verify.verdict import SampleJudge, check_names
 
 NO_NPU_NOTE = "the split placed every node on the CPU: no NPU graph to quantize"
 CALIBRATION_FIELD = ("quantization", "calibration", "data")
@@ -71,21 +75,42 @@ def check_override_names(loaded, pipeline: SplitPipeline) -> None:
                         hint="`npubuild targets --check RECIPE` lists the nodes")
 
 
+# What an unset scheme, granularity or calibration method means (the report says so).
+DEFAULTS = {"scheme": "asymmetric", "granularity": "per_channel", "method": "minmax"}
+
+
+def resolved(spec) -> dict[str, str]:
+    """The scheme, weight granularity and calibration method quantization uses."""
+    given = {"scheme": spec.scheme, "granularity": spec.granularity,
+             "method": spec.calibration.method}
+    return {k: v if v is not None else DEFAULTS[k] for k, v in given.items()}
+
+
 def options(spec, chip) -> Options:
-    config = QuantConfig(scheme=spec.scheme, granularity=spec.granularity,
-                         method=spec.calibration.method, percentile=spec.calibration.percentile,
+    chosen = resolved(spec)
+    config = QuantConfig(scheme=chosen["scheme"], granularity=chosen["granularity"],
+                         method=chosen["method"], percentile=spec.calibration.percentile,
                          bias=spec.bias, bias_correction=spec.bias_correction,
                          int16_underflow=bool(spec.int16_where_underflows and chip and chip.int16))
     overrides = tuple(OverrideSpec(tuple(o.nodes), tuple(o.tensors), o.precision)
                       for o in spec.overrides)
     return Options(config, overrides, chip_int16=bool(chip and chip.int16),
-                   equalize=spec.cross_layer_equalization)
+                   equalize=spec.cross_layer_equalization,
+                   histograms=spec.calibration.method is None)
 
 
-def auto_target(spec, chip) -> AutoTarget:
-    """``quantization.auto`` for the library: int16 by default where the chip has it."""
-    precision = spec.precision or ("int16" if chip is not None and chip.int16 else "float")
-    return AutoTarget(spec.min_cosine, precision, spec.max_overrides, spec.candidates)
+def search_spec(spec, chip) -> SearchSpec:
+    """``quantization.auto`` for the library."""
+    return SearchSpec(spec.enabled, spec.seconds, spec.precision, spec.max_overrides,
+                      spec.min_cosine)
+
+
+def verify_samples(ctx, inputs) -> list:
+    """The samples verify judges (verify.data, else the calibration data; verify.samples)."""
+    files = verify_data.data_files(ctx.loaded)
+    field = ("verify", "data") if ctx.recipe.verify.data else CALIBRATION_FIELD
+    return list(ctx.loaded.located(data.load_samples(files, inputs, ctx.recipe.verify.samples),
+                                   *field))
 
 
 def run(ctx: StageContext) -> dict:
@@ -94,12 +119,13 @@ def run(ctx: StageContext) -> dict:
     check_override_names(ctx.loaded, pipeline)
     if not pipeline.npu_graphs:
         ctx.log.warning("quantize: %s", NO_NPU_NOTE)
-        write_json(ctx.out / "calibration.json", {"scheme": spec.scheme, "graphs": {},
-                                                  "note": NO_NPU_NOTE})
+        write_json(ctx.out / "calibration.json", {"scheme": resolved(spec)["scheme"],
+                                                  "graphs": {}, "note": NO_NPU_NOTE})
         write_json(ctx.out / "per_layer.json", {"tensors": [], "crosscheck": {}})
-        return {"quantization": {"scheme": spec.scheme, "graphs": {}, "npu_graphs": 0,
+        return {"quantization": {"scheme": resolved(spec)["scheme"], "graphs": {}, "npu_graphs": 0,
                                  "note": NO_NPU_NOTE}}
     inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
+    started = time.monotonic()
     workflow = Workflow(pipeline, options(spec, ctx.chip), ctx.progress)
 
     cal_files = calibration_files(ctx.loaded)
@@ -108,20 +134,17 @@ def run(ctx: StageContext) -> dict:
     count = workflow.calibrate(samples, total=min(spec.calibration.samples, len(cal_files)),
                                map_batches=_batch_mapper(ctx, workflow))
     workflow.quantize()
-    verify_data = ctx.recipe.verify.data
-    compare_files = ctx.loaded.resolve_glob(verify_data, "verify", "data") if verify_data else cal_files
-    compare_field = ("verify", "data") if verify_data else CALIBRATION_FIELD
-    compare = list(ctx.loaded.located(data.load_samples(compare_files, inputs, spec.compare_samples),
-                                      *compare_field))
-    auto = None
-    if spec.auto is not None:
-        auto = workflow.auto_precision(compare, auto_target(spec.auto, ctx.chip)).as_dict()
-        write_json(ctx.out / "auto.json", auto)
-        ctx.log.info("quantize: auto chose %d override(s), output cosine %.5f -> %.5f (target %s)",
-                     len(auto["overrides"]), auto["output_cosine_before"],
-                     auto["output_cosine_after"], spec.auto.min_cosine)
+    compare = verify_samples(ctx, inputs)
+    judge = SampleJudge(ctx.recipe.verify, ctx.upstream, pipeline, compare, input_hw(inputs[0]))
+    check_names(ctx.loaded, ctx.recipe.verify, pipeline.outputs, [*judge.refs[0], *judge.handed_over])
+    verdict = judge(workflow.deployed_values(compare, judge.kept))
+    search = None
+    if not verdict.passed and spec.auto.enabled:
+        search = precision_search(ctx, workflow, compare, judge, verdict,
+                                  SOFT_BUDGET * (time.monotonic() - started))
+        write_json(ctx.out / "search.json", search)
     files = workflow.write(ctx.out)
-    evaluation = workflow.evaluate(compare)
+    evaluation = workflow.evaluate(compare, judge.kept, spec.compare_samples)
     per_layer = evaluation.per_layer()
     crosscheck = evaluation.crosscheck_summary()
     write_json(ctx.out / "per_layer.json", {"order": "worst cosine first", "tensors": per_layer,
@@ -136,17 +159,85 @@ def run(ctx: StageContext) -> dict:
                             row["override"], ", ".join(map(repr, row["unmatched"])))
     return {
         "quantization": {
-            "scheme": spec.scheme, "granularity": spec.granularity,
-            "method": spec.calibration.method, "calibration_samples": count,
+            **resolved(spec), "calibration_samples": count,
+            "unset": [k for k, v in (("scheme", spec.scheme), ("granularity", spec.granularity),
+                                     ("method", spec.calibration.method)) if v is None],
             "graphs": {q.name: _graph_summary(q) for q in workflow.qgraphs().values()},
             **({"equalization": workflow.equalization()} if spec.cross_layer_equalization else {}),
             "files": files, "crosscheck": {g: {k: v for k, v in c.items() if k != "worst_layers"}
                                            for g, c in crosscheck.items()},
             "worst_tensors": [{k: v for k, v in row.items() if k != "histogram"}
                               for row in per_layer[:5]], "overrides": overrides,
-            **({"auto": auto} if auto is not None else {})},
-        "accuracy": {"outputs": outputs, "data": "verify" if verify_data else "calibration"},
+            "int8_verdict": {"passed": verdict.passed, "failures": verdict.failures[:8]},
+            **({"search": _search_summary(search)} if search is not None else {})},
+        "accuracy": {"outputs": outputs, "data": "verify" if ctx.recipe.verify.data else "calibration",
+                     "samples": len(compare)},
     }
+
+
+# The search's refinements stop after this many times what quantizing in int8 took (the
+# precision search within 3x a plain quantize: issue 23), its hard limit is auto.seconds
+SOFT_BUDGET = 1.5
+
+
+def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge", plain,
+                     soft_seconds: float) -> dict:
+    """Search, adopt the choice, confirm it on the integer reference; where the reference
+    misses what fake quantization passed, search again demanding the cosine margin they
+    differ by (twice over), within the time budget."""
+    chip, spec = ctx.chip, ctx.recipe.quantization
+    search = PrecisionSearch(workflow, samples, judge, judge.kept, search_spec(spec.auto, chip),
+                             chip_int16=bool(chip and chip.int16),
+                             float_fallback=bool(chip is None or chip.float_fallback),
+                             choose_methods=spec.calibration.method is None,
+                             soft_seconds=soft_seconds)
+    margin = max(0.0, 1.5 * (search.score({}, "int8 everywhere").margin - plain.margin()))
+    confirmations = [{"choice": "int8 everywhere", "reference_passed": plain.passed,
+                      "reference_margin": round(plain.margin(), 6)}]
+    while True:
+        result = search.run(margin)
+        workflow.adopt(result.overrides(), result.method, result.tensor_methods)
+        verdict = judge(workflow.deployed_values(samples, judge.kept))
+        confirmations.append({"choice": f"{len(result.chosen)} tensor(s)",
+                              "fake_quant_margin": round(result.after, 6),
+                              "reference_passed": verdict.passed,
+                              "reference_margin": round(verdict.margin(), 6),
+                              "failures": verdict.failures[:4]})
+        if verdict.passed or not result.reached or search.clock() > search.deadline:
+            break
+        margin = max(2.0 * margin, 1.5 * (result.after - verdict.margin()), 1e-4)
+    ctx.log.info("quantize: the precision search chose %d tensor(s) (%s), verify's thresholds "
+                 "%s on the integer reference, %d choices scored in %.1f s",
+                 len(result.chosen), ", ".join(sorted(set(result.chosen.values()))) or "none",
+                 "hold" if verdict.passed else "still miss", result.evaluations, result.seconds)
+    return {"passed": verdict.passed, "reached": result.reached, "margin_demanded": margin,
+            "levels": search.levels, "candidates": len(search.candidates),
+            "chosen": [{"tensor": t, "precision": p, **result.why.get(t, {})}
+                       for t, p in sorted(result.chosen.items())],
+            "before": {"fake_quant_margin": round(result.before, 6)},
+            "after": {"fake_quant_margin": round(result.after, 6),
+                      "reference_margin": round(verdict.margin(), 6),
+                      "failures": verdict.failures},
+            "calibration": {"method": result.method,
+                            "per_tensor": dict(result.tensor_methods),
+                            "measured": result.method_scores},
+            "evaluations": result.evaluations, "seconds": result.seconds,
+            "note": result.note, "what_would_reach": result.best_reachable,
+            "ranking": result.ranking, "confirmations": confirmations, "steps": result.steps}
+
+
+def _search_summary(search: dict) -> dict:
+    keep = ("passed", "reached", "levels", "candidates", "evaluations", "seconds", "note",
+            "before", "after", "what_would_reach", "calibration")
+    return {**{k: search[k] for k in keep}, "chosen": search["chosen"],
+            "file": "search.json"}
+
+
+def input_hw(info) -> tuple[int, int] | None:
+    shape = list(info.shape or [])
+    if len(shape) != 4:
+        return None
+    return tuple(shape[2:]) if info.layout != "NHWC" else tuple(shape[1:3])
 
 
 def _batch_mapper(ctx: StageContext, workflow: Workflow):

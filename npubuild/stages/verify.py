@@ -30,7 +30,7 @@ from npubuild.atomic import write_json
 from npubuild.errors import did_you_mean, working_on
 from npubuild.stages import StageContext
 from npubuild.verify.bisect import RecipeFixes
-from npubuild.verify.judge import Thresholds, tensor_metrics
+from npubuild.verify import verdict
 from npubuild.verify.judge import failures as failures_of
 from npubuild.verify.samples import Observed, SampleRun, npu_handovers
 
@@ -104,96 +104,34 @@ def _observed(run_sample: SampleRun, feeds: dict, label: str) -> Observed:
 
 def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline, missing: list[str],
           info, sources: list, samples: list[dict]) -> dict:
-    """Every metric and verdict of verify.json: outputs, hand-over tensors, slices, the task;
-    ``bisect`` says what to bisect when something failed (tensor → cosine limit, and the sample
-    where the first failing tensor is worst). ``sources`` (`npubuild.quant.data.Source`) and
-    ``samples`` are the verify samples, one of each per entry of ``refs``."""
+    """Every metric and verdict of verify.json (`npubuild.verify.verdict`, which the
+    quantize stage's precision search judges with too): outputs, hand-over tensors, slices,
+    the task; ``bisect`` says what to bisect when something failed (tensor → cosine limit,
+    and the sample where the first failing tensor is worst). ``sources``
+    (`npubuild.quant.data.Source`) and ``samples`` are the verify samples, one of each per
+    entry of ``refs``."""
     spec = ctx.recipe.verify
     handed_over = npu_handovers(pipeline)
-    metrics = output_metrics(refs, gots, floats, missing)
-    boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots])
-                  for name in handed_over}
-    slices = slice_metrics(ctx.loaded, spec, refs, gots, floats, handed_over)
-    checks = ([(name, f"output {name!r}", m, output_limits(spec), "") for name, m in metrics.items()]
-              + [(name, f"NPU output {name!r}", m, handover_limits(spec), "against the float pipeline")
-                 for name, m in boundaries.items()]
-              + [(c.label, f"slice {c.label!r}", slices[c.label], slice_limits(spec, c), "")
-                 for c in spec.slices])
-    failed = [(name, m, limits, lines) for name, label, m, limits, against in checks
-              if (lines := failures_of(label, m, limits, against))]
-    failures = [line for *_, lines in failed for line in lines]
+    verdict.check_names(ctx.loaded, spec, pipeline.outputs, [*refs[0], *handed_over])
+
+    def detect(refs, gots, floats):
+        return detections(ctx, info, sources, samples, refs, gots, floats, pipeline.outputs)
+
+    found = verdict.judge(spec, refs, gots, floats, pipeline.outputs, handed_over, missing,
+                          cut_slice=lambda i, check, value: cut_slice(ctx.loaded, i, check, value),
+                          detect=detect)
     result = {"samples": len(refs), "data": [s.label(ctx.loaded.spelled) for s in sources],
-              "outputs": metrics, "npu_outputs": boundaries,
-              "npu_graphs": len(pipeline.npu_graphs), "slices": slices}
+              "outputs": found.outputs, "npu_outputs": found.npu_outputs,
+              "npu_graphs": len(pipeline.npu_graphs), "slices": found.slices}
     if not pipeline.npu_graphs:
         result["note"] = NO_NPU_NOTE
-    if spec.detections or spec.task == "detector":
-        result["detections"] = detections(ctx, info, sources, samples, refs, gots, floats,
-                                          pipeline.outputs)
-    if spec.task:
-        result["task"] = task_check(ctx.loaded, spec, result.get("detections"), refs, gots,
-                                    floats, pipeline.outputs)
-        failures += task_verdict(result["task"], spec.min_task_agreement)
-    limits = {name: lim.min_cosine if lim.min_cosine is not None else (lim.sample_cosine or 0.0)
-              for name, _, lim, _ in failed} or {name: spec.min_cosine for name in metrics}
-    sample = next((m["worst_sample"] for _, m, _, _ in failed if m.get("worst_sample") is not None), 0)
-    return {"passed": not failures, "failures": failures, **result,
-            "bisect": {"limits": limits, "sample": sample}}
-
-
-def output_metrics(refs: list[dict], gots: list[dict], floats: list[dict], missing: list[str]) -> dict:
-    """Per model output, over all samples; outputs the original lacks are compared with the
-    float pipeline (the rewritten model) and say so."""
-    out = {}
-    for name in [*refs[0], *(m for m in missing if m not in refs[0])]:
-        source = floats if name in missing else refs
-        out[name] = tensor_metrics([r[name] for r in source], [g[name] for g in gots])
-        out[name]["reference"] = "float pipeline (after surgery)" if name in missing else "float original"
-    return out
-
-
-def output_limits(spec) -> Thresholds:
-    return Thresholds.of(spec)
-
-
-def slice_limits(spec, check) -> Thresholds:
-    """A slice's own thresholds; its min_cosine defaults to verify.min_cosine."""
-    return Thresholds.of(check, min_cosine=spec.min_cosine)
-
-
-def handover_limits(spec) -> Thresholds:
-    """Hand-over tensors: verify.handover only (dead channels reported, failed when asked)."""
-    return Thresholds.of(spec.handover, dead_channels=False)
-
-
-def verdict(metrics: dict, spec) -> list[str]:
-    return [line for name, m in metrics.items()
-            for line in failures_of(f"output {name!r}", m, output_limits(spec))]
-
-
-def boundary_verdict(boundaries: dict, spec) -> list[str]:
-    return [line for name, m in boundaries.items() for line in failures_of(
-        f"NPU output {name!r}", m, handover_limits(spec), "against the float pipeline")]
-
-
-def slice_metrics(loaded, spec, refs: list[dict], gots: list[dict], floats: list[dict],
-                  handed_over: list[str]) -> dict:
-    """Metrics of every ``verify.slices`` entry, by label (model outputs against the float
-    original, hand-over tensors against the float pipeline)."""
-    out = {}
-    for i, check in enumerate(spec.slices):
-        source = refs if check.tensor in refs[0] else floats if check.tensor in handed_over else None
-        if source is None:
-            raise loaded.error(f"verify.slices: no model output or NPU hand-over tensor is called "
-                               f"{check.tensor!r}" + did_you_mean(check.tensor, [*refs[0], *handed_over]), "verify", "slices", i, "tensor",
-                               hint="outputs: " + ", ".join(map(repr, refs[0]))
-                               + "; hand-over tensors: " + (", ".join(map(repr, handed_over)) or "none"))
-        cut = [cut_slice(loaded, i, check, s[check.tensor]) for s in source]
-        got = [cut_slice(loaded, i, check, g[check.tensor]) for g in gots]
-        out[check.label] = {"tensor": check.tensor, "axis": check.axis, "start": check.start,
-                            "end": check.end, "shape": list(np.shape(cut[0])),
-                            **tensor_metrics(cut, got)}
-    return out
+    if found.detections is not None:
+        result["detections"] = found.detections
+    if found.task is not None:
+        result["task"] = found.task
+    plan = found.bisect()
+    plan["limits"] = plan["limits"] or {name: spec.min_cosine for name in found.outputs}
+    return {"passed": found.passed, "failures": found.failures, **result, "bisect": plan}
 
 
 def cut_slice(loaded, index: int, check, value: np.ndarray) -> np.ndarray:
@@ -201,56 +139,12 @@ def cut_slice(loaded, index: int, check, value: np.ndarray) -> np.ndarray:
     if not -np.ndim(value) <= check.axis < np.ndim(value):
         raise loaded.error(f"verify.slices: tensor {check.tensor!r} has {np.ndim(value)} axes, "
                            f"no axis {check.axis}", "verify", "slices", index, "axis")
-    part = cut(check, value)
+    part = verdict.cut(check, value)
     if part.size == 0:
         raise loaded.error(f"verify.slices: {check.start}:{check.end} along axis {check.axis} of "
                            f"{check.tensor!r} (shape {list(np.shape(value))}) is empty",
                            "verify", "slices", index, "start")
     return part
-
-
-def cut(check, value: np.ndarray) -> np.ndarray:
-    where = [slice(None)] * np.ndim(value)
-    where[check.axis] = slice(check.start, check.end)
-    return np.asarray(value)[tuple(where)]
-
-
-def task_check(loaded, spec, detections: dict | None, refs: list[dict], gots: list[dict],
-               floats: list[dict], outputs: list[str]) -> dict:
-    """The task's agreement on ``verify.task_outputs`` (default: the first model output); with
-    several, per output and the lowest as the agreement (detector: the detection comparison)."""
-    from npubuild.verify import tasks
-
-    if spec.task == "detector":
-        return tasks.detector(detections)
-    names = spec.task_outputs or outputs[:1]
-    for i, name in enumerate(names):
-        if name not in outputs:
-            raise loaded.error(f"verify.task_outputs: the model has no output {name!r}",
-                               "verify", "task_outputs", i,
-                               hint="outputs: " + ", ".join(map(repr, outputs)))
-    checks = {"classifier": tasks.classifier, "text_detection": tasks.text_detection,
-              "text_recognition": tasks.text_recognition,
-              "binary_map": lambda r, g: tasks.binary_map(
-                  r, g, tasks.BINARY_THRESHOLD if spec.task_threshold is None
-                  else spec.task_threshold)}
-    per_output = {}
-    for name in names:
-        source = refs if name in refs[0] else floats
-        per_output[name] = checks[spec.task]([s[name] for s in source], [g[name] for g in gots])
-    if len(per_output) == 1:
-        return next(iter(per_output.values()))
-    worst = min(per_output.values(), key=lambda r: (r["agreement"] is not None, r["agreement"] or 0))
-    return {"task": spec.task, "outputs": per_output, "agreement": worst["agreement"],
-            "agreement_is": f"lowest {worst['agreement_is']} of {len(per_output)} outputs"}
-
-
-def task_verdict(result: dict, minimum: float | None) -> list[str]:
-    value = result.get("agreement")
-    if minimum is None or (value is not None and value >= minimum):
-        return []
-    shown = "undefined" if value is None else f"{value:.4f}"
-    return [f"task {result['task']}: {result['agreement_is']} {shown} < min_task_agreement {minimum}"]
 
 
 def bisect_sample(dirs, pipeline, reference, feeds, limits: dict[str, float], slices=(),
@@ -274,7 +168,7 @@ def bisect_sample(dirs, pipeline, reference, feeds, limits: dict[str, float], sl
         return {**surgery, **values}  # outputs the original lacks compare surgery with itself
 
     def with_slices(values: dict) -> dict:
-        return {**values, **{c.label: cut(c, values[c.tensor]) for c in slices if c.tensor in values}}
+        return {**values, **{c.label: verdict.cut(c, values[c.tensor]) for c in slices if c.tensor in values}}
 
     stage_outputs = {
         "import": original,
@@ -298,24 +192,22 @@ def detections(ctx, info, sources: list, samples: list[dict], refs: list[dict], 
     image, or (array data) the input tensor itself."""
     from npubuild.verify import detections as det
 
-    hw = tuple(info.shape[2:]) if info.layout != "NHWC" else tuple(info.shape[1:3])
     names = det.class_names(onnx_io.load_model(ctx.upstream["import"] / "model.onnx"),
                             ctx.recipe.verify.class_names)
-    totals = {"float_boxes": 0, "deployed_boxes": 0, "matched": 0}
-    found, per_image = [], []
-    for source, ref, got, flt in zip(sources, refs, gots, floats):
-        reference = det.boxes(det.yolov8_output0({n: {**flt, **ref}[n] for n in outputs}, hw))
-        deployed = det.boxes(det.yolov8_output0({n: got[n] for n in outputs}, hw))
-        agreement = det.agreement(reference, deployed)
-        for key, value in agreement.items():
-            totals[key] += value
-        found.append((reference, deployed))
-        per_image.append({"image": source.label(), "float": det.as_records(reference, names),
-                          "deployed": det.as_records(deployed, names), **agreement})
+    totals, found = verdict.detection_totals(refs, gots, floats, outputs, input_hw(info))
+    per_image = [{"image": source.label(), "float": det.as_records(reference, names),
+                  "deployed": det.as_records(deployed, names), **agreement}
+                 for source, (reference, deployed, agreement) in zip(sources, found)]
     pictures = [(s.label(), s.image or det.tensor_picture(x[info.name], info.layout))
                 for s, x in zip(sources, samples)]
-    det.draw(pictures[:len(found)], hw, found, names, ctx.out / "detections.png")
-    recall = totals["matched"] / totals["float_boxes"] if totals["float_boxes"] else None
+    det.draw(pictures[:len(found)], input_hw(info), [f[:2] for f in found], names,
+             ctx.out / "detections.png")
+    recall = totals.pop("box_recall")
     return {"picture": "detections.png", "images": len(refs), **totals, "box_recall": recall,
             "class_names": "recipe" if ctx.recipe.verify.class_names else
             "model metadata" if names else "none (class ids)", "per_image": per_image}
+
+
+def input_hw(info) -> tuple[int, int]:
+    """The first model input's height and width (NCHW unless the recipe says NHWC)."""
+    return tuple(info.shape[2:]) if info.layout != "NHWC" else tuple(info.shape[1:3])

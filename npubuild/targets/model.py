@@ -135,6 +135,9 @@ class Chip(Strict):
         "Whether GMEM is off-chip (an on-chip SRAM arena is not: its traffic is not counted in "
         "the estimate's off-chip bytes)."))
     int16: bool = Field(False, description="Whether int16 activations are supported.")
+    float_fallback: bool = Field(True, description=(
+        "Whether the host may run in float what int8 (or int16) cannot keep accurate: the "
+        "precision search's last resort, a layer moved to the CPU."))
     dtypes: list[str] = Field(["float32", "float16"], description=(
         "Tensor dtypes (of the float model, before quantization) the NPU path accepts; an "
         "op's own `dtypes` overrides this. Integer shape arithmetic stays on the CPU."))

@@ -65,7 +65,8 @@ class RecipeFixes:
     @classmethod
     def from_recipe(cls, quantization, chip_int16: bool = False) -> "RecipeFixes":
         names = {n for o in quantization.overrides for n in (*o.nodes, *o.tensors)}
-        return cls(quantization.granularity, quantization.calibration.method, frozenset(names),
+        return cls(quantization.granularity or "per_channel",
+                   quantization.calibration.method or "minmax", frozenset(names),
                    chip_int16)
 
 

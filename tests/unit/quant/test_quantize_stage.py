@@ -12,7 +12,6 @@ from onnx import TensorProto, helper, numpy_helper
 from npubuild.errors import UserError
 from npubuild.fusions import load_builtins
 from npubuild.quant.qgraph import QGraph
-from npubuild.quant.workflow import DROP_EVALUATIONS
 from npubuild.recipe import load_recipe
 from npubuild.split import graph_infos
 from npubuild.stages import STAGES, StageContext
@@ -139,23 +138,26 @@ def test_int16_override(tmp_path):
     assert report["quantization"]["crosscheck"]["graph_1"]["ok"]
 
 
-def test_auto_finds_the_fewest_int16_tensors_that_reach_the_target(tmp_path):
-    ctx = context(tmp_path, extra="  auto: {min_cosine: 0.9999}\n")
+def test_where_int8_misses_verify_the_search_keeps_tensors_in_int16_until_it_passes(tmp_path):
+    ctx = context(tmp_path, extra="verify: {min_cosine: 0.9999}\n")
     report = quantize_stage.run(ctx)
-    auto = report["quantization"]["auto"]
-    assert auto["precision"] == "int16" and auto["reached"], auto
-    assert auto["output_cosine_before"] < 0.9999 <= auto["output_cosine_after"]
-    chosen = [t for o in auto["overrides"] for t in o["tensors"]]
-    assert chosen
-    prefixes = [row for row in auto["tried"] if row["step"] == "prefix"]
-    shortest = min(row["tensors"] for row in prefixes if row["output_cosine"] >= 0.9999)
-    assert len(chosen) <= shortest  # the drop pass only removes
-    drops = [row for row in auto["tried"] if row["step"] == "drop"]
-    assert 0 < len(drops) <= DROP_EVALUATIONS  # the drop pass ran, within its budget
+    search = report["quantization"]["search"]
+    assert not report["quantization"]["int8_verdict"]["passed"]
+    assert search["passed"] and search["reached"], search
+    chosen = [row["tensor"] for row in search["chosen"]]
+    assert chosen and {row["precision"] for row in search["chosen"]} == {"int16"}
     qg = QGraph.load(ctx.out / "graph_1.qgraph.json")
     assert all(qg.tensors[t].dtype == "int16" for t in chosen)
-    assert json.loads((ctx.out / "auto.json").read_text()) == auto
+    assert json.loads((ctx.out / "search.json").read_text())["chosen"] == search["chosen"]
     assert report["accuracy"]["outputs"]["y"]["cosine"] >= 0.9999
+    assert report["accuracy"]["outputs"]["y"]["min_sample_cosine"] >= 0.9999
+
+
+def test_the_search_can_be_switched_off(tmp_path):
+    ctx = context(tmp_path, extra="  auto: false\nverify: {min_cosine: 0.9999}\n")
+    report = quantize_stage.run(ctx)
+    assert "search" not in report["quantization"] and not (ctx.out / "search.json").exists()
+    assert not report["quantization"]["int8_verdict"]["passed"]
 
 
 def test_int16_needs_a_chip_with_int16(tmp_path):

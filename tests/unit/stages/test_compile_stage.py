@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import jsonschema
 import numpy as np
@@ -127,9 +128,19 @@ def test_a_layer_that_fits_nowhere_is_an_error_naming_it_or_moves_to_the_cpu(tmp
 @pytest.fixture(scope="session")
 def yolov8_tiny_build(tmp_path_factory, shared_cache):
     """recipes/yolov8.yaml as a matrix cell on npu-tiny, once per run (the cache gives it the
-    chip-independent stages)."""
+    chip-independent stages), without the precision search: on this chip (no int16) it would
+    move a few layers to the CPU to reach the recipe's 0.999, and these tests are about how
+    the compiler slices the whole network."""
+    import yaml
+
     root = shared_root(tmp_path_factory) / "build"
-    result = run_cli("run", str(REPO / "recipes" / "yolov8.yaml"), "compile", "--target",
+    recipe = yaml.safe_load((REPO / "recipes" / "yolov8.yaml").read_text())
+    recipe["quantization"]["auto"] = False
+    path = shared_root(tmp_path_factory) / "yolov8-no-search.yaml"
+    scratch = path.with_suffix(f".{os.getpid()}")  # xdist workers write it at once
+    scratch.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    os.replace(scratch, path)
+    result = run_cli("run", str(path), "compile", "--target",
                      "npu-tiny", "--build-dir", str(root), "--cache", str(shared_cache))
     assert result.returncode == 0, result.stderr
     return root / "yolov8n@npu-tiny"

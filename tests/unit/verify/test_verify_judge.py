@@ -79,7 +79,7 @@ def test_unset_thresholds_report_without_judging():
 
 def test_a_dead_hand_over_channel_is_reported_and_fails_only_when_asked():
     from npubuild.recipe.model import VerifySpec
-    from npubuild.stages.verify import handover_limits, output_limits
+    from npubuild.verify.verdict import handover_limits, output_limits
 
     ref = RNG.uniform(0, 1, (1, 4, 50))
     ref[:, 3] = 0.25 + RNG.uniform(0, 0.003, 50)  # spans less than one int8 step of the tensor

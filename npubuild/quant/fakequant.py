@@ -1,0 +1,158 @@
+"""A quantized graph whose activation parameters are inputs: one ONNX Runtime session scores
+every precision the search tries.
+
+``export_fake_quant(qgraph)`` is the QDQ export (`npubuild.quant.qdq`) of ``qgraph`` with each
+activation's QuantizeLinear/DequantizeLinear pair replaced by float fake quantization whose
+scale, zero point, integer bounds and an on/off switch are graph inputs
+(``<tensor>::fq``, a float32 vector ``[scale, zero_point, qmin, qmax, on]``)::
+
+    y = x + on · ((clip(round(x / scale) + zero_point, qmin, qmax) - zero_point) · scale - x)
+
+Weights and biases are the exported integers on the NPU and the float layer's own where a
+choice moves the layer to the CPU (a switch input per conv layer), quantized constants keep
+their integers, lookup tables and CPU layers their float fragments between the fake
+quantizations, so one model computes the graph under any choice of int8, int16 and float per
+tensor (`params_feed` turns the quantizer's parameters and placement into the inputs). It leaves out what the integer reference adds below
+one step: fixed-point multipliers, the pow2 rounding-tie nudges, integer softmax; the search
+scores with it and confirms its choice on the integer reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from npubuild.quant import qdq
+from npubuild.quant.floatgraph import FLayer, FloatGraph
+from npubuild.quant.qgraph import QGraph, QLayer
+from npubuild.quant.schemes import QParams
+
+PARAMS_SUFFIX = "::fq"
+NPU_SUFFIX = "::npu"
+FLOAT_MAX = float(np.finfo(np.float32).max)
+OFF = np.array([1.0, 0.0, -FLOAT_MAX, FLOAT_MAX, 0.0], np.float32)
+
+
+@dataclass
+class _FakeQuantBuilder(qdq._Builder):
+    float_layers: Mapping[str, FLayer] | None = None
+
+    def __post_init__(self):
+        self.value_of: dict[str, str] = {}
+        self.parameters: list[str] = []
+        self.switched: list[str] = []
+
+    def weight(self, key: str, layer: QLayer, arrange, scale: np.ndarray, axis: int) -> str:
+        """int8 weights on the NPU, the float layer's own on the CPU: ``w + npu · (w_q - w)``
+        with ``<layer>::npu`` an input (a layer touching a float tensor runs in float)."""
+        wq = arrange(layer.arrays["weight"]).astype(np.float32)
+        shape = [1] * wq.ndim
+        shape[axis] = -1
+        dequantized = wq * np.asarray(scale, np.float32).reshape(shape)
+        return self._switched(key, layer, "w", dequantized,
+                              arrange(self.float_layers[layer.name].weights["weight"]))
+
+    def bias(self, key: str, layer: QLayer, scale: np.ndarray) -> str:
+        dequantized = layer.arrays["bias"].astype(np.float32) * np.asarray(scale, np.float32)
+        return self._switched(key, layer, "b", dequantized,
+                              self.float_layers[layer.name].weights["bias"])
+
+    def _switched(self, key: str, layer: QLayer, part: str, quantized: np.ndarray,
+                  real: np.ndarray) -> str:
+        real = np.asarray(real, np.float32).reshape(quantized.shape)
+        switch = f"{layer.name}{NPU_SUFFIX}"
+        if switch not in self.switched:
+            self.switched.append(switch)
+        delta = self.node("Mul", [self.const(f"{key}::{part}d", quantized - real), switch],
+                          [f"{key}::{part}s"])
+        return self.node("Add", [self.const(f"{key}::{part}f", real), delta], [f"{key}::{part}"])
+
+    def read(self, t: str) -> str:
+        info = self.qgraph.tensors[t]
+        if info.is_float:
+            return self.float_name[t]
+        if t in self.qgraph.constants:
+            return super().read(t)
+        return self.value_of[t]
+
+    def write(self, t: str, value: str, nudge=None, clamp=None) -> None:
+        info = self.qgraph.tensors[t]
+        if info.is_float:
+            self.node("Identity", [value], [self.float_name[t]])
+            return
+        if clamp is not None:
+            lo, hi = (self.const(f"{t}::lo", np.float32(clamp[0])),
+                      self.const(f"{t}::hi", np.float32(clamp[1])))
+            value = self.node("Clip", [value, lo, hi], [f"{t}::clipped"])
+        self.value_of[t] = self.fake_quant(t, value)
+
+    def clamp(self, layer: QLayer) -> tuple[float, float] | None:
+        """The folded Relu/Clip itself, in real units (a tensor kept in float has no integer
+        range to clip it): the tensor's own range comes from its parameters."""
+        name, lo, hi = self.float_layers[layer.name].activation
+        if name == "relu":
+            lo, hi = 0.0, None
+        elif name != "clip":
+            return None
+        return (-FLOAT_MAX if lo is None else float(lo), FLOAT_MAX if hi is None else float(hi))
+
+    def fake_quant(self, t: str, value: str) -> str:
+        if t not in self.parameters:
+            self.parameters.append(t)
+        k = len(self.nodes)
+        p = f"{t}{PARAMS_SUFFIX}"
+        scale, zp, lo, hi, on = self.node("Split", [p], [f"{p}:{i}:{k}" for i in range(5)],
+                                          axis=0, num_outputs=5)
+        q = self.node("Round", [self.node("Div", [value, scale], [f"{t}::d{k}"])], [f"{t}::r{k}"])
+        q = self.node("Clip", [self.node("Add", [q, zp], [f"{t}::z{k}"]), lo, hi], [f"{t}::c{k}"])
+        y = self.node("Mul", [self.node("Sub", [q, zp], [f"{t}::u{k}"]), scale], [f"{t}::y{k}"])
+        delta = self.node("Mul", [self.node("Sub", [y, value], [f"{t}::e{k}"]), on], [f"{t}::o{k}"])
+        return self.node("Add", [value, delta], [f"{t}::fq{k}"])
+
+
+def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18
+                      ) -> tuple[onnx.ModelProto, list[str], list[str]]:
+    """The model (float in, float out, as the QDQ export), the tensors whose parameters are
+    inputs and the conv layers whose ``<layer>::npu`` switch is an input. ``fg``: the float
+    graph ``qg`` was quantized from (the float weights a CPU layer uses)."""
+    ints = [t for t, info in qg.tensors.items() if not info.is_float]
+    b = _FakeQuantBuilder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::q" for t in ints},
+                          {t: t for t, info in qg.tensors.items() if info.is_float},
+                          opset=max(opset, 18),  # Split's num_outputs
+                          float_layers={layer.name: layer for layer in fg.layers})
+    for t in ints:
+        if t in qg.constants:
+            b.const(f"{t}::q", qg.constants[t])
+    for t in qg.inputs:
+        if not qg.tensors[t].is_float:
+            b.value_of[t] = b.fake_quant(t, t)
+    qdq._layers(b)
+    for t in qg.outputs:
+        if not qg.tensors[t].is_float:
+            b.node("Identity", [b.read(t)], [t])
+    value = lambda t: helper.make_tensor_value_info(t, TensorProto.FLOAT, qg.tensors[t].shape)  # noqa: E731
+    params = [helper.make_tensor_value_info(f"{t}{PARAMS_SUFFIX}", TensorProto.FLOAT, [5])
+              for t in b.parameters]
+    switches = [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in b.switched]
+    model = qdq._model(b, [value(t) for t in qg.inputs] + params + switches,
+                       [value(t) for t in qg.outputs], b.opset)
+    return model, list(b.parameters), [n[:-len(NPU_SUFFIX)] for n in b.switched]
+
+
+def params_feed(tensors: list[str], params: Mapping[str, QParams | None],
+                layers: list[str] = (), cpu_layers: set[str] | frozenset = frozenset()
+                ) -> dict[str, np.ndarray]:
+    """The inputs for one choice: each tensor's quantizer parameters, or off where it stays
+    float (absent or None); each switched layer on the NPU unless in ``cpu_layers``."""
+    feed = {}
+    for t in tensors:
+        p = params.get(t)
+        feed[f"{t}{PARAMS_SUFFIX}"] = OFF if p is None else np.array(
+            [p.scale, p.zero_point, p.qmin, p.qmax, 1.0], np.float32)
+    for name in layers:
+        feed[f"{name}{NPU_SUFFIX}"] = np.array(0.0 if name in cpu_layers else 1.0, np.float32)
+    return feed

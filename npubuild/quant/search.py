@@ -1,0 +1,476 @@
+"""The precision search: the fewest tensors kept out of int8 (int16 on the NPU, or float on
+the CPU) until verify's thresholds hold, judged on the verify samples as verify judges them.
+
+Every choice is scored cheaply: each NPU graph is exported once as a fake-quant model whose
+activation parameters are inputs (`npubuild.quant.fakequant`), so trying a choice is computing
+its parameters (`Quantizer.tensor_params`, no layer rebuilt) and running ONNX Runtime on the
+verify samples through the whole split pipeline, CPU submodels included; each choice is scored
+once (cached). The caller confirms the final choice on the integer reference and calls
+`PrecisionSearch.run` again with a wider margin when the two disagree.
+
+The search, after int8 everywhere fails (read top to bottom):
+
+1. **Reach**: the widest precision each candidate may take (int16 where the chip has it, else
+   float; float where every tensor in int16 still fails and the chip may run layers on its
+   CPU). Where nothing reaches the thresholds, the result says so with the best figure.
+2. **Rank** by measured contributions (group testing): with every candidate wide, a block of
+   candidates put back to int8 costs the judged cosines some error; errors from different
+   tensors add (nearly: independent noise), so the heaviest blocks are halved until single
+   tensors or light blocks remain. A tensor's contribution is measured end to end, through the
+   CPU segments after it (a Log of a power spectrum, a recurrent cell), not over its own layer.
+3. **Cover**: the shortest prefix of that ranking whose predicted error leaves the
+   thresholds a margin, then longer prefixes (doubling) until the choice passes, then the
+   shortest passing prefix (bisection).
+4. **Drop** the prefix's tensors the thresholds do not need, least important first, in blocks
+   (a block that can go goes whole and the next is twice as long; one that cannot is halved).
+5. **Demote** float choices to int16 where int16 is enough.
+
+Candidates are every quantized activation a layer rounds or a graph takes in, NPU inputs
+arriving from CPU segments included; a tensor that only moves data shares its source's
+precision. The search stops at the recipe's time budget with the best choice found.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from npubuild.quant import fakequant, quantizer
+from npubuild.quant.workflow import OverrideSpec, resolve_overrides
+
+WIDE = ("int16", "float")
+FIRST_BLOCKS = 8
+COVER_HEADROOM = 0.75    # a prefix is first tried where its predicted load is this much
+DROP_EVALUATIONS = 24    # the drop pass stops after this many evaluations
+DEMOTE_EVALUATIONS = 16
+SPLIT_BELOW = 1.0 / 16   # blocks lighter than this share of the headroom are not halved
+MAX_RANK_EVALUATIONS = 96
+ALTERNATIVE_METHODS = ("percentile", "mse", "kl")
+METHOD_EVALUATIONS = 12
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """``quantization.auto`` as the library sees it."""
+
+    enabled: bool = True
+    seconds: float = 600.0
+    precision: str | None = None      # the one wide precision allowed (default: any the chip has)
+    max_overrides: int | None = None
+    min_cosine: float | None = None   # an extra bar on every output (all samples, worst sample)
+
+
+@dataclass
+class Scored:
+    """One choice's verdict under fake quantization."""
+
+    choice: tuple[tuple[str, str], ...]
+    passed: bool
+    margin: float          # lowest cosine above its bar (negative: misses)
+    loads: np.ndarray      # per judged cosine: (1 - cosine) / (1 - its bar)
+    failures: list[str]
+
+    @property
+    def wide(self) -> dict[str, str]:
+        return dict(self.choice)
+
+
+class OutOfTime(Exception):
+    pass
+
+
+@dataclass
+class SearchResult:
+    reached: bool
+    chosen: dict[str, str]           # tensor -> int16 | float
+    before: float                    # margin of int8 everywhere (fake quant)
+    after: float
+    evaluations: int
+    seconds: float
+    steps: list[dict] = field(default_factory=list)
+    ranking: list[dict] = field(default_factory=list)
+    note: str = ""
+    best_reachable: dict = field(default_factory=dict)
+    why: dict[str, dict] = field(default_factory=dict)  # chosen tensor -> what was measured
+
+    members: dict[str, list[str]] = field(default_factory=dict)
+    method: str = "minmax"                       # calibration method of every other tensor
+    tensor_methods: tuple[tuple[str, str], ...] = ()
+    method_scores: dict[str, float] = field(default_factory=dict)
+
+    def overrides(self) -> list[OverrideSpec]:
+        """One override per tensor: each chosen tensor and those that move its data."""
+        return [OverrideSpec(tensors=(t,), precision=p) for root, p in sorted(self.chosen.items())
+                for t in self.members.get(root, [root])]
+
+
+class PrecisionSearch:
+    """Scores choices with fake-quant sessions of ``workflow``'s NPU graphs on ``samples``;
+    ``judge(gots)`` is verify's verdict on one list of per-sample values (model outputs and
+    NPU hand-over tensors)."""
+
+    def __init__(self, workflow, samples: Sequence[Mapping[str, np.ndarray]],
+                 judge: Callable[[list[dict]], object], kept: Sequence[str], spec: SearchSpec,
+                 *, chip_int16: bool, float_fallback: bool = True, choose_methods: bool = False,
+                 soft_seconds: float | None = None, clock: Callable[[], float] = time.monotonic):
+        from npubuild import onnx_io
+        from npubuild.runtime.runner import Runner
+
+        self.workflow, self.samples, self.judge = workflow, list(samples), judge
+        self.kept, self.spec, self.clock = set(kept), spec, clock
+        self.levels = [p for p in WIDE if (spec.precision in (None, p))
+                       and (p != "int16" or chip_int16) and (p != "float" or float_fallback)]
+        self.started = clock()
+        self.deadline = self.started + spec.seconds
+        # past this, refinements stop (ranking, drop, demote) and the search finishes with
+        # what passes: the stage sets it from the plain quantization's own time
+        self.soft_deadline = self.started + min(spec.seconds, soft_seconds or spec.seconds)
+        self.choose_methods = choose_methods
+        config = workflow.options.config
+        self.method, self.methods = config.method, config.tensor_methods
+        self.graphs = {}
+        for state in workflow.states:
+            model, tensors, layers = fakequant.export_fake_quant(state.qgraph, state.fg)
+            self.graphs[state.graph.index] = (state, onnx_io.session(model), tensors, layers)
+        self.ranges: dict = {}
+        self.params: dict[int, dict[str, np.ndarray]] = {}
+        self.runner = Runner(workflow.pipeline.split_dir, backends={"npu": self._npu})
+        self.cache: dict[tuple, Scored] = {}
+        self.steps: list[dict] = []
+        self.candidates = self._candidates()
+
+    # ---- scoring ------------------------------------------------------------------------
+
+    def _npu(self, graph, feeds):
+        _, session, _, _ = self.graphs[graph.index]
+        names = [o.name for o in session.get_outputs()]
+        values = session.run(names, {**dict(feeds), **self.params[graph.index]})
+        return dict(zip(names, values))
+
+    def _params(self, choice: Mapping[str, str]) -> dict[int, dict[str, np.ndarray]]:
+        overrides = self._expanded(choice)
+        base = list(self.workflow.options.overrides)
+        out = {}
+        for index, (state, _, tensors, layers) in self.graphs.items():
+            _, float_tensors, int16, _ = resolve_overrides([*base, *overrides], state.graph.model)
+            config = replace(self.workflow.options.config, float_tensors=frozenset(float_tensors),
+                             int16_tensors=frozenset(int16), method=self.method,
+                             tensor_methods=self.methods)
+            params, cpu = quantizer.Quantizer(state.fg, state.observer.stats, config,
+                                              ranges=self.ranges).tensor_params()
+            out[index] = fakequant.params_feed(tensors, params, layers, cpu)
+        return out
+
+    def score(self, choice: Mapping[str, str], step: str = "") -> Scored:
+        key = (tuple(sorted(choice.items())), self.method, self.methods)
+        if key in self.cache:
+            return self.cache[key]
+        if self.clock() > self.deadline:
+            raise OutOfTime()
+        self.params = self._params(choice)
+        gots = []
+        for feeds in self.samples:
+            values = self.runner.run(dict(feeds), keep_intermediates=True)
+            gots.append({k: v for k, v in values.items() if k in self.kept})
+        verdict = self.judge(gots)
+        scored = Scored(key[0], verdict.passed and self._extra_bar(verdict) >= 0,
+                        min(verdict.margin(), self._extra_bar(verdict)), loads(verdict),
+                        list(verdict.failures))
+        self.cache[key] = scored
+        self.steps.append({"step": step, "tensors": len(key[0]), "passed": scored.passed,
+                           "margin": round(scored.margin, 6)})
+        return scored
+
+    def _extra_bar(self, verdict) -> float:
+        """``auto.min_cosine`` on every output (all samples and worst sample), as a margin."""
+        if self.spec.min_cosine is None:
+            return 1.0
+        values = [v for m in verdict.outputs.values()
+                  for v in (m["cosine"], m.get("min_sample_cosine")) if v is not None]
+        return min(values, default=1.0) - self.spec.min_cosine
+
+    # ---- candidates ---------------------------------------------------------------------
+
+    def _candidates(self) -> list[str]:
+        """Every quantized activation a layer rounds or a graph takes in, in pipeline order.
+        A tensor that only moves data (reshape, transpose, slice, maxpool ...) shares its
+        source's parameters: it goes with its source (``members``), whatever precision."""
+        members: dict[str, list[str]] = {}
+        for state in self.workflow.states:
+            qg = state.qgraph
+            source: dict[str, str] = {}
+            for t in qg.inputs:
+                source[t] = t
+            for layer in qg.layers:
+                moves = layer.kind in MOVES_DATA or (
+                    layer.kind == "resize" and layer.attrs.get("mode") == "nearest")
+                for t in layer.outputs:
+                    source[t] = source.get(layer.inputs[0], layer.inputs[0]) if moves else t
+            for t, root in source.items():
+                info = qg.tensors.get(t)
+                if info is None or info.is_float or t in qg.constants:
+                    continue
+                group = members.setdefault(root, [])
+                if t not in group:
+                    group.append(t)
+        self.members = members
+        return list(members)
+
+    def _expanded(self, choice: Mapping[str, str]) -> list[OverrideSpec]:
+        return [OverrideSpec(tensors=(t,), precision=p) for root, p in sorted(choice.items())
+                for t in self.members.get(root, [root])]
+
+    # ---- the search ---------------------------------------------------------------------
+
+    def run(self, margin: float = 0.0) -> SearchResult:
+        """The fewest wide tensors whose choice passes with at least ``margin`` of cosine."""
+        self.margin, self.ranking = margin, []
+        plain = self.score({}, "int8 everywhere")
+        best = plain
+        try:
+            if self.ok(plain):
+                return self._result(plain, plain, {})
+            if self.choose_methods:
+                best = self._choose_methods(plain)
+                if self.ok(best):
+                    return self._result(plain, best, {})
+            wide = self._reach()
+            if wide is None:
+                return self._unreachable(plain)
+            ranking = self.ranking = self._rank(wide)
+            chosen = self._cover(ranking, wide)
+            best = self.score(chosen)
+            chosen = self._drop(chosen, ranking)
+            if wide == "float" and "int16" in self.levels:
+                chosen = self._demote(chosen)
+            best = self.score(chosen)
+            return self._result(plain, best, chosen, ranking)
+        except OutOfTime:
+            done = [s for s in self.cache.values() if self.ok(s)]
+            if done:
+                best = min(done, key=lambda s: (len(s.choice), -s.margin))
+            else:
+                best = max(self.cache.values(), key=lambda s: s.margin)
+            result = self._result(plain, best, best.wide, self.ranking)
+            result.note = (f"the search stopped at its time budget (quantization.auto.seconds: "
+                           f"{self.spec.seconds:g})") + ("" if self.ok(best) else
+                                                         " before reaching verify's thresholds")
+            return result
+
+    def ok(self, scored: Scored) -> bool:
+        return scored.passed and scored.margin >= self.margin
+
+    def late(self, share: float = 1.0) -> bool:
+        """Past ``share`` of the soft time budget: refinements stop."""
+        return self.clock() > self.started + share * (self.soft_deadline - self.started)
+
+    def _choose_methods(self, plain: Scored) -> Scored:
+        """Calibration methods by measurement (the recipe left ``calibration.method`` unset):
+        every method on every tensor, the best kept; then blocks of tensors go back to
+        min/max where that scores better (a clipping method helps a tensor with rare
+        outliers and hurts one whose extremes carry the signal)."""
+        best, scores = plain, {"minmax": plain}
+        for method in ALTERNATIVE_METHODS:
+            self.method, self.methods = method, ()
+            scores[method] = self.score({}, f"calibration {method} everywhere")
+            if scores[method].margin > best.margin:
+                best = scores[method]
+        self.method = next(m for m, sc in scores.items() if sc is best)
+        self.methods = ()
+        if self.method != "minmax":
+            tensors = [t for t in self.candidates]
+            start, block = 0, max(1, len(tensors) // 2)
+            for _ in range(METHOD_EVALUATIONS):
+                if start >= len(tensors) or self.ok(best) or self.late(0.25):
+                    break
+                trial = (*self.methods, *((t, "minmax") for t in tensors[start:start + block]))
+                previous, self.methods = self.methods, tuple(sorted(trial))
+                scored = self.score({}, "calibration min/max on a block")
+                if scored.margin > best.margin:
+                    best, start, block = scored, start + block, block * 2
+                else:
+                    self.methods = previous
+                    if block > 1:
+                        block //= 2
+                    else:
+                        start += 1
+        self.method_scores = {m: round(sc.margin, 6) for m, sc in scores.items()}
+        return best
+
+    def _reach(self) -> str | None:
+        """The cheapest wide precision that passes with every candidate wide."""
+        for level in self.levels:
+            if self.ok(self.score({t: level for t in self.candidates}, f"every candidate {level}")):
+                return level
+        return None
+
+    def _rank(self, wide: str) -> list[dict]:
+        """Blocks of candidates (single tensors where it matters), heaviest first, each with
+        the error it adds when it stays int8 (every other candidate wide)."""
+        everything = {t: wide for t in self.candidates}
+        floor = self.score(everything).loads
+        headroom = max(1e-9, COVER_HEADROOM - float(np.max(floor, initial=0.0)))
+
+        def measure(block: tuple[str, ...]) -> dict:
+            scored = self.score({t: p for t, p in everything.items() if t not in block},
+                                f"rank {len(block)}")
+            cost = np.maximum(scored.loads - floor, 0.0)
+            return {"tensors": block, "cost": cost, "weight": float(np.max(cost, initial=0.0))}
+
+        size = max(1, -(-len(self.candidates) // FIRST_BLOCKS))
+        blocks = [measure(tuple(self.candidates[i:i + size]))
+                  for i in range(0, len(self.candidates), size)]
+        heap = [(-b["weight"], i, b) for i, b in enumerate(blocks)]
+        heapq.heapify(heap)
+        done, counter, spent = [], len(heap), 0
+        while heap:
+            weight, _, block = heapq.heappop(heap)
+            if (len(block["tensors"]) == 1 or -weight < SPLIT_BELOW * headroom
+                    or spent >= MAX_RANK_EVALUATIONS or self.late(0.5)):
+                done.append(block)
+                continue
+            half = len(block["tensors"]) // 2
+            for part in (block["tensors"][:half], block["tensors"][half:]):
+                measured = measure(part)
+                spent += 1
+                heapq.heappush(heap, (-measured["weight"], counter, measured))
+                counter += 1
+        order = {t: i for i, t in enumerate(self.candidates)}
+        return sorted(done, key=lambda b: (-b["weight"], order[b["tensors"][0]]))
+
+    def _cover(self, ranking: list[dict], wide: str) -> dict[str, str]:
+        """The shortest passing prefix of ``ranking``: first where the predicted load leaves
+        headroom, then doubling, then bisection."""
+        plain = self.score({}).loads
+        prefix = lambda k: {t: wide for b in ranking[:k] for t in b["tensors"]}  # noqa: E731
+        predicted = plain.copy()
+        start = len(ranking)
+        for k, block in enumerate(ranking):
+            if float(np.max(predicted, initial=0.0)) <= COVER_HEADROOM:
+                start = k
+                break
+            predicted = predicted - block["cost"]
+        start = max(1, start)
+        low, high = 0, None
+        k = start
+        while k <= len(ranking):
+            if self.ok(self.score(prefix(k), "cover")):
+                high = k
+                break
+            low, k = k, min(len(ranking), 2 * k) if k < len(ranking) else len(ranking) + 1
+        if high is None:
+            return prefix(len(ranking))
+        while high - low > 1:
+            mid = (low + high) // 2
+            if self.ok(self.score(prefix(mid), "cover")):
+                high = mid
+            else:
+                low = mid
+        return self._capped(prefix(high), ranking)
+
+    def _capped(self, chosen: dict[str, str], ranking: list[dict]) -> dict[str, str]:
+        cap = self.spec.max_overrides
+        if cap is None or len(chosen) <= cap:
+            return chosen
+        order = [t for b in ranking for t in b["tensors"] if t in chosen]
+        return {t: chosen[t] for t in order[:cap]}
+
+    def _drop(self, chosen: dict[str, str], ranking: list[dict]) -> dict[str, str]:
+        """Drop what the thresholds do not need, least important first, in blocks."""
+        weight = {t: (i, b["weight"]) for i, b in enumerate(ranking) for t in b["tensors"]}
+        order = sorted(chosen, key=lambda t: (-weight[t][0], t))
+        start, block = 0, max(1, len(order) // 2)
+        for _ in range(DROP_EVALUATIONS):
+            if start >= len(order) or self.late():
+                break
+            dropped = set(order[start:start + block])
+            rest = {t: p for t, p in chosen.items() if t not in dropped}
+            if self.ok(self.score(rest, "drop")):
+                chosen = rest
+                start, block = start + len(dropped), block * 2
+            elif block > 1:
+                block //= 2
+            else:
+                start += 1
+        return chosen
+
+    def _demote(self, chosen: dict[str, str]) -> dict[str, str]:
+        """Float choices become int16 where that still passes (they stay on the NPU)."""
+        floats = sorted(t for t, p in chosen.items() if p == "float")
+        start, block = 0, max(1, len(floats))
+        for _ in range(DEMOTE_EVALUATIONS):
+            if start >= len(floats) or self.late():
+                break
+            trial = {**chosen, **{t: "int16" for t in floats[start:start + block]}}
+            if self.ok(self.score(trial, "int16 instead of float")):
+                chosen, start, block = trial, start + block, block * 2
+            elif block > 1:
+                block //= 2
+            else:
+                start += 1
+        return chosen
+
+    # ---- results ------------------------------------------------------------------------
+
+    def _unreachable(self, plain: Scored) -> SearchResult:
+        """Nothing allowed reaches the thresholds: int8 stays (a deployment moved to int16 or
+        the CPU wholesale that still fails helps nobody), and the result says what each
+        precision on every candidate reaches, measured even where the chip lacks it."""
+        result = self._result(plain, self.score({}), {})
+        reach = {}
+        for level in WIDE:
+            trial = self.score({t: level for t in self.candidates}, f"what {level} would reach")
+            reach[level] = {"passes": trial.passed, "margin": round(trial.margin, 6)}
+        result.best_reachable = reach
+        parts = [f"{level} on every candidate tensor {'would pass' if r['passes'] else 'would still miss'}"
+                 f" (cosine margin {r['margin']:+.4f})" for level, r in reach.items()]
+        allowed_text = ", ".join(self.levels) or "nothing"
+        result.note = (f"no choice the chip allows ({allowed_text}) reaches verify's thresholds; "
+                       + "; ".join(parts))
+        return result
+
+    def _result(self, plain: Scored, best: Scored, chosen: dict[str, str],
+                ranking: list[dict] | None = None) -> SearchResult:
+        shown, why = [], {}
+        for rank, block in enumerate(ranking or []):
+            if rank < 12:
+                shown.append({"tensors": list(block["tensors"][:8]), "count": len(block["tensors"]),
+                              "int8_load": round(block["weight"], 6)})
+            for t in block["tensors"]:
+                if t in chosen:
+                    why[t] = {"rank": rank, "int8_load": round(block["weight"], 6),
+                              **({"measured_in_block_of": len(block["tensors"])}
+                                 if len(block["tensors"]) > 1 else {})}
+        return SearchResult(self.ok(best), dict(chosen), plain.margin, best.margin,
+                            len(self.cache), round(self.clock() - self.started, 3),
+                            list(self.steps), shown, why=why,
+                            members={t: self.members[t] for t in chosen if t in self.members},
+                            method=self.method, tensor_methods=self.methods,
+                            method_scores=dict(getattr(self, "method_scores", {})))
+
+
+MOVES_DATA = {"maxpool", "reshape", "transpose", "slice", "split", "pad"}
+
+
+def loads(verdict) -> np.ndarray:
+    """What the ranking adds up, one entry per thing verify judges: per judged cosine (every
+    check, all samples and worst sample) its error over the error its bar allows,
+    ``(1 - cosine) / (1 - bar)`` (1 is at the bar; errors of independent roundings add); per
+    check, its dead channels; the task's shortfall against ``min_task_agreement``."""
+    out = []
+    for _, metrics, limits in verdict.checks:
+        bars = [limits.min_cosine, limits.sample_cosine]
+        values = [metrics["cosine"], metrics.get("min_sample_cosine")]
+        for bar, value in zip(bars, values):
+            if bar is not None and value is not None:
+                out.append((1.0 - value) / max(1e-9, 1.0 - bar))
+        if limits.dead_channels is not False:
+            out.append(2.0 * metrics.get("dead_channel_count", 0))
+    task, minimum = verdict.task or {}, verdict.task_minimum
+    if task.get("agreement") is not None and minimum is not None:
+        out.append((1.0 - task["agreement"]) / max(1.0 - minimum, 0.5 / (task.get("samples") or 4)))
+    return np.asarray(out, np.float64)

@@ -1,0 +1,260 @@
+"""verify's verdict on a set of samples, in one place: the verify stage judges the deployed
+pipeline with it, and the quantize stage's precision search judges every choice it tries with
+it, so the search's pass is verify's pass.
+
+Per sample the caller gives three value dicts: the float original (model outputs), the
+deployed pipeline (model outputs and the tensors NPU submodels hand over) and the float
+pipeline (the same tensors, in float). ``judge`` measures every model output against the
+original, every hand-over tensor and ``verify.slices`` entry against its float reference
+(`npubuild.verify.judge`), the task (`npubuild.verify.tasks`), and lists each threshold
+missed, one line each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from npubuild.verify.judge import Thresholds, tensor_metrics
+from npubuild.verify.judge import failures as failures_of
+
+Values = dict[str, np.ndarray]
+
+
+@dataclass
+class Verdict:
+    """Every figure verify reports, the lines of what failed, and what to bisect."""
+
+    outputs: dict
+    npu_outputs: dict
+    slices: dict
+    task: dict | None
+    detections: dict | None
+    failures: list[str]
+    # (name, metrics, thresholds) of every cosine-judged check: outputs, hand-overs, slices
+    checks: list[tuple[str, dict, Thresholds]] = field(default_factory=list)
+    failed: list[tuple[str, dict, Thresholds]] = field(default_factory=list)
+    task_minimum: float | None = None  # verify.min_task_agreement
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def margin(self) -> float:
+        """The lowest cosine above its bar over every judged check (all samples together
+        and the worst sample): negative when one misses, the search's figure of merit."""
+        margins = [m for _, metrics, limits in self.checks
+                   for m in cosine_margins(metrics, limits)]
+        return min(margins, default=1.0)
+
+    def bisect(self) -> dict:
+        """The failing tensors' cosine limits and the sample where the first one is worst."""
+        limits = {name: lim.min_cosine if lim.min_cosine is not None else (lim.sample_cosine or 0.0)
+                  for name, _, lim in self.failed}
+        sample = next((m["worst_sample"] for _, m, _ in self.failed
+                       if m.get("worst_sample") is not None), 0)
+        return {"limits": limits or None, "sample": sample}
+
+
+def cosine_margins(metrics: dict, limits: Thresholds) -> list[float]:
+    out = []
+    if limits.min_cosine is not None:
+        out.append(metrics["cosine"] - limits.min_cosine)
+    if limits.sample_cosine is not None and metrics.get("min_sample_cosine") is not None:
+        out.append(metrics["min_sample_cosine"] - limits.sample_cosine)
+    return out
+
+
+def output_limits(spec) -> Thresholds:
+    return Thresholds.of(spec)
+
+
+def slice_limits(spec, check) -> Thresholds:
+    """A slice's own thresholds; its min_cosine defaults to verify.min_cosine."""
+    return Thresholds.of(check, min_cosine=spec.min_cosine)
+
+
+def handover_limits(spec) -> Thresholds:
+    """Hand-over tensors: verify.handover only (dead channels reported, failed when asked)."""
+    return Thresholds.of(spec.handover, dead_channels=False)
+
+
+def cut(check, value: np.ndarray) -> np.ndarray:
+    """``check``'s part of one sample's tensor (a ``verify.slices`` entry)."""
+    where = [slice(None)] * np.ndim(value)
+    where[check.axis] = slice(check.start, check.end)
+    return np.asarray(value)[tuple(where)]
+
+
+def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
+          outputs: Sequence[str], handed_over: Sequence[str], missing: Sequence[str] = (),
+          *, cut_slice: Callable | None = None,
+          detect: Callable[[list, list, list], dict] | None = None) -> Verdict:
+    """verify's verdict (``spec``: the recipe's ``verify`` section) on these samples.
+    ``missing``: model outputs the original lacks (compared with the float pipeline);
+    ``cut_slice(index, check, value)`` cuts a slice (default `cut`; verify's raises the
+    recipe error for a slice that does not fit); ``detect(refs, gots, floats)`` gives the
+    detection totals (``box_recall`` ...) when the task is ``detector``."""
+    metrics = output_metrics(refs, gots, floats, missing)
+    boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots])
+                  for name in handed_over}
+    slices = slice_metrics(spec, refs, gots, floats, handed_over, cut_slice)
+    checks = ([(name, f"output {name!r}", m, output_limits(spec), "") for name, m in metrics.items()]
+              + [(name, f"NPU output {name!r}", m, handover_limits(spec), "against the float pipeline")
+                 for name, m in boundaries.items()]
+              + [(c.label, f"slice {c.label!r}", slices[c.label], slice_limits(spec, c), "")
+                 for c in spec.slices])
+    failed, failures = [], []
+    for name, label, m, limits, against in checks:
+        lines = failures_of(label, m, limits, against)
+        if lines:
+            failed.append((name, m, limits))
+            failures += lines
+    detections = detect(refs, gots, floats) if detect and (
+        spec.detections or spec.task == "detector") else None
+    task = None
+    if spec.task:
+        task = task_check(spec, detections, refs, gots, floats, outputs)
+        failures += task_verdict(task, spec.min_task_agreement)
+    return Verdict(metrics, boundaries, slices, task, detections, failures,
+                   [(name, m, limits) for name, _, m, limits, _ in checks], failed,
+                   spec.min_task_agreement)
+
+
+def output_metrics(refs: list[Values], gots: list[Values], floats: list[Values],
+                   missing: Sequence[str]) -> dict:
+    """Per model output, over all samples; outputs the original lacks are compared with the
+    float pipeline (the rewritten model) and say so."""
+    out = {}
+    for name in [*refs[0], *(m for m in missing if m not in refs[0])]:
+        source = floats if name in missing else refs
+        out[name] = tensor_metrics([r[name] for r in source], [g[name] for g in gots])
+        out[name]["reference"] = "float pipeline (after surgery)" if name in missing else "float original"
+    return out
+
+
+def slice_metrics(spec, refs: list[Values], gots: list[Values], floats: list[Values],
+                  handed_over: Sequence[str], cut_slice: Callable | None = None) -> dict:
+    """Metrics of every ``verify.slices`` entry, by label (model outputs against the float
+    original, hand-over tensors against the float pipeline)."""
+    cut_slice = cut_slice or (lambda index, check, value: cut(check, value))
+    out = {}
+    for i, check in enumerate(spec.slices):
+        source = refs if check.tensor in refs[0] else floats
+        ref = [cut_slice(i, check, s[check.tensor]) for s in source]
+        got = [cut_slice(i, check, g[check.tensor]) for g in gots]
+        out[check.label] = {"tensor": check.tensor, "axis": check.axis, "start": check.start,
+                            "end": check.end, "shape": list(np.shape(ref[0])),
+                            **tensor_metrics(ref, got)}
+    return out
+
+
+def task_check(spec, detections: dict | None, refs: list[Values], gots: list[Values],
+               floats: list[Values], outputs: Sequence[str]) -> dict:
+    """The task's agreement on ``verify.task_outputs`` (default: the first model output); with
+    several, per output and the lowest as the agreement (detector: the detection comparison)."""
+    from npubuild.verify import tasks
+
+    if spec.task == "detector":
+        return tasks.detector(detections)
+    checks = {"classifier": tasks.classifier, "text_detection": tasks.text_detection,
+              "text_recognition": tasks.text_recognition,
+              "binary_map": lambda r, g: tasks.binary_map(
+                  r, g, tasks.BINARY_THRESHOLD if spec.task_threshold is None
+                  else spec.task_threshold)}
+    per_output = {}
+    for name in spec.task_outputs or outputs[:1]:
+        source = refs if name in refs[0] else floats
+        per_output[name] = checks[spec.task]([s[name] for s in source], [g[name] for g in gots])
+    if len(per_output) == 1:
+        return next(iter(per_output.values()))
+    worst = min(per_output.values(), key=lambda r: (r["agreement"] is not None, r["agreement"] or 0))
+    return {"task": spec.task, "outputs": per_output, "agreement": worst["agreement"],
+            "agreement_is": f"lowest {worst['agreement_is']} of {len(per_output)} outputs"}
+
+
+def check_names(loaded, spec, outputs: Sequence[str], tensors: Sequence[str]) -> None:
+    """The tensors ``verify.slices`` and ``verify.task_outputs`` name exist (``tensors``: the
+    model outputs and NPU hand-over tensors a slice may read); a recipe error at the field
+    otherwise. Both stages that judge call it before judging."""
+    from npubuild.errors import did_you_mean
+
+    for i, check in enumerate(spec.slices):
+        if check.tensor not in tensors:
+            handed_over = [t for t in tensors if t not in outputs]
+            raise loaded.error(f"verify.slices: no model output or NPU hand-over tensor is called "
+                               f"{check.tensor!r}" + did_you_mean(check.tensor, tensors),
+                               "verify", "slices", i, "tensor",
+                               hint="outputs: " + ", ".join(map(repr, outputs))
+                               + "; hand-over tensors: " + (", ".join(map(repr, handed_over)) or "none"))
+    for i, name in enumerate(spec.task_outputs or ()):
+        if name not in outputs:
+            raise loaded.error(f"verify.task_outputs: the model has no output {name!r}",
+                               "verify", "task_outputs", i,
+                               hint="outputs: " + ", ".join(map(repr, outputs)))
+
+
+def task_verdict(result: dict, minimum: float | None) -> list[str]:
+    value = result.get("agreement")
+    if minimum is None or (value is not None and value >= minimum):
+        return []
+    shown = "undefined" if value is None else f"{value:.4f}"
+    return [f"task {result['task']}: {result['agreement_is']} {shown} < min_task_agreement {minimum}"]
+
+
+def detection_totals(refs: list[Values], gots: list[Values], floats: list[Values],
+                     outputs: Sequence[str], input_hw: tuple[int, int]) -> tuple[dict, list]:
+    """Boxes the float model and the deployed pipeline find on every sample, matched: the
+    totals ``tasks.detector`` reads, and per sample (float boxes, deployed boxes, agreement)."""
+    from npubuild.verify import detections as det
+
+    totals = {"float_boxes": 0, "deployed_boxes": 0, "matched": 0}
+    found = []
+    for ref, got, flt in zip(refs, gots, floats):
+        reference = det.boxes(det.yolov8_output0({n: {**flt, **ref}[n] for n in outputs}, input_hw))
+        deployed = det.boxes(det.yolov8_output0({n: got[n] for n in outputs}, input_hw))
+        agreement = det.agreement(reference, deployed)
+        for key, value in agreement.items():
+            totals[key] += value
+        found.append((reference, deployed, agreement))
+    totals["box_recall"] = (totals["matched"] / totals["float_boxes"]
+                            if totals["float_boxes"] else None)
+    return totals, found
+
+
+class SampleJudge:
+    """verify's verdict for fixed samples: the float original's and the float pipeline's
+    values computed once, then ``judge(gots)`` for any deployed values of the same samples
+    (the quantize stage's precision search judges each choice it tries this way).
+    ``dirs``: the ``import`` and ``surgery`` stage directories (without them the float
+    pipeline is the reference)."""
+
+    def __init__(self, spec, dirs, pipeline, samples, input_hw: tuple[int, int] | None = None):
+        from npubuild import onnx_io
+        from npubuild.verify.reference import FloatReference, original_names
+        from npubuild.verify.samples import npu_handovers
+
+        self.spec, self.outputs = spec, list(pipeline.outputs)
+        self.handed_over = npu_handovers(pipeline)
+        self.kept = [*self.outputs, *self.handed_over]
+        self.floats = [{k: v for k, v in pipeline.float_values(feeds).items() if k in self.kept}
+                       for feeds in samples]
+        if "import" in dirs and "surgery" in dirs:
+            original = onnx_io.load_model(dirs["import"] / "model.onnx")
+            surgery = onnx_io.load_model(dirs["surgery"] / "model.onnx")
+            reference = FloatReference(original, pipeline.outputs, original_names(surgery))
+            self.missing = reference.missing
+            self.refs = [reference(feeds) for feeds in samples]
+        else:  # the split pipeline alone (split proved it equal to the original)
+            self.missing = []
+            self.refs = [{k: f[k] for k in self.outputs} for f in self.floats]
+        self.input_hw = input_hw
+
+    def __call__(self, gots: list[Values]) -> Verdict:
+        detect = None
+        if self.input_hw is not None:
+            detect = lambda r, g, f: detection_totals(r, g, f, self.outputs, self.input_hw)[0]  # noqa: E731
+        return judge(self.spec, self.refs, gots, self.floats, self.outputs, self.handed_over,
+                     self.missing, detect=detect)

@@ -1,0 +1,94 @@
+"""The precision search's logic on synthetic scores (no model): it finds the few tensors that
+matter among many by measuring blocks, keeps the fewest that pass, prefers int16 to float,
+stops at its time budget with the best it found, and says what would reach the thresholds
+when nothing the chip allows does."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from npubuild.quant.search import DROP_EVALUATIONS, PrecisionSearch, Scored, SearchSpec
+
+TENSORS = [f"t{i}" for i in range(200)]
+
+
+class Synthetic(PrecisionSearch):
+    """A search whose score is a formula of the choice: each tensor left in int8 adds its
+    ``cost`` to one judged cosine's load (1 is at verify's bar); ``needs_float`` tensors gain
+    nothing from int16."""
+
+    def __init__(self, cost: dict[str, float], *, levels=("int16", "float"), needs_float=(),
+                 seconds=600.0, clock=None):
+        self.spec = SearchSpec(seconds=seconds)
+        self.levels = list(levels)
+        self.clock = clock or itertools.count().__next__
+        self.started = self.clock()
+        self.deadline = self.soft_deadline = self.started + seconds
+        self.choose_methods, self.method, self.methods = False, "minmax", ()
+        self.cache, self.steps = {}, []
+        self.members = {t: [t] for t in TENSORS}
+        self.candidates = list(TENSORS)
+        self.cost, self.needs_float = cost, set(needs_float)
+        self.evaluations = 0
+
+    def score(self, choice, step=""):
+        key = (tuple(sorted(choice.items())), self.method, self.methods)
+        if key in self.cache:
+            return self.cache[key]
+        if self.clock() > self.deadline:
+            from npubuild.quant.search import OutOfTime
+            raise OutOfTime()
+        self.evaluations += 1
+        load = 0.02 + sum(c for t, c in self.cost.items()
+                          if choice.get(t) not in ("int16", "float")
+                          or (t in self.needs_float and choice.get(t) != "float"))
+        scored = Scored(key[0], load <= 1.0, 0.01 * (1.0 - load), np.array([load]), [])
+        self.cache[key] = scored
+        return scored
+
+
+def test_a_few_heavy_tensors_among_many_are_found_and_only_they_are_kept():
+    cost = {t: 0.001 for t in TENSORS}
+    cost.update({"t17": 0.9, "t150": 0.8})  # int8 everywhere: load 1.92, over the bar
+    search = Synthetic(cost)
+    result = search.run()
+    assert result.reached and set(result.chosen) == {"t17", "t150"}
+    assert set(result.chosen.values()) == {"int16"}
+    assert search.evaluations < 60  # not one evaluation per tensor
+
+
+def test_an_error_spread_over_every_tensor_is_covered_and_then_pruned():
+    search = Synthetic({t: 0.01 for t in TENSORS})  # 2.02 in int8: 103+ tensors must go
+    result = search.run()
+    assert result.reached
+    assert 103 <= len(result.chosen) <= 140
+    drops = [s for s in search.steps if s["step"] == "drop"]
+    assert len(drops) <= DROP_EVALUATIONS
+
+
+def test_float_is_kept_only_where_int16_is_not_enough():
+    cost = {t: 0.0 for t in TENSORS}
+    cost.update({"t3": 1.1, "t90": 1.2})
+    search = Synthetic(cost, needs_float=["t90"])
+    result = search.run()
+    assert result.reached and result.chosen == {"t3": "int16", "t90": "float"}
+
+
+def test_nothing_the_chip_allows_reaches_the_bar_and_the_result_says_what_would():
+    cost = {t: 0.0 for t in TENSORS}
+    cost.update({"t5": 2.0})
+    search = Synthetic(cost, levels=(), needs_float=["t5"])
+    result = search.run()
+    assert not result.reached and result.chosen == {}
+    assert "int16 on every candidate tensor would still miss" in result.note
+    assert "float on every candidate tensor would pass" in result.note
+
+
+def test_the_time_budget_stops_the_search_with_the_best_passing_choice():
+    cost = {t: 0.01 for t in TENSORS}
+    search = Synthetic(cost, seconds=12)  # the clock ticks once per call
+    result = search.run()
+    assert "time budget" in result.note
+    assert result.reached == search.cache[(tuple(sorted(result.chosen.items())), "minmax", ())].passed
