@@ -156,3 +156,41 @@ def params_feed(tensors: list[str], params: Mapping[str, QParams | None],
     for name in layers:
         feed[f"{name}{NPU_SUFFIX}"] = np.array(0.0 if name in cpu_layers else 1.0, np.float32)
     return feed
+
+
+class FakeQuantPipeline:
+    """The split pipeline with each NPU graph run as its fake-quant model (CPU submodels in
+    ONNX Runtime as deployed): ``run(samples, feeds)`` with each graph's parameter inputs."""
+
+    def __init__(self, split_dir, graphs: Mapping[int, tuple[QGraph, FloatGraph]]):
+        from npubuild import onnx_io
+        from npubuild.runtime.runner import Runner
+
+        self.graphs = {}
+        for index, (qg, fg) in graphs.items():
+            model, tensors, layers = export_fake_quant(qg, fg)
+            self.graphs[index] = (onnx_io.session(model), tensors, layers)
+        self._feeds: dict[int, dict[str, np.ndarray]] = {}
+        self.runner = Runner(split_dir, backends={"npu": self._npu})
+
+    def tensors(self, index: int) -> list[str]:
+        return self.graphs[index][1]
+
+    def layers(self, index: int) -> list[str]:
+        return self.graphs[index][2]
+
+    def _npu(self, graph, feeds):
+        session, _, _ = self.graphs[graph.index]
+        names = [o.name for o in session.get_outputs()]
+        values = session.run(names, {**dict(feeds), **self._feeds[graph.index]})
+        return dict(zip(names, values))
+
+    def run(self, samples, feeds: Mapping[int, dict[str, np.ndarray]], kept) -> list[dict]:
+        """Per sample, the ``kept`` tensors (model outputs, hand-overs) under ``feeds``."""
+        self._feeds = dict(feeds)
+        wanted = set(kept)
+        out = []
+        for sample in samples:
+            values = self.runner.run(dict(sample), keep_intermediates=True)
+            out.append({k: v for k, v in values.items() if k in wanted})
+        return out

@@ -13,11 +13,11 @@ The search, after int8 everywhere fails (read top to bottom):
 1. **Reach**: the widest precision each candidate may take (int16 where the chip has it, else
    float; float where every tensor in int16 still fails and the chip may run layers on its
    CPU). Where nothing reaches the thresholds, the result says so with the best figure.
-2. **Rank** by measured contributions (group testing): with every candidate wide, a block of
-   candidates put back to int8 costs the judged cosines some error; errors from different
-   tensors add (nearly: independent noise), so the heaviest blocks are halved until single
-   tensors or light blocks remain. A tensor's contribution is measured end to end, through the
-   CPU segments after it (a Log of a power spectrum, a recurrent cell), not over its own layer.
+2. **Rank** by measured gains (group testing): a block of candidates made wide (the rest
+   int8) takes some error off the judged figures; errors from different tensors add (nearly:
+   independent noise), so the most useful blocks are halved until single tensors or blocks
+   too light to matter remain. A gain is measured end to end, through the CPU segments after
+   the tensor (a Log of a power spectrum, a recurrent cell), not over its own layer.
 3. **Cover**: the shortest prefix of that ranking whose predicted error leaves the
    thresholds a margin, then longer prefixes (doubling) until the choice passes, then the
    shortest passing prefix (bisection).
@@ -117,9 +117,6 @@ class PrecisionSearch:
                  judge: Callable[[list[dict]], object], kept: Sequence[str], spec: SearchSpec,
                  *, chip_int16: bool, float_fallback: bool = True, choose_methods: bool = False,
                  soft_seconds: float | None = None, clock: Callable[[], float] = time.monotonic):
-        from npubuild import onnx_io
-        from npubuild.runtime.runner import Runner
-
         self.workflow, self.samples, self.judge = workflow, list(samples), judge
         self.kept, self.spec, self.clock = set(kept), spec, clock
         self.levels = [p for p in WIDE if (spec.precision in (None, p))
@@ -132,37 +129,29 @@ class PrecisionSearch:
         self.choose_methods = choose_methods
         config = workflow.options.config
         self.method, self.methods = config.method, config.tensor_methods
-        self.graphs = {}
-        for state in workflow.states:
-            model, tensors, layers = fakequant.export_fake_quant(state.qgraph, state.fg)
-            self.graphs[state.graph.index] = (state, onnx_io.session(model), tensors, layers)
+        self.states = {state.graph.index: state for state in workflow.states}
+        self.pipeline = fakequant.FakeQuantPipeline(
+            workflow.pipeline.split_dir, {i: (s.qgraph, s.fg) for i, s in self.states.items()})
         self.ranges: dict = {}
-        self.params: dict[int, dict[str, np.ndarray]] = {}
-        self.runner = Runner(workflow.pipeline.split_dir, backends={"npu": self._npu})
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
         self.candidates = self._candidates()
 
     # ---- scoring ------------------------------------------------------------------------
 
-    def _npu(self, graph, feeds):
-        _, session, _, _ = self.graphs[graph.index]
-        names = [o.name for o in session.get_outputs()]
-        values = session.run(names, {**dict(feeds), **self.params[graph.index]})
-        return dict(zip(names, values))
-
     def _params(self, choice: Mapping[str, str]) -> dict[int, dict[str, np.ndarray]]:
         overrides = self._expanded(choice)
         base = list(self.workflow.options.overrides)
         out = {}
-        for index, (state, _, tensors, layers) in self.graphs.items():
+        for index, state in self.states.items():
             _, float_tensors, int16, _ = resolve_overrides([*base, *overrides], state.graph.model)
             config = replace(self.workflow.options.config, float_tensors=frozenset(float_tensors),
                              int16_tensors=frozenset(int16), method=self.method,
                              tensor_methods=self.methods)
             params, cpu = quantizer.Quantizer(state.fg, state.observer.stats, config,
                                               ranges=self.ranges).tensor_params()
-            out[index] = fakequant.params_feed(tensors, params, layers, cpu)
+            out[index] = fakequant.params_feed(self.pipeline.tensors(index), params,
+                                               self.pipeline.layers(index), cpu)
         return out
 
     def score(self, choice: Mapping[str, str], step: str = "") -> Scored:
@@ -171,12 +160,7 @@ class PrecisionSearch:
             return self.cache[key]
         if self.clock() > self.deadline:
             raise OutOfTime()
-        self.params = self._params(choice)
-        gots = []
-        for feeds in self.samples:
-            values = self.runner.run(dict(feeds), keep_intermediates=True)
-            gots.append({k: v for k, v in values.items() if k in self.kept})
-        verdict = self.judge(gots)
+        verdict = self.judge(self.pipeline.run(self.samples, self._params(choice), self.kept))
         scored = Scored(key[0], verdict.passed and self._extra_bar(verdict) >= 0,
                         min(verdict.margin(), self._extra_bar(verdict)), loads(verdict),
                         list(verdict.failures))
@@ -309,17 +293,19 @@ class PrecisionSearch:
         return None
 
     def _rank(self, wide: str) -> list[dict]:
-        """Blocks of candidates (single tensors where it matters), heaviest first, each with
-        the error it adds when it stays int8 (every other candidate wide)."""
-        everything = {t: wide for t in self.candidates}
-        floor = self.score(everything).loads
-        headroom = max(1e-9, COVER_HEADROOM - float(np.max(floor, initial=0.0)))
+        """Blocks of candidates (single tensors where it matters), most useful first, each
+        with what it buys when it alone goes ``wide`` (every other candidate int8): the load it
+        takes off each judged figure. Where int8 weights are what fails, a tensor kept in float
+        buys its layers' float weights too, so the gain is measured, never assumed."""
+        plain = self.score({}).loads
+        need = np.maximum(plain - COVER_HEADROOM, 0.0)
+        total = float(need.sum()) or 1.0
 
         def measure(block: tuple[str, ...]) -> dict:
-            scored = self.score({t: p for t, p in everything.items() if t not in block},
-                                f"rank {len(block)}")
-            cost = np.maximum(scored.loads - floor, 0.0)
-            return {"tensors": block, "cost": cost, "weight": float(np.max(cost, initial=0.0))}
+            scored = self.score({t: wide for t in block}, f"rank {len(block)}")
+            gain = np.maximum(plain - scored.loads, 0.0)
+            weight = float(np.minimum(gain, need).sum()) / total
+            return {"tensors": block, "gain": gain, "weight": weight}
 
         size = max(1, -(-len(self.candidates) // FIRST_BLOCKS))
         blocks = [measure(tuple(self.candidates[i:i + size]))
@@ -329,7 +315,7 @@ class PrecisionSearch:
         done, counter, spent = [], len(heap), 0
         while heap:
             weight, _, block = heapq.heappop(heap)
-            if (len(block["tensors"]) == 1 or -weight < SPLIT_BELOW * headroom
+            if (len(block["tensors"]) == 1 or -weight < SPLIT_BELOW
                     or spent >= MAX_RANK_EVALUATIONS or self.late(0.5)):
                 done.append(block)
                 continue
@@ -353,7 +339,7 @@ class PrecisionSearch:
             if float(np.max(predicted, initial=0.0)) <= COVER_HEADROOM:
                 start = k
                 break
-            predicted = predicted - block["cost"]
+            predicted = predicted - block["gain"]
         start = max(1, start)
         low, high = 0, None
         k = start
@@ -439,10 +425,10 @@ class PrecisionSearch:
         for rank, block in enumerate(ranking or []):
             if rank < 12:
                 shown.append({"tensors": list(block["tensors"][:8]), "count": len(block["tensors"]),
-                              "int8_load": round(block["weight"], 6)})
+                              "share_of_needed_gain": round(block["weight"], 6)})
             for t in block["tensors"]:
                 if t in chosen:
-                    why[t] = {"rank": rank, "int8_load": round(block["weight"], 6),
+                    why[t] = {"rank": rank, "share_of_needed_gain": round(block["weight"], 6),
                               **({"measured_in_block_of": len(block["tensors"])}
                                  if len(block["tensors"]) > 1 else {})}
         return SearchResult(self.ok(best), dict(chosen), plain.margin, best.margin,

@@ -217,7 +217,10 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
             "before": {"fake_quant_margin": round(result.before, 6)},
             "after": {"fake_quant_margin": round(result.after, 6),
                       "reference_margin": round(verdict.margin(), 6),
-                      "failures": verdict.failures},
+                      "failures": verdict.failures,
+                      "outputs": {name: {"cosine": m["cosine"],
+                                         "min_sample_cosine": m["min_sample_cosine"]}
+                                  for name, m in verdict.outputs.items()}},
             "calibration": {"method": result.method,
                             "per_tensor": dict(result.tensor_methods),
                             "measured": result.method_scores},

@@ -27,11 +27,10 @@ import numpy as np
 
 from npubuild import onnx_io
 from npubuild.atomic import write_json
-from npubuild.errors import did_you_mean, working_on
+from npubuild.errors import working_on
 from npubuild.stages import StageContext
-from npubuild.verify.bisect import RecipeFixes
 from npubuild.verify import verdict
-from npubuild.verify.judge import failures as failures_of
+from npubuild.verify.bisect import RecipeFixes
 from npubuild.verify.samples import Observed, SampleRun, npu_handovers
 
 NO_NPU_NOTE = ("no NPU graph: the deployed pipeline is the CPU submodels alone (ONNX Runtime), "
@@ -73,6 +72,11 @@ def run(ctx: StageContext) -> dict:
         result["bisection"] = bisect_sample(dirs, pipeline, reference, samples[plan["sample"]],
                                             plan["limits"], spec.slices, fixes)
         result["bisection"]["sample"] = sources[plan["sample"]].label(ctx.loaded.spelled)
+        finding = result["bisection"]["finding"]
+        if finding and finding["stage"] == "quantize" and finding.get("culprits"):
+            result["bisection"]["finding"] = measured_fixes(
+                ctx, finding, list(plan["limits"]), fixes, pipeline, samples, refs, floats,
+                reference.missing, inputs)
     write_json(ctx.out / "verify.json", result)
     accuracy = {"outputs": result["outputs"], "data": "verify", "samples": len(samples),
                 "against": "float original (import stage)"}
@@ -145,6 +149,39 @@ def cut_slice(loaded, index: int, check, value: np.ndarray) -> np.ndarray:
                            f"{check.tensor!r} (shape {list(np.shape(value))}) is empty",
                            "verify", "slices", index, "start")
     return part
+
+
+def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, pipeline,
+                   samples: list, refs: list[dict], floats: list[dict], missing: list[str],
+                   inputs) -> dict:
+    """The finding with a hint measured on every verify sample (`npubuild.verify.fixes`)."""
+    import json
+
+    from npubuild.quant import data
+    from npubuild.stages import quantize as quantize_stage
+    from npubuild.verify import fixes as measured
+
+    hw = input_hw(inputs[0]) if len(inputs[0].shape or []) == 4 else None
+    outputs, handed_over = pipeline.outputs, npu_handovers(pipeline)
+
+    def judge(gots):
+        detect = (lambda r, g, f: verdict.detection_totals(r, g, f, outputs, hw)[0]) if hw else None
+        return verdict.judge(ctx.recipe.verify, refs, gots, floats, outputs, handed_over, missing,
+                             detect=detect)
+
+    bench = measured.FixBench(ctx.upstream["split"], ctx.upstream["quantize"], pipeline, samples,
+                              judge, [*outputs, *handed_over])
+    spec = ctx.recipe.quantization
+    calibration = list(data.load_samples(quantize_stage.calibration_files(ctx.loaded),
+                                         inputs, spec.calibration.samples))
+    chip = ctx.chip
+    trials = measured.measure(bench, finding["culprits"], failing, fixes, calibration,
+                              chip_int16=bool(chip and chip.int16),
+                              float_fallback=bool(chip is None or chip.float_fallback))
+    search_file = ctx.upstream["quantize"] / "search.json"
+    search = json.loads(search_file.read_text()) if search_file.is_file() else None
+    name = f"worst cosine of {', '.join(repr(n) for n in failing)}"
+    return measured.with_measured(finding, trials, name, search)
 
 
 def bisect_sample(dirs, pipeline, reference, feeds, limits: dict[str, float], slices=(),

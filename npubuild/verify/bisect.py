@@ -35,6 +35,7 @@ class Finding:
     suggestion: str
     producer: str | None = None
     input_cosine: float | None = None
+    culprits: list[str] = field(default_factory=list)  # quantize: largest drops first
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,14 @@ class RecipeFixes:
     method: str = "minmax"
     overridden: frozenset[str] = frozenset()  # node or tensor names in quantization.overrides
     int16: bool = False  # the chip has int16 activations
+    scheme: str | None = None  # as the recipe fixes it (None: chosen)
 
     @classmethod
     def from_recipe(cls, quantization, chip_int16: bool = False) -> "RecipeFixes":
         names = {n for o in quantization.overrides for n in (*o.nodes, *o.tensors)}
         return cls(quantization.granularity or "per_channel",
                    quantization.calibration.method or "minmax", frozenset(names),
-                   chip_int16)
+                   chip_int16, quantization.scheme)
 
 
 @dataclass
@@ -150,16 +152,19 @@ def explain_quantize(tensor: str, cosine: float, drops: list[TensorDrop], min_co
                      fixes: RecipeFixes) -> Finding:
     """The tensor with the largest drop and its producer, or the accumulated error when no
     single layer loses more than the threshold allows."""
-    culprit = max(drops, key=lambda d: (d.drop, -d.cosine), default=None)
+    ranked = sorted(drops, key=lambda d: (-d.drop, d.cosine, d.tensor))
+    culprits = list(dict.fromkeys(d.tensor for d in ranked))[:CULPRITS]
+    culprit = ranked[0] if ranked else None
     if culprit is None or culprit.drop <= 1 - min_cosine:
         return Finding("quantize", tensor, cosine, "the accumulated quantization error",
-                       accumulated_fixes(fixes))
+                       accumulated_fixes(fixes), culprits=culprits)
     return Finding("quantize", culprit.tensor, culprit.cosine,
                    f"layer {culprit.node!r} ({culprit.kind}; its inputs at cosine "
                    f"{culprit.input_cosine:.4f})", layer_fixes(culprit, fixes),
-                   producer=culprit.node, input_cosine=culprit.input_cosine)
+                   producer=culprit.node, input_cosine=culprit.input_cosine, culprits=culprits)
 
 
+CULPRITS = 3  # the tensors a measured hint tries fixes on
 CLIPPED = 1e-3  # above this fraction of clipped values, the range is wrong, not the resolution
 
 
