@@ -1,9 +1,11 @@
-"""One writer per build directory: an advisory ``flock`` held for a whole run."""
+"""One writer per build directory: an advisory ``flock`` held for a whole run; and what the
+build chose by itself, which ``recipe.lock`` records beside the recipe as written."""
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import time
 from contextlib import contextmanager
@@ -61,3 +63,24 @@ def _holder(fd: int) -> str:
     except OSError:
         pid = ""
     return f" (pid {pid})" if pid else ""
+
+
+def quantization_choices(quantize_dir: Path, report: dict) -> dict:
+    """What quantize chose where the recipe left it open, for ``recipe.lock``: the scheme,
+    weight granularity and calibration method in use, and the precision search's choice
+    (tensors kept out of int8 and their precision, per-tensor calibration methods). The
+    search is a deterministic function of the stage's inputs (its budgets are counts of
+    evaluations), so the lock says what a rebuild chooses again; copied into the recipe
+    (``quantization.overrides``, ``calibration.method``) it pins that choice."""
+    summary = report.get("quantization") or {}
+    out = {k: summary[k] for k in ("scheme", "granularity", "method") if k in summary}
+    search_file = quantize_dir / "search.json"
+    if search_file.is_file():
+        search = json.loads(search_file.read_text())
+        out["search"] = {
+            "passed": search.get("passed"),
+            "overrides": [{"tensors": [c["tensor"]], "precision": c["precision"]}
+                          for c in search.get("chosen") or []],
+            "calibration": {k: v for k, v in (search.get("calibration") or {}).items()
+                            if k in ("method", "per_tensor")}}
+    return out

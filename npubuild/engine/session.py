@@ -8,7 +8,6 @@ a scratch directory → manifest → cache → atomic swap into ``build/<name>/<
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -25,6 +24,7 @@ from npubuild.engine.code import code_digest
 from npubuild.engine.fetch import StageArtifacts
 from npubuild.engine.hashing import HashCache, sha256_data, sha256_file
 from npubuild.engine.keys import KeyParts, explain_change, key_parts, read_manifest
+from npubuild.engine.lock import quantization_choices
 from npubuild.engine.paths import MANIFEST, BuildPaths, cache_dir
 from npubuild.engine.remote import RemoteCache, resolve_remote_url
 from npubuild.engine.settings import Settings, find_settings
@@ -470,9 +470,10 @@ class BuildSession:
                 stages[stage.name] = {"key": manifest["key"],
                                       "files": {k: v["sha256"] for k, v in manifest["files"].items()}}
         resolved = self.loaded.recipe.model_dump(mode="json")
-        auto = self.paths.stage_dir("quantize") / "auto.json"
-        if "quantize" in stages and auto.is_file():  # what quantization.auto chose
-            resolved["quantization"]["auto_overrides"] = json.loads(auto.read_text())["overrides"]
+        if "quantize" in stages:  # what quantize chose where the recipe left it open
+            manifest = read_manifest(self.paths.manifest("quantize")) or {}
+            resolved["quantization"]["chosen"] = quantization_choices(
+                self.paths.stage_dir("quantize"), manifest.get("report") or {})
         return {"recipe": str(self.loaded.path),
                 "recipe_sha256": sha256_file(self.loaded.path),
                 "npubuild": __version__,

@@ -27,7 +27,9 @@ The search, after int8 everywhere fails (read top to bottom):
 
 Candidates are every quantized activation a layer rounds or a graph takes in, NPU inputs
 arriving from CPU segments included; a tensor that only moves data shares its source's
-precision. The search stops at the recipe's time budget with the best choice found.
+precision. Each phase has a budget of evaluations (counts, not seconds: the choice is a
+function of the stage's inputs); ``quantization.auto.seconds`` is an emergency stop, after
+which the best choice found is kept and the report says so.
 """
 
 from __future__ import annotations
@@ -45,12 +47,15 @@ from npubuild.quant.workflow import OverrideSpec, resolve_overrides
 WIDE = ("int16", "float")
 FIRST_BLOCKS = 8
 COVER_HEADROOM = 0.75    # a prefix is first tried where its predicted load is this much
-DROP_EVALUATIONS = 24    # the drop pass stops after this many evaluations
-DEMOTE_EVALUATIONS = 16
+# Evaluation budgets per phase: counts, never seconds, so the choice is a function of the
+# stage's inputs (byte-identical artifacts on any machine); about 60 scores at most, each one
+# pass of ONNX Runtime over the verify samples (a few percent of quantizing in int8).
+DROP_EVALUATIONS = 16    # the drop pass stops after this many evaluations
+DEMOTE_EVALUATIONS = 8
 SPLIT_BELOW = 1.0 / 16   # blocks lighter than this share of the headroom are not halved
-MAX_RANK_EVALUATIONS = 96
+MAX_RANK_EVALUATIONS = 24  # halvings after the first blocks
 ALTERNATIVE_METHODS = ("percentile", "mse", "kl")
-METHOD_EVALUATIONS = 12
+METHOD_EVALUATIONS = 8
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,7 @@ class Scored:
     margin: float          # lowest cosine above its bar (negative: misses)
     loads: np.ndarray      # per judged cosine: (1 - cosine) / (1 - its bar)
     failures: list[str]
+    span_ratio: float = 1.0  # the channel closest to dying: deployed span / reference span
 
     @property
     def wide(self) -> dict[str, str]:
@@ -116,16 +122,13 @@ class PrecisionSearch:
     def __init__(self, workflow, samples: Sequence[Mapping[str, np.ndarray]],
                  judge: Callable[[list[dict]], object], kept: Sequence[str], spec: SearchSpec,
                  *, chip_int16: bool, float_fallback: bool = True, choose_methods: bool = False,
-                 soft_seconds: float | None = None, clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic):
         self.workflow, self.samples, self.judge = workflow, list(samples), judge
         self.kept, self.spec, self.clock = set(kept), spec, clock
         self.levels = [p for p in WIDE if (spec.precision in (None, p))
                        and (p != "int16" or chip_int16) and (p != "float" or float_fallback)]
         self.started = clock()
-        self.deadline = self.started + spec.seconds
-        # past this, refinements stop (ranking, drop, demote) and the search finishes with
-        # what passes: the stage sets it from the plain quantization's own time
-        self.soft_deadline = self.started + min(spec.seconds, soft_seconds or spec.seconds)
+        self.deadline = self.started + spec.seconds  # an emergency stop (the report says)
         self.choose_methods = choose_methods
         config = workflow.options.config
         self.method, self.methods = config.method, config.tensor_methods
@@ -163,7 +166,7 @@ class PrecisionSearch:
         verdict = self.judge(self.pipeline.run(self.samples, self._params(choice), self.kept))
         scored = Scored(key[0], verdict.passed and self._extra_bar(verdict) >= 0,
                         min(verdict.margin(), self._extra_bar(verdict)), loads(verdict),
-                        list(verdict.failures))
+                        list(verdict.failures), span_ratio(verdict))
         self.cache[key] = scored
         self.steps.append({"step": step, "tensors": len(key[0]), "passed": scored.passed,
                            "margin": round(scored.margin, 6)})
@@ -210,9 +213,11 @@ class PrecisionSearch:
 
     # ---- the search ---------------------------------------------------------------------
 
-    def run(self, margin: float = 0.0) -> SearchResult:
-        """The fewest wide tensors whose choice passes with at least ``margin`` of cosine."""
-        self.margin, self.ranking = margin, []
+    def run(self, margin: float = 0.0, span: float = 0.0) -> SearchResult:
+        """The fewest wide tensors whose choice passes with at least ``margin`` of cosine and
+        every judged channel keeping at least ``span`` of its reference's span (the caller
+        raises both where the integer reference missed what fake quantization passed)."""
+        self.margin, self.span, self.ranking = margin, span, []
         plain = self.score({}, "int8 everywhere")
         best = plain
         try:
@@ -246,11 +251,8 @@ class PrecisionSearch:
             return result
 
     def ok(self, scored: Scored) -> bool:
-        return scored.passed and scored.margin >= self.margin
-
-    def late(self, share: float = 1.0) -> bool:
-        """Past ``share`` of the soft time budget: refinements stop."""
-        return self.clock() > self.started + share * (self.soft_deadline - self.started)
+        return (scored.passed and scored.margin >= self.margin
+                and scored.span_ratio >= getattr(self, "span", 0.0))
 
     def _choose_methods(self, plain: Scored) -> Scored:
         """Calibration methods by measurement (the recipe left ``calibration.method`` unset):
@@ -269,7 +271,7 @@ class PrecisionSearch:
             tensors = [t for t in self.candidates]
             start, block = 0, max(1, len(tensors) // 2)
             for _ in range(METHOD_EVALUATIONS):
-                if start >= len(tensors) or self.ok(best) or self.late(0.25):
+                if start >= len(tensors) or self.ok(best):
                     break
                 trial = (*self.methods, *((t, "minmax") for t in tensors[start:start + block]))
                 previous, self.methods = self.methods, tuple(sorted(trial))
@@ -316,7 +318,7 @@ class PrecisionSearch:
         while heap:
             weight, _, block = heapq.heappop(heap)
             if (len(block["tensors"]) == 1 or -weight < SPLIT_BELOW
-                    or spent >= MAX_RANK_EVALUATIONS or self.late(0.5)):
+                    or spent >= MAX_RANK_EVALUATIONS):
                 done.append(block)
                 continue
             half = len(block["tensors"]) // 2
@@ -371,7 +373,7 @@ class PrecisionSearch:
         order = sorted(chosen, key=lambda t: (-weight[t][0], t))
         start, block = 0, max(1, len(order) // 2)
         for _ in range(DROP_EVALUATIONS):
-            if start >= len(order) or self.late():
+            if start >= len(order):
                 break
             dropped = set(order[start:start + block])
             rest = {t: p for t, p in chosen.items() if t not in dropped}
@@ -389,7 +391,7 @@ class PrecisionSearch:
         floats = sorted(t for t, p in chosen.items() if p == "float")
         start, block = 0, max(1, len(floats))
         for _ in range(DEMOTE_EVALUATIONS):
-            if start >= len(floats) or self.late():
+            if start >= len(floats):
                 break
             trial = {**chosen, **{t: "int16" for t in floats[start:start + block]}}
             if self.ok(self.score(trial, "int16 instead of float")):
@@ -442,6 +444,13 @@ class PrecisionSearch:
 MOVES_DATA = {"maxpool", "reshape", "transpose", "slice", "split", "pad"}
 
 
+def span_ratio(verdict) -> float:
+    """The lowest ``min_channel_span_ratio`` of the checks that fail on dead channels."""
+    values = [m.get("min_channel_span_ratio") for _, m, limits in verdict.checks
+              if limits.dead_channels is not False]
+    return min((v for v in values if v is not None), default=1.0)
+
+
 def loads(verdict) -> np.ndarray:
     """What the ranking adds up, one entry per thing verify judges: per judged cosine (every
     check, all samples and worst sample) its error over the error its bar allows,
@@ -455,7 +464,9 @@ def loads(verdict) -> np.ndarray:
             if bar is not None and value is not None:
                 out.append((1.0 - value) / max(1e-9, 1.0 - bar))
         if limits.dead_channels is not False:
-            out.append(2.0 * metrics.get("dead_channel_count", 0))
+            ratio = metrics.get("min_channel_span_ratio")
+            out.append(2.0 * metrics.get("dead_channel_count", 0)
+                       + (0.0 if ratio is None else max(0.0, 1.0 - ratio)))
     task, minimum = verdict.task or {}, verdict.task_minimum
     if task.get("agreement") is not None and minimum is not None:
         out.append((1.0 - task["agreement"]) / max(1.0 - minimum, 0.5 / (task.get("samples") or 4)))

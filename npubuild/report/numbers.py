@@ -33,6 +33,7 @@ def quantization_section(a: BuildArtifacts) -> str:
                     ("scheme", "granularity", "method", "calibration_samples")]
                    + [("float overrides", summary.get("overrides"))])
     out += _cpu_layers(summary.get("graphs") or {})
+    out += search_section(summary)
     crosscheck = per_layer.get("crosscheck") or summary.get("crosscheck")
     if crosscheck:
         out += details("integer reference vs the QDQ model in ONNX Runtime (cross-check)",
@@ -81,6 +82,41 @@ def _verify_cosines(a: BuildArtifacts) -> dict[str, str]:
                             if "min_sample_cosine" in cos and cos["min_sample_cosine"].value is not None
                             else "") + f" ({judged})")
     return out
+
+
+def search_section(summary: dict) -> str:
+    """What the precision search chose and why (report.json's ``quantization.search``), or
+    that int8 passed verify's thresholds without it."""
+    unset = summary.get("unset") or []
+    intro = ("scheme, granularity and method as the recipe fixes them" if not unset else
+             f"not set in the recipe, chosen: {', '.join(f'{k} {summary.get(k)}' for k in unset)}")
+    int8 = summary.get("int8_verdict") or {}
+    search = summary.get("search")
+    if search is None:
+        verdict = "int8 passes verify's thresholds on the verify samples" if int8.get("passed") \
+            else "int8 misses verify's thresholds and the search is off (quantization.auto: false)"
+        return f"<h3>Precision search</h3>{para(f'{verdict}; {intro}.')}"
+    chosen = search.get("chosen") or []
+    calibration = search.get("calibration") or {}
+    lines = [f"int8 missed verify's thresholds ({'; '.join(int8.get('failures') or [])}); "
+             f"{intro}.",
+             f"{len(chosen)} of {search.get('candidates')} candidate tensors kept out of int8 "
+             f"({', '.join(sorted({c['precision'] for c in chosen})) or 'none'}); verify's "
+             f"thresholds {'hold' if search.get('passed') else 'still miss'} on the integer "
+             f"reference; {search.get('evaluations')} choices scored with fake quantization.",
+             f"calibration: {calibration.get('method')} "
+             + (f"({len(calibration.get('per_tensor') or {})} tensor(s) on their own method) "
+                if calibration.get("per_tensor") else "")
+             + (f"measured {calibration['measured']}" if calibration.get("measured") else "")]
+    if search.get("note"):
+        lines.append(search["note"])
+    rows = [(c["tensor"], c["precision"], c.get("rank"), c.get("share_of_needed_gain"),
+             c.get("measured_in_block_of", 1)) for c in chosen]
+    body = "".join(para(line) for line in lines)
+    body += table(["tensor", "precision", "rank", "share of the needed gain (measured)",
+                   "measured in a block of"], rows) if rows else ""
+    return f"<h3>Precision search</h3>{body}" + para("quantize/search.json has every choice "
+                                                     "scored and the confirmations", "note")
 
 
 HISTOGRAMS_SHOWN = 6

@@ -19,7 +19,6 @@ than one step (else the stage fails).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from npubuild.atomic import write_json
@@ -125,7 +124,6 @@ def run(ctx: StageContext) -> dict:
         return {"quantization": {"scheme": resolved(spec)["scheme"], "graphs": {}, "npu_graphs": 0,
                                  "note": NO_NPU_NOTE}}
     inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
-    started = time.monotonic()
     workflow = Workflow(pipeline, options(spec, ctx.chip), ctx.progress)
 
     cal_files = calibration_files(ctx.loaded)
@@ -140,8 +138,7 @@ def run(ctx: StageContext) -> dict:
     verdict = judge(workflow.deployed_values(compare, judge.kept))
     search = None
     if not verdict.passed and spec.auto.enabled:
-        search = precision_search(ctx, workflow, compare, judge, verdict,
-                                  SOFT_BUDGET * (time.monotonic() - started))
+        search = precision_search(ctx, workflow, compare, judge, verdict)
         write_json(ctx.out / "search.json", search)
     files = workflow.write(ctx.out)
     evaluation = workflow.evaluate(compare, judge.kept, spec.compare_samples)
@@ -175,13 +172,15 @@ def run(ctx: StageContext) -> dict:
     }
 
 
-# The search's refinements stop after this many times what quantizing in int8 took (the
-# precision search within 3x a plain quantize: issue 23), its hard limit is auto.seconds
-SOFT_BUDGET = 1.5
+MAX_CONFIRMATIONS = 6
+SPAN_DEMANDED = 0.5   # where a channel died, the search keeps every channel this lively
 
 
-def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge", plain,
-                     soft_seconds: float) -> dict:
+def dead_channels(verdict) -> list[str]:
+    return [line for line in verdict.failures if "dead channel" in line]
+
+
+def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge", plain) -> dict:
     """Search, adopt the choice, confirm it on the integer reference; where the reference
     misses what fake quantization passed, search again demanding the cosine margin they
     differ by (twice over), within the time budget."""
@@ -189,28 +188,41 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
     search = PrecisionSearch(workflow, samples, judge, judge.kept, search_spec(spec.auto, chip),
                              chip_int16=bool(chip and chip.int16),
                              float_fallback=bool(chip is None or chip.float_fallback),
-                             choose_methods=spec.calibration.method is None,
-                             soft_seconds=soft_seconds)
+                             choose_methods=spec.calibration.method is None)
     margin = max(0.0, 1.5 * (search.score({}, "int8 everywhere").margin - plain.margin()))
+    span = SPAN_DEMANDED if dead_channels(plain) else 0.0
     confirmations = [{"choice": "int8 everywhere", "reference_passed": plain.passed,
                       "reference_margin": round(plain.margin(), 6)}]
-    while True:
-        result = search.run(margin)
-        workflow.adopt(result.overrides(), result.method, result.tensor_methods)
-        verdict = judge(workflow.deployed_values(samples, judge.kept))
-        confirmations.append({"choice": f"{len(result.chosen)} tensor(s)",
-                              "fake_quant_margin": round(result.after, 6),
-                              "reference_passed": verdict.passed,
-                              "reference_margin": round(verdict.margin(), 6),
-                              "failures": verdict.failures[:4]})
+    confirmed: dict[tuple, object] = {}
+    adopted = None
+    for _ in range(MAX_CONFIRMATIONS):
+        result = search.run(margin, span)
+        key = (tuple(sorted(result.chosen.items())), result.method, result.tensor_methods)
+        if key not in confirmed:
+            workflow.adopt(result.overrides(), result.method, result.tensor_methods)
+            adopted = key
+            confirmed[key] = judge(workflow.deployed_values(samples, judge.kept))
+            confirmations.append({"choice": f"{len(result.chosen)} tensor(s)",
+                                  "fake_quant_margin": round(result.after, 6),
+                                  "demanded": {"margin": round(margin, 6), "span": span},
+                                  "reference_passed": confirmed[key].passed,
+                                  "reference_margin": round(confirmed[key].margin(), 6),
+                                  "failures": confirmed[key].failures[:4]})
+        verdict = confirmed[key]
         if verdict.passed or not result.reached or search.clock() > search.deadline:
             break
-        margin = max(2.0 * margin, 1.5 * (result.after - verdict.margin()), 1e-4)
+        if dead_channels(verdict):  # fake quantization kept a channel the reference lost
+            span = min(1.0, max(SPAN_DEMANDED, span + 0.25))
+        if len(verdict.failures) > len(dead_channels(verdict)):
+            margin = max(2.0 * margin, 1.5 * (result.after - verdict.margin()), 1e-4)
+    if adopted != key:
+        workflow.adopt(result.overrides(), result.method, result.tensor_methods)
     ctx.log.info("quantize: the precision search chose %d tensor(s) (%s), verify's thresholds "
                  "%s on the integer reference, %d choices scored in %.1f s",
                  len(result.chosen), ", ".join(sorted(set(result.chosen.values()))) or "none",
                  "hold" if verdict.passed else "still miss", result.evaluations, result.seconds)
-    return {"passed": verdict.passed, "reached": result.reached, "margin_demanded": margin,
+    return {"passed": verdict.passed, "reached": result.reached,
+            "demanded": {"margin": margin, "channel_span": span},
             "levels": search.levels, "candidates": len(search.candidates),
             "chosen": [{"tensor": t, "precision": p, **result.why.get(t, {})}
                        for t, p in sorted(result.chosen.items())],
@@ -224,13 +236,13 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
             "calibration": {"method": result.method,
                             "per_tensor": dict(result.tensor_methods),
                             "measured": result.method_scores},
-            "evaluations": result.evaluations, "seconds": result.seconds,
+            "evaluations": result.evaluations,
             "note": result.note, "what_would_reach": result.best_reachable,
             "ranking": result.ranking, "confirmations": confirmations, "steps": result.steps}
 
 
 def _search_summary(search: dict) -> dict:
-    keep = ("passed", "reached", "levels", "candidates", "evaluations", "seconds", "note",
+    keep = ("passed", "reached", "levels", "candidates", "evaluations", "note",
             "before", "after", "what_would_reach", "calibration")
     return {**{k: search[k] for k in keep}, "chosen": search["chosen"],
             "file": "search.json"}

@@ -80,11 +80,15 @@ def channel_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int) -
     full = float(ref.max() - ref.min()) if ref.size else 0.0
     judged = np.nonzero(spans >= QUIET * full)[0] if full else []
     cosines = {int(c): similarity(ref[c], got[c]).cosine for c in judged}
-    dead = [int(c) for c in np.nonzero(spans >= DEAD_SPAN * full)[0]
-            if float(np.ptp(got[c])) == 0.0] if full else []
+    alive = np.nonzero(spans >= DEAD_SPAN * full)[0] if full else np.array([], np.int64)
+    kept = got[alive].max(axis=1) - got[alive].min(axis=1) if alive.size else np.array([])
+    dead = [int(c) for c, k in zip(alive, kept) if k == 0.0]
     worst = min(cosines, key=cosines.get) if cosines else None
     return {"channel_axis": axis, "channels_judged": len(cosines), "dead_channels": dead[:16],
             "dead_channel_count": len(dead),
+            # how close the liveliest-at-risk channel is to dying: its span in the deployed
+            # result over the reference's (0: dead)
+            "min_channel_span_ratio": float(np.min(kept / spans[alive])) if alive.size else None,
             "worst_channel": None if worst is None else {"index": worst, "cosine": cosines[worst]}}
 
 

@@ -2,7 +2,8 @@
 map goes through a Sigmoid (almost every score tiny), int8 misses verify's bar, the search
 keeps a few tensors out of int8, and verify — the simulator on every verify sample — reaches the
 very figures the search confirmed on the integer reference, failures and all; with the bar out
-of reach, both fail with the same lines, and the bisection's hint is measured."""
+of reach, both fail with the same lines, and the bisection's hint is measured. recipe.lock
+records what was chosen."""
 
 from __future__ import annotations
 
@@ -71,6 +72,11 @@ def test_the_search_passes_exactly_when_verify_passes_with_the_same_figures(root
     for name, figures in search["after"]["outputs"].items():
         assert figures["cosine"] == outputs[name]["cosine"]
         assert figures["min_sample_cosine"] == outputs[name]["min_sample_cosine"]
+    lock = json.loads((root / "build" / "scores" / "recipe.lock").read_text())
+    chosen = lock["resolved"]["quantization"]["chosen"]
+    assert chosen["scheme"] == "asymmetric" and chosen["granularity"] == "per_channel"
+    assert chosen["search"]["overrides"] == [{"tensors": [c["tensor"]], "precision": c["precision"]}
+                                            for c in search["chosen"]]
 
 
 def test_out_of_reach_both_fail_with_the_same_lines_and_the_hint_is_measured(root):
