@@ -421,7 +421,9 @@ def _int8_bias(b: np.ndarray, acc_ls: np.ndarray) -> tuple[np.ndarray, dict]:
 def _add(q: Quantizer, layer: FLayer) -> QLayer:
     a, b, y = (q.p(t) for t in (*layer.inputs, layer.outputs[0]))
     sign = -1.0 if layer.attrs.get("sub") else 1.0
-    mults, shift = schemes.shared_shift([a.scale / y.scale, sign * b.scale / y.scale])
+    bound = _zero_centred_span(a) + _zero_centred_span(b)  # |acc| / max |M|
+    mults, shift = schemes.shared_shift([a.scale / y.scale, sign * b.scale / y.scale],
+                                        bits=schemes.multiplier_bits(bound))
     params = {"input_zps": [a.zero_point, b.zero_point], "multipliers": mults.tolist(),
               "shift": int(shift), "sub": bool(layer.attrs.get("sub"))}
     if q.pow2:
@@ -445,7 +447,8 @@ def _mul(q: Quantizer, layer: FLayer) -> QLayer:
 
 def _rescale(q: Quantizer, layer: FLayer) -> QLayer:
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
-    m, n = schemes.fixed_point(layer.attrs["factor"] * x.scale / y.scale)
+    m, n = schemes.fixed_point(layer.attrs["factor"] * x.scale / y.scale,
+                               bits=schemes.multiplier_bits(_zero_centred_span(x)))
     return _qlayer(layer, attrs=dict(layer.attrs), params={"input_zp": x.zero_point,
                                                           "multiplier": m, "shift": n})
 
@@ -456,7 +459,7 @@ def _concat(q: Quantizer, layer: FLayer) -> QLayer:
     for t in layer.inputs:
         x = q.p(t)
         m, n = (1, 0) if (x.scale, x.dtype) == (y.scale, y.dtype) else schemes.fixed_point(
-            x.scale / y.scale)
+            x.scale / y.scale, bits=schemes.multiplier_bits(_zero_centred_span(x)))
         mults.append(m), shifts.append(n), zps.append(x.zero_point)
     params = {"input_zps": zps, "multipliers": mults, "shifts": shifts}
     if q.pow2:
@@ -469,8 +472,9 @@ def _avgpool(q: Quantizer, layer: FLayer) -> QLayer:
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
     probe = QLayer(layer.name, "avgpool", [], [], attrs=layer.attrs)
     counts = window_counts(probe, q.fg.shapes[layer.inputs[0]][2:])
+    bound = float(counts.max(initial=1)) * _zero_centred_span(x)  # a window's whole sum
     mult, shift = schemes.fixed_point_array(x.scale / (counts.astype(np.float64) * y.scale),
-                                            round_up=q.pow2)
+                                            round_up=q.pow2, bits=schemes.multiplier_bits(bound))
     params = {"input_zp": x.zero_point}
     if q.pow2:
         params["input_pre_ls"] = max(0, y.log2scale - x.log2scale)
@@ -482,7 +486,9 @@ def _resize(q: Quantizer, layer: FLayer) -> QLayer:
     if layer.attrs["mode"] == "nearest":
         return _qlayer(layer, attrs=dict(layer.attrs))
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
-    m, n = schemes.fixed_point(x.scale / (y.scale * 4.0 ** schemes.RESIZE_FRAC_BITS))
+    bound = 4.0 ** schemes.RESIZE_FRAC_BITS * _zero_centred_span(x)  # two taps per axis
+    m, n = schemes.fixed_point(x.scale / (y.scale * 4.0 ** schemes.RESIZE_FRAC_BITS),
+                               bits=schemes.multiplier_bits(bound))
     return _qlayer(layer, attrs=dict(layer.attrs), params={"input_zp": x.zero_point,
                                                           "multiplier": m, "shift": n})
 
