@@ -63,8 +63,8 @@ class FloatGraph:
     def node_model(self, layer: FLayer) -> onnx.ModelProto:
         """A model of just ``layer``'s source nodes: its dynamic inputs in, its outputs out."""
         return fragment_model(self.model, layer.source_nodes,
-                              [t for t in layer.inputs if t not in self.constants],
-                              layer.outputs, self.constants)
+                              list(dict.fromkeys(t for t in layer.inputs if t not in self.constants)),
+                              layer.outputs, self.constants)  # x·x reads x once
 
 
 def fragment_model(model: onnx.ModelProto, node_names: Sequence[str], inputs: Sequence[str],

@@ -13,7 +13,7 @@ import onnx
 
 from npubuild import onnx_io
 from npubuild.quant.qgraph import QGraph
-from npubuild.quant.reference import run_quantized
+from npubuild.quant.reference import dequantize_tensor, quantize_inputs, run_reference
 
 
 class SubGraph:
@@ -68,11 +68,17 @@ class SplitPipeline:
         """Every boundary tensor of the float pipeline."""
         return self.runner.run(dict(feeds), keep_intermediates=True)
 
-    def quantized_runner(self, qgraphs: Mapping[int, QGraph]):
-        """The split runner with every NPU submodel run by the integer reference."""
+    def quantized_runner(self, qgraphs: Mapping[int, QGraph], seen: dict | None = None):
+        """The split runner with every NPU submodel run by the integer reference; ``seen``
+        (when given) receives, per NPU graph, its float inputs and every integer tensor."""
         from npubuild.runtime.runner import Runner
 
-        backend = lambda g, f: run_quantized(qgraphs[g.index], f, list(g.outputs))  # noqa: E731
+        def backend(g, feeds):
+            qg = qgraphs[g.index]
+            env = run_reference(qg, quantize_inputs(qg, feeds))
+            if seen is not None:
+                seen[g.index] = (dict(feeds), env)
+            return {n: dequantize_tensor(qg, n, env[n]) for n in g.outputs}
         return Runner(self.split_dir, backends={"npu": backend})
 
     def quantized_outputs(self, feeds: Mapping[str, np.ndarray],

@@ -338,7 +338,7 @@ def _data(b: _Builder, layer: QLayer, key: str):
 def _fragment(b: _Builder, layer: QLayer, key: str):
     """Splice the layer's float ONNX fragment (LUT functions, CPU layers) between Q/DQ."""
     frag = _at_opset(layer.arrays["model"].tobytes(), b.opset)
-    names = {i.name: b.read(t) for i, t in zip(frag.graph.input, layer.inputs)}
+    names = {i.name: b.read(i.name) for i in frag.graph.input}  # inputs keep tensor names
     outs = {o.name: f"{key}::{j}" for j, o in enumerate(frag.graph.output)}
     rename = lambda n: "" if not n else names.get(n) or outs.get(n) or f"{key}::{n}"  # noqa: E731
     for init in frag.graph.initializer:

@@ -50,12 +50,13 @@ COVER_HEADROOM = 0.75    # a prefix is first tried where its predicted load is t
 # Evaluation budgets per phase: counts, never seconds, so the choice is a function of the
 # stage's inputs (byte-identical artifacts on any machine); about 60 scores at most, each one
 # pass of ONNX Runtime over the verify samples (a few percent of quantizing in int8).
-DROP_EVALUATIONS = 16    # the drop pass stops after this many evaluations
-DEMOTE_EVALUATIONS = 8
+DROP_EVALUATIONS = 10    # the drop pass stops after this many evaluations
+DEMOTE_EVALUATIONS = 6
+QUICK_SAMPLES = 2        # the ranking scores blocks on int8's worst samples
 SPLIT_BELOW = 1.0 / 16   # blocks lighter than this share of the headroom are not halved
-MAX_RANK_EVALUATIONS = 24  # halvings after the first blocks
+MAX_RANK_EVALUATIONS = 16  # halvings after the first blocks
 ALTERNATIVE_METHODS = ("percentile", "mse", "kl")
-METHOD_EVALUATIONS = 8
+METHOD_EVALUATIONS = 4
 
 
 @dataclass(frozen=True)
@@ -157,13 +158,18 @@ class PrecisionSearch:
                                                self.pipeline.layers(index), cpu)
         return out
 
-    def score(self, choice: Mapping[str, str], step: str = "") -> Scored:
-        key = (tuple(sorted(choice.items())), self.method, self.methods)
+    def score(self, choice: Mapping[str, str], step: str = "", quick: bool = False) -> Scored:
+        """verify's verdict on ``choice`` (cached); ``quick``: on the plain choice's worst
+        samples only (the ranking orders blocks with it; decisions use every sample)."""
+        key = (tuple(sorted(choice.items())), self.method, self.methods, quick)
         if key in self.cache:
             return self.cache[key]
         if self.clock() > self.deadline:
             raise OutOfTime()
-        verdict = self.judge(self.pipeline.run(self.samples, self._params(choice), self.kept))
+        samples, judge = (self.samples, self.judge) if not quick else self._quick()
+        verdict = judge(self.pipeline.run(samples, self._params(choice), self.kept))
+        if not choice and not quick and not hasattr(self, "_plain_verdict"):
+            self._plain_verdict = verdict
         scored = Scored(key[0], verdict.passed and self._extra_bar(verdict) >= 0,
                         min(verdict.margin(), self._extra_bar(verdict)), loads(verdict),
                         list(verdict.failures), span_ratio(verdict))
@@ -171,6 +177,18 @@ class PrecisionSearch:
         self.steps.append({"step": step, "tensors": len(key[0]), "passed": scored.passed,
                            "margin": round(scored.margin, 6)})
         return scored
+
+    def _quick(self):
+        """The worst samples of int8 everywhere (at most ``QUICK_SAMPLES``) and their judge."""
+        if getattr(self, "_quick_set", None) is None:
+            worst = [m.get("worst_sample") for _, m, _ in self._plain_verdict.checks]
+            picked = list(dict.fromkeys(i for i in worst if i is not None))[:QUICK_SAMPLES]
+            subset = getattr(self.judge, "subset", None)
+            if subset is None or not picked or len(self.samples) <= QUICK_SAMPLES:
+                self._quick_set = (self.samples, self.judge)
+            else:
+                self._quick_set = ([self.samples[i] for i in picked], subset(picked))
+        return self._quick_set
 
     def _extra_bar(self, verdict) -> float:
         """``auto.min_cosine`` on every output (all samples and worst sample), as a margin."""
@@ -299,12 +317,12 @@ class PrecisionSearch:
         with what it buys when it alone goes ``wide`` (every other candidate int8): the load it
         takes off each judged figure. Where int8 weights are what fails, a tensor kept in float
         buys its layers' float weights too, so the gain is measured, never assumed."""
-        plain = self.score({}).loads
+        plain = self.score({}, "int8 everywhere, worst samples", quick=True).loads
         need = np.maximum(plain - COVER_HEADROOM, 0.0)
         total = float(need.sum()) or 1.0
 
         def measure(block: tuple[str, ...]) -> dict:
-            scored = self.score({t: wide for t in block}, f"rank {len(block)}")
+            scored = self.score({t: wide for t in block}, f"rank {len(block)}", quick=True)
             gain = np.maximum(plain - scored.loads, 0.0)
             weight = float(np.minimum(gain, need).sum()) / total
             return {"tensors": block, "gain": gain, "weight": weight}
@@ -333,7 +351,7 @@ class PrecisionSearch:
     def _cover(self, ranking: list[dict], wide: str) -> dict[str, str]:
         """The shortest passing prefix of ``ranking``: first where the predicted load leaves
         headroom, then doubling, then bisection."""
-        plain = self.score({}).loads
+        plain = self.score({}, quick=True).loads
         prefix = lambda k: {t: wide for b in ranking[:k] for t in b["tensors"]}  # noqa: E731
         predicted = plain.copy()
         start = len(ranking)
@@ -461,8 +479,10 @@ def loads(verdict) -> np.ndarray:
         bars = [limits.min_cosine, limits.sample_cosine]
         values = [metrics["cosine"], metrics.get("min_sample_cosine")]
         for bar, value in zip(bars, values):
-            if bar is not None and value is not None:
-                out.append((1.0 - value) / max(1e-9, 1.0 - bar))
+            if bar is not None:
+                value = -1.0 if value is None and values[0] is None else value
+                if value is not None:
+                    out.append((1.0 - value) / max(1e-9, 1.0 - bar))
         if limits.dead_channels is not False:
             ratio = metrics.get("min_channel_span_ratio")
             out.append(2.0 * metrics.get("dead_channel_count", 0)

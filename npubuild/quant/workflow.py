@@ -226,14 +226,27 @@ class Workflow:
         quantization (``quantize`` forgets them)."""
         key = (tuple(kept), len(samples))
         if self._deployed.get("key") != key:
-            runner = self.pipeline.quantized_runner(self.qgraphs())
+            seen: dict = {}
+            runner = self.pipeline.quantized_runner(self.qgraphs(), seen)
             wanted = set(kept)
-            values = []
-            for feeds in self.progress(samples, total=len(samples), description="judging"):
+            values, envs = [], []
+            for k, feeds in enumerate(self.progress(samples, total=len(samples),
+                                                    description="judging")):
+                seen.clear()
                 got = runner.run(dict(feeds), keep_intermediates=True)
                 values.append({k: v for k, v in got.items() if k in wanted})
-            self._deployed = {"key": key, "values": values}
+                envs.append(dict(seen) if k < MAX_CROSSCHECK_SAMPLES else {})
+            self._deployed = {"key": key, "values": values, "envs": envs}
         return self._deployed["values"]
+
+    def _reference_env(self, k: int, state: GraphState, inputs: Mapping[str, np.ndarray]) -> dict:
+        """Graph ``state``'s integer tensors on float ``inputs``: the deployed run's own when
+        that graph got the very same inputs there (no NPU graph upstream of it), else run."""
+        seen = self._deployed.get("envs") or []
+        deployed = seen[k].get(state.graph.index) if k < len(seen) else None
+        if deployed is not None and all(np.array_equal(deployed[0][t], inputs[t]) for t in inputs):
+            return deployed[1]
+        return run_reference(state.qgraph, quantize_inputs(state.qgraph, inputs))
 
     def evaluate(self, samples: Sequence[Mapping[str, np.ndarray]], kept: Sequence[str] = (),
                  per_layer_samples: int | None = None) -> "Evaluation":
@@ -241,6 +254,7 @@ class Workflow:
         the first ``per_layer_samples`` samples; the pipeline's outputs on all of them."""
         ev = Evaluation({s.graph.index: check.TensorComparison(s.qgraph) for s in self.states},
                         {s.graph.index: check.CrossChecker(s.qgraph) for s in self.states})
+        deployed = self.deployed_values(samples, [*self.pipeline.outputs, *kept])
         first = list(samples)[:per_layer_samples]
         for k, feeds in enumerate(self.progress(first, total=len(first),
                                                 description="per-layer comparison")):
@@ -249,11 +263,10 @@ class Workflow:
                 inputs = {t: values[t] for t in state.fg.inputs}
                 float_values = state.probe.run(inputs)
                 float_values.update(inputs)
-                env = run_reference(state.qgraph, quantize_inputs(state.qgraph, inputs))
+                env = self._reference_env(k, state, inputs)
                 ev.tensors[state.graph.index].add(float_values, env)
                 if k < MAX_CROSSCHECK_SAMPLES:
                     ev.crosscheck[state.graph.index].add(env)
-        deployed = self.deployed_values(samples, [*self.pipeline.outputs, *kept])
         for feeds, got in zip(samples, deployed):
             ev.add_outputs(self.pipeline.float_values(feeds), got, self.pipeline.outputs)
         return ev

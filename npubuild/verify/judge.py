@@ -78,8 +78,8 @@ def channel_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int) -
         np.shape(g)[axis], -1) for g in gots], axis=1)
     spans = ref.max(axis=1) - ref.min(axis=1)
     full = float(ref.max() - ref.min()) if ref.size else 0.0
-    judged = np.nonzero(spans >= QUIET * full)[0] if full else []
-    cosines = {int(c): similarity(ref[c], got[c]).cosine for c in judged}
+    judged = np.nonzero(spans >= QUIET * full)[0] if full else np.array([], np.int64)
+    cosines = dict(zip(judged.tolist(), channel_cosines(ref[judged], got[judged]).tolist()))
     alive = np.nonzero(spans >= DEAD_SPAN * full)[0] if full else np.array([], np.int64)
     kept = got[alive].max(axis=1) - got[alive].min(axis=1) if alive.size else np.array([])
     dead = [int(c) for c, k in zip(alive, kept) if k == 0.0]
@@ -92,6 +92,17 @@ def channel_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int) -
             "worst_channel": None if worst is None else {"index": worst, "cosine": cosines[worst]}}
 
 
+def channel_cosines(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Each row's cosine (`npubuild.metrics.similarity`'s, for all rows at once: sums along
+    the contiguous rows, pairwise as NumPy always sums; both zero → 1, one zero → 0)."""
+    dots = np.sum(ref * got, axis=1)
+    ref_norm, got_norm = np.sqrt(np.sum(ref * ref, axis=1)), np.sqrt(np.sum(got * got, axis=1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = dots / (ref_norm * got_norm)
+    return np.where((ref_norm == 0) & (got_norm == 0), 1.0,
+                    np.where((ref_norm == 0) | (got_norm == 0), 0.0, cos))
+
+
 def _finite(value: float) -> float | None:
     return value if np.isfinite(value) else None
 
@@ -99,7 +110,9 @@ def _finite(value: float) -> float | None:
 def failures(label: str, m: dict, limits: Thresholds, against: str = "") -> list[str]:
     """One line per threshold ``m`` misses (``label``: "output 'x'", "slice 'y'" ...)."""
     out, tail = [], f" ({against})" if against else ""
-    if limits.min_cosine is not None and m["cosine"] < limits.min_cosine:
+    if limits.min_cosine is not None and m["cosine"] is None:
+        out.append(f"{label}: cosine undefined: the values are not finite (inf or NaN){tail}")
+    elif limits.min_cosine is not None and m["cosine"] < limits.min_cosine:
         out.append(f"{label}: cosine {m['cosine']:.6f} < min_cosine {limits.min_cosine} "
                    f"over all samples{tail}")
     elif (limits.sample_cosine is not None and m["min_sample_cosine"] is not None

@@ -58,10 +58,13 @@ class Verdict:
         return {"limits": limits or None, "sample": sample}
 
 
+UNDEFINED = -2.0  # the margin of a cosine that is not a number (non-finite values)
+
+
 def cosine_margins(metrics: dict, limits: Thresholds) -> list[float]:
     out = []
     if limits.min_cosine is not None:
-        out.append(metrics["cosine"] - limits.min_cosine)
+        out.append(UNDEFINED if metrics["cosine"] is None else metrics["cosine"] - limits.min_cosine)
     if limits.sample_cosine is not None and metrics.get("min_sample_cosine") is not None:
         out.append(metrics["min_sample_cosine"] - limits.sample_cosine)
     return out
@@ -91,13 +94,18 @@ def cut(check, value: np.ndarray) -> np.ndarray:
 def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
           outputs: Sequence[str], handed_over: Sequence[str], missing: Sequence[str] = (),
           *, cut_slice: Callable | None = None,
-          detect: Callable[[list, list, list], dict] | None = None) -> Verdict:
+          detect: Callable[[list, list, list], dict] | None = None,
+          judged_only: bool = False) -> Verdict:
     """verify's verdict (``spec``: the recipe's ``verify`` section) on these samples.
     ``missing``: model outputs the original lacks (compared with the float pipeline);
     ``cut_slice(index, check, value)`` cuts a slice (default `cut`; verify's raises the
     recipe error for a slice that does not fit); ``detect(refs, gots, floats)`` gives the
-    detection totals (``box_recall`` ...) when the task is ``detector``."""
+    detection totals (``box_recall`` ...) when the task is ``detector``; ``judged_only``
+    leaves out what no threshold reads (hand-over tensors without ``verify.handover``
+    thresholds: the precision search scores hundreds of choices)."""
     metrics = output_metrics(refs, gots, floats, missing)
+    if judged_only and Thresholds.of(spec.handover) == Thresholds():
+        handed_over = []
     boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots])
                   for name in handed_over}
     slices = slice_metrics(spec, refs, gots, floats, handed_over, cut_slice)
@@ -231,7 +239,8 @@ class SampleJudge:
     ``dirs``: the ``import`` and ``surgery`` stage directories (without them the float
     pipeline is the reference)."""
 
-    def __init__(self, spec, dirs, pipeline, samples, input_hw: tuple[int, int] | None = None):
+    def __init__(self, spec, dirs, pipeline, samples, input_hw: tuple[int, int] | None = None,
+                 judged_only: bool = True):
         from npubuild import onnx_io
         from npubuild.verify.reference import FloatReference, original_names
         from npubuild.verify.samples import npu_handovers
@@ -250,11 +259,19 @@ class SampleJudge:
         else:  # the split pipeline alone (split proved it equal to the original)
             self.missing = []
             self.refs = [{k: f[k] for k in self.outputs} for f in self.floats]
-        self.input_hw = input_hw
+        self.input_hw, self.judged_only = input_hw, judged_only
+
+    def subset(self, indices: Sequence[int]) -> "SampleJudge":
+        """The same judge on some of the samples (their references already computed)."""
+        part = object.__new__(SampleJudge)
+        part.__dict__.update(self.__dict__)
+        part.refs = [self.refs[i] for i in indices]
+        part.floats = [self.floats[i] for i in indices]
+        return part
 
     def __call__(self, gots: list[Values]) -> Verdict:
         detect = None
         if self.input_hw is not None:
             detect = lambda r, g, f: detection_totals(r, g, f, self.outputs, self.input_hw)[0]  # noqa: E731
         return judge(self.spec, self.refs, gots, self.floats, self.outputs, self.handed_over,
-                     self.missing, detect=detect)
+                     self.missing, detect=detect, judged_only=self.judged_only)

@@ -166,3 +166,22 @@ def test_the_tie_band_widens_for_int16_as_float32_resolution_does():
 
     assert tie_band(255) == TIE_TOLERANCE
     assert 1.91e-3 < tie_band(65535) < 0.05
+
+
+def test_a_square_kept_in_float_reads_its_one_input_once():
+    """``x · x`` (a Pow 2 written as Mul) moved to the CPU by a float override: its one-node
+    model takes ``x`` once (twice was a duplicate graph input ONNX Runtime refuses), and the
+    QDQ export and the reference both run it."""
+    m = model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["r", "r"], ["sq"]),
+               helper.make_node("Add", ["sq", "x"], ["y"])], {"x": [1, 2, 4, 4]}, {"y": None})
+    feeds = [{"x": np.random.default_rng(k).normal(0, 1, (1, 2, 4, 4)).astype(np.float32)}
+             for k in range(2)]
+    qg, _, _ = quantize(m, feeds, float_tensors=frozenset({"sq"}))
+    assert [layer.kind for layer in qg.layers if layer.outputs == ["sq"]] == ["float"]
+    from npubuild.quant.qdq import export_qdq
+
+    session = onnx_io.session(export_qdq(qg))
+    ref = onnx_io.run(onnx_io.session(m), feeds[0])["y"]
+    got = run_quantized(qg, feeds[0])["y"]
+    assert metrics.similarity(ref, got).cosine > 0.99
+    assert metrics.similarity(ref, onnx_io.run(session, feeds[0])["y"]).cosine > 0.99

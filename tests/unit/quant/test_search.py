@@ -33,7 +33,7 @@ class Synthetic(PrecisionSearch):
         self.cost, self.needs_float = cost, set(needs_float)
         self.evaluations = 0
 
-    def score(self, choice, step=""):
+    def score(self, choice, step="", quick=False):
         key = (tuple(sorted(choice.items())), self.method, self.methods)
         if key in self.cache:
             return self.cache[key]
