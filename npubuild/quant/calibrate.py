@@ -33,8 +33,12 @@ class Observer:
             if layer.kind == "conv" and layer.inputs[0] in self.stats:
                 self.stats[layer.inputs[0]].channel_axis = -1 if layer.attrs.get("fc") else 1
             if layer.kind == "lut" and layer.inputs[0] in self.stats:
-                # the quantizer judges a table's resolution on its input's distribution
+                # the quantizer judges a table's resolution on its input's distribution, and
+                # whether its outputs underflow int8 on theirs (a Sigmoid's tiny scores)
                 self.stats[layer.inputs[0]].with_histogram = True
+                for t in layer.outputs:
+                    if t in self.stats:
+                        self.stats[t].with_histogram = True
         self._computed = [t for t in self.tensors if t not in fg.inputs]
         self.samples = 0
         self._method, self._every_tensor, self._histograms = method, every_tensor, histograms

@@ -140,6 +140,17 @@ class TensorStats:
         return self.sum_abs / self.count if self.count else 0.0
 
     @property
+    def typical_abs(self) -> float:
+        """The median of ``|x|`` (from the histogram, to a bin; the mean without one): what
+        most values look like, which a few large ones (a score map's rare detections beside
+        thousands of near-zero scores) move no more than they move the count."""
+        if self.hist is None or not self.hist.any():
+            return self.mean_abs
+        counts, width = self.abs_histogram()
+        cdf = np.cumsum(counts)
+        return float((np.searchsorted(cdf, 0.5 * cdf[-1]) + 0.5) * width)
+
+    @property
     def absmax(self) -> float:
         return max(-self.min, self.max, 0.0)
 

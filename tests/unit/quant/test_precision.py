@@ -77,6 +77,26 @@ def test_a_tensor_that_underflows_int8_becomes_int16_on_int16_chips():
     assert _cosine(m, wide, feeds, skip=1) > 0.999 > _cosine(m, narrow, feeds, skip=1)
 
 
+def test_a_score_map_of_tiny_scores_beside_rare_detections_becomes_int16():
+    """A detector's Sigmoid score map: 99 % of the scores near 1e-3, 1 % near 0.9. Their mean
+    (0.01) is above two int8 steps of [0, 0.9], so the old mean-based rule kept the map in int8
+    and every small score rounded to 0 or 1 step; the median (1e-3) is under half a step."""
+    m = model([helper.make_node("Sigmoid", ["x"], ["y"])], {"x": [1, 1, 40, 40]}, {"y": None})
+    rng = np.random.default_rng(3)
+    feeds = []
+    for _ in range(3):
+        x = rng.normal(-7.0, 0.4, (1, 1, 40, 40)).astype(np.float32)
+        x.flat[rng.choice(x.size, 16, replace=False)] = 2.5
+        feeds.append({"x": x})
+    wide, _, _ = quantize(m, feeds, scheme="asymmetric", int16_underflow=True)
+    assert wide.tensors["y"].dtype == "int16"
+    narrow, _, _ = quantize(m, feeds, scheme="asymmetric")
+    background = [f["x"] < 0 for f in feeds]
+    err = lambda qg: max(np.abs(run_quantized(qg, f)["y"] - 1 / (1 + np.exp(-f["x"])))[b].max()  # noqa: E731
+                         / 1e-3 for f, b in zip(feeds, background))
+    assert err(wide) < 0.1 < 0.5 < err(narrow)  # relative to a typical background score
+
+
 def test_a_steep_lookup_table_reads_int16():
     """Sigmoid of logits around -14: an int8 input step of ~0.16 is a 16 % output error."""
     m = model([helper.make_node("Sigmoid", ["x"], ["y"])], {"x": [1, 64]}, {"y": None})
