@@ -1,7 +1,12 @@
 """Stage ``quantize``: the NPU submodels of ``split/`` become integer graphs.
 
-Reads ``split/graph_infos.json`` and its submodels, the recipe's ``quantization`` section, the
-model inputs' preprocessing and the calibration (and verify) data. Writes into ``quantize/``:
+Reads ``split/graph_infos.json`` and its submodels, the recipe's ``quantization`` and
+``verify`` sections, the model inputs' preprocessing, the calibration and verify data, and the
+``import``/``surgery`` models (the float original verify compares with). Quantizes in int8,
+judges the result on the verify samples exactly as the verify stage will
+(`npubuild.verify.verdict`), and where int8 misses verify's thresholds runs the precision
+search (`npubuild.quant.search`, on by default) and confirms its choice on the integer
+reference. Writes into ``quantize/``:
 
 - ``graph_<i>.qgraph.json`` + ``.npz``: the quantized graph (``npubuild.quant.qgraph``), what
   ``compile`` reads;
@@ -9,8 +14,10 @@ model inputs' preprocessing and the calibration (and verify) data. Writes into `
 - ``calibration.json``: per tensor, what calibration saw, the chosen range and the parameters;
 - ``per_layer.json``: cosine / euclidean similarity / SQNR of every NPU tensor vs float, worst
   first, and the cross-check of the integer reference against ONNX Runtime;
-- ``auto.json`` (with ``quantization.auto``): the overrides the mixed-precision search chose,
-  what it tried, and the output cosine before and after (also in report.json and recipe.lock).
+- ``search.json`` (when the search ran): the tensors it kept out of int8 and why (the share of
+  the needed gain each measured), the calibration methods it chose, every choice scored, the
+  confirmations on the integer reference, and what would reach the thresholds when nothing
+  the chip allows does (a summary in report.json, the choice in recipe.lock).
 
 Proves: the integer reference equals ONNX Runtime on the QDQ model on ≥ 99.9 % of the elements
 (a one-step difference on a float32 rounding tie counts as equal) and never differs by more

@@ -76,7 +76,7 @@ def run(ctx: StageContext) -> dict:
         if finding and finding["stage"] == "quantize" and finding.get("culprits"):
             result["bisection"]["finding"] = measured_fixes(
                 ctx, finding, list(plan["limits"]), fixes, pipeline, samples, refs, floats,
-                reference.missing, inputs)
+                reference.missing, inputs, gots)
     write_json(ctx.out / "verify.json", result)
     accuracy = {"outputs": result["outputs"], "data": "verify", "samples": len(samples),
                 "against": "float original (import stage)"}
@@ -153,7 +153,7 @@ def cut_slice(loaded, index: int, check, value: np.ndarray) -> np.ndarray:
 
 def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, pipeline,
                    samples: list, refs: list[dict], floats: list[dict], missing: list[str],
-                   inputs) -> dict:
+                   inputs, gots: list[dict]) -> dict:
     """The finding with a hint measured on every verify sample (`npubuild.verify.fixes`)."""
     import json
 
@@ -181,7 +181,9 @@ def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, p
     search_file = ctx.upstream["quantize"] / "search.json"
     search = json.loads(search_file.read_text()) if search_file.is_file() else None
     name = f"worst cosine of {', '.join(repr(n) for n in failing)}"
-    return measured.with_measured(finding, trials, name, search)
+    deployed = measured.figure(judge(gots), failing)
+    return measured.with_measured(finding, trials, name, search, deployed,
+                                  spec.auto.enabled)
 
 
 def bisect_sample(dirs, pipeline, reference, feeds, limits: dict[str, float], slices=(),

@@ -221,8 +221,10 @@ def measure(bench: FixBench, culprits: Sequence[str], failing: Sequence[str], re
     return sorted(trials, key=lambda tr: (not tr.passed, -tr.gain, tr.change))
 
 
-def hint(trials: Sequence[Trial], figure_name: str, search: dict | None) -> str:
-    """The measured fixes worth trying, best first, and what the precision search found."""
+def hint(trials: Sequence[Trial], figure_name: str, search: dict | None,
+         deployed: float | None = None, search_on: bool = True) -> str:
+    """The measured fixes worth trying, best first, and what the precision search found.
+    ``deployed``: the figure verify measured (fake quantization puts it a little apart)."""
     useful = [tr for tr in trials if tr.gain > MEANINGFUL][:SHOWN]
     parts = [tr.text(figure_name) for tr in useful]
     if not useful:
@@ -230,14 +232,18 @@ def hint(trials: Sequence[Trial], figure_name: str, search: dict | None) -> str:
         parts.append(f"no single change measured moves it ({tried or 'nothing to try'}, each "
                      "on every verify sample)")
     if not any(tr.passed for tr in trials):
-        parts.append(search_text(search))
-    return "measured on the verify samples: " + "; ".join(parts)
+        parts.append(search_text(search, search_on))
+    where = "" if deployed is None or not trials else (
+        f" (fake quantization puts the deployed figure at {trials[0].before:.4f}, the "
+        f"simulator at {deployed:.4f})")
+    return f"measured on the verify samples{where}: " + "; ".join(parts)
 
 
-def search_text(search: dict | None) -> str:
+def search_text(search: dict | None, search_on: bool = True) -> str:
     if search is None:
-        return ("no single change passes; the precision search did not run (int8 passed on "
-                "its own judgment, or quantization.auto is off)")
+        return ("no single change passes; the precision search is off (quantization.auto: "
+                "false): switched on it finds the fewest tensors to keep out of int8"
+                if not search_on else "no single change passes")
     chosen = search.get("chosen") or []
     kinds = sorted({c["precision"] for c in chosen})
     found = (f"the precision search kept {len(chosen)} tensor(s) in {'/'.join(kinds)}"
@@ -249,8 +255,9 @@ def search_text(search: dict | None) -> str:
 
 
 def with_measured(finding: dict, trials: Sequence[Trial], figure_name: str,
-                  search: dict | None) -> dict:
+                  search: dict | None, deployed: float | None = None,
+                  search_on: bool = True) -> dict:
     """The bisection's finding with its suggestion replaced by the measured one."""
-    return {**finding, "suggestion": hint(trials, figure_name, search),
+    return {**finding, "suggestion": hint(trials, figure_name, search, deployed, search_on),
             "measured": [tr.as_dict() for tr in trials]}
 

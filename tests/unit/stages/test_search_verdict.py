@@ -84,7 +84,7 @@ def test_out_of_reach_both_fail_with_the_same_lines_and_the_hint_is_measured(roo
     assert code == 1 and not search
     finding = report["verify"]["bisection"]["finding"]
     assert finding["stage"] == "quantize"
-    assert finding["suggestion"].startswith("measured on the verify samples: ")
+    assert finding["suggestion"].startswith("measured on the verify samples (fake quantization puts")
     best = finding["measured"][0]
     assert best["passes"] and best["after"] > best["before"]
     assert f"{best['before']:.4f} → {best['after']:.4f}" in finding["suggestion"]
