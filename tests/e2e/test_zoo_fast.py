@@ -1,6 +1,7 @@
 """CI's fast subset of the zoo (benchmarks/zoo.py builds the whole zoo on every chip): a few
 small zoo recipes, each built end to end on npu-16m through the benchmark's own cell builder,
-must pass verify bit-exact; the cache is the test run's shared one."""
+as tuned and as a user writes them, must pass verify bit-exact; the cache is the test run's
+shared one."""
 
 from __future__ import annotations
 
@@ -30,11 +31,15 @@ def zoo_bench():
     return _load(REPO / "benchmarks" / "zoo.py", "zoo_bench")
 
 
+@pytest.mark.parametrize("kind", ["tuned", "written"])
 @pytest.mark.parametrize("name", FAST_ZOO)
-def test_zoo_recipe_passes_verify_on_npu_16m(name, zoo_bench, tmp_path_factory, shared_cache):
+def test_zoo_recipe_passes_verify_on_npu_16m(name, kind, zoo_bench, tmp_path_factory, shared_cache):
+    """As tuned, and as a user writes it (no per-model quantization setting, min_cosine 0.99)."""
     root = shared_root(tmp_path_factory) / "zoo-build"
-    [cell] = zoo_bench.build_recipe(str(REPO / "recipes" / "zoo" / f"{name}.yaml"), ["npu-16m"],
-                                    str(root), str(shared_cache))
+    recipe = REPO / "recipes" / "zoo" / f"{name}.yaml"
+    if kind == "written":
+        recipe = zoo_bench.as_written(recipe, tmp_path_factory.mktemp("written"))
+    [cell] = zoo_bench.build_recipe(str(recipe), ["npu-16m"], str(root), str(shared_cache))
     row = zoo_bench.row(cell)
     assert row["passed"], row["error"]
     assert row["reached"] == "verify" and row["bit_exact"] is True
