@@ -56,6 +56,10 @@ QUICK_SAMPLES = 2        # the ranking scores blocks on int8's worst samples
 SPLIT_BELOW = 1.0 / 16   # blocks lighter than this share of the headroom are not halved
 MAX_RANK_EVALUATIONS = 16  # halvings after the first blocks
 ALTERNATIVE_METHODS = ("percentile", "mse", "kl")
+# Where the recipe leaves the scheme unset, the other float-scale scheme is scored too: both
+# round half to even, the fake-quant model takes either's parameters (weights are symmetric
+# in both); asymmetric has the finer steps, but on a near-tie classifier either may win.
+ALTERNATIVE_SCHEMES = {"asymmetric": "symmetric"}
 METHOD_EVALUATIONS = 4
 
 
@@ -105,6 +109,7 @@ class SearchResult:
     why: dict[str, dict] = field(default_factory=dict)  # chosen tensor -> what was measured
 
     members: dict[str, list[str]] = field(default_factory=dict)
+    scheme: str | None = None                    # the activation scheme chosen (None: kept)
     method: str = "minmax"                       # calibration method of every other tensor
     tensor_methods: tuple[tuple[str, str], ...] = ()
     method_scores: dict[str, float] = field(default_factory=dict)
@@ -123,6 +128,7 @@ class PrecisionSearch:
     def __init__(self, workflow, samples: Sequence[Mapping[str, np.ndarray]],
                  judge: Callable[[list[dict]], object], kept: Sequence[str], spec: SearchSpec,
                  *, chip_int16: bool, float_fallback: bool = True, choose_methods: bool = False,
+                 choose_scheme: bool = False,
                  clock: Callable[[], float] = time.monotonic):
         self.workflow, self.samples, self.judge = workflow, list(samples), judge
         self.kept, self.spec, self.clock = set(kept), spec, clock
@@ -130,9 +136,9 @@ class PrecisionSearch:
                        and (p != "int16" or chip_int16) and (p != "float" or float_fallback)]
         self.started = clock()
         self.deadline = self.started + spec.seconds  # an emergency stop (the report says)
-        self.choose_methods = choose_methods
+        self.choose_methods, self.choose_scheme = choose_methods, choose_scheme
         config = workflow.options.config
-        self.method, self.methods = config.method, config.tensor_methods
+        self.method, self.methods, self.scheme = config.method, config.tensor_methods, config.scheme
         self.states = {state.graph.index: state for state in workflow.states}
         self.pipeline = fakequant.FakeQuantPipeline(
             workflow.pipeline.split_dir, {i: (s.qgraph, s.fg) for i, s in self.states.items()})
@@ -151,7 +157,7 @@ class PrecisionSearch:
             _, float_tensors, int16, _ = resolve_overrides([*base, *overrides], state.graph.model)
             config = replace(self.workflow.options.config, float_tensors=frozenset(float_tensors),
                              int16_tensors=frozenset(int16), method=self.method,
-                             tensor_methods=self.methods)
+                             tensor_methods=self.methods, scheme=self.scheme)
             params, cpu = quantizer.Quantizer(state.fg, state.observer.stats, config,
                                               ranges=self.ranges).tensor_params()
             out[index] = fakequant.params_feed(self.pipeline.tensors(index), params,
@@ -161,7 +167,7 @@ class PrecisionSearch:
     def score(self, choice: Mapping[str, str], step: str = "", quick: bool = False) -> Scored:
         """verify's verdict on ``choice`` (cached); ``quick``: on the plain choice's worst
         samples only (the ranking orders blocks with it; decisions use every sample)."""
-        key = (tuple(sorted(choice.items())), self.method, self.methods, quick)
+        key = (tuple(sorted(choice.items())), self.method, self.methods, self.scheme, quick)
         if key in self.cache:
             return self.cache[key]
         if self.clock() > self.deadline:
@@ -241,7 +247,7 @@ class PrecisionSearch:
         try:
             if self.ok(plain):
                 return self._result(plain, plain, {})
-            if self.choose_methods:
+            if self.choose_methods or self.choose_scheme:
                 best = self._choose_methods(plain)
                 if self.ok(best):
                     return self._result(plain, best, {})
@@ -278,12 +284,24 @@ class PrecisionSearch:
         min/max where that scores better (a clipping method helps a tensor with rare
         outliers and hurts one whose extremes carry the signal)."""
         best, scores = plain, {"minmax": plain}
+        if self.choose_scheme and self.scheme in ALTERNATIVE_SCHEMES:
+            first = self.scheme
+            self.scheme = ALTERNATIVE_SCHEMES[first]
+            scores[f"scheme {self.scheme}"] = trial = self.score({}, f"scheme {self.scheme}")
+            if trial.margin > best.margin:
+                best = trial
+            else:
+                self.scheme = first
+            if self.ok(best) or not self.choose_methods:
+                self.method_scores = {m: round(sc.margin, 6) for m, sc in scores.items()}
+                return best
         for method in ALTERNATIVE_METHODS:
             self.method, self.methods = method, ()
             scores[method] = self.score({}, f"calibration {method} everywhere")
             if scores[method].margin > best.margin:
                 best = scores[method]
-        self.method = next(m for m, sc in scores.items() if sc is best)
+        self.method = next((m for m, sc in scores.items() if sc is best and
+                            m in ("minmax", *ALTERNATIVE_METHODS)), "minmax")
         self.methods = ()
         if self.method != "minmax":
             tensors = [t for t in self.candidates]
@@ -455,7 +473,7 @@ class PrecisionSearch:
                             len(self.cache), round(self.clock() - self.started, 3),
                             list(self.steps), shown, why=why,
                             members={t: self.members[t] for t in chosen if t in self.members},
-                            method=self.method, tensor_methods=self.methods,
+                            method=self.method, tensor_methods=self.methods, scheme=self.scheme,
                             method_scores=dict(getattr(self, "method_scores", {})))
 
 

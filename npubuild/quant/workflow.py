@@ -272,11 +272,12 @@ class Workflow:
         return ev
 
     def adopt(self, overrides: Sequence[OverrideSpec], method: str | None = None,
-              tensor_methods: tuple[tuple[str, str], ...] = ()) -> None:
-        """Quantize again with ``overrides`` after the recipe's own, and calibration
-        ``method`` (per tensor where ``tensor_methods`` says): the search's choice."""
+              tensor_methods: tuple[tuple[str, str], ...] = (), scheme: str | None = None) -> None:
+        """Quantize again with ``overrides`` after the recipe's own, calibration ``method``
+        (per tensor where ``tensor_methods`` says) and ``scheme``: the search's choice."""
         config = replace(self.options.config, method=method or self.options.config.method,
-                         tensor_methods=tuple(tensor_methods))
+                         tensor_methods=tuple(tensor_methods),
+                         scheme=scheme or self.options.config.scheme)
         self.options = replace(self.options, config=config,
                                overrides=(*self.base_overrides, *overrides))
         self.quantize()

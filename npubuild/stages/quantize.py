@@ -163,7 +163,9 @@ def run(ctx: StageContext) -> dict:
                             row["override"], ", ".join(map(repr, row["unmatched"])))
     return {
         "quantization": {
-            **resolved(spec), "calibration_samples": count,
+            "scheme": workflow.options.config.scheme,
+            "granularity": workflow.options.config.granularity,
+            "method": workflow.options.config.method, "calibration_samples": count,
             "unset": [k for k, v in (("scheme", spec.scheme), ("granularity", spec.granularity),
                                      ("method", spec.calibration.method)) if v is None],
             "graphs": {q.name: _graph_summary(q) for q in workflow.qgraphs().values()},
@@ -195,7 +197,8 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
     search = PrecisionSearch(workflow, samples, judge, judge.kept, search_spec(spec.auto, chip),
                              chip_int16=bool(chip and chip.int16),
                              float_fallback=bool(chip is None or chip.float_fallback),
-                             choose_methods=spec.calibration.method is None)
+                             choose_methods=spec.calibration.method is None,
+                             choose_scheme=spec.scheme is None)
     margin = max(0.0, 1.5 * (search.score({}, "int8 everywhere").margin - plain.margin()))
     span = SPAN_DEMANDED if dead_channels(plain) else 0.0
     confirmations = [{"choice": "int8 everywhere", "reference_passed": plain.passed,
@@ -204,9 +207,10 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
     adopted = None
     for _ in range(MAX_CONFIRMATIONS):
         result = search.run(margin, span)
-        key = (tuple(sorted(result.chosen.items())), result.method, result.tensor_methods)
+        key = (tuple(sorted(result.chosen.items())), result.method, result.tensor_methods,
+               result.scheme)
         if key not in confirmed:
-            workflow.adopt(result.overrides(), result.method, result.tensor_methods)
+            workflow.adopt(result.overrides(), result.method, result.tensor_methods, result.scheme)
             adopted = key
             confirmed[key] = judge(workflow.deployed_values(samples, judge.kept))
             confirmations.append({"choice": f"{len(result.chosen)} tensor(s)",
@@ -223,7 +227,7 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
         if len(verdict.failures) > len(dead_channels(verdict)):
             margin = max(2.0 * margin, 1.5 * (result.after - verdict.margin()), 1e-4)
     if adopted != key:
-        workflow.adopt(result.overrides(), result.method, result.tensor_methods)
+        workflow.adopt(result.overrides(), result.method, result.tensor_methods, result.scheme)
     ctx.log.info("quantize: the precision search chose %d tensor(s) (%s), verify's thresholds "
                  "%s on the integer reference, %d choices scored in %.1f s",
                  len(result.chosen), ", ".join(sorted(set(result.chosen.values()))) or "none",
@@ -240,7 +244,7 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
                       "outputs": {name: {"cosine": m["cosine"],
                                          "min_sample_cosine": m["min_sample_cosine"]}
                                   for name, m in verdict.outputs.items()}},
-            "calibration": {"method": result.method,
+            "calibration": {"scheme": result.scheme, "method": result.method,
                             "per_tensor": dict(result.tensor_methods),
                             "measured": result.method_scores},
             "evaluations": result.evaluations,

@@ -26,7 +26,8 @@ class Synthetic(PrecisionSearch):
         self.clock = clock or itertools.count().__next__
         self.started = self.clock()
         self.deadline = self.soft_deadline = self.started + seconds
-        self.choose_methods, self.method, self.methods = False, "minmax", ()
+        self.choose_methods, self.choose_scheme = False, False
+        self.method, self.methods, self.scheme = "minmax", (), "asymmetric"
         self.cache, self.steps = {}, []
         self.members = {t: [t] for t in TENSORS}
         self.candidates = list(TENSORS)
