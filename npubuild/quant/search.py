@@ -138,7 +138,8 @@ class PrecisionSearch:
         self.deadline = self.started + spec.seconds  # an emergency stop (the report says)
         self.choose_methods, self.choose_scheme = choose_methods, choose_scheme
         config = workflow.options.config
-        self.method, self.methods, self.scheme = config.method, config.tensor_methods, config.scheme
+        self.recipe_choice = (config.method, config.tensor_methods, config.scheme)
+        self.method, self.methods, self.scheme = self.recipe_choice
         self.states = {state.graph.index: state for state in workflow.states}
         self.pipeline = fakequant.FakeQuantPipeline(
             workflow.pipeline.split_dir, {i: (s.qgraph, s.fg) for i, s in self.states.items()})
@@ -242,6 +243,9 @@ class PrecisionSearch:
         every judged channel keeping at least ``span`` of its reference's span (the caller
         raises both where the integer reference missed what fake quantization passed)."""
         self.margin, self.span, self.ranking = margin, span, []
+        # every run starts from the recipe's own calibration (an earlier run's choice would be
+        # scored as "int8 everywhere" and then misnamed)
+        self.method, self.methods, self.scheme = self.recipe_choice
         plain = self.score({}, "int8 everywhere")
         best = plain
         try:

@@ -214,6 +214,8 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
             adopted = key
             confirmed[key] = judge(workflow.deployed_values(samples, judge.kept))
             confirmations.append({"choice": f"{len(result.chosen)} tensor(s)",
+                                  "tensors": dict(sorted(result.chosen.items())),
+                                  "calibration": result.method, "scheme": result.scheme,
                                   "fake_quant_margin": round(result.after, 6),
                                   "demanded": {"margin": round(margin, 6), "span": span},
                                   "reference_passed": confirmed[key].passed,

@@ -27,7 +27,8 @@ class Synthetic(PrecisionSearch):
         self.started = self.clock()
         self.deadline = self.soft_deadline = self.started + seconds
         self.choose_methods, self.choose_scheme = False, False
-        self.method, self.methods, self.scheme = "minmax", (), "asymmetric"
+        self.recipe_choice = ("minmax", (), "asymmetric")
+        self.method, self.methods, self.scheme = self.recipe_choice
         self.cache, self.steps = {}, []
         self.members = {t: [t] for t in TENSORS}
         self.candidates = list(TENSORS)
