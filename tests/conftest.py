@@ -71,6 +71,7 @@ model:
 quantization:
   scheme: symmetric
   calibration: {{data: "pkg:skimage/data/[a-c]*.png", samples: 2}}
+  granularity: per_tensor
 """
 
 

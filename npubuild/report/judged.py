@@ -3,7 +3,7 @@
 
 The one place the report page, the run's headline and `npubuild diff` read "judged or not,
 against what" from. Thresholds come from the resolved recipe exactly as the verify stage
-resolves them (`npubuild.stages.verify.output_limits` and its siblings), so a figure shown as
+resolves them (`npubuild.verify.verdict.output_limits` and its siblings), so a figure shown as
 passing here is one verify passed.
 
 Every figure has a ``key``: its field path in report.json (``accuracy.outputs["output0"].cosine``),
@@ -98,8 +98,8 @@ class _Spec:
 
 def _limits(verify_spec: dict | None):
     """(outputs, hand-over, per-slice-label) thresholds as verify resolves them."""
-    from npubuild.stages.verify import handover_limits, output_limits, slice_limits
     from npubuild.recipe.model import SliceCheck
+    from npubuild.verify.verdict import handover_limits, output_limits, slice_limits
 
     spec = _Spec(verify_spec)
     slices = {}

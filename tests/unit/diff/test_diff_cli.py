@@ -142,11 +142,12 @@ def test_diff_rejects_a_half_range(cli, tmp_path):
 
 @pytest.fixture(scope="module")
 def chip_change(tmp_path_factory):
-    """a on npu-16m; b on npu-tiny with a min_cosine the worst sample misses; each built into
-    its own build directory, sharing one cache."""
+    """a on npu-16m; b on npu-tiny with a min_cosine the worst sample misses in int8 (the
+    precision search off); each built into its own build directory, sharing one cache."""
     root = tmp_path_factory.mktemp("chips")
     write_recipe(root, TINY_RECIPE, "a.yaml")
-    write_recipe(root, TINY_RECIPE + "target: npu-tiny\nverify: {min_cosine: 0.9992}\n", "b.yaml")
+    int8_only = TINY_RECIPE.replace("quantization:\n", "quantization:\n  auto: false\n")
+    write_recipe(root, int8_only + "target: npu-tiny\nverify: {min_cosine: 0.9992}\n", "b.yaml")
     for side in "ab":
         run_cli("run", f"{side}.yaml", "--build-dir", f"build-{side}", "--cache", "cache", cwd=root)
     return root

@@ -53,11 +53,11 @@ def test_binary_map_is_the_iou_above_its_threshold():
 def test_the_task_reads_the_outputs_it_is_given_and_judges_the_lowest():
     from types import SimpleNamespace
 
-    from npubuild.stages.verify import task_check
+    from npubuild.verify.verdict import task_check
 
     spec = SimpleNamespace(task="binary_map", task_outputs=["note", "onset"], task_threshold=0.5)
     refs = [{"note": np.array([0.9, 0.9]), "onset": np.array([0.9, 0.1]), "other": np.ones(2)}]
     gots = [{"note": np.array([0.9, 0.9]), "onset": np.array([0.1, 0.9]), "other": np.ones(2)}]
-    result = task_check(None, spec, None, refs, gots, refs, ["other", "note", "onset"])
+    result = task_check(spec, None, refs, gots, refs, ["other", "note", "onset"])
     assert result["outputs"]["note"]["iou"] == 1.0 and result["outputs"]["onset"]["iou"] == 0.0
     assert result["agreement"] == 0.0
