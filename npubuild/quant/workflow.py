@@ -202,7 +202,7 @@ class Workflow:
         return files
 
     def _inner_ranges(self, state: GraphState) -> dict[str, dict]:
-        """The calibrated range (the recipe's method) of every tensor npubuild computes inside
+        """The calibrated range (its calibration method) of every tensor npubuild computes inside
         one of its integer layers and never quantizes (a conv's output before its folded bias
         Add or Relu): a vendor that quantizes such a tensor (TPU-MLIR's calibration table) gets
         npubuild's calibration for it too."""
@@ -212,7 +212,7 @@ class Workflow:
         for t, stats in state.observer.stats.items():
             if t in state.records or not stats.count:
                 continue
-            lo, hi = calibrators.calibrated_range(stats, cfg.method, cfg.scheme, options)
+            lo, hi = calibrators.calibrated_range(stats, cfg.method_of(t), cfg.scheme, options)
             out[t] = {"min": float(stats.min), "max": float(stats.max),
                       "range": [float(lo), float(hi)]}
         return out
