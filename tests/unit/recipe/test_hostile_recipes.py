@@ -61,7 +61,7 @@ def test_a_merge_key_is_legal_yaml_not_a_duplicate(tmp_path):
     path = tmp_path / "r.yaml"
     path.write_text(TINY_RECIPE.replace("quantization:\n  scheme: symmetric", "defaults: &d\n"
                     "  scheme: symmetric\n  granularity: per_channel\nquantization:\n  <<: *d\n"
-                    "  scheme: asymmetric").replace("version: 1\n", "version: 1\n", 1))
+                    "  scheme: asymmetric").replace("  granularity: per_tensor\n", ""))
     marked = read_yaml(path)
     assert marked.data["quantization"]["scheme"] == "asymmetric"  # the mapping's own key wins
     assert marked.data["quantization"]["granularity"] == "per_channel"
@@ -142,7 +142,7 @@ def test_a_fifo_as_the_model_is_refused_without_reading_it(tmp_path):
     ("scale: 0.00392156862745098", "scale: 0.1, mean: [1, 2]", "model.inputs[0].preprocess"),
     ("resize: [8, 8]", "resize: [40000, 40000]", "model.inputs[0].preprocess.resize"),
     ("name: tiny", "name: " + "n" * 300, "name"),
-    ("samples: 2}", "samples: 2}\nverify: {min_sqnr_db: .nan}", "verify.min_sqnr_db"),
+    ("per_tensor\n", "per_tensor\nverify: {min_sqnr_db: .nan}\n", "verify.min_sqnr_db"),
 ])
 def test_lax_or_unbounded_values_are_located_user_errors(tmp_path, old, new, field):
     path = tmp_path / "r.yaml"
