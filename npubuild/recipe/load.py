@@ -75,7 +75,7 @@ def read_yaml(path: Path, display: str | None = None) -> Marked:
                 _check_expansion(node, display)
                 marked = Marked(display, None)
                 _record_marks(node, (), marked)
-                marked.data = loader.construct_document(node)
+                marked.data = _construct(loader, node, marked)
             else:
                 marked = Marked(display, None)
         finally:
@@ -90,6 +90,47 @@ def read_yaml(path: Path, display: str | None = None) -> Marked:
     except yaml.YAMLError as exc:
         raise UserError(f"YAML error: {str(exc)[:300]}", location=Location(display, 1, 1)) from None
     return marked
+
+
+# What PyYAML's constructors raise for a tagged scalar they cannot read (``!!int abc``,
+# ``!!bool maybe``, ``!!timestamp 2020-13-01``) instead of a marked error.
+CONSTRUCT_ERRORS = (ValueError, KeyError, TypeError, OverflowError)
+
+
+def _construct(loader, node: yaml.Node, marked: Marked) -> Any:
+    """The document's Python values; a tag that does not fit its value is the recipe's error
+    at that value's line and column."""
+    try:
+        return loader.construct_document(node)
+    except CONSTRUCT_ERRORS:
+        raise _bad_tag(node, marked) from None
+
+
+def _bad_tag(root: yaml.Node, marked: Marked) -> UserError:
+    """The first scalar (in document order) whose tag cannot construct it, as a located
+    error."""
+    paths = {position: path for path, position in reversed(marked.values.items())}
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.extend(reversed(_children(node)))
+        if not isinstance(node, yaml.ScalarNode):
+            continue
+        try:
+            yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+        except (*CONSTRUCT_ERRORS, yaml.YAMLError) as exc:
+            position = (node.start_mark.line + 1, node.start_mark.column + 1)
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
+            return UserError(f"{short(node.value)} is not a valid {tag} value "
+                             f"({type(exc).__name__}: {short(str(exc))[1:-1]})",
+                             location=Location(marked.file, *position),
+                             field=dotted(paths.get(position, ())) or None,
+                             hint=f"remove the tag {tag} (npubuild reads plain YAML values) "
+                                  "or give a value of that type")
+    return UserError("a YAML tag cannot be applied to its value", location=marked.location(()))
 
 
 def _read_text(path: Path, display: str) -> str:

@@ -76,6 +76,21 @@ def test_a_real_duplicate_key_is_still_reported(tmp_path):
         read_yaml(path)
 
 
+@pytest.mark.parametrize("value, line, message", [
+    ("!!int abc", 3, "'abc' is not a valid !!int value"),
+    ("!!bool maybe", 3, "'maybe' is not a valid !!bool value"),
+    ("!!timestamp 2020-13-01", 3, "not a valid !!timestamp value"),
+    ("[1, !!float x]", 3, "'x' is not a valid !!float value"),
+])
+def test_a_tag_that_does_not_fit_its_value_is_a_located_recipe_error(tmp_path, value, line,
+                                                                      message):
+    path = tmp_path / "r.yaml"
+    path.write_text(f"version: 1\nname: a\nsamples: {value}\n")
+    with pytest.raises(UserError, match=message) as err:
+        read_yaml(path)
+    assert err.value.location.line == line and err.value.hint.startswith("remove the tag")
+
+
 @pytest.mark.parametrize("spec, message", [
     ("pkg:onnx//etc/passwd", "must stay inside it"),
     ("pkg:onnx/../nudenet/320n.onnx", "must stay inside it"),
