@@ -142,6 +142,15 @@ def params_constant(node: NodeView, spec: OpSupport) -> str | None:
                   if n and not node.facts.is_const(n))
 
 
+@constraint()
+def constants_not_empty(node: NodeView, spec: OpSupport) -> str | None:
+    """Constant input has no elements"""
+    params = {node.input(i) for i in PARAM_INPUTS.get(node.op, ())}
+    return _first(f"{t!r} has shape {show_shape(node.shape(t))}" for t in node.node.input
+                  if t and t not in params and node.facts.is_const(t)
+                  and 0 in (node.shape(t) or ()))  # legal ONNX; no place in NPU memory
+
+
 # ---- checks switched on by the op's table entry --------------------------------------------
 
 @constraint(field="ranks")

@@ -188,3 +188,31 @@ def test_yolov8n_through_the_runner_with_the_simulator_equals_the_integer_refere
                        backends={"npu": simulator_backend(build_dir)}).run(feeds)
     reference = pipeline.quantized_outputs(feeds, qgraphs)
     np.testing.assert_array_equal(simulated["output0"], reference["output0"])
+
+
+def test_a_zero_element_initializer_builds_through_verify(tmp_path):
+    """An empty constant (legal ONNX: a Concat input of shape [1, 0, 8, 8]) once reached the
+    compiler and divided by its zero elements; its node now runs on the CPU, saying why."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("Concat", ["c", "empty"], ["y"], axis=1, name="join")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(weight, "w"),
+         numpy_helper.from_array(np.zeros((1, 0, 8, 8), np.float32), "empty")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                ir_version=8), tmp_path / "m.onnx")
+    (tmp_path / "r.yaml").write_text(
+        "version: 1\nname: empty\nmodel: {path: m.onnx, inputs: [{name: x, shape: [1, 3, 8, 8], "
+        "preprocess: {resize: [8, 8], scale: 0.00392156862745098}}]}\nquantization:\n"
+        "  calibration: {data: 'pkg:skimage/data/[a-c]*.png', samples: 2}\n")
+    result = run_cli("run", "r.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    support = json.loads((tmp_path / "build/empty/split/support.json").read_text())
+    join = next(n for n in support["nodes"] if n["name"].startswith("join"))
+    assert join["device"] == "cpu"
+    assert join["reasons"] == ["Constant input has no elements: 'empty' has shape [1, 0, 8, 8]"]

@@ -88,6 +88,9 @@ CASES = {
                             coordinate_transformation_mode="asymmetric"),
                         "npu-strict", "Resize changes the batch or channel dimension: "
                                       "scales [1.0, 2.0, 2.0, 2.0]"),
+    "empty constant": (one("Concat", [[1, 4, 8, 8], [1, 0, 8, 8]],
+                           {1: np.zeros((1, 0, 8, 8), np.float32)}, axis=1), "npu-16m",
+                       "Constant input has no elements: 'c1' has shape [1, 0, 8, 8]"),
     "pad mode": (one("Pad", [[1, 4, 8, 8], [8]], {1: np.array([0, 0, 1, 1, 0, 0, 1, 1])},
                      mode="reflect"), "npu-strict", "Pad mode is not constant: mode 'reflect'"),
     "slice step": (one("Slice", [[1, 4, 8, 8], [1], [1], [1], [1]],
