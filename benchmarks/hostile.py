@@ -14,7 +14,14 @@ inf, huge and zero dims), unknown, missing, misspelt and duplicated keys, hostil
 ``.npy``/``.npz`` headers, globs that match nothing), deep nesting, aliases (billion laughs,
 recursive, merge keys) and raw-text damage (syntax errors, tags, tabs).
 
-    python3 benchmarks/hostile.py [--cases 1000] [--seed 0]
+Hostile models (``--models 200``): mutated copies of a small real ONNX model that fail
+``onnx.checker`` (op types, inputs, attributes, initializer dims and types, opsets, IR versions,
+duplicate or dangling names, cycles, non-UTF-8 text, damaged external data: a location with a
+trailing slash, a NUL, a symlink loop, outside the folder), each named by an otherwise valid
+recipe, through the same two commands: every one must exit 2 at the recipe line that names the
+model (``model.path``), never 0 and never 1.
+
+    python3 benchmarks/hostile.py [--cases 1000] [--models 200] [--seed 0]
 """
 
 from __future__ import annotations
@@ -311,15 +318,231 @@ def run_all(cases: int, seed: int, workdir: Path, log=print) -> dict:
     return tally
 
 
+# -- hostile models ---------------------------------------------------------------------------
+
+MODEL_LOCATED = re.compile(r"^error: \S+?:\d+:\d+: model\.path: ", re.M)
+
+
+def base_model():
+    """A small model with the kinds of nodes mutations can break: Conv, Relu, a Constant,
+    Reshape, Concat, Resize, Gemm (fixed input [1, 3, 8, 8], output [1, 10])."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([1, 1, 0.5, 0.5], np.float32), "scales"),
+             numpy_helper.from_array(np.array([1, -1], np.int64), "flat"),
+             numpy_helper.from_array(rng.standard_normal((10, 128)).astype(np.float32), "fc")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["conv"], "conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["conv"], ["relu"], "relu"),
+             helper.make_node("Constant", [], ["half"], "half",
+                              value=numpy_helper.from_array(np.full((1, 4, 8, 8), 0.5, np.float32))),
+             helper.make_node("Mul", ["relu", "half"], ["mul"], "mul"),
+             helper.make_node("Concat", ["relu", "mul"], ["cat"], "cat", axis=1),
+             helper.make_node("Resize", ["cat", "", "scales"], ["small"], "resize", mode="nearest"),
+             helper.make_node("Reshape", ["small", "flat"], ["flat_out"], "reshape"),
+             helper.make_node("Gemm", ["flat_out", "fc"], ["y"], "gemm", transB=1)]
+    graph = helper.make_graph(nodes, "base", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, 3, 8, 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, [1, 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8,
+                              producer_name="PRODUCER")
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _pick(rng, items):
+    return items[rng.randrange(len(items))]
+
+
+def mutate_model(rng: random.Random, model) -> tuple[object, str]:
+    """One structural mutation of ``model`` (in place) and its name."""
+    import onnx
+    from onnx import helper
+
+    g = model.graph
+    node = _pick(rng, g.node)
+    init = _pick(rng, g.initializer)
+    kind = rng.choice(["op", "input", "dangling", "attribute", "attr_type", "dims", "dtype",
+                       "input_type", "opset", "ir", "duplicate_output", "output", "domain",
+                       "cycle", "no_input", "duplicate_init", "raw_size", "node_name_dup",
+                       "empty_attr", "value_info", "output_count"])
+    if kind == "op":
+        node.op_type = rng.choice(["Nope", "", "conv", "Conv2D", "x" * 300, "Relu6", "Gemm"])
+    elif kind == "input":
+        if node.input and rng.random() < 0.5:
+            del node.input[rng.randrange(len(node.input))]
+        else:
+            node.input.extend(["x"] * rng.randint(1, 4))
+    elif kind == "dangling":
+        if node.input:
+            node.input[rng.randrange(len(node.input))] = rng.choice(["nowhere", "y", "", "w "])
+    elif kind == "attribute":
+        if node.attribute and rng.random() < 0.5:
+            del node.attribute[rng.randrange(len(node.attribute))]
+        else:
+            node.attribute.append(helper.make_attribute(rng.choice(["bogus", "axis", "pads"]),
+                                                        rng.choice([1, 2.5, "s", [1, 2]])))
+    elif kind == "attr_type":
+        for attr in node.attribute:
+            attr.type = rng.choice([onnx.AttributeProto.FLOAT, onnx.AttributeProto.STRING,
+                                    onnx.AttributeProto.GRAPH, onnx.AttributeProto.UNDEFINED])
+    elif kind == "dims":
+        init.dims[:] = [rng.choice([0, 1, 2, 7, 10_000, -3]) for _ in range(rng.randint(0, 5))]
+    elif kind == "dtype":
+        init.data_type = rng.choice([0, 8, 16, 99, onnx.TensorProto.INT64])
+    elif kind == "input_type":
+        g.input[0].type.tensor_type.elem_type = rng.choice([0, 8, 99])
+    elif kind == "opset":
+        if rng.random() < 0.3:
+            del model.opset_import[:]
+        else:
+            model.opset_import[0].version = rng.choice([0, 1, 5, 999])
+    elif kind == "ir":
+        model.ir_version = rng.choice([0, 1, 2, 99])
+    elif kind == "duplicate_output":
+        other = _pick(rng, g.node)
+        if other.output and node.output:
+            node.output[0] = other.output[0] if other is not node else "x"
+    elif kind == "output":
+        g.output[0].name = rng.choice(["nowhere", "", "w"])
+    elif kind == "domain":
+        node.domain = rng.choice(["ai.onnx.ml", "com.microsoft.bogus", "ai.onnx.preview.training"])
+    elif kind == "cycle":
+        last = g.node[len(g.node) - 1]
+        g.node[0].input[0] = last.output[0]
+    elif kind == "no_input":
+        del g.input[:]
+    elif kind == "duplicate_init":
+        g.initializer.append(init)
+    elif kind == "raw_size":
+        if init.raw_data:
+            init.raw_data = init.raw_data[: rng.randrange(len(init.raw_data))]
+        else:
+            init.dims.append(3)
+    elif kind == "node_name_dup":
+        g.node.append(node)
+    elif kind == "empty_attr":
+        node.attribute.append(onnx.AttributeProto())
+    elif kind == "value_info":
+        g.value_info.append(helper.make_tensor_value_info(
+            node.output[0] if node.output else "x", onnx.TensorProto.FLOAT,
+            [rng.choice([2, 9, 0]) for _ in range(rng.randint(1, 5))]))
+    elif kind == "output_count":
+        node.output.extend(["extra"] * rng.randint(1, 3))
+    return model, kind
+
+
+def failing_models(count: int, seed: int) -> list[tuple[bytes, str]]:
+    """``count`` serialized mutants of `base_model` that ``onnx.checker`` (full check) refuses
+    even without their ``value_info`` (stale shapes there are forgotten by import, not bad)."""
+    import onnx
+
+    rng = random.Random(seed)
+    out = []
+    while len(out) < count:
+        model, kinds = base_model(), []
+        for _ in range(rng.randint(1, 2)):
+            kinds.append(mutate_model(rng, model)[1])
+        checked = onnx.ModelProto()
+        checked.CopyFrom(model)
+        del checked.graph.value_info[:]
+        try:
+            onnx.checker.check_model(checked, full_check=True)
+        except Exception:  # noqa: BLE001 — the checker's many exception types: a mutant kept
+            out.append((model.SerializeToString(), "+".join(kinds)))
+    return out
+
+
+def damaged_models(folder: Path) -> dict[str, str]:
+    """Models a protobuf parser reads but no loader should trust: non-UTF-8 text, external
+    data whose location ends in a slash, holds a NUL, is a symlink loop or leaves the folder.
+    Returns file name -> what is wrong with it."""
+    import onnx
+
+    raw = base_model().SerializeToString()
+    cases = {}
+    for field, tag in (("producer", b"PRODUCER"), ("node name", b"reshape"),
+                       ("tensor name", b"flat_out")):
+        name = f"utf8_{field.replace(' ', '_')}.onnx"
+        assert tag in raw
+        (folder / name).write_bytes(raw.replace(tag, b"\xff" + tag[1:], 1))
+        cases[name] = f"non-UTF-8 {field}"
+    for label, location in (("slash", "w.bin/"), ("nul", "w.bin\0"), ("loop", "loop.bin"),
+                            ("outside", "../../etc/passwd"), ("folder", "sub")):
+        sub = folder / f"ext_{label}"
+        sub.mkdir(exist_ok=True)
+        (sub / "sub").mkdir(exist_ok=True)
+        model = base_model()
+        tensor = model.graph.initializer[0]
+        (sub / "w.bin").write_bytes(tensor.raw_data)
+        tensor.ClearField("raw_data")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        tensor.external_data.add(key="location", value=location)
+        if label == "loop" and not (sub / "loop.bin").is_symlink():
+            (sub / "loop.bin").symlink_to("loop.bin")
+        (sub / "model.onnx").write_bytes(model.SerializeToString())
+        cases[f"ext_{label}/model.onnx"] = f"external data at {location!r}"
+    return cases
+
+
+def model_recipe(model_path: str) -> str:
+    data = {**BASE, "model": {**BASE["model"], "path": model_path}}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def judge_model(o: Outcome) -> list[str]:
+    problems = [p for p in judge(o) if not p.endswith((" s", " MB"))]
+    if o.code != 2:
+        problems.append(f"exit {o.code}, not 2")
+    elif not MODEL_LOCATED.search(o.stderr):
+        problems.append("not located at model.path")
+    return problems
+
+
+def run_models(count: int, seed: int, workdir: Path, log=print) -> dict:
+    """The damaged models and ``count`` checker-failing mutants, each through ``validate`` and
+    ``run R import``; returns the tally (failures: what was not exit 2 at model.path)."""
+    folder = workdir / "models"
+    folder.mkdir(exist_ok=True)
+    cases = list(damaged_models(folder).items())
+    for i, (raw, kinds) in enumerate(failing_models(count, seed)):
+        name = f"mutant{i:03d}.onnx"
+        (folder / name).write_bytes(raw)
+        cases.append((name, kinds))
+    tally = {"models": len(cases), "runs": 0, "codes": {}, "failures": []}
+    for i, (name, what) in enumerate(cases):
+        recipe = workdir / f"model{i:03d}.yaml"
+        recipe.write_text(model_recipe(f"models/{name}"))
+        for argv in (["validate", str(recipe)],
+                     ["run", str(recipe), "import", "--build-dir", str(workdir / "build"),
+                      "--cache", str(workdir / "model-cache")]):
+            o = run_case(argv)
+            tally["runs"] += 1
+            tally["codes"][o.code] = tally["codes"].get(o.code, 0) + 1
+            problems = judge_model(o)
+            if problems:
+                tally["failures"].append((name, what, argv[0], problems, o.stderr[-300:]))
+                log(f"{name} ({what}) {argv[0]}: {', '.join(problems)}\n{o.stderr[-300:]}")
+        shutil.rmtree(workdir / "build", ignore_errors=True)
+    return tally
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=1000)
+    parser.add_argument("--models", type=int, default=200,
+                        help="checker-failing mutated models (besides the damaged ones)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
         tally = run_all(args.cases, args.seed, Path(tmp))
+        models = run_models(args.models, args.seed, Path(tmp))
     total = time.perf_counter() - started
     located = tally["exit2_located"] / max(tally["exit2"], 1)
     print("| recipes | runs | exit 0 / 1 / 2 / other | tracebacks | exit 2 with file:line:col "
@@ -331,7 +554,14 @@ def main() -> int:
           f"{codes.get(2, 0)} / {other} | {tally['tracebacks']} | {located:.1%} | "
           f"{tally['max_seconds']:.2f} s | {tally['max_mb']:.0f} MB | {len(tally['failures'])} | "
           f"{total:.0f} s |")
-    return 1 if tally["failures"] else 0
+    print()
+    print("| hostile models | runs | exit 0 / 1 / 2 / other | not exit 2 at model.path |")
+    print("|---|---|---|---|")
+    codes = models["codes"]
+    other = sum(v for k, v in codes.items() if k not in (0, 1, 2))
+    print(f"| {models['models']} | {models['runs']} | {codes.get(0, 0)} / {codes.get(1, 0)} / "
+          f"{codes.get(2, 0)} / {other} | {len(models['failures'])} |")
+    return 1 if tally["failures"] or models["failures"] else 0
 
 
 if __name__ == "__main__":

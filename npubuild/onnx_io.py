@@ -40,10 +40,49 @@ def load_model(path: str | Path, *, load_external: bool = True) -> onnx.ModelPro
                         location=Location(str(path))) from None
     if not model.graph.node and not model.graph.output:
         raise UserError("not a readable ONNX model (empty graph)", location=Location(str(path)))
+    _check_text(model, path)
     _check_external_data(model, path)
     if load_external:
-        onnx.load_external_data_for_model(model, str(path.parent))
+        try:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        except Exception as exc:  # onnx's ValidationError, OSError, ...: the file's fault
+            raise UserError(f"cannot read the model's external data ({type(exc).__name__}: "
+                            f"{exc})", location=Location(str(path))) from None
     return model
+
+
+def _check_text(model: onnx.ModelProto, path: Path) -> None:
+    """Every string field is UTF-8, as ONNX requires: protobuf hands a non-UTF-8 one (a
+    producer, a node or tensor name) over as ``bytes``, which later breaks every name lookup,
+    message and JSON file. Numeric and ``bytes`` fields (the weights) are not walked."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    string, message_type = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
+    stack: list[tuple[object, tuple]] = [(model, ())]
+    while stack:
+        message, where = stack.pop()
+        for fd, value in message.ListFields():
+            if fd.type == message_type:
+                if fd.is_repeated:
+                    stack.extend((item, (where, fd.name, i)) for i, item in enumerate(value))
+                else:
+                    stack.append((value, (where, fd.name, None)))
+            elif fd.type == string:
+                for i, item in enumerate(value if fd.is_repeated else [value]):
+                    if isinstance(item, bytes):
+                        raise UserError(f"not a valid ONNX model: {_field_name(where, fd.name)} "
+                                        f"is not UTF-8 text ({item[:40]!r})",
+                                        location=Location(str(path)),
+                                        hint="ONNX strings must be UTF-8; re-export the model")
+
+
+def _field_name(where: tuple, name: str) -> str:
+    """``graph.node[3].name`` from the nested (parent, field, index) tuples of `_check_text`."""
+    parts = [name]
+    while where:
+        where, field, index = where
+        parts.append(field if index is None else f"{field}[{index}]")
+    return ".".join(reversed(parts))
 
 
 def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
@@ -52,14 +91,23 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in tensor.external_data}
-        target = (base / info.get("location", "")).resolve()
+        location = info.get("location", "")
+
+        def refuse(why: str) -> UserError:
+            return UserError(f"tensor {tensor.name!r} keeps its data at {location[:200]!r}, "
+                             f"{why}", location=Location(str(path)))
+
+        if not location or "\0" in location or location.endswith(("/", "\\")):
+            raise refuse("which is not a file name")
+        try:
+            target = (base / location).resolve()
+        except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a too-long name
+            raise refuse(f"which cannot be resolved ({exc.__class__.__name__}: "
+                         f"{getattr(exc, 'strerror', None) or exc})") from None
         if base not in target.parents:
-            raise UserError(f"tensor {tensor.name!r} keeps its data at {info.get('location')!r}, "
-                            "outside the model's folder; refusing to read it",
-                            location=Location(str(path)))
+            raise refuse("outside the model's folder; refusing to read it")
         if not target.is_file():  # a directory, a FIFO or a device: nothing onnx can read
-            raise UserError(f"tensor {tensor.name!r} keeps its data at {info.get('location')!r}, "
-                            "which is not a regular file", location=Location(str(path)))
+            raise refuse("which is not a regular file")
         try:
             end = int(info.get("offset", 0)) + int(info.get("length", 0))
         except ValueError:
@@ -111,10 +159,19 @@ def _copy_except(message, skipped: str):
     return copy
 
 
-def _weight_bytes(model: onnx.ModelProto) -> int:
+def weight_bytes(model: onnx.ModelProto) -> int:
     """The initializers' size from their dims (``ByteSize`` walks the data: seconds for GBs)."""
-    return sum(_elements(t) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-               for t in model.graph.initializer if t.data_type != onnx.TensorProto.STRING)
+    return sum(_elements(t) * itemsize(t.data_type) for t in model.graph.initializer)
+
+
+def itemsize(data_type: int) -> int:
+    """Bytes per element of an ONNX tensor type (0 for strings and for a type code onnx does
+    not know, which the checker refuses)."""
+    try:
+        return 0 if data_type == onnx.TensorProto.STRING else \
+            onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
+    except KeyError:
+        return 0
 
 
 def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -203,7 +260,7 @@ def session(model: onnx.ModelProto | str | Path, optimized: bool = False):
     if isinstance(model, (str, Path)):
         source = str(model)
     else:
-        if _weight_bytes(model) > LARGE_SESSION_BYTES:
+        if weight_bytes(model) > LARGE_SESSION_BYTES:
             model, weights = _external_weights(model)
             names = list(weights)
             options.add_external_initializers(
@@ -266,15 +323,17 @@ def with_outputs(model: onnx.ModelProto, names: list[str],
     return out
 
 
-def reinfer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+def reinfer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProto:
     """A copy with stale shapes forgotten (value_info, symbolic output dims) and inferred again
-    from the inputs (type-checked, with data propagation so shape computations fold)."""
+    from the inputs (type-checked, with data propagation so shape computations fold; ``strict``:
+    a node whose inference fails is an error, not a tensor left without a shape)."""
     model = clone(model)
     del model.graph.value_info[:]
     for out in model.graph.output:
         if out.type.HasField("tensor_type"):
             out.type.tensor_type.ClearField("shape")
-    return onnx.shape_inference.infer_shapes(model, check_type=True, data_prop=True)
+    return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=strict,
+                                             data_prop=True)
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, list[int]]) -> onnx.ModelProto:

@@ -55,4 +55,4 @@ def _check(path: Path) -> dict:
     return {"recipe": str(path), "name": loaded.recipe.name, "valid": True,
             "model": str(loaded.model_path), "format": loaded.model_format, "target": chip.name,
             "surgery_steps": len(loaded.recipe.surgery), "fusion_rules": len(loaded.recipe.fusion),
-            **signature}
+            **signature.as_dict()}

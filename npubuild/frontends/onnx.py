@@ -9,15 +9,21 @@
   a Reshape): those Shape/Size nodes read tensors whose shapes are now static, so they and the
   integer arithmetic after them fold to constants, round after round. Outputs still without a
   shape keep what the source model declared; a graph output with neither is named in an error.
+- `check_source`: the source as ONNX's checker sees it (structure, types, strict shape
+  inference): a model it refuses is bad input, reported at the recipe line that names it.
+- `check_tensor_sizes`: once shapes are inferred, every tensor (inputs and intermediates) must
+  fit in memory: one error naming the tensor and its size, before anything allocates it.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx
 
 from npubuild import onnx_io
-from npubuild.errors import BuildError
+from npubuild.errors import BuildError, Location, UserError
 
 IR_WITHOUT_INITIALIZER_INPUTS = 4
 MAX_FOLD_ROUNDS = 8
@@ -25,6 +31,87 @@ MAX_FOLD_ROUNDS = 8
 SHAPE_OPS = {"Cast", "Concat", "Gather", "Slice", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul",
              "Div", "Floor", "Ceil", "Neg", "Abs", "Max", "Min", "ReduceProd", "Range", "Equal",
              "Where", "Reshape", "Identity", "Expand", "ConstantOfShape", "Constant", "Mod"}
+
+
+MAX_TENSOR_BYTES = 1 << 30  # one tensor; as for an input (recipe.model.MAX_ELEMENTS float32)
+MAX_TOTAL_BYTES = 8 << 30  # every tensor of one run at once (calibration keeps them all)
+MAX_CHECKED_WEIGHTS = 1 << 30  # above this the checker sees the skeleton (protobuf's 2 GiB)
+
+
+def check_source(model: onnx.ModelProto, path: Path, *, weights: bool = True,
+                 full: bool = True) -> None:
+    """``onnx.checker`` on the source as it is and (``full``) strict shape inference: a model
+    they refuse (a dangling input, a wrong attribute, a duplicate name, a bad opset, a Conv
+    whose weights do not fit) is bad input, a `UserError` at ``path``. What import replaces
+    anyway is not held against it: stale ``value_info`` shapes, and graph inputs or outputs
+    declared without a shape (ONNX Runtime runs those; import infers them). ``weights=False``
+    checks the skeleton (`onnx_io.skeleton`: large initializers as typed inputs), which is all
+    `validate` needs."""
+    target = (onnx_io.clone(model) if weights and onnx_io.weight_bytes(model) <= MAX_CHECKED_WEIGHTS
+              else onnx_io.skeleton(model))
+    del target.graph.value_info[:]
+    try:
+        if full:
+            onnx.shape_inference.infer_shapes(target, check_type=True, strict_mode=True)
+        for value in [*target.graph.input, *target.graph.output]:
+            if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
+                value.type.tensor_type.shape.SetInParent()  # the checker wants the field only
+        onnx.checker.check_model(target)
+    except Exception as exc:  # ValidationError, InferenceError, protobuf's errors ...
+        raise UserError(f"not a valid ONNX model: onnx.checker says {one_line(exc)}",
+                        location=Location(str(path)),
+                        hint="fix or re-export the model (onnx.checker.check_model(model, "
+                             "full_check=True) shows the same)") from None
+
+
+def one_line(exc: Exception, limit: int = 600) -> str:
+    """An onnx error (several lines, a "==> Context:" tail) on one bounded line."""
+    lines = [line.strip().removeprefix("==> Context:").strip()
+             for line in str(exc).splitlines() if line.strip()]
+    text = "; ".join(lines) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def check_tensor_sizes(model: onnx.ModelProto) -> None:
+    """Every tensor whose shape inference knows must fit: at most `MAX_TENSOR_BYTES` each and
+    `MAX_TOTAL_BYTES` together; else one `UserError` naming the largest, its shape and the
+    node that makes it (a Pad of 10,000 before a Conv, fixed input dims of 2^20)."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    sizes = []
+    for value in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        ttype = value.type.tensor_type
+        dims = onnx_io.value_shape(value)
+        if (not value.type.HasField("tensor_type") or not ttype.HasField("shape")
+                or not all(isinstance(d, int) for d in dims) or not ttype.elem_type):
+            continue
+        itemsize = onnx_io.itemsize(ttype.elem_type) or 1
+        sizes.append((int(np.prod(dims, dtype=object)) * itemsize, value.name, dims))
+    if not sizes:
+        return
+    total = sum({name: size for size, name, _ in sizes}.values())  # a graph output is listed twice
+    largest, name, dims = max(sizes)
+    if largest <= MAX_TENSOR_BYTES and total <= MAX_TOTAL_BYTES:
+        return
+    node = producers.get(name)
+    made = f" (output of {node.op_type} node {node.name or '#'!r})" if node else " (a graph input)"
+    over = (f"at most {_gib(MAX_TENSOR_BYTES)} per tensor" if largest > MAX_TENSOR_BYTES
+            else f"all tensors together take {_gib(total)}, at most {_gib(MAX_TOTAL_BYTES)}")
+    raise UserError(f"tensor {name!r}{made} would hold {dims} = {largest:,} bytes; {over}",
+                    hint="check the input shapes (model.inputs[].shape) and the model's pads, "
+                         "sizes and fixed dims")
+
+
+def infer_sizes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (its inputs fixed) with its shapes strictly inferred and every tensor's size
+    bounded (`check_tensor_sizes`), without folding or running anything: what `validate` can
+    know."""
+    inferred = _infer(model, strict=True)
+    check_tensor_sizes(inferred)
+    return inferred
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):,.1f} GiB"
 
 
 def normalise_ir(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -47,6 +134,7 @@ def resolve_shapes(model: onnx.ModelProto, declared: onnx.ModelProto) -> onnx.Mo
     shape keeps the shape declared there. Raises `BuildError` naming each output that has none.
     """
     model = _infer(model)
+    check_tensor_sizes(model)
     for _ in range(MAX_FOLD_ROUNDS):
         if _first_unknown(model) is None:
             break
@@ -54,6 +142,7 @@ def resolve_shapes(model: onnx.ModelProto, declared: onnx.ModelProto) -> onnx.Mo
         if folded is None:
             break
         model = _infer(folded)
+        check_tensor_sizes(model)
     _keep_declared(model, declared)
     missing = [o.name for o in model.graph.output if not o.type.tensor_type.HasField("shape")]
     if missing:
@@ -118,11 +207,21 @@ def _reaching(ed, computable: list[onnx.NodeProto], derived: set[str]) -> list[o
     return [n for n in computable if id(n) in keep]
 
 
-def _infer(model: onnx.ModelProto) -> onnx.ModelProto:
+class InputShapesError(UserError):
+    """Shape inference fails once the input shapes are fixed (a source that passes
+    `check_source` on its own): the recipe's shapes do not fit the model."""
+
+
+def _infer(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProto:
     try:
-        return onnx_io.reinfer_shapes(model)
+        return onnx_io.reinfer_shapes(model, strict)
     except Exception as exc:  # onnx raises InferenceError, ValidationError and friends
-        raise BuildError(f"shape inference failed: {exc}", stage="import") from None
+        declared = ", ".join(f"{v.name} {onnx_io.value_shape(v)}"
+                             for v in onnx_io.graph_inputs(model))
+        raise InputShapesError(f"the model's shapes cannot be inferred from these input shapes "
+                               f"({declared}): {one_line(exc)}",
+                               hint="check model.inputs[].shape and its layout (NCHW: [N, C, H, "
+                                    "W]; NHWC: [N, H, W, C]) against the model's inputs") from None
 
 
 def _first_unknown(model: onnx.ModelProto) -> str | None:

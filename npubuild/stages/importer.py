@@ -26,6 +26,7 @@ import logging
 import re
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -65,7 +66,9 @@ def _import(ctx: StageContext) -> dict:
     loaded = ctx.loaded
     fmt = loaded.model_format
     if fmt == "onnx":
-        source = onnx_frontend.normalise_ir(onnx_io.load_model(loaded.model_path))
+        source = onnx_io.load_model(loaded.model_path)
+        onnx_frontend.check_source(source, loaded.model_path)
+        source = onnx_frontend.normalise_ir(source)
         model = fix_inputs(loaded, source)
     else:
         from npubuild.frontends import tensorflow as tf_frontend
@@ -79,7 +82,8 @@ def _import(ctx: StageContext) -> dict:
         model = cut_outputs(loaded, model)
     if loaded.recipe.model.opset and fmt == "onnx":
         model = convert_opset(loaded, model, loaded.recipe.model.opset)
-    model = onnx_frontend.resolve_shapes(model, declared=source or model)
+    with shapes_at_inputs(loaded):
+        model = onnx_frontend.resolve_shapes(model, declared=source or model)
     check(model)
     feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
     proof, outputs = prove(loaded, fmt, source, model, feeds)
@@ -92,9 +96,23 @@ def _import(ctx: StageContext) -> dict:
     return {"import": summary}
 
 
-def check_signature(loaded: LoadedRecipe) -> dict:
-    """Check the recipe's input and output names against the model's signature without
-    converting anything (`npubuild validate`); return the model's input and output names.
+@dataclass
+class Signature:
+    """What `check_signature` learnt of the model: its input and output names and, for ONNX,
+    the graph with the recipe's input shapes and every shape inferred (weights left out)."""
+
+    inputs: list[str]
+    outputs: list[str]
+    graph: onnx.ModelProto | None = None
+
+    def as_dict(self) -> dict:
+        return {"inputs": self.inputs, "outputs": self.outputs}
+
+
+def check_signature(loaded: LoadedRecipe) -> Signature:
+    """Check the model against the recipe without converting anything (`npubuild validate`):
+    ONNX's checker, the recipe's input and output names, its input shapes (shape inference
+    from them succeeds and no tensor outgrows memory).
 
     ONNX is read without its external data and without TensorFlow; TensorFlow formats are
     opened as import opens them (which resolves the same names). Errors point at the recipe
@@ -104,14 +122,33 @@ def check_signature(loaded: LoadedRecipe) -> dict:
         from npubuild.frontends import tensorflow as tf_frontend
 
         with loaded.relocated("model", "path"), at_recipe_fields(loaded):  # as `run` reports
-            return tf_frontend.signature(loaded.model_path, fmt, loaded.recipe.model.inputs,
-                                         loaded.recipe.model.outputs)
-    model = onnx_io.load_model(loaded.model_path, load_external=False)
+            names = tf_frontend.signature(loaded.model_path, fmt, loaded.recipe.model.inputs,
+                                          loaded.recipe.model.outputs)
+        return Signature(names["inputs"], names["outputs"])
+    with loaded.relocated("model", "path"):
+        model = onnx_io.load_model(loaded.model_path, load_external=False)
+        onnx_frontend.check_source(model, loaded.model_path, weights=False, full=False)
     inputs = {v.name: v for v in onnx_io.graph_inputs(model)}
     for index, spec in enumerate(loaded.recipe.model.inputs):
         _input_named(loaded, inputs, spec.name, index)
     _check_cut(loaded, model)
-    return {"inputs": list(inputs), "outputs": [o.name for o in model.graph.output]}
+    with loaded.relocated("model", "path"), shapes_at_inputs(loaded):
+        try:
+            shaped = onnx_frontend.infer_sizes(fix_inputs(loaded, onnx_io.skeleton(model)))
+        except onnx_frontend.InputShapesError:  # the model's fault, or the recipe's shapes'?
+            onnx_frontend.check_source(model, loaded.model_path, weights=False)
+            raise
+    return Signature(list(inputs), [o.name for o in model.graph.output], shaped)
+
+
+@contextmanager
+def shapes_at_inputs(loaded: LoadedRecipe) -> Iterator[None]:
+    """Shapes that cannot be inferred from the recipe's input shapes: the recipe's error at
+    ``model.inputs``."""
+    try:
+        yield
+    except onnx_frontend.InputShapesError as exc:
+        raise loaded.error(exc.message, "model", "inputs", hint=exc.hint) from None
 
 
 @contextmanager

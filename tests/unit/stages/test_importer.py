@@ -220,7 +220,7 @@ def test_validate_reads_an_onnx_signature_without_tensorflow(tmp_path):
 
     recipe = write_recipe(tmp_path, recipe_text(TINY_MODEL, "    - {name: x, shape: [1, 3, 8, 8]}\n"))
     code = ("import sys; from npubuild.recipe import load_recipe; from npubuild.stages import importer; "
-            f"print(importer.check_signature(load_recipe({str(recipe)!r}))); "
+            f"print(importer.check_signature(load_recipe({str(recipe)!r})).as_dict()); "
             "print('tensorflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.splitlines() == ["{'inputs': ['x'], 'outputs': ['y']}", "False"]
