@@ -70,7 +70,8 @@ def _check_text(model: onnx.ModelProto, path: Path) -> None:
             elif fd.type == string:
                 for i, item in enumerate(value if fd.is_repeated else [value]):
                     if isinstance(item, bytes):
-                        raise UserError(f"not a valid ONNX model: {_field_name(where, fd.name)} "
+                        name = f"{fd.name}[{i}]" if fd.is_repeated else fd.name
+                        raise UserError(f"not a valid ONNX model: {_field_name(where, name)} "
                                         f"is not UTF-8 text ({item[:40]!r})",
                                         location=Location(str(path)),
                                         hint="ONNX strings must be UTF-8; re-export the model")

@@ -50,13 +50,16 @@ def check_source(model: onnx.ModelProto, path: Path, *, weights: bool = True,
     target = (onnx_io.clone(model) if weights and onnx_io.weight_bytes(model) <= MAX_CHECKED_WEIGHTS
               else onnx_io.skeleton(model))
     del target.graph.value_info[:]
+    unshaped = [v.type.tensor_type for v in [*target.graph.input, *target.graph.output]
+                if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
     try:
+        for ttype in unshaped:  # the checker wants the field; inference must not see rank 0
+            ttype.shape.SetInParent()
+        onnx.checker.check_model(target)
+        for ttype in unshaped:
+            ttype.ClearField("shape")
         if full:
             onnx.shape_inference.infer_shapes(target, check_type=True, strict_mode=True)
-        for value in [*target.graph.input, *target.graph.output]:
-            if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
-                value.type.tensor_type.shape.SetInParent()  # the checker wants the field only
-        onnx.checker.check_model(target)
     except Exception as exc:  # ValidationError, InferenceError, protobuf's errors ...
         raise UserError(f"not a valid ONNX model: onnx.checker says {one_line(exc)}",
                         location=Location(str(path)),
@@ -74,40 +77,81 @@ def one_line(exc: Exception, limit: int = 600) -> str:
 
 def check_tensor_sizes(model: onnx.ModelProto) -> None:
     """Every tensor whose shape inference knows must fit: at most `MAX_TENSOR_BYTES` each and
-    `MAX_TOTAL_BYTES` together; else one `UserError` naming the largest, its shape and the
-    node that makes it (a Pad of 10,000 before a Conv, fixed input dims of 2^20)."""
-    producers = {o: n for n in model.graph.node for o in n.output}
-    sizes = []
-    for value in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
-        ttype = value.type.tensor_type
-        dims = onnx_io.value_shape(value)
-        if (not value.type.HasField("tensor_type") or not ttype.HasField("shape")
-                or not all(isinstance(d, int) for d in dims) or not ttype.elem_type):
-            continue
-        itemsize = onnx_io.itemsize(ttype.elem_type) or 1
-        sizes.append((int(np.prod(dims, dtype=object)) * itemsize, value.name, dims))
-    if not sizes:
+    `MAX_TOTAL_BYTES` together; else one `UserError` naming the first tensor (in graph order)
+    that does not, its shape and the node that makes it (a Pad of 10,000 before a Conv, fixed
+    input dims of 2^20)."""
+    sizes = {name: (size, dims) for name, size, dims in _known_sizes(model)}
+    producers = {o: (i, n) for i, n in enumerate(model.graph.node) for o in n.output}
+    order = [v.name for v in model.graph.input] + [o for n in model.graph.node for o in n.output]
+    ordered = [name for name in dict.fromkeys(order) if name in sizes]
+    too_big = next((name for name in ordered if sizes[name][0] > MAX_TENSOR_BYTES), None)
+    total = sum(size for size, _ in sizes.values())
+    if too_big is None and total <= MAX_TOTAL_BYTES:
         return
-    total = sum({name: size for size, name, _ in sizes}.values())  # a graph output is listed twice
-    largest, name, dims = max(sizes)
-    if largest <= MAX_TENSOR_BYTES and total <= MAX_TOTAL_BYTES:
-        return
-    node = producers.get(name)
-    made = f" (output of {node.op_type} node {node.name or '#'!r})" if node else " (a graph input)"
-    over = (f"at most {_gib(MAX_TENSOR_BYTES)} per tensor" if largest > MAX_TENSOR_BYTES
-            else f"all tensors together take {_gib(total)}, at most {_gib(MAX_TOTAL_BYTES)}")
-    raise UserError(f"tensor {name!r}{made} would hold {dims} = {largest:,} bytes; {over}",
+    name = too_big or max(sizes, key=lambda n: sizes[n][0])
+    size, dims = sizes[name]
+    index, node = producers.get(name, (None, None))
+    made = (f" (output of node {node.name!r}, a {node.op_type})" if node is not None and node.name
+            else f" (output of node #{index}, a {node.op_type})" if node is not None
+            else " (a graph input)")
+    over = (f"at most {_gib(MAX_TENSOR_BYTES)} per tensor" if too_big
+            else f"all tensors together would take {_gib(total)}, at most {_gib(MAX_TOTAL_BYTES)}")
+    raise UserError(f"tensor {name!r}{made} would hold {dims} = {size:,} bytes; {over}",
                     hint="check the input shapes (model.inputs[].shape) and the model's pads, "
                          "sizes and fixed dims")
 
 
+def _known_sizes(model: onnx.ModelProto):
+    """(name, bytes, dims) of every value whose type and every dim are known."""
+    for value in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+        ttype = value.type.tensor_type
+        if not value.type.HasField("tensor_type") or not ttype.HasField("shape"):
+            continue
+        dims = onnx_io.value_shape(value)
+        if all(isinstance(d, int) for d in dims):
+            yield value.name, int(np.prod(dims, dtype=object)) * (onnx_io.itemsize(ttype.elem_type) or 1), dims
+
+
 def infer_sizes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` (its inputs fixed) with its shapes strictly inferred and every tensor's size
-    bounded (`check_tensor_sizes`), without folding or running anything: what `validate` can
-    know."""
+    """``model`` (its inputs fixed) with its shapes strictly inferred, every tensor's size
+    bounded (`check_tensor_sizes`) and every Conv's channels matched (`check_channels`),
+    without folding or running anything: what `validate` can know."""
     inferred = _infer(model, strict=True)
     check_tensor_sizes(inferred)
+    check_channels(inferred)
     return inferred
+
+
+def check_channels(model: onnx.ModelProto) -> None:
+    """Every Conv reads as many channels as its weights take (ONNX's shape inference does not
+    check it; ONNX Runtime refuses it when it runs): an NHWC shape given to an NCHW input is
+    an `InputShapesError` here, not a failed proof later."""
+    types = {v.name: onnx_io.value_shape(v)
+             for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
+    types.update({t.name: list(t.dims) for t in model.graph.initializer})
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose") or node.domain not in ("", "ai.onnx"):
+            continue
+        x, w = (types.get(name) for name in node.input[:2])
+        if not x or not w or len(x) < 2 or len(w) < 2 or not isinstance(x[1], int):
+            continue
+        group = next((a.i for a in node.attribute if a.name == "group"), 1) or 1
+        takes = w[1] * group if node.op_type == "Conv" else w[0]
+        if isinstance(takes, int) and takes != x[1]:
+            raise InputShapesError(
+                f"{node.op_type} node {node.name or node.output[0]!r} reads {x[1]} channels (its "
+                f"input {node.input[0]!r} is {x}) but its weights {node.input[1]!r} {w} take "
+                f"{takes}: {_input_shapes(model)} do not fit the model",
+                hint=INPUT_SHAPES_HINT)
+
+
+INPUT_SHAPES_HINT = ("check model.inputs[].shape and its layout (NCHW: [N, C, H, W]; NHWC: "
+                     "[N, H, W, C]) against the model's inputs")
+
+
+def _input_shapes(model: onnx.ModelProto) -> str:
+    return "the input shapes " + ", ".join(f"{v.name} {onnx_io.value_shape(v)}"
+                                           for v in onnx_io.graph_inputs(model))
 
 
 def _gib(n: int) -> str:
@@ -135,6 +179,7 @@ def resolve_shapes(model: onnx.ModelProto, declared: onnx.ModelProto) -> onnx.Mo
     """
     model = _infer(model)
     check_tensor_sizes(model)
+    check_channels(model)
     for _ in range(MAX_FOLD_ROUNDS):
         if _first_unknown(model) is None:
             break
@@ -216,12 +261,9 @@ def _infer(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProto:
     try:
         return onnx_io.reinfer_shapes(model, strict)
     except Exception as exc:  # onnx raises InferenceError, ValidationError and friends
-        declared = ", ".join(f"{v.name} {onnx_io.value_shape(v)}"
-                             for v in onnx_io.graph_inputs(model))
-        raise InputShapesError(f"the model's shapes cannot be inferred from these input shapes "
-                               f"({declared}): {one_line(exc)}",
-                               hint="check model.inputs[].shape and its layout (NCHW: [N, C, H, "
-                                    "W]; NHWC: [N, H, W, C]) against the model's inputs") from None
+        raise InputShapesError(f"the model's shapes cannot be inferred from "
+                               f"{_input_shapes(model)}: {one_line(exc)}",
+                               hint=INPUT_SHAPES_HINT) from None
 
 
 def _first_unknown(model: onnx.ModelProto) -> str | None:

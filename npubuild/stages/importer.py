@@ -84,7 +84,7 @@ def _import(ctx: StageContext) -> dict:
         model = convert_opset(loaded, model, loaded.recipe.model.opset)
     with shapes_at_inputs(loaded):
         model = onnx_frontend.resolve_shapes(model, declared=source or model)
-    check(model)
+    check(model, converted=fmt in TF_FORMATS)
     feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
     proof, outputs = prove(loaded, fmt, source, model, feeds)
     if dequantize.is_quantized(model):
@@ -148,7 +148,9 @@ def shapes_at_inputs(loaded: LoadedRecipe) -> Iterator[None]:
     try:
         yield
     except onnx_frontend.InputShapesError as exc:
-        raise loaded.error(exc.message, "model", "inputs", hint=exc.hint) from None
+        shaped = [i for i, spec in enumerate(loaded.recipe.model.inputs) if spec.shape]
+        field = ("model", "inputs", shaped[0], "shape") if len(shaped) == 1 else ("model", "inputs")
+        raise loaded.error(exc.message, *field, hint=exc.hint) from None
 
 
 @contextmanager
@@ -256,11 +258,23 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         raise BuildError(f"shape inference failed: {exc}", stage="import") from None
 
 
-def check(model: onnx.ModelProto) -> None:
+def check(model: onnx.ModelProto, converted: bool = False) -> None:
+    """``onnx.checker`` on the imported model. An ONNX source passed it before import (a
+    failure now is npubuild's: a `BuildError`); a TensorFlow or TFLite model tf2onnx converted
+    op by op fails it when the source's own shapes do not fit together (a Pad whose output no
+    longer matches the residual Add it feeds; TensorFlow Lite refuses such a model too): bad
+    input, a `UserError` located at ``model.path`` by the stage."""
     try:
         onnx.checker.check_model(onnx_io.with_loadable_ir(model), full_check=True)
     except Exception as exc:
-        raise BuildError(f"the imported model does not pass onnx.checker: {exc}", stage="import") from None
+        text = onnx_frontend.one_line(exc)
+        if converted:
+            raise UserError(f"converted to ONNX, the model does not pass onnx.checker: {text}",
+                            hint="the source model's shapes do not fit together (check that "
+                                 "its framework runs it), or tf2onnx converts an op wrongly "
+                                 "(report it with the model)") from None
+        raise BuildError(f"the imported model does not pass onnx.checker: {text}",
+                         stage="import") from None
 
 
 def prove(loaded: LoadedRecipe, fmt: str, source: onnx.ModelProto | None,

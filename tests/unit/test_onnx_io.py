@@ -1,5 +1,7 @@
 """Model loading refuses unsafe or broken files; saving writes a model ONNX Runtime loads."""
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -88,6 +90,36 @@ def test_external_data_must_be_a_file_holding_its_range(tmp_path, make, message)
     path = model_with_external_weight(tmp_path, "weights.bin")
     make(path.parent)
     with pytest.raises(UserError, match=message):
+        onnx_io.load_model(path)
+
+
+@pytest.mark.parametrize("location, message", [
+    ("weights.bin/", "which is not a file name"),
+    ("weights.bin\0", "which is not a file name"),
+    ("", "which is not a file name"),
+    ("loop.bin", "which cannot be resolved"),
+])
+def test_a_broken_external_data_location_is_a_user_error(tmp_path, location, message):
+    path = model_with_external_weight(tmp_path, location)
+    (path.parent / "weights.bin").write_bytes(np.ones((2, 2), np.float32).tobytes())
+    (path.parent / "loop.bin").symlink_to("loop.bin")
+    for load_external in (True, False):  # `run` and `validate`
+        with pytest.raises(UserError, match=message):
+            onnx_io.load_model(path, load_external=load_external)
+
+
+@pytest.mark.parametrize("tag, field", [
+    (b"PRODUCER", "producer_name"), (b"conv", "graph.node[0].output[0]"),
+    (b"Relu", "graph.node[1].op_type"),
+])
+def test_a_string_that_is_not_utf8_is_a_user_error_naming_the_field(tmp_path, tag, field):
+    model = onnx.load(str(TINY_MODEL))
+    model.producer_name = "PRODUCER"
+    raw = model.SerializeToString()
+    assert tag in raw
+    path = tmp_path / "m.onnx"
+    path.write_bytes(raw.replace(tag, b"\xff" + tag[1:], 1))
+    with pytest.raises(UserError, match=rf"{re.escape(field)} is not UTF-8 text"):
         onnx_io.load_model(path)
 
 

