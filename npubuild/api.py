@@ -258,14 +258,15 @@ def load_inputs(session: BuildSession, files: list[str]) -> dict:
     from npubuild.quant.pipeline import SplitPipeline
 
     build(session, "split")
-    infos = onnx_inputs.input_infos(SplitPipeline(session.paths.stage_dir("split")),
-                                    session.loaded.recipe.model.inputs)
+    pipeline = SplitPipeline(session.paths.stage_dir("split"))
+    infos = onnx_inputs.input_infos(pipeline, session.loaded.recipe.model.inputs)
+    renamed = {old: new for new, old in pipeline.source_names.items()}  # the recipe's name too
     feeds: dict[str, Any] = {}
     for item in files:
         name, _, file = item.rpartition("=")
         if name:
             try:
-                feeds[name] = np.load(file, allow_pickle=False)
+                feeds[renamed.get(name, name)] = np.load(file, allow_pickle=False)
             except (OSError, ValueError) as exc:
                 raise UserError(f"cannot read {file}: {exc}", hint="give a .npy file") from None
         else:

@@ -35,6 +35,7 @@ import onnx
 from npubuild import onnx_io
 from npubuild.errors import BuildError
 from npubuild.metrics import Similarity, similarity
+from npubuild.model_inputs import RecipeInputs
 
 if TYPE_CHECKING:
     from npubuild.recipe import LoadedRecipe
@@ -52,11 +53,12 @@ def make_feeds(model: onnx.ModelProto, loaded: "LoadedRecipe | None" = None,
     """One value per real input of ``model`` (see the module docstring for the order); recipe
     values that do not fit the input raise a `UserError` located at ``model.inputs[i].proof``."""
     rng = np.random.default_rng(seed)
-    specs = _proof_specs(loaded)
+    inputs = RecipeInputs(loaded.recipe.model.inputs if loaded is not None else ())
     feeds = {}
     for value in onnx_io.graph_inputs(model):
         shape, dtype = _fixed_shape(value), onnx_io.value_dtype(value)
-        index, spec = specs.get(value.name, (None, None))
+        index = inputs.index(value.name)
+        spec = inputs.specs[index].proof if index is not None else None
         if spec is not None:
             feeds[value.name] = _from_recipe(loaded, index, spec, value.name, shape, dtype, rng)
         elif sample is not None and np.size(sample.get(value.name, ())) == int(np.prod(shape)):
@@ -64,16 +66,6 @@ def make_feeds(model: onnx.ModelProto, loaded: "LoadedRecipe | None" = None,
         else:
             feeds[value.name] = _random(rng, shape, dtype)
     return feeds
-
-
-def _proof_specs(loaded) -> dict[str, tuple[int, object]]:
-    if loaded is None:
-        return {}
-    out = {}
-    for index, spec in enumerate(loaded.recipe.model.inputs):
-        if spec.proof is not None:
-            out[spec.name] = out[spec.name.removesuffix(":0")] = (index, spec.proof)
-    return out
 
 
 def _fixed_shape(value: onnx.ValueInfoProto) -> list[int]:
@@ -146,12 +138,12 @@ def calibration_sample(loaded: "LoadedRecipe", model: onnx.ModelProto
     from npubuild.errors import UserError
     from npubuild.quant.data import InputInfo, load_samples
 
-    specs = {s.name: s for s in loaded.recipe.model.inputs}
+    inputs = RecipeInputs(loaded.recipe.model.inputs)
     infos = [InputInfo(v.name, tuple(_fixed_shape(v)), str(onnx_io.value_dtype(v)),
-                       getattr(specs.get(v.name), "layout", "any"),
-                       getattr(specs.get(v.name), "preprocess", None))
+                       getattr(inputs.spec(v.name), "layout", "any"),
+                       getattr(inputs.spec(v.name), "preprocess", None))
              for v in onnx_io.graph_inputs(model)
-             if getattr(specs.get(v.name), "proof", None) is None]
+             if getattr(inputs.spec(v.name), "proof", None) is None]
     if not infos:
         return None
     try:

@@ -7,8 +7,8 @@ spatial size, then ``(pixel · scale - mean) / std`` per channel, laid out as th
 (NCHW or NHWC; ``any`` is told from where the channel count sits). An input of batch N takes
 N consecutive images per sample.
 
-Tensors: ``.npy`` (single-input models) and ``.npz`` (one array per input name; a single-input
-model also accepts any one key), read with ``allow_pickle=False``. An array is one sample of the
+Tensors: ``.npy`` (single-input models) and ``.npz`` (one array per input name, the source
+model's name or the one surgery renamed it to; a single-input model also accepts any one key), read with ``allow_pickle=False``. An array is one sample of the
 input's shape, or the shape without its batch dim of 1, or a stack ``[k, ...]`` of k samples
 for a batch-1 input.
 
@@ -39,6 +39,12 @@ class InputInfo:
     dtype: str = "float32"
     layout: str = "any"
     preprocess: object | None = None  # npubuild.recipe.model.Preprocess
+    source: str | None = None  # the source model's (and recipe's) name, when surgery renamed it
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The ``.npz`` keys this input is read from: its name, or the source model's."""
+        return tuple(dict.fromkeys([self.name, self.source or self.name]))
 
 
 def _error(path: Path, message: str, hint: str | None = None) -> UserError:
@@ -230,14 +236,15 @@ def _read_arrays(path: Path, inputs: Sequence[InputInfo]) -> dict[str, np.ndarra
         return {_single_input(inputs, path, "a .npy file").name: loaded}
     with loaded:
         keys = list(loaded.files)
-        if len(inputs) == 1 and inputs[0].name not in keys and len(keys) == 1:
+        found = {i.name: next((k for k in i.keys if k in keys), None) for i in inputs}
+        if len(inputs) == 1 and found[inputs[0].name] is None and len(keys) == 1:
             return {inputs[0].name: _npz_array(path, loaded, keys[0])}
-        missing = [i.name for i in inputs if i.name not in keys]
+        missing = [i.source or i.name for i in inputs if found[i.name] is None]
         if missing:
             raise _error(path, f"no array for input(s) {', '.join(map(repr, missing))}; the file "
                                f"has {', '.join(map(repr, keys)) or 'none'}",
                          hint="name each array after a model input (numpy.savez(path, **{name: a}))")
-        return {i.name: _npz_array(path, loaded, i.name) for i in inputs}
+        return {i.name: _npz_array(path, loaded, found[i.name]) for i in inputs}
 
 
 def _npz_array(path: Path, npz, key: str) -> np.ndarray:

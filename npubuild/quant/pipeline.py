@@ -55,6 +55,17 @@ class SplitPipeline:
     def outputs(self) -> list[str]:
         return list(self.runner.outputs)
 
+    @cached_property
+    def source_names(self) -> dict[str, str]:
+        """Pipeline inputs surgery renamed → their names in the source model (and the recipe),
+        as the split carried them onto the submodels (`npubuild.surgery.origins`)."""
+        from npubuild.surgery import origins
+
+        found: dict[str, str] = {}
+        for g in self.graphs:
+            found.update(origins.read(g.model, origins.MODEL_KEY).get("inputs", {}))
+        return {new: old for new, old in found.items() if new in self.inputs}
+
     def input_values(self) -> list[onnx.ValueInfoProto]:
         """ValueInfos of the pipeline inputs, from the submodels that read them."""
         found = {}

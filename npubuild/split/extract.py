@@ -16,6 +16,7 @@ from onnx import helper
 from npubuild.errors import BuildError
 from npubuild.split.graph import OpGraph, subgraphs
 from npubuild.split.partition import Segment, segment_of
+from npubuild.surgery import origins
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,10 @@ def submodel(model: onnx.ModelProto, og: OpGraph, seg: Segment, io: SegmentIO,
                             functions=_functions_used(model, consts + nodes),
                             producer_name="npubuild split", ir_version=model.ir_version)
     helper.set_model_props(sub, {"npubuild.graph": str(seg.index), "npubuild.device": seg.device})
+    renamed = origins.read(model, origins.MODEL_KEY).get("inputs", {})
+    carried = {new: old for new, old in renamed.items() if new in io.inputs}
+    if carried:  # later stages find the recipe's entry for an input surgery renamed
+        origins.write(sub, {"inputs": carried, "outputs": {}}, origins.MODEL_KEY)
     try:
         onnx.checker.check_model(sub)
     except onnx.checker.ValidationError as exc:

@@ -39,6 +39,7 @@ from npubuild.errors import BuildError, UserError, did_you_mean
 from npubuild.frontends import dequantize
 from npubuild.frontends import onnx as onnx_frontend
 from npubuild.recipe import LoadedRecipe
+from npubuild.model_inputs import same_input
 from npubuild.stages import StageContext
 
 TF_TOLERANCE = 1e-4
@@ -181,7 +182,7 @@ def _check_cut(loaded: LoadedRecipe, model: onnx.ModelProto) -> None:
 
 def _input_named(loaded: LoadedRecipe, inputs: dict, name: str, index: int):
     """The graph input the recipe's ``model.inputs[index]`` names (``x`` or ``x:0``)."""
-    value = inputs.get(name) or inputs.get(name.removesuffix(":0"))
+    value = next((v for graph_name, v in inputs.items() if same_input(name, graph_name)), None)
     if value is None:
         raise loaded.error(f"the model has no input {name!r}; its inputs: "
                            f"{', '.join(inputs) or '(none)'}" + did_you_mean(name, inputs),

@@ -21,6 +21,7 @@ import onnx
 from npubuild import onnx_io, proofs
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError, NpubuildError
+from npubuild.model_inputs import RecipeInputs
 from npubuild.stages import StageContext
 from npubuild.surgery import SURGERY, SurgeryError, load_builtins
 from npubuild.surgery import origins as org
@@ -37,12 +38,29 @@ def run(ctx: StageContext) -> dict:
     steps = list(ctx.recipe.surgery)
     feeds = proofs.load(ctx.upstream["import"], model)
     model, entries, composed, feeds = apply_steps(ctx, model, steps, feeds)
+    check_recipe_inputs(ctx.loaded, model, composed["inputs"])
     if composed["outputs"] or composed["inputs"]:
         org.write(model, composed, org.MODEL_KEY)
     onnx_io.save_model(model, ctx.out / "model.onnx")
     proofs.save(ctx.out, feeds)
     write_json(ctx.out / "log.json", {"steps": without_timings(entries)})  # timings: report.json
     return {"surgery": summary(entries, model)}
+
+
+def check_recipe_inputs(loaded, model: onnx.ModelProto, renamed: dict[str, str]) -> None:
+    """Every ``model.inputs`` entry that preprocesses data still stands for a graph input (by
+    its name, or through a rename surgery recorded); an entry a step cut away (``extract``)
+    would leave its preprocessing silently unused, so it is refused."""
+    inputs = RecipeInputs(loaded.recipe.model.inputs, renamed)
+    names = [v.name for v in onnx_io.graph_inputs(model)]
+    for index in inputs.unmatched(names):
+        if inputs.specs[index].preprocess is not None:
+            raise loaded.error(
+                f"input {inputs.specs[index].name!r} is no longer an input of the model after "
+                f"surgery (its inputs: {', '.join(map(repr, names))}), so its preprocess would "
+                "apply to nothing", "model", "inputs", index, "preprocess",
+                hint="remove the preprocess, and give calibration and verify data for the new "
+                     "inputs as .npz files keyed by their names")
 
 
 def apply_steps(ctx: StageContext, model: onnx.ModelProto, steps: list, feeds: dict | None = None):

@@ -36,13 +36,14 @@ class SampleRun:
         from npubuild.quant.pipeline import SplitPipeline
         from npubuild.runtime import Runner
         from npubuild.backends import npu_runner
-        from npubuild.verify.reference import FloatReference, original_names
+        from npubuild.verify.reference import FloatReference, original_inputs, original_names
 
         self.pipeline = SplitPipeline(dirs["split"])
         self.deployed = Runner(dirs["split"], backends={"npu": npu_runner(dirs["compile"])})
         original = onnx_io.load_model(dirs["import"] / "model.onnx")
         surgery = onnx_io.load_model(dirs["surgery"] / "model.onnx")
-        self.reference = FloatReference(original, self.pipeline.outputs, original_names(surgery))
+        self.reference = FloatReference(original, self.pipeline.outputs, original_names(surgery),
+                                        original_inputs(surgery))
         self.kept = set(self.pipeline.outputs) | set(npu_handovers(self.pipeline))
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> Observed:
