@@ -108,16 +108,23 @@ def plan(session: BuildSession, stage: str | None = None) -> list[StageResult]:
 
 
 def show(session: BuildSession) -> dict:
-    """Per stage: state (current / stale / absent), its artifacts, and the last report."""
+    """Per stage: state (current / stale / absent), its artifacts (with ``stale``: why they
+    are not this recipe's), and the last report."""
+    from npubuild.engine.staleness import why_not_current
+
     planned = {r.stage: r for r in session.plan(PIPELINE)}
     report = read_manifest(session.paths.report) or {}
     stages = {}
     for stage in PIPELINE:
         manifest = read_manifest(session.paths.manifest(stage.name))
-        entry = {"state": planned[stage.name].status, "reason": planned[stage.name].reason}
+        result = planned[stage.name]
+        entry = {"state": result.status, "reason": result.reason,
+                 "current": result.status == "current"}
         if manifest:
             entry["files"] = {rel: info["bytes"] for rel, info in manifest["files"].items()}
             entry["seconds"] = (report.get("stages", {}).get(stage.name) or {}).get("seconds")
+            if not entry["current"]:  # the folder holds another build's artifacts
+                entry["stale"] = why_not_current(session, stage, result)
         stages[stage.name] = entry
     return {"recipe": str(session.loaded.path), "build_dir": str(session.paths.root),
             "stages": stages, "report": report}

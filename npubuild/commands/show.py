@@ -31,4 +31,6 @@ def run(args) -> int:
                           if rel != "manifest.json")
         more = f" +{len(files) - 5} more" if len(files) > 5 else ""
         out.print(f"  {name:<9} {entry['state']:<32} {shown}{more}", markup=False)
+        if entry.get("stale"):  # those files are an earlier build's, not this recipe's
+            out.print(f"  {'':<9} {entry['stale']}", markup=False)
     return EXIT_OK

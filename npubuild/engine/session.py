@@ -29,6 +29,7 @@ from npubuild.engine.paths import MANIFEST, BuildPaths, cache_dir
 from npubuild.engine.remote import RemoteCache, resolve_remote_url
 from npubuild.engine.settings import Settings, find_settings
 from npubuild.engine.signing import Trust, load_trust
+from npubuild.engine.staleness import is_current, why_not_current
 from npubuild.errors import BuildError, NpubuildError, did_you_mean
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
@@ -59,7 +60,8 @@ class StageResult:
                        for section in self.report.values())
 
     def as_dict(self) -> dict:
-        out = {"status": self.status, "seconds": round(self.seconds, 3), "key": self.key}
+        out = {"status": self.status, "current": is_current(self.status),
+               "seconds": round(self.seconds, 3), "key": self.key}
         if self.reason:
             out["reason"] = self.reason
         return out
@@ -321,6 +323,7 @@ class BuildSession:
                  for p in sorted(scratch.rglob("*")) if p.is_file() and not p.is_symlink()}
         # the manifest is an artifact too: no timings in it (they go to report.json)
         manifest = {"stage": stage.name, "key": parts.key, "npubuild": __version__,
+                    "target": self.chip.name if stage.uses_chip else None,  # for staleness
                     "files": files, "parts": parts.as_dict(), "report": without_measurements(report)}
         write_json(scratch / MANIFEST, manifest)
         return {**manifest, "report": report}
@@ -380,7 +383,9 @@ class BuildSession:
             else:
                 status = "skipped" if blocked or self.error else "not built"
             blocked = blocked or not stage.implemented
-            self._record(StageResult(stage.name, status))
+            result = StageResult(stage.name, status)
+            result.reason = why_not_current(self, stage, result)  # its folder may hold another
+            self._record(result)                                # build's artifacts: say whose
         report, lock = self.report(PIPELINE), self.lock_data()
         self.paths.root.mkdir(parents=True, exist_ok=True)
         if (read_manifest(self.paths.report) == report and read_manifest(self.paths.recipe_lock)

@@ -35,7 +35,8 @@ def verdict(a: BuildArtifacts) -> tuple[str, str]:
     """(kind, text) with kind ``pass``, ``fail`` or ``none`` (no verify result yet)."""
     data = a.json("verify/verify.json")
     if not isinstance(data, dict):
-        return "none", "no verdict: verify not built"
+        return "none", ("no verdict: verify not built for this recipe" if a.stale("verify")
+                        else "no verdict: verify not built")
     raw = data.get("verdict", data.get("passed"))
     if isinstance(raw, dict):
         raw = raw.get("passed", raw.get("status", raw.get("verdict")))

@@ -1,6 +1,7 @@
 """The few lines a finished `npubuild run` ends with: verdict, worst cosine, NPU coverage,
 frames per second, GMEM traffic — the text form of report.html's headline row, read from the
-same artifacts through the same functions; a figure whose stage was not built is left out."""
+same artifacts through the same functions; a figure whose stage was not built for this recipe
+and chip is left out (and an earlier build's verdict is named as such, never shown as this one's)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def headline_lines(root: Path) -> list[str]:
     kind, text = verdict(a)
     if kind != "none":
         lines.append(f"verify {'passed' if kind == 'pass' else 'failed' if kind == 'fail' else text}")
+    elif a.stale("verify"):  # an earlier build's verdict is in the folder: say it is not this one
+        lines.append(f"verify: {a.stale('verify')}")
     figures = build_figures(a)
     worst = tightest(figures)
     if worst is not None and worst.ok is False:

@@ -18,6 +18,7 @@ from npubuild.report import SECTIONS, render_report, write_report
 from npubuild.report.artifacts import BuildArtifacts
 from npubuild.report.overview import verdict
 from tests.conftest import TINY_RECIPE, write_recipe
+from tests.unit.report.current import mark_current
 
 EVIL = '<img src=x onerror="alert(1)">&amp;/model.0/Conv'
 
@@ -80,6 +81,7 @@ def synthetic(tmp_path) -> Path:
         "thresholds": {"min_cosine": 0.99},
         "bisection": {"stage": "quantize", "tensor": EVIL}})
     (root / "verify" / "detections.png").write_bytes(png_bytes())
+    mark_current(root, "quantize", "compile", "verify")
     return root
 
 
@@ -111,6 +113,7 @@ def test_node_names_and_reasons_are_escaped(tiny_split, tmp_path):
     support = json.loads((tiny_split / "split" / "support.json").read_text())
     support["nodes"][1].update(name=EVIL, reasons=["rank <4> & </td> broken"])
     dump(build / "split" / "support.json", support)
+    mark_current(build, "split")
     coverage = section(render_report(build), "coverage")
     assert "<img" not in coverage and "</td> broken" not in coverage
     assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;&amp;amp;/model.0/Conv" in coverage
@@ -119,6 +122,7 @@ def test_node_names_and_reasons_are_escaped(tiny_split, tmp_path):
 
 def test_pictures_are_inlined_and_charts_are_inline_svg(synthetic, tiny_split):
     shutil.copytree(tiny_split / "split", synthetic / "split")
+    mark_current(synthetic, "split")
     html = render_report(synthetic)
     (source,) = images(html)  # the one raster picture: the detections
     assert base64.b64decode(source.split(",", 1)[1]) == png_bytes()
@@ -152,6 +156,7 @@ def test_verdict_metrics_bisection_and_detections(synthetic):
                                          ("maybe", "none")])
 def test_verdict_forms(tmp_path, value, kind):
     dump(tmp_path / "verify" / "verify.json", {"verdict": value})
+    mark_current(tmp_path, "verify")
     assert verdict(BuildArtifacts(tmp_path))[0] == kind
 
 
@@ -170,6 +175,7 @@ def test_long_tables_say_how_many_rows_they_hide(tmp_path):
     nodes = [{"name": f"n{i}", "op": "Relu", "device": "cpu" if i % 2 else "npu", "graph": 0,
               "reasons": ["because"]} for i in range(700)]
     dump(tmp_path / "split" / "support.json", {"nodes": nodes})
+    mark_current(tmp_path, "split")
     coverage = section(render_report(tmp_path), "coverage")
     assert "CPU nodes (350)" in coverage and coverage.count("<td>because</td>") == 350
     assert "200 more rows not shown (see split/support.json)" in coverage
@@ -182,6 +188,7 @@ def test_an_unreadable_artifact_breaks_only_its_section(tiny_split, tmp_path):
         (build / name).write_bytes((tiny_split / name).read_bytes())
     (build / "split").mkdir()
     (build / "split" / "support.json").write_text("{not json")
+    shutil.copy(tiny_split / "split" / "manifest.json", build / "split" / "manifest.json")
     html = render_report(build)
     assert 'class="error"' in section(html, "coverage")
     assert html.count('class="error"') == 1 and "<table>" in section(html, "stages")

@@ -32,6 +32,7 @@ def reviewed_build(root: Path) -> Path:
         "passed": False, "outputs": {"out": {"cosine": 0.99991, "min_sample_cosine": 0.9998}},
         "npu_outputs": {"/head/p3": {"cosine": 0.99999, "min_sample_cosine": 0.99996}},
         "slices": {"class scores": {"cosine": 0.99997, "min_sample_cosine": 0.99990}}})
+    dump(root / "verify" / "manifest.json", {"stage": "verify", "key": "k", "files": {}})
     return root
 
 
