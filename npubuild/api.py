@@ -54,6 +54,7 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
     with build_lock(session.paths.lock_file, wait_seconds=wait_seconds, on_wait=on_wait,
                     location=Location(str(session.loaded.path))), \
             one_cluster(session.scheduler):  # calibration and verify share the workers
+        claim_build_dir(session)
         session.clear_orphans()
         code = run_with_doit(session, stages)
         try:
@@ -71,6 +72,21 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
         raise BuildError("; ".join(verdict.get("failures", [])), stage="verify",
                          hint=_bisection_hint(verdict.get("bisection")))
     return report
+
+
+def claim_build_dir(session: BuildSession) -> None:
+    """The build directory belongs to this recipe file, or another file with the same
+    ``name:`` owns it and the command stops (`npubuild.engine.owner`)."""
+    from npubuild.engine.owner import claim, shown
+
+    loaded = session.loaded
+    owner = claim(session.paths.root, session.paths.owner, loaded.path)
+    if owner is not None:
+        raise loaded.error(
+            f"{session.paths.root}/ belongs to {shown(owner)}, which has the same name; "
+            f"this recipe would overwrite its artifacts and report", "name",
+            hint=f"give one of the two recipes another `name:`, or build {shown(loaded.path)} "
+                 "elsewhere (--build-dir DIR)")
 
 
 def _bisection_hint(bisection: dict | None) -> str:
@@ -134,6 +150,7 @@ def clean(session: BuildSession) -> Path:
     """Delete the recipe's build directory (the shared cache is kept)."""
     with build_lock(session.paths.lock_file, wait_seconds=0,
                     location=Location(str(session.loaded.path))):
+        claim_build_dir(session)  # never delete another recipe's build
         root = session.paths.root
         for child in root.iterdir() if root.exists() else []:
             if child.name != ".lock":

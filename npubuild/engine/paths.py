@@ -7,6 +7,7 @@
     build/<recipe name>/recipe.lock        the resolved recipe and every artifact's hash
     build/<recipe name>/infer.json         the last `npubuild infer` (never touches report.json's figures)
     build/<name>@<label>/experiment.json   a variant's recipe and its -S overrides (`npubuild exp show`)
+    build/<recipe name>/.recipe            the recipe file the folder belongs to
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ class BuildPaths:
     @property
     def lock_file(self) -> Path:
         return self.root / ".lock"
+
+    @property
+    def owner(self) -> Path:
+        """The recipe file this folder belongs to (`npubuild.engine.owner`)."""
+        return self.root / ".recipe"
 
     @property
     def doit_db(self) -> Path:

@@ -23,17 +23,20 @@ def stages(result):
 
 @pytest.fixture(scope="module")
 def built_pair(tmp_path_factory):
-    """a.yaml and b.yaml (scheme changed, a surgery step added), both built into one cache."""
+    """a.yaml and b.yaml (scheme changed, a surgery step added), both built into one cache
+    (each in its own build directory: two files with one `name:` may not share one)."""
     root = tmp_path_factory.mktemp("diff")
     for name, body in (("a.yaml", TINY_RECIPE), ("b.yaml", B_RECIPE)):
         write_recipe(root, body, name)
-        result = run_cli("run", name, "--build-dir", "build", "--cache", "cache", cwd=root)
+        result = run_cli("run", name, "--build-dir", f"build-{name[0]}", "--cache", "cache",
+                         cwd=root)
         assert result.returncode == 0, result.stderr
     return root
 
 
 def diff(root, *args, code=0):
-    result = run_cli("diff", *args, "--build-dir", "build", "--cache", "cache", cwd=root)
+    result = run_cli("diff", *args, "--build-dir", "build-b", "--base-build-dir", "build-a",
+                     "--cache", "cache", cwd=root)
     assert result.returncode == code, result.stderr
     return result.stdout
 

@@ -56,3 +56,22 @@ def test_a_crash_in_verify_shows_neither_the_old_verdict_nor_its_advice(built, t
     html = (tmp_path / "build/tiny/report.html").read_text()
     assert "FAIL" not in html and "Stage bisection" not in html
     assert "not built for this recipe: verify stopped with an error: verify.slices" in html
+
+
+def test_two_recipe_files_with_one_name_never_share_a_build_directory(built, tmp_path):
+    matrix = ["split", "--target", "npu-strict", "--target", "npu-tiny"]
+    assert run_cli("run", str(built), *matrix, cwd=tmp_path).returncode == 0
+    other = write_recipe(tmp_path, built.read_text(), "other.yaml")  # the same `name: tiny`
+    refused = f"{other}:2:7: name: build/tiny"
+    for command in (["run", str(other), "split"], ["targets", "check", str(other)],
+                    ["clean", str(other)]):
+        result = run_cli(*command, cwd=tmp_path)
+        assert result.returncode == 2, (command, result.stderr)
+        assert f"{refused}/ belongs to {built.name}, which has the same name" in result.stderr
+    cells = run_cli("run", str(other), *matrix, cwd=tmp_path)
+    assert cells.returncode == 2
+    assert f"{refused}@npu-strict/ belongs to {built.name}" in cells.stderr
+    report = json.loads((tmp_path / "build/tiny/report.json").read_text())
+    assert report["recipe"] == str(built) and report["stages"]["verify"]["current"] is True
+    built.rename(tmp_path / "renamed.yaml")  # the owner moved away: the folder is handed over
+    assert run_cli("run", str(other), "split", cwd=tmp_path).returncode == 0
