@@ -12,8 +12,8 @@ stands for any more (an input `extract` cut away) is reported instead of being i
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 
 def same_input(recipe_name: str, graph_name: str) -> bool:

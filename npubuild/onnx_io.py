@@ -93,11 +93,7 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
             continue
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
-
-        def refuse(why: str) -> UserError:
-            return UserError(f"tensor {tensor.name!r} keeps its data at {location[:200]!r}, "
-                             f"{why}", location=Location(str(path)))
-
+        refuse = _refusal(tensor.name, location, path)
         if not location or "\0" in location or location.endswith(("/", "\\")):
             raise refuse("which is not a file name")
         try:
@@ -117,6 +113,14 @@ def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
             raise UserError(f"tensor {tensor.name!r}: its external data (offset + length {end}) "
                             f"does not lie inside {info.get('location')!r} "
                             f"({target.stat().st_size} bytes)", location=Location(str(path)))
+
+
+def _refusal(tensor: str, location: str, path: Path):
+    """The error for one tensor's external-data location, given why it is refused."""
+    def refuse(why: str) -> UserError:
+        return UserError(f"tensor {tensor!r} keeps its data at {location[:200]!r}, {why}",
+                         location=Location(str(path)))
+    return refuse
 
 
 def with_loadable_ir(model: onnx.ModelProto) -> onnx.ModelProto:

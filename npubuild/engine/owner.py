@@ -21,7 +21,7 @@ def claim(build_dir: Path, owner_file: Path, recipe: Path) -> Path | None:
     """Record ``recipe`` as the owner of ``build_dir`` (called under the build lock) and return
     None; or, when another existing recipe file owns it, change nothing and return that file."""
     owner = recorded_owner(build_dir, owner_file)
-    if owner is not None and owner.exists() and not _same_file(owner, recipe):
+    if owner is not None and owner.exists() and not same_file(owner, recipe):
         return owner
     target = os.path.relpath(recipe.resolve(), build_dir.resolve())
     if _read(owner_file) != target:
@@ -44,7 +44,7 @@ def _read(owner_file: Path) -> str:
         return ""
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def same_file(a: Path, b: Path) -> bool:
     try:
         return os.path.samefile(a, b)
     except OSError:

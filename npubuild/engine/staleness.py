@@ -29,7 +29,7 @@ def is_current(status: str) -> bool:
     return status in CURRENT
 
 
-def why_not_current(session: "BuildSession", stage: "Stage", result: "StageResult") -> str:
+def why_not_current(session: BuildSession, stage: Stage, result: StageResult) -> str:
     """``not built for this recipe: <why>: run `npubuild run R <stage>` `` for a stage this
     run did not bring up to date whose directory holds another build's artifacts; "" when it
     holds none (nothing stale to mark). A stage that failed keeps its error as its reason."""
@@ -42,7 +42,7 @@ def why_not_current(session: "BuildSession", stage: "Stage", result: "StageResul
     return f"{NOT_BUILT}: {_difference(session, stage, manifest)}: {run}"
 
 
-def _difference(session: "BuildSession", stage: "Stage", manifest: dict) -> str:
+def _difference(session: BuildSession, stage: Stage, manifest: dict) -> str:
     """What differs between the build that made the artifacts and this recipe."""
     built_for, chip = manifest.get("target"), session.loaded.recipe.target
     if stage.uses_chip:

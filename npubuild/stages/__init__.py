@@ -81,7 +81,7 @@ def _resolve(entry: str | None) -> Callable:
 
 PIPELINE: tuple[Stage, ...] = (
     Stage("import", ("model",), entry="npubuild.stages.importer:run",
-          file_inputs="npubuild.stages.importer:source_files",
+          file_inputs="npubuild.stages.files:import_files",
           description="source model -> import/model.onnx (shapes fixed, checked)"),
     Stage("surgery", ("surgery", "model.inputs"), needs=("import",),
           entry="npubuild.stages.surgery:run",
@@ -92,7 +92,7 @@ PIPELINE: tuple[Stage, ...] = (
           description="NPU/CPU submodels + graph_infos.json"),
     Stage("quantize", ("quantization", "model.inputs", "verify"), needs=("split", "import", "surgery"),
           uses_chip=True, entry="npubuild.stages.quantize:run",
-          file_inputs="npubuild.stages.quantize:data_files",
+          file_inputs="npubuild.stages.files:quantize_files",
           description="int8 NPU submodels, calibration, the precision search, per-layer accuracy"),
     Stage("compile", ("compile",), needs=("quantize", "split"), uses_chip=True,
           uses_toolchain=True, entry="npubuild.stages.compile:run",
@@ -101,7 +101,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("verify", ("verify", "model.inputs"), needs=("import", "surgery", "fusion", "split",
                                                         "quantize", "compile"),
           uses_chip=True, uses_toolchain=True, entry="npubuild.stages.verify:run",
-          file_inputs="npubuild.stages.verify:data_files",
+          file_inputs="npubuild.stages.files:verify_files",
           description="deployed pipeline vs the float model; report"),
 )
 

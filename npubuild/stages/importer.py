@@ -47,16 +47,6 @@ log = logging.getLogger("npubuild")
 TF_FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
 
 
-def source_files(loaded: LoadedRecipe) -> list[Path]:
-    """The source model (a file, or a SavedModel directory) and what the proof inputs are made
-    from (recipe proof files, the first calibration sample) are part of the stage's key; a
-    missing model is the recipe's error (plain `doit` reports it as the failing task)."""
-    from npubuild.recipe import check_model_file
-
-    return [check_model_file(loaded), *proofs.recipe_files(loaded),
-            *proofs.calibration_files(loaded)]
-
-
 def run(ctx: StageContext) -> dict:
     """Import the model; a problem with the model file is reported at ``model.path``."""
     with ctx.loaded.relocated("model", "path"):
@@ -127,19 +117,20 @@ def check_signature(loaded: LoadedRecipe) -> Signature:
                                           loaded.recipe.model.outputs)
         return Signature(names["inputs"], names["outputs"])
     with loaded.relocated("model", "path"):
-        model = onnx_io.load_model(loaded.model_path, load_external=False)
-        onnx_frontend.check_source(model, loaded.model_path, weights=False, full=False)
-    inputs = {v.name: v for v in onnx_io.graph_inputs(model)}
+        source = onnx_io.load_model(loaded.model_path, load_external=False)
+        model = onnx_io.skeleton(source)  # weights are not needed to check the structure
+        onnx_frontend.check_source(model, loaded.model_path, full=False)
+    inputs = {v.name: v for v in onnx_io.graph_inputs(source)}
     for index, spec in enumerate(loaded.recipe.model.inputs):
         _input_named(loaded, inputs, spec.name, index)
     _check_cut(loaded, model)
     with loaded.relocated("model", "path"), shapes_at_inputs(loaded):
         try:
-            shaped = onnx_frontend.infer_sizes(fix_inputs(loaded, onnx_io.skeleton(model)))
+            shaped = onnx_frontend.infer_sizes(fix_inputs(loaded, model))
         except onnx_frontend.InputShapesError:  # the model's fault, or the recipe's shapes'?
-            onnx_frontend.check_source(model, loaded.model_path, weights=False)
+            onnx_frontend.check_source(model, loaded.model_path)
             raise
-    return Signature(list(inputs), [o.name for o in model.graph.output], shaped)
+    return Signature(list(inputs), [o.name for o in source.graph.output], shaped)
 
 
 @contextmanager

@@ -36,29 +36,10 @@ from npubuild.quant.quantizer import QuantConfig
 from npubuild.quant.search import PrecisionSearch, SearchSpec
 from npubuild.quant.workflow import Options, OverrideSpec, Workflow
 from npubuild.stages import StageContext
-from npubuild.stages import verify as verify_data
+from npubuild.stages.files import CALIBRATION_FIELD, calibration_files, verify_files
 from npubuild.verify.verdict import SampleJudge, check_names
 
 NO_NPU_NOTE = "the split placed every node on the CPU: no NPU graph to quantize"
-CALIBRATION_FIELD = ("quantization", "calibration", "data")
-
-
-def data_files(loaded) -> list[Path]:
-    """Calibration and verify files: part of the stage's cache key."""
-    files = calibration_files(loaded)
-    verify = loaded.recipe.verify.data
-    if verify:
-        files += [f for f in loaded.resolve_glob(verify, "verify", "data") if f not in files]
-    return files
-
-
-def calibration_files(loaded) -> list[Path]:
-    spec = loaded.recipe.quantization.calibration
-    if not spec.data:
-        raise loaded.error("quantization needs calibration data", *CALIBRATION_FIELD[:2],
-                           hint="set quantization.calibration.data, e.g. "
-                                "\"pkg:skimage/data/[a-m]*.png\"")
-    return loaded.resolve_glob(spec.data, *CALIBRATION_FIELD)
 
 
 def check_override_names(loaded, pipeline: SplitPipeline) -> None:
@@ -113,7 +94,7 @@ def search_spec(spec, chip) -> SearchSpec:
 
 def verify_samples(ctx, inputs) -> list:
     """The samples verify judges (verify.data, else the calibration data; verify.samples)."""
-    files = verify_data.data_files(ctx.loaded)
+    files = verify_files(ctx.loaded)
     field = ("verify", "data") if ctx.recipe.verify.data else CALIBRATION_FIELD
     return list(ctx.loaded.located(data.load_samples(files, inputs, ctx.recipe.verify.samples),
                                    *field))

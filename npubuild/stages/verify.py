@@ -29,6 +29,7 @@ from npubuild import onnx_io
 from npubuild.atomic import write_json
 from npubuild.errors import working_on
 from npubuild.stages import StageContext
+from npubuild.stages.files import calibration_files, verify_files
 from npubuild.verify import verdict
 from npubuild.verify.bisect import RecipeFixes
 from npubuild.verify.samples import Observed, SampleRun, npu_handovers
@@ -38,18 +39,6 @@ NO_NPU_NOTE = ("no NPU graph: the deployed pipeline is the CPU submodels alone (
 DIRS = ("import", "surgery", "fusion", "split", "quantize", "compile")
 
 
-def data_files(loaded) -> list[Path]:
-    """The verify data (or, without it, the calibration data): part of the stage's key."""
-    spec = loaded.recipe.verify
-    if spec.data:
-        return loaded.resolve_glob(spec.data, "verify", "data")
-    calibration = loaded.recipe.quantization.calibration.data
-    if calibration:
-        return loaded.resolve_glob(calibration, "quantization", "calibration", "data")
-    raise loaded.error("verify needs data: set verify.data (or quantization.calibration.data)",
-                       "verify")
-
-
 def run(ctx: StageContext) -> dict:
     from npubuild.quant import data, onnx_inputs
 
@@ -57,7 +46,7 @@ def run(ctx: StageContext) -> dict:
     run_sample = SampleRun(dirs)
     pipeline, reference = run_sample.pipeline, run_sample.reference
     inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
-    files = data_files(ctx.loaded)
+    files = verify_files(ctx.loaded)
     field = ("verify", "data") if spec.data else ("quantization", "calibration", "data")
     found = list(ctx.loaded.located(data.sources_and_samples(files, inputs, spec.samples), *field))
     sources, samples = [s for s, _ in found], [x for _, x in found]
@@ -158,7 +147,6 @@ def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, p
     import json
 
     from npubuild.quant import data
-    from npubuild.stages import quantize as quantize_stage
     from npubuild.verify import fixes as measured
 
     hw = input_hw(inputs[0]) if len(inputs[0].shape or []) == 4 else None
@@ -172,7 +160,7 @@ def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, p
     bench = measured.FixBench(ctx.upstream["split"], ctx.upstream["quantize"], pipeline, samples,
                               judge, [*outputs, *handed_over])
     spec = ctx.recipe.quantization
-    calibration = list(data.load_samples(quantize_stage.calibration_files(ctx.loaded),
+    calibration = list(data.load_samples(calibration_files(ctx.loaded),
                                          inputs, spec.calibration.samples))
     chip = ctx.chip
     trials = measured.measure(bench, finding["culprits"], failing, fixes, calibration,

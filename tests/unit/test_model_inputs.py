@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+
 from npubuild.model_inputs import RecipeInputs, same_input
 from tests.conftest import TINY_RECIPE, run_cli, write_recipe
 
