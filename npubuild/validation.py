@@ -53,6 +53,7 @@ def validate(loaded: LoadedRecipe) -> Validation:
     check_quantization(loaded, chip, result)
     graph = result.signature.graph
     if graph is not None:
+        check_image_data(loaded, graph, result)
         check_names(loaded, GraphNames.of(graph, loaded.recipe), result)
     elif names_given(loaded.recipe):
         result.not_checked.append("node and tensor names (split, quantization.overrides, "
@@ -82,6 +83,31 @@ def check_readable(loaded: LoadedRecipe, paths: Iterable, where: tuple) -> None:
         if not os.access(path, os.R_OK):
             raise loaded.error(f"{path} cannot be read (permission denied)", *where,
                                hint="make the file readable, or point the recipe elsewhere")
+
+
+def check_image_data(loaded: LoadedRecipe, graph, result: Validation) -> None:
+    """Images given as calibration or verify data fit the input they feed (one input; its
+    layout, channels and ``preprocess.resize``), as the data loader will check them."""
+    from npubuild import onnx_io
+    from npubuild.model_inputs import RecipeInputs
+    from npubuild.quant.data import InputInfo, check_images
+
+    inputs, infos = RecipeInputs(loaded.recipe.model.inputs), []
+    for value in graph.graph.input:
+        shape = onnx_io.value_shape(value)
+        if value.name not in result.signature.inputs:
+            continue  # a weight the skeleton lists as an input
+        if not all(isinstance(d, int) and d > 0 for d in shape):
+            result.not_checked.append(f"images against input {value.name!r}: its shape "
+                                      f"{shape} is not fixed")
+            return
+        spec = inputs.spec(value.name)
+        infos.append(InputInfo(value.name, tuple(shape), str(onnx_io.value_dtype(value)),
+                               getattr(spec, "layout", "any"), getattr(spec, "preprocess", None)))
+    for where, paths in data_files(loaded)[1:]:
+        if where[-1] == "data" and where[0] in ("quantization", "verify"):
+            with loaded.relocated(*where):
+                check_images(paths, infos)
 
 
 def check_quantization(loaded: LoadedRecipe, chip, result: Validation) -> None:

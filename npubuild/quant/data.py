@@ -110,6 +110,14 @@ def sources_and_samples(files: Sequence[Path], inputs: Sequence[InputInfo],
                          hint="give images (" + ", ".join(sorted(IMAGE_SUFFIXES)) + ") or .npy/.npz")
 
 
+def check_images(files: Sequence[Path], inputs: Sequence[InputInfo]) -> None:
+    """The checks `load_samples` makes before it decodes an image, on the first image of
+    ``files``: the model has one input, and its shape, layout and preprocessing take images."""
+    path = next((f for f in files if f.suffix.lower() in IMAGE_SUFFIXES), None)
+    if path is not None:
+        image_geometry(path, _single_input(inputs, path, "an image"))
+
+
 def _single_input(inputs: Sequence[InputInfo], path: Path, what: str) -> InputInfo:
     if len(inputs) != 1:
         raise _error(path, f"{what} can only feed a model with one input; this one has "
@@ -128,10 +136,11 @@ def _layout(info: InputInfo, path: Path) -> str:
     return "NCHW" if shape[1] in (1, 3) else "NHWC"
 
 
-def image_tensor(path: Path, info: InputInfo) -> np.ndarray:
-    """One image as a [1, ...] tensor for ``info`` (see the module docstring)."""
-    from PIL import Image, UnidentifiedImageError
-
+def image_geometry(path: Path, info: InputInfo) -> tuple[str, int, int]:
+    """(layout, height, width) an image must take to feed ``info``: a 4-D input whose channels
+    the ``channel_order`` gives and whose size ``preprocess.resize`` (if set) gives; else the
+    `UserError` `load_samples` would raise on ``path`` (`npubuild validate` asks before any
+    image is read)."""
     pre = info.preprocess
     order = getattr(pre, "channel_order", "RGB")
     layout = _layout(info, path)
@@ -142,13 +151,23 @@ def image_tensor(path: Path, info: InputInfo) -> np.ndarray:
         raise _error(path, f"input {info.name!r} has {channels} channels but images are decoded "
                            f"as {order} ({want} channels)",
                      hint="set model.inputs[].preprocess.channel_order (RGB, BGR or GRAY)")
+    size = tuple(getattr(pre, "resize", None) or (h, w))
+    if size != (h, w):
+        raise _error(path, f"preprocess.resize {list(size)} does not give the input's {h}x{w}",
+                     hint="make resize match model.inputs[].shape")
+    return layout, h, w
+
+
+def image_tensor(path: Path, info: InputInfo) -> np.ndarray:
+    """One image as a [1, ...] tensor for ``info`` (see the module docstring)."""
+    from PIL import Image, UnidentifiedImageError
+
+    pre = info.preprocess
+    order = getattr(pre, "channel_order", "RGB")
+    layout, h, w = image_geometry(path, info)
     try:
         with Image.open(path) as img:
             img = img.convert("L" if order == "GRAY" else "RGB")
-            size = tuple(getattr(pre, "resize", None) or (h, w))
-            if tuple(size) != (h, w):
-                raise _error(path, f"preprocess.resize {list(size)} does not give the input's "
-                                   f"{h}x{w}", hint="make resize match model.inputs[].shape")
             img = img.resize((w, h), Image.BILINEAR)
             pixels = np.asarray(img, dtype=np.float32)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:

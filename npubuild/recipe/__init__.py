@@ -39,8 +39,9 @@ class LoadedRecipe:
     @contextmanager
     def relocated(self, *field_path: str | int) -> Iterator[None]:
         """Move a model or data file's error to the recipe line that brought the file in:
-        ``recipe.yaml:12:11: verify.data: img.png: cannot read ...`` (errors already located in
-        a YAML file, e.g. a chip file, keep their place)."""
+        ``recipe.yaml:12:11: verify.data: img.png: cannot read ...``, the file named as the
+        recipe would name it (`spelled`: relative, or ``pkg:``) (errors already located in a
+        YAML file, e.g. a chip file, keep their place)."""
         try:
             yield
         except UserError as exc:
