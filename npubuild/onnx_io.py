@@ -54,27 +54,40 @@ def load_model(path: str | Path, *, load_external: bool = True) -> onnx.ModelPro
 def _check_text(model: onnx.ModelProto, path: Path) -> None:
     """Every string field is UTF-8, as ONNX requires: protobuf hands a non-UTF-8 one (a
     producer, a node or tensor name) over as ``bytes``, which later breaks every name lookup,
-    message and JSON file. Numeric and ``bytes`` fields (the weights) are not walked."""
+    message and JSON file. Numeric and ``bytes`` fields (the weights) are not walked; the
+    field's path is worked out only for a model that has such a string."""
+    if _bytes_in_strings(model):
+        where, name, value = _bytes_in_strings(model, with_path=True)
+        raise UserError(f"not a valid ONNX model: {_field_name(where, name)} is not UTF-8 "
+                        f"text ({value[:40]!r})", location=Location(str(path)),
+                        hint="ONNX strings must be UTF-8; re-export the model")
+
+
+def _bytes_in_strings(model: onnx.ModelProto, with_path: bool = False):
+    """The first string field holding ``bytes``: truthy (with ``with_path``: (where, field
+    name, value), ``where`` as nested (parent, field, index) tuples), else None."""
     from google.protobuf.descriptor import FieldDescriptor
 
     string, message_type = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
-    stack: list[tuple[object, tuple]] = [(model, ())]
+    stack: list = [(model, ())]
     while stack:
         message, where = stack.pop()
         for fd, value in message.ListFields():
-            if fd.type == message_type:
-                if fd.is_repeated:
+            kind = fd.type
+            if kind == message_type:
+                if not fd.is_repeated:
+                    stack.append((value, (where, fd.name, None) if with_path else ()))
+                elif with_path:
                     stack.extend((item, (where, fd.name, i)) for i, item in enumerate(value))
                 else:
-                    stack.append((value, (where, fd.name, None)))
-            elif fd.type == string:
-                for i, item in enumerate(value if fd.is_repeated else [value]):
-                    if isinstance(item, bytes):
+                    stack.extend((item, ()) for item in value)
+            elif kind == string:
+                items = value if fd.is_repeated else (value,)
+                for i, item in enumerate(items):
+                    if type(item) is bytes:
                         name = f"{fd.name}[{i}]" if fd.is_repeated else fd.name
-                        raise UserError(f"not a valid ONNX model: {_field_name(where, name)} "
-                                        f"is not UTF-8 text ({item[:40]!r})",
-                                        location=Location(str(path)),
-                                        hint="ONNX strings must be UTF-8; re-export the model")
+                        return (where, name, item) if with_path else True
+    return None
 
 
 def _field_name(where: tuple, name: str) -> str:

@@ -48,12 +48,13 @@ def validate(loaded: LoadedRecipe) -> Validation:
     result = Validation(importer.check_signature(loaded))
     for stage in PIPELINE:  # as `run` does first: missing model, proof and data files
         stage.external_files(loaded)
-    for where, paths in data_files(loaded):
+    found = data_files(loaded)
+    for where, paths in found:
         check_readable(loaded, paths, where)
     check_quantization(loaded, chip, result)
     graph = result.signature.graph
     if graph is not None:
-        check_image_data(loaded, graph, result)
+        check_image_data(loaded, graph, result, found)
         check_names(loaded, GraphNames.of(graph, loaded.recipe), result)
     elif names_given(loaded.recipe):
         result.not_checked.append("node and tensor names (split, quantization.overrides, "
@@ -85,7 +86,8 @@ def check_readable(loaded: LoadedRecipe, paths: Iterable, where: tuple) -> None:
                                hint="make the file readable, or point the recipe elsewhere")
 
 
-def check_image_data(loaded: LoadedRecipe, graph, result: Validation) -> None:
+def check_image_data(loaded: LoadedRecipe, graph, result: Validation,
+                     found: list[tuple[tuple, list]]) -> None:
     """Images given as calibration or verify data fit the input they feed (one input; its
     layout, channels and ``preprocess.resize``), as the data loader will check them."""
     from npubuild import onnx_io
@@ -104,7 +106,7 @@ def check_image_data(loaded: LoadedRecipe, graph, result: Validation) -> None:
         spec = inputs.spec(value.name)
         infos.append(InputInfo(value.name, tuple(shape), str(onnx_io.value_dtype(value)),
                                getattr(spec, "layout", "any"), getattr(spec, "preprocess", None)))
-    for where, paths in data_files(loaded)[1:]:
+    for where, paths in found:  # `data_files`
         if where[-1] == "data" and where[0] in ("quantization", "verify"):
             with loaded.relocated(*where):
                 check_images(paths, infos)
