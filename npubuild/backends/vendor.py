@@ -132,7 +132,7 @@ def graph_feeds(ctx: StageContext, files: list[Path], count: int) -> dict[int, l
 
 
 def calibration_files(loaded) -> list[Path]:
-    from npubuild.stages.quantize import calibration_files as files
+    from npubuild.stages.files import calibration_files as files
 
     return files(loaded)
 
@@ -372,9 +372,9 @@ class VendorBackend:
     proof_samples = 4
 
     def file_inputs(self, loaded) -> list[Path]:
-        from npubuild.stages.quantize import data_files
+        from npubuild.stages.files import quantize_files
 
-        return data_files(loaded)  # the vendor's calibration, and the verify data compared on
+        return quantize_files(loaded)  # the vendor's calibration, and the verify data compared on
 
     @staticmethod
     def quantizers(ctx: StageContext) -> list[str]:

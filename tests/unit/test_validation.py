@@ -14,11 +14,17 @@ def validate(tmp_path, text: str, *names: str):
     return run_cli("validate", "--json", *map(str, paths), cwd=tmp_path)
 
 
+def entry(result) -> dict:
+    """The one recipe's entry of validate's --json document."""
+    (one,) = json.loads(result.stdout)["recipes"]
+    return one
+
+
 def test_an_option_the_chip_ignores_is_a_warning_not_an_error(tmp_path):
     text = TINY_RECIPE.replace("scheme: symmetric", "scheme: symmetric\n  int16_where_underflows: true")
     result = validate(tmp_path, text + "target: npu-strict\n")
     assert result.returncode == 0, result.stderr
-    (warning,) = json.loads(result.stdout)["warnings"]
+    (warning,) = entry(result)["warnings"]
     assert warning["field"] == "quantization.int16_where_underflows"
     assert "npu-strict has no int16 support: int16_where_underflows is ignored" in warning["message"]
     assert result.stderr.startswith(f"warning: {tmp_path}/recipe.yaml:11:27: quantization.int16")
@@ -27,13 +33,13 @@ def test_an_option_the_chip_ignores_is_a_warning_not_an_error(tmp_path):
 def test_names_follow_the_recipe_renames_and_are_not_checked_where_rewrites_may_make_them(tmp_path):
     renamed = TINY_RECIPE + "surgery: [{rename_tensors: {names: {y: out}}}]\n"
     ok = validate(tmp_path, renamed + "verify: {slices: [{tensor: out, axis: 1}]}\n")
-    assert ok.returncode == 0 and json.loads(ok.stdout)["not_checked"] == []
+    assert ok.returncode == 0 and entry(ok)["not_checked"] == []
     old = validate(tmp_path, renamed + "verify: {slices: [{tensor: y, axis: 1}]}\n")
     assert old.returncode == 2
     assert "surgery[0] (rename_tensors) renames 'y' to 'out'" in old.stderr
     fused = validate(tmp_path, TINY_RECIPE + "fusion: [conv_act]\nsplit: {force_cpu: [conv_relu]}\n")
     assert fused.returncode == 0, fused.stderr
-    assert json.loads(fused.stdout)["not_checked"] == [
+    assert entry(fused)["not_checked"] == [
         "split.force_cpu[0]: 'conv_relu' is not in the imported model; fusion (conv_act) may make it"]
 
 
