@@ -19,13 +19,12 @@
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from npubuild.errors import UserError
+from npubuild.errors import UserError, did_you_mean
 from npubuild.recipe import LoadedRecipe
 from npubuild.recipe.load import dotted
 
@@ -217,8 +216,7 @@ def _known(loaded: LoadedRecipe, result: Validation, names: GraphNames, pattern:
         result.not_checked.append(f"{dotted(where)}: {pattern[:200]!r} is not in the imported "
                                   f"model; {names.uncertain} may make it")
         return
-    close = difflib.get_close_matches(pattern[:200], sorted(known), n=1)
     raise loaded.error(f"no {kind} is called {pattern[:200]!r} in the model"
-                       + (f"; did you mean {close[0]!r}?" if close else ""), *where,
+                       + did_you_mean(pattern, known), *where,
                        hint="`npubuild targets check RECIPE` lists every node, its op type "
                             "and its outputs")

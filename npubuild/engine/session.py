@@ -429,7 +429,7 @@ class BuildSession:
             entry["built_seconds"] = self._built_seconds(self.results[name], previous.get(name))
         for stage in stages:
             result = self.results.get(stage.name)
-            if result and result.status in ("built", "restored", "current"):
+            if result and is_current(result.status):
                 report.update(result.report)
         self._keep_measurements(report, before)
         if self.error is not None:

@@ -18,7 +18,8 @@ import npubuild
 
 from tests.conftest import TINY_RECIPE, run_cli, write_recipe
 
-RUN_STATE = {"report.json", "report.html", ".doit.sqlite", ".lock", ".hashes.json"}
+RUN_STATE = {"report.json", "report.html", ".doit.sqlite", ".lock", ".hashes.json",
+             ".recipe"}  # which recipe file owns the folder: where it was built from
 
 
 def tree(root: Path) -> dict[str, bytes]:

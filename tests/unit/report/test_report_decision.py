@@ -13,6 +13,8 @@ from pathlib import Path
 from npubuild.report import render_report
 from npubuild.report.splitgraph import split_graph_svg
 
+from tests.unit.report.current import mark_current
+
 
 def dump(path: Path, data) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,6 +67,7 @@ def build(root: Path, *, estimate=ESTIMATE, passed=True, handover=0.97) -> Path:
     dump(root / "quantize" / "per_layer.json", {"tensors": [
         {"tensor": "y", "cosine": 0.4999, "samples": 2}, {"tensor": "a", "cosine": 0.999, "samples": 2},
         {"tensor": "b", "cosine": 0.95, "samples": 2}, {"tensor": "c", "cosine": 0.9999, "samples": 2}]})
+    mark_current(root, "split", "quantize", "compile", "verify")
     return root
 
 
