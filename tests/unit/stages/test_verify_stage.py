@@ -93,12 +93,13 @@ def test_verify_reports_slices_hand_overs_and_the_task(built):
 def test_a_slice_below_its_threshold_fails_the_run_and_is_bisected(built):
     root, _ = built
     recipe = write_recipe(root, RECIPE.format(slice_min=1.0), name="strict.yaml")
-    result = run_cli("run", str(recipe), "--build-dir", str(root / "build"),
+    # another recipe file with the same name: its own build folder, the shared cache
+    result = run_cli("run", str(recipe), "--build-dir", str(root / "build-strict"),
                      "--cache", str(root / "cache"))
     assert result.returncode == 1
     assert "error: verify: slice 'last_five': cosine" in result.stderr
     assert "< min_cosine 1.0 over all samples" in result.stderr
-    verify = json.loads((root / "build" / "mixed" / "verify" / "verify.json").read_text())
+    verify = json.loads((root / "build-strict" / "mixed" / "verify" / "verify.json").read_text())
     assert verify["bisection"]["finding"]["stage"] == "quantize"
     assert "Traceback" not in result.stderr
 
@@ -112,12 +113,13 @@ def test_a_failing_verify_on_one_stacked_npy_names_the_sample_not_a_file(built):
     body = RECIPE.format(slice_min=1.0).replace('"pkg:skimage/data/[d-h]*.png"', "stack.npy")
     recipe = write_recipe(root, body.replace("samples: 3\n  min_cosine", "samples: 4\n  min_cosine"),
                           name="stacked.yaml")
-    result = run_cli("run", str(recipe), "--build-dir", str(root / "build"),
+    # another recipe file with the same name: its own build folder, the shared cache
+    result = run_cli("run", str(recipe), "--build-dir", str(root / "build-stacked"),
                      "--cache", str(root / "cache"))
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr and "likely a bug" not in result.stderr
     assert "error: verify: slice 'last_five'" in result.stderr
-    verify = json.loads((root / "build" / "mixed" / "verify" / "verify.json").read_text())
+    verify = json.loads((root / "build-stacked" / "mixed" / "verify" / "verify.json").read_text())
     assert verify["samples"] == 4
     assert verify["data"] == [f"stack.npy[{i}]" for i in range(4)]
     assert verify["bisection"]["sample"] in verify["data"]
