@@ -13,8 +13,17 @@ The modules, in the order the quantize stage uses them:
 - ``pipeline``, ``workflow``: the split pipeline end to end (used by ``stages/quantize.py``).
 """
 
-from npubuild.quant.qgraph import QGraph, QLayer, QTensor
-from npubuild.quant.reference import quantize_inputs, run_layer, run_quantized, run_reference
+from importlib import import_module
 
-__all__ = ["QGraph", "QLayer", "QTensor", "quantize_inputs", "run_layer", "run_quantized",
-           "run_reference"]
+#: The package's names, imported on first use: a light module (``data``, which `validate`
+#: uses to check images) does not pull in the integer reference with them.
+_EXPORTS = {"QGraph": "qgraph", "QLayer": "qgraph", "QTensor": "qgraph",
+            "quantize_inputs": "reference", "run_layer": "reference",
+            "run_quantized": "reference", "run_reference": "reference"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f"npubuild.quant.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'npubuild.quant' has no attribute {name!r}")

@@ -24,6 +24,7 @@ class LoadedRecipe:
     path: Path
     marked: Marked
     overrides: dict[str, Any] = field(default_factory=dict)  # -S fields set on the recipe file
+    _chip: Any = field(default=None, repr=False, compare=False)  # `chip`, read once
 
     @property
     def base_dir(self) -> Path:
@@ -144,14 +145,18 @@ class LoadedRecipe:
         return LoadedRecipe(recipe, changed.path, changed.marked, changed.overrides)
 
     def chip(self):
+        """The recipe's target chip, read once for this loaded recipe (a run, its stage keys
+        and `validate` each ask for it)."""
         from npubuild.targets import load_chip
 
-        try:
-            return load_chip(self.recipe.target, self.base_dir)
-        except UserError as exc:
-            if exc.location is not None:  # the chip file itself is bad
-                raise
-            raise self.error(exc.message, "target", hint=exc.hint) from None
+        if self._chip is None:
+            try:
+                self._chip = load_chip(self.recipe.target, self.base_dir)
+            except UserError as exc:
+                if exc.location is not None:  # the chip file itself is bad
+                    raise
+                raise self.error(exc.message, "target", hint=exc.hint) from None
+        return self._chip
 
 
 def _field_path(dotted_field: str) -> tuple[str | int, ...]:
