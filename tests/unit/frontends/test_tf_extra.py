@@ -4,6 +4,7 @@ whose import fails the way a missing module does."""
 
 import os
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO, write_recipe
@@ -52,12 +53,14 @@ def _validate(tmp_path, hidden):
     from tests.unit.frontends import tflite_models
 
     path = tflite_models.with_unknown_custom_op(tmp_path)
+    np.save(tmp_path / "calibration.npy", np.zeros((1, 4, 4, 2), np.float32))  # run needs it
     recipe = write_recipe(tmp_path, f"""\
         version: 1
         name: tflite-validate
         model:
           path: {path.name}
           inputs: [{{name: x, shape: [1, 4, 4, 2]}}]
+        quantization: {{calibration: {{data: calibration.npy}}}}
         """)
     code = VALIDATE_WITHOUT.format(hidden=hidden, recipe=str(recipe))
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
