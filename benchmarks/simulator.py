@@ -45,11 +45,11 @@ def build(recipe: Path, root: Path, cache: Path):
 def first_sample(loaded, build_dir: Path) -> dict:
     from npubuild.quant import data, onnx_inputs
     from npubuild.quant.pipeline import SplitPipeline
-    from npubuild.stages.verify import data_files
+    from npubuild.stages.files import verify_files
 
     pipeline = SplitPipeline(build_dir / "split")
     inputs = onnx_inputs.input_infos(pipeline, loaded.recipe.model.inputs)
-    return next(data.load_samples(data_files(loaded), inputs, 1))
+    return next(data.load_samples(verify_files(loaded), inputs, 1))
 
 
 def clocked(fn) -> tuple[float, float]:
