@@ -242,7 +242,7 @@ class SampleJudge:
     def __init__(self, spec, dirs, pipeline, samples, input_hw: tuple[int, int] | None = None,
                  judged_only: bool = True):
         from npubuild import onnx_io
-        from npubuild.verify.reference import FloatReference, original_names
+        from npubuild.verify.reference import FloatReference, original_inputs, original_names
         from npubuild.verify.samples import npu_handovers
 
         self.spec, self.outputs = spec, list(pipeline.outputs)
@@ -253,7 +253,8 @@ class SampleJudge:
         if "import" in dirs and "surgery" in dirs:
             original = onnx_io.load_model(dirs["import"] / "model.onnx")
             surgery = onnx_io.load_model(dirs["surgery"] / "model.onnx")
-            reference = FloatReference(original, pipeline.outputs, original_names(surgery))
+            reference = FloatReference(original, pipeline.outputs, original_names(surgery),
+                                       original_inputs(surgery))  # renamed inputs fed by their source name
             self.missing = reference.missing
             self.refs = [reference(feeds) for feeds in samples]
         else:  # the split pipeline alone (split proved it equal to the original)
