@@ -122,7 +122,7 @@ def run(ctx: StageContext) -> dict:
     workflow.quantize()
     compare = verify_samples(ctx, inputs)
     judge = SampleJudge(ctx.recipe.verify, ctx.upstream, pipeline, compare, input_hw(inputs[0]))
-    check_names(ctx.loaded, ctx.recipe.verify, pipeline.outputs, [*judge.refs[0], *judge.handed_over])
+    check_names(ctx.loaded, ctx.recipe.verify, pipeline.outputs, {**judge.floats[0], **judge.refs[0]})
     verdict = judge(workflow.deployed_values(compare, judge.kept))
     search = None
     if not verdict.passed and spec.auto.enabled:

@@ -23,7 +23,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Iterator
 
-import numpy as np
 
 from npubuild import onnx_io
 from npubuild.atomic import write_json
@@ -105,13 +104,12 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
     entry of ``refs``."""
     spec = ctx.recipe.verify
     handed_over = npu_handovers(pipeline)
-    verdict.check_names(ctx.loaded, spec, pipeline.outputs, [*refs[0], *handed_over])
+    verdict.check_names(ctx.loaded, spec, pipeline.outputs, {**floats[0], **refs[0]})
 
     def detect(refs, gots, floats):
         return detections(ctx, info, sources, samples, refs, gots, floats, pipeline.outputs)
 
     found = verdict.judge(spec, refs, gots, floats, pipeline.outputs, handed_over, missing,
-                          cut_slice=lambda i, check, value: cut_slice(ctx.loaded, i, check, value),
                           detect=detect)
     result = {"samples": len(refs), "data": [s.label(ctx.loaded.spelled) for s in sources],
               "outputs": found.outputs, "npu_outputs": found.npu_outputs,
@@ -125,19 +123,6 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
     plan = found.bisect()
     plan["limits"] = plan["limits"] or {name: spec.min_cosine for name in found.outputs}
     return {"passed": found.passed, "failures": found.failures, **result, "bisect": plan}
-
-
-def cut_slice(loaded, index: int, check, value: np.ndarray) -> np.ndarray:
-    """``verify.slices[index]`` of one sample's tensor (a user error when it does not fit)."""
-    if not -np.ndim(value) <= check.axis < np.ndim(value):
-        raise loaded.error(f"verify.slices: tensor {check.tensor!r} has {np.ndim(value)} axes, "
-                           f"no axis {check.axis}", "verify", "slices", index, "axis")
-    part = verdict.cut(check, value)
-    if part.size == 0:
-        raise loaded.error(f"verify.slices: {check.start}:{check.end} along axis {check.axis} of "
-                           f"{check.tensor!r} (shape {list(np.shape(value))}) is empty",
-                           "verify", "slices", index, "start")
-    return part
 
 
 def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, pipeline,

@@ -93,13 +93,11 @@ def cut(check, value: np.ndarray) -> np.ndarray:
 
 def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
           outputs: Sequence[str], handed_over: Sequence[str], missing: Sequence[str] = (),
-          *, cut_slice: Callable | None = None,
-          detect: Callable[[list, list, list], dict] | None = None,
+          *, detect: Callable[[list, list, list], dict] | None = None,
           judged_only: bool = False) -> Verdict:
     """verify's verdict (``spec``: the recipe's ``verify`` section) on these samples.
     ``missing``: model outputs the original lacks (compared with the float pipeline);
-    ``cut_slice(index, check, value)`` cuts a slice (default `cut`; verify's raises the
-    recipe error for a slice that does not fit); ``detect(refs, gots, floats)`` gives the
+    ``detect(refs, gots, floats)`` gives the
     detection totals (``box_recall`` ...) when the task is ``detector``; ``judged_only``
     leaves out what no threshold reads (hand-over tensors without ``verify.handover``
     thresholds: the precision search scores hundreds of choices)."""
@@ -108,7 +106,7 @@ def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
         handed_over = []
     boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots])
                   for name in handed_over}
-    slices = slice_metrics(spec, refs, gots, floats, handed_over, cut_slice)
+    slices = slice_metrics(spec, refs, gots, floats)
     checks = ([(name, f"output {name!r}", m, output_limits(spec), "") for name, m in metrics.items()]
               + [(name, f"NPU output {name!r}", m, handover_limits(spec), "against the float pipeline")
                  for name, m in boundaries.items()]
@@ -143,16 +141,15 @@ def output_metrics(refs: list[Values], gots: list[Values], floats: list[Values],
     return out
 
 
-def slice_metrics(spec, refs: list[Values], gots: list[Values], floats: list[Values],
-                  handed_over: Sequence[str], cut_slice: Callable | None = None) -> dict:
+def slice_metrics(spec, refs: list[Values], gots: list[Values], floats: list[Values]) -> dict:
     """Metrics of every ``verify.slices`` entry, by label (model outputs against the float
-    original, hand-over tensors against the float pipeline)."""
-    cut_slice = cut_slice or (lambda index, check, value: cut(check, value))
+    original, hand-over tensors against the float pipeline; `check_names` has checked that
+    each fits its tensor)."""
     out = {}
-    for i, check in enumerate(spec.slices):
+    for check in spec.slices:
         source = refs if check.tensor in refs[0] else floats
-        ref = [cut_slice(i, check, s[check.tensor]) for s in source]
-        got = [cut_slice(i, check, g[check.tensor]) for g in gots]
+        ref = [cut(check, s[check.tensor]) for s in source]
+        got = [cut(check, g[check.tensor]) for g in gots]
         out[check.label] = {"tensor": check.tensor, "axis": check.axis, "start": check.start,
                             "end": check.end, "shape": list(np.shape(ref[0])),
                             **tensor_metrics(ref, got)}
@@ -183,20 +180,30 @@ def task_check(spec, detections: dict | None, refs: list[Values], gots: list[Val
             "agreement_is": f"lowest {worst['agreement_is']} of {len(per_output)} outputs"}
 
 
-def check_names(loaded, spec, outputs: Sequence[str], tensors: Sequence[str]) -> None:
-    """The tensors ``verify.slices`` and ``verify.task_outputs`` name exist (``tensors``: the
-    model outputs and NPU hand-over tensors a slice may read); a recipe error at the field
-    otherwise. Both stages that judge call it before judging."""
+def check_names(loaded, spec, outputs: Sequence[str], sample: Values) -> None:
+    """The tensors ``verify.slices`` and ``verify.task_outputs`` name exist, and every slice
+    fits its tensor (``sample``: one sample's model outputs and NPU hand-over tensors, the
+    tensors a slice may read); a recipe error at the field otherwise. Both stages that judge
+    call it before judging."""
     from npubuild.errors import did_you_mean
 
+    tensors = list(sample)
     for i, check in enumerate(spec.slices):
-        if check.tensor not in tensors:
+        if check.tensor not in sample:
             handed_over = [t for t in tensors if t not in outputs]
             raise loaded.error(f"verify.slices: no model output or NPU hand-over tensor is called "
                                f"{check.tensor!r}" + did_you_mean(check.tensor, tensors),
                                "verify", "slices", i, "tensor",
                                hint="outputs: " + ", ".join(map(repr, outputs))
                                + "; hand-over tensors: " + (", ".join(map(repr, handed_over)) or "none"))
+        value = sample[check.tensor]
+        if not -np.ndim(value) <= check.axis < np.ndim(value):
+            raise loaded.error(f"verify.slices: tensor {check.tensor!r} has {np.ndim(value)} axes, "
+                               f"no axis {check.axis}", "verify", "slices", i, "axis")
+        if cut(check, value).size == 0:
+            raise loaded.error(f"verify.slices: {check.start}:{check.end} along axis {check.axis} of "
+                               f"{check.tensor!r} (shape {list(np.shape(value))}) is empty",
+                               "verify", "slices", i, "start")
     for i, name in enumerate(spec.task_outputs or ()):
         if name not in outputs:
             raise loaded.error(f"verify.task_outputs: the model has no output {name!r}",

@@ -42,7 +42,7 @@ def test_a_new_target_built_to_split_shows_no_verdict_of_the_old_one(built, tmp_
     assert re.search(r"verify +will run .*\n +" + re.escape(why), shown)
 
 
-def test_a_crash_in_verify_shows_neither_the_old_verdict_nor_its_advice(built, tmp_path):
+def test_a_build_stopped_at_a_bad_slice_after_a_fail_shows_neither_the_old_verdict_nor_its_advice(built, tmp_path):
     built.write_text(built.read_text().replace("quantization:\n", "quantization:\n  auto: false\n")
                      .replace(VERIFY % "", VERIFY % ", min_cosine: 0.9999999"))  # int8 FAILs
     failed = run_cli("run", str(built), cwd=tmp_path)
@@ -50,8 +50,9 @@ def test_a_crash_in_verify_shows_neither_the_old_verdict_nor_its_advice(built, t
     built.write_text(built.read_text().replace(
         ", min_cosine: 0.9999999", ", slices: [{tensor: y, axis: 7, name: s}]"))  # crashes
     crashed = run_cli("run", str(built), cwd=tmp_path)
-    # main's quantize judges as verify does, so the bad slice stops the build there or in verify
-    assert crashed.returncode in (1, 2) and "verify failed" not in crashed.stdout
+    # quantize judges as verify does: the bad slice stops the build there, at its recipe field
+    assert crashed.returncode == 2 and "verify failed" not in crashed.stdout
+    assert "verify.slices: tensor 'y' has 4 axes, no axis 7" in crashed.stderr
     report = json.loads((tmp_path / "build/tiny/report.json").read_text())
     assert "verify" not in report and report["stages"]["verify"]["current"] is False
     html = (tmp_path / "build/tiny/report.html").read_text()

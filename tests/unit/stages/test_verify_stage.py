@@ -104,6 +104,24 @@ def test_a_slice_below_its_threshold_fails_the_run_and_is_bisected(built):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(("edit", "field", "message"), [
+    ("axis: 1, start: 5", "axis", "verify.slices: tensor 'fc_out' has 2 axes, no axis 7"),
+    ("axis: 1, start: 5", "start", "verify.slices: 50:None along axis 1 of 'fc_out' (shape [1, 10]) is empty"),
+])
+def test_a_slice_that_does_not_fit_its_tensor_stops_quantize_at_its_field(built, edit, field, message):
+    """quantize judges as verify does, so it checks the slices first: bad input (exit 2 at
+    verify.slices[0].<field>), never an internal error of the precision search."""
+    root, _ = built
+    bad = "axis: 7, start: 5" if field == "axis" else "axis: 1, start: 50"
+    recipe = write_recipe(root, RECIPE.format(slice_min=0.9).replace(edit, bad), name=f"bad_{field}.yaml")
+    result = run_cli("run", str(recipe), "quantize", "--build-dir", str(root / f"build-{field}"),
+                     "--cache", str(root / "cache"))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+    line = RECIPE.splitlines().index(next(x for x in RECIPE.splitlines() if "slices:" in x)) + 1
+    assert f"{recipe}:{line}:" in result.stderr
+
+
 def test_a_failing_verify_on_one_stacked_npy_names_the_sample_not_a_file(built):
     """A .npy holding four samples: the verdict, the data list and the bisection count
     samples, never files (indexing the files by the worst sample's number was an IndexError)."""
