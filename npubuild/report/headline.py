@@ -211,6 +211,13 @@ def _speed(estimate: dict):
     return (title, esc(big), detail + '<div><a href="#time">where the time goes</a></div>')
 
 
+def cpu_layers_inside(a: BuildArtifacts) -> int:
+    """Layers inside the NPU graphs that compile leaves to the CPU (quantize kept them in
+    float, or the NPU has no kernel for them): split's node count does not show them."""
+    return sum(g.get("executes") == "cpu" for path in a.glob("compile/**/plan*.json")
+               for g in (a.json(a.rel(path)) or {}).get("groups") or [] if g.get("device") == "cpu")
+
+
 def _coverage(a: BuildArtifacts, split: dict) -> tuple[str, str, str]:
     npu, cpu = split.get("npu_nodes"), split.get("cpu_nodes")
     if not isinstance(npu, int) or not isinstance(cpu, int) or not npu + cpu:
@@ -224,8 +231,7 @@ def _coverage(a: BuildArtifacts, split: dict) -> tuple[str, str, str]:
         lines.append(f"MACs: {_si(macs)} of {_si(macs + cpu_macs)}")
     lines.append(f"{split.get('npu_segments', '?')} NPU + {split.get('cpu_segments', '?')} CPU "
                  "segments")
-    inside = sum(g.get("executes") == "cpu" for path in a.glob("compile/**/plan*.json")
-                 for g in (a.json(a.rel(path)) or {}).get("groups") or [] if g.get("device") == "cpu")
+    inside = cpu_layers_inside(a)
     if inside:
         lines.append(f"+ {inside} layer{'s' * (inside != 1)} on the CPU (compile)")
     return (title, esc(big), "".join(f"<div>{esc(line)}</div>" for line in lines))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from npubuild.report.artifacts import BuildArtifacts
-from npubuild.report.headline import build_figures, verify_view
+from npubuild.report.headline import build_figures, cpu_layers_inside, verify_view
 from npubuild.report.judged import task_figure, tightest, worst_cosine
 from npubuild.report.overview import verdict
 from npubuild.report.speed import fps_text, ms_text, speed
@@ -42,11 +42,18 @@ def headline_lines(root: Path) -> list[str]:
     if "npu_nodes" in split:
         nodes = split["npu_nodes"] + split.get("cpu_nodes", 0)
         share = split["npu_nodes"] / nodes if nodes else 0.0
-        lines.append(f"NPU coverage {split['npu_nodes']}/{nodes} nodes ({share:.0%})")
+        inside = cpu_layers_inside(a)
+        lines.append(f"NPU coverage {split['npu_nodes']}/{nodes} nodes ({share:.0%})"
+                     + (f"; compile runs {inside} layer{'s' * (inside != 1)} of the NPU graphs on the CPU"
+                        if inside else ""))
     fps = speed(estimate)
     if fps.deployed_fps is not None:
+        untimed = len(((estimate.get("cpu") or {}).get("not_measured") or {})
+                      if isinstance(estimate.get("cpu"), dict) else {})
         lines.append(f"{fps_text(fps.deployed_fps)} fps deployed, {ms_text(fps.latency_ms)} per "
-                     f"frame (NPU alone {fps_text(fps.npu_fps)} fps)")
+                     f"frame (NPU alone {fps_text(fps.npu_fps)} fps)"
+                     + (f"; {untimed} CPU part{'s' * (untimed != 1)} not timed, left out: at most "
+                        "this fast" if untimed else ""))
     elif fps.npu_fps is not None:
         lines.append(f"{fps_text(fps.npu_fps)} fps NPU alone; deployed fps unknown: {fps.missing}")
     grouped, per_layer = estimate.get("gmem_bytes"), estimate.get("gmem_bytes_no_grouping")

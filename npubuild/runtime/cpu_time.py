@@ -82,10 +82,45 @@ def deployment_parts(split_dir: Path | None, qgraphs) -> dict[str, dict]:
                               [t for layer in layers for t in layer.inputs])
         for layer in layers:
             model = onnx.load_from_string(layer.arrays["model"].tobytes())
+            feeds = {t: inner.get(t) for t in layer.inputs}
+            zeros = _zeros_for_inner(model, feeds, {t: qgraph.tensors[t].shape for t in layer.inputs
+                                                          if t in qgraph.tensors})
             parts[f"{qgraph.name}/{layer.name}"] = {
-                **measured(model, {t: inner.get(t) for t in layer.inputs}, why), "nodes": 1,
-                "reason": layer.attrs.get("reason", "")}
+                **measured(model, {**feeds, **zeros}, why), "nodes": 1,
+                "reason": layer.attrs.get("reason", ""),
+                **({"timed_on_zeros": sorted(zeros)} if zeros else {})}
+            inner.update(_outputs(model, feeds))
     return parts
+
+
+def _zeros_for_inner(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray | None],
+                     shapes: Mapping[str, list[int]]) -> dict[str, np.ndarray]:
+    """Zeros for the float inputs no float model computes (an integer layer's output inside a
+    fused layer, e.g. the Conv of a ConvSilu whose Mul is kept in float), at the shape the
+    quantized graph gives them (``shapes``): an elementwise float kernel takes as long on zeros, and the part is
+    marked ``timed_on_zeros``. Integer inputs (shapes, indices) never get made-up values."""
+    types = {i.name: i.type.tensor_type for i in model.graph.input}
+    out = {}
+    for name, value in feeds.items():
+        kind = types.get(name)
+        if value is not None or kind is None or kind.elem_type != onnx.TensorProto.FLOAT:
+            continue
+        dims = shapes.get(name)
+        if dims and all(isinstance(d, int) and d > 0 for d in dims):
+            out[name] = np.zeros(dims, np.float32)
+    return out
+
+
+def _outputs(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+    """A float layer's outputs on ``feeds`` (none when an input has no value or it does not
+    run): the layers after it read tensors the float submodel never computes (a fused
+    ConvSilu kept in float is a Conv and a Mul, handing over the Conv's output)."""
+    if any(value is None for value in feeds.values()):
+        return {}
+    try:
+        return onnx_io.run(model, feeds)
+    except Exception:  # noqa: BLE001 - the layers after it are then reported as not measured
+        return {}
 
 
 def pipeline_values(pipeline) -> tuple[dict[str, np.ndarray], str]:

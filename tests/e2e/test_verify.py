@@ -60,7 +60,8 @@ def test_calibration_on_one_black_image_fails_verify_and_bisection_names_quantiz
     black = tmp_path / "black.png"
     Image.new("RGB", (320, 320)).save(black)
     recipe = bad_recipe(tmp_path, {r"  calibration:\n    data: \[.*?\]\n    samples: 7":
-                                   f"  calibration:\n    data: [{black}]\n    samples: 1"}, "black-calibration")
+                                   f"  auto: false\n  calibration:\n    data: [{black}]\n    samples: 1"},
+                        "black-calibration")  # int8 as calibrated (the precision search rescues it)
     result, report = run_failing(recipe, tmp_path, shared_cache)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
@@ -70,7 +71,10 @@ def test_calibration_on_one_black_image_fails_verify_and_bisection_names_quantiz
     finding = report["verify"]["bisection"]["finding"]
     assert finding["stage"] == "quantize"
     assert finding["input_cosine"] - finding["cosine"] > 0.5  # the collapse, not a bystander
-    assert f"quantization.overrides: [{{nodes: ['{finding['producer']}']" in finding["suggestion"]
+    # the hint is measured: each change tried on the collapsed tensor, with its figure
+    assert finding["suggestion"].startswith("measured on the verify samples")
+    assert f"quantization.overrides: [{{tensors: ['{finding['tensor']}']" in finding["suggestion"]
+    assert all(m["after"] - m["before"] == pytest.approx(m["gain"]) for m in finding["measured"])
     assert "per_channel" not in finding["suggestion"]  # the recipe has it already
     assert "the drop starts in stage `quantize`" in result.stderr
 

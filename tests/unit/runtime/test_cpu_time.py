@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 
 from npubuild.npu.estimate import with_cpu
+from npubuild.quant.qgraph import QGraph
 from npubuild.recipe.model import SplitSpec
 from npubuild.runtime import cpu_time
 from npubuild.split import split_model
+from npubuild.stages import quantize as quantize_stage
 from npubuild.targets import load_chip
+from tests.unit.quant.test_quantize_stage import context
 from tests.unit.split.split_models import Net
 
 
@@ -55,3 +59,19 @@ def test_parts_not_measured_are_left_out_of_the_sum_and_listed():
                         "method")
     assert estimate["cpu_seconds"] == 0.001 and estimate["cpu"]["not_measured"] == {"graph_3": "why"}
     assert estimate["fps"] == round(1 / (0.001 + 0.001), 2)
+
+
+@pytest.mark.parametrize("kept", ["h", "p"])
+def test_every_float_layer_of_an_npu_graph_is_timed(tmp_path, kept):
+    """Float layers after a float override: 'h' splits the fused ConvSilu (its Mul reads the
+    Conv's output, a value no float model computes: timed on zeros of its shape and marked);
+    'p' keeps a chain in float (each layer reads the one before it)."""
+    ctx = context(tmp_path, overrides=f'[{{tensors: ["{kept}"], precision: float}}]')
+    quantize_stage.run(ctx)
+    qgraph = QGraph.load(ctx.out / "graph_1.qgraph.json")
+    qgraph.name = "graph_1"
+    parts = cpu_time.deployment_parts(tmp_path / "split", [qgraph])
+    inside = {name: part for name, part in parts.items() if name.startswith("graph_1/")}
+    assert inside and all(p["seconds"] is not None for p in inside.values()), parts
+    zeros = sorted(t for p in inside.values() for t in p.get("timed_on_zeros", []))
+    assert zeros == (["conv:0__1"] if kept == "h" else [])
