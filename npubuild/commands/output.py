@@ -99,6 +99,8 @@ def progress(out, state: dict | None = None):
                 yield item
                 if total and total >= 20 and (i % step == 0 or i == total):
                     log.info("%s %d/%d", label, i, total)
+                elif total is None and i % 10 == 0:  # an open-ended count (the precision search)
+                    log.info("%s %d", label, i)
             return
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn)

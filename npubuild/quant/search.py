@@ -129,9 +129,11 @@ class PrecisionSearch:
                  judge: Callable[[list[dict]], object], kept: Sequence[str], spec: SearchSpec,
                  *, chip_int16: bool, float_fallback: bool = True, choose_methods: bool = False,
                  choose_scheme: bool = False,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 on_score: Callable[[int], None] = lambda count: None):
         self.workflow, self.samples, self.judge = workflow, list(samples), judge
         self.kept, self.spec, self.clock = set(kept), spec, clock
+        self.on_score = on_score  # told the number of choices scored so far (progress)
         self.levels = [p for p in WIDE if (spec.precision in (None, p))
                        and (p != "int16" or chip_int16) and (p != "float" or float_fallback)]
         self.started = clock()
@@ -183,6 +185,7 @@ class PrecisionSearch:
         self.cache[key] = scored
         self.steps.append({"step": step, "tensors": len(key[0]), "passed": scored.passed,
                            "margin": round(scored.margin, 6)})
+        self.on_score(len(self.steps))
         return scored
 
     def _quick(self):

@@ -26,6 +26,7 @@ than one step (else the stage fails).
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from npubuild.atomic import write_json
@@ -175,11 +176,23 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
     misses what fake quantization passed, search again demanding the cosine margin they
     differ by (twice over), within the time budget."""
     chip, spec = ctx.chip, ctx.recipe.quantization
+    # an open-ended counter (the phases' budgets bound it, the choice decides where it stops)
+    ticks = ctx.progress(itertools.count(1), description="precision search, choices scored")
     search = PrecisionSearch(workflow, samples, judge, judge.kept, search_spec(spec.auto, chip),
                              chip_int16=bool(chip and chip.int16),
                              float_fallback=bool(chip is None or chip.float_fallback),
                              choose_methods=spec.calibration.method is None,
-                             choose_scheme=spec.scheme is None)
+                             choose_scheme=spec.scheme is None,
+                             on_score=lambda count: next(ticks))
+    try:
+        return _searched(ctx, workflow, samples, judge, plain, search)
+    finally:
+        ticks.close()  # ends the bar
+
+
+def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
+              search: PrecisionSearch) -> dict:
+    """`precision_search` once its search is set up."""
     margin = max(0.0, 1.5 * (search.score({}, "int8 everywhere").margin - plain.margin()))
     span = SPAN_DEMANDED if dead_channels(plain) else 0.0
     confirmations = [{"choice": "int8 everywhere", "reference_passed": plain.passed,

@@ -195,3 +195,19 @@ def test_cross_layer_equalization_is_reported_per_graph(tmp_path):
     calibration = json.loads((ctx.out / "calibration.json").read_text())
     assert calibration["graphs"]["graph_1"]["equalization"] == {"pairs": [], "skipped": [], "sweeps": 0}
     assert report["quantization"]["crosscheck"]["graph_1"]["ok"]
+
+
+def test_the_precision_search_counts_the_choices_it_scores_in_the_stages_progress(tmp_path):
+    ctx = context(tmp_path, extra="verify: {min_cosine: 0.9999}\n")
+    counted = []
+
+    def progress(items, total=None, description=""):
+        for item in items:
+            counted.append((description, item))
+            yield item
+
+    ctx.progress = progress
+    report = quantize_stage.run(ctx)
+    scored = [n for d, n in counted if d == "precision search, choices scored"]
+    assert scored == list(range(1, len(scored) + 1))
+    assert len(scored) == report["quantization"]["search"]["evaluations"] > 0
