@@ -83,8 +83,8 @@ def deployment_parts(split_dir: Path | None, qgraphs) -> dict[str, dict]:
         for layer in layers:
             model = onnx.load_from_string(layer.arrays["model"].tobytes())
             feeds = {t: inner.get(t) for t in layer.inputs}
-            zeros = _zeros_for_inner(model, feeds, {t: qgraph.tensors[t].shape for t in layer.inputs
-                                                          if t in qgraph.tensors})
+            shapes = {t: qgraph.tensors[t].shape for t in layer.inputs if t in qgraph.tensors}
+            zeros = _zeros_for_inner(model, feeds, shapes)
             parts[f"{qgraph.name}/{layer.name}"] = {
                 **measured(model, {**feeds, **zeros}, why), "nodes": 1,
                 "reason": layer.attrs.get("reason", ""),
@@ -97,8 +97,9 @@ def _zeros_for_inner(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray | No
                      shapes: Mapping[str, list[int]]) -> dict[str, np.ndarray]:
     """Zeros for the float inputs no float model computes (an integer layer's output inside a
     fused layer, e.g. the Conv of a ConvSilu whose Mul is kept in float), at the shape the
-    quantized graph gives them (``shapes``): an elementwise float kernel takes as long on zeros, and the part is
-    marked ``timed_on_zeros``. Integer inputs (shapes, indices) never get made-up values."""
+    quantized graph gives them (``shapes``): a float kernel takes as long on zeros, and the
+    part is marked ``timed_on_zeros``. Integer inputs (shapes, indices) never get made-up
+    values."""
     types = {i.name: i.type.tensor_type for i in model.graph.input}
     out = {}
     for name, value in feeds.items():
