@@ -104,7 +104,8 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
     entry of ``refs``."""
     spec = ctx.recipe.verify
     handed_over = npu_handovers(pipeline)
-    verdict.check_names(ctx.loaded, spec, pipeline.outputs, {**floats[0], **refs[0]})
+    verdict.check_names(ctx.loaded, spec, pipeline.outputs,
+                        {**{t: floats[0][t] for t in handed_over}, **refs[0]})
 
     def detect(refs, gots, floats):
         return detections(ctx, info, sources, samples, refs, gots, floats, pipeline.outputs)
