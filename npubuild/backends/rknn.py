@@ -52,20 +52,14 @@ class Rknn(vendor.VendorBackend, Backend):
     toolchain = "rknn"
     runs_in = "rknn-toolkit2's PC simulator"
 
-    def compile(self, ctx) -> dict:
-        graphs = vendor.npu_graphs(ctx)
-        if not graphs:
-            return vendor.no_npu(ctx, self.name)
-        env = vendor.require_env(ctx, self.toolchain)
-        quantizers = self.quantizers(ctx)
-        calibration = vendor.calibration_feeds(ctx)
-        compare = self.compare_feeds(ctx)
-        results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
-                                         quantizers) for g in graphs}
-        vendor.write_backend_file(ctx.out, self.name, env, {
-            name: {"deployed": r["deployed"], "jobs": {q: f"{r['context_dir']}/job.{q}.json"
-                                                       for q in r["quantizers"]}}
-            for name, r in results.items()})
+    def graph_compiler(self, ctx):
+        return compile_graph
+
+    @staticmethod
+    def backend_entry(name: str, result: dict) -> dict:
+        return {"jobs": {q: f"{result['context_dir']}/job.{q}.json" for q in result["quantizers"]}}
+
+    def stage_report(self, ctx, env, results: dict) -> dict:
         return report(ctx, env, results)
 
     def npu_runner(self, compile_dir: Path):

@@ -39,24 +39,23 @@ class TpuMlir(vendor.VendorBackend, Backend):
     runs_in = "TPU-MLIR's cmodel simulator (model_runner.py)"
     proof_samples = 2  # the cmodel takes seconds per image
 
-    def compile(self, ctx) -> dict:
-        graphs = vendor.npu_graphs(ctx)
-        if not graphs:
-            return vendor.no_npu(ctx, self.name)
-        env = vendor.require_env(ctx, self.toolchain)
-        quantizers = self.quantizers(ctx)
-        calibration = vendor.calibration_feeds(ctx)
-        compare = self.compare_feeds(ctx)
+    def graph_compiler(self, ctx):
+        """`compile_graph` with npubuild's calibrated ranges of the graph (its calibration
+        table), read once for every graph."""
         npubuild_ranges = vendor.calibrated_ranges(Path(ctx.upstream["quantize"]))
-        results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
-                                         quantizers, npubuild_ranges.get(g.name, vendor.Ranges({}, {})))
-                   for g in graphs}
-        vendor.write_backend_file(ctx.out, self.name, env, {
-            name: {"deployed": r["deployed"],
-                   "bmodel": f"{r['context_dir']}/{name}.{r['deployed']}.bmodel",
-                   "proof": r["proof"], "proof_outputs":
-                       f"{r['context_dir']}/proof_outputs.{r['deployed']}.npz"}
-            for name, r in results.items()})
+
+        def compile_one(ctx, env, graph, calibration, compare, quantizers):
+            return compile_graph(ctx, env, graph, calibration, compare, quantizers,
+                                 npubuild_ranges.get(graph.name, vendor.Ranges({}, {})))
+        return compile_one
+
+    @staticmethod
+    def backend_entry(name: str, result: dict) -> dict:
+        return {"bmodel": f"{result['context_dir']}/{name}.{result['deployed']}.bmodel",
+                "proof": result["proof"],
+                "proof_outputs": f"{result['context_dir']}/proof_outputs.{result['deployed']}.npz"}
+
+    def stage_report(self, ctx, env, results: dict) -> dict:
         return report(ctx, env, results)
 
     def npu_runner(self, compile_dir: Path):

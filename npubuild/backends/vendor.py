@@ -389,6 +389,24 @@ class VendorBackend:
                  if ctx.recipe.verify.data else calibration_files(ctx.loaded))
         return graph_feeds(ctx, files, self.proof_samples)
 
+    def compile(self, ctx: StageContext) -> dict:
+        """Every NPU graph through the toolchain (`graph_compiler`), the backend file naming
+        what each deploys (`backend_entry`), and the stage's report (`stage_report`)."""
+        graphs = npu_graphs(ctx)
+        if not graphs:
+            return no_npu(ctx, self.name)
+        env = require_env(ctx, self.toolchain)
+        quantizers = self.quantizers(ctx)
+        calibration = calibration_feeds(ctx)
+        compare = self.compare_feeds(ctx)
+        compile_graph = self.graph_compiler(ctx)
+        results = {g.name: compile_graph(ctx, env, g, calibration[g.index], compare[g.index],
+                                         quantizers) for g in graphs}
+        write_backend_file(ctx.out, self.name, env, {
+            name: {"deployed": r["deployed"], **self.backend_entry(name, r)}
+            for name, r in results.items()})
+        return self.stage_report(ctx, env, results)
+
 
 class WorkerRunner:
     """A `Runner` backend keeping one toolchain worker per NPU graph (each in a scratch folder
