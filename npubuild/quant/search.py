@@ -24,6 +24,10 @@ The search, after int8 everywhere fails (read top to bottom):
 4. **Drop** the prefix's tensors the thresholds do not need, least important first, in blocks
    (a block that can go goes whole and the next is twice as long; one that cannot is halved).
 5. **Demote** float choices to int16 where int16 is enough.
+6. **Budget**: a choice that moves more than ``quantization.auto.max_cpu_share`` of the
+   model's work from the NPU to the CPU (MACs, `npubuild.split.cost`) is not adopted: the most
+   useful float blocks that fit the share are tried instead (then over int16 everywhere);
+   where they miss, int8 stays and the result says what would pass and at what share.
 
 Candidates are every quantized activation a layer rounds or a graph takes in, NPU inputs
 arriving from CPU segments included; a tensor that only moves data shares its source's
@@ -35,6 +39,7 @@ which the best choice found is kept and the report says so.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
@@ -43,6 +48,7 @@ import numpy as np
 
 from npubuild.quant import fakequant, quantizer
 from npubuild.quant.workflow import OverrideSpec, resolve_overrides
+from npubuild.split.cost import model_macs
 
 WIDE = ("int16", "float")
 FIRST_BLOCKS = 8
@@ -72,6 +78,7 @@ class SearchSpec:
     precision: str | None = None      # the one wide precision allowed (default: any the chip has)
     max_overrides: int | None = None
     min_cosine: float | None = None   # an extra bar on every output (all samples, worst sample)
+    max_cpu_share: float = 0.1        # of the model's work, movable from the NPU to the CPU
 
 
 @dataclass
@@ -84,6 +91,7 @@ class Scored:
     loads: np.ndarray      # per judged cosine: (1 - cosine) / (1 - its bar)
     failures: list[str]
     span_ratio: float = 1.0  # the channel closest to dying: deployed span / reference span
+    cpu_share: float = 0.0   # of the NPU graphs' work this choice moves to the CPU
 
     @property
     def wide(self) -> dict[str, str]:
@@ -146,6 +154,14 @@ class PrecisionSearch:
         self.pipeline = fakequant.FakeQuantPipeline(
             workflow.pipeline.split_dir, {i: (s.qgraph, s.fg) for i, s in self.states.items()})
         self.ranges: dict = {}
+        self.work = {i: {layer.name: s.fg.layer_work(layer) for layer in s.fg.layers}
+                     for i, s in self.states.items()}
+        # the whole model's work: NPU layers as the quantizer sees them, CPU submodels by the
+        # split's MAC estimate (a choice's cost is what it adds to what already runs there)
+        self.total_work = (sum(sum(w.values()) for w in self.work.values())
+                           + sum(model_macs(g.model) for g in workflow.pipeline.graphs
+                                 if not g.is_npu)) or 1
+        self.cpu_layers: dict[tuple, set[tuple[int, str]]] = {}
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
         self.candidates = self._candidates()
@@ -155,7 +171,7 @@ class PrecisionSearch:
     def _params(self, choice: Mapping[str, str]) -> dict[int, dict[str, np.ndarray]]:
         overrides = self._expanded(choice)
         base = list(self.workflow.options.overrides)
-        out = {}
+        out, cpu_layers = {}, set()
         for index, state in self.states.items():
             _, float_tensors, int16, _ = resolve_overrides([*base, *overrides], state.graph.model)
             config = replace(self.workflow.options.config, float_tensors=frozenset(float_tensors),
@@ -165,7 +181,18 @@ class PrecisionSearch:
                                               ranges=self.ranges).tensor_params()
             out[index] = fakequant.params_feed(self.pipeline.tensors(index), params,
                                                self.pipeline.layers(index), cpu)
+            cpu_layers.update((index, name) for name in cpu)
+        self.cpu_layers[tuple(sorted(choice.items()))] = cpu_layers
         return out
+
+    def cpu_share(self, choice: Mapping[str, str]) -> float:
+        """The share of the model's work ``choice`` moves from the NPU to the CPU (layers the
+        quantizer places there by itself, with int8 everywhere, are not counted)."""
+        for key in (tuple(sorted(choice.items())), ()):
+            if key not in self.cpu_layers:
+                self._params(dict(key))
+        moved = self.cpu_layers[tuple(sorted(choice.items()))] - self.cpu_layers[()]
+        return sum(self.work[i][name] for i, name in moved) / self.total_work
 
     def score(self, choice: Mapping[str, str], step: str = "", quick: bool = False) -> Scored:
         """verify's verdict on ``choice`` (cached); ``quick``: on the plain choice's worst
@@ -181,10 +208,11 @@ class PrecisionSearch:
             self._plain_verdict = verdict
         scored = Scored(key[0], verdict.passed and self._extra_bar(verdict) >= 0,
                         min(verdict.margin(), self._extra_bar(verdict)), loads(verdict),
-                        list(verdict.failures), span_ratio(verdict))
+                        list(verdict.failures), span_ratio(verdict), self.cpu_share(choice))
         self.cache[key] = scored
         self.steps.append({"step": step, "tensors": len(key[0]), "passed": scored.passed,
-                           "margin": round(scored.margin, 6)})
+                           "margin": round(scored.margin, 6),
+                           "cpu_share": round(scored.cpu_share, 6)})
         self.on_score(len(self.steps))
         return scored
 
@@ -268,9 +296,11 @@ class PrecisionSearch:
             if wide == "float" and "int16" in self.levels:
                 chosen = self._demote(chosen)
             best = self.score(chosen)
+            if not self.affordable(best):
+                return self._within_budget(plain, best, ranking)
             return self._result(plain, best, chosen, ranking)
         except OutOfTime:
-            done = [s for s in self.cache.values() if self.ok(s)]
+            done = [s for s in self.cache.values() if self.ok(s) and self.affordable(s)]
             if done:
                 best = min(done, key=lambda s: (len(s.choice), -s.margin))
             else:
@@ -284,6 +314,10 @@ class PrecisionSearch:
     def ok(self, scored: Scored) -> bool:
         return (scored.passed and scored.margin >= self.margin
                 and scored.span_ratio >= getattr(self, "span", 0.0))
+
+    def affordable(self, scored: Scored) -> bool:
+        """Whether ``scored`` keeps the CPU's share of the work within the budget."""
+        return scored.cpu_share <= self.spec.max_cpu_share + 1e-12
 
     def _choose_methods(self, plain: Scored) -> Scored:
         """Calibration methods by measurement (the recipe left ``calibration.method`` unset):
@@ -444,6 +478,44 @@ class PrecisionSearch:
             else:
                 start += 1
         return chosen
+
+    def _within_budget(self, plain: Scored, needed: Scored, ranking: list[dict]) -> SearchResult:
+        """The fewest-tensor choice moves more work to the CPU than the budget allows: the most
+        useful float blocks that fit it (over int16 everywhere where the chip has int16), then
+        the drop and demote passes; where that misses, int8 stays (a deployment that runs on
+        the CPU is not what the recipe asked for) and the note says what would pass."""
+        budget = self.spec.max_cpu_share
+        floats: dict[str, str] = {}
+        for block in ranking:
+            trial = {**floats, **{t: "float" for t in block["tensors"]}}
+            if self.cpu_share(trial) <= budget:
+                floats = trial
+        chosen = floats
+        within = self.score(chosen, "most useful float blocks within the CPU budget")
+        if not self.ok(within) and "int16" in self.levels:
+            chosen = {**{t: "int16" for t in self.candidates}, **floats}
+            within = self.score(chosen, "and int16 on every other candidate")
+        if self.ok(within):
+            chosen = self._drop(chosen, ranking)
+            if "int16" in self.levels:
+                chosen = self._demote(chosen)
+            return self._result(plain, self.score(chosen), chosen, ranking)
+        result = self._result(plain, plain, {}, ranking)
+        floats = sum(p == "float" for p in needed.wide.values())
+        result.best_reachable = {
+            "needed": {"passes": True, "tensors": len(needed.choice), "float_tensors": floats,
+                       "cpu_share": round(needed.cpu_share, 6), "margin": round(needed.margin, 6)},
+            "within_budget": {"passes": False, "tensors": len(within.choice),
+                              "cpu_share": round(within.cpu_share, 6),
+                              "margin": round(within.margin, 6)}}
+        result.note = (
+            f"verify's thresholds need {floats} tensor(s) in float on the CPU: "
+            f"{needed.cpu_share:.1%} of the model's work moved off the NPU "
+            f"(quantization.auto.max_cpu_share: "
+            f"{budget:g}); the best choice within that share misses (cosine margin "
+            f"{within.margin:+.4f}), so int8 stays. To accept the cost, set "
+            f"quantization.auto.max_cpu_share: {math.ceil(needed.cpu_share * 100) / 100:g}")
+        return result
 
     # ---- results ------------------------------------------------------------------------
 

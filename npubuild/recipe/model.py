@@ -326,6 +326,12 @@ class AutoPrecisionSpec(Strict):
         None, ge=1, description="At most this many tensors (default: no limit); when the "
                                 "thresholds need more, the most important ones are kept and "
                                 "the report says they were not reached.")
+    max_cpu_share: float = Field(
+        0.1, ge=0, le=1, description="At most this share of the model's work "
+        "(multiply-accumulates, one per element elsewhere) may move from the NPU to the CPU "
+        "in float. A "
+        "choice that needs more is not adopted: int8 stays, verify fails, and the report says "
+        "what would pass and at what share (set it to that share to accept the cost).")
 
 
 class QuantizationSpec(Strict):

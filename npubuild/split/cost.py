@@ -66,6 +66,17 @@ def node_macs(view: NodeView) -> int:
     return elements(out)
 
 
+def model_macs(model) -> int:
+    """Estimated multiply-accumulates of a whole model (`node_macs` over its nodes after shape
+    inference; nodes whose shapes stay unknown count 0)."""
+    from npubuild.split.plan import infer
+    from npubuild.targets.view import GraphFacts
+
+    inferred = infer(model)
+    facts = GraphFacts.from_model(inferred)
+    return sum(node_macs(NodeView(n, facts)) for n in inferred.graph.node)
+
+
 @dataclass(frozen=True)
 class IslandCost:
     macs: int

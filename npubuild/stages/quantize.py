@@ -90,7 +90,7 @@ def options(spec, chip) -> Options:
 def search_spec(spec, chip) -> SearchSpec:
     """``quantization.auto`` for the library."""
     return SearchSpec(spec.enabled, spec.seconds, spec.precision, spec.max_overrides,
-                      spec.min_cosine)
+                      spec.min_cosine, spec.max_cpu_share)
 
 
 def verify_samples(ctx, inputs) -> list:

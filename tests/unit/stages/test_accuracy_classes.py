@@ -15,6 +15,7 @@ segments after it, on every verify sample — keeps the tensor the class needs o
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import onnx
@@ -113,9 +114,12 @@ def test_a_power_spectrum_feeding_a_log_on_the_cpu(root):
 
 
 def unlike_branches() -> onnx.ModelProto:
-    """Three 1x1-conv branches whose outputs span 100, 1 and 0.01 → Concat → 1x1 conv head."""
+    """A 3x3-conv feature extractor (most of the work, as in a real network), then three
+    1x1-conv branches whose outputs span 100, 1 and 0.01 → Concat → 1x1 conv head."""
     net = Net(seed=2)
     x = net.input("x", [1, 4, 8, 8])
+    x = net.op("Relu", [net.conv(x, 4, 32, name="features0")], name="relu0")
+    x = net.conv(x, 32, 4, name="features1")
     branches = []
     for i, gain in enumerate((100.0, 1.0, 0.01)):
         w = net.init(f"b{i}.w", net.rng.normal(0, gain, (4, 4, 1, 1)).astype(np.float32))
@@ -131,6 +135,21 @@ def test_a_concat_of_branches_of_very_different_ranges(root):
     make = lambda rng: {"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)}  # noqa: E731
     found = searched(root, "concat", unlike_branches(), make, "{name: x, shape: [1, 4, 8, 8]}")
     assert "cat_out" in found, found
+
+
+def test_a_float_choice_over_the_cpu_budget_keeps_int8_and_names_the_share_that_would_pass(root):
+    make = lambda rng: {"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)}  # noqa: E731
+    inputs = "{name: x, shape: [1, 4, 8, 8]}"
+    report, search = build(root, "budget", unlike_branches(), make, inputs,
+                           quantization="  auto: {max_cpu_share: 0.01}\n")
+    assert not search["passed"] and search["chosen"] == []
+    needed = search["what_would_reach"]["needed"]
+    assert needed["passes"] and 0.01 < needed["cpu_share"] < 0.1
+    accept = f"{math.ceil(needed['cpu_share'] * 100) / 100:g}"
+    assert f"set quantization.auto.max_cpu_share: {accept}" in search["note"]
+    report, search = build(root, "accepted", unlike_branches(), make, inputs,
+                           quantization=f"  auto: {{max_cpu_share: {accept}}}\n")
+    assert search["passed"] and chosen(search) == {"cat_out"}
 
 
 def landmark_regressor() -> onnx.ModelProto:
