@@ -24,10 +24,11 @@ The search, after int8 everywhere fails (read top to bottom):
 4. **Drop** the prefix's tensors the thresholds do not need, least important first, in blocks
    (a block that can go goes whole and the next is twice as long; one that cannot is halved).
 5. **Demote** float choices to int16 where int16 is enough.
-6. **Budget**: a choice that moves more than ``quantization.auto.max_cpu_share`` of the
-   model's work from the NPU to the CPU (MACs, `npubuild.split.cost`) is not adopted: the most
-   useful float blocks that fit the share are tried instead (then over int16 everywhere);
-   where they miss, int8 stays and the result says what would pass and at what share.
+6. **Budget**: a choice whose float layers make the model slower than
+   ``quantization.auto.max_slowdown`` times int8's estimated time (MACs at the chip's and the
+   host's rates, `npubuild.split.cost`: the CPU is about a hundred times slower per MAC) is
+   not adopted: the most useful float blocks that fit are tried instead (then over int16
+   everywhere); where they miss, int8 stays and the result says what would pass and its cost.
 
 Candidates are every quantized activation a layer rounds or a graph takes in, NPU inputs
 arriving from CPU segments included; a tensor that only moves data shares its source's
@@ -48,7 +49,7 @@ import numpy as np
 
 from npubuild.quant import fakequant, quantizer
 from npubuild.quant.workflow import OverrideSpec, resolve_overrides
-from npubuild.split.cost import model_macs
+from npubuild.split.cost import CPU_MACS_PER_SECOND, model_macs
 
 WIDE = ("int16", "float")
 FIRST_BLOCKS = 8
@@ -78,7 +79,7 @@ class SearchSpec:
     precision: str | None = None      # the one wide precision allowed (default: any the chip has)
     max_overrides: int | None = None
     min_cosine: float | None = None   # an extra bar on every output (all samples, worst sample)
-    max_cpu_share: float = 0.1        # of the model's work, movable from the NPU to the CPU
+    max_slowdown: float = 2.0         # estimated time with the choice's float layers / int8's
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Scored:
     loads: np.ndarray      # per judged cosine: (1 - cosine) / (1 - its bar)
     failures: list[str]
     span_ratio: float = 1.0  # the channel closest to dying: deployed span / reference span
-    cpu_share: float = 0.0   # of the NPU graphs' work this choice moves to the CPU
+    slowdown: float = 1.0    # estimated time with this choice's CPU layers / int8's
 
     @property
     def wide(self) -> dict[str, str]:
@@ -137,6 +138,7 @@ class PrecisionSearch:
                  judge: Callable[[list[dict]], object], kept: Sequence[str], spec: SearchSpec,
                  *, chip_int16: bool, float_fallback: bool = True, choose_methods: bool = False,
                  choose_scheme: bool = False,
+                 npu_macs_per_second: float = float("inf"),
                  clock: Callable[[], float] = time.monotonic,
                  on_score: Callable[[int], None] = lambda count: None):
         self.workflow, self.samples, self.judge = workflow, list(samples), judge
@@ -156,11 +158,10 @@ class PrecisionSearch:
         self.ranges: dict = {}
         self.work = {i: {layer.name: s.fg.layer_work(layer) for layer in s.fg.layers}
                      for i, s in self.states.items()}
-        # the whole model's work: NPU layers as the quantizer sees them, CPU submodels by the
-        # split's MAC estimate (a choice's cost is what it adds to what already runs there)
-        self.total_work = (sum(sum(w.values()) for w in self.work.values())
-                           + sum(model_macs(g.model) for g in workflow.pipeline.graphs
-                                 if not g.is_npu)) or 1
+        # time per unit of work on each side; CPU submodels by the split's MAC estimate
+        self.npu_seconds, self.cpu_seconds = 1.0 / npu_macs_per_second, 1.0 / CPU_MACS_PER_SECOND
+        self.npu_work = sum(sum(w.values()) for w in self.work.values())
+        self.cpu_work = sum(model_macs(g.model) for g in workflow.pipeline.graphs if not g.is_npu)
         self.cpu_layers: dict[tuple, set[tuple[int, str]]] = {}
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
@@ -185,14 +186,19 @@ class PrecisionSearch:
         self.cpu_layers[tuple(sorted(choice.items()))] = cpu_layers
         return out
 
-    def cpu_share(self, choice: Mapping[str, str]) -> float:
-        """The share of the model's work ``choice`` moves from the NPU to the CPU (layers the
-        quantizer places there by itself, with int8 everywhere, are not counted)."""
+    def slowdown(self, choice: Mapping[str, str]) -> float:
+        """The model's estimated time with ``choice``'s CPU layers over its time in int8
+        (whose own CPU layers, the quantizer's placement, count on the CPU in both)."""
         for key in (tuple(sorted(choice.items())), ()):
             if key not in self.cpu_layers:
                 self._params(dict(key))
-        moved = self.cpu_layers[tuple(sorted(choice.items()))] - self.cpu_layers[()]
-        return sum(self.work[i][name] for i, name in moved) / self.total_work
+        work = lambda layers: sum(self.work[i][name] for i, name in layers)  # noqa: E731
+        on_cpu = work(self.cpu_layers[()])
+        moved = work(self.cpu_layers[tuple(sorted(choice.items()))] - self.cpu_layers[()])
+        plain = ((self.npu_work - on_cpu) * self.npu_seconds
+                 + (self.cpu_work + on_cpu) * self.cpu_seconds)
+        extra = moved * (self.cpu_seconds - self.npu_seconds)
+        return 1.0 + extra / plain if plain > 0 else (1.0 if extra <= 0 else math.inf)
 
     def score(self, choice: Mapping[str, str], step: str = "", quick: bool = False) -> Scored:
         """verify's verdict on ``choice`` (cached); ``quick``: on the plain choice's worst
@@ -208,11 +214,11 @@ class PrecisionSearch:
             self._plain_verdict = verdict
         scored = Scored(key[0], verdict.passed and self._extra_bar(verdict) >= 0,
                         min(verdict.margin(), self._extra_bar(verdict)), loads(verdict),
-                        list(verdict.failures), span_ratio(verdict), self.cpu_share(choice))
+                        list(verdict.failures), span_ratio(verdict), self.slowdown(choice))
         self.cache[key] = scored
         self.steps.append({"step": step, "tensors": len(key[0]), "passed": scored.passed,
                            "margin": round(scored.margin, 6),
-                           "cpu_share": round(scored.cpu_share, 6)})
+                           "slowdown": round(scored.slowdown, 3)})
         self.on_score(len(self.steps))
         return scored
 
@@ -316,8 +322,8 @@ class PrecisionSearch:
                 and scored.span_ratio >= getattr(self, "span", 0.0))
 
     def affordable(self, scored: Scored) -> bool:
-        """Whether ``scored`` keeps the CPU's share of the work within the budget."""
-        return scored.cpu_share <= self.spec.max_cpu_share + 1e-12
+        """Whether ``scored``'s float layers keep the model within the slowdown budget."""
+        return scored.slowdown <= self.spec.max_slowdown * (1 + 1e-9)
 
     def _choose_methods(self, plain: Scored) -> Scored:
         """Calibration methods by measurement (the recipe left ``calibration.method`` unset):
@@ -484,14 +490,14 @@ class PrecisionSearch:
         useful float blocks that fit it (over int16 everywhere where the chip has int16), then
         the drop and demote passes; where that misses, int8 stays (a deployment that runs on
         the CPU is not what the recipe asked for) and the note says what would pass."""
-        budget = self.spec.max_cpu_share
+        budget = self.spec.max_slowdown
         floats: dict[str, str] = {}
         for block in ranking:
             trial = {**floats, **{t: "float" for t in block["tensors"]}}
-            if self.cpu_share(trial) <= budget:
+            if self.slowdown(trial) <= budget * (1 + 1e-9):
                 floats = trial
         chosen = floats
-        within = self.score(chosen, "most useful float blocks within the CPU budget")
+        within = self.score(chosen, "most useful float blocks within the slowdown budget")
         if not self.ok(within) and "int16" in self.levels:
             chosen = {**{t: "int16" for t in self.candidates}, **floats}
             within = self.score(chosen, "and int16 on every other candidate")
@@ -502,19 +508,20 @@ class PrecisionSearch:
             return self._result(plain, self.score(chosen), chosen, ranking)
         result = self._result(plain, plain, {}, ranking)
         floats = sum(p == "float" for p in needed.wide.values())
+        accept = math.ceil(needed.slowdown * 10) / 10
         result.best_reachable = {
             "needed": {"passes": True, "tensors": len(needed.choice), "float_tensors": floats,
-                       "cpu_share": round(needed.cpu_share, 6), "margin": round(needed.margin, 6)},
+                       "slowdown": round(needed.slowdown, 3), "margin": round(needed.margin, 6),
+                       "max_slowdown_to_accept": accept},
             "within_budget": {"passes": False, "tensors": len(within.choice),
-                              "cpu_share": round(within.cpu_share, 6),
+                              "slowdown": round(within.slowdown, 3),
                               "margin": round(within.margin, 6)}}
         result.note = (
-            f"verify's thresholds need {floats} tensor(s) in float on the CPU: "
-            f"{needed.cpu_share:.1%} of the model's work moved off the NPU "
-            f"(quantization.auto.max_cpu_share: "
-            f"{budget:g}); the best choice within that share misses (cosine margin "
-            f"{within.margin:+.4f}), so int8 stays. To accept the cost, set "
-            f"quantization.auto.max_cpu_share: {math.ceil(needed.cpu_share * 100) / 100:g}")
+            f"verify's thresholds need {floats} tensor(s) in float on the CPU, which makes the "
+            f"model an estimated {needed.slowdown:.3g}x slower than in int8 "
+            f"(quantization.auto.max_slowdown: {budget:g}); the best choice within that misses "
+            f"(cosine margin {within.margin:+.4f}), so int8 stays. To accept the cost, set "
+            f"quantization.auto.max_slowdown: {accept:g}")
         return result
 
     # ---- results ------------------------------------------------------------------------

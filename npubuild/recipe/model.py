@@ -326,12 +326,12 @@ class AutoPrecisionSpec(Strict):
         None, ge=1, description="At most this many tensors (default: no limit); when the "
                                 "thresholds need more, the most important ones are kept and "
                                 "the report says they were not reached.")
-    max_cpu_share: float = Field(
-        0.1, ge=0, le=1, description="At most this share of the model's work "
-        "(multiply-accumulates, one per element elsewhere) may move from the NPU to the CPU "
-        "in float. A "
-        "choice that needs more is not adopted: int8 stays, verify fails, and the report says "
-        "what would pass and at what share (set it to that share to accept the cost).")
+    max_slowdown: float = Field(
+        2.0, ge=1, description="The search may make the model at most this many times slower "
+        "than int8, estimated from the MACs its float layers move to the CPU (about a hundred "
+        "times slower per MAC than the NPU). A choice that needs more is not adopted: int8 "
+        "stays, verify fails, and the report says what would pass and its slowdown (set this "
+        "to that figure to accept the cost).")
 
 
 class QuantizationSpec(Strict):

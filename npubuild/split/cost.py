@@ -101,9 +101,14 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.3g} µs"
 
 
+def npu_macs_per_second(chip: Chip) -> float:
+    """The MAC rate a typical layer sustains on ``chip`` (its peak × `NPU_UTILISATION`)."""
+    return chip.lanes * chip.macs_per_cycle_per_lane * chip.clock_mhz * 1e6 * NPU_UTILISATION
+
+
 def island_cost(chip: Chip, macs: int, boundary_elements: list[int]) -> IslandCost:
     clock = chip.clock_mhz * 1e6
-    npu_rate = chip.lanes * chip.macs_per_cycle_per_lane * clock * NPU_UTILISATION
+    npu_rate = npu_macs_per_second(chip)
     moved = sum(boundary_elements) * BOUNDARY_BYTES
     move = moved / (chip.gmem_bandwidth_bytes_per_cycle * clock) + SWITCH_SECONDS
     return IslandCost(macs, len(boundary_elements), moved, macs / npu_rate,

@@ -36,6 +36,7 @@ from npubuild.quant.pipeline import SplitPipeline
 from npubuild.quant.quantizer import QuantConfig
 from npubuild.quant.search import PrecisionSearch, SearchSpec
 from npubuild.quant.workflow import Options, OverrideSpec, Workflow
+from npubuild.split.cost import npu_macs_per_second
 from npubuild.stages import StageContext
 from npubuild.stages.files import CALIBRATION_FIELD, calibration_files, verify_files
 from npubuild.verify.verdict import SampleJudge, check_names
@@ -90,7 +91,7 @@ def options(spec, chip) -> Options:
 def search_spec(spec, chip) -> SearchSpec:
     """``quantization.auto`` for the library."""
     return SearchSpec(spec.enabled, spec.seconds, spec.precision, spec.max_overrides,
-                      spec.min_cosine, spec.max_cpu_share)
+                      spec.min_cosine, spec.max_slowdown)
 
 
 def verify_samples(ctx, inputs) -> list:
@@ -181,6 +182,7 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
     search = PrecisionSearch(workflow, samples, judge, judge.kept, search_spec(spec.auto, chip),
                              chip_int16=bool(chip and chip.int16),
                              float_fallback=bool(chip is None or chip.float_fallback),
+                             npu_macs_per_second=npu_macs_per_second(chip) if chip else float("inf"),
                              choose_methods=spec.calibration.method is None,
                              choose_scheme=spec.scheme is None,
                              on_score=lambda count: next(ticks))

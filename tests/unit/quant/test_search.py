@@ -20,9 +20,9 @@ class Synthetic(PrecisionSearch):
     nothing from int16."""
 
     def __init__(self, cost: dict[str, float], *, levels=("int16", "float"), needs_float=(),
-                 seconds=600.0, clock=None, work=None, max_cpu_share=0.1):
-        self.spec = SearchSpec(seconds=seconds, max_cpu_share=max_cpu_share)
-        self.work = work or {}  # tensor -> its share of the work, when it goes to the CPU
+                 seconds=600.0, clock=None, work=None, max_slowdown=2.0):
+        self.spec = SearchSpec(seconds=seconds, max_slowdown=max_slowdown)
+        self.work = work or {}  # tensor -> the time it adds on the CPU, as a share of int8's
         self.levels = list(levels)
         self.clock = clock or itertools.count().__next__
         self.started = self.clock()
@@ -48,12 +48,12 @@ class Synthetic(PrecisionSearch):
                           if choice.get(t) not in ("int16", "float")
                           or (t in self.needs_float and choice.get(t) != "float"))
         scored = Scored(key[0], load <= 1.0, 0.01 * (1.0 - load), np.array([load]), [],
-                        cpu_share=self.cpu_share(choice))
+                        slowdown=self.slowdown(choice))
         self.cache[key] = scored
         return scored
 
-    def cpu_share(self, choice):
-        return sum(self.work.get(t, 0.0) for t, p in choice.items() if p == "float")
+    def slowdown(self, choice):
+        return 1.0 + sum(self.work.get(t, 0.0) for t, p in choice.items() if p == "float")
 
 
 def test_a_few_heavy_tensors_among_many_are_found_and_only_they_are_kept():
@@ -93,37 +93,38 @@ def test_nothing_the_chip_allows_reaches_the_bar_and_the_result_says_what_would(
     assert "float on every candidate tensor would pass" in result.note
 
 
-def test_a_float_choice_over_the_cpu_budget_is_not_adopted_and_the_note_says_what_would_pass():
+def test_a_float_choice_over_the_slowdown_budget_is_not_adopted_and_the_note_says_what_would_pass():
     cost = {t: 0.0 for t in TENSORS}
     heavy = [f"t{i}" for i in range(10, 30)]
     cost.update({t: 0.06 for t in heavy})  # int8: 1.22; float on 4+ of them passes
-    work = {t: 0.05 for t in TENSORS}
+    work = {t: 0.5 for t in TENSORS}       # each in float adds half of int8's time
     search = Synthetic(cost, levels=("float",), needs_float=heavy, work=work)
     result = search.run()
     assert not result.reached and result.chosen == {}
     needed = result.best_reachable["needed"]
-    assert needed["passes"] and needed["cpu_share"] > 0.1
-    assert result.best_reachable["within_budget"]["cpu_share"] <= 0.1
-    assert "quantization.auto.max_cpu_share: 0.1" in result.note
-    assert f"set quantization.auto.max_cpu_share: {needed['cpu_share']:g}" in result.note
+    assert needed["passes"] and needed["slowdown"] > 2.0
+    assert result.best_reachable["within_budget"]["slowdown"] <= 2.0
+    assert "quantization.auto.max_slowdown: 2)" in result.note
+    accept = needed["max_slowdown_to_accept"]
+    assert accept >= needed["slowdown"] and f"set quantization.auto.max_slowdown: {accept:g}" in result.note
 
     accepted = Synthetic(cost, levels=("float",), needs_float=heavy, work=work,
-                         max_cpu_share=needed["cpu_share"]).run()
+                         max_slowdown=accept).run()
     assert accepted.reached and len(accepted.chosen) == needed["float_tensors"]
 
 
-def test_over_the_cpu_budget_more_but_cheaper_float_tensors_are_chosen_instead():
+def test_over_the_slowdown_budget_more_but_cheaper_float_tensors_are_chosen_instead():
     cost = {t: 0.0 for t in TENSORS}
     cheap = [f"t{i}" for i in range(40, 48)]
     cost.update({"t7": 0.9, **{t: 0.15 for t in cheap}})  # int8: 2.12
-    work = {"t7": 0.4, **{t: 0.01 for t in cheap}}
-    # fewest tensors: t7 and two cheap ones (42 % of the work); within 10 %: all eight cheap
+    work = {"t7": 4.0, **{t: 0.1 for t in cheap}}
+    # fewest tensors: t7 and two cheap ones (5.2x int8's time); within 2x: all eight cheap
     search = Synthetic(cost, needs_float=["t7", *cheap], work=work)
     result = search.run()
     assert result.reached
     floats = {t for t, p in result.chosen.items() if p == "float"}
     assert set(cheap) <= floats and "t7" not in floats
-    assert search.cpu_share(result.chosen) <= 0.1
+    assert search.slowdown(result.chosen) <= 2.0
 
 
 def test_the_time_budget_stops_the_search_with_the_best_passing_choice():

@@ -15,7 +15,6 @@ segments after it, on every verify sample — keeps the tensor the class needs o
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import onnx
@@ -65,10 +64,11 @@ def chosen(search: dict) -> set[str]:
     return {c["tensor"] for c in search.get("chosen", [])}
 
 
-def searched(root, name: str, model: onnx.ModelProto, make, inputs: str) -> set[str]:
+def searched(root, name: str, model: onnx.ModelProto, make, inputs: str,
+             quantization: str = "") -> set[str]:
     """``build``, checking int8 alone misses verify's bar and the search reaches it: the
     tensors the search kept out of int8."""
-    report, search = build(root, name, model, make, inputs)
+    report, search = build(root, name, model, make, inputs, quantization)
     assert not report["quantization"]["int8_verdict"]["passed"]
     assert search["passed"] and search["chosen"], search
     return chosen(search)
@@ -132,23 +132,27 @@ def unlike_branches() -> onnx.ModelProto:
 
 
 def test_a_concat_of_branches_of_very_different_ranges(root):
+    """The fix is the concat and the layers around it in float (the head reads 100 and 0.01
+    at once): about 19x int8's time on a model this small, accepted here; the next test shows
+    the default budget refusing it."""
     make = lambda rng: {"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)}  # noqa: E731
-    found = searched(root, "concat", unlike_branches(), make, "{name: x, shape: [1, 4, 8, 8]}")
+    found = searched(root, "concat", unlike_branches(), make, "{name: x, shape: [1, 4, 8, 8]}",
+                     quantization="  auto: {max_slowdown: 100}\n")
     assert "cat_out" in found, found
 
 
-def test_a_float_choice_over_the_cpu_budget_keeps_int8_and_names_the_share_that_would_pass(root):
+def test_a_float_choice_over_the_slowdown_budget_keeps_int8_and_says_what_would_pass(root):
     make = lambda rng: {"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)}  # noqa: E731
     inputs = "{name: x, shape: [1, 4, 8, 8]}"
-    report, search = build(root, "budget", unlike_branches(), make, inputs,
-                           quantization="  auto: {max_cpu_share: 0.01}\n")
+    report, search = build(root, "budget", unlike_branches(), make, inputs)  # as a user writes it
     assert not search["passed"] and search["chosen"] == []
     needed = search["what_would_reach"]["needed"]
-    assert needed["passes"] and 0.01 < needed["cpu_share"] < 0.1
-    accept = f"{math.ceil(needed['cpu_share'] * 100) / 100:g}"
-    assert f"set quantization.auto.max_cpu_share: {accept}" in search["note"]
+    accept = needed["max_slowdown_to_accept"]
+    assert needed["passes"] and 2 < needed["slowdown"] <= accept
+    assert "quantization.auto.max_slowdown: 2)" in search["note"]
+    assert f"set quantization.auto.max_slowdown: {accept:g}" in search["note"]
     report, search = build(root, "accepted", unlike_branches(), make, inputs,
-                           quantization=f"  auto: {{max_cpu_share: {accept}}}\n")
+                           quantization=f"  auto: {{max_slowdown: {accept}}}\n")
     assert search["passed"] and chosen(search) == {"cat_out"}
 
 
