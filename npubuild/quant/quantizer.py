@@ -87,6 +87,12 @@ class TensorRecord:
         return out
 
 
+def moved_by_float(layer: FLayer, float_tensors) -> bool:
+    """Whether ``layer`` goes to the CPU because it reads or writes a tensor kept in float
+    (a quantization override or the precision search's choice)."""
+    return layer.kind != "float" and not float_tensors.isdisjoint([*layer.inputs, *layer.outputs])
+
+
 @dataclass
 class Quantizer:
     fg: FloatGraph
@@ -134,8 +140,7 @@ class Quantizer:
     # ---- placement and types ----------------------------------------------------------
 
     def _placed(self, layer: FLayer) -> FLayer:
-        touched = set(layer.inputs) | set(layer.outputs)
-        if layer.kind != "float" and touched & self.config.float_tensors:
+        if moved_by_float(layer, self.config.float_tensors):
             return replace(layer, kind="float", inputs=[t for t in layer.inputs
                                                           if t not in self.fg.constants],
                            reason="touches a tensor kept in float by a quantization override")

@@ -162,7 +162,7 @@ class PrecisionSearch:
         self.npu_seconds, self.cpu_seconds = 1.0 / npu_macs_per_second, 1.0 / CPU_MACS_PER_SECOND
         self.npu_work = sum(sum(w.values()) for w in self.work.values())
         self.cpu_work = sum(model_macs(g.model) for g in workflow.pipeline.graphs if not g.is_npu)
-        self.cpu_layers: dict[tuple, set[tuple[int, str]]] = {}
+        self.moves: dict[str, frozenset[tuple[int, str]]] = {}  # root -> layers its float moves
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
         self.candidates = self._candidates()
@@ -172,7 +172,7 @@ class PrecisionSearch:
     def _params(self, choice: Mapping[str, str]) -> dict[int, dict[str, np.ndarray]]:
         overrides = self._expanded(choice)
         base = list(self.workflow.options.overrides)
-        out, cpu_layers = {}, set()
+        out = {}
         for index, state in self.states.items():
             _, float_tensors, int16, _ = resolve_overrides([*base, *overrides], state.graph.model)
             config = replace(self.workflow.options.config, float_tensors=frozenset(float_tensors),
@@ -182,19 +182,31 @@ class PrecisionSearch:
                                               ranges=self.ranges).tensor_params()
             out[index] = fakequant.params_feed(self.pipeline.tensors(index), params,
                                                self.pipeline.layers(index), cpu)
-            cpu_layers.update((index, name) for name in cpu)
-        self.cpu_layers[tuple(sorted(choice.items()))] = cpu_layers
         return out
+
+    def _moved_by(self, tensors: set[str]) -> frozenset[tuple[int, str]]:
+        """The (graph, layer) pairs that go to the CPU when ``tensors`` stay in float."""
+        return frozenset((i, layer.name) for i, s in self.states.items() for layer in s.fg.layers
+                         if quantizer.moved_by_float(layer, tensors))
+
+    def _root_moves(self, root: str) -> frozenset[tuple[int, str]]:
+        if root not in self.moves:
+            self.moves[root] = self._moved_by(set(self.members.get(root, [root])))
+        return self.moves[root]
 
     def slowdown(self, choice: Mapping[str, str]) -> float:
         """The model's estimated time with ``choice``'s CPU layers over its time in int8
         (whose own CPU layers, the quantizer's placement, count on the CPU in both)."""
-        for key in (tuple(sorted(choice.items())), ()):
-            if key not in self.cpu_layers:
-                self._params(dict(key))
+        if not hasattr(self, "_plain_moves"):  # the recipe's own float overrides
+            floats = {t for ov in self.workflow.options.overrides if ov.precision == "float"
+                      for t in ov.tensors}
+            self._plain_moves = self._moved_by(floats) | {
+                (i, layer.name) for i, s in self.states.items() for layer in s.fg.layers
+                if layer.kind == "float"}
+        moved_layers = set().union(*(self._root_moves(t) for t, p in choice.items()
+                                     if p == "float")) - self._plain_moves
         work = lambda layers: sum(self.work[i][name] for i, name in layers)  # noqa: E731
-        on_cpu = work(self.cpu_layers[()])
-        moved = work(self.cpu_layers[tuple(sorted(choice.items()))] - self.cpu_layers[()])
+        on_cpu, moved = work(self._plain_moves), work(moved_layers)
         plain = ((self.npu_work - on_cpu) * self.npu_seconds
                  + (self.cpu_work + on_cpu) * self.cpu_seconds)
         extra = moved * (self.cpu_seconds - self.npu_seconds)
@@ -492,10 +504,14 @@ class PrecisionSearch:
         the CPU is not what the recipe asked for) and the note says what would pass."""
         budget = self.spec.max_slowdown
         floats: dict[str, str] = {}
-        for block in ranking:
-            trial = {**floats, **{t: "float" for t in block["tensors"]}}
+        blocks = [b["tensors"] for b in ranking]
+        while blocks:  # a block that does not fit is halved: its cheap tensors may
+            block = blocks.pop(0)
+            trial = {**floats, **{t: "float" for t in block}}
             if self.slowdown(trial) <= budget * (1 + 1e-9):
                 floats = trial
+            elif len(block) > 1:
+                blocks[:0] = [block[:len(block) // 2], block[len(block) // 2:]]
         chosen = floats
         within = self.score(chosen, "most useful float blocks within the slowdown budget")
         if not self.ok(within) and "int16" in self.levels:
