@@ -25,9 +25,10 @@ Layout = Literal["NCHW", "NHWC", "NC", "NCW", "NWC", "any"]
 
 # strict: YAML has real types, so "7" is not a count and `true` is not 1; no NaN or infinity
 # (a NaN threshold compares false and would switch its check off)
-# A docstring under a field is its description in the JSON Schema (what editors show).
-STRICT_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False,
-                           use_attribute_docstrings=True)
+# A docstring under a field is its description in the JSON Schema (what editors show), read
+# when the schema is generated (`npubuild.schemas.docstrings`), not while every process builds
+# the models.
+STRICT_CONFIG = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 MAX_DIM = 2**31 - 1
 MAX_ELEMENTS = 2**28  # 1 GiB of float32 per input tensor: beyond it a sample cannot be held
 
@@ -560,6 +561,9 @@ class Recipe(Strict):
 
 
 def recipe_json_schema() -> dict:
+    from npubuild.schemas.docstrings import describe
+
+    describe(Recipe)
     schema = Recipe.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "npubuild recipe"

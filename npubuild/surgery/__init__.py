@@ -22,7 +22,7 @@ from npubuild.registry import Registry
 class StepArgs(BaseModel):
     """Arguments every rewrite step accepts."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")  # docstrings: `npubuild.schemas.docstrings`
 
     tolerance: float | None = Field(
         default=None, gt=0,

@@ -141,7 +141,7 @@ def set_attribute(model: onnx.ModelProto, args: SetAttributeArgs) -> onnx.ModelP
 class ConstantInput(BaseModel):
     """A constant input written in the recipe."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid")  # docstrings: `npubuild.schemas.docstrings`
 
     value: float | int | list[Any] = Field(description="A number or a nested list.")
     dtype: Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"] = "float32"

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class Strict(BaseModel):
-    # A docstring under a field is its description in the JSON Schema (what editors show).
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    # A docstring under a field is its description in the JSON Schema (what editors show), read
+    # when the schema is generated (`npubuild.schemas.docstrings`).
+    model_config = ConfigDict(extra="forbid")
 
 
 class OpSupport(Strict):
@@ -191,6 +192,9 @@ class Chip(Strict):
 
 
 def chip_json_schema() -> dict:
+    from npubuild.schemas.docstrings import describe
+
+    describe(Chip)
     schema = Chip.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "npubuild target chip"
