@@ -1,0 +1,65 @@
+"""The fake-quant model (`npubuild.quant.fakequant`): a tensor switched on is quantized with
+the parameters fed in, one switched off passes through untouched, whatever its values."""
+
+import numpy as np
+from onnx import helper
+
+from npubuild import onnx_io
+from npubuild.quant import calibrate, fakequant, quantizer
+from npubuild.quant.lower import lower
+from tests.unit.quant.helpers import model, samples
+
+RNG = np.random.default_rng(3)
+CONV = model([helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", ["c"], ["y"])],
+             {"x": [1, 2, 5, 5]}, {"y": [1, 3, 5, 5]},
+             {"w": RNG.normal(0, 0.5, (3, 2, 3, 3)), "b": RNG.normal(0, 0.1, 3)})
+CONV_ONLY = model([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                  {"x": [1, 2, 5, 5]}, {"y": [1, 3, 5, 5]},
+                  {"w": RNG.normal(0, 0.5, (3, 2, 3, 3)), "b": RNG.normal(0, 0.1, 3)})
+
+
+def fake_quant_session(m, scheme="asymmetric"):
+    feeds = samples({"x": [1, 2, 5, 5]}, n=4)
+    fg, probe = lower(m)
+    stats = calibrate.observe(fg, probe, feeds, "minmax")
+    config = quantizer.QuantConfig(scheme=scheme, granularity="per_tensor", method="minmax")
+    q = quantizer.Quantizer(fg, stats, config)
+    qg = q.run("g")
+    params, cpu = quantizer.Quantizer(fg, stats, config).tensor_params()
+    exported, tensors, layers = fakequant.export_fake_quant(qg, fg)
+    return onnx_io.session(exported), tensors, layers, params, cpu, qg, feeds
+
+
+def test_a_tensor_switched_on_lands_on_its_quantization_grid():
+    session, tensors, layers, params, cpu, _, feeds = fake_quant_session(CONV)
+    out = params["y"]
+    for feed in feeds:
+        run = {**feed, **fakequant.params_feed(tensors, params, layers, cpu)}
+        y = session.run(["y"], run)[0]
+        levels = y / np.float32(out.scale) + out.zero_point  # within float rounding of integers
+        assert np.allclose(levels, np.round(levels), atol=1e-3)
+        assert levels.min() >= out.qmin - 1e-3 and levels.max() <= out.qmax + 1e-3
+        assert len(np.unique(np.round(levels))) > 4  # not everything clipped to one level
+
+
+def test_every_tensor_switched_off_and_every_layer_on_the_cpu_is_the_float_model():
+    session, tensors, layers, params, _, _, feeds = fake_quant_session(CONV)
+    float_session = onnx_io.session(CONV)
+    for feed in feeds:
+        off = fakequant.params_feed(tensors, {}, layers, set(layers))
+        got = session.run(["y"], {**feed, **off})[0]
+        np.testing.assert_allclose(got, onnx_io.run(float_session, feed)["y"], rtol=1e-6,
+                                   atol=1e-6)
+
+
+def test_a_value_switched_off_passes_through_even_when_infinite():
+    session, tensors, layers, params, cpu, _, _ = fake_quant_session(CONV_ONLY)
+    x = samples({"x": [1, 2, 5, 5]}, n=1)[0]["x"]
+    x[0, 0, 2, 2], x[0, 1, 0, 0] = np.inf, -np.inf
+    off = fakequant.params_feed(tensors, {}, layers, set(layers))
+    want = onnx_io.run(onnx_io.session(CONV_ONLY), {"x": x})["y"]
+    assert not np.isfinite(want).all()
+    np.testing.assert_array_equal(session.run(["y"], {"x": x, **off})[0], want)
+    on = fakequant.params_feed(tensors, params, layers, cpu)
+    assert np.isfinite(session.run(["y"], {"x": x, **on})[0]).all()  # clipped to the range
