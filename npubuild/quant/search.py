@@ -48,7 +48,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from npubuild.quant import fakequant, quantizer
-from npubuild.quant.workflow import OverrideSpec, resolve_overrides
+from npubuild.quant.workflow import OverrideSpec, resolve_overrides, tensor_names
 from npubuild.split.cost import CPU_MACS_PER_SECOND, model_macs
 
 WIDE = ("int16", "float")
@@ -163,6 +163,8 @@ class PrecisionSearch:
         self.npu_work = sum(sum(w.values()) for w in self.work.values())
         self.cpu_work = sum(model_macs(g.model) for g in workflow.pipeline.graphs if not g.is_npu)
         self.moves: dict[str, frozenset[tuple[int, str]]] = {}  # root -> layers its float moves
+        self.names: dict[int, set[str]] = {}
+        self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # (graph, its own choice, ...)
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
         self.candidates = self._candidates()
@@ -170,19 +172,30 @@ class PrecisionSearch:
     # ---- scoring ------------------------------------------------------------------------
 
     def _params(self, choice: Mapping[str, str]) -> dict[int, dict[str, np.ndarray]]:
+        """Each NPU graph's parameter inputs under ``choice``; a graph whose own tensors the
+        choice leaves as an earlier one did reuses that one's (computed once per graph)."""
         overrides = self._expanded(choice)
-        base = list(self.workflow.options.overrides)
         out = {}
         for index, state in self.states.items():
-            _, float_tensors, int16, _ = resolve_overrides([*base, *overrides], state.graph.model)
-            config = replace(self.workflow.options.config, float_tensors=frozenset(float_tensors),
-                             int16_tensors=frozenset(int16), method=self.method,
-                             tensor_methods=self.methods, scheme=self.scheme)
-            params, cpu = quantizer.Quantizer(state.fg, state.observer.stats, config,
-                                              ranges=self.ranges).tensor_params()
-            out[index] = fakequant.params_feed(self.pipeline.tensors(index), params,
-                                               self.pipeline.layers(index), cpu)
+            names = self.names.setdefault(index, tensor_names(state.graph.model))
+            own = tuple(sorted({(o.tensors[0], o.precision) for o in overrides
+                                if o.tensors[0] in names}))
+            key = (index, own, self.method, self.methods, self.scheme)
+            if key not in self.feeds:
+                self.feeds[key] = self._graph_params(index, state, overrides)
+            out[index] = self.feeds[key]
         return out
+
+    def _graph_params(self, index: int, state, overrides: list[OverrideSpec]) -> dict:
+        base = list(self.workflow.options.overrides)
+        _, float_tensors, int16, _ = resolve_overrides([*base, *overrides], state.graph.model)
+        config = replace(self.workflow.options.config, float_tensors=frozenset(float_tensors),
+                         int16_tensors=frozenset(int16), method=self.method,
+                         tensor_methods=self.methods, scheme=self.scheme)
+        params, cpu = quantizer.Quantizer(state.fg, state.observer.stats, config,
+                                          ranges=self.ranges).tensor_params()
+        return fakequant.params_feed(self.pipeline.tensors(index), params,
+                                     self.pipeline.layers(index), cpu)
 
     def _moved_by(self, tensors: set[str]) -> frozenset[tuple[int, str]]:
         """The (graph, layer) pairs that go to the CPU when ``tensors`` stay in float."""

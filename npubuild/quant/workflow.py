@@ -73,10 +73,17 @@ def _no_progress(items, total=None, description=""):
     yield from items
 
 
+def tensor_names(model) -> set[str]:
+    """The tensors a tensor override may name in one submodel: its nodes' outputs and its
+    inputs."""
+    return {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+
+
 def resolve_overrides(overrides: Sequence[OverrideSpec], model
                       ) -> tuple[set[str], set[str], set[str], list[str]]:
     """float nodes, float tensors, int16 tensors of one submodel, and the names it matched."""
     nodes = {n.name: n for n in model.graph.node}
+    produced = tensor_names(model)
     float_nodes, float_tensors, int16 = set(), set(), set()
     matched = []
     for ov in overrides:
@@ -90,9 +97,7 @@ def resolve_overrides(overrides: Sequence[OverrideSpec], model
                 int16.update(o for o in nodes[name].output if o)
                 int16.update(i for i in nodes[name].input if i)
         for name in ov.tensors:
-            produced = any(name in n.output for n in nodes.values()) or name in {
-                i.name for i in model.graph.input}
-            if produced:
+            if name in produced:
                 matched.append(name)
                 (float_tensors if ov.precision == "float" else int16).add(name)
     return float_nodes, float_tensors, int16, matched
