@@ -7,9 +7,15 @@ reference. Also printed: whether int8 and the search's choice pass verify's thre
 tensors kept out of int8 and the choices scored.
 
     python3 benchmarks/search.py [--models GLOB ...] [--chip npu-16m] [--json out.json]
+                                 [--baseline-tree /path/to/other/checkout]
 
-The stages before quantize come from the cache (built once, not timed); each quantize is
-timed as the stage's own ``seconds`` in report.json. Goal (issue 23): search / plain <= 3.
+The stages before quantize come from the cache (built once, not timed); quantize is built
+again every time (forced: a cached one would time a restore), each in its own process with
+the tree's directory on PYTHONPATH, and timed as the stage's own ``seconds`` (wall) and the
+process's CPU seconds while it built. ``--baseline-tree`` builds the same with another
+checkout (e.g. main) too, interleaved (baseline plain, plain, baseline search, search), into
+its own build folder, and adds its columns: a before/after in one run on a shared machine.
+Goal (issue 23): search / plain <= 3.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,15 +49,32 @@ def variant(written: Path, out_dir: Path, search: bool) -> Path:
     return out
 
 
+MEASURE = """
+import json, resource, sys
+from pathlib import Path
+sys.path.insert(0, {benchmarks!r})
+import search
+sys.path[:] = [{tree!r}] + [p for p in sys.path if p != str(search.REPO)]  # the tree's npubuild
+import npubuild
+assert npubuild.__file__.startswith({tree!r}), npubuild.__file__
+from search import quantize_seconds
+before = resource.getrusage(resource.RUSAGE_SELF)
+row = quantize_seconds(Path({recipe!r}), {chip!r}, Path({build!r}), {cache})
+after = resource.getrusage(resource.RUSAGE_SELF)
+row["cpu"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2)
+print(json.dumps(row))
+"""
+
+
 def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | None) -> dict:
-    """Build up to quantize (the earlier stages restored from the cache) and read the
-    quantize stage's own time and figures."""
+    """Build up to quantize, quantize again even when current or cached (the earlier stages
+    restored from the cache), and read the quantize stage's own time and figures."""
     from npubuild import api
     from npubuild.errors import NpubuildError
     from npubuild.recipe import load_recipe
 
     loaded = load_recipe(recipe).for_target(chip)
-    session = api.session_for(loaded, build_root=build_root, cache=cache)
+    session = api.session_for(loaded, build_root=build_root, cache=cache, force=("quantize",))
     started = time.perf_counter()
     try:
         report = api.build(session, "quantize")
@@ -70,34 +94,70 @@ def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | No
             "evaluations": search.get("evaluations"), "error": error}
 
 
-def measure(recipe: Path, chip: str, work: Path, cache: Path | None) -> dict:
+def in_process_of(tree: Path, recipe: Path, chip: str, build_root: Path,
+                  cache: Path | None) -> dict:
+    """`quantize_seconds` in a process that imports npubuild from ``tree``."""
+    code = MEASURE.format(benchmarks=str(REPO / "benchmarks"), tree=str(tree), recipe=str(recipe),
+                          chip=chip,
+                          build=str(build_root),
+                          cache=f"Path({str(cache)!r})" if cache else "None")
+    env = {**os.environ, "PYTHONPATH": str(tree), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if done.returncode:
+        return {"seconds": None, "cpu": None, "passes": None, "int8_passes": None, "chosen": 0,
+                "kinds": [], "evaluations": None,
+                "error": (done.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(recipe: Path, chip: str, work: Path, cache: Path | None,
+            baseline: Path | None = None) -> dict:
     from zoo import as_written
 
     written = as_written(recipe, work / "recipes")
-    build_root = work / "build"
-    # the chip-independent and split stages once, untimed
-    quantize_seconds(variant(written, work / "recipes", False), chip, build_root, cache)
+    trees = {"": REPO, **({"baseline ": baseline} if baseline else {})}
+    recipes = {search: variant(written, work / "recipes", search) for search in (False, True)}
+    # the chip-independent and split stages once per tree, untimed
+    for tag, tree in trees.items():
+        in_process_of(tree, recipes[False], chip, work / f"build{tag.strip()}", cache)
     row = {"model": recipe.stem}
     for name, search in (("plain", False), ("search", True)):
-        row[name] = quantize_seconds(variant(written, work / "recipes", search), chip,
-                                     build_root, cache)
-    plain, searched = row["plain"]["seconds"], row["search"]["seconds"]
-    row["ratio"] = round(searched / plain, 2) if plain and searched else None
+        for tag, tree in reversed(trees.items()):  # the baseline first
+            row[tag + name] = in_process_of(tree, recipes[search], chip,
+                                            work / f"build{tag.strip()}", cache)
+    for tag in trees:
+        plain, searched = row[tag + "plain"], row[tag + "search"]
+        row[tag + "ratio"], row[tag + "cpu ratio"] = (
+            round(searched[k] / plain[k], 2) if plain.get(k) and searched.get(k) else None
+            for k in ("seconds", "cpu"))
     return row
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| model | plain quantize s | with search s | ratio | int8 passes | search passes | "
-            "tensors out of int8 | choices scored |")
+    tags = ["baseline ", ""] if rows and "baseline plain" in rows[0] else [""]
+    head = "| model | " + "".join(
+        f"{t}plain quantize s (CPU) | {t}with search s (CPU) | {t}ratio (CPU) | "
+        for t in tags) + (
+        "int8 passes | search passes | tensors out of int8 | choices scored |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         p, s = r["plain"], r["search"]
         kinds = f" ({'/'.join(s['kinds'])})" if s["kinds"] else ""
-        lines.append(f"| {r['model']} | {p['seconds'] or '-'} | {s['seconds'] or '-'} | "
-                     f"{r['ratio'] if r['ratio'] is not None else '-'} | "
+        cells = "".join(f"{_seconds(r[t + 'plain'])} | {_seconds(r[t + 'search'])} | "
+                        f"{_or_dash(r[t + 'ratio'])} ({_or_dash(r[t + 'cpu ratio'])}) | "
+                        for t in tags)
+        lines.append(f"| {r['model']} | {cells}"
                      f"{_yes(p['int8_passes'])} | {_yes(s['passes'])} | {s['chosen']}{kinds} | "
                      f"{s['evaluations'] if s['evaluations'] is not None else '-'} |")
     return "\n".join(lines)
+
+
+def _or_dash(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def _seconds(m: dict) -> str:
+    return f"{m['seconds']} ({m['cpu']})" if m.get("seconds") else "-"
 
 
 def _yes(value) -> str:
@@ -122,6 +182,8 @@ def main(argv: list[str]) -> int:
                    "temporary directory)")
     p.add_argument("--cache", type=Path, default=None)
     p.add_argument("--no-generate", action="store_true")
+    p.add_argument("--baseline-tree", type=Path,
+                   help="another checkout to measure beside this one, interleaved (e.g. main)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -131,7 +193,8 @@ def main(argv: list[str]) -> int:
     (work / "recipes").mkdir(parents=True, exist_ok=True)
     rows = []
     for recipe in zoo_recipes(args.models):
-        rows.append(measure(recipe, args.chip, work, args.cache))
+        rows.append(measure(recipe, args.chip, work, args.cache,
+                            args.baseline_tree.resolve() if args.baseline_tree else None))
         print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr)
     print(markdown(rows))
     print(f"\n{summary(rows)}")
