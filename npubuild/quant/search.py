@@ -68,6 +68,10 @@ ALTERNATIVE_METHODS = ("percentile", "mse", "kl")
 # in both); asymmetric has the finer steps, but on a near-tie classifier either may win.
 ALTERNATIVE_SCHEMES = {"asymmetric": "symmetric"}
 METHOD_EVALUATIONS = 4
+# The caller demands a cosine margin where the integer reference missed what fake quantization
+# passed; at most this share of what every candidate at its widest precision reaches (the
+# figures' ceiling: a cosine of 1 is a margin of 1 - bar), else nothing could ever pass.
+MAX_DEMAND = 0.5
 
 
 @dataclass(frozen=True)
@@ -311,6 +315,10 @@ class PrecisionSearch:
         plain = self.score({}, "int8 everywhere")
         best = plain
         try:
+            if margin > 0 and self.levels:  # never demand more than the widest choice gives
+                widest = self.score({t: self.levels[-1] for t in self.candidates},
+                                    f"every candidate {self.levels[-1]}")
+                self.margin = min(margin, MAX_DEMAND * max(widest.margin, 0.0))
             if self.ok(plain):
                 return self._result(plain, plain, {})
             if self.choose_methods or self.choose_scheme:

@@ -213,7 +213,7 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
                                   "tensors": dict(sorted(result.chosen.items())),
                                   "calibration": result.method, "scheme": result.scheme,
                                   "fake_quant_margin": round(result.after, 6),
-                                  "demanded": {"margin": round(margin, 6), "span": span},
+                                  "demanded": {"margin": round(search.margin, 6), "span": span},
                                   "reference_passed": confirmed[key].passed,
                                   "reference_margin": round(confirmed[key].margin(), 6),
                                   "failures": confirmed[key].failures[:4]})
@@ -231,7 +231,7 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
                  len(result.chosen), ", ".join(sorted(set(result.chosen.values()))) or "none",
                  "hold" if verdict.passed else "still miss", result.evaluations, result.seconds)
     return {"passed": verdict.passed, "reached": result.reached,
-            "demanded": {"margin": margin, "channel_span": span},
+            "demanded": {"margin": search.margin, "channel_span": span},
             "levels": search.levels, "candidates": len(search.candidates),
             "chosen": [{"tensor": t, "precision": p, **result.why.get(t, {})}
                        for t, p in sorted(result.chosen.items())],

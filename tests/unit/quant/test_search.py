@@ -127,6 +127,15 @@ def test_over_the_slowdown_budget_more_but_cheaper_float_tensors_are_chosen_inst
     assert search.slowdown(result.chosen) <= 2.0
 
 
+def test_a_demanded_margin_beyond_what_every_tensor_wide_gives_is_capped_not_unreachable():
+    cost = {t: 0.0 for t in TENSORS}
+    cost.update({"t3": 1.1})
+    search = Synthetic(cost)
+    result = search.run(margin=0.05)  # the widest choice's margin is 0.0098
+    assert result.reached and result.chosen == {"t3": "int16"}
+    assert 0 < search.margin <= 0.5 * 0.0098 + 1e-12
+
+
 def test_the_time_budget_stops_the_search_with_the_best_passing_choice():
     cost = {t: 0.01 for t in TENSORS}
     search = Synthetic(cost, seconds=12)  # the clock ticks once per call
