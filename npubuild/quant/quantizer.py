@@ -362,6 +362,7 @@ def _conv(q: Quantizer, layer: FLayer) -> QLayer:
     w, b = layer.weights["weight"], layer.weights["bias"]
     cout = w.shape[0]
     w_scale, w_ls = schemes.weight_params(q.config.scheme, w, q.config.per_channel, axis=0)
+    w_scale, w_ls = schemes.bias_fitting_weight_scales(w_scale, w_ls, b, x.scale)
     w_scale = np.broadcast_to(w_scale, (cout,)).astype(np.float64)
     wq = np.empty(w.shape, schemes.DTYPES["int8"])
     for rows in row_blocks(w):

@@ -164,6 +164,30 @@ def weight_params(scheme: str, weight: np.ndarray, per_channel: bool,
     return np.where(absmax > 0, absmax / 127.0, 1.0), None
 
 
+# A bias must hold at its accumulator's scale with room to spare: bias correction moves it
+# after the scales are chosen, and the accumulator adds Σ x·w on top.
+BIAS_HEADROOM = 2 ** 30
+
+
+def bias_fitting_weight_scales(w_scale: np.ndarray, w_ls: np.ndarray | None, bias: np.ndarray,
+                               x_scale: float) -> tuple[np.ndarray, np.ndarray | None]:
+    """Weight scales (and pow2 log2scales) widened where the bias would not fit int32 at the
+    accumulator's scale ``s_x · s_w[c]``: an int16 input's scale is 256 times finer than
+    int8's, so a bias that fits beside int8 activations saturates int32 beside int16 ones
+    (MediaPipe's pose detector: two channels at 2^31 - 1, its output cosine 0.96 with every
+    activation int16 against 0.98 in int8). The widened channel's weights lose precision
+    only where the bias dwarfs them. One scale (per tensor) widens as a whole."""
+    need = np.abs(np.asarray(bias, np.float64)) / (float(x_scale) * BIAS_HEADROOM)
+    need = np.full(np.shape(w_scale), need.max(initial=0.0)) if np.size(w_scale) == 1 else need
+    if not np.any(need > w_scale):
+        return w_scale, w_ls
+    if w_ls is None:
+        return np.maximum(w_scale, need), None
+    fits = np.floor(-np.log2(np.maximum(need, np.finfo(np.float64).tiny))).astype(np.int64)
+    w_ls = np.minimum(np.broadcast_to(w_ls, np.shape(need)), fits)
+    return 2.0 ** -w_ls.astype(np.float64), w_ls
+
+
 def quantize(x: np.ndarray, scale, zero_point=0, dtype: str = "int8") -> np.ndarray:
     """Float → integer: ``clamp(round_half_even(x / scale) + zp)`` (scale may broadcast), as
     ONNX's QuantizeLinear."""

@@ -205,3 +205,23 @@ def test_a_square_kept_in_float_reads_its_one_input_once():
     got = run_quantized(qg, feeds[0])["y"]
     assert metrics.similarity(ref, got).cosine > 0.99
     assert metrics.similarity(ref, onnx_io.run(session, feeds[0])["y"]).cosine > 0.99
+
+
+@pytest.mark.parametrize("scheme", ["symmetric", "asymmetric", "pow2_symmetric"])
+@pytest.mark.parametrize("granularity", ["per_channel", "per_tensor"])
+def test_a_large_bias_beside_an_int16_input_fits_int32(scheme, granularity):
+    """An int16 input's scale is 256 times finer than int8's, so ``b / (s_x · s_w)`` of a bias
+    that fits beside int8 activations leaves int32 beside int16 ones (MediaPipe's pose
+    detector saturated two channels to 2^31 - 1). The weight scale widens where the bias needs
+    it: the bias stays exact and the output keeps the float model's values."""
+    w = np.full((2, 4, 1, 1), 1e-3, np.float32)
+    m = model([helper.make_node("Conv", ["x", "w", "b"], ["y"])], {"x": [1, 4, 4, 4]},
+              {"y": None}, {"w": w, "b": np.array([400.0, -0.5], np.float32)})
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.uniform(-2, 2, (1, 4, 4, 4)).astype(np.float32)} for _ in range(3)]
+    qg, _, _ = quantize(m, feeds, scheme=scheme, granularity=granularity,
+                        int16_tensors=frozenset({"x", "y"}))
+    assert qg.tensors["x"].dtype == "int16"
+    conv = next(layer for layer in qg.layers if layer.kind == "conv")
+    assert np.abs(conv.arrays["bias"].astype(np.int64)).max() < 2**31 - 1
+    assert _cosine(m, qg, feeds) > 0.9999
