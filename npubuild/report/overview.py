@@ -20,8 +20,9 @@ from npubuild.report.html import (Raw, badge, details, esc, fmt, generic, kv_tab
 
 METRICS = ("cosine", "euclid", "sqnr_db", "max_abs")
 # verify.json fields that explain a figure rather than judge it: in verify.json, not as columns
-BOOKKEEPING = {"identical", "max_rel", "rms_range_error", "worst_sample", "samples_judged",
-               "channel_axis", "channels_judged", "axis", "start", "end"}
+BOOKKEEPING = {"identical", "max_rel", "rms_range_error", "reference_peak", "deployed_peak",
+               "worst_sample", "samples_judged", "channel_axis", "channels_judged", "axis",
+               "start", "end"}
 PASS_WORDS = ("pass", "passed", "ok", "accept", "accepted", "true")
 KNOWN_VERIFY = {"outputs", "accuracy", "verdict", "passed", "reasons", "failures", "thresholds",
                 "bisection", "simulator", "npu_outputs", "detections", "data", "task", "slices",

@@ -60,6 +60,7 @@ def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int | N
     got = np.concatenate([np.ravel(g) for g in gots])
     out = similarity(ref, got).as_dict()
     out["range_error"], out["rms_range_error"] = (_finite(v) for v in range_errors(ref, got))
+    out["reference_peak"], out["deployed_peak"] = (_finite(_peak(v)) for v in (ref, got))
     loud = {i: similarity(r, g).cosine for i, (r, g) in enumerate(zip(refs, gots))
             if np.size(r) > 1 and rms(r) >= QUIET * rms(ref) and rms(ref) > 0}
     worst = min(loud, key=loud.get) if loud else None
@@ -103,6 +104,24 @@ def channel_cosines(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
                     np.where((ref_norm == 0) | (got_norm == 0), 0.0, cos))
 
 
+def _peak(values: np.ndarray) -> float:
+    return float(np.max(np.abs(values), initial=0.0)) if np.size(values) else 0.0
+
+
+def _all_rounded_away(m: dict) -> str:
+    """Why a cosine of 0 is no accuracy figure: the deployed result is exactly zero where the
+    reference is not (a map with nothing in it, as a seal detector on pages without seals,
+    or values below the output's quantization step), so float or int16 elsewhere cannot
+    change it; "" when that is not the case."""
+    if m.get("deployed_peak") != 0.0 or not m.get("reference_peak"):
+        return ""
+    return (f"; the deployed result is 0 everywhere and the reference peaks at "
+            f"{m['reference_peak']:.3g} over every sample: below what the output's quantization "
+            f"resolves. If the verify data should make this output respond, they do not "
+            f"(check verify.data); if these values matter, keep the output in int16 "
+            f"(quantization.overrides)")
+
+
 def _finite(value: float) -> float | None:
     return value if np.isfinite(value) else None
 
@@ -114,7 +133,7 @@ def failures(label: str, m: dict, limits: Thresholds, against: str = "") -> list
         out.append(f"{label}: cosine undefined: the values are not finite (inf or NaN){tail}")
     elif limits.min_cosine is not None and m["cosine"] < limits.min_cosine:
         out.append(f"{label}: cosine {m['cosine']:.6f} < min_cosine {limits.min_cosine} "
-                   f"over all samples{tail}")
+                   f"over all samples{tail}{_all_rounded_away(m)}")
     elif (limits.sample_cosine is not None and m["min_sample_cosine"] is not None
           and m["min_sample_cosine"] < limits.sample_cosine):
         name = "min_cosine" if limits.min_sample_cosine is None else "min_sample_cosine"

@@ -93,3 +93,19 @@ def test_a_dead_hand_over_channel_is_reported_and_fails_only_when_asked():
         "NPU output 't': 1 dead channel(s) along axis 1 (constant where the reference varies): [3]"]
     assert failures("output 't'", m, output_limits(VerifySpec())) != []
     assert failures("output 't'", m, output_limits(VerifySpec(dead_channels=False))) == []
+
+
+def test_an_output_rounded_to_zero_everywhere_says_so_instead_of_only_cosine_zero():
+    """A seal detector on pages without seals: the reference map peaks at ~1e-6, the deployed
+    map is exactly 0, cosine 0. The line names both peaks and what to check (the verify data,
+    or int16 on the output), since float or int16 elsewhere in the model cannot move it."""
+    refs = [RNG.uniform(0, 1.6e-6, (1, 1, 8, 8)) for _ in range(3)]
+    m = tensor_metrics(refs, [np.zeros_like(r) for r in refs])
+    assert m["deployed_peak"] == 0.0 and 1e-6 < m["reference_peak"] <= 1.6e-6
+    [line] = failures("output 'maps'", m, Thresholds(min_cosine=0.99))
+    assert line.startswith("output 'maps': cosine 0.000000 < min_cosine 0.99 over all samples; "
+                           "the deployed result is 0 everywhere and the reference peaks at 1.")
+    assert "verify.data" in line and "int16" in line
+    partly = tensor_metrics(refs, [r * 0.5 for r in refs])  # a real cosine: no such remark
+    assert partly["deployed_peak"] > 0 and failures("output 'maps'", partly,
+                                                    Thresholds(min_cosine=1.01))[0].endswith("over all samples")
