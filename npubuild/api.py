@@ -70,7 +70,8 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
     verdict = report.get("verify") if "verify" in {s.name for s in stages} else None
     if verdict and not verdict.get("passed", True):
         raise BuildError("; ".join(verdict.get("failures", [])), stage="verify",
-                         hint=_bisection_hint(verdict.get("bisection")))
+                         hint=_bisection_hint(verdict.get("bisection"),
+                                              verdict.get("unseen_values")))
     return report
 
 
@@ -89,13 +90,17 @@ def claim_build_dir(session: BuildSession) -> None:
                  "elsewhere (--build-dir DIR)")
 
 
-def _bisection_hint(bisection: dict | None) -> str:
+def _bisection_hint(bisection: dict | None, unseen: list[dict] | None = None) -> str:
+    from npubuild.verify.coverage import note
+
+    first = note(unseen or [])
     finding = (bisection or {}).get("finding")
     if not finding:
-        return "see report.html for per-stage figures"
-    return (f"the drop starts in stage `{finding['stage']}` at tensor {finding['tensor']!r} "
+        return first or "see report.html for per-stage figures"
+    drop = (f"the drop starts in stage `{finding['stage']}` at tensor {finding['tensor']!r} "
             f"(cosine {finding['cosine']:.4f}), introduced by {finding['introduced_by']}; "
             f"{finding['suggestion']}")
+    return f"{first}; then {drop}" if first else drop
 
 
 ALL_STAGES = "all"

@@ -20,9 +20,9 @@ order, so the artifacts are the same bytes as a one-process build's.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterable, Iterator
-
 
 from npubuild import onnx_io
 from npubuild.atomic import write_json
@@ -31,6 +31,7 @@ from npubuild.stages import StageContext
 from npubuild.stages.files import calibration_files, verify_files
 from npubuild.verify import verdict
 from npubuild.verify.bisect import RecipeFixes
+from npubuild.verify.coverage import unseen_values
 from npubuild.verify.samples import Observed, SampleRun, npu_handovers
 
 NO_NPU_NOTE = ("no NPU graph: the deployed pipeline is the CPU submodels alone (ONNX Runtime), "
@@ -56,6 +57,10 @@ def run(ctx: StageContext) -> dict:
                    samples)
     plan = result.pop("bisect")
     if not result["passed"]:
+        calibrated = dirs["quantize"] / "calibration.json"
+        if calibrated.is_file():
+            result["unseen_values"] = unseen_values(json.loads(calibrated.read_text()), floats,
+                                                    labels)
         fixes = RecipeFixes.from_recipe(ctx.recipe.quantization, bool(ctx.chip and ctx.chip.int16))
         result["bisection"] = bisect_sample(dirs, pipeline, reference, samples[plan["sample"]],
                                             plan["limits"], spec.slices, fixes)
