@@ -59,8 +59,9 @@ def run(ctx: StageContext) -> dict:
     if not result["passed"]:
         calibrated = dirs["quantize"] / "calibration.json"
         if calibrated.is_file():
+            passing = [o for o in pipeline.outputs if o not in plan["limits"]]
             result["unseen_values"] = unseen_values(json.loads(calibrated.read_text()), floats,
-                                                    labels)
+                                                    labels, passing)
         fixes = RecipeFixes.from_recipe(ctx.recipe.quantization, bool(ctx.chip and ctx.chip.int16))
         result["bisection"] = bisect_sample(dirs, pipeline, reference, samples[plan["sample"]],
                                             plan["limits"], spec.slices, fixes)

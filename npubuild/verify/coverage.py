@@ -10,18 +10,23 @@ cause is the calibration data, and verify says so first, naming the sample.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 
 UNSEEN_STEPS = 2.0  # beyond calibration's observed extremes by this many steps of the tensor
 SHOWN = 4
 
 
-def unseen_values(calibration: dict, floats: list[dict], labels: list[str]) -> list[dict]:
+def unseen_values(calibration: dict, floats: list[dict], labels: list[str],
+                  passing: Iterable[str] = ()) -> list[dict]:
     """Hand-over tensors (in ``floats``, the float pipeline's values per sample) whose values go
     at least ``UNSEEN_STEPS`` quantization steps past what calibration observed (calibration.json's
     ``min``/``max``): per tensor and end (``above`` the largest, ``below`` the smallest), the
     sample where it goes furthest; the furthest first. Both ends are kept apart: a detector's
-    far negative scores (harmless) would otherwise hide its one clipped positive."""
+    far negative scores (harmless) would otherwise hide its one clipped positive. ``passing``
+    model outputs (and a hand-over tensor holding the same values) are left out: what they
+    clip did not fail them."""
     found = []
     for graph in calibration.get("graphs", {}).values():
         for name, seen in graph.get("tensors", {}).items():
@@ -33,10 +38,16 @@ def unseen_values(calibration: dict, floats: list[dict], labels: list[str]) -> l
                                       **beyond})
     found.sort(key=lambda f: (-f["steps"], f["tensor"], f["end"]))
     # a model output that is a CPU reshape of a hand-over tensor holds the same values: once
+    passing = set(passing)
+    harmless = {_key(f) for f in found if f["tensor"] in passing}
     same = {}
     for f in found:
-        same.setdefault((f["end"], f["value"], f["sample"], *f["calibrated"]), f)
-    return list(same.values())[:SHOWN]
+        same.setdefault(_key(f), f)
+    return [f for key, f in same.items() if key not in harmless][:SHOWN]
+
+
+def _key(f: dict) -> tuple:
+    return (f["end"], f["value"], f["sample"], *f["calibrated"])
 
 
 def _furthest(seen: dict, values: list[np.ndarray], end: str) -> dict:

@@ -61,3 +61,13 @@ def test_a_tensor_holding_the_same_values_as_another_is_named_once():
     sample = scores(2.32)
     sample["Identity_1"] = sample["scores"].reshape(2304, 1)
     assert [f["tensor"] for f in unseen_values(cal, [sample], ["astronaut.png"])] == ["Identity_1"]
+
+
+def test_what_a_passing_output_clips_is_left_out_with_its_hand_over_twin():
+    """Pose detection: its scores reach far below calibration (harmless) while its boxes fail."""
+    cal = calibration(-190.0, -0.4)
+    cal["graphs"]["graph_2"] = {"tensors": {"Identity_1": dict(cal["graphs"]["graph_0"]["tensors"]["scores"])}}
+    sample = scores(2.32)
+    sample["Identity_1"] = sample["scores"].reshape(2304, 1)
+    assert unseen_values(cal, [sample], ["astronaut.png"], passing=["Identity_1"]) == []
+    assert len(unseen_values(cal, [sample], ["astronaut.png"], passing=["Identity"])) == 1
