@@ -557,9 +557,19 @@ class PrecisionSearch:
             f"verify's thresholds need {floats} tensor(s) in float on the CPU, which makes the "
             f"model an estimated {needed.slowdown:.3g}x slower than in int8 "
             f"(quantization.auto.max_slowdown: {budget:g}); the best choice within that misses "
-            f"(cosine margin {within.margin:+.4f}), so int8 stays. To accept the cost, set "
+            f"({self._shortfall(within)}), so int8 stays. To accept the cost, set "
             f"quantization.auto.max_slowdown: {accept:g}")
         return result
+
+    def _shortfall(self, scored: Scored) -> str:
+        """What keeps ``scored`` from `ok`, in words: verify's first failure, else the channel
+        span or cosine margin the caller demanded."""
+        if scored.failures:
+            return scored.failures[0]
+        if scored.span_ratio < self.span:
+            return (f"a judged channel keeps {scored.span_ratio:.2f} of its reference's span, "
+                    f"{self.span:.2f} demanded")
+        return f"cosine margin {scored.margin:+.4f}, {self.margin:.4f} demanded"
 
     # ---- results ------------------------------------------------------------------------
 
