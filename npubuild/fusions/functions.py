@@ -21,21 +21,20 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
-
-import onnx
-from onnx import defs, helper, numpy_helper
+from typing import TYPE_CHECKING, Any
 
 from npubuild.fusions import FUSED_DOMAIN
 from npubuild.fusions.graph import GraphView, fresh_name
 from npubuild.fusions.pattern import Match
 
+if TYPE_CHECKING:
+    import onnx
+
 RULE_KEY = "npubuild.rule"
 SOURCE_KEY = "npubuild.fused_nodes"
-_NOT_EXPOSED = {onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS, onnx.AttributeProto.TENSOR,
-                onnx.AttributeProto.TENSORS, onnx.AttributeProto.SPARSE_TENSOR,
-                onnx.AttributeProto.SPARSE_TENSORS, onnx.AttributeProto.TYPE_PROTO,
-                onnx.AttributeProto.TYPE_PROTOS}
+# onnx.AttributeProto's GRAPH(S), TENSOR(S), SPARSE_TENSOR(S) and TYPE_PROTO(S): attribute kinds
+# a function does not expose (the AttributeType values of onnx.proto, fixed by the format)
+_NOT_EXPOSED = {5, 10, 4, 9, 11, 12, 13, 14}
 
 
 @dataclass
@@ -71,6 +70,8 @@ class FunctionTable:
 
 
 def _signature(function: onnx.FunctionProto) -> bytes:
+    import onnx
+
     copy = onnx.FunctionProto()
     copy.CopyFrom(function)
     copy.overload = ""
@@ -80,6 +81,8 @@ def _signature(function: onnx.FunctionProto) -> bytes:
 def fused_node(view: GraphView, match: Match, op_name: str, rule: str, table: FunctionTable,
                taken: set[str]) -> onnx.NodeProto:
     """The node replacing ``match``; its function is added to ``table``."""
+    from onnx import helper
+
     fused = match.info if isinstance(match.info, Fused) else Fused(match.pattern.tag)
     body = _Body(view, match)
     attrs = {**body.values, **{k: helper.make_attribute(k, v) for k, v in fused.attrs.items()}}
@@ -144,6 +147,8 @@ class _Body:
         self.nodes = self._constants() + [self._copy(i) for i in sorted(self.ids)]
 
     def _constants(self) -> list[onnx.NodeProto]:
+        from onnx import helper, numpy_helper
+
         nodes = []
         for index in sorted(self.ids):
             for tensor in self.view.nodes[index].input:
@@ -156,6 +161,8 @@ class _Body:
         return nodes
 
     def _copy(self, index: int) -> onnx.NodeProto:
+        from onnx import helper
+
         node = self.view.nodes[index]
         op = self.match.pattern.op(self.ids[index])
         self.domains.add(node.domain if node.domain != "ai.onnx" else "")
@@ -191,6 +198,8 @@ class _Body:
 
 
 def _schema(node: onnx.NodeProto, opsets: dict[str, int]):
+    from onnx import defs
+
     domain = node.domain if node.domain != "ai.onnx" else ""
     try:
         return defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
@@ -199,6 +208,8 @@ def _schema(node: onnx.NodeProto, opsets: dict[str, int]):
 
 
 def _renamed(attr: onnx.AttributeProto, name: str) -> onnx.AttributeProto:
+    import onnx
+
     copy = onnx.AttributeProto()
     copy.CopyFrom(attr)
     copy.name = name

@@ -8,11 +8,12 @@ whose subgraphs read it included), is it a graph output, is it a constant and wh
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
 
 
 class GraphView:
@@ -52,6 +53,9 @@ class GraphView:
         return self._constants[name]
 
     def _evaluate(self, name: str) -> np.ndarray | None:
+        import numpy as np
+        from onnx import numpy_helper
+
         if name in self.initializers:
             return numpy_helper.to_array(self.initializers[name])
         index = self.producer.get(name)
@@ -84,6 +88,9 @@ class GraphView:
 
 
 def _constant_attr(node: onnx.NodeProto) -> np.ndarray | None:
+    import numpy as np
+    from onnx import helper, numpy_helper
+
     for attr in node.attribute:
         if attr.name == "value":
             return numpy_helper.to_array(attr.t)
@@ -96,6 +103,8 @@ def _constant_attr(node: onnx.NodeProto) -> np.ndarray | None:
 
 def _outer_names(node: onnx.NodeProto) -> set[str]:
     """Tensors a node's subgraphs (If, Loop, Scan bodies) read from the enclosing graph."""
+    import onnx
+
     names: set[str] = set()
     for attr in node.attribute:
         for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
@@ -110,6 +119,8 @@ def _outer_names(node: onnx.NodeProto) -> set[str]:
 
 def attribute(node: onnx.NodeProto, name: str, default=None):
     """A node attribute's Python value (strings decoded), or ``default``."""
+    from onnx import helper
+
     for attr in node.attribute:
         if attr.name == name:
             value = helper.get_attribute_value(attr)

@@ -8,17 +8,17 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
-
-import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from npubuild.fusions import FUSED_DOMAIN, FusionReport, fused_op_name
 from npubuild.fusions.functions import RULE_KEY, FunctionTable, fused_node
 from npubuild.fusions.graph import GraphView, fresh_name, names_in, splice
 from npubuild.fusions.pattern import Check, Match, Pattern, find_matches, nearest
 from npubuild.onnx_io import clone
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
 FUNCTION_IR_VERSION = 10  # NodeProto.overload and FunctionProto.overload arrived with IR 10
 
@@ -33,6 +33,8 @@ class Edit:
 
     def initializer(self, value: np.ndarray, base: str) -> str:
         """A new constant (also listed as a graph input below IR 4, as those versions require)."""
+        from onnx import helper, numpy_helper
+
         name = fresh_name(self.taken, base)
         tensor = numpy_helper.from_array(value, name)
         self.model.graph.initializer.append(tensor)
@@ -58,6 +60,8 @@ def use_functions(model: onnx.ModelProto) -> None:
     Below IR 4 every initializer is also listed as a graph input; from IR 4 on such an input
     could be fed at run time, so those listings go: the weights stay constants.
     """
+    from onnx import helper
+
     if all(o.domain != FUSED_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, 1))
     if model.ir_version < 4:
@@ -68,7 +72,7 @@ def use_functions(model: onnx.ModelProto) -> None:
     model.ir_version = max(model.ir_version, FUNCTION_IR_VERSION)
 
 
-Build = Callable[[Edit, Match], list[onnx.NodeProto]]
+Build = Callable[[Edit, Match], "list[onnx.NodeProto]"]
 
 
 def apply_rule(model: onnx.ModelProto, rule: str, patterns: Sequence[Pattern], build: Build,

@@ -19,13 +19,14 @@ exposed on the fused node under their own names, or ``<id>_<name>`` where two op
 
 from __future__ import annotations
 
-from typing import Any
-
-from onnx import defs
+from typing import TYPE_CHECKING, Any
 
 from npubuild.fusions import fused_op_name
 from npubuild.fusions.pattern import Lit, Op, Pattern, Ref
 from npubuild.fusions.rules import fuse_as_function
+
+if TYPE_CHECKING:
+    pass
 
 
 def _items(rule) -> list[Any]:
@@ -96,6 +97,8 @@ def _prefixes(items, ids) -> dict[str, str]:
 
 
 def _schema_attributes(item) -> list[str]:
+    from onnx import defs
+
     try:
         return list(defs.get_schema(item.op, item.domain or "").attributes)
     except Exception:  # an op without a schema keeps its attributes inside the body

@@ -9,16 +9,16 @@ Nodes a rewrite creates carry its name in their ``doc_string``.
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import Iterable
-
-import numpy as np
-import onnx
-from onnx import numpy_helper
+from typing import TYPE_CHECKING, Iterable
 
 from npubuild import onnx_io
-from npubuild.onnx_io import clone
 from npubuild.errors import did_you_mean
+from npubuild.onnx_io import clone
 from npubuild.surgery import SurgeryError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
 GLOB_CHARS = "*?["
 
@@ -130,6 +130,10 @@ class Editor:
 
     def constant(self, name: str) -> np.ndarray | None:
         """The value of a constant tensor (initializer or Constant node output), else None."""
+        import numpy as np
+        import onnx
+        from onnx import numpy_helper
+
         if not name:
             return None
         tensor = self.initializer(name)
@@ -157,6 +161,10 @@ class Editor:
         return name
 
     def set_initializer(self, name: str, value: np.ndarray) -> None:
+        import numpy as np
+        import onnx
+        from onnx import numpy_helper
+
         tensor = numpy_helper.from_array(np.asarray(value), name)
         self.graph.initializer.append(tensor)
         if self.model.ir_version < 4:  # IR 3 lists every initializer as a graph input
@@ -175,6 +183,8 @@ class Editor:
     def make_node(self, op_type: str, inputs: list[str], outputs: list[str], name_hint: str,
                   domain: str = "", **attrs) -> onnx.NodeProto:
         """Create and append a node tagged with this rewrite (``finish`` orders the nodes)."""
+        import onnx
+
         node = onnx.helper.make_node(op_type, inputs, outputs, name=self.unique_node(name_hint),
                                      domain=domain or None, **attrs)
         node.doc_string = f"npubuild surgery: {self.rewrite}"
@@ -277,6 +287,8 @@ class Editor:
         return shape
 
     def elem_type(self, name: str) -> int:
+        import onnx
+
         const = self.constant(name)
         if const is not None:
             return onnx.helper.np_dtype_to_tensor_dtype(const.dtype)
@@ -320,6 +332,8 @@ class Editor:
 
     def finish(self, *, prune: bool = True) -> onnx.ModelProto:
         """Order the nodes, drop what no output needs, refresh shapes; return the new model."""
+        import onnx
+
         if prune:
             self.prune()
         self.drop_unused_initializers()
@@ -345,6 +359,8 @@ def opset_of(model: onnx.ModelProto, domain: str = "") -> int:
 
 def infer_types(model: onnx.ModelProto) -> dict[str, tuple[int, list | None]]:
     """Name -> (elem_type, dims) for every value shape inference can type."""
+    import onnx
+
     bare = skeleton(model, keep_value_info=False)
     try:
         inferred = onnx.shape_inference.infer_shapes(bare, data_prop=True)
@@ -406,6 +422,8 @@ def toposort(graph: onnx.GraphProto) -> None:
 
 def subgraph_inputs(node: onnx.NodeProto) -> list[str]:
     """Outer-scope names read by the subgraphs of If/Loop/Scan nodes."""
+    import onnx
+
     names = []
     for attr in node.attribute:
         for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):

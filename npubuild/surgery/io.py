@@ -9,12 +9,16 @@ renamed outputs are compared with their old selves.
 
 from __future__ import annotations
 
-import onnx
+from typing import TYPE_CHECKING
+
 from pydantic import Field
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery import origins as org
-from npubuild.surgery.graph import Editor, subgraph_inputs, suggest, skeleton
+from npubuild.surgery.graph import Editor, skeleton, subgraph_inputs, suggest
+
+if TYPE_CHECKING:
+    import onnx
 
 
 class ExtractArgs(StepArgs):
@@ -83,6 +87,8 @@ def _needed_nodes(ed: Editor, inputs: list[str], outputs: list[str]) -> dict[int
 
 
 def _value(ed: Editor, name: str, what: str) -> onnx.ValueInfoProto:
+    import onnx
+
     elem, shape = ed.elem_type(name), ed.shape(name)
     if shape is None or not elem:
         raise SurgeryError(f"the type or shape of {name!r} is not known, so it cannot become a "
@@ -152,6 +158,8 @@ def _check_runs(ed: Editor) -> None:
 
 
 def _check_inference(ed: Editor) -> None:
+    import onnx
+
     try:
         onnx.shape_inference.infer_shapes(skeleton(ed.model), strict_mode=True, data_prop=True)
     except Exception as exc:

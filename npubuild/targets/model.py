@@ -164,9 +164,8 @@ class Chip(Strict):
     def _known_backend(cls, name: str) -> str:
         from npubuild import backends
 
-        known = backends.names()
-        if name not in known:
-            raise ValueError(f"unknown backend {name!r}; known: {', '.join(known)}")
+        if not backends.is_known(name):
+            raise ValueError(f"unknown backend {name!r}; known: {', '.join(backends.names())}")
         return name
 
     @model_validator(mode="after")

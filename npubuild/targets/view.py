@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
 
 Shape = list[int | str | None]
 
@@ -59,6 +60,8 @@ class GraphFacts:
         return name in self.consts
 
     def value(self, name: str) -> np.ndarray | None:
+        from onnx import numpy_helper
+
         if name not in self.consts:
             return None
         if name not in self._values:
@@ -73,6 +76,10 @@ def _dims(tensor_type) -> Shape:
 
 def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
     """The tensor a Constant node produces, or None for any other node."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
     if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or not node.attribute:
         return None
     attr = node.attribute[0]
@@ -113,6 +120,8 @@ class NodeView:
 
     @cached_property
     def attrs(self) -> dict[str, Any]:
+        from onnx import helper
+
         return {a.name: helper.get_attribute_value(a) for a in self.node.attribute}
 
     def attr(self, name: str, default: Any = None) -> Any:
