@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
+
+import lazy_loader as lazy
 
 from npubuild.atomic import atomic_path
 from npubuild.errors import BuildError, Location, UserError
 
-if TYPE_CHECKING:
-    import numpy as np
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 MAX_ORT_IR_VERSION = 10
 # Initializers larger than this (elements) are weights: structural tools (shape inference,
@@ -31,8 +32,6 @@ RUNTIME_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")  # ops ONNX Run
 
 def load_model(path: str | Path, *, load_external: bool = True) -> onnx.ModelProto:
     """Read an ONNX model, refusing external-data paths that leave the model's folder."""
-    import onnx
-
     path = Path(path)
     if not path.is_file():
         raise UserError(f"model file not found: {path}", hint="check model.path in the recipe")
@@ -104,15 +103,11 @@ def _field_name(where: tuple, name: str) -> str:
 
 def has_external_data(model: onnx.ModelProto) -> bool:
     """Whether any tensor of ``model`` (initializer or attribute) keeps its data in another file."""
-    import onnx
-
     return any(tensor.data_location == onnx.TensorProto.EXTERNAL
                for tensor in onnx.external_data_helper._get_all_tensors(model))
 
 
 def _check_external_data(model: onnx.ModelProto, path: Path) -> None:
-    import onnx
-
     base = path.parent.resolve()
     for tensor in onnx.external_data_helper._get_all_tensors(model):
         if tensor.data_location != onnx.TensorProto.EXTERNAL:
@@ -159,8 +154,6 @@ def with_loadable_ir(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def save_model(model: onnx.ModelProto, path: str | Path) -> Path:
     """Write atomically; the saved model always has an IR version ONNX Runtime reads."""
-    import onnx
-
     path = Path(path)
     with atomic_path(path) as tmp:
         onnx.save(with_loadable_ir(model), str(tmp))
@@ -168,16 +161,12 @@ def save_model(model: onnx.ModelProto, path: str | Path) -> Path:
 
 
 def clone(model: onnx.ModelProto) -> onnx.ModelProto:
-    import onnx
-
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return copy
 
 
 def _elements(tensor: onnx.TensorProto) -> int:
-    import numpy as np
-
     return int(np.prod(tensor.dims, dtype=np.int64))
 
 
@@ -204,8 +193,6 @@ def weight_bytes(model: onnx.ModelProto) -> int:
 def itemsize(data_type: int) -> int:
     """Bytes per element of an ONNX tensor type (0 for strings and for a type code onnx does
     not know, which the checker refuses)."""
-    import onnx
-
     try:
         return 0 if data_type == onnx.TensorProto.STRING else \
             onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize
@@ -224,8 +211,6 @@ def skeleton(model: onnx.ModelProto, max_elements: int = LARGE_ELEMENTS) -> onnx
     """A copy for structural tools: initializers over ``max_elements`` become typed graph
     inputs (shape inference, the version converter and the inliner see the same types and
     shapes, and the small constants they propagate, without copying the weights)."""
-    import onnx
-
     light = _without_initializers(model)
     large = [t for t in model.graph.initializer if _elements(t) > max_elements]
     names = {t.name for t in large}
@@ -254,17 +239,12 @@ def with_weights(skeleton_model: onnx.ModelProto, original: onnx.ModelProto,
 def infer_shapes(model: onnx.ModelProto, **kwargs) -> onnx.ModelProto:
     """``onnx.shape_inference.infer_shapes`` on the skeleton (no weights copied): the result
     types every value; its large initializers are graph inputs, so use it for types only."""
-    import onnx
-
     return onnx.shape_inference.infer_shapes(skeleton(model), **kwargs)
 
 
 def _external_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """The model with its large initializers as in-memory external data (for ONNX Runtime's
     ``add_external_initializers``), and their values."""
-    import numpy as np
-    import onnx
-
     light = _without_initializers(model)
     values = {}
     for tensor in model.graph.initializer:
@@ -343,8 +323,6 @@ def value_shape(value: onnx.ValueInfoProto) -> list[int | str | None]:
 
 
 def value_dtype(value: onnx.ValueInfoProto) -> np.dtype:
-    import onnx
-
     return onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
 
 
@@ -353,8 +331,6 @@ def with_outputs(model: onnx.ModelProto, names: list[str],
     """``model`` whose graph outputs are ``names`` (any tensors it computes), typed from
     ``typed``'s values or, by default, from the model's own shape inference; shapes are left
     for ONNX Runtime to find (a cut or a dynamic source may not know them)."""
-    import onnx
-
     if [o.name for o in model.graph.output] == list(names):
         return model
     source = typed if typed is not None else infer_shapes(model)
@@ -377,8 +353,6 @@ def reinfer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelPr
     """A copy with stale shapes forgotten (value_info, symbolic output dims) and inferred again
     from the inputs (type-checked, with data propagation so shape computations fold; ``strict``:
     a node whose inference fails is an error, not a tensor left without a shape)."""
-    import onnx
-
     model = clone(model)
     del model.graph.value_info[:]
     for out in model.graph.output:
@@ -390,8 +364,6 @@ def reinfer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelPr
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, list[int]]) -> onnx.ModelProto:
     """A copy whose named inputs have these fixed dims, with every shape inferred again."""
-    import onnx
-
     model = clone(model)
     for value in model.graph.input:
         if value.name in shapes:
@@ -414,7 +386,6 @@ def convert_version(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 
 
 def _convert_function(function: onnx.FunctionProto, opset: int) -> onnx.FunctionProto:
-    import onnx
     from onnx import version_converter
 
     current = next((o.version for o in function.opset_import if o.domain in ("", "ai.onnx")), None)

@@ -13,18 +13,18 @@ node names its activation in ``activation`` (``Relu``, ``Relu6`` (Clip to [0, 6]
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+
+import lazy_loader as lazy
 
 from npubuild.fusions import fusion_rule
 from npubuild.fusions.graph import GraphView, attribute
 from npubuild.fusions.pattern import Const, Lit, Match, Op, pattern
 from npubuild.fusions.rules import fuse_as_function
 
-if TYPE_CHECKING:
-    pass
+np = lazy.load("numpy")
 
 ACTIVATIONS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "LeakyRelu")
-FLOAT_MAX = 3.4028234663852886e38  # float(np.finfo(np.float32).max), without numpy at import
+FLOAT_MAX = 3.4028234663852886e38  # float(np.finfo(np.float32).max), without loading numpy
 
 
 def activation_ops(source: str) -> list[Op]:
@@ -36,8 +36,6 @@ def activation_ops(source: str) -> list[Op]:
 
 def clip_bounds(view: GraphView, node) -> tuple[float, float] | None:
     """Clip's [min, max] from its inputs (opset ≥ 11) or attributes; None if not constant."""
-    import numpy as np
-
     if view.opsets.get("", 1) < 11:
         return (float(attribute(node, "min", -FLOAT_MAX)), float(attribute(node, "max", FLOAT_MAX)))
     bounds = []

@@ -13,16 +13,15 @@ whole Mul → Add chain disappears. Computed in float64 and rounded once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import lazy_loader as lazy
 
 from npubuild.fusions import FusionReport, fusion_rule
 from npubuild.fusions.graph import GraphView
 from npubuild.fusions.pattern import Const, Match, Op, pattern
 from npubuild.fusions.rules import Edit, apply_rule
 
-if TYPE_CHECKING:
-    import numpy as np
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 PRODUCERS = {"Conv": ("x", Const("w"), Const("b", optional=True)),
              "BatchNormalization": ("x", Const("scale"), Const("beta"), Const("mean"), Const("var"))}
@@ -40,8 +39,6 @@ def _channels(view: GraphView, match: Match) -> int:
 
 def per_channel(c: np.ndarray, channels: int, rank: int | None) -> np.ndarray | None:
     """``c`` as one value per channel, or None when it broadcasts along another axis."""
-    import numpy as np
-
     if c.size == 1:
         return np.full(channels, c.ravel()[0])
     shape = list(c.shape)
@@ -53,8 +50,6 @@ def per_channel(c: np.ndarray, channels: int, rank: int | None) -> np.ndarray | 
 
 
 def _check(view: GraphView, match: Match) -> str | None:
-    import numpy as np
-
     producer = view.nodes[match.nodes["producer"]]
     if producer.op_type == "BatchNormalization" and any(
             view.consumers.get(t) or t in view.outputs for t in producer.output[1:] if t):
@@ -68,9 +63,6 @@ def _check(view: GraphView, match: Match) -> str | None:
 
 
 def _fold(edit: Edit, match: Match) -> list[onnx.NodeProto]:
-    import numpy as np
-    import onnx
-
     view, consts = edit.view, match.consts
     producer, affine = edit.node(match.nodes["producer"]), edit.node(match.nodes["affine"])
     c = per_channel(view.constant(consts["c"]).astype(np.float64), _channels(view, match), None)

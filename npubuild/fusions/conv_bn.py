@@ -10,15 +10,15 @@ ConstantOfShape) and a Conv output nothing else reads.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import lazy_loader as lazy
 
 from npubuild.fusions import fusion_rule
 from npubuild.fusions.graph import GraphView, attribute
 from npubuild.fusions.pattern import Const, Match, Op, pattern
 from npubuild.fusions.rules import Edit, apply_rule
 
-if TYPE_CHECKING:
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 CONV_BN = pattern(
     Op("Conv", ("x", Const("w"), Const("b", optional=True)), id="conv"),
@@ -27,8 +27,6 @@ CONV_BN = pattern(
 
 
 def _check(view: GraphView, match: Match) -> str | None:
-    import numpy as np
-
     bn = view.nodes[match.nodes["bn"]]
     if any(view.consumers.get(t) or t in view.outputs for t in bn.output[1:] if t):
         return "BatchNormalization's running statistics are used (training mode)"
@@ -42,9 +40,6 @@ def _check(view: GraphView, match: Match) -> str | None:
 
 
 def _fold(edit: Edit, match: Match) -> list[onnx.NodeProto]:
-    import numpy as np
-    import onnx
-
     view, consts = edit.view, match.consts
     conv, bn = edit.node(match.nodes["conv"]), edit.node(match.nodes["bn"])
     value = {k: view.constant(t).astype(np.float64) for k, t in consts.items() if t}

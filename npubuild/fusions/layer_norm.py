@@ -11,7 +11,7 @@ when d² is written d * d.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import lazy_loader as lazy
 
 from npubuild.fusions import fusion_rule
 from npubuild.fusions.functions import Fused
@@ -19,8 +19,7 @@ from npubuild.fusions.graph import GraphView, attribute
 from npubuild.fusions.pattern import Const, Lit, Match, Op, pattern
 from npubuild.fusions.rules import fuse_as_function
 
-if TYPE_CHECKING:
-    pass
+np = lazy.load("numpy")
 
 _KEEPDIMS = {"keepdims": 1}
 
@@ -47,8 +46,6 @@ LAYER_NORM = tuple(_layer_norm(square, affine) for affine in ("Affine", "Scale",
 
 
 def _axes(view: GraphView, match: Match, op_id: str, const: str) -> list[int] | None:
-    import numpy as np
-
     node = view.nodes[match.nodes[op_id]]
     if match.consts.get(const):
         return [int(a) for a in np.ravel(view.constant(match.consts[const]))]
@@ -57,8 +54,6 @@ def _axes(view: GraphView, match: Match, op_id: str, const: str) -> list[int] | 
 
 
 def _describe(view: GraphView, match: Match) -> Fused | str:
-    import numpy as np
-
     axes, var_axes = _axes(view, match, "mean", "axes"), _axes(view, match, "var", "var_axes")
     if not axes or axes != var_axes:
         return f"the two ReduceMeans reduce axes {axes} and {var_axes}, not the same axes"

@@ -8,15 +8,15 @@ fill value or cropping (negative pads) stay as they are, with the reason logged.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import lazy_loader as lazy
 
 from npubuild.fusions import fusion_rule
 from npubuild.fusions.graph import GraphView, attribute
 from npubuild.fusions.pattern import Const, Match, Op, Opt, pattern
 from npubuild.fusions.rules import Edit, apply_rule
 
-if TYPE_CHECKING:
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 PAD_CONV = pattern(
     Op("Pad", ("x", Const("pads", True), Const("value", True), Const("axes", True)), id="pad",
@@ -26,8 +26,6 @@ PAD_CONV = pattern(
 
 def _full_pads(view: GraphView, match: Match, rank: int) -> list[int]:
     """Pad's amounts as [begin per axis..., end per axis...] over all ``rank`` axes."""
-    import numpy as np
-
     pad = view.nodes[match.nodes["pad"]]
     if match.consts.get("pads"):
         pads = [int(p) for p in np.ravel(view.constant(match.consts["pads"]))]
@@ -42,8 +40,6 @@ def _full_pads(view: GraphView, match: Match, rank: int) -> list[int]:
 
 
 def _check(view: GraphView, match: Match) -> list[int] | str:
-    import numpy as np
-
     pad, conv = view.nodes[match.nodes["pad"]], view.nodes[match.nodes["conv"]]
     fill = (view.constant(match.consts["value"]) if match.consts.get("value")
             else attribute(pad, "value", 0.0))
@@ -64,9 +60,6 @@ def _check(view: GraphView, match: Match) -> list[int] | str:
 
 
 def _fold(edit: Edit, match: Match) -> list[onnx.NodeProto]:
-    import onnx
-    from onnx import helper
-
     conv = edit.node(match.nodes["conv"])
     extra = match.info
     pads = [a + b for a, b in zip(attribute(conv, "pads", [0] * len(extra)), extra)]
@@ -75,7 +68,7 @@ def _fold(edit: Edit, match: Match) -> list[onnx.NodeProto]:
     folded.input[0] = match.inputs["x"]
     kept = [a for a in folded.attribute if a.name != "pads"]
     del folded.attribute[:]
-    folded.attribute.extend([*kept, helper.make_attribute("pads", pads)])
+    folded.attribute.extend([*kept, onnx.helper.make_attribute("pads", pads)])
     return [folded]
 
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
+
+import lazy_loader as lazy
 
 from npubuild.fusions.graph import GraphView, attribute
 
-if TYPE_CHECKING:
-    pass
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal"})
 
@@ -234,8 +236,6 @@ class _Matcher:
         return next(k for k, v in m.nodes.items() if v == index)
 
     def ref(self, ref: Ref, tensor: str, m: Match, where: str) -> Match | Miss:
-        import numpy as np
-
         op = self.pat.op(ref) if isinstance(ref, str) else None
         if op is not None:
             return self.producer(op, tensor, m, where)
@@ -304,16 +304,14 @@ def attribute_mismatch(node, wanted: Mapping[str, Any], opset: int) -> str | Non
 
 
 def _schema_default(node, name: str, opset: int):
-    from onnx import defs, helper
-
     try:
-        schema = defs.get_schema(node.op_type, opset, node.domain or "")
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
     except Exception:  # unknown op or domain: no defaults
         return None
     attr = schema.attributes.get(name)
     if attr is None or not attr.default_value.type:
         return None
-    value = helper.get_attribute_value(attr.default_value)
+    value = onnx.helper.get_attribute_value(attr.default_value)
     return value.decode() if isinstance(value, bytes) else value
 
 
@@ -327,8 +325,6 @@ def _same(have, want) -> bool:
 
 
 def _short(value) -> str:
-    import numpy as np
-
     if isinstance(value, np.ndarray):
         flat = np.unique(value.ravel())
         return f"{flat[0]:g}" if flat.size == 1 else f"a tensor of shape {list(value.shape)}"

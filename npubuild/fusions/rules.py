@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
+
+import lazy_loader as lazy
 
 from npubuild.fusions import FUSED_DOMAIN, FusionReport, fused_op_name
 from npubuild.fusions.functions import RULE_KEY, FunctionTable, fused_node
@@ -16,9 +18,8 @@ from npubuild.fusions.graph import GraphView, fresh_name, names_in, splice
 from npubuild.fusions.pattern import Check, Match, Pattern, find_matches, nearest
 from npubuild.onnx_io import clone
 
-if TYPE_CHECKING:
-    import numpy as np
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 FUNCTION_IR_VERSION = 10  # NodeProto.overload and FunctionProto.overload arrived with IR 10
 
@@ -33,14 +34,12 @@ class Edit:
 
     def initializer(self, value: np.ndarray, base: str) -> str:
         """A new constant (also listed as a graph input below IR 4, as those versions require)."""
-        from onnx import helper, numpy_helper
-
         name = fresh_name(self.taken, base)
-        tensor = numpy_helper.from_array(value, name)
+        tensor = onnx.numpy_helper.from_array(value, name)
         self.model.graph.initializer.append(tensor)
         if self.model.ir_version < 4:
             self.model.graph.input.append(
-                helper.make_tensor_value_info(name, tensor.data_type, list(value.shape)))
+                onnx.helper.make_tensor_value_info(name, tensor.data_type, list(value.shape)))
         return name
 
     def node(self, index: int) -> onnx.NodeProto:
@@ -60,10 +59,8 @@ def use_functions(model: onnx.ModelProto) -> None:
     Below IR 4 every initializer is also listed as a graph input; from IR 4 on such an input
     could be fed at run time, so those listings go: the weights stay constants.
     """
-    from onnx import helper
-
     if all(o.domain != FUSED_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, 1))
+        model.opset_import.append(onnx.helper.make_opsetid(FUSED_DOMAIN, 1))
     if model.ir_version < 4:
         weights = {t.name for t in model.graph.initializer}
         inputs = [i for i in model.graph.input if i.name not in weights]

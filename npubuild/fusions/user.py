@@ -19,14 +19,15 @@ exposed on the fused node under their own names, or ``<id>_<name>`` where two op
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import lazy_loader as lazy
 
 from npubuild.fusions import fused_op_name
 from npubuild.fusions.pattern import Lit, Op, Pattern, Ref
 from npubuild.fusions.rules import fuse_as_function
 
-if TYPE_CHECKING:
-    pass
+onnx = lazy.load("onnx")
 
 
 def _items(rule) -> list[Any]:
@@ -97,10 +98,8 @@ def _prefixes(items, ids) -> dict[str, str]:
 
 
 def _schema_attributes(item) -> list[str]:
-    from onnx import defs
-
     try:
-        return list(defs.get_schema(item.op, item.domain or "").attributes)
+        return list(onnx.defs.get_schema(item.op, item.domain or "").attributes)
     except Exception:  # an op without a schema keeps its attributes inside the body
         return []
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
+
+import lazy_loader as lazy
 
 from npubuild.errors import Location, UserError
 
-if TYPE_CHECKING:
-    import numpy as np
+np = lazy.load("numpy")
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 TENSOR_SUFFIXES = {".npy", ".npz"}
@@ -82,8 +83,6 @@ def load_samples(files: Sequence[Path], inputs: Sequence[InputInfo],
 def sources_and_samples(files: Sequence[Path], inputs: Sequence[InputInfo],
                         limit: int | None = None) -> Iterator[tuple[Source, dict[str, np.ndarray]]]:
     """`load_samples` with each sample's `Source`."""
-    import numpy as np
-
     if not files:
         raise UserError("no calibration files", hint="set quantization.calibration.data to a glob "
                                                       "that matches images or .npy/.npz files")
@@ -163,7 +162,6 @@ def image_geometry(path: Path, info: InputInfo) -> tuple[str, int, int]:
 
 def image_tensor(path: Path, info: InputInfo) -> np.ndarray:
     """One image as a [1, ...] tensor for ``info`` (see the module docstring)."""
-    import numpy as np
     from PIL import Image, UnidentifiedImageError
 
     pre = info.preprocess
@@ -208,8 +206,6 @@ MAX_ARRAY_BYTES = 1 << 30  # one data array; a header may not promise more than 
 def _check_npy_header(fh, available: int, path: Path, what: str) -> None:
     """Refuse an array whose header declares more bytes than its file holds (a 100-byte .npy
     claiming 114 GiB) or than `MAX_ARRAY_BYTES`, before numpy allocates anything."""
-    import numpy as np
-
     fmt = np.lib.format
     try:
         version = fmt.read_magic(fh)
@@ -251,8 +247,6 @@ def _check_sizes(path: Path) -> None:
 
 
 def _read_arrays(path: Path, inputs: Sequence[InputInfo]) -> dict[str, np.ndarray]:
-    import numpy as np
-
     _check_sizes(path)
     try:
         loaded = np.load(path, allow_pickle=False)
@@ -299,8 +293,6 @@ def _as_samples(path: Path, info: InputInfo, array: np.ndarray) -> list[np.ndarr
 
 
 def _finite(path: Path, array: np.ndarray, name: str) -> np.ndarray:
-    import numpy as np
-
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         bad = int(np.count_nonzero(~np.isfinite(array)))
         raise _error(path, f"{bad} NaN or Inf value(s) in the data for input {name!r}")

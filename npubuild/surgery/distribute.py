@@ -12,14 +12,15 @@ kernel of 1 along it, MatMul on a row axis. Anything else is reported with the r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import lazy_loader as lazy
 
 from npubuild.surgery import SurgeryError
 from npubuild.surgery.graph import Editor, node_label, toposort
 from npubuild.surgery.opsets import attr, axes_of, make_reshape, slice_spec, split_sizes
 
-if TYPE_CHECKING:
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 ELEMENTWISE = {
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less",
@@ -107,8 +108,6 @@ def _rule(op: str):
 
 def _emit(ed: Editor, node: onnx.NodeProto, inputs: list[str], i: int, axis: int, **override) -> int:
     """The part-``i`` copy of ``node`` reading ``inputs``; returns the parts' axis."""
-    import onnx
-
     outputs = [_part_name(ed, o, i) if o else "" for o in node.output]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     attrs.update(override)
@@ -119,8 +118,6 @@ def _emit(ed: Editor, node: onnx.NodeProto, inputs: list[str], i: int, axis: int
 
 def _part_input(ed: Editor, node, name: str, parted, i: int, out_axis: int, out_rank: int) -> str:
     """Part ``i`` of input ``name``: its part, a slice of a constant, or the tensor itself."""
-    import numpy as np
-
     if not name:
         return name
     if name in parted:
@@ -152,8 +149,6 @@ def _elementwise(ed, node, parted, i):
 
 
 def _reshape(ed, node, parted, i):
-    import numpy as np
-
     src = parted[node.input[0]]
     before, after = _shape(ed, node.input[0], node), _shape(ed, node.output[0], node)
     lead = int(np.prod(before[:src.axis]))

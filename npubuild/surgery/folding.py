@@ -9,17 +9,15 @@ evaluator when ORT cannot), remove no-op nodes, drop what no output needs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import lazy_loader as lazy
 from pydantic import Field
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery.graph import Editor, subgraph_inputs
 from npubuild.surgery.opsets import attr
 
-if TYPE_CHECKING:
-    import numpy as np
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                     "Multinomial", "Bernoulli"}
@@ -58,8 +56,6 @@ def fold_constants(model: onnx.ModelProto, args: FoldConstantsArgs) -> onnx.Mode
 
 def fold_shape_reads(ed: Editor) -> set[str]:
     """Shape and Size of tensors whose shape is static become initializers; their names."""
-    import numpy as np
-
     folded = set()
     for node in list(ed.graph.node):
         if node.op_type not in ("Shape", "Size") or ed.is_graph_output(node.output[0]):
@@ -84,8 +80,6 @@ def _clamp(index: int, rank: int) -> int:
 
 
 def _foldable(ed: Editor, node: onnx.NodeProto, constant: set[str]) -> bool:
-    import onnx
-
     if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC:
         return False
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
@@ -144,9 +138,6 @@ def _fold_except(ed: Editor, batch, values, too_big: set[str]) -> bool:
 
 def evaluate(ed: Editor, nodes: list[onnx.NodeProto], outputs: list[str]) -> dict[str, np.ndarray]:
     """Run ``nodes`` (all inputs constant) and return ``outputs``; ORT first, then onnx's reference."""
-    import numpy as np
-    import onnx
-
     graph_inits = {name for node in nodes for name in node.input if name}
     inits = [t for t in ed.graph.initializer if t.name in graph_inits]
     types = ed.infer()
@@ -177,8 +168,6 @@ def _transposes_of_unit_axes_to_reshapes(ed: Editor) -> bool:
     """A Transpose that keeps the order of its input's axes longer than 1 moves no data: a
     Reshape (tf2onnx leaves ``[1, C, 1, 1] -> [1, 1, 1, C]`` then a Reshape back before each
     squeeze-and-excite conv, depending on the order its optimizer visits nodes in)."""
-    import numpy as np
-
     if ed.opset < 5:  # Reshape took its shape as an attribute
         return False
     found = []  # every shape read before the first edit: an edit forgets them
@@ -204,8 +193,6 @@ def _transposes_of_unit_axes_to_reshapes(ed: Editor) -> bool:
 def _collapse_reshape_chains(ed: Editor) -> bool:
     """``Reshape(Reshape(x, s1), s2)`` is ``Reshape(x, s2)`` when ``s2`` is a constant without
     0 (a 0 copies a dim of the Reshape's own input); the first one goes if nothing else reads it."""
-    import numpy as np
-
     changed = False
     for node in ed.graph.node:  # in order: a chain of three reads the first one's input
         if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
@@ -236,8 +223,6 @@ def _remove_noops(ed: Editor) -> bool:
 
 
 def _is_noop(ed: Editor, node: onnx.NodeProto) -> bool:
-    import numpy as np
-
     op = node.op_type
     if node.domain not in ("", "ai.onnx") or not node.input:
         return False

@@ -10,17 +10,17 @@ the chain absorbs); a graph output becomes 4-D (``graph_outputs: 4d``) or keeps 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+import lazy_loader as lazy
 from pydantic import Field
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery.graph import Editor, node_label
 from npubuild.surgery.opsets import attr, make_reshape, slice_spec, split_sizes
 
-if TYPE_CHECKING:
-    import numpy as np
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 GraphOutputs = Literal["4d", "original"]
 
@@ -95,8 +95,6 @@ def _only_cut(ed: Editor, gemm: onnx.NodeProto) -> bool:
 
 def _cuts(ed: Editor, gemm: onnx.NodeProto, features: int) -> list[tuple]:
     """(node, output, start, stop) for every Slice/Split output cut from the Gemm's output."""
-    import numpy as np
-
     y = gemm.output[0]
     if ed.is_graph_output(y):
         raise SurgeryError(f"Gemm {node_label(gemm)!r}: its output {y!r} is a graph output")
@@ -141,8 +139,6 @@ def _slice_range(ed: Editor, node: onnx.NodeProto, rows: int, features: int) -> 
 
 def gemm_weights(ed: Editor, gemm: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray | None]:
     """The Gemm as ``y = x @ W.T + b``: W of shape (K_out, K_in) and b of shape (K_out,)."""
-    import numpy as np
-
     label = node_label(gemm)
     if attr(gemm, "transA", 0):
         raise SurgeryError(f"Gemm {label!r} transposes its input (transA=1); it has no Conv form")
@@ -165,8 +161,6 @@ def gemm_weights(ed: Editor, gemm: onnx.NodeProto) -> tuple[np.ndarray, np.ndarr
 
 def conv_source(ed: Editor, gemm: onnx.NodeProto) -> tuple[str, tuple[int, int, int, int]]:
     """The 4-D tensor a Gemm's input flattens (inserting a (N, K, 1, 1) Reshape if none)."""
-    import numpy as np
-
     a = gemm.input[0]
     shape = ed.static_shape(a, gemm)
     producer = ed.producer(a)
@@ -188,8 +182,6 @@ def _emit_conv(ed: Editor, gemm: onnx.NodeProto, source: str, kernel: np.ndarray
                bias: np.ndarray | None, output: str, shape_2d: list[int], graph_outputs: str,
                name: str) -> None:
     """A Conv computing ``output``; 2-D readers read it through a Reshape."""
-    import numpy as np
-
     weight = ed.add_initializer(np.ascontiguousarray(kernel), f"{name}_weight")
     inputs = [source, weight] + ([ed.add_initializer(bias, f"{name}_bias")] if bias is not None else [])
     h, w = kernel.shape[2:]

@@ -9,16 +9,17 @@ Nodes a rewrite creates carry its name in their ``doc_string``.
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
+
+import lazy_loader as lazy
 
 from npubuild import onnx_io
-from npubuild.errors import did_you_mean
 from npubuild.onnx_io import clone
+from npubuild.errors import did_you_mean
 from npubuild.surgery import SurgeryError
 
-if TYPE_CHECKING:
-    import numpy as np
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 GLOB_CHARS = "*?["
 
@@ -130,20 +131,16 @@ class Editor:
 
     def constant(self, name: str) -> np.ndarray | None:
         """The value of a constant tensor (initializer or Constant node output), else None."""
-        import numpy as np
-        import onnx
-        from onnx import numpy_helper
-
         if not name:
             return None
         tensor = self.initializer(name)
         if tensor is not None:
-            return None if self.overridable(name) else numpy_helper.to_array(tensor)
+            return None if self.overridable(name) else onnx.numpy_helper.to_array(tensor)
         node = self.producer(name)
         if node is not None and node.op_type == "Constant" and node.attribute:
             attr = node.attribute[0]
             if attr.name == "value":
-                return numpy_helper.to_array(attr.t)
+                return onnx.numpy_helper.to_array(attr.t)
             if attr.name in ("value_float", "value_int"):
                 dtype = np.float32 if attr.name == "value_float" else np.int64
                 return np.array(onnx.helper.get_attribute_value(attr), dtype=dtype)
@@ -161,11 +158,7 @@ class Editor:
         return name
 
     def set_initializer(self, name: str, value: np.ndarray) -> None:
-        import numpy as np
-        import onnx
-        from onnx import numpy_helper
-
-        tensor = numpy_helper.from_array(np.asarray(value), name)
+        tensor = onnx.numpy_helper.from_array(np.asarray(value), name)
         self.graph.initializer.append(tensor)
         if self.model.ir_version < 4:  # IR 3 lists every initializer as a graph input
             self.graph.input.append(onnx.helper.make_tensor_value_info(
@@ -183,8 +176,6 @@ class Editor:
     def make_node(self, op_type: str, inputs: list[str], outputs: list[str], name_hint: str,
                   domain: str = "", **attrs) -> onnx.NodeProto:
         """Create and append a node tagged with this rewrite (``finish`` orders the nodes)."""
-        import onnx
-
         node = onnx.helper.make_node(op_type, inputs, outputs, name=self.unique_node(name_hint),
                                      domain=domain or None, **attrs)
         node.doc_string = f"npubuild surgery: {self.rewrite}"
@@ -287,8 +278,6 @@ class Editor:
         return shape
 
     def elem_type(self, name: str) -> int:
-        import onnx
-
         const = self.constant(name)
         if const is not None:
             return onnx.helper.np_dtype_to_tensor_dtype(const.dtype)
@@ -332,8 +321,6 @@ class Editor:
 
     def finish(self, *, prune: bool = True) -> onnx.ModelProto:
         """Order the nodes, drop what no output needs, refresh shapes; return the new model."""
-        import onnx
-
         if prune:
             self.prune()
         self.drop_unused_initializers()
@@ -359,8 +346,6 @@ def opset_of(model: onnx.ModelProto, domain: str = "") -> int:
 
 def infer_types(model: onnx.ModelProto) -> dict[str, tuple[int, list | None]]:
     """Name -> (elem_type, dims) for every value shape inference can type."""
-    import onnx
-
     bare = skeleton(model, keep_value_info=False)
     try:
         inferred = onnx.shape_inference.infer_shapes(bare, data_prop=True)
@@ -422,8 +407,6 @@ def toposort(graph: onnx.GraphProto) -> None:
 
 def subgraph_inputs(node: onnx.NodeProto) -> list[str]:
     """Outer-scope names read by the subgraphs of If/Loop/Scan nodes."""
-    import onnx
-
     names = []
     for attr in node.attribute:
         for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):

@@ -9,16 +9,14 @@ renamed outputs are compared with their old selves.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import lazy_loader as lazy
 from pydantic import Field
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery import origins as org
-from npubuild.surgery.graph import Editor, skeleton, subgraph_inputs, suggest
+from npubuild.surgery.graph import Editor, subgraph_inputs, suggest, skeleton
 
-if TYPE_CHECKING:
-    import onnx
+onnx = lazy.load("onnx")
 
 
 class ExtractArgs(StepArgs):
@@ -87,8 +85,6 @@ def _needed_nodes(ed: Editor, inputs: list[str], outputs: list[str]) -> dict[int
 
 
 def _value(ed: Editor, name: str, what: str) -> onnx.ValueInfoProto:
-    import onnx
-
     elem, shape = ed.elem_type(name), ed.shape(name)
     if shape is None or not elem:
         raise SurgeryError(f"the type or shape of {name!r} is not known, so it cannot become a "
@@ -158,8 +154,6 @@ def _check_runs(ed: Editor) -> None:
 
 
 def _check_inference(ed: Editor) -> None:
-    import onnx
-
     try:
         onnx.shape_inference.infer_shapes(skeleton(ed.model), strict_mode=True, data_prop=True)
     except Exception as exc:

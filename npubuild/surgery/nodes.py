@@ -9,15 +9,16 @@ differences are logged instead of failing the step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import Any, Literal, Union
 
+import lazy_loader as lazy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery.graph import Editor, node_label, suggest
 
-if TYPE_CHECKING:
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 AttrValue = Union[int, float, str, list[int], list[float], list[str]]
 
@@ -92,8 +93,6 @@ class ReplaceOpArgs(NodeSelection):
 @rewrite("replace_op", ReplaceOpArgs)
 def replace_op(model: onnx.ModelProto, args: ReplaceOpArgs) -> onnx.ModelProto:
     """Replace nodes by another op on the same tensors (e.g. Sum -> Add, Dropout -> Identity)."""
-    import onnx
-
     ed = Editor(model, "replace_op")
     schema = _schema(ed, args.op_type, args.domain)
     for node in ed.select(args.nodes, args.op_types):
@@ -208,8 +207,6 @@ def insert_op(model: onnx.ModelProto, args: InsertOpArgs) -> onnx.ModelProto:
 
 
 def _input(ed: Editor, spec: Union[str, ConstantInput], args: InsertOpArgs) -> str:
-    import numpy as np
-
     if isinstance(spec, str):
         known = ed.tensor_names()
         if spec and spec not in known:
@@ -221,8 +218,6 @@ def _input(ed: Editor, spec: Union[str, ConstantInput], args: InsertOpArgs) -> s
 
 def _schema(ed: Editor, op_type: str, domain: str):
     """The op's schema at the model's opset; None for custom domains (not checked)."""
-    import onnx
-
     if domain not in ("", "ai.onnx"):
         return None
     try:
@@ -234,8 +229,6 @@ def _schema(ed: Editor, op_type: str, domain: str):
 
 
 def _attributes(ed: Editor, schema, values: dict[str, Any], op_type: str) -> list[onnx.AttributeProto]:
-    import onnx
-
     out = []
     for name, value in values.items():
         if schema is not None and name not in schema.attributes:
@@ -250,8 +243,6 @@ def _attributes(ed: Editor, schema, values: dict[str, Any], op_type: str) -> lis
 
 
 def _coerce(value: Any, kind, op_type: str, name: str) -> Any:
-    import onnx
-
     AT = onnx.defs.OpSchema.AttrType
     table = {AT.FLOAT: float, AT.INT: int, AT.STRING: str}
     lists = {AT.FLOATS: float, AT.INTS: int, AT.STRINGS: str}

@@ -8,18 +8,16 @@ the model's opset expects.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import lazy_loader as lazy
 
 from npubuild.surgery import SurgeryError
 from npubuild.surgery.graph import Editor
 
-if TYPE_CHECKING:
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 
 def attr(node: onnx.NodeProto, name: str, default=None):
-    import onnx
-
     for a in node.attribute:
         if a.name == name:
             return onnx.helper.get_attribute_value(a)
@@ -27,8 +25,6 @@ def attr(node: onnx.NodeProto, name: str, default=None):
 
 
 def set_attr(node: onnx.NodeProto, name: str, value) -> None:
-    import onnx
-
     for i, a in enumerate(node.attribute):
         if a.name == name:
             del node.attribute[i]
@@ -37,8 +33,6 @@ def set_attr(node: onnx.NodeProto, name: str, value) -> None:
 
 
 def _const_ints(ed: Editor, node: onnx.NodeProto, index: int) -> list[int] | None:
-    import numpy as np
-
     if len(node.input) <= index or not node.input[index]:
         return None
     value = ed.constant(node.input[index])
@@ -65,8 +59,6 @@ def slice_spec(ed: Editor, node: onnx.NodeProto, rank: int) -> list[tuple[int, i
 
 def make_slice(ed: Editor, data: str, output: str, spec: list[tuple[int, int, int, int]],
                name_hint: str) -> onnx.NodeProto:
-    import numpy as np
-
     axes, starts, ends, steps = (list(v) for v in zip(*spec))
     if ed.opset < 10:
         if any(s != 1 for s in steps):
@@ -96,8 +88,6 @@ def axes_as_input(ed: Editor, op_type: str) -> bool:
 def make_axes_node(ed: Editor, op_type: str, inputs: list[str], outputs: list[str], axes: list[int],
                    name_hint: str, **attrs) -> onnx.NodeProto:
     """Squeeze/Unsqueeze/Reduce* with ``axes`` where the model's opset wants them."""
-    import numpy as np
-
     if axes_as_input(ed, op_type):
         axes_name = ed.add_initializer(np.array(axes, np.int64), f"{name_hint}_axes")
         return ed.make_node(op_type, [inputs[0], axes_name], outputs, name_hint, **attrs)
@@ -120,8 +110,6 @@ def split_sizes(ed: Editor, node: onnx.NodeProto, dim: int) -> list[int] | None:
 
 def make_reshape(ed: Editor, data: str, output: str, shape: list[int],
                  name_hint: str) -> onnx.NodeProto:
-    import numpy as np
-
     if ed.opset < 5:
         return ed.make_node("Reshape", [data], [output], name_hint, shape=list(shape))
     shape_name = ed.add_initializer(np.array(shape, np.int64), f"{name_hint}_shape")

@@ -15,12 +15,12 @@ stages can rebuild the imported model's outputs from the rewritten model's.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Mapping, Union
+from typing import Any, Mapping, Union
 
-if TYPE_CHECKING:
-    import numpy as np
-    import onnx
+import lazy_loader as lazy
 
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 STEP_KEY = "npubuild.surgery.step_origins"
 MODEL_KEY = "npubuild.surgery.origins"
@@ -64,8 +64,6 @@ def leaves(spec: Spec) -> list[str]:
 
 def rebuild(spec: Spec, values: Mapping[str, np.ndarray]) -> np.ndarray:
     """The old output's value from the new model's values."""
-    import numpy as np
-
     if isinstance(spec, str):
         return values[spec]
     arrays = [rebuild(p, values) for p in spec["parts"]]

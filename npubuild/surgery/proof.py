@@ -12,15 +12,15 @@ What cannot be matched is listed as not comparable, with the reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+import lazy_loader as lazy
 
 from npubuild import onnx_io, proofs
 from npubuild.surgery import origins as org
 from npubuild.surgery.graph import infer_types, skeleton
 
-if TYPE_CHECKING:
-    import numpy as np
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 
 @dataclass
@@ -43,8 +43,6 @@ class Comparison:
 
 def check_structure(model: onnx.ModelProto) -> str | None:
     """None when the model passes the checker and strict shape inference, else the reason."""
-    import onnx
-
     try:
         onnx.checker.check_model(onnx_io.with_loadable_ir(model))
     except Exception as exc:
@@ -108,8 +106,6 @@ def _internal(model: onnx.ModelProto, types: dict, names: list[str]) -> list[str
 
 def _run_with(model: onnx.ModelProto, feeds: dict, extra: list[str], types: dict) -> dict:
     """Outputs of ``model`` plus the values of the internal tensors ``extra``."""
-    import onnx
-
     probe = onnx_io.clone(model)
     for name in extra:
         probe.graph.output.append(onnx.helper.make_tensor_value_info(name, types[name][0], None))
@@ -120,8 +116,6 @@ def _run_with(model: onnx.ModelProto, feeds: dict, extra: list[str], types: dict
 
 def _new_feeds(after, old_values, renamed) -> tuple[dict, list[str]]:
     """Feeds for the rewritten model from the input model's values; reasons for what lacks one."""
-    import numpy as np
-
     feeds, missing = {}, []
     for value in onnx_io.graph_inputs(after):
         source = renamed.get(value.name, value.name)
@@ -157,8 +151,6 @@ def _output_specs(before, after_outputs, step_origins, old_values) -> dict[str, 
 
 def _match(result: Comparison, old_name: str, reference: np.ndarray, spec, how: str,
            new_values: dict, *, exact: bool, rtol: float, scale: float) -> None:
-    import numpy as np
-
     try:
         actual = org.rebuild(spec, new_values)
     except (KeyError, ValueError) as exc:

@@ -20,26 +20,20 @@ and later stages — rebuild the original outputs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+import lazy_loader as lazy
 from pydantic import Field, model_validator
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery import origins as org
 from npubuild.surgery.distribute import ELEMENTWISE, Parted, distribute
 from npubuild.surgery.graph import Editor, node_label
-from npubuild.surgery.opsets import (
-    attr,
-    axes_of,
-    make_axes_node,
-    make_reshape,
-    make_slice,
-    set_attr,
-    slice_spec,
-)
+from npubuild.surgery.opsets import (attr, axes_of, make_axes_node, make_reshape, make_slice,
+                                     set_attr, slice_spec)
 
-if TYPE_CHECKING:
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 
 class ReshapeTo4dArgs(StepArgs):
@@ -97,8 +91,6 @@ def reshape_to_4d(model: onnx.ModelProto, args: ReshapeTo4dArgs) -> onnx.ModelPr
 def _expose_parts(ed: Editor, split: dict[str, Parted], args: ReshapeTo4dArgs,
                   shapes: dict[str, list[int]]) -> dict:
     """Split outputs become one graph output per part (the parts' Concat is dropped)."""
-    import onnx
-
     origins = {}
     stray = sorted(set(args.output_names) - set(split))
     if stray:
@@ -319,8 +311,6 @@ def _lift_as_reshape(ed, node):
 
 
 def _lift_expand(ed, node):
-    import numpy as np
-
     target = _lifted(ed.static_shape(node.output[0], node))
     node.input[1] = ed.add_initializer(np.array(target, np.int64), f"{node.name}_shape")
     ed.touch()
@@ -360,8 +350,6 @@ def _lift_slice(ed, node):
 
 
 def _lift_reduce(ed, node):
-    import onnx
-
     rank = _rank(ed, node.input[0], node)
     k = 4 - rank
     keep = attr(node, "keepdims", 1)
@@ -394,8 +382,6 @@ def _lift_matmul(ed, node):
 
 
 def _lift_tile(ed, node):
-    import numpy as np
-
     repeats = ed.constant(node.input[1])
     if repeats is None:
         raise SurgeryError(f"Tile node {node_label(node)!r}: its repeats are not constant")

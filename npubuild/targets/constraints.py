@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable
+
+import lazy_loader as lazy
 
 from npubuild import backends
 from npubuild.fusions import FUSED_DOMAIN
 from npubuild.targets.model import Chip, OpSupport
 from npubuild.targets.view import NodeView, is_static, show_shape
 
-if TYPE_CHECKING:
-    import onnx
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 
@@ -125,8 +127,6 @@ def static_shapes(node: NodeView, spec: OpSupport) -> str | None:
 @constraint(field="dtypes")
 def dtype_allowed(node: NodeView, spec: OpSupport) -> str | None:
     """Tensor type is not {dtypes}"""
-    import onnx
-
     allowed = set(spec.dtypes or [])
     for t in [*node.activations, *node.outputs]:
         code = node.facts.elem_type(t)
@@ -368,8 +368,6 @@ def resize_coordinates(node: NodeView, spec: OpSupport) -> str | None:
 def _broadcast_form(a: list, b: list) -> str:
     """How operand shape ``b`` broadcasts onto output shape ``a`` (ONNX broadcasting aligns
     shapes from the right: a ``[C, 1, 1]`` constant is per-channel on a 4-D tensor)."""
-    import numpy as np
-
     if len(b) < len(a):
         b = [1] * (len(a) - len(b)) + b
     if a == b:
@@ -455,8 +453,6 @@ def effective_spec(chip: Chip, op: str, fused: bool = False) -> OpSupport | None
 
 def node_reasons(view: NodeView, chip: Chip) -> list[str]:
     """Why the node cannot run on ``chip``'s NPU; an empty list means it can."""
-    import onnx
-
     node = view.node
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
         return [HAS_SUBGRAPH_REASON]

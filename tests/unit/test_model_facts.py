@@ -17,7 +17,7 @@ from npubuild.errors import UserError
 from npubuild.model_facts import model_facts
 from npubuild.recipe import load_recipe
 from npubuild.stages import importer
-from tests.conftest import REPO, TINY_MODEL, TINY_RECIPE, write_recipe
+from tests.conftest import EXECUTED, REPO, TINY_MODEL, TINY_RECIPE, write_recipe
 
 
 @pytest.fixture
@@ -83,8 +83,8 @@ def test_a_model_with_external_data_is_checked_every_time(tmp_path, checks, monk
 
 def test_a_remembered_validate_loads_neither_onnx_nor_numpy(tmp_path):
     recipe = write_recipe(tmp_path, TINY_RECIPE)
-    code = ("import sys; from npubuild.cli import main; code = main(['validate', sys.argv[1]]); "
-            "print(code, 'numpy' in sys.modules, 'onnx' in sys.modules)")
+    code = EXECUTED + ("from npubuild.cli import main; code = main(['validate', sys.argv[1]]); "
+                       "print(code, executed('numpy'), executed('onnx'))")
     env = {"NPUBUILD_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
     runs = [subprocess.run([sys.executable, "-c", code, str(recipe)], capture_output=True, text=True,
                            cwd=tmp_path, env={**os.environ, **env}, check=True) for _ in range(2)]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from npubuild import backends
-from tests.conftest import REPO
+from tests.conftest import EXECUTED, REPO
 
 
 def test_each_builtin_module_registers_the_backend_it_is_listed_as():
@@ -18,9 +18,9 @@ def test_each_builtin_module_registers_the_backend_it_is_listed_as():
 
 
 def test_loading_a_chip_imports_no_backend_module():
-    code = ("import sys; from npubuild.targets import load_chip; load_chip('ethos-u55-256'); "
-            "print(sorted(m for m in sys.modules if m.startswith('npubuild.backends.')), "
-            "'numpy' in sys.modules)")
+    code = EXECUTED + ("from npubuild.targets import load_chip; load_chip('ethos-u55-256'); "
+                       "print(sorted(m for m in sys.modules if m.startswith('npubuild.backends.')), "
+                       "executed('numpy'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert out.stdout.split() == ["[]", "False"]
