@@ -72,8 +72,11 @@ compile:
 
 
 def model_file(name: str) -> Path:
-    """The model's int8 TFLite, written when missing (TensorFlow; a fixed seed)."""
-    path = MODELS_DIR / f"{name}_int8.tflite"
+    """The model's int8 TFLite, written when missing (TensorFlow; a fixed seed). A size other
+    than the zoo's is in the file name: the zoo writes its own 96x96 ``<name>_int8.tflite``."""
+    size = MODELS[name]
+    stem = name if size == ZOO_SIZE else f"{name}_{size}"
+    path = MODELS_DIR / f"{stem}_int8.tflite"
     if not path.is_file():
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
         if name in ("mobilenetv2",):
@@ -117,7 +120,7 @@ def input_name(path: Path) -> str:
 def run_vela(vela: str, model: Path, accelerator: str, out: Path) -> dict:
     subprocess.run([vela, str(model), "--accelerator-config", accelerator, "--output-dir",
                     str(out)], check=True, capture_output=True, text=True)
-    (summary,) = out.glob("*_summary_*.csv")
+    (summary,) = out.glob(f"{model.stem}_summary_*.csv")
     row = next(csv.DictReader(summary.open()))
     offchip = sum(float(row[f"{area}_total_bytes"]) for area in ("dram", "off_chip_flash"))
     return {"cycles": float(row["cycles_total"]), "fps": float(row["inferences_per_second"]),

@@ -11,11 +11,13 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 
 from npubuild.atomic import atomic_path
 from npubuild.errors import BuildError, Location, UserError
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 MAX_ORT_IR_VERSION = 10
 # Initializers larger than this (elements) are weights: structural tools (shape inference,
@@ -97,6 +99,12 @@ def _field_name(where: tuple, name: str) -> str:
         where, field, index = where
         parts.append(field if index is None else f"{field}[{index}]")
     return ".".join(reversed(parts))
+
+
+def has_external_data(model: onnx.ModelProto) -> bool:
+    """Whether any tensor of ``model`` (initializer or attribute) keeps its data in another file."""
+    return any(tensor.data_location == onnx.TensorProto.EXTERNAL
+               for tensor in onnx.external_data_helper._get_all_tensors(model))
 
 
 def _check_external_data(model: onnx.ModelProto, path: Path) -> None:

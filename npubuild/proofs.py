@@ -132,7 +132,9 @@ def calibration_sample(loaded: "LoadedRecipe", model: onnx.ModelProto
                        ) -> dict[str, np.ndarray] | None:
     """The first calibration sample for the inputs without a recipe proof value, or None when
     there is no calibration data or it does not cover them (then those inputs are random)."""
-    files = calibration_files(loaded)
+    from npubuild.stages.files import proof_calibration_files
+
+    files = proof_calibration_files(loaded)
     if not files:
         return None
     from npubuild.errors import UserError
@@ -152,30 +154,6 @@ def calibration_sample(loaded: "LoadedRecipe", model: onnx.ModelProto
         log.info("proof inputs: the calibration data do not cover the inputs (%s); "
                  "seeded random values instead", exc.message)
         return None
-
-
-def recipe_files(loaded: "LoadedRecipe") -> list[Path]:
-    """The ``model.inputs[].proof.data`` files (part of the import stage's key); a missing one
-    is a recipe error located at its field."""
-    files = []
-    for index, spec in enumerate(loaded.recipe.model.inputs):
-        if spec.proof is not None and spec.proof.data:
-            where = ("model", "inputs", index, "proof", "data")
-            path = loaded.resolve(spec.proof.data, *where)
-            if not path.is_file():
-                raise loaded.error(f"proof data file not found: {loaded.spelled(path)}", *where,
-                                   hint="paths are relative to the recipe file")
-            files.append(path)
-    return files
-
-
-def calibration_files(loaded: "LoadedRecipe") -> list[Path]:
-    """The calibration files the first sample is read from (part of the import stage's key)."""
-    spec = loaded.recipe.quantization.calibration
-    if not spec.data:
-        return []
-    batch = max([s.shape[0] for s in loaded.recipe.model.inputs if s.shape] or [1])
-    return loaded.resolve_glob(spec.data, "quantization", "calibration", "data")[:max(batch, 1)]
 
 
 def save(directory: Path, feeds: Mapping[str, np.ndarray]) -> Path:

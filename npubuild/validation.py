@@ -33,7 +33,7 @@ from npubuild.recipe.load import dotted
 class Validation:
     """A valid recipe's findings: what the model is, warnings, and what was not checked."""
 
-    signature: object  # npubuild.stages.importer.Signature
+    signature: object  # npubuild.model_facts.ModelFacts
     warnings: list[UserError] = field(default_factory=list)
     not_checked: list[str] = field(default_factory=list)
 
@@ -41,18 +41,19 @@ class Validation:
 def validate(loaded: LoadedRecipe) -> Validation:
     """Every check `run` would make before its first stage (see the module docstring); the
     first problem raises its located `UserError`."""
-    from npubuild.stages import PIPELINE, importer
+    from npubuild.model_facts import model_facts
+    from npubuild.stages import PIPELINE
 
     chip = loaded.chip()
-    result = Validation(importer.check_signature(loaded))
+    result = Validation(model_facts(loaded))
     for stage in PIPELINE:  # as `run` does first: missing model, proof and data files
         stage.external_files(loaded)
     found = data_files(loaded)
     for where, paths in found:
         check_readable(loaded, paths, where)
     check_quantization(loaded, chip, result)
-    graph = result.signature.graph
-    if graph is not None:
+    graph = result.signature
+    if graph.graph_inputs is not None:
         check_image_data(loaded, graph, result, found)
         check_names(loaded, GraphNames.of(graph, loaded.recipe), result)
     elif names_given(loaded.recipe):
@@ -88,22 +89,21 @@ def check_readable(loaded: LoadedRecipe, paths: Iterable, where: tuple) -> None:
 def check_image_data(loaded: LoadedRecipe, graph, result: Validation,
                      found: list[tuple[tuple, list]]) -> None:
     """Images given as calibration or verify data fit the input they feed (one input; its
-    layout, channels and ``preprocess.resize``), as the data loader will check them."""
-    from npubuild import onnx_io
+    layout, channels and ``preprocess.resize``), as the data loader will check them.
+    ``graph``: the model's `ModelFacts`."""
     from npubuild.model_inputs import RecipeInputs
     from npubuild.quant.data import InputInfo, check_images
 
     inputs, infos = RecipeInputs(loaded.recipe.model.inputs), []
-    for value in graph.graph.input:
-        shape = onnx_io.value_shape(value)
-        if value.name not in result.signature.inputs:
+    for name, shape, dtype in graph.graph_inputs:
+        if name not in graph.inputs:
             continue  # a weight the skeleton lists as an input
         if not all(isinstance(d, int) and d > 0 for d in shape):
-            result.not_checked.append(f"images against input {value.name!r}: its shape "
+            result.not_checked.append(f"images against input {name!r}: its shape "
                                       f"{shape} is not fixed")
             return
-        spec = inputs.spec(value.name)
-        infos.append(InputInfo(value.name, tuple(shape), str(onnx_io.value_dtype(value)),
+        spec = inputs.spec(name)
+        infos.append(InputInfo(name, tuple(shape), dtype,
                                getattr(spec, "layout", "any"), getattr(spec, "preprocess", None)))
     for where, paths in found:  # `data_files`
         if where[-1] == "data" and where[0] in ("quantization", "verify"):
@@ -146,10 +146,11 @@ class GraphNames:
 
     @classmethod
     def of(cls, graph, recipe) -> GraphNames:
+        """From the model's `ModelFacts` and the recipe."""
         from npubuild.fusions import fused_op_name
 
-        tensors = {v.name for v in graph.graph.input} | {o for n in graph.graph.node
-                                                          for o in n.output if o}
+        tensors = {name for name, _, _ in graph.graph_inputs} | {o for _, _, outputs in graph.nodes
+                                                                 for o in outputs if o}
         others, renamed = [], {}
         for index, step in enumerate(recipe.surgery):
             name = next(iter(type(step).model_fields))
@@ -163,8 +164,8 @@ class GraphNames:
         rules = [rule if isinstance(rule, str) else getattr(rule, "name", "") for rule in recipe.fusion]
         if rules:
             others.append("fusion (" + ", ".join(r for r in rules if r) + ")")
-        op_types = {n.op_type for n in graph.graph.node} | {fused_op_name(r) for r in rules if r}
-        return cls(frozenset(n.name for n in graph.graph.node if n.name), frozenset(op_types),
+        op_types = {op for _, op, _ in graph.nodes} | {fused_op_name(r) for r in rules if r}
+        return cls(frozenset(name for name, _, _ in graph.nodes if name), frozenset(op_types),
                    frozenset(tensors), ", ".join(others), renamed)
 
 

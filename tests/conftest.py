@@ -17,6 +17,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL = REPO / "tests" / "data" / "tiny.onnx"
+#: Python source defining ``executed(name)`` for a child process: whether module ``name`` has run.
+#: A module imported lazily (lazy_loader) is in sys.modules, unexecuted, until first used.
+EXECUTED = ("import importlib.util, sys\n"
+            "def executed(name):\n"
+            "    module = sys.modules.get(name)\n"
+            "    return module is not None and type(module) is not importlib.util._LazyModule\n")
 
 
 @dataclass

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from npubuild.registry import Registry
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from npubuild.recipe import LoadedRecipe
     from npubuild.stages import StageContext
     from npubuild.targets.model import Chip
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 BACKEND_FILE = "backend.json"
 SIMULATED = "simulated"
 
-NpuRun = Callable[[Any, Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+NpuRun = Callable[[Any, "Mapping[str, np.ndarray]"], "Mapping[str, np.ndarray]"]
 
 
 class Backend:
@@ -71,25 +72,38 @@ class Backend:
 
 BACKENDS: Registry[Backend] = Registry("backend", "npubuild.backends")
 
+#: The built-in backends by name, each with the module that registers it when imported. Naming
+#: them imports nothing: a chip file's ``backend`` is checked (`npubuild validate`) without
+#: loading a backend's code, numpy or ONNX; `get` imports the one a build uses.
+BUILTIN_MODULES: dict[str, str] = {
+    "rknn": "npubuild.backends.rknn",
+    SIMULATED: "npubuild.backends.simulated",
+    "tpu-mlir": "npubuild.backends.tpu_mlir",
+    "vela": "npubuild.backends.vela",
+}
+
 
 def register(backend: Backend) -> Backend:
     return BACKENDS.register(backend.name, backend)
 
 
-def _load_builtins() -> None:
-    # importing each module registers its backend (once: imports are cached)
-    from npubuild.backends import rknn, simulated, tpu_mlir, vela  # noqa: F401
-
-    BACKENDS.load_plugins()
-
-
 def names() -> list[str]:
-    _load_builtins()
-    return BACKENDS.names()
+    """Every backend's name: the built-ins (not imported) and the plugins' (loaded)."""
+    BACKENDS.load_plugins()
+    return [*BUILTIN_MODULES, *(name for name in BACKENDS.names() if name not in BUILTIN_MODULES)]
+
+
+def is_known(name: str) -> bool:
+    """Whether ``name`` is a backend (a built-in is known without loading any plugin)."""
+    return name in BUILTIN_MODULES or name in names()
 
 
 def get(name: str) -> Backend:
-    _load_builtins()
+    """The backend called ``name``, its module imported on first use."""
+    if name in BUILTIN_MODULES:
+        import_module(BUILTIN_MODULES[name])  # registers it (once: imports are cached)
+    else:
+        BACKENDS.load_plugins()
     return BACKENDS[name]
 
 

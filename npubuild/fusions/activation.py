@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
+import lazy_loader as lazy
 
 from npubuild.fusions import fusion_rule
 from npubuild.fusions.graph import GraphView, attribute
 from npubuild.fusions.pattern import Const, Lit, Match, Op, pattern
 from npubuild.fusions.rules import fuse_as_function
 
+np = lazy.load("numpy")
+
 ACTIVATIONS = ("Relu", "Clip", "Sigmoid", "HardSigmoid", "LeakyRelu")
-FLOAT_MAX = float(np.finfo(np.float32).max)
+FLOAT_MAX = 3.4028234663852886e38  # float(np.finfo(np.float32).max), without loading numpy
 
 
 def activation_ops(source: str) -> list[Op]:

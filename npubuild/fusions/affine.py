@@ -13,13 +13,15 @@ whole Mul → Add chain disappears. Computed in float64 and rounded once.
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 
 from npubuild.fusions import FusionReport, fusion_rule
 from npubuild.fusions.graph import GraphView
 from npubuild.fusions.pattern import Const, Match, Op, pattern
 from npubuild.fusions.rules import Edit, apply_rule
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 PRODUCERS = {"Conv": ("x", Const("w"), Const("b", optional=True)),
              "BatchNormalization": ("x", Const("scale"), Const("beta"), Const("mean"), Const("var"))}

@@ -10,13 +10,15 @@ ConstantOfShape) and a Conv output nothing else reads.
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 
 from npubuild.fusions import fusion_rule
 from npubuild.fusions.graph import GraphView, attribute
 from npubuild.fusions.pattern import Const, Match, Op, pattern
 from npubuild.fusions.rules import Edit, apply_rule
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 CONV_BN = pattern(
     Op("Conv", ("x", Const("w"), Const("b", optional=True)), id="conv"),

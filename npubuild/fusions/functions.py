@@ -23,19 +23,19 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-import onnx
-from onnx import defs, helper, numpy_helper
+import lazy_loader as lazy
 
 from npubuild.fusions import FUSED_DOMAIN
 from npubuild.fusions.graph import GraphView, fresh_name
 from npubuild.fusions.pattern import Match
 
+onnx = lazy.load("onnx")
+
 RULE_KEY = "npubuild.rule"
 SOURCE_KEY = "npubuild.fused_nodes"
-_NOT_EXPOSED = {onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS, onnx.AttributeProto.TENSOR,
-                onnx.AttributeProto.TENSORS, onnx.AttributeProto.SPARSE_TENSOR,
-                onnx.AttributeProto.SPARSE_TENSORS, onnx.AttributeProto.TYPE_PROTO,
-                onnx.AttributeProto.TYPE_PROTOS}
+# attribute types (OpSchema.AttrType's names) a function does not expose
+_NOT_EXPOSED = frozenset({"GRAPH", "GRAPHS", "TENSOR", "TENSORS", "SPARSE_TENSOR", "SPARSE_TENSORS",
+                          "TYPE_PROTO", "TYPE_PROTOS"})
 
 
 @dataclass
@@ -82,15 +82,16 @@ def fused_node(view: GraphView, match: Match, op_name: str, rule: str, table: Fu
     """The node replacing ``match``; its function is added to ``table``."""
     fused = match.info if isinstance(match.info, Fused) else Fused(match.pattern.tag)
     body = _Body(view, match)
-    attrs = {**body.values, **{k: helper.make_attribute(k, v) for k, v in fused.attrs.items()}}
-    function = helper.make_function(
+    attrs = {**body.values,
+             **{k: onnx.helper.make_attribute(k, v) for k, v in fused.attrs.items()}}
+    function = onnx.helper.make_function(
         FUSED_DOMAIN, op_name, body.formals, body.formal_outputs, body.nodes,
-        [helper.make_opsetid(d, view.opsets.get(d, 1)) for d in sorted(body.domains)],
+        [onnx.helper.make_opsetid(d, view.opsets.get(d, 1)) for d in sorted(body.domains)],
         attributes=sorted(set(body.refs) | set(attrs)))
     overload = table.add(function, fused.tag or match.pattern.tag)
     root = view.nodes[match.root]
-    node = helper.make_node(op_name, body.actuals, list(root.output), domain=FUSED_DOMAIN,
-                            name=fresh_name(taken, _fused_name(view, match, op_name)))
+    node = onnx.helper.make_node(op_name, body.actuals, list(root.output), domain=FUSED_DOMAIN,
+                                 name=fresh_name(taken, _fused_name(view, match, op_name)))
     node.overload = overload
     node.attribute.extend(attrs[k] for k in sorted(attrs))
     _tag(node, rule, ",".join(view.nodes[i].name or view.nodes[i].output[0]
@@ -151,24 +152,24 @@ class _Body:
                     value = self.view.constant(tensor)
                     assert value is not None, f"{tensor} is neither a variable nor a constant"
                     self.rename[tensor] = f"const:{len(nodes)}"
-                    nodes.append(helper.make_node("Constant", [], [self.rename[tensor]],
-                                                  value=numpy_helper.from_array(value)))
+                    nodes.append(onnx.helper.make_node("Constant", [], [self.rename[tensor]],
+                                                       value=onnx.numpy_helper.from_array(value)))
         return nodes
 
     def _copy(self, index: int) -> onnx.NodeProto:
         node = self.view.nodes[index]
         op = self.match.pattern.op(self.ids[index])
         self.domains.add(node.domain if node.domain != "ai.onnx" else "")
-        copy = helper.make_node(node.op_type, [self.rename.get(t, "") for t in node.input],
-                                [self.rename[t] if t else "" for t in node.output],
-                                name=op.id, domain=node.domain)
+        copy = onnx.helper.make_node(node.op_type, [self.rename.get(t, "") for t in node.input],
+                                     [self.rename[t] if t else "" for t in node.output],
+                                     name=op.id, domain=node.domain)
         copy.overload = node.overload
         exposed = self._expose(node, op.expose)
         for attr in node.attribute:
             if attr.name not in exposed:
                 copy.attribute.append(attr)
         for name, (public, kind) in sorted(exposed.items()):
-            copy.attribute.append(helper.make_attribute_ref(name, kind, ref_attr_name=public))
+            copy.attribute.append(onnx.helper.make_attribute_ref(name, kind, ref_attr_name=public))
         return copy
 
     def _expose(self, node: onnx.NodeProto, prefix: str | None) -> dict[str, tuple[str, int]]:
@@ -180,7 +181,7 @@ class _Body:
         exposed = {}
         for name, spec in schema.attributes.items():
             kind, public = int(spec.type.value), prefix + name
-            if kind in _NOT_EXPOSED or public in self.refs:
+            if spec.type.name in _NOT_EXPOSED or public in self.refs:
                 continue
             value = present.get(name) or (spec.default_value if spec.default_value.type else None)
             exposed[name] = (public, kind)
@@ -193,7 +194,7 @@ class _Body:
 def _schema(node: onnx.NodeProto, opsets: dict[str, int]):
     domain = node.domain if node.domain != "ai.onnx" else ""
     try:
-        return defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
+        return onnx.defs.get_schema(node.op_type, opsets.get(domain, 1), domain)
     except Exception:  # custom ops have no schema: their attributes stay in the body
         return None
 

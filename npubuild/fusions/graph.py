@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Iterable
 
-import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+import lazy_loader as lazy
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 
 class GraphView:
@@ -53,7 +54,7 @@ class GraphView:
 
     def _evaluate(self, name: str) -> np.ndarray | None:
         if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name])
+            return onnx.numpy_helper.to_array(self.initializers[name])
         index = self.producer.get(name)
         if index is None:
             return None
@@ -62,8 +63,8 @@ class GraphView:
             return _constant_attr(node)
         if node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
             shape = self.constant(node.input[0])
-            value = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"),
-                         np.zeros(1, np.float32))
+            value = next((onnx.numpy_helper.to_array(a.t) for a in node.attribute
+                          if a.name == "value"), np.zeros(1, np.float32))
             return None if shape is None else np.full(shape.astype(np.int64), value.ravel()[0],
                                                       dtype=value.dtype)
         return None
@@ -86,11 +87,11 @@ class GraphView:
 def _constant_attr(node: onnx.NodeProto) -> np.ndarray | None:
     for attr in node.attribute:
         if attr.name == "value":
-            return numpy_helper.to_array(attr.t)
+            return onnx.numpy_helper.to_array(attr.t)
         if attr.name in ("value_float", "value_floats"):
-            return np.asarray(helper.get_attribute_value(attr), dtype=np.float32)
+            return np.asarray(onnx.helper.get_attribute_value(attr), dtype=np.float32)
         if attr.name in ("value_int", "value_ints"):
-            return np.asarray(helper.get_attribute_value(attr), dtype=np.int64)
+            return np.asarray(onnx.helper.get_attribute_value(attr), dtype=np.int64)
     return None
 
 
@@ -112,7 +113,7 @@ def attribute(node: onnx.NodeProto, name: str, default=None):
     """A node attribute's Python value (strings decoded), or ``default``."""
     for attr in node.attribute:
         if attr.name == name:
-            value = helper.get_attribute_value(attr)
+            value = onnx.helper.get_attribute_value(attr)
             return value.decode() if isinstance(value, bytes) else value
     return default
 

@@ -11,13 +11,15 @@ when d² is written d * d.
 
 from __future__ import annotations
 
-import numpy as np
+import lazy_loader as lazy
 
 from npubuild.fusions import fusion_rule
 from npubuild.fusions.functions import Fused
 from npubuild.fusions.graph import GraphView, attribute
 from npubuild.fusions.pattern import Const, Lit, Match, Op, pattern
 from npubuild.fusions.rules import fuse_as_function
+
+np = lazy.load("numpy")
 
 _KEEPDIMS = {"keepdims": 1}
 

@@ -8,14 +8,15 @@ fill value or cropping (negative pads) stay as they are, with the reason logged.
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
-from onnx import helper
+import lazy_loader as lazy
 
 from npubuild.fusions import fusion_rule
 from npubuild.fusions.graph import GraphView, attribute
 from npubuild.fusions.pattern import Const, Match, Op, Opt, pattern
 from npubuild.fusions.rules import Edit, apply_rule
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 PAD_CONV = pattern(
     Op("Pad", ("x", Const("pads", True), Const("value", True), Const("axes", True)), id="pad",
@@ -67,7 +68,7 @@ def _fold(edit: Edit, match: Match) -> list[onnx.NodeProto]:
     folded.input[0] = match.inputs["x"]
     kept = [a for a in folded.attribute if a.name != "pads"]
     del folded.attribute[:]
-    folded.attribute.extend([*kept, helper.make_attribute("pads", pads)])
+    folded.attribute.extend([*kept, onnx.helper.make_attribute("pads", pads)])
     return [folded]
 
 

@@ -22,10 +22,12 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence, Union
 
-import numpy as np
-from onnx import defs, helper
+import lazy_loader as lazy
 
 from npubuild.fusions.graph import GraphView, attribute
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 COMMUTATIVE = frozenset({"Add", "Mul", "Max", "Min", "Sum", "And", "Or", "Xor", "Equal"})
 
@@ -303,13 +305,13 @@ def attribute_mismatch(node, wanted: Mapping[str, Any], opset: int) -> str | Non
 
 def _schema_default(node, name: str, opset: int):
     try:
-        schema = defs.get_schema(node.op_type, opset, node.domain or "")
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
     except Exception:  # unknown op or domain: no defaults
         return None
     attr = schema.attributes.get(name)
     if attr is None or not attr.default_value.type:
         return None
-    value = helper.get_attribute_value(attr.default_value)
+    value = onnx.helper.get_attribute_value(attr.default_value)
     return value.decode() if isinstance(value, bytes) else value
 
 

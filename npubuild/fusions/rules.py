@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+import lazy_loader as lazy
 
 from npubuild.fusions import FUSED_DOMAIN, FusionReport, fused_op_name
 from npubuild.fusions.functions import RULE_KEY, FunctionTable, fused_node
 from npubuild.fusions.graph import GraphView, fresh_name, names_in, splice
 from npubuild.fusions.pattern import Check, Match, Pattern, find_matches, nearest
 from npubuild.onnx_io import clone
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 FUNCTION_IR_VERSION = 10  # NodeProto.overload and FunctionProto.overload arrived with IR 10
 
@@ -34,11 +35,11 @@ class Edit:
     def initializer(self, value: np.ndarray, base: str) -> str:
         """A new constant (also listed as a graph input below IR 4, as those versions require)."""
         name = fresh_name(self.taken, base)
-        tensor = numpy_helper.from_array(value, name)
+        tensor = onnx.numpy_helper.from_array(value, name)
         self.model.graph.initializer.append(tensor)
         if self.model.ir_version < 4:
             self.model.graph.input.append(
-                helper.make_tensor_value_info(name, tensor.data_type, list(value.shape)))
+                onnx.helper.make_tensor_value_info(name, tensor.data_type, list(value.shape)))
         return name
 
     def node(self, index: int) -> onnx.NodeProto:
@@ -59,7 +60,7 @@ def use_functions(model: onnx.ModelProto) -> None:
     could be fed at run time, so those listings go: the weights stay constants.
     """
     if all(o.domain != FUSED_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(FUSED_DOMAIN, 1))
+        model.opset_import.append(onnx.helper.make_opsetid(FUSED_DOMAIN, 1))
     if model.ir_version < 4:
         weights = {t.name for t in model.graph.initializer}
         inputs = [i for i in model.graph.input if i.name not in weights]
@@ -68,7 +69,7 @@ def use_functions(model: onnx.ModelProto) -> None:
     model.ir_version = max(model.ir_version, FUNCTION_IR_VERSION)
 
 
-Build = Callable[[Edit, Match], list[onnx.NodeProto]]
+Build = Callable[[Edit, Match], "list[onnx.NodeProto]"]
 
 
 def apply_rule(model: onnx.ModelProto, rule: str, patterns: Sequence[Pattern], build: Build,

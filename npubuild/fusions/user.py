@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnx import defs
+import lazy_loader as lazy
 
 from npubuild.fusions import fused_op_name
 from npubuild.fusions.pattern import Lit, Op, Pattern, Ref
 from npubuild.fusions.rules import fuse_as_function
+
+onnx = lazy.load("onnx")
 
 
 def _items(rule) -> list[Any]:
@@ -97,7 +99,7 @@ def _prefixes(items, ids) -> dict[str, str]:
 
 def _schema_attributes(item) -> list[str]:
     try:
-        return list(defs.get_schema(item.op, item.domain or "").attributes)
+        return list(onnx.defs.get_schema(item.op, item.domain or "").attributes)
     except Exception:  # an op without a schema keeps its attributes inside the body
         return []
 

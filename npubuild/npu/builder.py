@@ -84,5 +84,7 @@ class GraphBuilder:
                          macs=n * c * h * w * scale * scale, scale_h=scale,
                          attrs=(("scale", (scale, scale)), ("mode", "nearest")))[0]
 
-    def build(self, outputs: list[str]) -> LayerGraph:
-        return LayerGraph(tuple(self.layers), self.inputs, tuple(outputs), dict(self.shapes))
+    def build(self, outputs: list[str], constants: tuple[str, ...] = ()) -> LayerGraph:
+        """The graph; ``constants``: inputs that are constants (kept with the weights)."""
+        return LayerGraph(tuple(self.layers), self.inputs, tuple(outputs), dict(self.shapes),
+                          constants=frozenset(constants))

@@ -17,7 +17,13 @@ the chip's own numbers — what makes a real array slower than its peak:
 - the output stage writes ``output_cycles_per_element`` (by op) or, for a lookup table,
   ``activation_cycles_per_element["lut"]``: element-wise ops cost that alone, a conv the larger
   of its MAC cycles and its output cycles;
-- data movement (concat, split, pad, reshape) is free: the producers write into place.
+- data movement (concat, split, pad, reshape) is free: the producers write into place;
+- an element-wise op streams a constant operand (more than one element: per-channel batch norm
+  left after a concat, a normalisation) at the output's shape, once per output element, from
+  the memory the weights live in, and each burst of that memory (``chip.weights_burst_bytes``)
+  carries one block depth of it: the op's block is the largest of whole microblocks whose input
+  fits ``elementwise_block_bytes`` (``elementwise_block``), so a shallow block wastes most of
+  every burst (`constant_read_bytes`; the estimate puts those bytes on the weights' port).
 """
 
 from __future__ import annotations
@@ -99,6 +105,53 @@ def output_cycles_per_element(array: MacArray, layer: LayerSpec) -> float:
     if layer.op == "lut":
         rate = max(rate, array.activation_cycles_per_element.get("lut", 0.0))
     return rate
+
+
+ELEMENTWISE_OPS = frozenset({"add", "eltwise"})
+
+
+def constant_read_bytes(layer: LayerSpec, out: tuple[int, int, int, int], constants,
+                        chip: Chip) -> tuple[int, float]:
+    """(bytes read, bytes the weights' memory moves for them) of the constant operands an
+    element-wise step computing ``out`` streams; ``constants``: the graph's constant tensors.
+    (0, 0) where the chip does not describe its bursts and element-wise blocks."""
+    array, burst = chip.mac_array, chip.weights_burst_bytes
+    if (layer.op not in ELEMENTWISE_OPS or array is None or burst is None
+            or array.elementwise_block_bytes is None):
+        return 0, 0.0
+    streamed = [shape for t, shape in zip(layer.inputs, layer.in_shapes)
+                if t in constants and prod(shape) > 1]  # a scalar stays in a register
+    if not streamed:
+        return 0, 0.0
+    read = len(streamed) * prod(out) * layer.act_bytes
+    depth = elementwise_block(array, out, layer.act_bytes)[2] * layer.act_bytes
+    return read, read * burst / min(burst, depth)
+
+
+def elementwise_block(array: MacArray, out: tuple[int, int, int, int],
+                      elem_bytes: int = 1) -> tuple[int, int, int]:
+    """The output block (h, w, c) an element-wise op computing ``out`` runs in, as Vela's block
+    search picks it: the largest volume of whole microblocks, within ``block_max`` and ``out``
+    rounded up to microblocks, whose input block (rows of 8-byte-rounded depth) fits
+    ``elementwise_block_bytes``; a block holding over half the output counts double; on a tie
+    the shallower block stays."""
+    n, c, h, w = out
+    uh, uw, uc = array.microblock
+    space_h, space_w, space_c = (_round_up(min(size, most), unit) for size, most, unit in
+                                 zip((h, w, c), array.block_max, array.microblock))
+    elements, capacity = n * c * h * w, array.elementwise_block_bytes
+    best, best_cost = (uh, uw, uc), float("inf")
+    for depth in range(uc, space_c + 1, uc):
+        row_bytes = _round_up(depth * elem_bytes, 8)
+        for bh in range(uh, space_h + 1, uh):
+            bw = min(space_w, capacity // (bh * row_bytes) // uw * uw)  # the widest that fits
+            if bw < uw:
+                break
+            volume = bh * bw * depth
+            cost = max(elements / volume, 1) / (2 if elements < 2 * volume else 1)
+            if cost < best_cost:
+                best, best_cost = (bh, bw, depth), cost
+    return best
 
 
 def _round_up(value: int, to: int) -> int:

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from itertools import groupby
 from math import ceil
 
-from npubuild.npu.cost import FREE_OPS, compute_cycles
+from npubuild.npu.cost import FREE_OPS, compute_cycles, constant_read_bytes
 from npubuild.npu.layer_group import plan_groups
 from npubuild.npu.layers import LayerGraph
 from npubuild.npu.program import (Compute, CpuStep, Dma, GroupProgram, Program, build_program,
@@ -98,7 +98,8 @@ class Estimate:
 def estimate(program: Program) -> Estimate:
     chip = program.chip
     layers = {layer.name: layer for layer in program.graph.layers}
-    groups = tuple(_group_estimate(g, chip, layers) for g in program.npu_groups)
+    groups = tuple(_group_estimate(g, chip, layers, program.graph.constants)
+                   for g in program.npu_groups)
     steps = tuple(_step_estimate(g, program) for g in program.groups if isinstance(g, CpuStep))
     parts = groups + steps
     cycles = sum(g.cycles for g in parts)
@@ -119,21 +120,27 @@ def offchip_bytes(chip: Chip, gmem: int, weights: int) -> int:
     return (gmem - apart) * chip.gmem_off_chip + apart * chip.weights_off_chip
 
 
-def _group_estimate(group: GroupProgram, chip: Chip, layers: dict) -> GroupEstimate:
+def _group_estimate(group: GroupProgram, chip: Chip, layers: dict,
+                    constants: frozenset[str]) -> GroupEstimate:
+    """Per timestep the larger of compute and DMA; the weights' memory also serves the constant
+    operands element-wise steps stream (`constant_read_bytes`), at its burst efficiency."""
     compute = dma = cycles = read = write = weights = 0
     elem = group.plan.group.elem_bytes
     for piece in group.slices:
         for _, steps in groupby(piece.steps, key=lambda s: s.timestep):
             steps = list(steps)
-            c = sum(_compute_step(s, layers[s.layer], elem, chip) for s in steps
-                    if isinstance(s, Compute))
+            computes = [s for s in steps if isinstance(s, Compute)]
+            c = sum(_compute_step(s, layers[s.layer], elem, chip) for s in computes)
+            streamed = [constant_read_bytes(layers[s.layer], _block(s, layers[s.layer]),
+                                            constants, chip) for s in computes]
             loads = [s for s in steps if isinstance(s, Dma)]
             w = sum(s.bytes for s in loads if s.rows is None)
-            d = dma_cycles(sum(s.bytes for s in loads) - w, w, chip)
+            d = dma_cycles(sum(s.bytes for s in loads) - w, w + sum(m for _, m in streamed), chip)
             compute, dma, cycles = compute + c, dma + d, cycles + max(c, d)
-            read += sum(s.bytes for s in loads if s.op == "load")
+            constants_read = sum(r for r, _ in streamed)  # read as weights are
+            read += sum(s.bytes for s in loads if s.op == "load") + constants_read
             write += sum(s.bytes for s in loads if s.op == "store")
-            weights += w
+            weights += w + constants_read
     plan = group.plan
     return GroupEstimate(group.index, len(plan.group), plan.slicing.as_dict(), compute, dma, cycles,
                          read, write, plan.placement.peak, weights)
@@ -142,10 +149,7 @@ def _group_estimate(group: GroupProgram, chip: Chip, layers: dict) -> GroupEstim
 def _compute_step(step: Compute, layer, elem: dict, chip: Chip) -> int:
     """The MAC array's cycles for the step, or the fast port's when its operands take longer
     to read and write."""
-    out = step.outputs[0]
-    w = layer.out_shapes[0][3]
-    block = (out.batch.size, out.channels.size, out.rows.size, w)
-    cycles = compute_cycles(layer, block, step.macs, chip)
+    cycles = compute_cycles(layer, _block(step, layer), step.macs, chip)
     if chip.lmem_bandwidth_bytes_per_cycle and layer.op not in FREE_OPS:
         moved = sum(op.batch.size * op.channels.size * op.rows.size * layer_w * elem[op.tensor]
                     for op, layer_w in [*((o, s[3]) for o, s in zip(step.inputs, layer.in_shapes)),
@@ -155,7 +159,13 @@ def _compute_step(step: Compute, layer, elem: dict, chip: Chip) -> int:
     return cycles
 
 
-def dma_cycles(activations: int, weights: int, chip: Chip) -> int:
+def _block(step: Compute, layer) -> tuple[int, int, int, int]:
+    """(batch, channels, rows, W) of the output the step computes."""
+    out = step.outputs[0]
+    return out.batch.size, out.channels.size, out.rows.size, layer.out_shapes[0][3]
+
+
+def dma_cycles(activations: int, weights: float, chip: Chip) -> int:
     """DMA cycles of a timestep: through GMEM's port, weights through their own when the chip
     has one (in parallel)."""
     if chip.weights_bandwidth_bytes_per_cycle:
@@ -175,9 +185,13 @@ def _step_estimate(step: CpuStep, program: Program) -> StepEstimate:
         read = sum(gmem.tensors[t][1] for t in dict.fromkeys(layer.inputs)) + layer.weight_bytes
         write = sum(gmem.tensors[t][1] for t in layer.outputs)
     weights = layer.weight_bytes if read else 0
-    compute = compute_cycles(layer, layer.out_shapes[0], layer.macs, chip) \
-        if executes == "npu" else 0
-    dma = dma_cycles(read + write - weights, weights, chip)
+    compute, streamed, moved = 0, 0, 0.0
+    if executes == "npu":
+        compute = compute_cycles(layer, layer.out_shapes[0], layer.macs, chip)
+        streamed, moved = constant_read_bytes(layer, layer.out_shapes[0], program.graph.constants,
+                                              chip)
+    dma = dma_cycles(read + write - weights, weights + moved, chip)
+    read, weights = read + streamed, weights + streamed
     return StepEstimate(step.index, layer.name, executes, compute, dma, max(compute, dma), read,
                         write, weights)
 

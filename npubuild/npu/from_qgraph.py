@@ -184,7 +184,8 @@ def layers_from_qgraph(qgraph: QGraph) -> QLayers:
     inputs = [t for t in qgraph.inputs if t in read] + [
         t for t in read if t not in produced and t not in qgraph.inputs]
     shapes = {name: info.view for name, info in tensors.items()}
-    graph = LayerGraph(tuple(specs), tuple(inputs), tuple(qgraph.outputs), shapes)
+    graph = LayerGraph(tuple(specs), tuple(inputs), tuple(qgraph.outputs), shapes,
+                       constants=frozenset(t for t in inputs if tensors[t].constant))
     return QLayers(qgraph, graph, kernels, tensors, weights, breakers)
 
 

@@ -116,6 +116,7 @@ class LayerGraph:
     outputs: tuple[str, ...]
     shapes: Mapping[str, Shape]
     skipped: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    constants: frozenset[str] = frozenset()  # inputs that are constants (kept with the weights)
 
     def __post_init__(self):
         known = set(self.inputs)

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-import numpy as np
+import lazy_loader as lazy
 
 from npubuild.errors import Location, UserError
+
+np = lazy.load("numpy")
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 TENSOR_SUFFIXES = {".npy", ".npz"}

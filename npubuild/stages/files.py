@@ -14,11 +14,34 @@ def import_files(loaded) -> list[Path]:
     """The source model (a file, or a SavedModel directory) and what the proof inputs are made
     from (recipe proof files, the first calibration sample); a missing model is the recipe's
     error (plain `doit` reports it as the failing task)."""
-    from npubuild import proofs
     from npubuild.recipe import check_model_file
 
-    return [check_model_file(loaded), *proofs.recipe_files(loaded),
-            *proofs.calibration_files(loaded)]
+    return [check_model_file(loaded), *proof_data_files(loaded), *proof_calibration_files(loaded)]
+
+
+def proof_data_files(loaded) -> list[Path]:
+    """The ``model.inputs[].proof.data`` files (part of the import stage's key); a missing one
+    is a recipe error located at its field."""
+    files = []
+    for index, spec in enumerate(loaded.recipe.model.inputs):
+        if spec.proof is not None and spec.proof.data:
+            where = ("model", "inputs", index, "proof", "data")
+            path = loaded.resolve(spec.proof.data, *where)
+            if not path.is_file():
+                raise loaded.error(f"proof data file not found: {loaded.spelled(path)}", *where,
+                                   hint="paths are relative to the recipe file")
+            files.append(path)
+    return files
+
+
+def proof_calibration_files(loaded) -> list[Path]:
+    """The calibration files the proof inputs' first sample is read from (part of the import
+    stage's key; none without calibration data)."""
+    spec = loaded.recipe.quantization.calibration
+    if not spec.data:
+        return []
+    batch = max([s.shape[0] for s in loaded.recipe.model.inputs if s.shape] or [1])
+    return loaded.resolve_glob(spec.data, "quantization", "calibration", "data")[:max(batch, 1)]
 
 
 def calibration_files(loaded) -> list[Path]:

@@ -38,8 +38,8 @@ from npubuild.atomic import write_json
 from npubuild.errors import BuildError, UserError, did_you_mean
 from npubuild.frontends import dequantize
 from npubuild.frontends import onnx as onnx_frontend
-from npubuild.recipe import LoadedRecipe
 from npubuild.model_inputs import same_input
+from npubuild.recipe import LoadedRecipe
 from npubuild.stages import StageContext
 
 TF_TOLERANCE = 1e-4
@@ -95,6 +95,7 @@ class Signature:
     inputs: list[str]
     outputs: list[str]
     graph: onnx.ModelProto | None = None
+    external_data: bool = False  # whether the model keeps tensors in other files
 
     def as_dict(self) -> dict:
         return {"inputs": self.inputs, "outputs": self.outputs}
@@ -130,7 +131,8 @@ def check_signature(loaded: LoadedRecipe) -> Signature:
         except onnx_frontend.InputShapesError:  # the model's fault, or the recipe's shapes'?
             onnx_frontend.check_source(model, loaded.model_path)
             raise
-    return Signature(list(inputs), [o.name for o in source.graph.output], shaped)
+    return Signature(list(inputs), [o.name for o in source.graph.output], shaped,
+                     onnx_io.has_external_data(source))
 
 
 @contextmanager

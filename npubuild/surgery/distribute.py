@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 
 from npubuild.surgery import SurgeryError
 from npubuild.surgery.graph import Editor, node_label, toposort
 from npubuild.surgery.opsets import attr, axes_of, make_reshape, slice_spec, split_sizes
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 ELEMENTWISE = {
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Equal", "Less",

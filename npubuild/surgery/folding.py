@@ -9,13 +9,15 @@ evaluator when ORT cannot), remove no-op nodes, drop what no output needs.
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 from pydantic import Field
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery.graph import Editor, subgraph_inputs
 from npubuild.surgery.opsets import attr
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                     "Multinomial", "Bernoulli"}

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 from pydantic import Field
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery.graph import Editor, node_label
 from npubuild.surgery.opsets import attr, make_reshape, slice_spec, split_sizes
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 GraphOutputs = Literal["4d", "original"]
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 from fnmatch import fnmatchcase
 from typing import Iterable
 
-import numpy as np
-import onnx
-from onnx import numpy_helper
+import lazy_loader as lazy
 
 from npubuild import onnx_io
 from npubuild.onnx_io import clone
 from npubuild.errors import did_you_mean
 from npubuild.surgery import SurgeryError
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 GLOB_CHARS = "*?["
 
@@ -134,12 +135,12 @@ class Editor:
             return None
         tensor = self.initializer(name)
         if tensor is not None:
-            return None if self.overridable(name) else numpy_helper.to_array(tensor)
+            return None if self.overridable(name) else onnx.numpy_helper.to_array(tensor)
         node = self.producer(name)
         if node is not None and node.op_type == "Constant" and node.attribute:
             attr = node.attribute[0]
             if attr.name == "value":
-                return numpy_helper.to_array(attr.t)
+                return onnx.numpy_helper.to_array(attr.t)
             if attr.name in ("value_float", "value_int"):
                 dtype = np.float32 if attr.name == "value_float" else np.int64
                 return np.array(onnx.helper.get_attribute_value(attr), dtype=dtype)
@@ -157,7 +158,7 @@ class Editor:
         return name
 
     def set_initializer(self, name: str, value: np.ndarray) -> None:
-        tensor = numpy_helper.from_array(np.asarray(value), name)
+        tensor = onnx.numpy_helper.from_array(np.asarray(value), name)
         self.graph.initializer.append(tensor)
         if self.model.ir_version < 4:  # IR 3 lists every initializer as a graph input
             self.graph.input.append(onnx.helper.make_tensor_value_info(

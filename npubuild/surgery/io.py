@@ -9,12 +9,14 @@ renamed outputs are compared with their old selves.
 
 from __future__ import annotations
 
-import onnx
+import lazy_loader as lazy
 from pydantic import Field
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery import origins as org
 from npubuild.surgery.graph import Editor, subgraph_inputs, suggest, skeleton
+
+onnx = lazy.load("onnx")
 
 
 class ExtractArgs(StepArgs):

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery.graph import Editor, node_label, suggest
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 AttrValue = Union[int, float, str, list[int], list[float], list[str]]
 

@@ -8,11 +8,13 @@ the model's opset expects.
 
 from __future__ import annotations
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 
 from npubuild.surgery import SurgeryError
 from npubuild.surgery.graph import Editor
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 
 def attr(node: onnx.NodeProto, name: str, default=None):

@@ -17,8 +17,10 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Union
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 STEP_KEY = "npubuild.surgery.step_origins"
 MODEL_KEY = "npubuild.surgery.origins"

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 
 from npubuild import onnx_io, proofs
 from npubuild.surgery import origins as org
 from npubuild.surgery.graph import infer_types, skeleton
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 
 @dataclass

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 from pydantic import Field, model_validator
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
@@ -32,6 +31,9 @@ from npubuild.surgery.distribute import ELEMENTWISE, Parted, distribute
 from npubuild.surgery.graph import Editor, node_label
 from npubuild.surgery.opsets import (attr, axes_of, make_axes_node, make_reshape, make_slice,
                                      set_attr, slice_spec)
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 
 class ReshapeTo4dArgs(StepArgs):

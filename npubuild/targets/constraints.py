@@ -15,13 +15,15 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-import numpy as np
-import onnx
+import lazy_loader as lazy
 
 from npubuild import backends
 from npubuild.fusions import FUSED_DOMAIN
 from npubuild.targets.model import Chip, OpSupport
 from npubuild.targets.view import NodeView, is_static, show_shape
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 STANDARD_DOMAINS = ("", "ai.onnx")
 

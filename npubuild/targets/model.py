@@ -87,6 +87,13 @@ class MacArray(Strict):
         "default): the output stage's rate, which bounds element-wise ops and small convs."))
     activation_cycles_per_element: dict[str, float] = Field(default_factory=dict, description=(
         "Cycles per output element of a fused activation (lut: a lookup table)."))
+    block_max: list[int] = Field([32, 64, 128], min_length=3, max_length=3, description=(
+        "[h, w, c]: the largest output block one command computes (Ethos-U: [32, 64, 128])."))
+    elementwise_block_bytes: int | None = Field(None, ge=1, description=(
+        "Bytes of the shared buffer one input block of an element-wise op may take (Ethos-U55-256: "
+        "48 banks of 1 KiB, less 4 reserved, halved for two inputs, double-buffered, in granules "
+        "of 8 banks: 8192); it bounds the op's block, whose depth sets how much of each burst a "
+        "constant operand uses (see weights_burst_bytes). None: not modelled."))
 
     @property
     def peak_macs_per_cycle(self) -> float:
@@ -130,6 +137,10 @@ class Chip(Strict):
     weights_bandwidth_bytes_per_cycle: float | None = Field(None, gt=0, description=(
         "Weights stream from their own memory (e.g. flash) through this port, in parallel "
         "with GMEM (none: weights are in GMEM, on its bandwidth)."))
+    weights_burst_bytes: int | None = Field(None, ge=1, description=(
+        "Bytes one burst of the memory holding the weights and constants moves: a read of fewer "
+        "contiguous bytes costs a whole burst (Vela's OffChipFlash_burst_length and "
+        "Dram_burst_length: 128). None: every byte read is useful."))
     weights_off_chip: bool = Field(True, description=(
         "Whether the weights' memory is off-chip (counted in the estimate's off-chip bytes)."))
     gmem_off_chip: bool = Field(True, description=(
@@ -164,9 +175,8 @@ class Chip(Strict):
     def _known_backend(cls, name: str) -> str:
         from npubuild import backends
 
-        known = backends.names()
-        if name not in known:
-            raise ValueError(f"unknown backend {name!r}; known: {', '.join(known)}")
+        if not backends.is_known(name):
+            raise ValueError(f"unknown backend {name!r}; known: {', '.join(backends.names())}")
         return name
 
     @model_validator(mode="after")

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+import lazy_loader as lazy
+
+np = lazy.load("numpy")
+onnx = lazy.load("onnx")
 
 Shape = list[int | str | None]
 
@@ -62,7 +63,7 @@ class GraphFacts:
         if name not in self.consts:
             return None
         if name not in self._values:
-            self._values[name] = numpy_helper.to_array(self.consts[name])
+            self._values[name] = onnx.numpy_helper.to_array(self.consts[name])
         return self._values[name]
 
 
@@ -76,14 +77,14 @@ def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
     if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or not node.attribute:
         return None
     attr = node.attribute[0]
-    value = helper.get_attribute_value(attr)
+    value = onnx.helper.get_attribute_value(attr)
     if attr.name == "value":
         tensor = onnx.TensorProto()
         tensor.CopyFrom(value)
     elif attr.name in ("value_float", "value_floats"):
-        tensor = numpy_helper.from_array(np.asarray(value, dtype=np.float32))
+        tensor = onnx.numpy_helper.from_array(np.asarray(value, dtype=np.float32))
     elif attr.name in ("value_int", "value_ints"):
-        tensor = numpy_helper.from_array(np.asarray(value, dtype=np.int64))
+        tensor = onnx.numpy_helper.from_array(np.asarray(value, dtype=np.int64))
     else:  # sparse_value, value_string(s): not needed by any check
         return None
     tensor.name = node.output[0]
@@ -113,7 +114,7 @@ class NodeView:
 
     @cached_property
     def attrs(self) -> dict[str, Any]:
-        return {a.name: helper.get_attribute_value(a) for a in self.node.attribute}
+        return {a.name: onnx.helper.get_attribute_value(a) for a in self.node.attribute}
 
     def attr(self, name: str, default: Any = None) -> Any:
         value = self.attrs.get(name, default)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from npubuild.npu import build_program, estimate, plan_groups
 from npubuild.npu.builder import GraphBuilder
-from npubuild.npu.cost import compute_cycles, fully_connected_cycles
+from npubuild.npu.cost import (compute_cycles, constant_read_bytes, elementwise_block,
+                               fully_connected_cycles)
 from npubuild.targets import load_chip
 
 U55 = load_chip("ethos-u55-256")
@@ -89,3 +90,47 @@ def test_weights_stream_through_their_own_port_and_operands_through_the_fast_one
     assert est.offchip_bytes == conv.weight_bytes  # the SRAM arena is on chip
     est65 = estimate(build_program(plan_groups(graph, U65)))
     assert est65.offchip_bytes == est65.gmem_bytes  # DRAM: everything GMEM moves
+
+
+def test_an_element_wise_block_is_the_largest_that_fits_the_shared_buffer():
+    # input block bytes = h x w x depth <= 8192; 24x24 outputs: depth 16 reaches 22x22x16 = 7744
+    # at most, depth 32 fills it first with 16x16 (64 would tie: the shallower block stays)
+    assert elementwise_block(U55.mac_array, (1, 64, 24, 24)) == (16, 16, 32)
+    # 12x12: 144 positions hold at most 56 channels, and 8x8 of 128 channels fill it
+    assert elementwise_block(U55.mac_array, (1, 160, 12, 12)) == (8, 8, 128)
+
+
+def _bn_mul(shape):
+    """Batch norm's per-channel Mul left after a concat: x times a constant [1, C, 1, 1]."""
+    b = GraphBuilder({"x": shape, "scale": (1, shape[1], 1, 1)})
+    return b, b.mul("x", "scale")
+
+
+def test_a_constant_operand_is_streamed_at_the_output_shape_in_bursts_of_the_block_depth():
+    b, y = _bn_mul((1, 64, 24, 24))
+    mul = b.layers[-1]
+    # one byte per output element (36864); a 128-byte flash burst carries 32 bytes of depth
+    assert constant_read_bytes(mul, (1, 64, 24, 24), {"scale"}, U55) == (36864, 4 * 36864)
+    # a 128-channel block uses the whole burst
+    b, y = _bn_mul((1, 160, 12, 12))
+    assert constant_read_bytes(b.layers[-1], (1, 160, 12, 12), {"scale"}, U55) == (23040, 23040)
+    # not a constant (a squeeze-and-excite gate), or a scalar: nothing streamed
+    assert constant_read_bytes(mul, (1, 64, 24, 24), set(), U55) == (0, 0)
+    b = GraphBuilder({"x": (1, 64, 24, 24), "k": (1, 1, 1, 1)})
+    b.mul("x", "k")
+    assert constant_read_bytes(b.layers[-1], (1, 64, 24, 24), {"k"}, U55) == (0, 0)
+
+
+def test_the_streamed_constant_takes_the_weights_port():
+    b, y = _bn_mul((1, 64, 24, 24))
+    act = 64 * 24 * 24
+    # T0 loads x and the 64-byte constant over the 8 B/cycle arena port; T1 the Mul's 0.375
+    # cycles an element (13824) against 4 x 36864 flash bytes at 1 B/cycle; T2 stores y
+    t0, t1, t2 = (act + 64) // 8, max(act * 3 // 8, 4 * act), act // 8
+    est = estimate(build_program(plan_groups(b.build([y], constants=("scale",)), U55)))
+    assert est.cycles == t0 + t1 + t2 == 156680
+    assert est.offchip_bytes == act  # read from flash once per output element
+    est65 = estimate(build_program(plan_groups(b.build([y], constants=("scale",)), U65)))
+    assert est65.offchip_bytes == est65.gmem_bytes == (act + 64) + act + act  # DRAM: all of it
+    plain = estimate(build_program(plan_groups(b.build([y]), U55)))
+    assert plain.cycles == t0 + act * 3 // 8 + t2  # a computed operand stays in the arena
