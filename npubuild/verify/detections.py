@@ -16,10 +16,15 @@ MATCH_IOU = 0.5
 
 
 def yolov8_output0(outputs: Mapping[str, np.ndarray], input_hw: tuple[int, int]) -> np.ndarray:
-    """``output0`` [4 + classes, anchors] of one image: as the model gives it, or decoded from
-    the per-scale head tensors (largest map first) a strict recipe outputs."""
+    """``output0`` [4 + classes, anchors] of one image: as the model gives it, joined from the
+    boxes [1, 4, anchors] and class scores [1, classes, anchors] of a model cut before its final
+    Concat (each output keeps its own int8 scale), or decoded from the per-scale head tensors
+    (largest map first) a strict recipe outputs."""
     if len(outputs) == 1:
         return next(iter(outputs.values()))[0]
+    if all(np.ndim(t) == 3 for t in outputs.values()):
+        parts = sorted(outputs.values(), key=lambda t: t.shape[1] != 4)  # the boxes first
+        return np.concatenate(parts, axis=1)[0]
     scales = sorted(outputs.values(), key=lambda t: -t.shape[2] * t.shape[3])
     return decode(*scales, input_size=input_hw)[0]
 

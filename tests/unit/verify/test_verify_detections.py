@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from npubuild.verify.detections import draw, tensor_picture
+from npubuild.verify.detections import boxes, draw, tensor_picture, yolov8_output0
 
 
 def test_an_nchw_or_nhwc_tensor_becomes_a_picture_of_its_height_and_width():
@@ -27,3 +27,11 @@ def test_files_and_tensors_are_drawn_side_by_side_with_their_captions(tmp_path):
                [(boxes, boxes), ([], boxes)], ["cat"], tmp_path / "detections.png")
     with Image.open(out) as sheet:
         assert sheet.size[0] == 2 * 300
+
+
+def test_boxes_and_class_scores_cut_before_the_final_concat_join_into_output0():
+    rng = np.random.default_rng(0)
+    output0 = np.concatenate([rng.uniform(0, 320, (1, 4, 50)), rng.uniform(0, 1, (1, 3, 50))], 1)
+    joined = yolov8_output0({"scores": output0[:, 4:], "boxes": output0[:, :4]}, (320, 320))
+    np.testing.assert_array_equal(joined, output0[0])
+    assert boxes(joined) == boxes(output0[0]) and boxes(joined)
