@@ -139,7 +139,7 @@ def run_npubuild(name: str, model: Path, chip: str, size: int, root: Path, cache
     session = api.session_for(load_recipe(recipe), build_root=root, cache=cache)
     api.build(session, "quantize")
     est = quantized_estimate(session.paths.stage_dir("quantize"), session.loaded.chip())
-    return {"cycles": est["cycles"], "fps": est["fps"], "offchip_bytes": est["offchip_bytes"],
+    return {"cycles": est["cycles"], "fps": est["npu_fps"], "offchip_bytes": est["offchip_bytes"],
             "macs": None}
 
 

@@ -15,7 +15,7 @@ VENDOR = (
     ("vendor weight memory bytes", "weight_memory_bytes"),
 )
 #: npubuild's own estimate of the same chip, for the table beside them.
-OWN = (("cycles", "cycles"), ("inferences/s", "fps"), ("GMEM bytes", "gmem_bytes"),
+OWN = (("cycles", "cycles"), ("inferences/s", "npu_fps"), ("GMEM bytes", "gmem_bytes"),
        ("LMEM peak bytes", "lmem_peak_bytes"))
 
 

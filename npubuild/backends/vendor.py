@@ -222,7 +222,9 @@ def npubuild_estimate(ctx: StageContext) -> dict:
 
 def quantized_estimate(qdir: Path, chip) -> dict:
     """npubuild's estimate of the quantized NPU graphs in ``qdir`` (``graph_*.qgraph.json``)
-    planned for ``chip``: cycles, fps, GMEM and off-chip bytes, LMEM peak."""
+    planned for ``chip``: cycles, the NPU part's frames per second (``npu_fps``: no CPU part is
+    timed on a real-chip build, so there is no deployed fps), GMEM and off-chip bytes, LMEM
+    peak."""
     from npubuild.npu import build_program, estimate
     from npubuild.npu.from_qgraph import layers_from_qgraph, plan_qgraph
     from npubuild.quant.qgraph import QGraph
@@ -238,7 +240,7 @@ def quantized_estimate(qdir: Path, chip) -> dict:
         cycles, gmem, offchip = cycles + est.cycles, gmem + est.gmem_bytes, offchip + est.offchip_bytes
         lmem = max(lmem, est.lmem_peak_bytes)
     clock = chip.clock_mhz * 1e6
-    return {"cycles": cycles, "fps": round(clock / cycles, 2) if cycles else 0.0,
+    return {"cycles": cycles, "npu_fps": round(clock / cycles, 2) if cycles else 0.0,
             "gmem_bytes": gmem, "offchip_bytes": offchip, "lmem_peak_bytes": lmem,
             "note": "npubuild's own model of the chip (datasheet figures in its chip file)"}
 

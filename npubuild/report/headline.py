@@ -15,7 +15,7 @@ from npubuild.report.artifacts import BuildArtifacts
 from npubuild.report.html import esc, fmt
 from npubuild.report.judged import (Figure, all_figures, counts, is_number, task_figure,
                                     tightest)
-from npubuild.report.speed import fps_text, ms_text, speed
+from npubuild.report.speed import REAL_CHIP_CPU, fps_text, ms_text, speed, vendor_speed
 
 COSINE_GROUPS = (("output", ("outputs",)), ("NPU hand-over", ("npu_outputs",)),
                  ("slice", ("slices",)))
@@ -93,7 +93,8 @@ def tiles(a: BuildArtifacts, verdict: tuple[str, str], limits: dict | None = Non
     report = a.report
     split, estimate = report.get("split") or {}, report.get("estimate") or {}
     figures = build_figures(a)
-    return [_verdict(a, verdict, figures), _cosines(a, figures), _speed(estimate),
+    return [_verdict(a, verdict, figures), _cosines(a, figures),
+            _vendor_speed(report.get("vendor"), estimate) or _speed(estimate),
             _coverage(a, split), _gmem(estimate), _lmem(a, estimate)]
 
 
@@ -183,6 +184,15 @@ def slug(text: str) -> str:
 
 def _short(name: str, keep: int = 30) -> str:
     return name if len(name) <= keep else "…" + name[-(keep - 1):]
+
+
+def _vendor_speed(vendor: dict | None, estimate: dict):
+    """A real chip's tile: the NPU part as its vendor and npubuild's model estimate it."""
+    figures = vendor_speed(vendor, estimate)
+    if not figures:
+        return None
+    detail = "".join(f"<div>{esc(f)}</div>" for f in [*figures, REAL_CHIP_CPU])
+    return ("speed of the NPU part", esc(figures[0].split(" (")[0]), detail)
 
 
 def _speed(estimate: dict):

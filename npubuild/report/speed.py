@@ -37,6 +37,27 @@ class Speed:
         return 1000.0 / self.npu_fps if self.npu_fps else None
 
 
+REAL_CHIP_CPU = "a real-chip build times no CPU part"
+
+
+def vendor_speed(vendor: dict | None, estimate: dict | None) -> list[str]:
+    """A real chip's speed figures, each named by whose it is: the NPU part by the vendor's
+    own estimate (inferences/s where it gives them, else its cycles) and by npubuild's model of
+    the chip; none for a build of a simulated chip (no ``vendor`` section)."""
+    if not vendor:
+        return []
+    figures = []
+    if is_number(vendor.get("inferences_per_second")):
+        figures.append(f"{fps_text(vendor['inferences_per_second'])} inferences/s "
+                       f"({vendor.get('backend')}'s estimate)")
+    elif is_number(vendor.get("cycles")) and vendor["cycles"]:
+        figures.append(f"{vendor['cycles']:,} cycles ({vendor.get('backend')}'s estimate)")
+    npu = speed(estimate).npu_fps
+    if npu is not None:
+        figures.append(f"{fps_text(npu)} fps (npubuild's model of the chip)")
+    return figures
+
+
 def speed(estimate: dict | None) -> Speed:
     """The fps figures of report.json's (or a compile manifest's) ``estimate``."""
     estimate = estimate or {}
@@ -50,7 +71,7 @@ def speed(estimate: dict | None) -> Speed:
         return Speed(estimate["fps"], npu, cpu, npu_seconds, count)
     if count == 0 and npu is not None:  # nothing runs on the CPU: the NPU is the deployment
         return Speed(npu, npu, 0.0, npu_seconds, 0)
-    missing = ""
+    missing = REAL_CHIP_CPU if count is None and npu is not None else ""
     if count:
         names = ", ".join(sorted(parts)[:3]) + (", …" if count > 3 else "")
         missing = NOT_MEASURED.format(n=count, s="s" * (count > 1), names=names,

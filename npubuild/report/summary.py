@@ -11,7 +11,7 @@ from npubuild.report.artifacts import BuildArtifacts
 from npubuild.report.headline import build_figures, cpu_layers_inside, verify_view
 from npubuild.report.judged import task_figure, tightest, worst_cosine
 from npubuild.report.overview import verdict
-from npubuild.report.speed import fps_text, ms_text, speed
+from npubuild.report.speed import REAL_CHIP_CPU, fps_text, ms_text, speed, vendor_speed
 
 
 def headline_lines(root: Path) -> list[str]:
@@ -46,8 +46,10 @@ def headline_lines(root: Path) -> list[str]:
         lines.append(f"NPU coverage {split['npu_nodes']}/{nodes} nodes ({share:.0%})"
                      + (f"; compile runs {inside} layer{'s' * (inside != 1)} of the NPU graphs on the CPU"
                         if inside else ""))
-    fps = speed(estimate)
-    if fps.deployed_fps is not None:
+    fps, real_chip = speed(estimate), vendor_speed(a.report.get("vendor"), estimate)
+    if real_chip:
+        lines.append(f"NPU part: {', '.join(real_chip)}; {REAL_CHIP_CPU}")
+    elif fps.deployed_fps is not None:
         untimed = len(((estimate.get("cpu") or {}).get("not_measured") or {})
                       if isinstance(estimate.get("cpu"), dict) else {})
         lines.append(f"{fps_text(fps.deployed_fps)} fps deployed, {ms_text(fps.latency_ms)} per "

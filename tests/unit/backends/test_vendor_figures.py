@@ -117,10 +117,10 @@ def test_model_runner_outputs_are_matched_by_name_then_prefix_then_order():
 def test_report_and_diff_show_the_vendors_figures_beside_npubuilds_estimate():
     report = {"vendor": {"npu_ops": 3, "cycles": 576, "artifact_bytes": 28735,
                          "toolchain": {"toolchain": "rknn", "rknn-toolkit2": "2.5.0"}},
-              "estimate": {"cycles": 30, "fps": 10.0},
+              "estimate": {"cycles": 30, "npu_fps": 10.0},
               "compile": {"graphs": {"graph_0": {"deployed": "vendor", "quantizers": {
                   "vendor": {"proof": {"y": {"cosine": 0.9989}}}}}}}}
-    assert ("cycles", 576, 30) in table_rows(report)
+    assert ("cycles", 576, 30) in table_rows(report) and ("inferences/s", None, 10.0) in table_rows(report)
     figures = vendor_figures(report)
     assert figures["vendor NPU ops"] == 3 and figures["toolchain"] == "rknn-toolkit2==2.5.0"
     assert figures["vendor quantizer cosine graph_0:y"] == 0.9989

@@ -37,12 +37,13 @@ ESTIMATE = {"cycles": 1000, "npu_seconds": 1e-4, "npu_fps": 10000.0, "fps": 1600
             "graphs": {"graph_0": {"cycles": 1000, "between_groups_cycles": 200}}}
 
 
-def build(root: Path, *, estimate=ESTIMATE, passed=True, handover=0.97) -> Path:
+def build(root: Path, *, estimate=ESTIMATE, passed=True, handover=0.97, vendor=None) -> Path:
     """A two-segment build (NPU graph_0, CPU graph_1) as its stages would leave it."""
     dump(root / "recipe.lock", {"recipe": "r.yaml", "resolved": {"verify": {
         "min_cosine": 0.99, "min_task_agreement": 0.9, "handover": {}}}})
     dump(root / "report.json", {"split": {"npu_nodes": 9, "cpu_nodes": 1, "npu_segments": 1,
-                                          "cpu_segments": 1}, "estimate": estimate})
+                                          "cpu_segments": 1}, "estimate": estimate,
+                                "vendor": vendor})
     dump(root / "verify" / "verify.json", {
         "passed": passed, "failures": [] if passed else ["output 'y': cosine 0.9 < 0.99"],
         "samples": 7,
@@ -168,3 +169,16 @@ def test_a_many_segment_split_graph_is_drawn_top_down_at_full_size():
     assert width <= 1160 < height
     tops = [float(y) for y in re.findall(r'<rect x="[\d.]+" y="([\d.]+)" width="210"', many)]
     assert tops == sorted(tops) and len(tops) == 9  # graph_0 above graph_1 above ...
+
+
+def test_a_real_chip_names_whose_estimate_each_speed_figure_is(tmp_path):
+    from npubuild.report.summary import headline_lines
+
+    root = build(tmp_path, estimate={"cycles": 976364, "npu_fps": 512.1},
+                 vendor={"backend": "vela", "cycles": 1046251, "inferences_per_second": 477.9})
+    top = head(render_report(root))
+    assert "speed of the NPU part</div><div class=\"tile-value\">478 inferences/s" in top
+    assert "512 fps (npubuild&#x27;s model of the chip)" in top and "NPU alone" not in top
+    line = next(x for x in headline_lines(root) if x.startswith("NPU part"))
+    assert line == ("NPU part: 478 inferences/s (vela's estimate), 512 fps (npubuild's model of "
+                    "the chip); a real-chip build times no CPU part")
