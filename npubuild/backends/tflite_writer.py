@@ -2,8 +2,8 @@
 
 This is what Vela takes, and it replaces the TensorFlow-plus-onnx2tf detour for ONNX sources.
 The TFLite is npubuild's int8 model itself, not a re-quantization of the float one: every
-tensor of the qgraph becomes the TFLite tensor of the same name with npubuild's scale, zero
-point and type (int8, or int16 where npubuild chose it: TFLite's 16x8 kernels), every conv its
+tensor of the qgraph becomes the TFLite tensor of the same name with npubuild's scale and zero
+point (int8; an int16 tensor is `Unwritable`, see `INT16`), every conv its
 int8 weights, per-channel scales and integer bias (bias correction included), every folded
 Relu/Clip its clamp as the fused activation. Layers map to the builtins Ethos-U runs
 (`npubuild.backends.tflite_ops`). Where a TFLite kernel fixes a quantization npubuild chose
@@ -30,10 +30,18 @@ NCHW_TO_NHWC = (0, 2, 3, 1)
 NHWC_TO_NCHW = (0, 3, 1, 2)
 AXIS_NHWC = {0: 0, 1: 3, 2: 1, 3: 2}
 #: Output quantization TFLite's kernels fix, per op and type: (scale, zero point).
-FIXED_OUTPUT = {("LOGISTIC", "int8"): (1 / 256, -128), ("LOGISTIC", "int16"): (1 / 32768, 0),
-                ("SOFTMAX", "int8"): (1 / 256, -128), ("SOFTMAX", "int16"): (1 / 32768, 0),
-                ("TANH", "int8"): (1 / 128, 0), ("TANH", "int16"): (1 / 32768, 0)}
-INT_RANGE = {"int8": (-128, 127), "int16": (-32768, 32767)}
+FIXED_OUTPUT = {("LOGISTIC", "int8"): (1 / 256, -128), ("SOFTMAX", "int8"): (1 / 256, -128),
+                ("TANH", "int8"): (1 / 128, 0)}
+INT_RANGE = {"int8": (-128, 127)}
+#: Why npubuild's int16 tensors have no TFLite form (so the Ethos-U chip files say ``int16:
+#: false`` and the precision search never chooses int16 there). TFLite's 16x8 kernels, the only
+#: int16 ones Vela takes, need int16 activations symmetric (zero point 0) and a layer's input
+#: and output both int16 (a CONV_2D reading int16 and writing int8 fails to prepare: "output->type
+#: != input_type (INT8 != INT16)", measured in TensorFlow Lite's reference kernels); npubuild
+#: chooses int16 per tensor, with the recipe's scheme's zero point (asymmetric: 3920 on a tiny
+#: conv's input).
+INT16 = ("int16 activations have no TFLite form here: TFLite's 16x8 kernels need them symmetric "
+         "(zero point 0) and int16 in and out of each layer, npubuild chooses int16 per tensor")
 
 
 class Unwritable(Exception):
@@ -67,7 +75,7 @@ class Tensor:
     shape: list[int]   # TFLite order (NHWC for a 4-D activation)
     nhwc: bool
     quant: Quant
-    dtype: str         # int8 | int16
+    dtype: str         # int8
 
 
 @dataclass
@@ -133,6 +141,8 @@ class Writer:
         t = self.q.tensors.get(name)
         if t is None:
             raise Unwritable(f"tensor {name!r} is not in npubuild's quantized graph")
+        if t.dtype == "int16":
+            raise Unwritable(f"tensor {name!r} is int16: {INT16}")
         if t.dtype not in INT_RANGE:
             raise Unwritable(f"tensor {name!r} is {t.dtype} (runs on the CPU in npubuild's graph)")
         return t
@@ -188,7 +198,7 @@ class Writer:
 
     # -- requantization where a TFLite kernel fixes a quantization -----------------------------
     def requantize(self, x: Tensor, to: Tensor) -> None:
-        """QUANTIZE ``x`` into ``to`` (an int8/int16 → int8/int16 rescale)."""
+        """QUANTIZE ``x`` into ``to`` (an int8 → int8 rescale)."""
         self.op(self.s.BuiltinOperator.QUANTIZE, [x.index], [to.index],
                 self.s.BuiltinOptions.QuantizeOptions, self.s.QuantizeOptionsT())
         self.requantizations += 1

@@ -168,3 +168,24 @@ def test_npubuilds_integer_reference_and_tflites_kernels_agree_within_the_stated
     assert kinds["maxpool"]["layer_max_steps"] == kinds["reshape"]["layer_max_steps"] == 0
     assert max(kinds[k]["layer_max_steps"] for k in ("conv", "add", "lut SiLU")) <= 1
     assert kinds["avgpool"]["layer_max_steps"] <= 2
+
+
+def test_an_int16_tensor_is_refused_and_no_ethos_chip_offers_int16(tmp_path):
+    """TFLite's 16x8 kernels need symmetric int16 in and out of each layer; npubuild's int16 is
+    per tensor with the scheme's zero point, so the Ethos-U chips say int16: false (the
+    precision search never chooses it there) and the writer refuses it by name."""
+    from npubuild.quant import calibrate
+    from npubuild.quant.lower import lower
+    from npubuild.quant.quantizer import QuantConfig, quantize_graph
+    from npubuild.targets import load_chip
+
+    model = conv_net()
+    fg, probe = lower(model)
+    observer = calibrate.Observer(fg, probe, "minmax")
+    for feed in feeds(model):
+        observer.update(feed)
+    qgraph, _ = quantize_graph(fg, observer.stats, QuantConfig(
+        scheme="asymmetric", granularity="per_channel", int16_tensors=frozenset({"x"})), "g")
+    with pytest.raises(Unwritable, match="tensor 'x' is int16: .*symmetric"):
+        write_tflite(qgraph)
+    assert not any(load_chip(c).int16 for c in ("ethos-u55-256", "ethos-u65-256", "ethos-u85-256"))
