@@ -64,15 +64,17 @@ def quantizer_rows(report: dict) -> list[list[Any]]:
 
 def handover_lines(report: dict) -> list[str]:
     """Per graph and quantizer: whose quantization the vendor's tensors carry and how the
-    vendor's integers agree with npubuild's reference (the ``summary`` lines of report.json's
-    ``quantization`` and ``integer_reference``)."""
+    vendor's integers agree with npubuild's reference and why they differ where the backend
+    measured it (the ``summary`` lines of report.json's ``quantization`` and
+    ``integer_reference``, and the latter's ``why``)."""
     lines = []
     for graph, info in ((report.get("compile") or {}).get("graphs") or {}).items():
         for quantizer, q in (info.get("quantizers") or {}).items():
             for key in ("quantization", "integer_reference"):
-                summary = (q.get(key) or {}).get("summary")
-                if summary:
-                    lines.append(f"{graph}, {quantizer}: {summary}")
+                entry = q.get(key) or {}
+                if entry.get("summary"):
+                    why = f" — why: {entry['why']}" if entry.get("why") else ""
+                    lines.append(f"{graph}, {quantizer}: {entry['summary']}{why}")
     return lines
 
 

@@ -130,6 +130,7 @@ def test_the_report_says_whose_quantization_each_vendor_artifact_carries():
     report = {"compile": {"graphs": {"graph_0": {"quantizers": {
         "vendor": {"proof": {}},
         "npubuild": {"quantization": {"summary": "npubuild's Q/DQ on 3 of 4 ..."},
-                     "integer_reference": {"summary": "0 of 1 outputs bit-exact ..."}}}}}}}
+                     "integer_reference": {"summary": "0 of 1 outputs bit-exact ...",
+                                           "why": "fused kernels"}}}}}}}
     assert handover_lines(report) == ["graph_0, npubuild: npubuild's Q/DQ on 3 of 4 ...",
-                                      "graph_0, npubuild: 0 of 1 outputs bit-exact ..."]
+                                      "graph_0, npubuild: 0 of 1 outputs bit-exact ... — why: fused kernels"]
