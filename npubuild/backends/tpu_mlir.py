@@ -8,8 +8,10 @@ calibration table and a bmodel —
 - ``npubuild``: the same table with npubuild's calibrated ranges (``quantize/calibration.json``)
   as the thresholds of every entry npubuild calibrated: the tensors it quantized and those it
   computes inside one integer layer (the ONNX TPU-MLIR reads names them as quantize does,
-  `vendor.vendor_model`); an entry without one keeps TPU-MLIR's threshold and is named in the
-  report (``quantization.fell_back``) and the log —
+  `vendor.vendor_model`), and npubuild's precision decisions as TPU-MLIR's quantize table
+  (``--quantize_table``): every op whose value quantize keeps in float runs in F16; any other
+  entry without a range keeps TPU-MLIR's threshold and is named in the report
+  (``quantization.fell_back``) and the log —
 
 built by ``model_transform.py`` → ``model_deploy.py --quantize INT8 --chip <platform>``, with
 ``model_runner.py``'s outputs on the proof inputs. A bmodel embeds its creation time, so its bytes
@@ -46,7 +48,8 @@ class TpuMlir(vendor.VendorBackend, Backend):
 
         def compile_one(ctx, env, graph, calibration, compare, quantizers):
             return compile_graph(ctx, env, graph, calibration, compare, quantizers,
-                                 npubuild_ranges.get(graph.name, vendor.Ranges({}, {})))
+                                 npubuild_ranges.get(graph.name, vendor.Ranges({}, {})),
+                                 _floats(ctx, graph) if "npubuild" in quantizers else set())
         return compile_one
 
     @staticmethod
@@ -63,7 +66,7 @@ class TpuMlir(vendor.VendorBackend, Backend):
 
 
 def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: list[dict],
-                  quantizers: list[str], calibrated: vendor.Ranges) -> dict:
+                  quantizers: list[str], calibrated: vendor.Ranges, kept_float: set[str]) -> dict:
     from npubuild import onnx_io
 
     folder = ctx.out / graph.context_dir
@@ -77,14 +80,16 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
            "proof": [f"{graph.context_dir}/proof/{p.name}" for p in proofs]}
     vendor_table, coverage = None, None
     for q in ["vendor"] + [q for q in quantizers if q != "vendor"]:
-        table = None
+        table, qtable = None, None
         if q == "npubuild":
-            table, coverage = _npubuild_table(vendor_table, calibrated, folder, graph)
+            table, qtable, coverage = _npubuild_table(vendor_table, calibrated, kept_float, folder,
+                                                      graph)
             if coverage["fell_back"]:
                 ctx.log.warning("compile: %s: %s", graph.name, coverage["summary"])
         job = {"onnx": str(onnx_path.resolve()), "name": f"{graph.name}", "chip": ctx.chip.platform,
                "input_shapes": shapes, "data_list": [str(p.resolve()) for p in dataset],
                "cali_table": str(table.resolve()) if table else None,
+               "quantize_table": str(qtable.resolve()) if qtable else None,
                "test_inputs": [str(p.resolve()) for p in proofs],
                "proof_outputs": str((folder / f"proof_outputs.{q}.npz").resolve())}
         figures, table_path = _build(env, graph, folder, job, q, vendor.logs_dir(ctx))
@@ -116,21 +121,27 @@ def _build(env, graph: NpuGraph, folder: Path, job: dict, q: str,
     return {"artifact": bmodel.name, "artifact_bytes": bmodel.stat().st_size, **figures}, table
 
 
-def npubuild_table(vendor_table: str, ranges: vendor.Ranges) -> tuple[str, dict]:
+def npubuild_table(vendor_table: str, ranges: vendor.Ranges,
+                   floats: set[str] = frozenset()) -> tuple[str, str, dict]:
     """The vendor's table text with npubuild's ranges as the thresholds of every entry npubuild
     calibrated (TPU-MLIR's INT8 is symmetric: threshold = the larger magnitude of the range),
-    and how many: an entry npubuild has no range for keeps TPU-MLIR's own threshold, named in
-    the coverage (never silently)."""
-    lines, applied, inner, fell_back, entries = [], 0, 0, [], 0
+    TPU-MLIR's quantize table (``<op> F16`` for every entry whose value is in ``floats``, the
+    values npubuild keeps in float), and how many: an entry npubuild has neither for keeps
+    TPU-MLIR's own threshold, named in the coverage (never silently)."""
+    lines, qtable, applied, inner, fell_back, entries = [], [], 0, 0, [], 0
     for line in vendor_table.splitlines():
         parts = line.split()
         if line.startswith("#") or len(parts) < 4:
             lines.append(line)
             continue
         entries += 1
+        in_float = table_value(parts[0], floats) is not None
+        if in_float:
+            qtable.append(f"{parts[0]} F16")
         found = table_tensor(parts[0], ranges)
         if found is None:
-            fell_back.append(parts[0])
+            if not in_float:
+                fell_back.append(parts[0])
             lines.append(line)
             continue
         kind, (lo, hi) = found
@@ -138,20 +149,34 @@ def npubuild_table(vendor_table: str, ranges: vendor.Ranges) -> tuple[str, dict]
         lines.append(" ".join([parts[0], f"{threshold:.7f}", f"{lo:.7f}", f"{hi:.7f}", *parts[4:]]))
         applied += 1
         inner += kind == "inner"
-    coverage = {"entries": entries, "applied": applied, "inner": inner, "fell_back": fell_back,
+    coverage = {"entries": entries, "applied": applied, "inner": inner, "float16": len(qtable),
+                "fell_back": fell_back,
                 "summary": vendor.coverage_line(applied, entries, inner, fell_back,
-                                                "calibration table entries")}
-    return "\n".join(lines) + "\n", coverage
+                                                "calibration table entries", len(qtable))}
+    return "\n".join(lines) + "\n", "".join(f"{q}\n" for q in qtable), coverage
 
 
-def _npubuild_table(vendor_table: Path | None, ranges: vendor.Ranges, folder: Path,
-                    graph: NpuGraph) -> tuple[Path, dict]:
+def _floats(ctx, graph: NpuGraph) -> set[str]:
+    """The values of the graph's vendor model that quantize keeps in float."""
+    from npubuild import onnx_io
+    from npubuild.quant.qgraph import QGraph
+
+    path = Path(ctx.upstream["quantize"]) / f"{graph.name}.qgraph.json"
+    if not path.is_file():
+        return set()
+    model = vendor.vendor_model(onnx_io.load_model(graph.model_path))
+    return vendor.float_values(model, QGraph.load(path))
+
+
+def _npubuild_table(vendor_table: Path | None, ranges: vendor.Ranges, floats: set[str],
+                    folder: Path, graph: NpuGraph) -> tuple[Path, Path | None, dict]:
     if vendor_table is None:
         raise BuildError(f"{graph.name}: no vendor calibration table to start from", stage=STAGE)
-    text, coverage = npubuild_table(vendor_table.read_text(), ranges)
+    text, qtable, coverage = npubuild_table(vendor_table.read_text(), ranges, floats)
     path = folder / f"{graph.name}.npubuild-input.cali_table"
     vendor.write_text(path, text)
-    return path, coverage
+    qpath = vendor.write_text(folder / f"{graph.name}.npubuild.qtable", qtable) if qtable else None
+    return path, qpath, coverage
 
 
 def table_tensor(op_name: str, ranges: vendor.Ranges) -> tuple[str, tuple[float, float]] | None:
@@ -162,6 +187,13 @@ def table_tensor(op_name: str, ranges: vendor.Ranges) -> tuple[str, tuple[float,
         head, _, _ = op_name.rpartition("_")
         found = ranges.get(head) if head else None
     return found
+
+
+def table_value(op_name: str, values: set[str]) -> str | None:
+    """The value of ``values`` a TPU-MLIR table entry names (itself, or without its op-type
+    suffix), if any."""
+    head = op_name.rpartition("_")[0]
+    return op_name if op_name in values else head if head in values else None
 
 
 def _named(got: dict, outputs: list[str], samples: int) -> dict:

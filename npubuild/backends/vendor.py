@@ -284,12 +284,32 @@ def calibrated_ranges(qdir: Path) -> dict[str, Ranges]:
             for g, data in graphs.items()}
 
 
-def coverage_line(applied: int, entries: int, inner: int, fell_back: list[str], what: str) -> str:
+def float_values(model: onnx.ModelProto, qgraph) -> set[str]:
+    """The values of ``model`` (a submodel as the vendor reads it, `vendor_model`) that
+    npubuild's integer graph ``qgraph`` keeps in float — quantize's precision decisions: its
+    float tensors, and a value computed inside a layer (no tensor of the qgraph) from float
+    values only (the Sigmoid inside a SiLU npubuild keeps in float)."""
+    constants = {i.name for i in model.graph.initializer}
+    out: set[str] = set()
+    for node in model.graph.node:
+        inputs = [x for x in node.input if x and x not in constants]
+        for t in node.output:
+            tensor = qgraph.tensors.get(t)
+            if tensor is not None and tensor.is_float or tensor is None and inputs and all(
+                    x in out for x in inputs):
+                out.add(t)
+    return out
+
+
+def coverage_line(applied: int, entries: int, inner: int, fell_back: list[str], what: str,
+                  floats: int = 0) -> str:
     """The report's sentence on how much of npubuild's calibration reached the vendor."""
     line = f"npubuild's ranges applied to {applied} of {entries} {what}"
     if inner:
         line += (f" ({inner} of them tensors npubuild computes inside one integer layer and "
                  "never quantizes: their calibrated range)")
+    if floats:
+        line += f"; {floats} run in float16 as npubuild keeps them in float (its quantize table)"
     if fell_back:
         line += (f"; {len(fell_back)} kept the vendor's own: " + ", ".join(fell_back[:8])
                  + (" ..." if len(fell_back) > 8 else ""))

@@ -1,7 +1,8 @@
 """TPU-MLIR in its own environment (Python 3.10): ONNX -> bmodel, run on its cmodel simulator.
 
 Job (build): onnx, name, chip, input_shapes, data_list (npz files, one per calibration sample),
-cali_table (optional: use this table instead of running run_calibration), test_input (npz) and
+cali_table (optional: use this table instead of running run_calibration), quantize_table
+(optional: ops to run in another mode than INT8, model_deploy's --quantize_table), test_input (npz) and
 the output folder. Steps are TPU-MLIR's own tools, found on PATH (the environment's bin leads
 it: its scripts start with ``/usr/bin/env python3``): model_transform.py, run_calibration.py,
 model_deploy.py --quantize INT8, then model_runner.py on the test input.
@@ -44,8 +45,9 @@ def build(spec):
         _tool(["run_calibration.py", mlir, "--data_list", os.path.join(out, "data_list.txt"),
                "--input_num", str(len(spec["data_list"])), "-o", table], "run_calibration.py")
     bmodel = os.path.join(out, f"{name}.bmodel")
+    qtable = ["--quantize_table", spec["quantize_table"]] if spec.get("quantize_table") else []
     _tool(["model_deploy.py", "--mlir", mlir, "--quantize", "INT8", "--calibration_table", table,
-           "--chip", spec["chip"], "--model", bmodel], "model_deploy.py")
+           *qtable, "--chip", spec["chip"], "--model", bmodel], "model_deploy.py")
     result = {"bmodel": bmodel, "cali_table": table, **_figures(bmodel, out, name)}
     if spec.get("test_inputs"):
         outputs, start = {}, time.perf_counter()

@@ -96,7 +96,8 @@ def test_a_tpu_mlir_table_takes_npubuilds_ranges_and_names_every_entry_it_cannot
              "x 1.0 -1.0 1.0\nrelu_Relu 5.0 0.0 5.0\nconv:0__1_Conv 7.0 -7.0 6.0\n"
              "mystery_Conv 3.0 -3.0 2.0\n")
     ranges = Ranges({"x": (-0.5, 0.75), "relu": (0.0, 4.0)}, {"conv:0__1": (-2.0, 3.0)})
-    text, coverage = npubuild_table(table, ranges)
+    text, qtable, coverage = npubuild_table(table, ranges)
+    assert qtable == ""
     assert text.splitlines()[1:] == ["x 0.7500000 -0.5000000 0.7500000",
                                      "relu_Relu 4.0000000 0.0000000 4.0000000",
                                      "conv:0__1_Conv 3.0000000 -2.0000000 3.0000000",
@@ -104,6 +105,35 @@ def test_a_tpu_mlir_table_takes_npubuilds_ranges_and_names_every_entry_it_cannot
     assert (coverage["applied"], coverage["entries"], coverage["inner"]) == (3, 4, 1)
     assert coverage["fell_back"] == ["mystery_Conv"]
     assert coverage["summary"].endswith("1 kept the vendor's own: mystery_Conv")
+
+
+def test_what_npubuild_keeps_in_float_runs_in_f16_through_tpu_mlirs_quantize_table():
+    table = ("# op_name    threshold    min    max\n"
+             "x 1.0 -1.0 1.0\nconv:0__1_Conv 7.0 -7.0 6.0\nsig_Sigmoid 1.0 0.0 1.0\n"
+             "y_Mul 5.0 -0.3 5.0\n")
+    ranges = Ranges({"x": (-0.5, 0.75)}, {})
+    text, qtable, coverage = npubuild_table(table, ranges, {"conv:0__1", "sig", "y"})
+    assert qtable == "conv:0__1_Conv F16\nsig_Sigmoid F16\ny_Mul F16\n"
+    assert text.splitlines()[1] == "x 0.7500000 -0.5000000 0.7500000"
+    assert (coverage["applied"], coverage["float16"], coverage["fell_back"]) == (1, 3, [])
+    assert "3 run in float16 as npubuild keeps them in float" in coverage["summary"]
+
+
+def test_a_silu_npubuild_keeps_in_float_is_float_inside_too():
+    from onnx import TensorProto, helper
+
+    from npubuild.backends.vendor import float_values
+    from npubuild.quant.qgraph import QGraph, QTensor
+
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Mul", ["c", "s"], ["y"]), helper.make_node("Relu", ["y"], ["z"])]
+    w = helper.make_tensor("w", TensorProto.FLOAT, [1, 1, 1, 1], [1.0])
+    model = helper.make_model(helper.make_graph(nodes, "g", [], [], [w]))
+    tensors = {n: QTensor(n, [1], dtype) for n, dtype in (("x", "int8"), ("c", "float32"),
+                                                          ("y", "float32"), ("z", "int8"))}
+    qgraph = QGraph(name="g", scheme="asymmetric", granularity="per_channel", inputs=["x"],
+                    outputs=["z"], tensors=tensors, layers=[])
+    assert float_values(model, qgraph) == {"c", "s", "y"}
 
 
 def test_model_runner_outputs_are_matched_by_name_then_prefix_then_order():
