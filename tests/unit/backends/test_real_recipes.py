@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from npubuild import backends
-from npubuild.recipe.model import Recipe
+from npubuild.recipe.model import Recipe, VerifySpec
 from npubuild.targets import load_chip
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,3 +45,14 @@ def test_yolov8n_has_boxes_and_scores_apart_and_judges_the_scores(path):
     recipe = Recipe.model_validate(yaml.safe_load(path.read_text()))
     assert len(recipe.model.outputs) == 2
     assert any(s.tensor == "/model.22/Sigmoid_output_0" for s in recipe.verify.slices)
+
+
+@pytest.mark.parametrize("path", REAL, ids=lambda p: p.stem)
+def test_no_real_recipe_lowers_a_cosine_threshold_below_verifys_default(path):
+    """A real recipe that cannot reach 0.99 fails at it and says why in a comment; thresholds
+    lowered to what a model reached are not allowed."""
+    verify = Recipe.model_validate(yaml.safe_load(path.read_text())).verify
+    default = VerifySpec.model_fields["min_cosine"].default
+    limits = [verify.min_cosine, verify.min_sample_cosine, verify.min_channel_cosine,
+              *(x for s in verify.slices for x in (s.min_cosine, s.min_sample_cosine))]
+    assert all(x is None or x >= default for x in limits), limits
