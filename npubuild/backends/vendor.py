@@ -288,9 +288,11 @@ def float_values(model: onnx.ModelProto, qgraph) -> set[str]:
     """The values of ``model`` (a submodel as the vendor reads it, `vendor_model`) that
     npubuild's integer graph ``qgraph`` keeps in float — quantize's precision decisions: its
     float tensors, and a value computed inside a layer (no tensor of the qgraph) from float
-    values only (the Sigmoid inside a SiLU npubuild keeps in float)."""
+    values only (the Sigmoid inside a SiLU npubuild keeps in float); a model input only float
+    layers read is one too."""
     constants = {i.name for i in model.graph.initializer}
-    out: set[str] = set()
+    out = {i.name for i in model.graph.input
+           if i.name in qgraph.tensors and qgraph.tensors[i.name].is_float}
     for node in model.graph.node:
         inputs = [x for x in node.input if x and x not in constants]
         for t in node.output:

@@ -22,11 +22,11 @@ def needs(name: str) -> None:
         pytest.skip(f"the {name} toolchain is not installed (npubuild toolchain install {name})")
 
 
-def build(cli, tmp_path, chip: str) -> tuple[dict, object]:
-    """The tiny recipe built for ``chip``; the vendor's scratch folders (in a TMPDIR of the
-    test's own) are all gone afterwards."""
-    body = TINY_RECIPE.replace("name: tiny", f"name: tiny-{chip}") + f"target: {chip}\n" + \
-        "verify: {data: 'pkg:skimage/data/[d-h]*.png', samples: 2, min_cosine: 0.98}\n"
+def build(cli, tmp_path, chip: str, extra: str = "", base: str = TINY_RECIPE) -> tuple[dict, object]:
+    """The tiny recipe (``base``, plus ``extra`` YAML) built for ``chip``; the vendor's scratch
+    folders (in a TMPDIR of the test's own) are all gone afterwards."""
+    body = base.replace("name: tiny", f"name: tiny-{chip}") + f"target: {chip}\n" + \
+        "verify: {data: 'pkg:skimage/data/[d-h]*.png', samples: 2, min_cosine: 0.98}\n" + extra
     recipe = write_recipe(tmp_path, body)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
@@ -55,6 +55,7 @@ def test_rknn_builds_an_rknn_and_verify_runs_it_in_the_simulator(cli, tmp_path):
     agreement = graph["quantizers"]["npubuild"]["integer_reference"]
     assert set(agreement["outputs"]) == {"y"}
     assert agreement["bit_exact"] == sum(r["max_steps"] == 0 for r in agreement["outputs"].values())
+    assert "Conv+SiLU" in agreement["why"]  # the measured reason they are not bit-exact
     assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
     assert report["compile"]["toolchain"]["rknn-toolkit2"] == "2.5.0"
 
@@ -78,6 +79,22 @@ def test_tpu_mlir_builds_a_bmodel_and_verify_runs_it_on_the_cmodel(cli, tmp_path
     assert coverage["entries"] >= 2 and coverage["applied"] == coverage["entries"]
     assert coverage["fell_back"] == []
     assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
+
+
+def test_what_npubuild_keeps_in_float_runs_in_f16_in_the_bmodel(cli, tmp_path):
+    """npubuild's precision decisions reach TPU-MLIR as its quantize table: the tensor the
+    recipe keeps in float (an override, as the precision search would) runs in F16."""
+    needs("tpu-mlir")
+    base = TINY_RECIPE.replace("quantization:\n", "quantization:\n  overrides: "
+                               "[{tensors: [relu], precision: float}]\n")
+    report, root = build(cli, tmp_path, "bm1684x",
+                         "compile: {quantizer: npubuild, compare_quantizers: false}\n", base)
+    qtable = (root / "compile" / "graph_ir_0" / "graph_0.npubuild.qtable").read_text()
+    coverage = report["compile"]["graphs"]["graph_0"]["quantizers"]["npubuild"]["quantization"]
+    assert coverage["float16"] >= 1 and coverage["fell_back"] == []
+    assert qtable and all(line.endswith(" F16") for line in qtable.splitlines())
+    assert any(line.startswith("relu") for line in qtable.splitlines())
+    assert report["verify"]["passed"]
 
 
 def test_a_failing_rknn_build_leaves_no_scratch_folder_and_keeps_its_log(tmp_path, monkeypatch):

@@ -128,12 +128,16 @@ def test_a_silu_npubuild_keeps_in_float_is_float_inside_too():
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"]),
              helper.make_node("Mul", ["c", "s"], ["y"]), helper.make_node("Relu", ["y"], ["z"])]
     w = helper.make_tensor("w", TensorProto.FLOAT, [1, 1, 1, 1], [1.0])
-    model = helper.make_model(helper.make_graph(nodes, "g", [], [], [w]))
-    tensors = {n: QTensor(n, [1], dtype) for n, dtype in (("x", "int8"), ("c", "float32"),
-                                                          ("y", "float32"), ("z", "int8"))}
-    qgraph = QGraph(name="g", scheme="asymmetric", granularity="per_channel", inputs=["x"],
-                    outputs=["z"], tensors=tensors, layers=[])
-    assert float_values(model, qgraph) == {"c", "s", "y"}
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 1, 1])
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [], [w]))
+
+    def qgraph(x_dtype):
+        tensors = {n: QTensor(n, [1], dtype) for n, dtype in (("x", x_dtype), ("c", "float32"),
+                                                              ("y", "float32"), ("z", "int8"))}
+        return QGraph(name="g", scheme="asymmetric", granularity="per_channel", inputs=["x"],
+                      outputs=["z"], tensors=tensors, layers=[])
+    assert float_values(model, qgraph("int8")) == {"c", "s", "y"}
+    assert float_values(model, qgraph("float32")) == {"x", "c", "s", "y"}  # read by float only
 
 
 def test_model_runner_outputs_are_matched_by_name_then_prefix_then_order():
