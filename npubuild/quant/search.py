@@ -138,11 +138,14 @@ class PrecisionSearch:
     ``judge(gots)`` is verify's verdict on one list of per-sample values (model outputs and
     NPU hand-over tensors)."""
 
+    float_where = "in float on the CPU"  # where a float layer runs (the chip may say the NPU)
+
     def __init__(self, workflow, samples: Sequence[Mapping[str, np.ndarray]],
                  judge: Callable[[list[dict]], object], kept: Sequence[str], spec: SearchSpec,
                  *, chip_int16: bool, float_fallback: bool = True, choose_methods: bool = False,
                  choose_scheme: bool = False,
                  npu_macs_per_second: float = float("inf"),
+                 float_macs_per_second: float = CPU_MACS_PER_SECOND, float_on_npu: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  on_score: Callable[[int], None] = lambda count: None):
         self.workflow, self.samples, self.judge = workflow, list(samples), judge
@@ -164,6 +167,8 @@ class PrecisionSearch:
                      for i, s in self.states.items()}
         # time per unit of work on each side; CPU submodels by the split's MAC estimate
         self.npu_seconds, self.cpu_seconds = 1.0 / npu_macs_per_second, 1.0 / CPU_MACS_PER_SECOND
+        self.float_seconds = 1.0 / float_macs_per_second  # a float layer: CPU or NPU float16
+        self.float_where = "in float16 on the NPU" if float_on_npu else "in float on the CPU"
         self.npu_work = sum(sum(w.values()) for w in self.work.values())
         self.cpu_work = sum(model_macs(g.model) for g in workflow.pipeline.graphs if not g.is_npu)
         self.moves: dict[str, frozenset[tuple[int, str]]] = {}  # root -> layers its float moves
@@ -224,9 +229,9 @@ class PrecisionSearch:
                                      if p == "float")) - self._plain_moves
         work = lambda layers: sum(self.work[i][name] for i, name in layers)  # noqa: E731
         on_cpu, moved = work(self._plain_moves), work(moved_layers)
-        plain = ((self.npu_work - on_cpu) * self.npu_seconds
-                 + (self.cpu_work + on_cpu) * self.cpu_seconds)
-        extra = moved * (self.cpu_seconds - self.npu_seconds)
+        plain = ((self.npu_work - on_cpu) * self.npu_seconds + on_cpu * self.float_seconds
+                 + self.cpu_work * self.cpu_seconds)
+        extra = moved * (self.float_seconds - self.npu_seconds)
         return 1.0 + extra / plain if plain > 0 else (1.0 if extra <= 0 else math.inf)
 
     def score(self, choice: Mapping[str, str], step: str = "", quick: bool = False) -> Scored:
@@ -554,7 +559,7 @@ class PrecisionSearch:
                               "slowdown": round(within.slowdown, 3),
                               "margin": round(within.margin, 6)}}
         result.note = (
-            f"verify's thresholds need {floats} tensor(s) in float on the CPU, which makes the "
+            f"verify's thresholds need {floats} tensor(s) {self.float_where}, which makes the "
             f"model an estimated {needed.slowdown:.3g}x slower than in int8 "
             f"(quantization.auto.max_slowdown: {budget:g}); the best choice within that misses "
             f"({self._shortfall(within)}), so int8 stays. To accept the cost, set "

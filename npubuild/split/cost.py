@@ -106,6 +106,14 @@ def npu_macs_per_second(chip: Chip) -> float:
     return chip.lanes * chip.macs_per_cycle_per_lane * chip.clock_mhz * 1e6 * NPU_UTILISATION
 
 
+def float_macs_per_second(chip: Chip) -> float:
+    """Where layers kept in float run: the NPU's float16 rate where the chip has one (at
+    `NPU_UTILISATION`), else the host CPU's."""
+    if chip.float_macs_per_cycle_per_lane is None:
+        return CPU_MACS_PER_SECOND
+    return chip.lanes * chip.float_macs_per_cycle_per_lane * chip.clock_mhz * 1e6 * NPU_UTILISATION
+
+
 def island_cost(chip: Chip, macs: int, boundary_elements: list[int]) -> IslandCost:
     clock = chip.clock_mhz * 1e6
     npu_rate = npu_macs_per_second(chip)

@@ -36,7 +36,7 @@ from npubuild.quant.pipeline import SplitPipeline
 from npubuild.quant.quantizer import QuantConfig
 from npubuild.quant.search import PrecisionSearch, SearchSpec
 from npubuild.quant.workflow import Options, OverrideSpec, Workflow
-from npubuild.split.cost import npu_macs_per_second
+from npubuild.split.cost import float_macs_per_second, npu_macs_per_second
 from npubuild.stages import StageContext
 from npubuild.stages.files import CALIBRATION_FIELD, calibration_files, verify_files
 from npubuild.verify.verdict import SampleJudge, check_names
@@ -183,6 +183,9 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
                              chip_int16=bool(chip and chip.int16),
                              float_fallback=bool(chip is None or chip.float_fallback),
                              npu_macs_per_second=npu_macs_per_second(chip) if chip else float("inf"),
+                             **({"float_macs_per_second": float_macs_per_second(chip),
+                                 "float_on_npu": chip.float_macs_per_cycle_per_lane is not None}
+                                if chip else {}),
                              choose_methods=spec.calibration.method is None,
                              choose_scheme=spec.scheme is None,
                              on_score=lambda count: next(ticks))

@@ -129,6 +129,10 @@ class Chip(Strict):
     clock_mhz: float = Field(gt=0)
     """Clock frequency in MHz (for cycles to seconds)."""
     macs_per_cycle_per_lane: int = Field(ge=1, description="int8 MACs per cycle per lane.")
+    float_macs_per_cycle_per_lane: int | None = Field(None, ge=1, description=(
+        "Float16 MACs per cycle per lane, where the NPU itself runs the layers quantization "
+        "keeps in float (RKNN and TPU-MLIR take them as float16); none: they run on the host "
+        "CPU. The precision search prices a float choice with it."))
     mac_array: MacArray | None = Field(None, description=(
         "The MAC array's utilisation rules for the estimate (none: every MAC at peak)."))
     lmem_bandwidth_bytes_per_cycle: float | None = Field(None, gt=0, description=(
