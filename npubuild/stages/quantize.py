@@ -39,7 +39,7 @@ from npubuild.quant.workflow import Options, OverrideSpec, Workflow
 from npubuild.split.cost import float_macs_per_second, npu_macs_per_second
 from npubuild.stages import StageContext
 from npubuild.stages.files import CALIBRATION_FIELD, calibration_files, verify_files
-from npubuild.verify.verdict import SampleJudge, check_names
+from npubuild.verify.verdict import SampleJudge, check_names, output_channel_axis
 
 NO_NPU_NOTE = "the split placed every node on the CPU: no NPU graph to quantize"
 
@@ -123,7 +123,8 @@ def run(ctx: StageContext) -> dict:
                                map_batches=_batch_mapper(ctx, workflow))
     workflow.quantize()
     compare = verify_samples(ctx, inputs)
-    judge = SampleJudge(ctx.recipe.verify, ctx.upstream, pipeline, compare, input_hw(inputs[0]))
+    judge = SampleJudge(ctx.recipe.verify, ctx.upstream, pipeline, compare, input_hw(inputs[0]),
+                        channel_axis=output_channel_axis(ctx.recipe))
     check_names(ctx.loaded, ctx.recipe.verify, pipeline.outputs, {**judge.floats[0], **judge.refs[0]})
     verdict = judge(workflow.deployed_values(compare, judge.kept))
     search = None

@@ -117,7 +117,7 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
         return detections(ctx, info, sources, samples, refs, gots, floats, pipeline.outputs)
 
     found = verdict.judge(spec, refs, gots, floats, pipeline.outputs, handed_over, missing,
-                          detect=detect)
+                          detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe))
     result = {"samples": len(refs), "data": [s.label(ctx.loaded.spelled) for s in sources],
               "outputs": found.outputs, "npu_outputs": found.npu_outputs,
               "npu_graphs": len(pipeline.npu_graphs), "slices": found.slices}
@@ -147,7 +147,7 @@ def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, p
     def judge(gots):
         detect = (lambda r, g, f: verdict.detection_totals(r, g, f, outputs, hw)[0]) if hw else None
         return verdict.judge(ctx.recipe.verify, refs, gots, floats, outputs, handed_over, missing,
-                             detect=detect)
+                             detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe))
 
     bench = measured.FixBench(ctx.upstream["split"], ctx.upstream["quantize"], pipeline, samples,
                               judge, [*outputs, *handed_over])

@@ -9,9 +9,9 @@ rounding noise decides it). So a tensor is judged by
 - the worst sample's cosine, over the samples where a per-sample cosine means something: more
   than one element, and a reference RMS of at least ``QUIET`` × the tensor's RMS over all
   samples (the others count in the aggregate metrics only);
-- per channel (``axis``, NCHW's 1 by default), over all samples: the worst cosine of the
-  channels spanning at least ``QUIET`` × the tensor's range, and the *dead* channels — constant
-  in the deployed result while the reference's channel spans at least ``DEAD_SPAN`` × the
+- per channel (``axis``: NCHW's 1 by default, -1 for a channels-last model's outputs), over
+  all samples: the worst cosine of the channels spanning at least ``QUIET`` × the tensor's
+  range, and the *dead* channels — constant in the deployed result while the reference's channel spans at least ``DEAD_SPAN`` × the
   tensor's range (below a quarter of an int8 step of the whole tensor: YOLOv8's class scores
   beside its box coordinates, all rounded to zero, are dead). A dead channel of an output or a
   slice fails; one of an NPU hand-over tensor is reported and fails only when
@@ -66,7 +66,8 @@ def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int | N
     worst = min(loud, key=loud.get) if loud else None
     out["min_sample_cosine"] = None if worst is None else loud[worst]
     out["worst_sample"], out["samples_judged"] = worst, len(loud)
-    if axis is not None and np.ndim(refs[0]) > axis and np.shape(refs[0])[axis] > 1:
+    rank = np.ndim(refs[0])
+    if axis is not None and rank >= 2 and -rank <= axis < rank and np.shape(refs[0])[axis] > 1:
         out.update(channel_metrics(refs, gots, axis))
     return out
 

@@ -94,14 +94,15 @@ def cut(check, value: np.ndarray) -> np.ndarray:
 def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
           outputs: Sequence[str], handed_over: Sequence[str], missing: Sequence[str] = (),
           *, detect: Callable[[list, list, list], dict] | None = None,
-          judged_only: bool = False) -> Verdict:
+          judged_only: bool = False, channel_axis: int = 1) -> Verdict:
     """verify's verdict (``spec``: the recipe's ``verify`` section) on these samples.
     ``missing``: model outputs the original lacks (compared with the float pipeline);
     ``detect(refs, gots, floats)`` gives the
     detection totals (``box_recall`` ...) when the task is ``detector``; ``judged_only``
     leaves out what no threshold reads (hand-over tensors without ``verify.handover``
-    thresholds: the precision search scores hundreds of choices)."""
-    metrics = output_metrics(refs, gots, floats, missing)
+    thresholds: the precision search scores hundreds of choices). ``channel_axis``: the model
+    outputs' channel axis (`output_channel_axis`); hand-over tensors are ONNX's NCHW inside."""
+    metrics = output_metrics(refs, gots, floats, missing, channel_axis)
     if judged_only and Thresholds.of(spec.handover) == Thresholds():
         handed_over = []
     boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots])
@@ -129,14 +130,23 @@ def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
                    spec.min_task_agreement)
 
 
+def output_channel_axis(recipe) -> int:
+    """The model outputs' channel axis: last where the recipe declares its inputs NHWC (a
+    TFLite or Keras model's outputs are channels-last: axis 1 of a [1, anchors, 1] score map is
+    its anchors, not channels), else 1."""
+    layout = next((i.layout for i in recipe.model.inputs if i.layout != "any"), None)
+    return -1 if layout == "NHWC" else 1
+
+
 def output_metrics(refs: list[Values], gots: list[Values], floats: list[Values],
-                   missing: Sequence[str]) -> dict:
+                   missing: Sequence[str], channel_axis: int = 1) -> dict:
     """Per model output, over all samples; outputs the original lacks are compared with the
     float pipeline (the rewritten model) and say so."""
     out = {}
     for name in [*refs[0], *(m for m in missing if m not in refs[0])]:
         source = floats if name in missing else refs
-        out[name] = tensor_metrics([r[name] for r in source], [g[name] for g in gots])
+        out[name] = tensor_metrics([r[name] for r in source], [g[name] for g in gots],
+                                   channel_axis)
         out[name]["reference"] = "float pipeline (after surgery)" if name in missing else "float original"
     return out
 
@@ -247,7 +257,7 @@ class SampleJudge:
     pipeline is the reference)."""
 
     def __init__(self, spec, dirs, pipeline, samples, input_hw: tuple[int, int] | None = None,
-                 judged_only: bool = True):
+                 judged_only: bool = True, channel_axis: int = 1):
         from npubuild import onnx_io
         from npubuild.verify.reference import FloatReference, original_inputs, original_names
         from npubuild.verify.samples import npu_handovers
@@ -267,7 +277,7 @@ class SampleJudge:
         else:  # the split pipeline alone (split proved it equal to the original)
             self.missing = []
             self.refs = [{k: f[k] for k in self.outputs} for f in self.floats]
-        self.input_hw, self.judged_only = input_hw, judged_only
+        self.input_hw, self.judged_only, self.channel_axis = input_hw, judged_only, channel_axis
 
     def subset(self, indices: Sequence[int]) -> "SampleJudge":
         """The same judge on some of the samples (their references already computed)."""
@@ -282,4 +292,5 @@ class SampleJudge:
         if self.input_hw is not None:
             detect = lambda r, g, f: detection_totals(r, g, f, self.outputs, self.input_hw)[0]  # noqa: E731
         return judge(self.spec, self.refs, gots, self.floats, self.outputs, self.handed_over,
-                     self.missing, detect=detect, judged_only=self.judged_only)
+                     self.missing, detect=detect, judged_only=self.judged_only,
+                     channel_axis=self.channel_axis)

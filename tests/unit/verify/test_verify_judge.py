@@ -109,3 +109,27 @@ def test_an_output_rounded_to_zero_everywhere_says_so_instead_of_only_cosine_zer
     partly = tensor_metrics(refs, [r * 0.5 for r in refs])  # a real cosine: no such remark
     assert partly["deployed_peak"] > 0 and failures("output 'maps'", partly,
                                                     Thresholds(min_cosine=1.01))[0].endswith("over all samples")
+
+
+def test_a_channels_last_score_map_is_not_judged_per_anchor():
+    """A TFLite detector's [1, anchors, 1] scores: with the channels-last axis there is one
+    channel (no per-anchor verdict); axis 1 would judge every anchor as a channel."""
+    refs = [RNG.uniform(-8, 2, (1, 64, 1)) for _ in range(3)]
+    for r in refs:
+        r[0, 7, 0] = 1e-3 * RNG.uniform()  # an anchor that barely varies over the samples
+    gots = [noisy(r, 0.01) for r in refs]
+    for g in gots:
+        g[0, 7, 0] = 0.0
+    assert "dead_channels" not in tensor_metrics(refs, gots, axis=-1)
+    assert tensor_metrics(refs, gots, axis=1)["channel_axis"] == 1
+
+
+def test_the_recipes_input_layout_gives_the_outputs_channel_axis():
+    from types import SimpleNamespace as NS
+
+    from npubuild.verify.verdict import output_channel_axis
+
+    recipe = lambda *layouts: NS(model=NS(inputs=[NS(layout=lay) for lay in layouts]))  # noqa: E731
+    assert output_channel_axis(recipe("NHWC")) == -1
+    assert output_channel_axis(recipe("any", "NCHW")) == 1
+    assert output_channel_axis(recipe("any")) == 1
