@@ -348,7 +348,8 @@ class PrecisionSearch:
             if done:
                 best = min(done, key=lambda s: (len(s.choice), -s.margin))
             else:
-                best = max(self.cache.values(), key=lambda s: s.margin)
+                best = max((s for s in self.cache.values() if self.affordable(s)),
+                           key=lambda s: s.margin, default=plain)
             result = self._result(plain, best, best.wide, self.ranking)
             result.note = (f"the search stopped at its time budget (quantization.auto.seconds: "
                            f"{self.spec.seconds:g})") + ("" if self.ok(best) else

@@ -144,6 +144,17 @@ def test_the_time_budget_stops_the_search_with_the_best_passing_choice():
     assert result.reached == search.cache[(tuple(sorted(result.chosen.items())), "minmax", ())].passed
 
 
+def test_the_time_budget_never_keeps_a_choice_over_the_slowdown_budget():
+    cost = {t: 0.0 for t in TENSORS}
+    heavy = [f"t{i}" for i in range(10, 30)]
+    cost.update({t: 0.06 for t in heavy})
+    search = Synthetic(cost, levels=("float",), needs_float=heavy, seconds=4,
+                       work={t: 0.5 for t in TENSORS})  # float everywhere: 101x int8's time
+    result = search.run()
+    assert "time budget" in result.note and not result.reached
+    assert search.slowdown(result.chosen) <= 2.0
+
+
 class TaskOnly(Synthetic):
     """Every cosine passes in int8 but one sample's top-1 flips unless t42 is wide (a small
     classifier near a tie): the task's shortfall is a load of its own."""
