@@ -96,7 +96,7 @@ class Scored:
     loads: np.ndarray      # per judged cosine: (1 - cosine) / (1 - its bar)
     failures: list[str]
     span_ratio: float = 1.0  # the channel closest to dying: deployed span / reference span
-    slowdown: float = 1.0    # estimated time with this choice's CPU layers / int8's
+    slowdown: float = 1.0    # estimated time with this choice's float layers / int8's
 
     @property
     def wide(self) -> dict[str, str]:
@@ -217,8 +217,8 @@ class PrecisionSearch:
         return self.moves[root]
 
     def slowdown(self, choice: Mapping[str, str]) -> float:
-        """The model's estimated time with ``choice``'s CPU layers over its time in int8
-        (whose own CPU layers, the quantizer's placement, count on the CPU in both)."""
+        """The model's estimated time with ``choice``'s float layers over its time in int8
+        (whose own float layers, the quantizer's placement, count as float in both)."""
         if not hasattr(self, "_plain_moves"):  # the recipe's own float overrides
             floats = {t for ov in self.workflow.options.overrides if ov.precision == "float"
                       for t in ov.tensors}
@@ -525,10 +525,10 @@ class PrecisionSearch:
         return chosen
 
     def _within_budget(self, plain: Scored, needed: Scored, ranking: list[dict]) -> SearchResult:
-        """The fewest-tensor choice moves more work to the CPU than the budget allows: the most
-        useful float blocks that fit it (over int16 everywhere where the chip has int16), then
-        the drop and demote passes; where that misses, int8 stays (a deployment that runs on
-        the CPU is not what the recipe asked for) and the note says what would pass."""
+        """The fewest-tensor choice costs more time than the budget allows: the most useful
+        float blocks that fit it (then over int16 everywhere where the chip has int16), then
+        the drop and demote passes; where that misses, int8 stays (a deployment slowed past
+        the budget is not what the recipe asked for) and the note says what would pass."""
         budget = self.spec.max_slowdown
         floats: dict[str, str] = {}
         blocks = [b["tensors"] for b in ranking]
