@@ -148,6 +148,11 @@ class ModelSpec(Strict):
         "values involved, beyond the float rounding the model shows in ONNX Runtime itself "
         "(measured); default 1e-4. ONNX sources must be bit-identical.")
 
+    @property
+    def layout(self) -> str | None:
+        """The layout the inputs declare (the first that is not ``any``), else None."""
+        return next((i.layout for i in self.inputs if i.layout != "any"), None)
+
 
 def _surgery_step_union() -> Any:
     """``{name: args}`` single-key mappings, one variant per registered rewrite."""

@@ -22,7 +22,7 @@ def run(ctx: StageContext) -> dict:
         raise BuildError("no target chip was given", stage="split")
     upstream = next(iter(ctx.upstream.values()))
     model = load_model(upstream / "model.onnx")
-    layout = next((i.layout for i in ctx.recipe.model.inputs if i.layout != "any"), None)
+    layout = ctx.recipe.model.layout
     feeds = proofs.load(upstream, model)
     try:
         report = split_model(model, ctx.chip, ctx.recipe.split, ctx.out, layout=layout,

@@ -134,8 +134,7 @@ def output_channel_axis(recipe) -> int:
     """The model outputs' channel axis: last where the recipe declares its inputs NHWC (a
     TFLite or Keras model's outputs are channels-last: axis 1 of a [1, anchors, 1] score map is
     its anchors, not channels), else 1."""
-    layout = next((i.layout for i in recipe.model.inputs if i.layout != "any"), None)
-    return -1 if layout == "NHWC" else 1
+    return -1 if recipe.model.layout == "NHWC" else 1
 
 
 def output_metrics(refs: list[Values], gots: list[Values], floats: list[Values],

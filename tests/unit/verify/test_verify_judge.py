@@ -127,9 +127,13 @@ def test_a_channels_last_score_map_is_not_judged_per_anchor():
 def test_the_recipes_input_layout_gives_the_outputs_channel_axis():
     from types import SimpleNamespace as NS
 
+    from npubuild.recipe.model import InputSpec, ModelSpec
     from npubuild.verify.verdict import output_channel_axis
 
-    recipe = lambda *layouts: NS(model=NS(inputs=[NS(layout=lay) for lay in layouts]))  # noqa: E731
+    def recipe(*layouts):
+        inputs = [InputSpec(name=f"x{i}", layout=lay) for i, lay in enumerate(layouts)]
+        return NS(model=ModelSpec(path="m.onnx", inputs=inputs))
+
     assert output_channel_axis(recipe("NHWC")) == -1
     assert output_channel_axis(recipe("any", "NCHW")) == 1
     assert output_channel_axis(recipe("any")) == 1
