@@ -172,7 +172,7 @@ class PrecisionSearch:
         self.npu_work = sum(sum(w.values()) for w in self.work.values())
         self.cpu_work = sum(model_macs(g.model) for g in workflow.pipeline.graphs if not g.is_npu)
         self.moves: dict[str, frozenset[tuple[int, str]]] = {}  # root -> layers its float moves
-        self.names: dict[int, set[str]] = {}
+        self.names = {i: tensor_names(s.graph.model) for i, s in self.states.items()}
         self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # (graph, its own choice, ...)
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
@@ -186,9 +186,8 @@ class PrecisionSearch:
         overrides = self._expanded(choice)
         out = {}
         for index, state in self.states.items():
-            names = self.names.setdefault(index, tensor_names(state.graph.model))
             own = tuple(sorted({(o.tensors[0], o.precision) for o in overrides
-                                if o.tensors[0] in names}))
+                                if o.tensors[0] in self.names[index]}))
             key = (index, own, self.method, self.methods, self.scheme)
             if key not in self.feeds:
                 self.feeds[key] = self._graph_params(index, state, overrides)
