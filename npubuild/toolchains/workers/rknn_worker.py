@@ -56,7 +56,9 @@ def _check(code, step, rknn):
 
 def _inference(rknn, spec, feeds):
     arrays = [np.ascontiguousarray(feeds[name]) for name in spec["inputs"]]
-    formats = ["nchw" if a.ndim == 4 else None for a in arrays]
+    # one layout string per input: the toolkit applies it to 4-D inputs only, and stops on a
+    # None ("'NoneType' object has no attribute 'lower'") for an input of another rank
+    formats = ["nchw"] * len(arrays)
     outputs = rknn.inference(inputs=arrays, data_format=formats)
     if outputs is None:
         raise RuntimeError("rknn.inference returned nothing")
