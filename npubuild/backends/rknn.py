@@ -5,8 +5,9 @@ inlined), the calibration inputs, one ``.rknn`` per quantizer —
 
 - ``vendor``: the toolkit's own quantizer (``build(do_quantization=True)``) on the recipe's
   calibration data, what users ship today;
-- ``npubuild``: npubuild's calibration handed over as its QDQ model
-  (``quantize/graph_<i>.qdq.onnx``; the toolkit reads the scales and does not quantize again)
+- ``npubuild``: npubuild's calibration handed over as its QDQ model (quantize's
+  ``graph_<i>.qdq.onnx`` without its tie-breaking Adds; the toolkit reads the scales and does
+  not quantize again)
 
 — with the toolkit's log (its layer table: which ops run on the NPU, cycle estimates, memory)
 and the simulator's outputs on the proof inputs. ``compile.quantizer`` says which one is
@@ -111,14 +112,19 @@ def compile_graph(ctx, env, graph: NpuGraph, calibration: list[dict], compare: l
 
 
 def _npubuild_qdq(ctx, graph: NpuGraph, folder: Path) -> Path:
+    """npubuild's quantization of ``graph`` as the toolkit reads it: the QDQ model of its
+    integer graph without the tie-breaking Adds (a float op between a layer and its
+    QuantizeLinear makes the toolkit take the layer for a float16 one, and then stop on its
+    int8 weights: "Invalid w_par['dtype'] = float16"; it rounds in its own kernels anyway)."""
     from npubuild import onnx_io
+    from npubuild.quant.qdq import export_qdq
 
-    source = Path(ctx.upstream["quantize"]) / f"{graph.name}.qdq.onnx"
+    source = Path(ctx.upstream["quantize"]) / f"{graph.name}.qgraph.json"
     if not source.is_file():
         raise BuildError(f"{graph.name}: quantize wrote no {source.name} to hand to the toolkit",
                          stage=STAGE)
     path = folder / f"{graph.name}.qdq.onnx"
-    onnx_io.save_model(vendor.vendor_model(onnx_io.load_model(source)), path)
+    onnx_io.save_model(vendor.vendor_model(export_qdq(_qgraph(ctx, graph), ties=False)), path)
     return path
 
 

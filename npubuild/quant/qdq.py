@@ -55,6 +55,7 @@ class _Builder:
     functions: dict = field(default_factory=dict)
     opsets: dict = field(default_factory=dict)
     opset: int = 17                                # the model's default-domain opset
+    ties: bool = True                              # nudge exact ties upwards (see the module doc)
     prequant: dict = field(default_factory=dict)  # integer tensor → float value QuantizeLinear reads
     _dq_done: set = field(default_factory=set)
 
@@ -112,7 +113,7 @@ class _Builder:
         if info.is_float:
             self.node("Identity", [value], [self.float_name[t]])
             return
-        if nudge is not None and np.any(np.asarray(nudge) != 0):
+        if self.ties and nudge is not None and np.any(np.asarray(nudge) != 0):
             value = self.node("Add", [value, self.const(f"{t}::tie", np.float32(nudge))],
                               [f"{t}::nudged"])
         if clamp is not None:
@@ -397,11 +398,17 @@ def _opset(qg: QGraph, base: int) -> int:
     return max(base, 21 if uses_int16 else 13)
 
 
-def export_qdq(qg: QGraph, *, opset: int = 17) -> onnx.ModelProto:
-    """The QDQ model with the float submodel's interface: float in, float out."""
+def export_qdq(qg: QGraph, *, opset: int = 17, ties: bool = True) -> onnx.ModelProto:
+    """The QDQ model with the float submodel's interface: float in, float out.
+
+    ``ties=False`` leaves out the Adds that turn exact ties upwards (pow2 graphs): the model
+    handed to a vendor, which rounds in its own kernels, and for which a float op between a
+    layer and its QuantizeLinear makes the layer a float one (rknn-toolkit2 2.5.0 then stops:
+    "Invalid w_par['dtype'] = float16")."""
     ints = [t for t, info in qg.tensors.items() if not info.is_float]
     b = _Builder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::q" for t in ints},
-                 {t: t for t, info in qg.tensors.items() if info.is_float}, opset=_opset(qg, opset))
+                 {t: t for t, info in qg.tensors.items() if info.is_float}, opset=_opset(qg, opset),
+                 ties=ties)
     for t in ints:
         if t in qg.constants:
             b.const(f"{t}::q", qg.constants[t])
