@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -56,6 +57,9 @@ class QuantConfig:
     float_tensors: frozenset[str] = frozenset()
     int16_underflow: bool = False   # the chip has int16: tensors that underflow int8 use it
     tensor_methods: tuple[tuple[str, str], ...] = ()  # (tensor, method) where not ``method``
+    # the chip's `fc_integer_ranks`: input ranks of an int8 fully connected layer (None: any);
+    # a fully connected layer kept in float keeps its output in float there too
+    fc_integer_ranks: tuple[int, ...] | None = None
 
     @property
     def per_channel(self) -> bool:
@@ -85,6 +89,10 @@ class TensorRecord:
         else:
             out["dtype"] = "float32"
         return out
+
+
+#: Ops a fully connected layer is made of (`QuantConfig.fc_integer_ranks`).
+FC_OPS = frozenset({"MatMul", "Gemm"})
 
 
 def moved_by_float(layer: FLayer, float_tensors) -> bool:
@@ -122,9 +130,42 @@ class Quantizer:
                 {layer.name for layer in layers if layer.kind == "float"})
 
     def _typed_layers(self) -> list[FLayer]:
-        layers = [self._placed(layer) for layer in self.fg.layers]
+        layers = self._placed_layers()
         self._choose_params(layers, self._dtypes(layers))
         return layers
+
+    def _placed_layers(self) -> list[FLayer]:
+        """Every layer placed; where the chip takes a fully connected layer kept in float only
+        with a float output (`QuantConfig.fc_integer_ranks`), those outputs are kept in float
+        too, and so on through the layers that read them."""
+        floats = set(self.config.float_tensors)
+        while True:
+            layers = [self._placed(layer, floats) for layer in self.fg.layers]
+            more = {t for layer in layers if self._float_fc(layer) for t in layer.outputs} - floats
+            if not more:
+                return layers
+            floats |= more
+
+    def _float_fc(self, layer: FLayer) -> bool:
+        """Whether ``layer`` is a fully connected layer (or any MatMul, Gemm) kept in float
+        on a chip whose toolchain takes one only with a float output."""
+        if self.config.fc_integer_ranks is None or not layer.is_float:
+            return False
+        return bool(layer.attrs.get("fc")) or not FC_OPS.isdisjoint(
+            self._op_types.get(n) for n in layer.source_nodes)
+
+    @cached_property
+    def _op_types(self) -> dict[str, str]:
+        return {n.name: n.op_type for n in self.fg.model.graph.node}
+
+    def _fc_rank_refused(self, layer: FLayer) -> int | None:
+        """The input rank of a fully connected layer the chip takes in int8 only at other
+        ranks, else None."""
+        ranks = self.config.fc_integer_ranks
+        if ranks is None or layer.is_float or not layer.attrs.get("fc"):
+            return None
+        rank = len(self.fg.shapes.get(layer.inputs[0]) or [])
+        return rank if rank not in ranks else None
 
     def calibrated(self, t: str, dtype: str = "int8") -> tuple[float, float]:
         """``t``'s range for ``dtype``: graph outputs keep min/max, the others their method's."""
@@ -139,10 +180,17 @@ class Quantizer:
 
     # ---- placement and types ----------------------------------------------------------
 
-    def _placed(self, layer: FLayer) -> FLayer:
-        if moved_by_float(layer, self.config.float_tensors):
-            return replace(layer, kind="float", inputs=[t for t in layer.inputs
-                                                          if t not in self.fg.constants],
+    def _placed(self, layer: FLayer, float_tensors=None) -> FLayer:
+        float_tensors = self.config.float_tensors if float_tensors is None else float_tensors
+        inputs = [t for t in layer.inputs if t not in self.fg.constants]
+        rank = self._fc_rank_refused(layer)
+        if rank is not None:
+            ranks = " or ".join(map(str, self.config.fc_integer_ranks))
+            return replace(layer, kind="float", inputs=inputs, reason=(
+                f"the chip's toolchain takes a fully connected layer in int8 only on a {ranks}-D "
+                f"input (this one is {rank}-D): it runs in float16, its output kept in float"))
+        if moved_by_float(layer, float_tensors):
+            return replace(layer, kind="float", inputs=inputs,
                            reason="touches a tensor kept in float by a quantization override")
         ratio = self._unlike_output_slices(layer)
         if ratio:

@@ -80,7 +80,9 @@ def options(spec, chip) -> Options:
     config = QuantConfig(scheme=chosen["scheme"], granularity=chosen["granularity"],
                          method=chosen["method"], percentile=spec.calibration.percentile,
                          bias=spec.bias, bias_correction=spec.bias_correction,
-                         int16_underflow=bool(spec.int16_where_underflows and chip and chip.int16))
+                         int16_underflow=bool(spec.int16_where_underflows and chip and chip.int16),
+                         fc_integer_ranks=tuple(chip.fc_integer_ranks)
+                         if chip and chip.fc_integer_ranks is not None else None)
     overrides = tuple(OverrideSpec(tuple(o.nodes), tuple(o.tensors), o.precision)
                       for o in spec.overrides)
     return Options(config, overrides, chip_int16=bool(chip and chip.int16),

@@ -151,6 +151,11 @@ class Chip(Strict):
         "Whether GMEM is off-chip (an on-chip SRAM arena is not: its traffic is not counted in "
         "the estimate's off-chip bytes)."))
     int16: bool = Field(False, description="Whether int16 activations are supported.")
+    fc_integer_ranks: list[int] | None = Field(None, description=(
+        "Input ranks at which the vendor takes a fully connected layer (Gemm, MatMul by a "
+        "constant) from npubuild's quantization in int8; at another rank quantize keeps the "
+        "layer in float, and a fully connected layer kept in float keeps its output in float "
+        "(the vendor runs it in float16). None: any rank, and no such rule."))
     float_fallback: bool = Field(True, description=(
         "Whether the host may run in float what int8 (or int16) cannot keep accurate: the "
         "precision search's last resort, a layer moved to the CPU."))

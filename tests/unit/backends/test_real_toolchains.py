@@ -12,7 +12,7 @@ import pytest
 from npubuild import toolchains
 from npubuild.split import graph_infos
 from npubuild.toolchains.env import find
-from tests.conftest import TINY_RECIPE, write_recipe
+from tests.conftest import TINY_MODEL, TINY_RECIPE, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +58,70 @@ def test_rknn_builds_an_rknn_and_verify_runs_it_in_the_simulator(cli, tmp_path):
     assert "Conv+SiLU" in agreement["why"]  # the measured reason they are not bit-exact
     assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
     assert report["compile"]["toolchain"]["rknn-toolkit2"] == "2.5.0"
+
+
+def tokens_model(path):
+    """Two convs, then: their feature map as 16 tokens of 8 channels through a Linear with its
+    bias ([1, 16, 8] @ [8, 6] + b, Relu); tokens @ tokens^T (no integer kernel: a graph of its
+    own, whose [1, 16, 16] result feeds an NPU graph with a 3-D input); and a classifier head
+    (global pool, Gemm ``head`` on [1, 8], whose output an integer Add reads)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    inits = {"w1": rng.normal(0, 0.3, (8, 3, 3, 3)), "w2": rng.normal(0, 0.3, (8, 8, 3, 3)),
+             "tokens": np.array([1, 8, 16], np.int64), "wl": rng.normal(0, 0.3, (8, 6)),
+             "bl": rng.normal(0, 0.3, 6), "wh": rng.normal(0, 0.3, (5, 8)), "bh": rng.normal(0, 0.3, 5)}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4, strides=[2, 2]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1] * 4),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Reshape", ["r2", "tokens"], ["t"]),
+             helper.make_node("Transpose", ["t"], ["tt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["tt", "wl"], ["mm"]),
+             helper.make_node("Add", ["mm", "bl"], ["lin"]),
+             helper.make_node("Relu", ["lin"], ["y"]),
+             helper.make_node("MatMul", ["tt", "t"], ["gram"]),
+             helper.make_node("Relu", ["gram"], ["z"]),
+             helper.make_node("GlobalAveragePool", ["r2"], ["pool"]),
+             helper.make_node("Flatten", ["pool"], ["flat"]),
+             helper.make_node("Gemm", ["flat", "wh", "bh"], ["logits"], transB=1, name="head"),
+             helper.make_node("Add", ["logits", "logits"], ["h"])]
+    outputs = {"y": [1, 16, 6], "z": [1, 16, 16], "h": [1, 5]}
+    graph = helper.make_graph(
+        nodes, "tokens", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in outputs.items()],
+        [numpy_helper.from_array(np.asarray(v, v.dtype if v.dtype.kind == "i" else np.float32), k)
+         for k, v in inits.items()])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
+              path)
+    return path
+
+
+def test_rknn_builds_what_the_toolkit_cannot_take_as_int8_in_float16(cli, tmp_path):
+    """The fully connected layers rknn-toolkit2 stops on when given them in a QDQ model: an int8
+    Linear with its bias on a 3-D input ("Invalid w_par['dtype'] = float16"), and a Gemm kept
+    in float (here by an override, as the precision search may) whose output an integer layer
+    reads ("Conv bias scale ... is empty"). rk3588's chip file says so (fc_integer_ranks), so
+    quantize keeps both in float, outputs included, and the toolkit runs them in float16, the
+    reason in the report; in pow2_symmetric, whose tie-breaking Adds the toolkit is not given;
+    an NPU graph with a 3-D input runs in the simulator."""
+    needs("rknn")
+    base = TINY_RECIPE.replace(str(TINY_MODEL), str(tokens_model(tmp_path / "tokens.onnx"))) \
+        .replace("scheme: symmetric", "scheme: pow2_symmetric") \
+        .replace("quantization:\n", "quantization:\n  overrides: [{nodes: [head], precision: float}]\n")
+    report, root = build(cli, tmp_path, "rk3588",
+                         "compile: {quantizer: npubuild, compare_quantizers: false}\n", base)
+    infos = graph_infos.read(root / "split")
+    assert [g["device"] for g in infos["graphs"]] == ["npu", "cpu", "npu"]
+    floats = [entry["reason"] for entry in report["quantization"]["graphs"]["graph_0"]["cpu_layers"]]
+    assert any("fully connected layer in int8 only on a 2-D input (this one is 3-D)" in r
+               for r in floats)
+    layers = (root / "compile" / "graph_ir_0" / "graph_0.npubuild.log").read_text()
+    assert "FLOAT16" in layers and "ConvClip           INT8" in layers  # convs int8, the rest float16
+    assert report["verify"]["passed"]
+    assert min(report["accuracy"]["outputs"][t]["cosine"] for t in ("y", "z", "h")) > 0.98
 
 
 def test_vela_compiles_the_int8_tflite_and_verify_runs_it(cli, tmp_path):
