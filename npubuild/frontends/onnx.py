@@ -208,9 +208,12 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """Replace Shape/Size of statically shaped tensors, and the shape arithmetic that then reads
     only constants, by initializers; None when nothing folds.
 
-    Integer arithmetic on constants alone folds too (PyTorch's reflect padding computes its pads
-    from Constant nodes through Reshape, Slice and Transpose, which inference cannot evaluate):
-    it is exact, and left alone it leaves every tensor after it without a static shape. An
+    Arithmetic on constants that reads an integer constant (shapes, pads, axes) folds too
+    (PyTorch's reflect padding computes its pads from Constant nodes through Reshape, Slice and
+    Transpose, which inference cannot evaluate): it is exact, and left alone it leaves every
+    tensor after it without a static shape. Import folds only while a tensor has no static
+    shape (YOLOv8n's anchor Ranges: 323 → 263 nodes; fold_constants then gives the graph it gave
+    before) or an If is left. An
     ``If`` whose condition this makes constant becomes the branch it takes."""
     from npubuild.surgery.folding import evaluate, fold_shape_reads, inline_decided_ifs
     from npubuild.surgery.graph import Editor, subgraph_inputs
