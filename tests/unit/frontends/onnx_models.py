@@ -117,6 +117,27 @@ def if_on_a_shape() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
+def if_on_an_input() -> onnx.ModelProto:
+    """Silero VAD's main model: the whole network inside an If on ``Equal(sr, 16000)``, ``sr`` a
+    scalar int64 input; the 16 kHz branch a Conv + Relu, the 8 kHz one a Neg."""
+    weight = numpy_helper.from_array(np.full((2, 2, 1, 1), 0.5, np.float32), "w16k")
+    then_branch = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w16k"], ["conv"]), helper.make_node("Relu", ["conv"], ["r"])],
+        "rate_16k", [], [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)], [weight])
+    else_branch = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["n"])], "rate_8k", [],
+        [helper.make_tensor_value_info("n", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [_const("rate", np.array(16000, np.int64)),
+         helper.make_node("Equal", ["sr", "rate"], ["is_16k"]),
+         helper.make_node("If", ["is_16k"], ["y"], then_branch=then_branch, else_branch=else_branch)],
+        "if_on_an_input",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
 def old_ir_conv_bn() -> onnx.ModelProto:
     """IR 3 as the onnx wheel's light_* models are written: every initializer is also a graph
     input. A Conv + BatchNormalization + Relu, so fusion rewrites it and split extracts it."""

@@ -150,6 +150,26 @@ def test_an_onnx_qdq_model_is_proved_as_given_then_handed_on_as_its_float_model(
     assert info["proof"]["dequantized"]["outputs_vs_quantized"]["y"]["cosine"] > 0.99
 
 
+@pytest.mark.parametrize("rate, ops", [(16000, ["Conv", "Relu"]), (8000, ["Neg"])])
+def test_an_input_given_a_value_becomes_a_constant_and_its_if_the_branch_taken(cli, tmp_path, rate, ops):
+    # silero_vad.onnx: the whole model in an If on the sample-rate input, all of it on the CPU
+    onnx.save(onnx_models.if_on_an_input(), str(tmp_path / "vad.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(
+        tmp_path / "vad.onnx", f"    - {{name: sr, shape: [], value: {rate}}}\n"))
+    assert result.returncode == 0, result.stderr
+    model = onnx.load(str(tmp_path / "b/imp/import/model.onnx"))
+    assert [v.name for v in model.graph.input] == ["x"]
+    assert [n.op_type for n in model.graph.node if n.op_type != "Identity"] == ops
+
+
+def test_an_input_value_of_the_wrong_type_is_bad_input_at_its_line(cli, tmp_path):
+    onnx.save(onnx_models.if_on_an_input(), str(tmp_path / "vad.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(
+        tmp_path / "vad.onnx", "    - {name: sr, shape: [], value: 0.5}\n"))
+    assert result.returncode == 2, result.stderr
+    assert "model.inputs[0].value: input 'sr' is int64; the value(s) are not all int64 values" in result.stderr
+
+
 def test_paddle_style_reshape_imports_with_every_shape_known(cli, tmp_path):
     onnx.save(onnx_models.paddle_reshape(), str(tmp_path / "paddle.onnx"))
     result = run_import(cli, tmp_path, recipe_text(

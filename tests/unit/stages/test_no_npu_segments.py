@@ -75,3 +75,25 @@ def test_an_all_cpu_split_of_unshaped_tensors_says_what_to_do():
                            "unknown or not static; 1 of 5 nodes: op Cast is not supported by chip npu-16m;")
     assert "fold_constants" in note and "model.inputs" in note
     assert "fold_constants" not in why_all_cpu(nodes[3:])
+
+
+def test_an_all_cpu_split_under_an_if_on_an_input_names_the_input_and_value():
+    # silero_vad.onnx: one If on Equal(sr, 16000) around the whole model
+    from npubuild.stages.split import deciding_inputs, why_all_cpu
+
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["rate"], value=onnx.numpy_helper.from_array(np.array(16000))),
+         helper.make_node("Equal", ["sr", "rate"], ["is_16k"]),
+         helper.make_node("If", ["is_16k"], ["y"], then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    assert deciding_inputs(graph_model := helper.make_model(graph)) == ["sr"]
+    note = why_all_cpu([{"reasons": ["Op has a subgraph (control flow runs on the CPU)"]}],
+                       deciding_inputs(graph_model))
+    assert "Control flow decided by input 'sr' runs on the CPU" in note
+    assert "{name: sr, value: ...}" in note
