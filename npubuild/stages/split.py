@@ -56,7 +56,7 @@ def why_all_cpu(nodes: list[dict], deciding: list[str] = ()) -> str:
         text += (f". Control flow decided by input {names} runs on the CPU: to build the model "
                  f"for one value of it (a sample rate, a mode flag), give it in model.inputs: "
                  f"{{name: {deciding[0]}, value: ...}}")
-    if static_shapes.__doc__ in kinds:
+    elif static_shapes.__doc__ in kinds:  # (an If's outputs are unshaped: the If is the cause)
         text += (". A tensor without a static shape cannot go to the NPU: fix every input's shape "
                  "in model.inputs, and add `- fold_constants: {}` to surgery to fold the "
                  "arithmetic that computes shapes")
