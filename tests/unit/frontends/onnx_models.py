@@ -138,6 +138,30 @@ def if_on_an_input() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
+def lstm_behind_constant_pads() -> onnx.ModelProto:
+    """Silero VAD's OpenVINO export in small: pads computed from constants alone before an LSTM
+    whose weights are Unsqueezes of Constant nodes. Import folds both; ONNX Runtime prepacks the
+    LSTM's weights once they are initializers, and its result moves by ~1e-7."""
+    rng = np.random.default_rng(0)
+    hidden, features = 128, 64
+    nodes = [
+        _const("zeros", np.zeros(3, np.int64)), _const("tail", np.array([0, 0, 0], np.int64)),
+        helper.make_node("Concat", ["zeros", "tail"], ["pads"], axis=0),
+        helper.make_node("Pad", ["x", "pads"], ["padded"]),
+        _const("w2", (rng.standard_normal((4 * hidden, features)) * 0.1).astype(np.float32)),
+        _const("r2", (rng.standard_normal((4 * hidden, hidden)) * 0.1).astype(np.float32)),
+        _const("first", np.array([0], np.int64)),
+        helper.make_node("Unsqueeze", ["w2", "first"], ["w"]),
+        helper.make_node("Unsqueeze", ["r2", "first"], ["r"]),
+        helper.make_node("LSTM", ["padded", "w", "r"], ["states", "h"], hidden_size=hidden),
+    ]
+    graph = helper.make_graph(
+        nodes, "lstm_behind_constant_pads",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", 1, features])],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
+
+
 def old_ir_conv_bn() -> onnx.ModelProto:
     """IR 3 as the onnx wheel's light_* models are written: every initializer is also a graph
     input. A Conv + BatchNormalization + Relu, so fusion rewrites it and split extracts it."""
