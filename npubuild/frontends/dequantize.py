@@ -15,6 +15,13 @@ the float model instead:
 - where the pair's range starts at exactly zero (its zero point is the type's minimum) the
   integer clamp is a ReLU TFLite fused away, and a Relu keeps it.
 
+ONNX Runtime's dynamic quantization (``quantize_dynamic``: each activation quantized at run time
+by DynamicQuantizeLinear, int8 weights) becomes its float model too: a ConvInteger or
+MatMulInteger, the int32 bias added beside it and the Cast and scale Mul after it become one Conv
+or MatMul on the float activation with the dequantized weights and the float bias the int32 one
+was computed from; a DynamicQuantizeLSTM becomes an LSTM with its weights dequantized (and laid
+out as LSTM takes them). Left as it is, every layer of such a model ran on the CPU.
+
 An integer model input or output (TFLite's ``inference_input_type=tf.int8``) keeps its
 DequantizeLinear or QuantizeLinear: the caller feeds and reads integers, and those two run on
 the host. A model where one pair does not fit (another consumer of its integers, a DequantizeLinear with
@@ -50,21 +57,24 @@ class Dequantized:
     pairs: int = 0
     constants: int = 0
     relus: int = 0
+    dynamic: int = 0  # integer layers of ONNX Runtime's dynamic quantization made float
     kept: str = ""
 
     def summary(self) -> dict:
         if self.kept:
             return {"kept_quantized": self.kept}
         return {"activation_pairs_removed": self.pairs, "constants_dequantized": self.constants,
-                "relus_kept": self.relus}
+                "relus_kept": self.relus, "dynamic_layers_made_float": self.dynamic}
 
 
 def is_quantized(model: onnx.ModelProto) -> bool:
-    """Whether the model quantizes computed tensors, or keeps weights quantized behind a
-    DequantizeLinear (a weight-only or dynamic-range quantized model)."""
+    """Whether the model quantizes computed tensors, keeps weights quantized behind a
+    DequantizeLinear (a weight-only or dynamic-range quantized model), or computes on integers
+    ONNX Runtime's dynamic quantization made."""
     inits = {t.name for t in model.graph.initializer}
     return any((n.op_type == "QuantizeLinear" and n.input[0] not in inits)
                or (n.op_type == "DequantizeLinear" and all(i in inits for i in n.input if i))
+               or n.op_type in DYNAMIC
                for n in model.graph.node)
 
 
@@ -74,6 +84,9 @@ def to_float(model: onnx.ModelProto) -> Dequantized:
     from npubuild.surgery.graph import Editor
 
     ed = Editor(model, "dequantize")
+    dynamic = _dynamic_to_float(ed)
+    if isinstance(dynamic, str):
+        return Dequantized(model, kept=dynamic)
     inits = {t.name: t for t in ed.graph.initializer}
     outputs = set(ed.output_names)
 
@@ -132,7 +145,115 @@ def to_float(model: onnx.ModelProto) -> Dequantized:
                 ed.remove(node)
             else:
                 ed.bypass(node)
-    return Dequantized(ed.finish(), pairs=len(quantizers), constants=len(folded), relus=relus)
+    return Dequantized(ed.finish(), pairs=len(quantizers), constants=len(folded), relus=relus,
+                       dynamic=dynamic)
+
+
+DYNAMIC = {"ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM"}
+
+
+def _dynamic_to_float(ed) -> int | str:
+    """Rewrite ONNX Runtime's dynamically quantized layers as float ones (see the module doc);
+    how many, or why one cannot be (then nothing should be kept of the edits)."""
+    quantized = {n.output[0]: n for n in ed.graph.node if n.op_type == "DynamicQuantizeLinear"}
+    count = 0
+    for node in list(ed.graph.node):
+        if node.op_type in ("ConvInteger", "MatMulInteger"):
+            why = _integer_layer_to_float(ed, node, quantized)
+        elif node.op_type == "DynamicQuantizeLSTM":
+            why = _lstm_to_float(ed, node)
+        else:
+            continue
+        if why:
+            return f"{node.op_type} {node.name!r}: {why}"
+        count += 1
+    return count
+
+
+def _integer_layer_to_float(ed, node: onnx.NodeProto, quantized: dict) -> str:
+    """x → DynamicQuantizeLinear → ConvInteger/MatMulInteger(·, w) [+ int32 bias] → Cast →
+    Mul(x_scale · w_scale) becomes Conv/MatMul(x, w dequantized[, bias])."""
+    source = quantized.get(node.input[0])
+    weight = ed.constant(node.input[1])
+    w_zero = ed.constant(node.input[3]) if len(node.input) > 3 and node.input[3] else 0
+    if source is None or weight is None or w_zero is None:
+        return "its input is not a DynamicQuantizeLinear of a float tensor, or its weight not constant"
+    add, bias = _single_user(ed, node.output[0]), None
+    if add is not None and add.op_type == "Add":
+        bias = _float_bias(ed, add.input[1] if add.input[0] == node.output[0] else add.input[0])
+        if bias is None:
+            return "the value added to its result is not a bias computed from a float constant"
+        cast = _single_user(ed, add.output[0])
+    else:
+        add, cast = None, add
+    mul = _single_user(ed, cast.output[0]) if cast is not None and cast.op_type == "Cast" else None
+    if mul is None or mul.op_type != "Mul":
+        return "its result is not cast to float and scaled by one Mul"
+    scales = ed.producer(mul.input[1] if mul.input[0] == cast.output[0] else mul.input[0])
+    w_scale = None
+    if scales is not None and scales.op_type == "Mul" and source.output[1] in scales.input:
+        w_scale = ed.constant(next(i for i in scales.input if i != source.output[1]))
+    if w_scale is None:
+        return "the scale its result is multiplied by is not the activation's times a constant"
+    if node.op_type == "ConvInteger":  # per tensor or per output channel (axis 0)
+        per_channel = (-1, *[1] * (weight.ndim - 1))
+        w = ((weight.astype(np.float32) - np.asarray(w_zero, np.float32).reshape(per_channel))
+             * np.asarray(w_scale, np.float32).reshape(per_channel))
+        inputs = [source.input[0], ed.add_initializer(w, node.input[1] + "_float")]
+        if bias is not None:
+            inputs.append(ed.add_initializer(bias.reshape(-1).astype(np.float32), node.name + "_bias"))
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        ed.make_node("Conv", inputs, [mul.output[0]], node.name + "_float", **attrs)
+    else:
+        # per tensor or per column (the last axis)
+        w = (weight.astype(np.float32) - np.asarray(w_zero, np.float32)) * np.asarray(w_scale, np.float32)
+        out = mul.output[0] if bias is None else ed.unique_tensor(mul.output[0] + "_matmul")
+        ed.make_node("MatMul", [source.input[0], ed.add_initializer(w, node.input[1] + "_float")],
+                     [out], node.name + "_float")
+        if bias is not None:
+            ed.make_node("Add", [out, ed.add_initializer(bias.astype(np.float32), node.name + "_bias")],
+                         [mul.output[0]], node.name + "_bias")
+    ed.remove(*[n for n in (node, add, cast, mul) if n is not None])
+    return ""
+
+
+def _single_user(ed, name: str) -> onnx.NodeProto | None:
+    users = ed.consumers(name)
+    return users[0] if len(users) == 1 and not ed.is_graph_output(name) else None
+
+
+def _float_bias(ed, name: str) -> np.ndarray | None:
+    """The float constant an int32 bias was computed from: Reshape/Cast/Floor/Round of
+    Div(bias, x_scale · w_scale), as ``quantize_dynamic`` writes it."""
+    node = ed.producer(name)
+    while node is not None and node.op_type in ("Reshape", "Cast", "Floor", "Round", "Unsqueeze"):
+        node = ed.producer(node.input[0])
+    if node is None or node.op_type != "Div":
+        return None
+    return ed.constant(node.input[0])
+
+
+def _lstm_to_float(ed, node: onnx.NodeProto) -> str:
+    """DynamicQuantizeLSTM(X, W, R, B, lens, h0, c0, P, W scale, W zero point, R scale, R zero
+    point), weights [directions, input, 4·hidden] → LSTM with float weights [directions,
+    4·hidden, input]."""
+    ins = list(node.input) + [""] * (12 - len(node.input))
+    floats = []
+    for q, scale, zero in ((ins[1], ins[8], ins[9]), (ins[2], ins[10], ins[11])):
+        values = [ed.constant(name) for name in (q, scale, zero)]
+        if any(v is None for v in values):
+            return "its weights, scales or zero points are not constant"
+        weight, scale, zero = (np.asarray(v, np.float32) for v in values)
+        shape = (weight.shape[0], 1, -1)  # per direction, or per direction and column
+        w = (weight - zero.reshape(shape)) * scale.reshape(shape)
+        floats.append(ed.add_initializer(np.ascontiguousarray(w.transpose(0, 2, 1)), q + "_float"))
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    inputs = [ins[0], *floats, *ins[3:8]]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    ed.make_node("LSTM", inputs, list(node.output), node.name + "_float", **attrs)
+    ed.remove(node)
+    return ""
 
 
 def _data_inputs(node: onnx.NodeProto) -> list[str]:

@@ -26,12 +26,16 @@ from npubuild import onnx_io
 from npubuild.errors import BuildError, Location, UserError
 
 IR_WITHOUT_INITIALIZER_INPUTS = 4
-MAX_FOLD_ROUNDS = 8
+MAX_FOLD_ROUNDS = 16  # a round folds one level of nested decided Ifs
 # Integer shape arithmetic: exact, so folding it keeps the import's bit-identical proof
 SHAPE_OPS = {"Cast", "Concat", "Gather", "Slice", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul",
              "Div", "Floor", "Ceil", "Neg", "Abs", "Max", "Min", "ReduceProd", "Range", "Equal",
-             "Where", "Reshape", "Identity", "Expand", "ConstantOfShape", "Constant", "Mod"}
+             "Where", "Reshape", "Identity", "Expand", "ConstantOfShape", "Constant", "Mod",
+             "Transpose", "Not", "And", "Or", "Xor", "Greater", "Less", "GreaterOrEqual",
+             "LessOrEqual"}
 
+
+_INTEGER_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL}
 
 MAX_TENSOR_BYTES = 1 << 30  # one tensor; as for an input (recipe.model.MAX_ELEMENTS float32)
 MAX_TOTAL_BYTES = 8 << 30  # every tensor of one run at once (calibration keeps them all)
@@ -181,8 +185,8 @@ def resolve_shapes(model: onnx.ModelProto, declared: onnx.ModelProto) -> onnx.Mo
     check_tensor_sizes(model)
     check_channels(model)
     for _ in range(MAX_FOLD_ROUNDS):
-        if _first_unknown(model) is None:
-            break
+        if _first_unknown(model) is None and not any(n.op_type == "If" for n in model.graph.node):
+            break  # an If may be decided by the fixed shapes: fold on to find out
         folded = fold_shape_arithmetic(model)
         if folded is None:
             break
@@ -202,21 +206,31 @@ def resolve_shapes(model: onnx.ModelProto, declared: onnx.ModelProto) -> onnx.Mo
 
 def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """Replace Shape/Size of statically shaped tensors, and the shape arithmetic that then reads
-    only constants, by initializers; None when nothing folds."""
-    from npubuild.surgery.folding import evaluate, fold_shape_reads
+    only constants, by initializers; None when nothing folds.
+
+    Arithmetic on constants that reads an integer constant (shapes, pads, axes) folds too
+    (PyTorch's reflect padding computes its pads from Constant nodes through Reshape, Slice and
+    Transpose, which inference cannot evaluate): it is exact, and left alone it leaves every
+    tensor after it without a static shape. Import folds only while a tensor has no static
+    shape (YOLOv8n's anchor Ranges: 323 → 263 nodes; fold_constants then gives the graph it gave
+    before) or an If is left. An
+    ``If`` whose condition this makes constant becomes the branch it takes."""
+    from npubuild.surgery.folding import evaluate, fold_shape_reads, inline_decided_ifs
     from npubuild.surgery.graph import Editor, subgraph_inputs
 
     ed = Editor(model, "import")
+    if inline_decided_ifs(ed):  # a condition the last round folded: the branch it takes
+        return ed.finish(prune=False)
     derived = fold_shape_reads(ed)
-    if not derived:
-        return None
     constant = {t.name for t in ed.graph.initializer if not ed.overridable(t.name)}
     computable = []
     for node in ed.graph.node:  # topological
         if _computable(ed, node, constant):
             computable.append(node)
             constant.update(node.output)
-    batch = _reaching(ed, computable, derived)
+    batch = _reaching(ed, computable, derived | _integer_constants(ed, computable))
+    if not derived and all(n.op_type == "Constant" for n in batch):
+        return None  # nothing computes: Constant nodes alone stay as the source wrote them
     if not batch:
         return ed.finish(prune=False)
     ids = {id(n) for n in batch}
@@ -235,6 +249,14 @@ def _computable(ed, node: onnx.NodeProto, constant: set[str]) -> bool:
     return (node.op_type in SHAPE_OPS and node.domain in ("", "ai.onnx")
             and all(not name or name in constant for name in node.input)
             and not any(ed.is_graph_output(o) for o in node.output))
+
+
+def _integer_constants(ed, computable: list[onnx.NodeProto]) -> set[str]:
+    """Integer constants (initializers and Constant nodes) that shape arithmetic may read."""
+    names = {t.name for t in ed.graph.initializer
+             if t.data_type in _INTEGER_TYPES and not ed.overridable(t.name)}
+    return names | {n.output[0] for n in computable if n.op_type == "Constant"
+                    and ed.elem_type(n.output[0]) in _INTEGER_TYPES}
 
 
 def _reaching(ed, computable: list[onnx.NodeProto], derived: set[str]) -> list[onnx.NodeProto]:
@@ -267,9 +289,12 @@ def _infer(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProto:
 
 
 def _first_unknown(model: onnx.ModelProto) -> str | None:
-    """The first node output (in graph order) that shape inference left without a shape."""
+    """The first node output (in graph order) that shape inference left without a shape, or with
+    a dimension it could not size (with the inputs fixed, such a dim is arithmetic not yet folded
+    or data-dependent)."""
     typed = {v.name for v in [*model.graph.value_info, *model.graph.output]
-             if v.type.tensor_type.HasField("shape")}
+             if v.type.tensor_type.HasField("shape")
+             and all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)}
     for node in model.graph.node:
         for name in node.output:
             if name and name not in typed:

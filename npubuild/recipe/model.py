@@ -113,6 +113,11 @@ class InputSpec(Strict):
         None, description="Values for the stages' equivalence proofs (e.g. an integer control "
                           "input that must be 8000 or 16000). Default: the first calibration "
                           "sample where it covers this input, else seeded random values.")
+    value: list[ProofScalar] | ProofScalar | None = Field(
+        None, description="Build the model for this value of the input (a sample rate, a mode "
+                          "flag): import makes it a constant, so control flow it decides becomes "
+                          "the branch taken and can run on the NPU; the input leaves the model. "
+                          "One value per element, or one value for all.")
 
     @field_validator("shape")
     @classmethod

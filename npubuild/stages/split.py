@@ -10,11 +10,15 @@ or the stage fails naming the tensor.
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+
 from npubuild import proofs
 from npubuild.errors import BuildError
 from npubuild.onnx_io import load_model
 from npubuild.split import SelectorError, split_model
 from npubuild.stages import StageContext
+from npubuild.targets.constraints import static_shapes
 
 
 def run(ctx: StageContext) -> dict:
@@ -29,6 +33,46 @@ def run(ctx: StageContext) -> dict:
                              feeds=feeds)
     except SelectorError as exc:
         raise ctx.loaded.error(exc.message, *exc.path, hint=exc.hint) from None
+    if report["npu_segments"] == 0 and ctx.recipe.split.policy != "cpu_only":
+        report["note"] = why_all_cpu(json.loads((ctx.out / "support.json").read_text())["nodes"],
+                                     deciding_inputs(model))
+        ctx.log.warning("split: %s", report["note"])
     proofs.save(ctx.out, feeds)  # the submodels keep the model's inputs: the same proof inputs
     ctx.log.info("split: %d NPU + %d CPU submodels", report["npu_segments"], report["cpu_segments"])
     return {"split": report}
+
+
+def why_all_cpu(nodes: list[dict], deciding: list[str] = ()) -> str:
+    """Why a split put no node on the NPU: the commonest first reasons, counted (from
+    ``support.json``'s nodes), and what to do where control flow decided by model inputs
+    (``deciding``) or unknown shapes are among them (Silero VAD before import folded its
+    constant pads: every tensor after them unshaped, 0 of 59 nodes on the NPU, and the warning
+    said only that; its main model is one If on the sample-rate input)."""
+    kinds = Counter(node["reasons"][0].split(":")[0] for node in nodes if node["reasons"])
+    top = "; ".join(f"{count} of {len(nodes)} nodes: {kind}" for kind, count in kinds.most_common(3))
+    text = f"the split placed every node on the CPU ({top}; every node's reasons: split/support.json)"
+    if deciding:
+        names = ", ".join(map(repr, deciding))
+        text += (f". Control flow decided by input {names} runs on the CPU: to build the model "
+                 f"for one value of it (a sample rate, a mode flag), give it in model.inputs: "
+                 f"{{name: {deciding[0]}, value: ...}}")
+    elif static_shapes.__doc__ in kinds:  # (an If's outputs are unshaped: the If is the cause)
+        text += (". A tensor without a static shape cannot go to the NPU: fix every input's shape "
+                 "in model.inputs, and add `- fold_constants: {}` to surgery to fold the "
+                 "arithmetic that computes shapes")
+    return text
+
+
+def deciding_inputs(model) -> list[str]:
+    """The model inputs an If's condition is computed from (in graph input order)."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    inputs = [v.name for v in model.graph.input]
+    seen, todo = set(), [n.input[0] for n in model.graph.node if n.op_type == "If"]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in producers:
+            todo.extend(i for i in producers[name].input if i)
+    return [name for name in inputs if name in seen]

@@ -4,7 +4,9 @@ Once import has fixed the input shapes, every Shape/Size of a tensor has a known
 anchor and stride code of detection heads (Shape → Gather → Range → Expand → ConstantOfShape …)
 computes constants. Rounds repeat until nothing changes: replace Shape/Size of static tensors
 by constants, evaluate every node whose inputs are all constant with ONNX Runtime (the reference
-evaluator when ORT cannot), remove no-op nodes, drop what no output needs.
+evaluator when ORT cannot), replace an ``If`` whose condition is then constant by the nodes of the
+branch it takes (Silero VAD decides its decoder by a shape: left as control flow, all of it ran
+on the CPU), remove no-op nodes, drop what no output needs.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import lazy_loader as lazy
 from pydantic import Field
 
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
-from npubuild.surgery.graph import Editor, subgraph_inputs
+from npubuild.surgery.graph import Editor, unique_name, subgraph_inputs
 from npubuild.surgery.opsets import attr
 
 np = lazy.load("numpy")
@@ -45,6 +47,7 @@ def fold_constants(model: onnx.ModelProto, args: FoldConstantsArgs) -> onnx.Mode
     for _ in range(args.max_rounds):
         changed = bool(fold_shape_reads(ed))
         changed |= _fold_constant_nodes(ed, limit)
+        changed |= bool(inline_decided_ifs(ed))
         if args.remove_noops:
             changed |= _transposes_of_unit_axes_to_reshapes(ed) | _collapse_reshape_chains(ed)
             changed |= _remove_noops(ed)
@@ -73,6 +76,72 @@ def fold_shape_reads(ed: Editor) -> set[str]:
         ed.set_initializer(node.output[0], value)
         folded.add(node.output[0])
     return folded
+
+
+def inline_decided_ifs(ed: Editor) -> int:
+    """Replace each ``If`` whose condition is a constant by the nodes of the branch it takes
+    (renamed apart from every name in the model); how many were replaced. Exact: the same ops
+    run on the same values."""
+    count = 0
+    for node in list(ed.graph.node):
+        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+            continue
+        cond = ed.constant(node.input[0])
+        if cond is None or cond.size != 1:
+            continue
+        taken = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+        _inline_branch(ed, node, next(a.g for a in node.attribute if a.name == taken))
+        count += 1
+    return count
+
+
+def _inline_branch(ed: Editor, node: onnx.NodeProto, branch: onnx.GraphProto) -> None:
+    taken = _all_names(ed.graph)
+    node_names = {n.name for n in ed.graph.node}
+    renamed = {}
+    for name in [t.name for t in branch.initializer] + [o for n in branch.node for o in n.output]:
+        if name:
+            renamed[name] = unique_name(name, taken)
+            taken.add(renamed[name])
+    for tensor in branch.initializer:
+        copy = onnx.TensorProto()
+        copy.CopyFrom(tensor)
+        copy.name = renamed[tensor.name]
+        ed.graph.initializer.append(copy)
+    for inner in branch.node:
+        copy = onnx.NodeProto()
+        copy.CopyFrom(inner)
+        copy.name = unique_name(inner.name or f"{node.name}/{inner.op_type}", node_names)
+        node_names.add(copy.name)
+        _rename_reads(copy, renamed)
+        copy.output[:] = [renamed.get(o, o) for o in copy.output]
+        ed.graph.node.append(copy)
+    for result, value in zip(node.output, branch.output):
+        if result:  # the If's output, now written by an Identity of the branch's value
+            ed.graph.node.append(onnx.helper.make_node(
+                "Identity", [renamed.get(value.name, value.name)], [result],
+                name=unique_name(f"{node.name or 'If'}/{result}", node_names)))
+    ed.remove(node)
+
+
+def _rename_reads(node: onnx.NodeProto, renamed: dict[str, str]) -> None:
+    node.input[:] = [renamed.get(i, i) for i in node.input]
+    for attribute in node.attribute:  # nested branches read the inlined names from outside
+        for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs):
+            for inner in sub.node:
+                _rename_reads(inner, renamed)
+
+
+def _all_names(graph: onnx.GraphProto) -> set[str]:
+    names = {v.name for v in [*graph.input, *graph.output, *graph.initializer]}
+    for node in graph.node:
+        names.update(node.input)
+        names.update(node.output)
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs):
+                names |= _all_names(sub)
+    names.discard("")
+    return names
 
 
 def _clamp(index: int, rank: int) -> int:

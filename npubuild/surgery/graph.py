@@ -167,10 +167,10 @@ class Editor:
     # -- names ---------------------------------------------------------------------------------
     def unique_tensor(self, hint: str) -> str:
         taken = self.tensor_names()
-        return _unique(hint, taken)
+        return unique_name(hint, taken)
 
     def unique_node(self, hint: str) -> str:
-        return _unique(hint, {n.name for n in self.graph.node})
+        return unique_name(hint, {n.name for n in self.graph.node})
 
     # -- nodes ---------------------------------------------------------------------------------
     def make_node(self, op_type: str, inputs: list[str], outputs: list[str], name_hint: str,
@@ -421,7 +421,8 @@ def node_label(node: onnx.NodeProto) -> str:
     return node.name or f"{node.op_type}({', '.join(node.output)})"
 
 
-def _unique(hint: str, taken: set[str]) -> str:
+def unique_name(hint: str, taken: set[str]) -> str:
+    """``hint``, or ``hint_<i>`` with the first ``i`` not in ``taken``."""
     if hint not in taken:
         return hint
     i = 1

@@ -153,6 +153,14 @@ def constants_not_empty(node: NodeView, spec: OpSupport) -> str | None:
                   and 0 in (node.shape(t) or ()))  # legal ONNX; no place in NPU memory
 
 
+@constraint()
+def reads_an_activation(node: NodeView, spec: OpSupport) -> str | None:
+    """Node computes on constants only (surgery `fold_constants` folds it)"""
+    # a layer without an input tensor has nothing to tile or quantize: split crashed in the
+    # LMEM check, quantize on a missing value (Silero VAD's OpenVINO export, unfolded)
+    return None if node.activations else "every input is a constant"
+
+
 # ---- checks switched on by the op's table entry --------------------------------------------
 
 @constraint(field="ranks")

@@ -37,6 +37,34 @@ def paddle_reshape(opset: int = 12) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
+def reflect_pad_of_constants(opset: int = 15) -> onnx.ModelProto:
+    """PyTorch's export of ``F.pad(x, (0, 64), "reflect")`` (Silero VAD's STFT padding): the
+    pads are computed from Constant nodes alone (no Shape read): Concat → Reshape → reversing
+    Slice → Transpose → Reshape → Cast. Inference cannot evaluate that chain, so the Pad and
+    everything after it are unshaped though every value is known."""
+    nodes = [
+        _const("torch_pads", np.array([0, 64], np.int64)),
+        _const("zeros", np.array([0, 0], np.int64)),
+        helper.make_node("Concat", ["torch_pads", "zeros"], ["pairs_flat"], axis=0),
+        _const("pair_shape", np.array([-1, 2], np.int64)),
+        helper.make_node("Reshape", ["pairs_flat", "pair_shape"], ["pairs"]),
+        _const("rev_start", np.array([-1], np.int64)), _const("rev_end", np.array([-(2**62)], np.int64)),
+        _const("rev_axis", np.array([0], np.int64)), _const("rev_step", np.array([-1], np.int64)),
+        helper.make_node("Slice", ["pairs", "rev_start", "rev_end", "rev_axis", "rev_step"], ["reversed"]),
+        helper.make_node("Transpose", ["reversed"], ["by_end"], perm=[1, 0]),
+        _const("flat_shape", np.array([-1], np.int64)),
+        helper.make_node("Reshape", ["by_end", "flat_shape"], ["onnx_pads"]),
+        helper.make_node("Cast", ["onnx_pads"], ["pads"], to=TensorProto.INT64),
+        helper.make_node("Pad", ["x", "pads"], ["padded"], mode="reflect"),
+        helper.make_node("Relu", ["padded"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "reflect_pad_of_constants",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
 def if_branches(declare_output: bool) -> onnx.ModelProto:
     """An If whose branches give different ranks (a flag picks the flattened map or the map):
     inference cannot give its output a shape; the exporter may or may not declare one."""
@@ -55,6 +83,83 @@ def if_branches(declare_output: bool) -> onnx.ModelProto:
          helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def if_on_a_shape() -> onnx.ModelProto:
+    """Silero VAD's decoder: an If on ``Shape(x)[1] == 4`` (true once the input shape is
+    fixed) whose then-branch holds the real work, a Conv with its own weights inside the
+    branch and a nested If on a constant flag; the else-branch passes the input through."""
+    conv_w = numpy_helper.from_array(np.full((4, 4, 1, 1), 0.25, np.float32), "inner_w")
+    inner = helper.make_node(
+        "If", ["flag"], ["inner_out"],
+        then_branch=helper.make_graph([helper.make_node("Relu", ["conv"], ["relu"])], "t2", [],
+                                      [helper.make_tensor_value_info("relu", TensorProto.FLOAT, None)]),
+        else_branch=helper.make_graph([helper.make_node("Neg", ["conv"], ["neg"])], "e2", [],
+                                      [helper.make_tensor_value_info("neg", TensorProto.FLOAT, None)]))
+    then_branch = helper.make_graph(
+        [helper.make_node("Conv", ["x", "inner_w"], ["conv"]), _const("flag", np.array(True)), inner],
+        "then", [], [helper.make_tensor_value_info("inner_out", TensorProto.FLOAT, None)], [conv_w])
+    else_branch = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["passed"])], "else", [],
+        [helper.make_tensor_value_info("passed", TensorProto.FLOAT, None)])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        _const("one", np.array(1, np.int64)),
+        helper.make_node("Gather", ["shape", "one"], ["channels"], axis=0),
+        _const("four", np.array(4, np.int64)),
+        helper.make_node("Equal", ["channels", "four"], ["is_four"]),
+        helper.make_node("If", ["is_four"], ["y"], then_branch=then_branch, else_branch=else_branch),
+    ]
+    graph = helper.make_graph(
+        nodes, "if_on_a_shape",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C", "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def if_on_an_input() -> onnx.ModelProto:
+    """Silero VAD's main model: the whole network inside an If on ``Equal(sr, 16000)``, ``sr`` a
+    scalar int64 input; the 16 kHz branch a Conv + Relu, the 8 kHz one a Neg."""
+    weight = numpy_helper.from_array(np.full((2, 2, 1, 1), 0.5, np.float32), "w16k")
+    then_branch = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w16k"], ["conv"]), helper.make_node("Relu", ["conv"], ["r"])],
+        "rate_16k", [], [helper.make_tensor_value_info("r", TensorProto.FLOAT, None)], [weight])
+    else_branch = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["n"])], "rate_8k", [],
+        [helper.make_tensor_value_info("n", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [_const("rate", np.array(16000, np.int64)),
+         helper.make_node("Equal", ["sr", "rate"], ["is_16k"]),
+         helper.make_node("If", ["is_16k"], ["y"], then_branch=then_branch, else_branch=else_branch)],
+        "if_on_an_input",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 4]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, 4])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def lstm_behind_constant_pads() -> onnx.ModelProto:
+    """Silero VAD's OpenVINO export in small: pads computed from constants alone before an LSTM
+    whose weights are Unsqueezes of Constant nodes. Import folds both; ONNX Runtime prepacks the
+    LSTM's weights once they are initializers, and its result moves by ~1e-7."""
+    rng = np.random.default_rng(0)
+    hidden, features = 128, 64
+    nodes = [
+        _const("zeros", np.zeros(3, np.int64)), _const("tail", np.array([0, 0, 0], np.int64)),
+        helper.make_node("Concat", ["zeros", "tail"], ["pads"], axis=0),
+        helper.make_node("Pad", ["x", "pads"], ["padded"]),
+        _const("w2", (rng.standard_normal((4 * hidden, features)) * 0.1).astype(np.float32)),
+        _const("r2", (rng.standard_normal((4 * hidden, hidden)) * 0.1).astype(np.float32)),
+        _const("first", np.array([0], np.int64)),
+        helper.make_node("Unsqueeze", ["w2", "first"], ["w"]),
+        helper.make_node("Unsqueeze", ["r2", "first"], ["r"]),
+        helper.make_node("LSTM", ["padded", "w", "r"], ["states", "h"], hidden_size=hidden),
+    ]
+    graph = helper.make_graph(
+        nodes, "lstm_behind_constant_pads",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", 1, features])],
+        [helper.make_tensor_value_info("h", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
 
 
 def old_ir_conv_bn() -> onnx.ModelProto:

@@ -184,3 +184,66 @@ def test_integer_model_inputs_and_outputs_keep_their_boundary_nodes():
     (got,) = onnx_io.run(result.model, {"x_q": x}).values()
     (want,) = onnx_io.run(model, {"x_q": x}).values()
     assert got.dtype == np.int8 and np.array_equal(got, want)
+
+
+def _float_conv_lstm_matmul() -> onnx.ModelProto:
+    """A CRNN like ddddocr's older recognizer: Conv + bias + Relu, a bidirectional LSTM over the
+    width, a MatMul + bias head (the float model before ``quantize_dynamic``)."""
+    rng = np.random.default_rng(3)
+    hidden, feat = 6, 8
+    inits = {
+        "cw": rng.standard_normal((feat, 1, 3, 3)).astype(np.float32) * 0.3,
+        "cb": rng.standard_normal(feat).astype(np.float32) * 0.1,
+        "shape": np.array([1, feat, 5], np.int64), "perm_shape": np.array([5, 1, feat], np.int64),
+        "lw": rng.standard_normal((2, 4 * hidden, feat)).astype(np.float32) * 0.3,
+        "lr": rng.standard_normal((2, 4 * hidden, hidden)).astype(np.float32) * 0.3,
+        "lb": rng.standard_normal((2, 8 * hidden)).astype(np.float32) * 0.1,
+        "flat": np.array([5, 2 * hidden], np.int64),
+        "hw": rng.standard_normal((2 * hidden, 4)).astype(np.float32) * 0.3,
+        "hb": rng.standard_normal(4).astype(np.float32) * 0.1,
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "cw", "cb"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv"], ["relu"]),
+        helper.make_node("ReduceMean", ["relu"], ["pooled"], axes=[2], keepdims=0),
+        helper.make_node("Transpose", ["pooled"], ["seq"], perm=[2, 0, 1]),
+        helper.make_node("LSTM", ["seq", "lw", "lr", "lb"], ["states"], hidden_size=hidden,
+                         direction="bidirectional"),
+        helper.make_node("Reshape", ["states", "flat"], ["features"]),
+        helper.make_node("MatMul", ["features", "hw"], ["logits_raw"]),
+        helper.make_node("Add", ["logits_raw", "hb"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "crnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 5])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [5, 4])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def test_onnx_runtime_dynamic_quantization_becomes_its_float_model(tmp_path):
+    # ddddocr's older recognizer is quantize_dynamic's output: ConvInteger, MatMulInteger and
+    # DynamicQuantizeLSTM on activations quantized at run time, all of it on the CPU
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    source = _float_conv_lstm_matmul()
+    onnx.save(source, tmp_path / "float.onnx")
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "dynamic.onnx", weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["Conv", "MatMul", "LSTM"])
+    dynamic = onnx.load(tmp_path / "dynamic.onnx")
+    assert {"ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM"} <= {n.op_type for n in dynamic.graph.node}
+    assert dequantize.is_quantized(dynamic)
+
+    result = dequantize.to_float(dynamic)
+    assert not result.kept and result.dynamic == 3
+    ops = {n.op_type for n in result.model.graph.node}
+    assert not ops & (dequantize.DYNAMIC | {"DynamicQuantizeLinear", "Cast"})
+    assert {"Conv", "LSTM", "MatMul"} <= ops
+    onnx.checker.check_model(result.model, full_check=True)
+    x = np.random.default_rng(4).standard_normal((1, 1, 4, 5)).astype(np.float32)
+    reference = onnx_io.run(source, {"x": x})["logits"]
+    floated = onnx_io.run(result.model, {"x": x})["logits"]
+    quantized = onnx_io.run(dynamic, {"x": x})["logits"]
+    # only the int8 weights remain of the quantization: closer to the float model than the
+    # source, whose activations were quantized too
+    assert np.abs(floated - reference).max() < np.abs(quantized - reference).max()
+    assert np.abs(floated - reference).max() < 0.02 * np.abs(reference).max()

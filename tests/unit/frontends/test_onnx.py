@@ -48,6 +48,31 @@ def test_shape_arithmetic_on_fixed_inputs_folds_and_every_shape_is_known():
                                   onnx_io.run(source, {"x": x})["logits"])
 
 
+def test_pads_computed_from_constants_alone_fold_and_every_shape_is_known():
+    # Silero VAD's reflect padding: no Shape read starts the chain, yet every value is known;
+    # left unfolded, the split saw unknown shapes everywhere after it and kept them on the CPU
+    source = onnx_models.reflect_pad_of_constants()
+    model = onnx_frontend.resolve_shapes(fixed(source, x=[1, 576]), declared=source)
+    assert output_shape(model) == [1, 640]
+    assert onnx_frontend._first_unknown(model) is None
+    assert [n.op_type for n in model.graph.node] == ["Pad", "Relu"]
+    x = np.random.default_rng(0).standard_normal((1, 576)).astype(np.float32)
+    np.testing.assert_array_equal(onnx_io.run(model, {"x": x})["y"], onnx_io.run(source, {"x": x})["y"])
+
+
+def test_an_if_the_fixed_shapes_decide_becomes_the_branch_it_takes():
+    # Silero VAD's decoder sat inside an If on its input's shape: kept as control flow, the
+    # whole decoder ran on the CPU; the nested If on a constant flag is inlined too
+    source = onnx_models.if_on_a_shape()
+    model = onnx_frontend.resolve_shapes(fixed(source, x=[1, 4, 3, 3]), declared=source)
+    assert "If" not in [n.op_type for n in model.graph.node]
+    assert "Conv" in [n.op_type for n in model.graph.node]
+    assert output_shape(model) == [1, 4, 3, 3]
+    onnx.checker.check_model(model, full_check=True)
+    x = np.random.default_rng(0).standard_normal((1, 4, 3, 3)).astype(np.float32)
+    np.testing.assert_array_equal(onnx_io.run(model, {"x": x})["y"], onnx_io.run(source, {"x": x})["y"])
+
+
 def test_if_output_keeps_the_shape_the_source_declares():
     source = onnx_models.if_branches(declare_output=True)
     model = onnx_frontend.resolve_shapes(fixed(source, x=[1, 2, 4, 4]), declared=source)

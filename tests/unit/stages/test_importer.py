@@ -150,6 +150,38 @@ def test_an_onnx_qdq_model_is_proved_as_given_then_handed_on_as_its_float_model(
     assert info["proof"]["dequantized"]["outputs_vs_quantized"]["y"]["cosine"] > 0.99
 
 
+@pytest.mark.parametrize("rate, ops", [(16000, ["Conv", "Relu"]), (8000, ["Neg"])])
+def test_an_input_given_a_value_becomes_a_constant_and_its_if_the_branch_taken(cli, tmp_path, rate, ops):
+    # silero_vad.onnx: the whole model in an If on the sample-rate input, all of it on the CPU
+    onnx.save(onnx_models.if_on_an_input(), str(tmp_path / "vad.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(
+        tmp_path / "vad.onnx", f"    - {{name: sr, shape: [], value: {rate}}}\n"))
+    assert result.returncode == 0, result.stderr
+    model = onnx.load(str(tmp_path / "b/imp/import/model.onnx"))
+    assert [v.name for v in model.graph.input] == ["x"]
+    assert [n.op_type for n in model.graph.node if n.op_type != "Identity"] == ops
+
+
+def test_an_import_that_folds_is_proved_within_its_tolerance_not_bit_for_bit(cli, tmp_path):
+    # silero_vad_openvino_16k.onnx failed import ("not bit-identical, 1.79e-07") once import
+    # folded its constants: ONNX Runtime prepacks an LSTM's weights when they are initializers
+    onnx.save(onnx_models.lstm_behind_constant_pads(), str(tmp_path / "lstm.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(tmp_path / "lstm.onnx", "    - {name: x, shape: [8, 1, 64]}\n"))
+    assert result.returncode == 0, result.stderr
+    model = onnx.load(str(tmp_path / "b/imp/import/model.onnx"))
+    assert [n.op_type for n in model.graph.node] == ["Pad", "LSTM"]
+    proof = json.loads(result.stdout)["import"]["proof"]["h"]
+    assert 0 < proof["max_abs"] < 1e-5  # the same ops, other kernels: not bit-identical
+
+
+def test_an_input_value_of_the_wrong_type_is_bad_input_at_its_line(cli, tmp_path):
+    onnx.save(onnx_models.if_on_an_input(), str(tmp_path / "vad.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(
+        tmp_path / "vad.onnx", "    - {name: sr, shape: [], value: 0.5}\n"))
+    assert result.returncode == 2, result.stderr
+    assert "model.inputs[0].value: input 'sr' is int64; the value(s) are not all int64 values" in result.stderr
+
+
 def test_paddle_style_reshape_imports_with_every_shape_known(cli, tmp_path):
     onnx.save(onnx_models.paddle_reshape(), str(tmp_path / "paddle.onnx"))
     result = run_import(cli, tmp_path, recipe_text(

@@ -182,3 +182,21 @@ def test_fold_constants_keeps_a_folded_value_a_subgraph_reads(tiny):
                        {"x": [2]}, ["y"], {"zero": np.array(0, np.float32), "c": np.ones(2, np.float32)})
     folded, _ = tiny.check("fold_constants", model)
     assert "c2" in {t.name for t in folded.graph.initializer}
+
+
+def test_fold_constants_replaces_an_if_on_a_constant_by_the_branch_it_takes(tiny):
+    # Silero VAD's decoder (an LSTM and convs) sits in an If whose condition is a constant:
+    # kept as control flow the split can only run it on the CPU
+    then = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["t"]),
+                              helper.make_node("Relu", ["t"], ["r"])], "then", [],
+                             [helper.make_tensor_value_info("r", onnx.TensorProto.FLOAT, [2])],
+                             [numpy_helper.from_array(np.array([2.0, -3.0], np.float32), "w")])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, [2])])
+    model = tiny.model([helper.make_node("Not", ["off"], ["cond"]),
+                        helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+                        helper.make_node("Relu", ["y"], ["t"])],  # a name the branch uses too
+                       {"x": [2]}, ["t"], {"off": np.array(False)})
+    folded, _ = tiny.check("fold_constants", model)
+    assert "If" not in tiny.ops(folded) and {"Mul", "Relu"} <= set(tiny.ops(folded))
+    onnx.checker.check_model(folded, full_check=True)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, helper, numpy_helper
 
 from npubuild.errors import UserError
+from npubuild.recipe.model import SplitSpec
+from npubuild.split import split_model
 from npubuild.targets import load_chip
 from npubuild.targets.constraints import CONSTRAINTS, node_reasons
 from npubuild.targets.docs import supported_ops_markdown
@@ -213,3 +217,24 @@ def test_an_average_pool_leaving_padding_out_stays_on_npu_only_with_tflites_same
     assert reasons([0, 0, 1, 1]) == []                       # SAME on 8: 0 before, 1 after
     assert reasons([1, 1, 1, 1], include=1) == []            # padding counted: PAD + VALID
     assert "not TFLite's SAME" in " ".join(reasons([1, 1, 1, 1]))
+
+
+def test_a_node_on_constants_only_stays_off_the_npu_with_the_fold_hint(tmp_path):
+    # An unfolded Relu of a Constant crashed split's LMEM check (a layer with no input to
+    # tile); Silero's OpenVINO export's constant Unsqueezes crashed quantize on main
+    value = numpy_helper.from_array(np.ones((1, 4, 8, 8), np.float32), "c")
+    weight = numpy_helper.from_array(np.full((4, 3, 1, 1), 0.1, np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["k"], value=value, name="k"),
+         helper.make_node("Relu", ["k"], ["kr"], name="relu_const"),
+         helper.make_node("Conv", ["x", "w"], ["conv"], name="conv"),
+         helper.make_node("Add", ["conv", "kr"], ["y"], name="add")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    feeds = {"x": np.zeros((1, 3, 8, 8), np.float32)}
+    split_model(model, load_chip("npu-16m"), SplitSpec(), tmp_path, feeds=feeds)
+    placed = {n["name"]: n for n in json.loads((tmp_path / "support.json").read_text())["nodes"]}
+    assert placed["relu_const"]["device"] == "cpu"
+    assert placed["relu_const"]["reasons"][0].startswith("Node computes on constants only")
+    assert placed["conv"]["device"] == "npu" and placed["add"]["device"] == "npu"
