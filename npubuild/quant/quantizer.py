@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from npubuild.errors import working_on
-from npubuild.quant import calibrators, schemes
+from npubuild.quant import calibrators, rounding, schemes
 from npubuild.quant.floatgraph import FLayer, FloatGraph
 from npubuild.quant.qgraph import QGraph, QLayer, QTensor
 from npubuild.quant.reference import window_counts
@@ -52,6 +52,7 @@ class QuantConfig:
     percentile: float = 99.99
     bias: str = "int32"
     bias_correction: bool = True
+    weight_rounding: str = "nearest"   # or "gptq": rounded to keep each layer's output close
     int16_tensors: frozenset[str] = frozenset()
     float_tensors: frozenset[str] = frozenset()
     int16_underflow: bool = False   # the chip has int16: tensors that underflow int8 use it
@@ -364,13 +365,14 @@ def _conv(q: Quantizer, layer: FLayer) -> QLayer:
     w_scale, w_ls = schemes.weight_params(q.config.scheme, w, q.config.per_channel, axis=0)
     w_scale, w_ls = schemes.bias_fitting_weight_scales(w_scale, w_ls, b, x.scale)
     w_scale = np.broadcast_to(w_scale, (cout,)).astype(np.float64)
-    wq = np.empty(w.shape, schemes.DTYPES["int8"])
-    for rows in row_blocks(w):
-        wq[rows] = schemes.quantize(w[rows], w_scale[rows].reshape(-1, 1, 1, 1), 0, "int8")
+    stats = q.stats.get(layer.inputs[0])
+    gram = (stats.patch_grams.get(rounding.Geometry.of(layer))
+            if stats is not None and q.config.weight_rounding == "gptq" else None)
+    wq = rounding.rounded_weights(layer, w, w_scale, gram)
     acc_scale = x.scale * w_scale
     params = {"input_zp": x.zero_point, "weight_scale": w_scale.tolist()}
     if q.config.bias_correction:
-        b = b - _weight_error_bias(layer, w, wq, w_scale, q.stats.get(layer.inputs[0]))
+        b = b - _weight_error_bias(layer, w, wq, w_scale, stats)
     bias = schemes.quantize_bias(b, acc_scale)
     k = int(np.prod(w.shape[1:]))
     x_span = max(abs(x.qmin - x.zero_point), abs(x.qmax - x.zero_point))
@@ -387,16 +389,6 @@ def _conv(q: Quantizer, layer: FLayer) -> QLayer:
     return _qlayer(layer, attrs={k: v for k, v in layer.attrs.items()}, params=params, arrays=arrays)
 
 
-BLOCK_ELEMENTS = 1 << 20
-
-
-def row_blocks(w: np.ndarray):
-    """Slices of ``w``'s output channels of about ``BLOCK_ELEMENTS`` elements each: weight
-    arithmetic in float64 on a 100M-parameter Gemm at once needs GBs of temporaries."""
-    step = max(1, BLOCK_ELEMENTS // max(1, int(np.prod(w.shape[1:]))))
-    return [slice(r, r + step) for r in range(0, w.shape[0], step)]
-
-
 def _weight_error_bias(layer: FLayer, w: np.ndarray, wq: np.ndarray, w_scale: np.ndarray,
                        stats) -> np.ndarray:
     """Empirical bias correction (Nagel et al. 2019): the mean output shift the weight
@@ -408,7 +400,7 @@ def _weight_error_bias(layer: FLayer, w: np.ndarray, wq: np.ndarray, w_scale: np
         return np.zeros(cout)
     group = layer.attrs["group"]
     out = np.empty(cout)
-    for rows in row_blocks(w):
+    for rows in rounding.row_blocks(w):
         dw = wq[rows] * w_scale[rows].reshape(-1, 1, 1, 1) - w[rows]
         groups = np.arange(cout)[rows] // (cout // group)
         src = groups[:, None] * cin_g + np.arange(cin_g)[None, :]  # input channel of each

@@ -52,6 +52,7 @@ class Options:
     chip_int16: bool = False
     equalize: bool = False   # cross-layer equalisation of conv pairs before calibration
     histograms: bool = False  # keep every tensor's histogram (methods chosen per tensor later)
+    weight_grams: bool = False  # gather conv input Gram matrices (GPTQ weight rounding)
 
 
 @dataclass
@@ -123,12 +124,14 @@ class Workflow:
         self.states = [self._lowered(g) for g in pipeline.npu_graphs]
         self.base_overrides = options.overrides
         self._deployed: dict = {}
+        self._by_rounding: dict[str, tuple] = {}  # weight rounding -> graphs, judged values
 
     def _lowered(self, graph: SubGraph) -> GraphState:
         _, float_nodes = _config_for(self.options, self.options.overrides, graph.model)
         fg, probe = lower(graph.model, float_nodes=float_nodes, equalize=self.options.equalize)
         observer = calibrate.Observer(fg, probe, self.options.config.method, every_tensor=True,
-                                      histograms=self.options.histograms)
+                                      histograms=self.options.histograms,
+                                      weight_grams=self.options.weight_grams)
         return GraphState(graph, fg, probe, observer, float_nodes)
 
     # ---- calibration and quantization ---------------------------------------------------
@@ -168,6 +171,20 @@ class Workflow:
         for state in self.states:
             state.qgraph, state.records = self._quantized(state, self.options.overrides)
             check.check_quantized(state.qgraph)
+
+    def use_weight_rounding(self, rounding: str) -> None:
+        """Quantize with another weight rounding (`npubuild.quant.rounding`); going back to
+        one used before restores its graphs and judged values instead of recomputing them."""
+        current = self.options.config.weight_rounding
+        self._by_rounding[current] = ([(s.qgraph, s.records) for s in self.states], self._deployed)
+        self.options = replace(self.options, config=replace(self.options.config,
+                                                            weight_rounding=rounding))
+        if rounding not in self._by_rounding:
+            self.quantize()
+            return
+        graphs, self._deployed = self._by_rounding[rounding]
+        for state, (qgraph, records) in zip(self.states, graphs):
+            state.qgraph, state.records = qgraph, records
 
     def _quantized(self, state: GraphState, overrides: Sequence[OverrideSpec]):
         config, float_nodes = _config_for(self.options, overrides, state.graph.model)

@@ -64,14 +64,17 @@ def check_override_names(loaded, pipeline: SplitPipeline) -> None:
                         hint="`npubuild targets --check RECIPE` lists the nodes")
 
 
-# What an unset scheme, granularity or calibration method means (the report says so).
-DEFAULTS = {"scheme": "asymmetric", "granularity": "per_channel", "method": "minmax"}
+# What an unset scheme, granularity, calibration method or weight rounding means (the report
+# says so).
+DEFAULTS = {"scheme": "asymmetric", "granularity": "per_channel", "method": "minmax",
+            "weight_rounding": "nearest"}
 
 
 def resolved(spec) -> dict[str, str]:
-    """The scheme, weight granularity and calibration method quantization uses."""
+    """The scheme, weight granularity, calibration method and weight rounding quantization
+    uses."""
     given = {"scheme": spec.scheme, "granularity": spec.granularity,
-             "method": spec.calibration.method}
+             "method": spec.calibration.method, "weight_rounding": spec.weight_rounding}
     return {k: v if v is not None else DEFAULTS[k] for k, v in given.items()}
 
 
@@ -80,12 +83,14 @@ def options(spec, chip) -> Options:
     config = QuantConfig(scheme=chosen["scheme"], granularity=chosen["granularity"],
                          method=chosen["method"], percentile=spec.calibration.percentile,
                          bias=spec.bias, bias_correction=spec.bias_correction,
+                         weight_rounding=chosen["weight_rounding"],
                          int16_underflow=bool(spec.int16_where_underflows and chip and chip.int16))
     overrides = tuple(OverrideSpec(tuple(o.nodes), tuple(o.tensors), o.precision)
                       for o in spec.overrides)
     return Options(config, overrides, chip_int16=bool(chip and chip.int16),
                    equalize=spec.cross_layer_equalization,
-                   histograms=spec.calibration.method is None)
+                   histograms=spec.calibration.method is None,
+                   weight_grams=spec.weight_rounding != "nearest")
 
 
 def search_spec(spec, chip) -> SearchSpec:
@@ -127,6 +132,9 @@ def run(ctx: StageContext) -> dict:
                         channel_axis=output_channel_axis(ctx.recipe))
     check_names(ctx.loaded, ctx.recipe.verify, pipeline.outputs, {**judge.floats[0], **judge.refs[0]})
     verdict = judge(workflow.deployed_values(compare, judge.kept))
+    rounding_measured = None
+    if not verdict.passed and spec.weight_rounding is None:
+        verdict, rounding_measured = measured_weight_rounding(workflow, judge, compare, verdict)
     search = None
     if not verdict.passed and spec.auto.enabled:
         search = precision_search(ctx, workflow, compare, judge, verdict)
@@ -150,8 +158,11 @@ def run(ctx: StageContext) -> dict:
             "scheme": workflow.options.config.scheme,
             "granularity": workflow.options.config.granularity,
             "method": workflow.options.config.method, "calibration_samples": count,
+            "weight_rounding": workflow.options.config.weight_rounding,
+            **({"weight_rounding_measured": rounding_measured} if rounding_measured else {}),
             "unset": [k for k, v in (("scheme", spec.scheme), ("granularity", spec.granularity),
-                                     ("method", spec.calibration.method)) if v is None],
+                                     ("method", spec.calibration.method),
+                                     ("weight_rounding", spec.weight_rounding)) if v is None],
             "graphs": {q.name: _graph_summary(q) for q in workflow.qgraphs().values()},
             **({"equalization": workflow.equalization()} if spec.cross_layer_equalization else {}),
             "files": files, "crosscheck": {g: {k: v for k, v in c.items() if k != "worst_layers"}
@@ -167,6 +178,22 @@ def run(ctx: StageContext) -> dict:
 
 MAX_CONFIRMATIONS = 6
 SPAN_DEMANDED = 0.5   # where a channel died, the search keeps every channel this lively
+
+
+def measured_weight_rounding(workflow: Workflow, judge: SampleJudge, compare: list, nearest):
+    """Where the recipe leaves ``weight_rounding`` unset and int8 misses verify's thresholds:
+    GPTQ rounding judged on the verify samples as verify judges, kept only where it scores
+    better (passes, or a higher cosine margin). GPTQ fits each layer to the calibration
+    patches, which wins where int8 weights bound a model (MediaPipe's face detector) and can
+    lose a marginal channel elsewhere, so it is measured, never assumed. Returns the verdict
+    kept and both margins."""
+    workflow.use_weight_rounding("gptq")
+    gptq = judge(workflow.deployed_values(compare, judge.kept))
+    measured = {"nearest": round(nearest.margin(), 6), "gptq": round(gptq.margin(), 6)}
+    if (gptq.passed, gptq.margin()) > (nearest.passed, nearest.margin()):
+        return gptq, measured
+    workflow.use_weight_rounding("nearest")
+    return nearest, measured
 
 
 def dead_channels(verdict) -> list[str]:
