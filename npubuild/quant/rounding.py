@@ -33,11 +33,10 @@ MAX_GRAM_INPUTS = 4608
 # unbounded corrections.
 DAMPING = 0.01
 # GPTQ needs many more input patches than inputs per output: with fewer, the Gram matrix has
-# directions calibration never excited, and the rounding errors moved there are unchecked
-# (measured: MediaPipe face landmark's last conv reads a 3x3 map with a 3x3 stride, one patch
-# per sample for 288 inputs; from 4 calibration faces GPTQ left two of its 1404 outputs
-# constant on unseen faces). Below this many patches per input the layer keeps nearest
-# rounding.
+# directions calibration never excited, and the rounding errors moved there are unchecked on
+# other inputs. A 3x3 map read with a 3x3 stride gives one patch per sample: MediaPipe face
+# landmark's last conv has 288 inputs and the zoo calibrates it on 4 faces. Below this many
+# patches per input a layer keeps nearest rounding.
 MIN_PATCHES_PER_INPUT = 8
 COLUMN_BLOCK = 128          # columns rounded between two matrix updates of the rest
 PATCH_ELEMENTS = 1 << 22    # patch rows gathered at once (float32: 16 MiB)
