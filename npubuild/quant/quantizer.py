@@ -120,7 +120,29 @@ class Quantizer:
         layers = self._typed_layers()
         return ({t: self.params.get(t) for t in self._tensor_names(layers)
                  if t not in self.fg.constants},
-                {layer.name for layer in layers if layer.kind == "float"})
+                {layer.name for layer in layers
+                 if layer.kind == "float" or self.kernel_refusal(layer)})
+
+    def kernel_refusal(self, layer: FLayer) -> str | None:
+        """Why no integer kernel takes ``layer`` at its tensors' parameters (it then runs in
+        float on the CPU), else None: a per-channel table needs an int8 input (one int16
+        table per channel would not fit LMEM); a softmax reads int8 and its division must
+        stay in int64. The builders and the precision search's placement both ask here."""
+        if layer.kind == "lut" and "axis" in layer.attrs:
+            x = self.p(layer.inputs[0])
+            if x.dtype != "int8":
+                return (f"one {x.dtype} lookup table per channel ({x.qmax - x.qmin + 1} entries "
+                        "each) is too large for LMEM")
+        if layer.kind == "softmax":
+            x = self.p(layer.inputs[0])
+            if x.dtype != "int8":
+                return f"an integer softmax reads int8 (its exp table has one entry per step): {x.dtype}"
+            length = self.fg.shapes[layer.inputs[0]][layer.attrs["axis"]]
+            multiplier, shift = softmax_output_scale(self.p(layer.outputs[0]))
+            if (length * 2.0 ** (SOFTMAX_EXP_BITS + shift + 1) >= 2.0 ** 62
+                    or multiplier >= 2 ** (62 - SOFTMAX_EXP_BITS)):
+                return f"a row of {length} values at this output scale leaves int64 in the division"
+        return None
 
     def _typed_layers(self) -> list[FLayer]:
         layers = [self._placed(layer) for layer in self.fg.layers]
@@ -494,11 +516,10 @@ def _resize(q: Quantizer, layer: FLayer) -> QLayer:
 
 
 def _lut(q: Quantizer, layer: FLayer) -> QLayer:
+    reason = q.kernel_refusal(layer)
+    if reason:
+        return _float(q, replace(layer, reason=reason + ": runs in float on the CPU"))
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
-    if "axis" in layer.attrs and x.dtype != "int8":
-        return _float(q, replace(layer, reason=(
-            f"one {x.dtype} lookup table per channel ({x.qmax - x.qmin + 1} entries each) is "
-            "too large for LMEM: runs in float on the CPU")))
     model = q.fg.node_model(layer)
     fn = onnx_function(model)
     if "axis" in layer.attrs:  # one table per index of the axis: [channels, entries]
@@ -512,21 +533,21 @@ def _lut(q: Quantizer, layer: FLayer) -> QLayer:
 SOFTMAX_EXP_BITS = 24  # fraction bits of exp(-d · scale): ORT's float32 softmax agrees to ties
 
 
-def _softmax(q: Quantizer, layer: FLayer) -> QLayer:
-    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
-    model = q.fg.node_model(layer)
-    length = q.fg.shapes[layer.inputs[0]][layer.attrs["axis"]]
+def softmax_output_scale(y: QParams) -> tuple[int, int]:
+    """``1 / scale`` of a softmax output as ``multiplier · 2^-shift`` (shift ≥ 0)."""
     multiplier, shift = schemes.fixed_point(1.0 / y.scale)
     if shift < 0:  # a power-of-two scale: 1 / scale is an integer
         multiplier, shift = multiplier << -shift, 0
-    reason = None
-    if x.dtype != "int8":
-        reason = f"an integer softmax reads int8 (its exp table has one entry per step): {x.dtype}"
-    elif (length * 2.0 ** (SOFTMAX_EXP_BITS + shift + 1) >= 2.0 ** 62
-          or multiplier >= 2 ** (62 - SOFTMAX_EXP_BITS)):
-        reason = f"a row of {length} values at this output scale leaves int64 in the division"
+    return multiplier, shift
+
+
+def _softmax(q: Quantizer, layer: FLayer) -> QLayer:
+    reason = q.kernel_refusal(layer)
     if reason:
         return _float(q, replace(layer, reason=reason + ": runs in float on the CPU"))
+    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
+    model = q.fg.node_model(layer)
+    multiplier, shift = softmax_output_scale(y)
     steps = np.arange(x.qmax - x.qmin + 1, dtype=np.float64)
     table = np.rint(np.exp(-steps * x.scale) * 2.0 ** SOFTMAX_EXP_BITS).astype(np.int64)
     return _qlayer(layer, attrs=dict(layer.attrs),
