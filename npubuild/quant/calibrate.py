@@ -50,10 +50,12 @@ class Observer:
         self._method, self._every_tensor, self._histograms = method, every_tensor, histograms
         self._weight_grams = weight_grams
 
-    def empty_like(self) -> "Observer":
-        """A new observer of the same graph and tensors, with nothing observed yet."""
+    def empty_like(self, weight_grams: bool | None = None) -> "Observer":
+        """A new observer of the same graph and tensors, with nothing observed yet (gathering
+        the conv inputs' Gram matrices if ``weight_grams``, else as this one does)."""
+        grams = self._weight_grams if weight_grams is None else weight_grams
         return Observer(self.fg, self.probe, self._method, every_tensor=self._every_tensor,
-                        histograms=self._histograms, weight_grams=self._weight_grams)
+                        histograms=self._histograms, weight_grams=grams)
 
     def merge(self, stats: Mapping[str, TensorStats], samples: int) -> None:
         """Add the statistics of ``samples`` later samples (e.g. one batch, from a worker)."""

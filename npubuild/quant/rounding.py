@@ -12,8 +12,9 @@ YOLOv8n weights rounded this way give 0.9999 on the class scores of photos calib
 saw. The integers and scales keep their form; nothing downstream changes.
 
 ``PatchGram`` accumulates ``H`` per conv input and geometry while calibration observes the
-tensor (`npubuild.quant.calibrators.TensorStats`); ``rounded_weights`` turns a layer's float
-weights and scales into its int8 weights.
+tensor (`npubuild.quant.calibrators.TensorStats`): during calibration where the recipe asks
+for ``gptq``, in a second pass where the quantize stage measures it after int8 missed;
+``rounded_weights`` turns a layer's float weights and scales into its int8 weights.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import numpy as np
 from npubuild.quant import schemes
 
 # A layer with more inputs per output than this keeps nearest rounding: its Gram matrix
-# (K² float64) and the O(K³) factorisation grow past what one quantize should spend
-# (VGG-19's first fully connected layer has K = 25088: 5 GB).
-MAX_GRAM_INPUTS = 4608
+# (K² float64) and the O(K³) factorisation grow past what one quantize should spend (a 3x3
+# conv over 512 channels: K = 4608, 170 MB and 10^11 operations; VGG-19's first fully
+# connected layer: K = 25088, 5 GB). YOLOv8n's widest, 3x3 over 256 channels, is within.
+MAX_GRAM_INPUTS = 2304
 # The Gram matrix's diagonal is damped by this share of its mean, as GPTQ does: input
 # directions calibration never excites are then left at nearest rounding instead of taking
 # unbounded corrections.

@@ -156,6 +156,30 @@ class Workflow:
             raise BuildError("no calibration sample was read", stage="quantize")
         return count
 
+    def gather_weight_grams(self, samples: Iterable[Mapping[str, np.ndarray]],
+                            total: int | None = None,
+                            mapper: Callable[["Workflow"], BatchMapper | None] = lambda w: None
+                            ) -> None:
+        """The conv inputs' Gram matrices (GPTQ rounding) from a second pass over the
+        calibration samples, for a build that needs them only once int8 has missed: the
+        first pass's statistics stay as they are. ``mapper`` gives the batch mapper for the
+        options that now ask for the matrices (Dask workers build their graphs from them)."""
+        if self.options.weight_grams:
+            return
+        self.options = replace(self.options, weight_grams=True)
+        observed = [state.observer for state in self.states]
+        for state in self.states:
+            state.observer = state.observer.empty_like(weight_grams=True)
+        try:
+            self.calibrate(samples, total=total, map_batches=mapper(self))
+            for state, first in zip(self.states, observed):
+                for tensor, stats in state.observer.stats.items():
+                    if stats.patch_grams:
+                        first.stats[tensor].patch_grams = stats.patch_grams
+        finally:
+            for state, first in zip(self.states, observed):
+                state.observer = first
+
     def observe_batch(self, batch: Sequence[Mapping[str, np.ndarray]]
                       ) -> tuple[int, list[dict[str, calibrate.TensorStats]]]:
         """One batch's statistics per NPU graph (picklable: what a worker sends back)."""

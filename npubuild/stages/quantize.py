@@ -90,7 +90,7 @@ def options(spec, chip) -> Options:
     return Options(config, overrides, chip_int16=bool(chip and chip.int16),
                    equalize=spec.cross_layer_equalization,
                    histograms=spec.calibration.method is None,
-                   weight_grams=spec.weight_rounding != "nearest")
+                   weight_grams=spec.weight_rounding == "gptq")
 
 
 def search_spec(spec, chip) -> SearchSpec:
@@ -122,9 +122,13 @@ def run(ctx: StageContext) -> dict:
     workflow = Workflow(pipeline, options(spec, ctx.chip), ctx.progress)
 
     cal_files = calibration_files(ctx.loaded)
-    samples = ctx.loaded.located(data.load_samples(cal_files, inputs, spec.calibration.samples),
-                                 *CALIBRATION_FIELD)
-    count = workflow.calibrate(samples, total=min(spec.calibration.samples, len(cal_files)),
+
+    def calibration_samples():
+        return ctx.loaded.located(data.load_samples(cal_files, inputs, spec.calibration.samples),
+                                  *CALIBRATION_FIELD)
+
+    cal_total = min(spec.calibration.samples, len(cal_files))
+    count = workflow.calibrate(calibration_samples(), total=cal_total,
                                map_batches=_batch_mapper(ctx, workflow))
     workflow.quantize()
     compare = verify_samples(ctx, inputs)
@@ -134,6 +138,8 @@ def run(ctx: StageContext) -> dict:
     verdict = judge(workflow.deployed_values(compare, judge.kept))
     rounding_measured = None
     if not verdict.passed and spec.weight_rounding is None:
+        workflow.gather_weight_grams(calibration_samples(), total=cal_total,
+                                     mapper=lambda w: _batch_mapper(ctx, w))
         verdict, rounding_measured = measured_weight_rounding(workflow, judge, compare, verdict)
     search = None
     if not verdict.passed and spec.auto.enabled:
