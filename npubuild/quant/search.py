@@ -369,7 +369,7 @@ class PrecisionSearch:
             first = self.scheme
             self.scheme = ALTERNATIVE_SCHEMES[first]
             scores[f"scheme {self.scheme}"] = trial = self.score({}, f"scheme {self.scheme}")
-            if trial.margin > best.margin:
+            if self._better(trial, best):
                 best = trial
             else:
                 self.scheme = first
@@ -379,7 +379,7 @@ class PrecisionSearch:
         for method in ALTERNATIVE_METHODS:
             self.method, self.methods = method, ()
             scores[method] = self.score({}, f"calibration {method} everywhere")
-            if scores[method].margin > best.margin:
+            if self._better(scores[method], best):
                 best = scores[method]
         self.method = next((m for m, sc in scores.items() if sc is best and
                             m in ("minmax", *ALTERNATIVE_METHODS)), "minmax")
@@ -393,7 +393,7 @@ class PrecisionSearch:
                 trial = (*self.methods, *((t, "minmax") for t in tensors[start:start + block]))
                 previous, self.methods = self.methods, tuple(sorted(trial))
                 scored = self.score({}, "calibration min/max on a block")
-                if scored.margin > best.margin:
+                if self._better(scored, best):
                     best, start, block = scored, start + block, block * 2
                 else:
                     self.methods = previous
@@ -403,6 +403,12 @@ class PrecisionSearch:
                         start += 1
         self.method_scores = {m: round(sc.margin, 6) for m, sc in scores.items()}
         return best
+
+    def _better(self, scored: Scored, than: Scored) -> bool:
+        """A choice that passes beats one that does not, whatever their cosine margins (a
+        failure the margin does not show, such as a dead channel, is still a failure); then
+        the higher margin."""
+        return (self.ok(scored), scored.margin) > (self.ok(than), than.margin)
 
     def _reach(self) -> str | None:
         """The cheapest wide precision that passes with every candidate wide."""

@@ -272,18 +272,34 @@ class Workflow:
         quantization (``quantize`` forgets them)."""
         key = (tuple(kept), len(samples))
         if self._deployed.get("key") != key:
-            seen: dict = {}
-            runner = self.pipeline.quantized_runner(self.qgraphs(), seen)
-            wanted = set(kept)
-            values, envs = [], []
-            for k, feeds in enumerate(self.progress(samples, total=len(samples),
-                                                    description="judging")):
-                seen.clear()
-                got = runner.run(dict(feeds), keep_intermediates=True)
-                values.append({k: v for k, v in got.items() if k in wanted})
-                envs.append(dict(seen) if k < MAX_CROSSCHECK_SAMPLES else {})
+            values, envs = self._run_deployed(self.qgraphs(), samples, kept)
             self._deployed = {"key": key, "values": values, "envs": envs}
         return self._deployed["values"]
+
+    def _run_deployed(self, qgraphs: Mapping[int, QGraph], samples, kept):
+        seen: dict = {}
+        runner = self.pipeline.quantized_runner(qgraphs, seen)
+        wanted = set(kept)
+        values, envs = [], []
+        for k, feeds in enumerate(self.progress(samples, total=len(samples),
+                                                description="judging")):
+            seen.clear()
+            got = runner.run(dict(feeds), keep_intermediates=True)
+            values.append({k: v for k, v in got.items() if k in wanted})
+            envs.append(dict(seen) if k < MAX_CROSSCHECK_SAMPLES else {})
+        return values, envs
+
+    def widest_integer_values(self, samples: Sequence[Mapping[str, np.ndarray]],
+                              kept: Sequence[str]) -> list[dict[str, np.ndarray]]:
+        """``deployed_values`` with every quantized tensor in int16 (the widest integer
+        precision, on chips with int16): what the precision search can reach without float."""
+        qgraphs = {}
+        for state in self.states:
+            wide = sorted(t for t, info in state.qgraph.tensors.items()
+                          if not info.is_float and t not in state.qgraph.constants)
+            overrides = [*self.options.overrides, OverrideSpec((), tuple(wide), "int16")]
+            qgraphs[state.graph.index] = self._quantized(state, overrides)[0]
+        return self._run_deployed(qgraphs, samples, kept)[0]
 
     def _reference_env(self, k: int, state: GraphState, inputs: Mapping[str, np.ndarray]) -> dict:
         """Graph ``state``'s integer tensors on float ``inputs``: the deployed run's own when

@@ -188,15 +188,28 @@ SPAN_DEMANDED = 0.5   # where a channel died, the search keeps every channel thi
 
 def measured_weight_rounding(workflow: Workflow, judge: SampleJudge, compare: list, nearest):
     """Where the recipe leaves ``weight_rounding`` unset and int8 misses verify's thresholds:
-    GPTQ rounding judged on the verify samples as verify judges, kept only where it scores
-    better (passes, or a higher cosine margin). GPTQ fits each layer to the calibration
-    patches, which wins where int8 weights bound a model (MediaPipe's face detector) and can
-    lose a marginal channel elsewhere, so it is measured, never assumed. Returns the verdict
-    kept and both margins."""
+    both roundings judged on the verify samples as verify judges, at the widest integer
+    precision the precision search can then use (int16 on every tensor on chips with int16,
+    else int8), and GPTQ kept only where it scores better there (passes, or a higher cosine
+    margin). At int8 alone the activations' rounding can hide what the weights' allows:
+    MediaPipe's face detector scores lower with GPTQ in int8, yet only GPTQ's weights let
+    int16 activations pass. Returns the int8 verdict kept and what was measured."""
+    wide = workflow.options.chip_int16
+
+    def ceiling(verdict_int8):
+        if not wide:
+            return verdict_int8
+        return judge(workflow.widest_integer_values(compare, judge.kept))
+
+    nearest_ceiling = ceiling(nearest)
     workflow.use_weight_rounding("gptq")
     gptq = judge(workflow.deployed_values(compare, judge.kept))
-    measured = {"nearest": round(nearest.margin(), 6), "gptq": round(gptq.margin(), 6)}
-    if (gptq.passed, gptq.margin()) > (nearest.passed, nearest.margin()):
+    gptq_ceiling = ceiling(gptq)
+    measured = {"judged_at": "int16 everywhere" if wide else "int8",
+                "nearest": round(nearest_ceiling.margin(), 6),
+                "gptq": round(gptq_ceiling.margin(), 6)}
+    if (gptq_ceiling.passed, gptq_ceiling.margin()) > (nearest_ceiling.passed,
+                                                       nearest_ceiling.margin()):
         return gptq, measured
     workflow.use_weight_rounding("nearest")
     return nearest, measured

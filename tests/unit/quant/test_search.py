@@ -218,3 +218,24 @@ def test_int16_that_pushes_a_layer_off_the_integer_kernels_is_priced_like_float(
     assert search.slowdown({"p": "int16"}) == 1.0            # the PRelu's output: still a table
     assert search.slowdown({"c": "int16"}) > 1.0             # its input: the PRelu leaves the NPU
     assert search.slowdown({"c": "float"}) > search.slowdown({"c": "int16"})  # conv1 moves too
+
+
+class DeadChannelUnlessPercentile(Synthetic):
+    """int8 with min/max loses a channel (a failure no cosine margin shows: margin 0.009);
+    percentile keeps it, at a slightly lower margin (0.008), as MediaPipe's face landmark."""
+
+    def score(self, choice, step="", quick=False):
+        key = (tuple(sorted(choice.items())), self.method, self.methods)
+        if key not in self.cache:
+            self.evaluations += 1
+            passes = self.method == "percentile" or bool(choice)
+            self.cache[key] = Scored(key[0], passes, 0.008 if self.method == "percentile" else 0.009,
+                                     np.array([0.5]), [] if passes else ["1 dead channel"])
+        return self.cache[key]
+
+
+def test_a_calibration_method_that_passes_beats_a_higher_margin_that_fails():
+    search = DeadChannelUnlessPercentile({t: 0.0 for t in TENSORS})
+    search.choose_methods = True
+    result = search.run()
+    assert result.reached and result.chosen == {} and search.method == "percentile"
