@@ -7,6 +7,7 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from npubuild.errors import BuildError
+from npubuild.quant import rounding
 from npubuild.quant.calibrators import NEEDS_HISTOGRAM, TensorStats
 from npubuild.quant.floatgraph import FloatGraph, Probe
 
@@ -15,10 +16,11 @@ class Observer:
     """Statistics of every activation tensor of one float graph, updated sample by sample."""
 
     def __init__(self, fg: FloatGraph, probe: Probe, method: str, *, every_tensor: bool = False,
-                 histograms: bool = False):
+                 histograms: bool = False, weight_grams: bool = False):
         """``every_tensor``: observe every node output, not only the layers' tensors (so a
         lowering with other float overrides finds its statistics too); ``histograms``: keep
-        every tensor's histogram whatever ``method`` needs (methods chosen per tensor later)."""
+        every tensor's histogram whatever ``method`` needs (methods chosen per tensor later);
+        ``weight_grams``: accumulate each conv layer's input Gram matrix (GPTQ rounding)."""
         self.fg, self.probe = fg, probe
         self.tensors = fg.activation_tensors()
         if every_tensor:
@@ -31,7 +33,11 @@ class Observer:
                 self.stats[t].channel_axis = 1
         for layer in fg.layers:  # per-channel means of conv inputs, for bias correction
             if layer.kind == "conv" and layer.inputs[0] in self.stats:
-                self.stats[layer.inputs[0]].channel_axis = -1 if layer.attrs.get("fc") else 1
+                stats = self.stats[layer.inputs[0]]
+                stats.channel_axis = -1 if layer.attrs.get("fc") else 1
+                if weight_grams and rounding.wants_gram(layer):
+                    geometry = rounding.Geometry.of(layer)
+                    stats.patch_grams.setdefault(geometry, rounding.PatchGram(geometry))
             if layer.kind == "lut" and layer.inputs[0] in self.stats:
                 # the quantizer judges a table's resolution on its input's distribution, and
                 # whether its outputs underflow int8 on theirs (a Sigmoid's tiny scores)
@@ -42,11 +48,14 @@ class Observer:
         self._computed = [t for t in self.tensors if t not in fg.inputs]
         self.samples = 0
         self._method, self._every_tensor, self._histograms = method, every_tensor, histograms
+        self._weight_grams = weight_grams
 
-    def empty_like(self) -> "Observer":
-        """A new observer of the same graph and tensors, with nothing observed yet."""
+    def empty_like(self, weight_grams: bool | None = None) -> "Observer":
+        """A new observer of the same graph and tensors, with nothing observed yet (gathering
+        the conv inputs' Gram matrices if ``weight_grams``, else as this one does)."""
+        grams = self._weight_grams if weight_grams is None else weight_grams
         return Observer(self.fg, self.probe, self._method, every_tensor=self._every_tensor,
-                        histograms=self._histograms)
+                        histograms=self._histograms, weight_grams=grams)
 
     def merge(self, stats: Mapping[str, TensorStats], samples: int) -> None:
         """Add the statistics of ``samples`` later samples (e.g. one batch, from a worker)."""
@@ -70,8 +79,10 @@ class Observer:
 
 
 def observe(fg: FloatGraph, probe: Probe, samples: Iterable[Mapping[str, np.ndarray]],
-            method: str) -> dict[str, TensorStats]:
-    observer = Observer(fg, probe, method)
+            method: str, *, weight_grams: bool = False) -> dict[str, TensorStats]:
+    """Every activation's statistics over ``samples`` (and the conv inputs' Gram matrices
+    with ``weight_grams``)."""
+    observer = Observer(fg, probe, method, weight_grams=weight_grams)
     for feeds in samples:
         observer.update(feeds)
     return observer.stats

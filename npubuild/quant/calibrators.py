@@ -44,6 +44,9 @@ class TensorStats:
     # first non-zero value alone, so it depends only on the largest |x|, never on which sample
     # came first, and statistics of sample batches merge into exactly the one-pass result.
     pending_zeros: int = 0
+    # the input Gram matrices of the conv layers reading this tensor, by what they read of it
+    # (GPTQ weight rounding, `npubuild.quant.rounding`)
+    patch_grams: dict = field(default_factory=dict, repr=False)
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x)
@@ -61,6 +64,8 @@ class TensorStats:
             self.channel_sum = sums if self.channel_sum is None else self.channel_sum + sums
             self._merge_channel_range(x.min(axis=axes).astype(np.float64),
                                       x.max(axis=axes).astype(np.float64))
+        for gram in self.patch_grams.values():
+            gram.update(x)
 
     def _merge_channel_range(self, lo: np.ndarray, hi: np.ndarray) -> None:
         self.channel_min = lo if self.channel_min is None else np.minimum(self.channel_min, lo)
@@ -112,6 +117,8 @@ class TensorStats:
             return
         self.min, self.max = min(self.min, later.min), max(self.max, later.max)
         self.count += later.count
+        for geometry, gram in later.patch_grams.items():
+            self.patch_grams.setdefault(geometry, type(gram)(geometry)).merge(gram)
         if later.channel_sum is not None:
             self.channel_sum = (later.channel_sum.copy() if self.channel_sum is None
                                 else self.channel_sum + later.channel_sum)

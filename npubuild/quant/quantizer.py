@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from npubuild.errors import working_on
-from npubuild.quant import calibrators, schemes
+from npubuild.quant import calibrators, rounding, schemes
 from npubuild.quant.floatgraph import FLayer, FloatGraph
 from npubuild.quant.qgraph import QGraph, QLayer, QTensor
 from npubuild.quant.reference import window_counts
@@ -53,6 +53,7 @@ class QuantConfig:
     percentile: float = 99.99
     bias: str = "int32"
     bias_correction: bool = True
+    weight_rounding: str = "nearest"   # or "gptq": rounded to keep each layer's output close
     int16_tensors: frozenset[str] = frozenset()
     float_tensors: frozenset[str] = frozenset()
     int16_underflow: bool = False   # the chip has int16: tensors that underflow int8 use it
@@ -127,7 +128,29 @@ class Quantizer:
         layers = self._typed_layers()
         return ({t: self.params.get(t) for t in self._tensor_names(layers)
                  if t not in self.fg.constants},
-                {layer.name for layer in layers if layer.kind == "float"})
+                {layer.name for layer in layers
+                 if layer.kind == "float" or self.kernel_refusal(layer)})
+
+    def kernel_refusal(self, layer: FLayer) -> str | None:
+        """Why no integer kernel takes ``layer`` at its tensors' parameters (it then runs in
+        float on the CPU), else None: a per-channel table needs an int8 input (one int16
+        table per channel would not fit LMEM); a softmax reads int8 and its division must
+        stay in int64. The builders and the precision search's placement both ask here."""
+        if layer.kind == "lut" and "axis" in layer.attrs:
+            x = self.p(layer.inputs[0])
+            if x.dtype != "int8":
+                return (f"one {x.dtype} lookup table per channel ({x.qmax - x.qmin + 1} entries "
+                        "each) is too large for LMEM")
+        if layer.kind == "softmax":
+            x = self.p(layer.inputs[0])
+            if x.dtype != "int8":
+                return f"an integer softmax reads int8 (its exp table has one entry per step): {x.dtype}"
+            length = self.fg.shapes[layer.inputs[0]][layer.attrs["axis"]]
+            multiplier, shift = softmax_output_scale(self.p(layer.outputs[0]))
+            if (length * 2.0 ** (SOFTMAX_EXP_BITS + shift + 1) >= 2.0 ** 62
+                    or multiplier >= 2 ** (62 - SOFTMAX_EXP_BITS)):
+                return f"a row of {length} values at this output scale leaves int64 in the division"
+        return None
 
     def _typed_layers(self) -> list[FLayer]:
         layers = self._placed_layers()
@@ -412,13 +435,14 @@ def _conv(q: Quantizer, layer: FLayer) -> QLayer:
     w_scale, w_ls = schemes.weight_params(q.config.scheme, w, q.config.per_channel, axis=0)
     w_scale, w_ls = schemes.bias_fitting_weight_scales(w_scale, w_ls, b, x.scale)
     w_scale = np.broadcast_to(w_scale, (cout,)).astype(np.float64)
-    wq = np.empty(w.shape, schemes.DTYPES["int8"])
-    for rows in row_blocks(w):
-        wq[rows] = schemes.quantize(w[rows], w_scale[rows].reshape(-1, 1, 1, 1), 0, "int8")
+    stats = q.stats.get(layer.inputs[0])
+    gram = (stats.patch_grams.get(rounding.Geometry.of(layer))
+            if stats is not None and q.config.weight_rounding == "gptq" else None)
+    wq = rounding.rounded_weights(layer, w, w_scale, gram)
     acc_scale = x.scale * w_scale
     params = {"input_zp": x.zero_point, "weight_scale": w_scale.tolist()}
     if q.config.bias_correction:
-        b = b - _weight_error_bias(layer, w, wq, w_scale, q.stats.get(layer.inputs[0]))
+        b = b - _weight_error_bias(layer, w, wq, w_scale, stats)
     bias = schemes.quantize_bias(b, acc_scale)
     k = int(np.prod(w.shape[1:]))
     x_span = max(abs(x.qmin - x.zero_point), abs(x.qmax - x.zero_point))
@@ -435,16 +459,6 @@ def _conv(q: Quantizer, layer: FLayer) -> QLayer:
     return _qlayer(layer, attrs={k: v for k, v in layer.attrs.items()}, params=params, arrays=arrays)
 
 
-BLOCK_ELEMENTS = 1 << 20
-
-
-def row_blocks(w: np.ndarray):
-    """Slices of ``w``'s output channels of about ``BLOCK_ELEMENTS`` elements each: weight
-    arithmetic in float64 on a 100M-parameter Gemm at once needs GBs of temporaries."""
-    step = max(1, BLOCK_ELEMENTS // max(1, int(np.prod(w.shape[1:]))))
-    return [slice(r, r + step) for r in range(0, w.shape[0], step)]
-
-
 def _weight_error_bias(layer: FLayer, w: np.ndarray, wq: np.ndarray, w_scale: np.ndarray,
                        stats) -> np.ndarray:
     """Empirical bias correction (Nagel et al. 2019): the mean output shift the weight
@@ -456,7 +470,7 @@ def _weight_error_bias(layer: FLayer, w: np.ndarray, wq: np.ndarray, w_scale: np
         return np.zeros(cout)
     group = layer.attrs["group"]
     out = np.empty(cout)
-    for rows in row_blocks(w):
+    for rows in rounding.row_blocks(w):
         dw = wq[rows] * w_scale[rows].reshape(-1, 1, 1, 1) - w[rows]
         groups = np.arange(cout)[rows] // (cout // group)
         src = groups[:, None] * cin_g + np.arange(cin_g)[None, :]  # input channel of each
@@ -550,11 +564,10 @@ def _resize(q: Quantizer, layer: FLayer) -> QLayer:
 
 
 def _lut(q: Quantizer, layer: FLayer) -> QLayer:
+    reason = q.kernel_refusal(layer)
+    if reason:
+        return _float(q, replace(layer, reason=reason + ": runs in float on the CPU"))
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
-    if "axis" in layer.attrs and x.dtype != "int8":
-        return _float(q, replace(layer, reason=(
-            f"one {x.dtype} lookup table per channel ({x.qmax - x.qmin + 1} entries each) is "
-            "too large for LMEM: runs in float on the CPU")))
     model = q.fg.node_model(layer)
     fn = onnx_function(model)
     if "axis" in layer.attrs:  # one table per index of the axis: [channels, entries]
@@ -568,21 +581,21 @@ def _lut(q: Quantizer, layer: FLayer) -> QLayer:
 SOFTMAX_EXP_BITS = 24  # fraction bits of exp(-d · scale): ORT's float32 softmax agrees to ties
 
 
-def _softmax(q: Quantizer, layer: FLayer) -> QLayer:
-    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
-    model = q.fg.node_model(layer)
-    length = q.fg.shapes[layer.inputs[0]][layer.attrs["axis"]]
+def softmax_output_scale(y: QParams) -> tuple[int, int]:
+    """``1 / scale`` of a softmax output as ``multiplier · 2^-shift`` (shift ≥ 0)."""
     multiplier, shift = schemes.fixed_point(1.0 / y.scale)
     if shift < 0:  # a power-of-two scale: 1 / scale is an integer
         multiplier, shift = multiplier << -shift, 0
-    reason = None
-    if x.dtype != "int8":
-        reason = f"an integer softmax reads int8 (its exp table has one entry per step): {x.dtype}"
-    elif (length * 2.0 ** (SOFTMAX_EXP_BITS + shift + 1) >= 2.0 ** 62
-          or multiplier >= 2 ** (62 - SOFTMAX_EXP_BITS)):
-        reason = f"a row of {length} values at this output scale leaves int64 in the division"
+    return multiplier, shift
+
+
+def _softmax(q: Quantizer, layer: FLayer) -> QLayer:
+    reason = q.kernel_refusal(layer)
     if reason:
         return _float(q, replace(layer, reason=reason + ": runs in float on the CPU"))
+    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
+    model = q.fg.node_model(layer)
+    multiplier, shift = softmax_output_scale(y)
     steps = np.arange(x.qmax - x.qmin + 1, dtype=np.float64)
     table = np.rint(np.exp(-steps * x.scale) * 2.0 ** SOFTMAX_EXP_BITS).astype(np.int64)
     return _qlayer(layer, attrs=dict(layer.attrs),

@@ -171,9 +171,9 @@ class PrecisionSearch:
         self.float_where = "in float16 on the NPU" if float_on_npu else "in float on the CPU"
         self.npu_work = sum(sum(w.values()) for w in self.work.values())
         self.cpu_work = sum(model_macs(g.model) for g in workflow.pipeline.graphs if not g.is_npu)
-        self.moves: dict[str, frozenset[tuple[int, str]]] = {}  # root -> layers its float moves
         self.names = {i: tensor_names(s.graph.model) for i, s in self.states.items()}
         self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # (graph, its own choice, ...)
+        self.placed: dict[tuple, frozenset[str]] = {}  # the same key -> its float layers
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
         self.candidates = self._candidates()
@@ -181,20 +181,25 @@ class PrecisionSearch:
     # ---- scoring ------------------------------------------------------------------------
 
     def _params(self, choice: Mapping[str, str]) -> dict[int, dict[str, np.ndarray]]:
-        """Each NPU graph's parameter inputs under ``choice``; a graph whose own tensors the
-        choice leaves as an earlier one did reuses that one's (computed once per graph)."""
+        """Each NPU graph's parameter inputs under ``choice``."""
+        return {index: self.feeds[key] for index, key in self._graph_keys(choice)}
+
+    def _graph_keys(self, choice: Mapping[str, str]):
+        """Per NPU graph, the key of its own part of ``choice``; a graph whose own tensors the
+        choice leaves as an earlier one did reuses that one's parameters and placement
+        (computed once per graph)."""
         overrides = self._expanded(choice)
-        out = {}
         for index, state in self.states.items():
             own = tuple(sorted({(o.tensors[0], o.precision) for o in overrides
                                 if o.tensors[0] in self.names[index]}))
             key = (index, own, self.method, self.methods, self.scheme)
             if key not in self.feeds:
-                self.feeds[key] = self._graph_params(index, state, overrides)
-            out[index] = self.feeds[key]
-        return out
+                self.feeds[key], self.placed[key] = self._graph_params(index, state, overrides)
+            yield index, key
 
-    def _graph_params(self, index: int, state, overrides: list[OverrideSpec]) -> dict:
+    def _graph_params(self, index: int, state, overrides: list[OverrideSpec]
+                      ) -> tuple[dict, frozenset[str]]:
+        """The graph's parameter inputs and the layers the quantizer runs in float."""
         base = list(self.workflow.options.overrides)
         _, float_tensors, int16, _ = resolve_overrides([*base, *overrides], state.graph.model)
         config = replace(self.workflow.options.config, float_tensors=frozenset(float_tensors),
@@ -202,32 +207,23 @@ class PrecisionSearch:
                          tensor_methods=self.methods, scheme=self.scheme)
         params, cpu = quantizer.Quantizer(state.fg, state.observer.stats, config,
                                           ranges=self.ranges).tensor_params()
-        return fakequant.params_feed(self.pipeline.tensors(index), params,
-                                     self.pipeline.layers(index), cpu)
+        return (fakequant.params_feed(self.pipeline.tensors(index), params,
+                                      self.pipeline.layers(index), cpu), frozenset(cpu))
 
-    def _moved_by(self, tensors: set[str]) -> frozenset[tuple[int, str]]:
-        """The (graph, layer) pairs that go to the CPU when ``tensors`` stay in float."""
-        return frozenset((i, layer.name) for i, s in self.states.items() for layer in s.fg.layers
-                         if quantizer.moved_by_float(layer, tensors))
-
-    def _root_moves(self, root: str) -> frozenset[tuple[int, str]]:
-        if root not in self.moves:
-            self.moves[root] = self._moved_by(set(self.members.get(root, [root])))
-        return self.moves[root]
+    def _in_float(self, choice: Mapping[str, str]) -> frozenset[tuple[int, str]]:
+        """The (graph, layer) pairs the quantizer runs in float under ``choice``: the layers
+        a float tensor touches, and those an int16 tensor pushes off the integer kernels (a
+        per-channel PRelu table or a softmax with an int16 input): one truth for placement."""
+        return frozenset((index, name) for index, key in self._graph_keys(choice)
+                         for name in self.placed[key])
 
     def slowdown(self, choice: Mapping[str, str]) -> float:
         """The model's estimated time with ``choice``'s float layers over its time in int8
         (whose own float layers, the quantizer's placement, count as float in both)."""
-        if not hasattr(self, "_plain_moves"):  # the recipe's own float overrides
-            floats = {t for ov in self.workflow.options.overrides if ov.precision == "float"
-                      for t in ov.tensors}
-            self._plain_moves = self._moved_by(floats) | {
-                (i, layer.name) for i, s in self.states.items() for layer in s.fg.layers
-                if layer.kind == "float"}
-        moved_layers = set().union(*(self._root_moves(t) for t, p in choice.items()
-                                     if p == "float")) - self._plain_moves
+        plain_float = self._in_float({})
+        moved_layers = self._in_float(choice) - plain_float
         work = lambda layers: sum(self.work[i][name] for i, name in layers)  # noqa: E731
-        on_cpu, moved = work(self._plain_moves), work(moved_layers)
+        on_cpu, moved = work(plain_float), work(moved_layers)
         plain = ((self.npu_work - on_cpu) * self.npu_seconds + on_cpu * self.float_seconds
                  + self.cpu_work * self.cpu_seconds)
         extra = moved * (self.float_seconds - self.npu_seconds)
@@ -373,7 +369,7 @@ class PrecisionSearch:
             first = self.scheme
             self.scheme = ALTERNATIVE_SCHEMES[first]
             scores[f"scheme {self.scheme}"] = trial = self.score({}, f"scheme {self.scheme}")
-            if trial.margin > best.margin:
+            if self._better(trial, best):
                 best = trial
             else:
                 self.scheme = first
@@ -383,7 +379,7 @@ class PrecisionSearch:
         for method in ALTERNATIVE_METHODS:
             self.method, self.methods = method, ()
             scores[method] = self.score({}, f"calibration {method} everywhere")
-            if scores[method].margin > best.margin:
+            if self._better(scores[method], best):
                 best = scores[method]
         self.method = next((m for m, sc in scores.items() if sc is best and
                             m in ("minmax", *ALTERNATIVE_METHODS)), "minmax")
@@ -397,7 +393,7 @@ class PrecisionSearch:
                 trial = (*self.methods, *((t, "minmax") for t in tensors[start:start + block]))
                 previous, self.methods = self.methods, tuple(sorted(trial))
                 scored = self.score({}, "calibration min/max on a block")
-                if scored.margin > best.margin:
+                if self._better(scored, best):
                     best, start, block = scored, start + block, block * 2
                 else:
                     self.methods = previous
@@ -407,6 +403,12 @@ class PrecisionSearch:
                         start += 1
         self.method_scores = {m: round(sc.margin, 6) for m, sc in scores.items()}
         return best
+
+    def _better(self, scored: Scored, than: Scored) -> bool:
+        """A choice that passes beats one that does not, whatever their cosine margins (a
+        failure the margin does not show, such as a dead channel, is still a failure); then
+        the higher margin."""
+        return (self.ok(scored), scored.margin) > (self.ok(than), than.margin)
 
     def _reach(self) -> str | None:
         """The cheapest wide precision that passes with every candidate wide."""

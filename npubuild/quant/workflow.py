@@ -52,6 +52,7 @@ class Options:
     chip_int16: bool = False
     equalize: bool = False   # cross-layer equalisation of conv pairs before calibration
     histograms: bool = False  # keep every tensor's histogram (methods chosen per tensor later)
+    weight_grams: bool = False  # gather conv input Gram matrices (GPTQ weight rounding)
 
 
 @dataclass
@@ -123,12 +124,14 @@ class Workflow:
         self.states = [self._lowered(g) for g in pipeline.npu_graphs]
         self.base_overrides = options.overrides
         self._deployed: dict = {}
+        self._by_rounding: dict[str, tuple] = {}  # weight rounding -> graphs, judged values
 
     def _lowered(self, graph: SubGraph) -> GraphState:
         _, float_nodes = _config_for(self.options, self.options.overrides, graph.model)
         fg, probe = lower(graph.model, float_nodes=float_nodes, equalize=self.options.equalize)
         observer = calibrate.Observer(fg, probe, self.options.config.method, every_tensor=True,
-                                      histograms=self.options.histograms)
+                                      histograms=self.options.histograms,
+                                      weight_grams=self.options.weight_grams)
         return GraphState(graph, fg, probe, observer, float_nodes)
 
     # ---- calibration and quantization ---------------------------------------------------
@@ -153,6 +156,30 @@ class Workflow:
             raise BuildError("no calibration sample was read", stage="quantize")
         return count
 
+    def gather_weight_grams(self, samples: Iterable[Mapping[str, np.ndarray]],
+                            total: int | None = None,
+                            mapper: Callable[["Workflow"], BatchMapper | None] = lambda w: None
+                            ) -> None:
+        """The conv inputs' Gram matrices (GPTQ rounding) from a second pass over the
+        calibration samples, for a build that needs them only once int8 has missed: the
+        first pass's statistics stay as they are. ``mapper`` gives the batch mapper for the
+        options that now ask for the matrices (Dask workers build their graphs from them)."""
+        if self.options.weight_grams:
+            return
+        self.options = replace(self.options, weight_grams=True)
+        observed = [state.observer for state in self.states]
+        for state in self.states:
+            state.observer = state.observer.empty_like(weight_grams=True)
+        try:
+            self.calibrate(samples, total=total, map_batches=mapper(self))
+            for state, first in zip(self.states, observed):
+                for tensor, stats in state.observer.stats.items():
+                    if stats.patch_grams:
+                        first.stats[tensor].patch_grams = stats.patch_grams
+        finally:
+            for state, first in zip(self.states, observed):
+                state.observer = first
+
     def observe_batch(self, batch: Sequence[Mapping[str, np.ndarray]]
                       ) -> tuple[int, list[dict[str, calibrate.TensorStats]]]:
         """One batch's statistics per NPU graph (picklable: what a worker sends back)."""
@@ -168,6 +195,20 @@ class Workflow:
         for state in self.states:
             state.qgraph, state.records = self._quantized(state, self.options.overrides)
             check.check_quantized(state.qgraph)
+
+    def use_weight_rounding(self, rounding: str) -> None:
+        """Quantize with another weight rounding (`npubuild.quant.rounding`); going back to
+        one used before restores its graphs and judged values instead of recomputing them."""
+        current = self.options.config.weight_rounding
+        self._by_rounding[current] = ([(s.qgraph, s.records) for s in self.states], self._deployed)
+        self.options = replace(self.options, config=replace(self.options.config,
+                                                            weight_rounding=rounding))
+        if rounding not in self._by_rounding:
+            self.quantize()
+            return
+        graphs, self._deployed = self._by_rounding[rounding]
+        for state, (qgraph, records) in zip(self.states, graphs):
+            state.qgraph, state.records = qgraph, records
 
     def _quantized(self, state: GraphState, overrides: Sequence[OverrideSpec]):
         config, float_nodes = _config_for(self.options, overrides, state.graph.model)
@@ -231,18 +272,34 @@ class Workflow:
         quantization (``quantize`` forgets them)."""
         key = (tuple(kept), len(samples))
         if self._deployed.get("key") != key:
-            seen: dict = {}
-            runner = self.pipeline.quantized_runner(self.qgraphs(), seen)
-            wanted = set(kept)
-            values, envs = [], []
-            for k, feeds in enumerate(self.progress(samples, total=len(samples),
-                                                    description="judging")):
-                seen.clear()
-                got = runner.run(dict(feeds), keep_intermediates=True)
-                values.append({k: v for k, v in got.items() if k in wanted})
-                envs.append(dict(seen) if k < MAX_CROSSCHECK_SAMPLES else {})
+            values, envs = self._run_deployed(self.qgraphs(), samples, kept)
             self._deployed = {"key": key, "values": values, "envs": envs}
         return self._deployed["values"]
+
+    def _run_deployed(self, qgraphs: Mapping[int, QGraph], samples, kept):
+        seen: dict = {}
+        runner = self.pipeline.quantized_runner(qgraphs, seen)
+        wanted = set(kept)
+        values, envs = [], []
+        for k, feeds in enumerate(self.progress(samples, total=len(samples),
+                                                description="judging")):
+            seen.clear()
+            got = runner.run(dict(feeds), keep_intermediates=True)
+            values.append({k: v for k, v in got.items() if k in wanted})
+            envs.append(dict(seen) if k < MAX_CROSSCHECK_SAMPLES else {})
+        return values, envs
+
+    def widest_integer_values(self, samples: Sequence[Mapping[str, np.ndarray]],
+                              kept: Sequence[str]) -> list[dict[str, np.ndarray]]:
+        """``deployed_values`` with every quantized tensor in int16 (the widest integer
+        precision, on chips with int16): what the precision search can reach without float."""
+        qgraphs = {}
+        for state in self.states:
+            wide = sorted(t for t, info in state.qgraph.tensors.items()
+                          if not info.is_float and t not in state.qgraph.constants)
+            overrides = [*self.options.overrides, OverrideSpec((), tuple(wide), "int16")]
+            qgraphs[state.graph.index] = self._quantized(state, overrides)[0]
+        return self._run_deployed(qgraphs, samples, kept)[0]
 
     def _reference_env(self, k: int, state: GraphState, inputs: Mapping[str, np.ndarray]) -> dict:
         """Graph ``state``'s integer tensors on float ``inputs``: the deployed run's own when

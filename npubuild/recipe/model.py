@@ -366,6 +366,13 @@ class QuantizationSpec(Strict):
     bias_correction: bool = Field(
         True, description="Fold the mean output shift caused by weight rounding into the bias "
                           "(from the calibration means of each input channel).")
+    weight_rounding: Literal["nearest", "gptq"] | None = Field(
+        None, description="How float weights become int8. nearest: each weight to its nearest "
+                          "step. gptq: column by column, each rounding error moved onto the "
+                          "weights not yet rounded so the layer's output on the calibration "
+                          "data stays closest to float (GPTQ). Unset: nearest, and where int8 "
+                          "misses verify's thresholds gptq is judged too and kept if it scores "
+                          "better.")
     cross_layer_equalization: bool = Field(
         False, description="Before calibrating, rescale the channels between consecutive "
                            "convolutions (through Relu, LeakyRelu, PRelu, zero Pad, MaxPool) so "

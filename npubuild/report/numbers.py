@@ -88,7 +88,7 @@ def search_section(summary: dict) -> str:
     """What the precision search chose and why (report.json's ``quantization.search``), or
     that int8 passed verify's thresholds without it."""
     unset = summary.get("unset") or []
-    intro = ("scheme, granularity and method as the recipe fixes them" if not unset else
+    intro = ("scheme, granularity, method and weight rounding as the recipe fixes them" if not unset else
              f"not set in the recipe, chosen: {', '.join(f'{k} {summary.get(k)}' for k in unset)}")
     int8 = summary.get("int8_verdict") or {}
     search = summary.get("search")

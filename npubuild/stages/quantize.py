@@ -64,14 +64,17 @@ def check_override_names(loaded, pipeline: SplitPipeline) -> None:
                         hint="`npubuild targets --check RECIPE` lists the nodes")
 
 
-# What an unset scheme, granularity or calibration method means (the report says so).
-DEFAULTS = {"scheme": "asymmetric", "granularity": "per_channel", "method": "minmax"}
+# What an unset scheme, granularity, calibration method or weight rounding means (the report
+# says so).
+DEFAULTS = {"scheme": "asymmetric", "granularity": "per_channel", "method": "minmax",
+            "weight_rounding": "nearest"}
 
 
 def resolved(spec) -> dict[str, str]:
-    """The scheme, weight granularity and calibration method quantization uses."""
+    """The scheme, weight granularity, calibration method and weight rounding quantization
+    uses."""
     given = {"scheme": spec.scheme, "granularity": spec.granularity,
-             "method": spec.calibration.method}
+             "method": spec.calibration.method, "weight_rounding": spec.weight_rounding}
     return {k: v if v is not None else DEFAULTS[k] for k, v in given.items()}
 
 
@@ -80,6 +83,7 @@ def options(spec, chip) -> Options:
     config = QuantConfig(scheme=chosen["scheme"], granularity=chosen["granularity"],
                          method=chosen["method"], percentile=spec.calibration.percentile,
                          bias=spec.bias, bias_correction=spec.bias_correction,
+                         weight_rounding=chosen["weight_rounding"],
                          int16_underflow=bool(spec.int16_where_underflows and chip and chip.int16),
                          fc_integer_ranks=tuple(chip.fc_integer_ranks)
                          if chip and chip.fc_integer_ranks is not None else None)
@@ -87,7 +91,8 @@ def options(spec, chip) -> Options:
                       for o in spec.overrides)
     return Options(config, overrides, chip_int16=bool(chip and chip.int16),
                    equalize=spec.cross_layer_equalization,
-                   histograms=spec.calibration.method is None)
+                   histograms=spec.calibration.method is None,
+                   weight_grams=spec.weight_rounding == "gptq")
 
 
 def search_spec(spec, chip) -> SearchSpec:
@@ -119,9 +124,13 @@ def run(ctx: StageContext) -> dict:
     workflow = Workflow(pipeline, options(spec, ctx.chip), ctx.progress)
 
     cal_files = calibration_files(ctx.loaded)
-    samples = ctx.loaded.located(data.load_samples(cal_files, inputs, spec.calibration.samples),
-                                 *CALIBRATION_FIELD)
-    count = workflow.calibrate(samples, total=min(spec.calibration.samples, len(cal_files)),
+
+    def calibration_samples():
+        return ctx.loaded.located(data.load_samples(cal_files, inputs, spec.calibration.samples),
+                                  *CALIBRATION_FIELD)
+
+    cal_total = min(spec.calibration.samples, len(cal_files))
+    count = workflow.calibrate(calibration_samples(), total=cal_total,
                                map_batches=_batch_mapper(ctx, workflow))
     workflow.quantize()
     compare = verify_samples(ctx, inputs)
@@ -129,6 +138,11 @@ def run(ctx: StageContext) -> dict:
                         channel_axis=output_channel_axis(ctx.recipe))
     check_names(ctx.loaded, ctx.recipe.verify, pipeline.outputs, {**judge.floats[0], **judge.refs[0]})
     verdict = judge(workflow.deployed_values(compare, judge.kept))
+    rounding_measured = None
+    if not verdict.passed and spec.weight_rounding is None:
+        workflow.gather_weight_grams(calibration_samples(), total=cal_total,
+                                     mapper=lambda w: _batch_mapper(ctx, w))
+        verdict, rounding_measured = measured_weight_rounding(workflow, judge, compare, verdict)
     search = None
     if not verdict.passed and spec.auto.enabled:
         search = precision_search(ctx, workflow, compare, judge, verdict)
@@ -152,8 +166,11 @@ def run(ctx: StageContext) -> dict:
             "scheme": workflow.options.config.scheme,
             "granularity": workflow.options.config.granularity,
             "method": workflow.options.config.method, "calibration_samples": count,
+            "weight_rounding": workflow.options.config.weight_rounding,
+            **({"weight_rounding_measured": rounding_measured} if rounding_measured else {}),
             "unset": [k for k, v in (("scheme", spec.scheme), ("granularity", spec.granularity),
-                                     ("method", spec.calibration.method)) if v is None],
+                                     ("method", spec.calibration.method),
+                                     ("weight_rounding", spec.weight_rounding)) if v is None],
             "graphs": {q.name: _graph_summary(q) for q in workflow.qgraphs().values()},
             **({"equalization": workflow.equalization()} if spec.cross_layer_equalization else {}),
             "files": files, "crosscheck": {g: {k: v for k, v in c.items() if k != "worst_layers"}
@@ -169,6 +186,35 @@ def run(ctx: StageContext) -> dict:
 
 MAX_CONFIRMATIONS = 6
 SPAN_DEMANDED = 0.5   # where a channel died, the search keeps every channel this lively
+
+
+def measured_weight_rounding(workflow: Workflow, judge: SampleJudge, compare: list, nearest):
+    """Where the recipe leaves ``weight_rounding`` unset and int8 misses verify's thresholds:
+    both roundings judged on the verify samples as verify judges, at the widest integer
+    precision the precision search can then use (int16 on every tensor on chips with int16,
+    else int8), and GPTQ kept only where it scores better there (passes, or a higher cosine
+    margin). At int8 alone the activations' rounding can hide what the weights' allows:
+    MediaPipe's face detector scores lower with GPTQ in int8, yet only GPTQ's weights let
+    int16 activations pass. Returns the int8 verdict kept and what was measured."""
+    wide = workflow.options.chip_int16
+
+    def ceiling(verdict_int8):
+        if not wide:
+            return verdict_int8
+        return judge(workflow.widest_integer_values(compare, judge.kept))
+
+    nearest_ceiling = ceiling(nearest)
+    workflow.use_weight_rounding("gptq")
+    gptq = judge(workflow.deployed_values(compare, judge.kept))
+    gptq_ceiling = ceiling(gptq)
+    measured = {"judged_at": "int16 everywhere" if wide else "int8",
+                "nearest": round(nearest_ceiling.margin(), 6),
+                "gptq": round(gptq_ceiling.margin(), 6)}
+    if (gptq_ceiling.passed, gptq_ceiling.margin()) > (nearest_ceiling.passed,
+                                                       nearest_ceiling.margin()):
+        return gptq, measured
+    workflow.use_weight_rounding("nearest")
+    return nearest, measured
 
 
 def dead_channels(verdict) -> list[str]:

@@ -85,13 +85,23 @@ def test_the_environment_names_the_scheduler_when_no_flag_does(monkeypatch):
     assert resolve_scheduler(None) is None
 
 
-def test_calibration_batches_on_dask_give_byte_identical_quantize_artifacts(tmp_path):
+WEIGHT_ROUNDINGS = {
+    "nearest": "  weight_rounding: nearest\n",
+    "gptq": "  weight_rounding: gptq\n",
+    # unset, and int8 misses: the Gram matrices come from a second pass, on the workers too
+    "measured": "  auto: false\nverify: {min_cosine: 0.999999}\n",
+}
+
+
+@pytest.mark.parametrize("rounding", sorted(WEIGHT_ROUNDINGS))
+def test_calibration_batches_on_dask_give_byte_identical_quantize_artifacts(tmp_path, rounding):
     from npubuild import api
     from tests.conftest import TINY_RECIPE, write_recipe
 
     many = TINY_RECIPE.replace('"pkg:skimage/data/[a-c]*.png", samples: 2',
                                '"pkg:skimage/data/*.png", samples: 20, method: kl')
     assert many != TINY_RECIPE
+    many += WEIGHT_ROUNDINGS[rounding]
     recipe = write_recipe(tmp_path, many)
     serial = api.session_for(recipe, build_root=tmp_path / "s", cache=tmp_path / "cs")
     api.build(serial, "quantize")
@@ -99,7 +109,9 @@ def test_calibration_batches_on_dask_give_byte_identical_quantize_artifacts(tmp_
                              scheduler="local:2")
     api.build(fanned, "quantize")
 
-    assert fanned.results["quantize"].report["quantization"]["calibration_samples"] == 20
+    quantization = fanned.results["quantize"].report["quantization"]
+    assert quantization["calibration_samples"] == 20
+    assert ("weight_rounding_measured" in quantization) == (rounding == "measured")
     assert digests(tmp_path / "d" / "tiny" / "quantize") == digests(tmp_path / "s" / "tiny" / "quantize")
 
 

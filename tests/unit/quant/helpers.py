@@ -40,7 +40,8 @@ def samples(shapes: dict, n: int = 3, seed: int = 0, low=-2.0, high=3.0):
 
 def quantize(m, feeds, scheme="symmetric", granularity="per_channel", method="minmax", **kw):
     fg, probe = lower(m)
-    stats = calibrate.observe(fg, probe, feeds, method)
+    stats = calibrate.observe(fg, probe, feeds, method,
+                              weight_grams=kw.get("weight_rounding") == "gptq")
     config = quantizer.QuantConfig(scheme=scheme, granularity=granularity, method=method, **kw)
     qg, records = quantizer.quantize_graph(fg, stats, config, "g")
     return qg, fg, probe

@@ -153,6 +153,25 @@ def test_where_int8_misses_verify_the_search_keeps_tensors_in_int16_until_it_pas
     assert report["accuracy"]["outputs"]["y"]["min_sample_cosine"] >= 0.9999
 
 
+def test_where_int8_misses_and_weight_rounding_is_unset_gptq_is_judged_and_the_better_kept(tmp_path):
+    (tmp_path / "unset").mkdir()
+    ctx = context(tmp_path / "unset", extra="  auto: false\nverify: {min_cosine: 0.9999}\n")
+    q = quantize_stage.run(ctx)["quantization"]
+    measured = q["weight_rounding_measured"]
+    assert measured["judged_at"] == "int16 everywhere"  # npu-16m has int16
+    assert measured["gptq"] != measured["nearest"]
+    better = "gptq" if measured["gptq"] > measured["nearest"] else "nearest"
+    assert q["weight_rounding"] == better and "weight_rounding" in q["unset"]
+    (tmp_path / "fixed").mkdir()
+    fixed = context(tmp_path / "fixed", extra=f"  auto: false\n  weight_rounding: {better}\n"
+                                               "verify: {min_cosine: 0.9999}\n")
+    q_fixed = quantize_stage.run(fixed)["quantization"]
+    assert "weight_rounding_measured" not in q_fixed and q_fixed["weight_rounding"] == better
+    kept, chosen = (np.load(c.out / "graph_1.qgraph.npz") for c in (ctx, fixed))
+    for key in kept.files:
+        np.testing.assert_array_equal(kept[key], chosen[key])
+
+
 def test_the_search_can_be_switched_off(tmp_path):
     ctx = context(tmp_path, extra="  auto: false\nverify: {min_cosine: 0.9999}\n")
     report = quantize_stage.run(ctx)

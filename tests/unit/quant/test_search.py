@@ -173,3 +173,69 @@ def test_a_top1_flip_that_no_cosine_shows_is_searched_for_like_any_failure():
     search = TaskOnly({t: 0.0 for t in TENSORS})
     result = search.run()
     assert result.reached and result.chosen == {"t42": "int16"}
+
+
+def test_int16_that_pushes_a_layer_off_the_integer_kernels_is_priced_like_float(tmp_path):
+    """A per-channel PRelu is a table per channel: with an int16 input it runs in float on the
+    CPU (MediaPipe's face landmark: the search kept 88 tensors in int16 at no estimated cost,
+    23 PRelu layers left the NPU, and compile estimated 642 fps where int8 runs 38,286). The
+    estimate counts the layers the quantizer itself places in float, whatever precision put
+    them there."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.search import PrecisionSearch, SearchSpec
+    from npubuild.quant.workflow import Options, Workflow
+    from npubuild.split import graph_infos
+
+    rng = np.random.default_rng(0)
+    shape = [1, 4, 8, 8]
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.uniform(0.1, 0.3, (4, 1, 1)).astype(np.float32), "slope"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("PRelu", ["c", "slope"], ["p"], name="prelu"),
+             helper.make_node("Conv", ["p", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, shape)],
+                              [helper.make_tensor_value_info("y", 1, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    split = tmp_path / "split"
+    split.mkdir()
+    onnx.save(model, split / "graph_0.onnx")
+    graph_infos.write(split / "graph_infos.json", graph_infos.build(
+        [("npu", ["x"], ["y"])], {"x": shape, "y": shape}, ["x"], ["y"]))
+    workflow = Workflow(SplitPipeline(split), Options(QuantConfig(scheme="asymmetric",
+                                                                  granularity="per_channel"),
+                                                      chip_int16=True))
+    workflow.calibrate([{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(3)])
+    workflow.quantize()
+    search = PrecisionSearch(workflow, [], None, [], SearchSpec(), chip_int16=True,
+                             npu_macs_per_second=1e12)
+    assert search.slowdown({}) == 1.0
+    assert search.slowdown({"p": "int16"}) == 1.0            # the PRelu's output: still a table
+    assert search.slowdown({"c": "int16"}) > 1.0             # its input: the PRelu leaves the NPU
+    assert search.slowdown({"c": "float"}) > search.slowdown({"c": "int16"})  # conv1 moves too
+
+
+class DeadChannelUnlessPercentile(Synthetic):
+    """int8 with min/max loses a channel (a failure no cosine margin shows: margin 0.009);
+    percentile keeps it, at a slightly lower margin (0.008), as MediaPipe's face landmark."""
+
+    def score(self, choice, step="", quick=False):
+        key = (tuple(sorted(choice.items())), self.method, self.methods)
+        if key not in self.cache:
+            self.evaluations += 1
+            passes = self.method == "percentile" or bool(choice)
+            self.cache[key] = Scored(key[0], passes, 0.008 if self.method == "percentile" else 0.009,
+                                     np.array([0.5]), [] if passes else ["1 dead channel"])
+        return self.cache[key]
+
+
+def test_a_calibration_method_that_passes_beats_a_higher_margin_that_fails():
+    search = DeadChannelUnlessPercentile({t: 0.0 for t in TENSORS})
+    search.choose_methods = True
+    result = search.run()
+    assert result.reached and result.chosen == {} and search.method == "percentile"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from npubuild.quant import quantizer
+from npubuild.quant import rounding
 from tests.unit.quant.helpers import feeds_for, model, quantize
 
 
@@ -24,8 +24,8 @@ def test_blockwise_weight_quantization_equals_the_whole(monkeypatch):
     m = grouped_convs()
     feeds = feeds_for(m, 3)
     whole = quantize(m, feeds)[0]
-    monkeypatch.setattr(quantizer, "BLOCK_ELEMENTS", 7)  # one output channel per block
-    assert len(quantizer.row_blocks(np.zeros((6, 2, 3, 3)))) == 6
+    monkeypatch.setattr(rounding, "BLOCK_ELEMENTS", 7)  # one output channel per block
+    assert len(rounding.row_blocks(np.zeros((6, 2, 3, 3)))) == 6
     blocks = quantize(m, feeds)[0]
     for a, b in zip(whole.layers, blocks.layers):
         for key in ("weight", "bias"):
