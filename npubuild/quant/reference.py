@@ -85,7 +85,7 @@ def _conv_sums(layer: QLayer, x: np.ndarray, pads: Sequence[int] | None) -> np.n
         else:
             acc = np.swapaxes(_matmul_sums(flat, np.swapaxes(xs, -1, -2), x_max), -1, -2)
         return _plus_bias(acc, bias)
-    xs = _pad(xs, pads or a["pads"], 0.0)
+    xs = pad_spatial(xs, pads or a["pads"], 0.0)
     group = a["group"]
     cout, cin_g = weight.shape[:2]
     if cin_g == 1 and group > 1:
@@ -125,7 +125,8 @@ def _centered(x: np.ndarray, zero_point: int) -> np.ndarray:
     return xs.astype(np.float64 if big else np.float32)
 
 
-def _pad(x: np.ndarray, pads: Sequence[int], value: float) -> np.ndarray:
+def pad_spatial(x: np.ndarray, pads: Sequence[int], value: float) -> np.ndarray:
+    """``x`` [N, C, H, W] padded by ``pads`` (top, bottom, left, right) with ``value``."""
     top, bottom, left, right = (int(v) for v in pads)
     if not (top or bottom or left or right):
         return x
@@ -136,7 +137,7 @@ def _out_size(size: int, k: int, s: int, d: int) -> int:
     return (size - d * (k - 1) - 1) // s + 1
 
 
-def _windows(x: np.ndarray, attrs: dict) -> np.ndarray:
+def windows(x: np.ndarray, attrs: dict) -> np.ndarray:
     """A strided view [N, C, kh, kw, OH, OW] of the windows of an already padded ``x``."""
     (kh, kw), (sh, sw), (dh, dw) = attrs["kernel"], attrs["stride"], attrs.get("dilation", [1, 1])
     n, c, h, w = x.shape
@@ -154,7 +155,7 @@ def _dense(x: np.ndarray, weight: np.ndarray, attrs: dict, x_max: float) -> np.n
     if tuple(attrs["kernel"]) == (1, 1) and tuple(attrs["stride"]) == (1, 1):
         n, c, h, w = x.shape
         return _matmul_sums(w2, x.reshape(n, c, h * w), x_max).reshape(n, cout, h, w)
-    win = _windows(x, attrs)
+    win = windows(x, attrs)
     n, c, kh, kw, oh, ow = win.shape
     cols = win.reshape(n, c * kh * kw, oh * ow)  # im2col: a copy of the strided windows
     return _matmul_sums(w2, cols, x_max).reshape(n, cout, oh, ow)
@@ -281,8 +282,8 @@ def maxpool2d(layer: QLayer, x: np.ndarray, pads: Sequence[int] | None = None) -
     if a.get("global"):
         return x.max(axis=(2, 3), keepdims=True)
     qmin = np.iinfo(x.dtype).min
-    xp = _pad(x, pads or a["pads"], qmin)
-    return _windows(xp, a).max(axis=(2, 3))
+    xp = pad_spatial(x, pads or a["pads"], qmin)
+    return windows(xp, a).max(axis=(2, 3))
 
 
 def avgpool2d(layer: QLayer, x: np.ndarray, pads: Sequence[int] | None = None) -> np.ndarray:
@@ -294,7 +295,7 @@ def avgpool2d(layer: QLayer, x: np.ndarray, pads: Sequence[int] | None = None) -
         counts = np.full((1, 1), xs.shape[2] * xs.shape[3])
     else:
         pads = pads or a["pads"]
-        acc = _windows(_pad(xs, pads, 0), a).sum(axis=(2, 3))
+        acc = windows(pad_spatial(xs, pads, 0), a).sum(axis=(2, 3))
         counts = _window_counts(xs.shape[2:], a, pads)
     table = layer.arrays["counts"]
     idx = np.searchsorted(table, counts)
@@ -308,8 +309,8 @@ def _window_counts(hw: Sequence[int], attrs: dict, pads: Sequence[int]) -> np.nd
     only with ``count_include_pad`` (ceil_mode's extra padding never does: that combination
     stays on the CPU)."""
     ones = np.ones((1, 1, *hw), dtype=np.int64)
-    padded = _pad(ones, pads, 1 if attrs.get("count_include_pad") else 0)
-    return _windows(padded, attrs).sum(axis=(2, 3))[0, 0]
+    padded = pad_spatial(ones, pads, 1 if attrs.get("count_include_pad") else 0)
+    return windows(padded, attrs).sum(axis=(2, 3))[0, 0]
 
 
 def window_counts(layer: QLayer, input_hw: Sequence[int]) -> np.ndarray:

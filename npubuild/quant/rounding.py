@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from npubuild.quant import schemes
+from npubuild.quant import reference, schemes
 
 # A layer with more inputs per output than this keeps nearest rounding: its Gram matrix
 # (K² float64) and the O(K³) factorisation grow past what one quantize should spend (a 3x3
@@ -120,21 +120,18 @@ def _patch_grams(x: np.ndarray, geo: Geometry):
         rows = x.reshape(-1, x.shape[-1]).astype(np.float64)
         yield rows.T @ rows, rows.shape[0]
         return
-    top, bottom, left, right = geo.pads
-    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
-    (kh, kw), (sh, sw), (dh, dw) = geo.kernel, geo.stride, geo.dilation
-    windows = np.lib.stride_tricks.sliding_window_view(
-        xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
-    n, channels, oh, ow = windows.shape[:4]
+    attrs = {"kernel": geo.kernel, "stride": geo.stride, "dilation": geo.dilation}
+    view = reference.windows(reference.pad_spatial(x, geo.pads, 0.0), attrs)  # N C kh kw OH OW
+    n, channels, kh, kw, oh, ow = view.shape
     cin_g = channels // geo.group
     k = cin_g * kh * kw
     step = max(1, PATCH_ELEMENTS // max(1, n * ow * k))  # output rows per gathered block
     for g in range(geo.group):
-        part = windows[:, g * cin_g:(g + 1) * cin_g]
+        part = view[:, g * cin_g:(g + 1) * cin_g]
         gram = np.zeros((k, k))
         for r in range(0, oh, step):
             # float32 products (half the copy, twice the BLAS rate), summed in float64
-            rows = np.ascontiguousarray(part[:, :, r:r + step].transpose(0, 2, 3, 1, 4, 5),
+            rows = np.ascontiguousarray(part[:, :, :, :, r:r + step].transpose(0, 4, 5, 1, 2, 3),
                                         np.float32).reshape(-1, k)
             gram += rows.T @ rows
         yield gram, n * oh * ow
