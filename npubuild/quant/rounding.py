@@ -86,9 +86,10 @@ class PatchGram:
     rounded: dict = field(default_factory=dict, repr=False, compare=False)
 
     def update(self, x: np.ndarray) -> None:
+        patches = 0
         for g, (gram, patches) in enumerate(_patch_grams(np.asarray(x), self.geometry)):
             self._add(g, gram)
-        self.patches += patches
+        self.patches += patches  # every group sees the same positions
 
     def enough_patches(self, inputs: int) -> bool:
         """Whether calibration saw enough patches to trust GPTQ with ``inputs`` per output."""
