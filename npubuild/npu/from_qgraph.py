@@ -421,9 +421,12 @@ def _reshape(layer: QLayer, tensors):
 
 
 def _softmax(layer: QLayer, tensors):
-    """Along C or W every row is its own: the rows of a slice are enough."""
+    """Along C or W every row is its own: the rows of a slice are enough. The scratch holds
+    each ``e`` of the exp table: int32, or int64 where the table has 31 fraction bits or more
+    (a long row at a fine output scale, ``npubuild.quant.quantizer.softmax_exp_bits``)."""
     (axis,) = _view_axes(layer, tensors, [layer.attrs["axis"]])
-    return _kernel(layer, axis=axis), {"op": "softmax", "scratch_elem_bytes": 4}, None
+    e_bytes = 4 if int(layer.arrays["exp_table"].max()) < 2 ** 31 else 8
+    return _kernel(layer, axis=axis), {"op": "softmax", "scratch_elem_bytes": e_bytes}, None
 
 
 CONVERTERS = {"conv": _conv, "maxpool": _pool, "avgpool": _pool, "resize": _resize,

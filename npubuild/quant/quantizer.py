@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable
@@ -146,9 +147,7 @@ class Quantizer:
             if x.dtype != "int8":
                 return f"an integer softmax reads int8 (its exp table has one entry per step): {x.dtype}"
             length = self.fg.shapes[layer.inputs[0]][layer.attrs["axis"]]
-            multiplier, shift = softmax_output_scale(self.p(layer.outputs[0]))
-            if (length * 2.0 ** (SOFTMAX_EXP_BITS + shift + 1) >= 2.0 ** 62
-                    or multiplier >= 2 ** (62 - SOFTMAX_EXP_BITS)):
+            if softmax_arithmetic(length, self.p(layer.outputs[0]).scale) is None:
                 return f"a row of {length} values at this output scale leaves int64 in the division"
         return None
 
@@ -578,15 +577,47 @@ def _lut(q: Quantizer, layer: FLayer) -> QLayer:
                            "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
 
 
-SOFTMAX_EXP_BITS = 24  # fraction bits of exp(-d · scale): ORT's float32 softmax agrees to ties
+SOFTMAX_EXP_BITS = 24  # fewest fraction bits of exp(-d · scale): ORT's float32 softmax agrees to ties
+SOFTMAX_GUARD_BITS = 5  # the table's rounding, summed over a row, stays under 2^-5 output step
 
 
-def softmax_output_scale(y: QParams) -> tuple[int, int]:
-    """``1 / scale`` of a softmax output as ``multiplier · 2^-shift`` (shift ≥ 0)."""
-    multiplier, shift = schemes.fixed_point(1.0 / y.scale)
+@dataclass(frozen=True)
+class SoftmaxArithmetic:
+    """The integer softmax's constants: ``exp_bits`` fraction bits of the exp table, and the
+    output's ``1 / scale`` as ``multiplier · 2^-shift``."""
+    exp_bits: int
+    multiplier: int
+    shift: int
+
+
+def softmax_arithmetic(length: int, output_scale: float) -> SoftmaxArithmetic | None:
+    """The exp table's fraction bits and the output multiplier for rows of ``length`` values,
+    or None where int64 cannot hold them.
+
+    Every table entry rounds by up to half a unit and a row's sum adds ``length`` of them,
+    against a sum of at least ``2^exp_bits`` (the row's maximum is exactly 1): the output
+    (``1 / output_scale`` steps per unit probability) moves by up to
+    ``length / output_scale · 2^-(exp_bits+1)`` steps, kept under ``2^-SOFTMAX_GUARD_BITS``.
+    A long confident row at a fine output scale needs more than ``SOFTMAX_EXP_BITS``: PP-OCRv5's
+    18,385 classes at int16 drifted 10 steps from ONNX Runtime with 24 bits. The reference
+    computes ``(2·e·multiplier + den) // (2·den)`` with ``den = sum(e) << shift``: both terms
+    stay under 2^62, so the multiplier gives up bits to the table and the row (down to
+    ``SOFTMAX_GUARD_BITS`` bits below one output step)."""
+    needed = math.ceil(math.log2(length / output_scale)) + SOFTMAX_GUARD_BITS - 1
+    exp_bits = max(SOFTMAX_EXP_BITS, needed)
+    # 2·e·multiplier < 2^62 (e <= 2^exp_bits); 2·den < 2^62, den <= length · 2^(exp_bits + shift)
+    # and shift = multiplier_bits - exponent of 1 / output_scale
+    exponent = math.frexp(1.0 / output_scale)[1]
+    multiplier_bits = min(schemes.MAX_MULTIPLIER_BITS, 61 - exp_bits,
+                          60 - exp_bits - math.ceil(math.log2(length)) + exponent)
+    if multiplier_bits < math.log2(1.0 / output_scale) + SOFTMAX_GUARD_BITS:
+        return None
+    multiplier, shift = schemes.fixed_point(1.0 / output_scale, bits=multiplier_bits)
     if shift < 0:  # a power-of-two scale: 1 / scale is an integer
         multiplier, shift = multiplier << -shift, 0
-    return multiplier, shift
+    if multiplier >= 2 ** (61 - exp_bits) or length * 2.0 ** (exp_bits + shift + 1) >= 2.0 ** 62:
+        return None
+    return SoftmaxArithmetic(exp_bits, multiplier, shift)
 
 
 def _softmax(q: Quantizer, layer: FLayer) -> QLayer:
@@ -595,9 +626,11 @@ def _softmax(q: Quantizer, layer: FLayer) -> QLayer:
         return _float(q, replace(layer, reason=reason + ": runs in float on the CPU"))
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
     model = q.fg.node_model(layer)
-    multiplier, shift = softmax_output_scale(y)
+    length = q.fg.shapes[layer.inputs[0]][layer.attrs["axis"]]
+    arithmetic = softmax_arithmetic(length, y.scale)
+    exp_bits, multiplier, shift = arithmetic.exp_bits, arithmetic.multiplier, arithmetic.shift
     steps = np.arange(x.qmax - x.qmin + 1, dtype=np.float64)
-    table = np.rint(np.exp(-steps * x.scale) * 2.0 ** SOFTMAX_EXP_BITS).astype(np.int64)
+    table = np.rint(np.exp(-steps * x.scale) * 2.0 ** exp_bits).astype(np.int64)
     return _qlayer(layer, attrs=dict(layer.attrs),
                    params={"multiplier": multiplier, "shift": shift, "output_zp": y.zero_point,
                            "output_dtype": y.dtype},

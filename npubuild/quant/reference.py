@@ -366,7 +366,7 @@ def lut(layer: QLayer, x: np.ndarray) -> np.ndarray:
 
 def softmax(layer: QLayer, x: np.ndarray) -> np.ndarray:
     """Integer softmax along ``attrs.axis``: ``e = exp_table[max - x]`` (exp of the step
-    distance to the row's maximum, ``SOFTMAX_EXP_BITS`` fraction bits), then each ``e`` over
+    distance to the row's maximum, ``softmax_arithmetic`` fraction bits), then each ``e`` over
     the row's sum, times the output's ``1 / scale`` as ``multiplier · 2^-shift``, rounded half
     up by one integer division."""
     p, axis = layer.params, layer.attrs["axis"]

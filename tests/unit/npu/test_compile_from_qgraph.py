@@ -11,6 +11,7 @@ from npubuild.npu.program import CpuStep, GroupProgram
 from npubuild.quant.reference import resize_input_rows
 from npubuild.targets import load_chip
 from tests.unit.npu.qstacks import Stack, compile_qgraph, quantize, simulate_and_compare
+from tests.unit.quant import helpers as qhelpers
 
 TINY = load_chip("npu-tiny")
 
@@ -153,6 +154,22 @@ def test_an_integer_softmax_along_channels_is_tiled_bit_exact():
     assert b not in layers.breakers
     spec = next(spec for spec in layers.graph.layers if spec.name == b)
     assert spec.op == "softmax" and not spec.c_sliceable
+    _, _, program_file = compile_qgraph(qgraph, TINY)
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_a_long_softmax_at_an_int16_output_keeps_64_bit_exp_values_and_is_tiled_bit_exact():
+    """4,096 channels at an int16 output need an exp table past 31 fraction bits
+    (``softmax_exp_bits``): each ``e`` of the scratch takes 8 bytes, and the simulator, which
+    runs the reference kernel on each slice, still matches it bit for bit."""
+    shape = [1, 4096, 1, 2]
+    x = np.random.default_rng(0).normal(0, 3, shape).astype(np.float32)
+    m = qhelpers.model([helper.make_node("Softmax", ["x"], ["y"], axis=1)], {"x": shape}, {"y": None})
+    qgraph, _, _ = qhelpers.quantize(m, [{"x": x}], scheme="asymmetric", int16_tensors=["y"])
+    (layer,) = qgraph.layers
+    assert layer.device == "npu" and int(layer.arrays["exp_table"][0]) >= 2 ** 31
+    spec = next(spec for spec in layers_from_qgraph(qgraph).graph.layers if spec.name == layer.name)
+    assert spec.op == "softmax" and spec.scratch_elem_bytes == 8
     _, _, program_file = compile_qgraph(qgraph, TINY)
     simulate_and_compare(qgraph, program_file)
 

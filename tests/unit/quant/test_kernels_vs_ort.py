@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from npubuild.quant import quantizer
 from tests.unit.quant.helpers import check_against_ort, feeds_for, model, samples
 
 rng = np.random.default_rng(42)
@@ -188,3 +189,40 @@ def test_a_per_channel_prelu_with_an_int16_input_runs_in_float_and_says_why():
     assert layer.kind == "float" and layer.device == "cpu"
     assert "lookup table per channel (65536 entries each) is too large" in layer.attrs["reason"]
     assert cc.ok and cos > 0.999
+
+
+def test_a_long_confident_softmax_row_with_an_int16_output_matches_onnxruntime():
+    """Rows of one or two peaks and a long flat tail whose exp is 0.49 unit of a 24-bit exp
+    table: every tail entry rounds the same way, so the row's sum drifts by ``length / 2``
+    table units, which an int16 output (65,535 steps per unit probability) sees as several
+    steps at the peaks (PP-OCRv5's 18,385-class recogniser: 10 steps). The table's fraction
+    bits follow the row length and the output scale instead."""
+    length, peak = 8192, 8.0
+    tail = peak - np.log(2.0 ** 24 / 0.49)  # exp(tail - peak) · 2^24 = 0.49: rounds to 0
+    x = np.full((1, 4, length), tail, np.float32)
+    x[0, :, 0] = peak
+    x[0, 1:, 1] = peak  # rows 1-3: two peaks of ~0.5 each, off the clamp
+    m = model([helper.make_node("Softmax", ["x"], ["y"], axis=-1)], {"x": [1, 4, length]}, {"y": None})
+    qg, cc, cos = check_against_ort(m, [{"x": x}], scheme="asymmetric", int16_tensors=["y"])
+    (layer,) = qg.layers
+    assert layer.device == "npu" and qg.tensors["y"].dtype == "int16"
+    assert cc.max_lsb <= 1 and cc.ok, cc.summary()
+    assert cos > 0.9999
+
+
+@pytest.mark.parametrize("length", [2, 16, 1000, 6625, 18385, 2 ** 18])
+@pytest.mark.parametrize("levels", [255.0, 256.0, 32767.0, 65535.0, 65535.297, 65536.0, 65541.0])
+def test_the_integer_softmax_constants_keep_int64_and_the_guard_bits(length, levels):
+    """``(2·e·multiplier + den) // (2·den)`` for the largest ``e`` (2^exp_bits) and ``den``
+    (every ``e`` at 2^exp_bits) stays in int64, for scales just under a power of two too
+    (PP-OCRv5's 1/65535.297, where a multiplier one bit wider wrapped to 44,025 steps off);
+    the table's summed rounding and the multiplier's stay under 2^-5 output step."""
+    arithmetic = quantizer.softmax_arithmetic(length, 1.0 / levels)
+    if arithmetic is None:  # runs in float: only rows far longer than any model's
+        assert length * levels > 2 ** 32
+        return
+    top = 1 << arithmetic.exp_bits
+    den = (length * top) << arithmetic.shift
+    assert 2 * top * arithmetic.multiplier + den < 2 ** 63 and 2 * den < 2 ** 63
+    assert length * levels / 2 ** (arithmetic.exp_bits + 1) <= 2 ** -quantizer.SOFTMAX_GUARD_BITS
+    assert abs(arithmetic.multiplier / 2 ** arithmetic.shift - levels) * 2 ** quantizer.SOFTMAX_GUARD_BITS <= 1
