@@ -174,30 +174,48 @@ def params_feed(tensors: list[str], params: Mapping[str, QParams | None],
     return feed
 
 
+@dataclass(frozen=True)
+class Exported:
+    """One NPU graph as its fake-quant model: what `export_fake_quant` returns (picklable, so
+    Dask workers can run it)."""
+
+    model: onnx.ModelProto
+    tensors: tuple[str, ...]   # whose ``<tensor>::fq`` parameters are inputs
+    layers: tuple[str, ...]    # whose ``<layer>::npu`` switch is an input
+
+
+def export_graphs(graphs: Mapping[int, tuple[QGraph, FloatGraph]]) -> dict[int, Exported]:
+    """Each NPU graph (index -> its quantized and float graph) as its fake-quant model."""
+    out = {}
+    for index, (qg, fg) in graphs.items():
+        model, tensors, layers = export_fake_quant(qg, fg)
+        out[index] = Exported(model, tuple(tensors), tuple(layers))
+    return out
+
+
 class FakeQuantPipeline:
     """The split pipeline with each NPU graph run as its fake-quant model (CPU submodels in
-    ONNX Runtime as deployed): ``run(samples, feeds)`` with each graph's parameter inputs."""
+    ONNX Runtime as deployed): ``run(samples, feeds)`` with each graph's parameter inputs.
+    ``exported``: `export_graphs`'s models."""
 
-    def __init__(self, split_dir, graphs: Mapping[int, tuple[QGraph, FloatGraph]]):
+    def __init__(self, split_dir, exported: Mapping[int, Exported]):
         from npubuild import onnx_io
         from npubuild.runtime.runner import Runner
 
-        self.graphs = {}
-        for index, (qg, fg) in graphs.items():
-            model, tensors, layers = export_fake_quant(qg, fg)
-            self.graphs[index] = (onnx_io.session(model), tensors, layers)
+        self.exported = dict(exported)
+        self.sessions = {i: onnx_io.session(e.model) for i, e in self.exported.items()}
         self._feeds: dict[int, dict[str, np.ndarray]] = {}
-        self._samples, self._last = None, {}
+        self._last: dict[int, tuple] = {}  # id(sample) -> (sample, its last run's steps)
         self.runner = Runner(split_dir, backends={"npu": self._npu})
 
     def tensors(self, index: int) -> list[str]:
-        return self.graphs[index][1]
+        return list(self.exported[index].tensors)
 
     def layers(self, index: int) -> list[str]:
-        return self.graphs[index][2]
+        return list(self.exported[index].layers)
 
     def _npu(self, graph, feeds):
-        session, _, _ = self.graphs[graph.index]
+        session = self.sessions[graph.index]
         names = [o.name for o in session.get_outputs()]
         values = session.run(names, {**dict(feeds), **self._feeds[graph.index]})
         return dict(zip(names, values))
@@ -205,20 +223,20 @@ class FakeQuantPipeline:
     def run(self, samples, feeds: Mapping[int, dict[str, np.ndarray]], kept) -> list[dict]:
         """Per sample, the ``kept`` tensors (model outputs, hand-overs) under ``feeds``. Only
         what a change of parameters can reach runs again: the submodels before the first NPU
-        graph whose inputs changed are the last run's, per sample (a choice in the last
-        segments of a 40-segment pipeline reruns those)."""
+        graph whose inputs changed are the sample's last run's (a choice in the last
+        segments of a 40-segment pipeline reruns those). A sample is known by identity, so a
+        subset of the samples (the search's worst ones) reuses their runs too."""
         import hashlib
 
         self._feeds = dict(feeds)
         prints = {i: hashlib.blake2b(b"".join(np.ascontiguousarray(v).tobytes() for _, v in
                                               sorted(f.items())), digest_size=16).digest()
                   for i, f in feeds.items()}
-        if self._samples is not samples:
-            self._samples, self._last = samples, {}
         wanted = set(kept)
         out = []
-        for k, sample in enumerate(samples):
-            last = self._last.get(k, [])
+        for sample in samples:
+            known = self._last.get(id(sample))
+            last = known[1] if known is not None and known[0] is sample else []
             values = self.runner._checked_feeds(dict(sample))
             steps, same = [], True
             for step, graph in enumerate(self.runner.graphs):
@@ -228,6 +246,6 @@ class FakeQuantPipeline:
                     graph, {t: values[t] for t in graph.inputs})
                 values.update({t: np.asarray(got[t]) for t in graph.outputs})
                 steps.append((mark, {t: got[t] for t in graph.outputs}))
-            self._last[k] = steps
+            self._last[id(sample)] = (sample, steps)
             out.append({k2: v for k2, v in values.items() if k2 in wanted})
         return out

@@ -136,7 +136,9 @@ class SearchResult:
 class PrecisionSearch:
     """Scores choices with fake-quant sessions of ``workflow``'s NPU graphs on ``samples``;
     ``judge(gots)`` is verify's verdict on one list of per-sample values (model outputs and
-    NPU hand-over tensors)."""
+    NPU hand-over tensors). ``fake_quant(split_dir, exported)`` runs the fake-quant pipeline:
+    in this process (`fakequant.FakeQuantPipeline`) or on Dask workers
+    (`npubuild.quant.fanout.FakeQuantOnDask`), the same values either way."""
 
     float_where = "in float on the CPU"  # where a float layer runs (the chip may say the NPU)
 
@@ -147,7 +149,8 @@ class PrecisionSearch:
                  npu_macs_per_second: float = float("inf"),
                  float_macs_per_second: float = CPU_MACS_PER_SECOND, float_on_npu: bool = False,
                  clock: Callable[[], float] = time.monotonic,
-                 on_score: Callable[[int], None] = lambda count: None):
+                 on_score: Callable[[int], None] = lambda count: None,
+                 fake_quant: Callable = fakequant.FakeQuantPipeline):
         self.workflow, self.samples, self.judge = workflow, list(samples), judge
         self.kept, self.spec, self.clock = set(kept), spec, clock
         self.on_score = on_score  # told the number of choices scored so far (progress)
@@ -160,8 +163,8 @@ class PrecisionSearch:
         self.recipe_choice = (config.method, config.tensor_methods, config.scheme)
         self.method, self.methods, self.scheme = self.recipe_choice
         self.states = {state.graph.index: state for state in workflow.states}
-        self.pipeline = fakequant.FakeQuantPipeline(
-            workflow.pipeline.split_dir, {i: (s.qgraph, s.fg) for i, s in self.states.items()})
+        self.pipeline = fake_quant(workflow.pipeline.split_dir, fakequant.export_graphs(
+            {i: (s.qgraph, s.fg) for i, s in self.states.items()}))
         self.ranges: dict = {}
         self.work = {i: {layer.name: s.fg.layer_work(layer) for layer in s.fg.layers}
                      for i, s in self.states.items()}

@@ -71,7 +71,7 @@ class FixBench:
 
     def __init__(self, split_dir: Path, quantize_dir: Path, pipeline, samples: list,
                  judge: Callable, kept: Sequence[str]):
-        from npubuild.quant.fakequant import FakeQuantPipeline
+        from npubuild.quant.fakequant import FakeQuantPipeline, export_graphs
         from npubuild.quant.lower import lower
         from npubuild.quant.qgraph import QGraph
 
@@ -79,8 +79,8 @@ class FixBench:
         self.qgraphs = {g.index: QGraph.load(quantize_dir / f"graph_{g.index}.qgraph.json")
                         for g in pipeline.npu_graphs}
         self.lowered = {g.index: lower(g.model) for g in pipeline.npu_graphs}
-        self.fq = FakeQuantPipeline(split_dir, {i: (qg, self.lowered[i][0])
-                                                for i, qg in self.qgraphs.items()})
+        self.fq = FakeQuantPipeline(split_dir, export_graphs(
+            {i: (qg, self.lowered[i][0]) for i, qg in self.qgraphs.items()}))
         calibration = json.loads((quantize_dir / "calibration.json").read_text())
         self.ranges = {t: (r["min"], r["max"]) for g in calibration["graphs"].values()
                        for t, r in g["tensors"].items() if r.get("count")}
