@@ -237,7 +237,8 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
                                 if chip else {}),
                              choose_methods=spec.calibration.method is None,
                              choose_scheme=spec.scheme is None,
-                             on_score=lambda count: next(ticks))
+                             on_score=lambda count: next(ticks),
+                             fake_quant=_fake_quant(ctx, samples))
     try:
         return _searched(ctx, workflow, samples, judge, plain, search)
     finally:
@@ -316,17 +317,39 @@ def input_hw(info) -> tuple[int, int] | None:
     return tuple(shape[2:]) if info.layout != "NHWC" else tuple(shape[1:3])
 
 
+def _split_for_workers(ctx: StageContext, work: str):
+    """The split artifacts Dask workers fetch by key: None without a scheduler, and (with a
+    warning that ``work`` runs in this process) when no cache the workers reach has them."""
+    if not ctx.scheduler:
+        return None
+    if "split" not in ctx.sources:
+        ctx.log.warning("quantize: the split artifacts are not in a cache the workers can "
+                        "reach; %s in this process", work)
+        return None
+    return ctx.sources["split"]
+
+
 def _batch_mapper(ctx: StageContext, workflow: Workflow):
     """Calibration batches on Dask when the build has a scheduler, else in this process."""
-    if not ctx.scheduler:
+    split = _split_for_workers(ctx, "calibrating")
+    if split is None:
         return None
     from npubuild.quant.fanout import calibration_on_dask
 
-    if "split" not in ctx.sources:
-        ctx.log.warning("quantize: the split artifacts are not in a cache the workers can "
-                        "reach; calibrating in this process")
-        return None
-    return calibration_on_dask(ctx.scheduler, ctx.sources["split"], workflow.options)
+    return calibration_on_dask(ctx.scheduler, split, workflow.options)
+
+
+def _fake_quant(ctx: StageContext, samples: list):
+    """What runs the search's fake-quant pipeline: Dask workers (the samples in one batch per
+    worker) when the build has a scheduler, else this process."""
+    from npubuild.quant.fakequant import FakeQuantPipeline
+
+    split = _split_for_workers(ctx, "the precision search scores")
+    if split is None:
+        return FakeQuantPipeline
+    from npubuild.quant.fanout import FakeQuantOnDask
+
+    return lambda split_dir, exported: FakeQuantOnDask(ctx.scheduler, split, samples, exported)
 
 
 def _graph_summary(qgraph) -> dict:

@@ -183,3 +183,32 @@ def test_outside_an_invocation_each_fan_out_has_its_own_client():
             assert first is second
     with dask_client("local:1") as third:
         assert third is not first
+
+
+def test_the_precision_search_on_dask_writes_byte_identical_quantize_artifacts(tmp_path, monkeypatch):
+    """A build whose int8 misses verify's bar, so the search scores choices: in one process,
+    on one worker and on two, the quantize artifacts (search.json and the choice included)
+    are byte-identical, and with a scheduler no choice is scored in this process."""
+    from npubuild import api
+    from npubuild.quant.fakequant import FakeQuantPipeline
+    from tests.conftest import TINY_RECIPE, write_recipe
+
+    searched = TINY_RECIPE.replace("quantization:\n", "quantization:\n  auto: {max_slowdown: 1000}\n")
+    recipe = write_recipe(tmp_path, searched + 'verify: {data: "pkg:skimage/data/*.png", '
+                                               "samples: 5, min_cosine: 0.9999}\n")
+    serial = api.session_for(recipe, build_root=tmp_path / "s", cache=tmp_path / "cs")
+    api.build(serial, "quantize")
+    search = serial.results["quantize"].report["quantization"]["search"]
+    assert search["evaluations"] > 1 and search["chosen"], search
+
+    def no_score_here(self, samples, feeds, kept):
+        raise AssertionError("a choice was scored in the driver, not on a worker")
+
+    monkeypatch.setattr(FakeQuantPipeline, "run", no_score_here)
+    for workers in (1, 2):
+        fanned = api.session_for(recipe, build_root=tmp_path / f"d{workers}",
+                                 cache=tmp_path / f"cd{workers}", scheduler=f"local:{workers}")
+        api.build(fanned, "quantize")
+        assert fanned.results["quantize"].report["quantization"]["search"] == search
+        assert digests(tmp_path / f"d{workers}" / "tiny" / "quantize") == \
+            digests(tmp_path / "s" / "tiny" / "quantize")
