@@ -16,6 +16,13 @@ process's CPU seconds while it built. ``--baseline-tree`` builds the same with a
 checkout (e.g. main) too, interleaved (baseline plain, plain, baseline search, search), into
 its own build folder, and adds its columns: a before/after in one run on a shared machine.
 Goal (issue 23): search / plain <= 3.
+
+``--scheduler local:2`` (or a scheduler address) measures the fan-out instead: the quantize
+stage with the search on, built in one process and with the scheduler, interleaved
+(``--repeat`` rounds), each timed as the stage's own wall seconds and the precision search's
+alone (the Dask cluster is started before the clock runs: an invocation starts it once, its
+start-up is its own column); and whether the two wrote byte-identical quantize artifacts.
+The machine's load average is printed with the table.
 """
 
 from __future__ import annotations
@@ -59,29 +66,53 @@ import npubuild
 assert npubuild.__file__.startswith({tree!r}), npubuild.__file__
 from search import quantize_seconds
 before = resource.getrusage(resource.RUSAGE_SELF)
-row = quantize_seconds(Path({recipe!r}), {chip!r}, Path({build!r}), {cache})
+row = quantize_seconds(Path({recipe!r}), {chip!r}, Path({build!r}), {cache}, {scheduler!r})
 after = resource.getrusage(resource.RUSAGE_SELF)
 row["cpu"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2)
 print(json.dumps(row))
 """
 
 
-def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | None) -> dict:
+def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | None,
+                     scheduler: str | None = None) -> dict:
     """Build up to quantize, quantize again even when current or cached (the earlier stages
-    restored from the cache), and read the quantize stage's own time and figures."""
+    restored from the cache), and read the quantize stage's own time and figures (with
+    ``scheduler``: on Dask, the cluster started before the clock runs)."""
+    from contextlib import ExitStack
+
     from npubuild import api
+    from npubuild.distributed import dask_client, one_cluster
     from npubuild.errors import NpubuildError
     from npubuild.recipe import load_recipe
+    from npubuild.stages import quantize as quantize_stage
 
+    searched = {"seconds": 0.0}
+    search = quantize_stage.precision_search
+
+    def timed_search(*args, **kwargs):
+        begun = time.perf_counter()
+        try:
+            return search(*args, **kwargs)
+        finally:
+            searched["seconds"] += time.perf_counter() - begun
+
+    quantize_stage.precision_search = timed_search  # this process only: its one build
     loaded = load_recipe(recipe).for_target(chip)
-    session = api.session_for(loaded, build_root=build_root, cache=cache, force=("quantize",))
-    started = time.perf_counter()
-    try:
-        report = api.build(session, "quantize")
-        error = ""
-    except NpubuildError as exc:
-        report, error = (session.report(api.stage_list("quantize")) if session.results else {},
-                         str(exc).splitlines()[0])
+    session = api.session_for(loaded, build_root=build_root, cache=cache, force=("quantize",),
+                              scheduler=scheduler)
+    with ExitStack() as stack:
+        cluster = time.perf_counter()
+        if scheduler:
+            stack.enter_context(one_cluster(scheduler))
+            stack.enter_context(dask_client(scheduler))
+        cluster = time.perf_counter() - cluster
+        started = time.perf_counter()
+        try:
+            report = api.build(session, "quantize")
+            error = ""
+        except NpubuildError as exc:
+            report, error = (session.report(api.stage_list("quantize")) if session.results
+                             else {}, str(exc).splitlines()[0])
     stage = (report.get("stages") or {}).get("quantize") or {}
     q = report.get("quantization") or {}
     search = q.get("search") or {}
@@ -91,18 +122,39 @@ def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | No
             "passes": search.get("passed", (q.get("int8_verdict") or {}).get("passed")),
             "chosen": len(search.get("chosen") or []),
             "kinds": sorted({c["precision"] for c in search.get("chosen") or []}),
-            "evaluations": search.get("evaluations"), "error": error}
+            "evaluations": search.get("evaluations"), "error": error,
+            "search_seconds": round(searched["seconds"], 2), "cluster_seconds": round(cluster, 2),
+            "digest": tree_digest(build_root / loaded.recipe.name / "quantize")}
+
+
+def tree_digest(root: Path) -> str | None:
+    """One hash over every file's name and bytes under ``root`` (None: no such folder)."""
+    import hashlib
+
+    if not root.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def in_process_of(tree: Path, recipe: Path, chip: str, build_root: Path,
-                  cache: Path | None) -> dict:
+                  cache: Path | None, scheduler: str | None = None) -> dict:
     """`quantize_seconds` in a process that imports npubuild from ``tree``."""
     code = MEASURE.format(benchmarks=str(REPO / "benchmarks"), tree=str(tree), recipe=str(recipe),
                           chip=chip,
                           build=str(build_root),
-                          cache=f"Path({str(cache)!r})" if cache else "None")
+                          cache=f"Path({str(cache)!r})" if cache else "None", scheduler=scheduler)
+    if scheduler:  # Dask spawns its workers, which re-import the main module: not from -c
+        script = build_root.parent / "measure.py"
+        script.write_text(f"if __name__ == '__main__':\n" + "".join(
+            f"    {line}\n" for line in code.strip().splitlines()))
+        command = [sys.executable, str(script)]
+    else:
+        command = [sys.executable, "-c", code]
     env = {**os.environ, "PYTHONPATH": str(tree), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode:
         return {"seconds": None, "cpu": None, "passes": None, "int8_passes": None, "chosen": 0,
                 "kinds": [], "evaluations": None,
@@ -131,6 +183,50 @@ def measure(recipe: Path, chip: str, work: Path, cache: Path | None,
             round(searched[k] / plain[k], 2) if plain.get(k) and searched.get(k) else None
             for k in ("seconds", "cpu"))
     return row
+
+
+def measure_fan_out(recipe: Path, chip: str, work: Path, cache: Path | None, scheduler: str,
+                    repeat: int) -> dict:
+    """The searched quantize stage in one process and on ``scheduler``, interleaved; the
+    fastest of ``repeat`` rounds each."""
+    from zoo import as_written
+
+    written = variant(as_written(recipe, work / "recipes"), work / "recipes", True)
+    in_process_of(REPO, written, chip, work / "build", cache)  # earlier stages, untimed
+    runs: dict[str, list[dict]] = {"one process": [], "dask": []}
+    for _ in range(repeat):
+        runs["one process"].append(in_process_of(REPO, written, chip, work / "build", cache))
+        runs["dask"].append(in_process_of(REPO, written, chip, work / "build-dask", cache,
+                                          scheduler))
+    row = {"model": recipe.stem, "scheduler": scheduler}
+    for name, measured in runs.items():
+        done = [m for m in measured if m.get("seconds")]
+        row[name] = min(done, key=lambda m: m["seconds"]) if done else measured[-1]
+    one, dask = row["one process"], row["dask"]
+    for key in ("seconds", "search_seconds"):
+        row[f"{key} ratio"] = (round(dask[key] / one[key], 2)
+                               if one.get(key) and dask.get(key) else None)
+    row["identical"] = one.get("digest") is not None and one.get("digest") == dask.get("digest")
+    row["load"] = round(os.getloadavg()[0], 2)
+    return row
+
+
+def fan_out_markdown(rows: list[dict]) -> str:
+    head = ("| model | quantize s, one process | quantize s, Dask | Dask / one | search s, one "
+            "process | search s, Dask | Dask / one | cluster start s | quantize bytes identical "
+            "| choices scored | tensors out of int8 | load (1 min) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        one, dask = r["one process"], r["dask"]
+        lines.append(
+            f"| {r['model']} | {_or_dash(one.get('seconds'))} | {_or_dash(dask.get('seconds'))} "
+            f"| {_or_dash(r['seconds ratio'])} | {_or_dash(one.get('search_seconds'))} | "
+            f"{_or_dash(dask.get('search_seconds'))} | {_or_dash(r['search_seconds ratio'])} | "
+            f"{_or_dash(dask.get('cluster_seconds'))} | {_yes(r['identical'])} | "
+            f"{_or_dash(one.get('evaluations'))} | {one.get('chosen', 0)} | {r['load']} |"
+            + (f" error: {one.get('error') or dask.get('error')}"
+               if one.get("error") or dask.get("error") else ""))
+    return "\n".join(lines)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -184,6 +280,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-generate", action="store_true")
     p.add_argument("--baseline-tree", type=Path,
                    help="another checkout to measure beside this one, interleaved (e.g. main)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="measure the search on Dask (e.g. local:2) against one process instead")
+    p.add_argument("--repeat", type=int, default=1, help="interleaved rounds with --scheduler "
+                   "(the fastest of each is shown)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -192,6 +292,17 @@ def main(argv: list[str]) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="npubuild-search-"))
     (work / "recipes").mkdir(parents=True, exist_ok=True)
     rows = []
+    if args.scheduler:
+        for recipe in zoo_recipes(args.models):
+            rows.append(measure_fan_out(recipe, args.chip, work, args.cache, args.scheduler,
+                                        args.repeat))
+            print(fan_out_markdown(rows[-1:]).splitlines()[-1], file=sys.stderr)
+        print(fan_out_markdown(rows))
+        print(f"\nload average (1, 5, 15 min) at the end: "
+              f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}; {os.cpu_count()} cores")
+        if args.json:
+            args.json.write_text(json.dumps({"rows": rows}, indent=2, default=str))
+        return 0
     for recipe in zoo_recipes(args.models):
         rows.append(measure(recipe, args.chip, work, args.cache,
                             args.baseline_tree.resolve() if args.baseline_tree else None))
