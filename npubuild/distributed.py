@@ -37,8 +37,8 @@ def one_cluster(address: str | None) -> Iterator[None]:
     """Within the block every fan-out to ``address`` shares one client (and, for ``local:N``,
     one cluster), started on first use and closed at the end; no fan-out, no cluster. The
     CLI and `npubuild.api.build` wrap a whole invocation in it: calibration batches, verify
-    samples and matrix cells of one command run on the same workers. A stage that fans out more
-    work (the precision search's candidates, say) calls ``map_tasks(fn, calls,
+    samples, the precision search's scoring and matrix cells of one command run on the same
+    workers. A stage that fans out more work calls ``map_tasks(fn, calls,
     scheduler=ctx.scheduler)`` or ``dask_client(ctx.scheduler)`` and joins the same cluster."""
     if not address or address in _SHARED:
         yield

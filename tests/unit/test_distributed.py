@@ -188,10 +188,16 @@ def test_outside_an_invocation_each_fan_out_has_its_own_client():
 def test_the_precision_search_on_dask_writes_byte_identical_quantize_artifacts(tmp_path, monkeypatch):
     """A build whose int8 misses verify's bar, so the search scores choices: in one process,
     on one worker and on two, the quantize artifacts (search.json and the choice included)
-    are byte-identical, and with a scheduler no choice is scored in this process."""
-    from npubuild import api
+    are byte-identical; with a scheduler no choice is scored in this process, and the build's
+    one cluster serves calibration and every choice."""
+    from npubuild import api, distributed
     from npubuild.quant.fakequant import FakeQuantPipeline
     from tests.conftest import TINY_RECIPE, write_recipe
+
+    started = []
+    real = distributed._local_cluster
+    monkeypatch.setattr(distributed, "_local_cluster",
+                        lambda *args: started.append(args[1]) or real(*args))
 
     searched = TINY_RECIPE.replace("quantization:\n", "quantization:\n  auto: {max_slowdown: 1000}\n")
     recipe = write_recipe(tmp_path, searched + 'verify: {data: "pkg:skimage/data/*.png", '
@@ -212,3 +218,4 @@ def test_the_precision_search_on_dask_writes_byte_identical_quantize_artifacts(t
         assert fanned.results["quantize"].report["quantization"]["search"] == search
         assert digests(tmp_path / f"d{workers}" / "tiny" / "quantize") == \
             digests(tmp_path / "s" / "tiny" / "quantize")
+    assert started == ["local:1", "local:2"]
