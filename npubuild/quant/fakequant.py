@@ -20,7 +20,7 @@ scores with it and confirms its choice on the integer reference.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -219,6 +219,11 @@ class FakeQuantPipeline:
         names = [o.name for o in session.get_outputs()]
         values = session.run(names, {**dict(feeds), **self._feeds[graph.index]})
         return dict(zip(names, values))
+
+    def run_all(self, samples, feeds: Sequence[Mapping[int, dict[str, np.ndarray]]],
+                kept) -> list[list[dict]]:
+        """`run` under each of ``feeds`` (several choices), in order."""
+        return [self.run(samples, one, kept) for one in feeds]
 
     def run(self, samples, feeds: Mapping[int, dict[str, np.ndarray]], kept) -> list[dict]:
         """Per sample, the ``kept`` tensors (model outputs, hand-overs) under ``feeds``. Only

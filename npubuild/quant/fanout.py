@@ -73,7 +73,8 @@ def score_batch(split: StageArtifacts, key: str, context: tuple, indices: Sequen
 class FakeQuantOnDask:
     """`FakeQuantPipeline`'s ``run`` on the Dask workers, the samples in one contiguous batch
     per worker; batch ``j`` is asked of the same worker every time (a hint, not a
-    requirement), where the sample's earlier runs are cached. ``samples``: every sample the
+    requirement: the workers are listed once, a worker gone since is skipped by Dask), where
+    the sample's earlier runs are cached. ``samples``: every sample the
     search will score (a subset it passes is recognised by identity)."""
 
     def __init__(self, scheduler: str, split: StageArtifacts,
@@ -88,7 +89,7 @@ class FakeQuantOnDask:
             for name in sorted(sample):
                 digest.update(name.encode() + np.ascontiguousarray(sample[name]).tobytes())
         self.key = digest.hexdigest()
-        self._scattered: tuple | None = None  # (client, future of (models, samples))
+        self._sent: tuple | None = None  # (client, future of (models, samples), workers)
 
     def tensors(self, index: int) -> list[str]:
         return list(self.exported[index].tensors)
@@ -98,16 +99,24 @@ class FakeQuantOnDask:
 
     def run(self, samples, feeds: Mapping[int, dict[str, np.ndarray]], kept) -> list[dict]:
         """As `FakeQuantPipeline.run`, computed on the workers, in the order of ``samples``."""
+        return self.run_all(samples, [feeds], kept)[0]
+
+    def run_all(self, samples, feeds: Sequence[Mapping[int, dict[str, np.ndarray]]],
+                kept) -> list[list[dict]]:
+        """As `FakeQuantPipeline.run_all`: every choice's batches submitted before any is
+        awaited (one round trip for several choices), the values in order."""
         indices = [self.position[id(s)] for s in samples]
         with dask_client(self.scheduler) as client:
-            if self._scattered is None or self._scattered[0] is not client:
+            if self._sent is None or self._sent[0] is not client:  # once per search and client
                 [context] = client.scatter([(self.exported, self.samples)], broadcast=True)
-                self._scattered = (client, context)
-            workers = sorted(client.scheduler_info().get("workers", {})) or [None]
+                workers = sorted(client.scheduler_info().get("workers", {})) or [None]
+                self._sent = (client, context, workers)
+            _, context, workers = self._sent
             batches = np.array_split(np.asarray(indices), min(len(indices), len(workers)))
-            futures = [client.submit(score_batch, self.split, self.key, self._scattered[1],
-                                     batch.tolist(), dict(feeds), list(kept), pure=False,
-                                     **({"workers": [worker], "allow_other_workers": True}
-                                        if worker else {}))
-                       for batch, worker in zip(batches, workers)]
-            return [values for batch in client.gather(futures) for values in batch]
+            futures = [[client.submit(score_batch, self.split, self.key, context, batch.tolist(),
+                                      dict(one), list(kept), pure=False,
+                                      **({"workers": [worker], "allow_other_workers": True}
+                                         if worker else {}))
+                        for batch, worker in zip(batches, workers)] for one in feeds]
+            done = client.gather(futures)
+            return [[values for batch in choice for values in batch] for choice in done]

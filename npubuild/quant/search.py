@@ -235,14 +235,30 @@ class PrecisionSearch:
     def score(self, choice: Mapping[str, str], step: str = "", quick: bool = False) -> Scored:
         """verify's verdict on ``choice`` (cached); ``quick``: on the plain choice's worst
         samples only (the ranking orders blocks with it; decisions use every sample)."""
-        key = (tuple(sorted(choice.items())), self.method, self.methods, self.scheme, quick)
-        if key in self.cache:
-            return self.cache[key]
-        if self.clock() > self.deadline:
-            raise OutOfTime()
-        samples, judge = (self.samples, self.judge) if not quick else self._quick()
-        verdict = judge(self.pipeline.run(samples, self._params(choice), self.kept))
-        if not choice and not quick and not hasattr(self, "_plain_verdict"):
+        return self.score_all([(choice, step)], quick)[0]
+
+    def score_all(self, choices: Sequence[tuple[Mapping[str, str], str]],
+                  quick: bool = False) -> list[Scored]:
+        """`score` of each (choice, step) in order, for choices the search makes regardless
+        of each other's verdict: those not scored yet go through the fake-quant pipeline
+        together (on Dask, every choice's sample batches in flight at once), then are judged
+        and recorded one by one, exactly as one `score` after another."""
+        keys = [(tuple(sorted(choice.items())), self.method, self.methods, self.scheme, quick)
+                for choice, _ in choices]
+        new = list({key: (choice, step) for key, (choice, step) in zip(keys, choices)
+                    if key not in self.cache}.items())
+        if new:
+            if self.clock() > self.deadline:
+                raise OutOfTime()
+            samples, judge = (self.samples, self.judge) if not quick else self._quick()
+            runs = self.pipeline.run_all(samples, [self._params(c) for _, (c, _) in new],
+                                         self.kept)
+            for (key, (choice, step)), values in zip(new, runs):
+                self._record(key, choice, step, judge(values))
+        return [self.cache[key] for key in keys]
+
+    def _record(self, key: tuple, choice: Mapping[str, str], step: str, verdict) -> None:
+        if not choice and not key[-1] and not hasattr(self, "_plain_verdict"):
             self._plain_verdict = verdict
         scored = Scored(key[0], verdict.passed and self._extra_bar(verdict) >= 0,
                         min(verdict.margin(), self._extra_bar(verdict)), loads(verdict),
@@ -252,7 +268,6 @@ class PrecisionSearch:
                            "margin": round(scored.margin, 6),
                            "slowdown": round(scored.slowdown, 3)})
         self.on_score(len(self.steps))
-        return scored
 
     def _quick(self):
         """The worst samples of int8 everywhere (at most ``QUICK_SAMPLES``) and their judge."""
@@ -429,15 +444,19 @@ class PrecisionSearch:
         need = np.maximum(plain - COVER_HEADROOM, 0.0)
         total = float(need.sum()) or 1.0
 
-        def measure(block: tuple[str, ...]) -> dict:
-            scored = self.score({t: wide for t in block}, f"rank {len(block)}", quick=True)
-            gain = np.maximum(plain - scored.loads, 0.0)
-            weight = float(np.minimum(gain, need).sum()) / total
-            return {"tensors": block, "gain": gain, "weight": weight}
+        def measure(blocks: list[tuple[str, ...]]) -> list[dict]:
+            scores = self.score_all([({t: wide for t in block}, f"rank {len(block)}")
+                                     for block in blocks], quick=True)
+            out = []
+            for block, scored in zip(blocks, scores):
+                gain = np.maximum(plain - scored.loads, 0.0)
+                weight = float(np.minimum(gain, need).sum()) / total
+                out.append({"tensors": block, "gain": gain, "weight": weight})
+            return out
 
         size = max(1, -(-len(self.candidates) // FIRST_BLOCKS))
-        blocks = [measure(tuple(self.candidates[i:i + size]))
-                  for i in range(0, len(self.candidates), size)]
+        blocks = measure([tuple(self.candidates[i:i + size])
+                          for i in range(0, len(self.candidates), size)])
         heap = [(-b["weight"], i, b) for i, b in enumerate(blocks)]
         heapq.heapify(heap)
         done, counter, spent = [], len(heap), 0
@@ -448,8 +467,7 @@ class PrecisionSearch:
                 done.append(block)
                 continue
             half = len(block["tensors"]) // 2
-            for part in (block["tensors"][:half], block["tensors"][half:]):
-                measured = measure(part)
+            for measured in measure([block["tensors"][:half], block["tensors"][half:]]):
                 spent += 1
                 heapq.heappush(heap, (-measured["weight"], counter, measured))
                 counter += 1

@@ -52,6 +52,9 @@ class Synthetic(PrecisionSearch):
         self.cache[key] = scored
         return scored
 
+    def score_all(self, choices, quick=False):
+        return [self.score(choice, step, quick) for choice, step in choices]
+
     def slowdown(self, choice):
         return 1.0 + sum(self.work.get(t, 0.0) for t, p in choice.items() if p == "float")
 
