@@ -123,6 +123,7 @@ def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | No
             "chosen": len(search.get("chosen") or []),
             "kinds": sorted({c["precision"] for c in search.get("chosen") or []}),
             "evaluations": search.get("evaluations"), "error": error,
+            "slowdown": (search.get("after") or {}).get("estimated_slowdown"),
             "search_seconds": round(searched["seconds"], 2), "cluster_seconds": round(cluster, 2),
             "digest": tree_digest(build_root / loaded.recipe.name / "quantize")}
 
@@ -234,7 +235,7 @@ def markdown(rows: list[dict]) -> str:
     head = "| model | " + "".join(
         f"{t}plain quantize s (CPU) | {t}with search s (CPU) | {t}ratio (CPU) | "
         for t in tags) + (
-        "int8 passes | search passes | tensors out of int8 | choices scored |")
+        "int8 passes | search passes | tensors out of int8 | est. slowdown | choices scored |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         p, s = r["plain"], r["search"]
@@ -243,9 +244,18 @@ def markdown(rows: list[dict]) -> str:
                         f"{_or_dash(r[t + 'ratio'])} ({_or_dash(r[t + 'cpu ratio'])}) | "
                         for t in tags)
         lines.append(f"| {r['model']} | {cells}"
-                     f"{_yes(p['int8_passes'])} | {_yes(s['passes'])} | {s['chosen']}{kinds} | "
+                     f"{_yes(p['int8_passes'])} | {_yes(s['passes'])} | "
+                     f"{_before_after(r, 'chosen')}{kinds} | "
+                     f"{_before_after(r, 'slowdown')} | "
                      f"{s['evaluations'] if s['evaluations'] is not None else '-'} |")
     return "\n".join(lines)
+
+
+def _before_after(row: dict, key: str) -> str:
+    """The searched build's ``key``, after the baseline's where there is one."""
+    now = _or_dash(row["search"].get(key))
+    base = row.get("baseline search")
+    return f"{_or_dash(base.get(key))} → {now}" if base is not None else now
 
 
 def _or_dash(value) -> str:

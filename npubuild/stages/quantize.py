@@ -291,6 +291,7 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
             "before": {"fake_quant_margin": round(result.before, 6)},
             "after": {"fake_quant_margin": round(result.after, 6),
                       "reference_margin": round(verdict.margin(), 6),
+                      "estimated_slowdown": round(search.slowdown(result.chosen), 3),
                       "failures": verdict.failures,
                       "outputs": {name: {"cosine": m["cosine"],
                                          "min_sample_cosine": m["min_sample_cosine"]}
