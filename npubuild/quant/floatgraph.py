@@ -60,16 +60,6 @@ class FloatGraph:
                     seen.setdefault(t, None)
         return list(seen)
 
-    def layer_work(self, layer: FLayer) -> int:
-        """Multiply-accumulates of ``layer`` (a convolution or fully connected layer: output
-        elements × its kernel's inputs per output), else one operation per output element:
-        what moving it to the CPU costs, in the units the split's cost model counts."""
-        elements = sum(int(np.prod(self.shapes.get(t) or [0])) for t in layer.outputs)
-        weight = layer.weights.get("weight")
-        if layer.kind == "conv" and weight is not None and weight.ndim == 4:
-            return elements * int(np.prod(weight.shape[1:]))
-        return elements
-
     def node_model(self, layer: FLayer) -> onnx.ModelProto:
         """A model of just ``layer``'s source nodes: its dynamic inputs in, its outputs out."""
         return fragment_model(self.model, layer.source_nodes,

@@ -49,7 +49,7 @@ import numpy as np
 
 from npubuild.quant import fakequant, quantizer
 from npubuild.quant.workflow import OverrideSpec, resolve_overrides, tensor_names
-from npubuild.split.cost import CPU_MACS_PER_SECOND, model_macs
+from npubuild.split.cost import CPU_MACS_PER_SECOND, macs_per_node, model_macs
 
 WIDE = ("int16", "float")
 FIRST_BLOCKS = 8
@@ -166,9 +166,8 @@ class PrecisionSearch:
         self.pipeline = fake_quant(workflow.pipeline.split_dir, fakequant.export_graphs(
             {i: (s.qgraph, s.fg) for i, s in self.states.items()}))
         self.ranges: dict = {}
-        self.work = {i: {layer.name: s.fg.layer_work(layer) for layer in s.fg.layers}
-                     for i, s in self.states.items()}
-        # time per unit of work on each side; CPU submodels by the split's MAC estimate
+        self.work = {i: layer_macs(s.fg) for i, s in self.states.items()}
+        # time per MAC on each side; one rule counts both (`npubuild.split.cost.node_macs`)
         self.npu_seconds, self.cpu_seconds = 1.0 / npu_macs_per_second, 1.0 / CPU_MACS_PER_SECOND
         self.float_seconds = 1.0 / float_macs_per_second  # a float layer: CPU or NPU float16
         self.float_where = "in float16 on the NPU" if float_on_npu else "in float on the CPU"
@@ -636,6 +635,15 @@ class PrecisionSearch:
                             members={t: self.members[t] for t in chosen if t in self.members},
                             method=self.method, tensor_methods=self.methods, scheme=self.scheme,
                             method_scores=dict(getattr(self, "method_scores", {})))
+
+
+def layer_macs(fg) -> dict[str, int]:
+    """Each layer's multiply-accumulates as the split counts a CPU submodel's
+    (`npubuild.split.cost.node_macs` over the layer's source nodes: a fused node by its body),
+    so a layer moved to the CPU costs what it would cost in a CPU submodel."""
+    per_node = dict(macs_per_node(fg.model))
+    return {layer.name: sum(per_node.get(node, 0) for node in layer.source_nodes)
+            for layer in fg.layers}
 
 
 MOVES_DATA = {"maxpool", "reshape", "transpose", "slice", "split", "pad"}

@@ -66,15 +66,20 @@ def node_macs(view: NodeView) -> int:
     return elements(out)
 
 
-def model_macs(model) -> int:
-    """Estimated multiply-accumulates of a whole model (`node_macs` over its nodes after shape
-    inference; nodes whose shapes stay unknown count 0)."""
+def macs_per_node(model) -> list[tuple[str, int]]:
+    """(node name, `node_macs`) of every node of ``model`` in order, after shape inference
+    (nodes whose shapes stay unknown count 0)."""
     from npubuild.split.plan import infer
     from npubuild.targets.view import GraphFacts
 
     inferred = infer(model)
     facts = GraphFacts.from_model(inferred)
-    return sum(node_macs(NodeView(n, facts)) for n in inferred.graph.node)
+    return [(n.name, node_macs(NodeView(n, facts))) for n in inferred.graph.node]
+
+
+def model_macs(model) -> int:
+    """Estimated multiply-accumulates of a whole model (`node_macs` over its nodes)."""
+    return sum(macs for _, macs in macs_per_node(model))
 
 
 @dataclass(frozen=True)

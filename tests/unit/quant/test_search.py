@@ -242,3 +242,18 @@ def test_a_calibration_method_that_passes_beats_a_higher_margin_that_fails():
     search.choose_methods = True
     result = search.run()
     assert result.reached and result.chosen == {} and search.method == "percentile"
+
+
+def test_a_layer_costs_what_the_split_counts_for_its_nodes_a_fused_body_whole():
+    """One MAC rule on both sides of the slowdown estimate: a fused Conv+Relu layer costs its
+    convolution's multiply-accumulates plus the Relu's one per element, as the split's cost
+    model counts the same node in a CPU submodel (the conv alone was counted before)."""
+    from npubuild.quant.lower import lower
+    from npubuild.quant.search import layer_macs
+    from npubuild.split.cost import model_macs
+    from tests.unit.split.split_models import fused_conv_act
+
+    fg, _ = lower(fused_conv_act())
+    conv, relu = 4 * 8 * 8 * (4 * 3 * 3), 4 * 8 * 8
+    assert layer_macs(fg) == {fg.layers[0].name: conv + relu} and len(fg.layers) == 1
+    assert model_macs(fg.model) == conv + relu
