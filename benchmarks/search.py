@@ -124,6 +124,7 @@ def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | No
             "kinds": sorted({c["precision"] for c in search.get("chosen") or []}),
             "evaluations": search.get("evaluations"), "error": error,
             "slowdown": (search.get("after") or {}).get("estimated_slowdown"),
+            "refused": ((search.get("what_would_reach") or {}).get("needed") or {}).get("slowdown"),
             "search_seconds": round(searched["seconds"], 2), "cluster_seconds": round(cluster, 2),
             "digest": tree_digest(build_root / loaded.recipe.name / "quantize")}
 
@@ -246,7 +247,9 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['model']} | {cells}"
                      f"{_yes(p['int8_passes'])} | {_yes(s['passes'])} | "
                      f"{_before_after(r, 'chosen')}{kinds} | "
-                     f"{_before_after(r, 'slowdown')} | "
+                     f"{_before_after(r, 'slowdown')}"
+                     + (f" (refused: {_before_after(r, 'refused')})" if s.get("refused") else "")
+                     + " | "
                      f"{s['evaluations'] if s['evaluations'] is not None else '-'} |")
     return "\n".join(lines)
 
