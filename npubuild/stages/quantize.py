@@ -226,6 +226,7 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
     misses what fake quantization passed, search again demanding the cosine margin they
     differ by (twice over), within the time budget."""
     chip, spec = ctx.chip, ctx.recipe.quantization
+    on_dask = _search_on_dask(ctx, samples)
     # an open-ended counter (the phases' budgets bound it, the choice decides where it stops)
     ticks = ctx.progress(itertools.count(1), description="precision search, choices scored")
     search = PrecisionSearch(workflow, samples, judge, judge.kept, search_spec(spec.auto, chip),
@@ -238,16 +239,18 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
                              choose_methods=spec.calibration.method is None,
                              choose_scheme=spec.scheme is None,
                              on_score=lambda count: next(ticks),
-                             fake_quant=_fake_quant(ctx, samples))
+                             **({"fake_quant": on_dask.fake_quant} if on_dask else {}))
     try:
-        return _searched(ctx, workflow, samples, judge, plain, search)
+        return _searched(ctx, workflow, samples, judge, plain, search,
+                         on_dask.deployed_values if on_dask else Workflow.deployed_values)
     finally:
         ticks.close()  # ends the bar
 
 
 def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
-              search: PrecisionSearch) -> dict:
-    """`precision_search` once its search is set up."""
+              search: PrecisionSearch, deployed_values) -> dict:
+    """`precision_search` once its search is set up; ``deployed_values(workflow, samples,
+    kept)`` runs the integer reference that confirms a choice (here or on Dask)."""
     margin = max(0.0, 1.5 * (search.score({}, "int8 everywhere").margin - plain.margin()))
     span = SPAN_DEMANDED if dead_channels(plain) else 0.0
     confirmations = [{"choice": "int8 everywhere", "reference_passed": plain.passed,
@@ -261,7 +264,7 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
         if key not in confirmed:
             workflow.adopt(result.overrides(), result.method, result.tensor_methods, result.scheme)
             adopted = key
-            confirmed[key] = judge(workflow.deployed_values(samples, judge.kept))
+            confirmed[key] = judge(deployed_values(workflow, samples, judge.kept))
             confirmations.append({"choice": f"{len(result.chosen)} tensor(s)",
                                   "tensors": dict(sorted(result.chosen.items())),
                                   "calibration": result.method, "scheme": result.scheme,
@@ -340,17 +343,15 @@ def _batch_mapper(ctx: StageContext, workflow: Workflow):
     return calibration_on_dask(ctx.scheduler, split, workflow.options)
 
 
-def _fake_quant(ctx: StageContext, samples: list):
-    """What runs the search's fake-quant pipeline: Dask workers (the samples in one batch per
-    worker) when the build has a scheduler, else this process."""
-    from npubuild.quant.fakequant import FakeQuantPipeline
-
+def _search_on_dask(ctx: StageContext, samples: list):
+    """Where the search scores and confirms its choices: on the Dask workers (the samples in
+    one batch per worker) when the build has a scheduler, else None: in this process."""
     split = _split_for_workers(ctx, "the precision search scores")
     if split is None:
-        return FakeQuantPipeline
-    from npubuild.quant.fanout import FakeQuantOnDask
+        return None
+    from npubuild.quant.fanout import SearchOnDask
 
-    return lambda split_dir, exported: FakeQuantOnDask(ctx.scheduler, split, samples, exported)
+    return SearchOnDask(ctx.scheduler, split, samples)
 
 
 def _graph_summary(qgraph) -> dict:

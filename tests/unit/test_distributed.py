@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -188,16 +189,20 @@ def test_outside_an_invocation_each_fan_out_has_its_own_client():
 def test_the_precision_search_on_dask_writes_byte_identical_quantize_artifacts(tmp_path, monkeypatch):
     """A build whose int8 misses verify's bar, so the search scores choices: in one process,
     on one worker and on two, the quantize artifacts (search.json and the choice included)
-    are byte-identical; with a scheduler no choice is scored in this process, and the build's
-    one cluster serves calibration and every choice."""
+    are byte-identical; with a scheduler no choice is scored and none confirmed on the
+    integer reference in this process, and the build's one cluster serves calibration and
+    every choice."""
     from npubuild import api, distributed
     from npubuild.quant.fakequant import FakeQuantPipeline
+    from npubuild.quant.workflow import Workflow
     from tests.conftest import TINY_RECIPE, write_recipe
 
-    started = []
-    real = distributed._local_cluster
+    started, judged = [], []
+    real, deployed = distributed._local_cluster, Workflow.deployed_values
     monkeypatch.setattr(distributed, "_local_cluster",
                         lambda *args: started.append(args[1]) or real(*args))
+    monkeypatch.setattr(Workflow, "deployed_values",
+                        lambda *args: judged.append(1) or deployed(*args))
 
     searched = TINY_RECIPE.replace("quantization:\n", "quantization:\n  auto: {max_slowdown: 1000}\n")
     recipe = write_recipe(tmp_path, searched + 'verify: {data: "pkg:skimage/data/*.png", '
@@ -206,6 +211,10 @@ def test_the_precision_search_on_dask_writes_byte_identical_quantize_artifacts(t
     api.build(serial, "quantize")
     search = serial.results["quantize"].report["quantization"]["search"]
     assert search["evaluations"] > 1 and search["chosen"], search
+    confirmations = len(json.loads((tmp_path / "s" / "tiny" / "quantize" / "search.json")
+                                   .read_text())["confirmations"]) - 1  # the first: int8's
+    in_driver, judged[:] = len(judged) - confirmations, []
+    assert confirmations >= 1
 
     def no_score_here(self, samples, feeds, kept):
         raise AssertionError("a choice was scored in the driver, not on a worker")
@@ -218,4 +227,6 @@ def test_the_precision_search_on_dask_writes_byte_identical_quantize_artifacts(t
         assert fanned.results["quantize"].report["quantization"]["search"] == search
         assert digests(tmp_path / f"d{workers}" / "tiny" / "quantize") == \
             digests(tmp_path / "s" / "tiny" / "quantize")
+        assert len(judged) == in_driver  # int8's verdict and the final evaluation only
+        judged[:] = []
     assert started == ["local:1", "local:2"]
