@@ -150,7 +150,7 @@ def in_process_of(tree: Path, recipe: Path, chip: str, build_root: Path,
                           cache=f"Path({str(cache)!r})" if cache else "None", scheduler=scheduler)
     if scheduler:  # Dask spawns its workers, which re-import the main module: not from -c
         script = build_root.parent / "measure.py"
-        script.write_text(f"if __name__ == '__main__':\n" + "".join(
+        script.write_text("if __name__ == '__main__':\n" + "".join(
             f"    {line}\n" for line in code.strip().splitlines()))
         command = [sys.executable, str(script)]
     else:

@@ -22,8 +22,8 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from npubuild.engine.fetch import StageArtifacts
 from npubuild.distributed import dask_client, ordered_submit
+from npubuild.engine.fetch import StageArtifacts
 from npubuild.quant.fakequant import Exported, FakeQuantPipeline
 from npubuild.quant.pipeline import SplitPipeline
 from npubuild.quant.qgraph import QGraph
@@ -101,7 +101,7 @@ class SearchOnDask:
         self.position = {id(s): i for i, s in enumerate(self.samples)}
         self._sent: tuple | None = None  # (client, future of the samples, workers)
 
-    def fake_quant(self, split_dir, exported: Mapping[int, Exported]) -> "FakeQuantOnDask":
+    def fake_quant(self, split_dir, exported: Mapping[int, Exported]) -> FakeQuantOnDask:
         """What `PrecisionSearch` scores with (its ``fake_quant``)."""
         return FakeQuantOnDask(self, exported)
 
@@ -163,5 +163,5 @@ class FakeQuantOnDask:
                 [models] = client.scatter([self.exported], broadcast=True)
                 self._models = (client, models)
             head = (self.search.split, self.key, self._models[1])
-            return self.search.on_workers(client, samples, [(score_batch, head, (dict(one), list(kept)))
-                                                            for one in feeds])
+            works = [(score_batch, head, (dict(one), list(kept))) for one in feeds]
+            return self.search.on_workers(client, samples, works)

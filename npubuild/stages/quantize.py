@@ -19,6 +19,9 @@ reference. Writes into ``quantize/``:
   confirmations on the integer reference, and what would reach the thresholds when nothing
   the chip allows does (a summary in report.json, the choice in recipe.lock).
 
+With ``--scheduler`` the calibration batches, the search's scores and its confirmations on
+the integer reference run on Dask workers (`npubuild.quant.fanout`); the files are the same.
+
 Proves: the integer reference equals ONNX Runtime on the QDQ model on ≥ 99.9 % of the elements
 (a one-step difference on a float32 rounding tie counts as equal) and never differs by more
 than one step (else the stage fails).
