@@ -201,21 +201,23 @@ def measured_weight_rounding(workflow: Workflow, judge: SampleJudge, compare: li
     int16 activations pass. Returns the int8 verdict kept and what was measured."""
     wide = workflow.options.chip_int16
 
-    def ceiling(verdict_int8):
+    def int8_verdict():  # the integer reference's values are cached per quantization
+        return judge(workflow.deployed_values(compare, judge.kept))
+
+    def ceiling():
         if not wide:
-            return verdict_int8
+            return int8_verdict()
         return judge(workflow.widest_integer_values(compare, judge.kept))
 
-    nearest_ceiling = ceiling(nearest)
+    nearest_ceiling = ceiling() if wide else nearest
     workflow.use_weight_rounding("gptq")
-    gptq = judge(workflow.deployed_values(compare, judge.kept))
-    gptq_ceiling = ceiling(gptq)
+    gptq_ceiling = ceiling()
     measured = {"judged_at": "int16 everywhere" if wide else "int8",
                 "nearest": round(nearest_ceiling.margin(), 6),
                 "gptq": round(gptq_ceiling.margin(), 6)}
     if (gptq_ceiling.passed, gptq_ceiling.margin()) > (nearest_ceiling.passed,
                                                        nearest_ceiling.margin()):
-        return gptq, measured
+        return int8_verdict(), measured  # GPTQ's int8 run only where GPTQ is kept
     workflow.use_weight_rounding("nearest")
     return nearest, measured
 
