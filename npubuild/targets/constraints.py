@@ -414,6 +414,8 @@ def integer_kernel(node: NodeView, spec: OpSupport) -> str | None:
     """The quantizer has no integer kernel for it"""
     from npubuild.targets.integer import lowering_failure
 
+    if spec.vendor_kernel is not None:  # the vendor's own kernel takes what ours cannot
+        return None
     return lowering_failure(node)
 
 
