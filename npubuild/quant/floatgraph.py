@@ -16,7 +16,6 @@ import onnx
 
 from npubuild import onnx_io
 
-
 #: The reason of a layer a quantization override keeps in float.
 FLOAT_OVERRIDE = "kept in float by a quantization override"
 
