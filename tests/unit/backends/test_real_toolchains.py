@@ -152,17 +152,14 @@ def attention_model(path):
     return path
 
 
-def test_rknn_runs_a_matmul_of_two_activations_on_the_npu_in_int8(cli, tmp_path):
-    """npubuild has no integer kernel for a MatMul of two activations; rknn-toolkit2 2.5.0 runs
-    it on the NPU (its exMatMul) in INT8 from the Q/DQ around it in npubuild's QDQ model, and in
-    INT8 from its own quantizer on the float model. rk3588's op table says so (MatMul:
-    vendor_kernel: int8), so the split keeps the whole model in one NPU graph, quantize keeps
-    none of it in float, and the simulator's result matches the float model."""
-    needs("rknn")
-    model = attention_model(tmp_path / "attention.onnx")
+def build_attention(cli, tmp_path, name: str, overrides: str = "[]") -> tuple[dict, object]:
+    """`attention_model` built for rk3588 with npubuild's quantizer deployed."""
+    model = tmp_path / "attention.onnx"
+    if not model.is_file():
+        attention_model(model)
     recipe = write_recipe(tmp_path, f"""\
         version: 1
-        name: attention
+        name: {name}
         model:
           path: {model}
           inputs:
@@ -172,24 +169,47 @@ def test_rknn_runs_a_matmul_of_two_activations_on_the_npu_in_int8(cli, tmp_path)
         quantization:
           scheme: symmetric
           calibration: {{data: "ab_[0-3].npz", samples: 4}}
+          overrides: {overrides}
         compile: {{quantizer: npubuild}}
         verify: {{data: "ab_[4-5].npz", samples: 2, min_cosine: 0.99}}
-        """)
+        """, name=f"{name}.yaml")
     result = cli("run", str(recipe), "--build-dir", str(tmp_path / "build"),
                  "--cache", str(tmp_path / "cache"), cwd=tmp_path, timeout=1800)
     assert result.returncode == 0, result.stderr[-3000:]
-    root = tmp_path / "build" / "attention"
-    report = json.loads((root / "report.json").read_text())
+    root = tmp_path / "build" / name
+    return json.loads((root / "report.json").read_text()), root
+
+
+def matmul_rows(root, quantizer: str) -> list[list[str]]:
+    """The toolkit's layer-table rows (op, data type, target) of its exMatMul layers."""
+    log = (root / "compile" / "graph_ir_0" / f"graph_0.{quantizer}.log").read_text()
+    return [line.split()[3:6] for line in log.splitlines() if line.startswith("D RKNN:")
+            and line.split()[-1].startswith("exMatMul:")]  # the table's full names
+
+
+def test_rknn_runs_a_matmul_of_two_activations_on_the_npu_in_int8(cli, tmp_path):
+    """npubuild has no integer kernel for a MatMul of two activations; rknn-toolkit2 2.5.0 runs
+    it on the NPU (its exMatMul) in INT8 from the Q/DQ around it in npubuild's QDQ model, and in
+    INT8 from its own quantizer on the float model. rk3588's op table says so (MatMul:
+    vendor_kernel: int8), so the split keeps the whole model in one NPU graph, quantize keeps
+    none of it in float, and the simulator's result matches the float model. With an input kept
+    in float (an override, as the precision search may) it runs in FLOAT16, still on the NPU."""
+    needs("rknn")
+    report, root = build_attention(cli, tmp_path, "attention")
     assert [g["device"] for g in graph_infos.read(root / "split")["graphs"]] == ["npu"]
     assert report["quantization"]["graphs"]["graph_0"]["cpu_layers"] == []
     for quantizer in ("npubuild", "vendor"):
-        log = (root / "compile" / "graph_ir_0" / f"graph_0.{quantizer}.log").read_text()
-        layers = [line.split()[3:6] for line in log.splitlines() if line.startswith("D RKNN:")
-                  and line.split()[-1].startswith("exMatMul:")]  # its layer table's full names
-        assert layers == [["exMatMul", "INT8", "NPU"]], quantizer
+        assert matmul_rows(root, quantizer) == [["exMatMul", "INT8", "NPU"]], quantizer
     graph = report["compile"]["graphs"]["graph_0"]["quantizers"]
     assert graph["npubuild"]["quantization"]["fell_back"] == []
     assert graph["npubuild"]["cpu_ops"] == 0 and graph["vendor"]["cpu_ops"] == 0
+    assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.99
+
+    report, root = build_attention(cli, tmp_path, "attention-float-q",
+                                   "[{tensors: [q], precision: float}]")
+    floats = {e["layer"]: e["reason"] for e in report["quantization"]["graphs"]["graph_0"]["cpu_layers"]}
+    assert "runs it on the NPU in float16" in floats["scores"]
+    assert matmul_rows(root, "npubuild") == [["exMatMul", "FLOAT16", "NPU"]]
     assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.99
 
 
