@@ -193,8 +193,12 @@ class Quantizer:
             self._op_types.get(n) for n in layer.source_nodes)
 
     @cached_property
+    def _nodes(self) -> dict:
+        return {n.name: n for n in self.fg.model.graph.node}
+
+    @cached_property
     def _op_types(self) -> dict[str, str]:
-        return {n.name: n.op_type for n in self.fg.model.graph.node}
+        return {name: n.op_type for name, n in self._nodes.items()}
 
     def _fc_rank_refused(self, layer: FLayer) -> int | None:
         """The input rank of a fully connected layer the chip takes in int8 only at other
@@ -220,12 +224,17 @@ class Quantizer:
 
     def _vendor_kernel(self, layer: FLayer, float_tensors) -> str | None:
         """How the chip's toolchain runs ``layer`` on the NPU where npubuild has no integer
-        kernel for it (`QuantConfig.vendor_kernels`): int8, or float16 where the layer touches
-        a tensor kept in float (its int8 kernel needs integer tensors on both sides); None: not
-        such a layer (a quantization override keeps one in float as it says)."""
+        kernel for it (`QuantConfig.vendor_kernels`) and every input is an activation (beside
+        a float constant, the result's QuantizeLinear is what the toolkit stops on): int8, or
+        float16 where the layer touches a tensor kept in float (its int8 kernel needs integer
+        tensors on both sides); None: not such a layer (a quantization override keeps one in
+        float as it says)."""
         if not layer.is_float or layer.reason == FLOAT_OVERRIDE or len(layer.source_nodes) != 1:
             return None
-        kernel = dict(self.config.vendor_kernels).get(self._op_types.get(layer.source_nodes[0]))
+        node = self._nodes.get(layer.source_nodes[0])
+        if node is None or not set(filter(None, node.input)) <= set(layer.inputs):
+            return None
+        kernel = dict(self.config.vendor_kernels).get(node.op_type)
         if kernel == "int8" and not float_tensors.isdisjoint([*layer.inputs, *layer.outputs]):
             return "float16"
         return kernel

@@ -96,6 +96,7 @@ def _quantizer_reasons(op: str, spec) -> list[str]:
         return []
     texts = conditions(op)
     if texts and spec.vendor_kernel is not None:
-        return [(f"not where npubuild has no integer kernel for it ({' / '.join(texts)}): the "
-                 f"vendor's own kernel runs such a node on the NPU in {spec.vendor_kernel}")]
+        return [(f"{integer_kernel.__doc__}, unless every input is an activation ("
+                 f"{' / '.join(texts)}): the vendor's own kernel runs such a node on the NPU in "
+                 f"{spec.vendor_kernel}")]
     return [f"{integer_kernel.__doc__}: {' / '.join(texts)}"] if texts else []

@@ -58,8 +58,9 @@ class OpSupport(Strict):
     broadcast: Literal["any", "same_shape", "channel", "scalar_or_channel"] = "any"
     """How the inputs of an elementwise op may differ in shape: any broadcast, same shape, per channel, or scalar or per channel."""
     vendor_kernel: Literal["int8", "float16"] | None = Field(None, description=(
-        "Where npubuild's quantizer has no integer kernel for a node of this op (a MatMul of "
-        "two activations), the vendor's toolchain runs it on the NPU all the same, from the "
+        "Where npubuild's quantizer has no integer kernel for a node of this op whose inputs "
+        "are all activations (a MatMul of two), the vendor's toolchain runs it on the NPU all "
+        "the same, from the "
         "QDQ model it is handed: int8 (its own kernel reads the int8 inputs and writes the "
         "int8 output the Q/DQ around the node give; npubuild keeps the node as a float op "
         "between integer tensors, which computes the same up to rounding) or float16 (a float "

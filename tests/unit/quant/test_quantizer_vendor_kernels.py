@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 from onnx import helper
 
 from npubuild.quant import calibrate, quantizer
@@ -77,6 +78,17 @@ def test_a_float_override_on_the_node_is_not_a_vendor_kernel():
     qg, _ = quantizer.quantize_graph(fg, stats, config, "g")
     assert scores_layer(qg).device == "cpu"
     assert scores_layer(qg).attrs["reason"] == "kept in float by a quantization override"
+
+
+def test_beside_a_constant_it_is_no_vendor_kernel():
+    """A MatMul by a constant 3-D operand (no integer kernel of ours either): the vendor's int8
+    kernel is for activations; beside a float constant the toolkit stops on the result's
+    QuantizeLinear, so it stays a float layer."""
+    m = model([helper.make_node("MatMul", ["q", "k"], ["s"], name="scores"),
+               helper.make_node("Add", ["s", "s"], ["y"], name="twice")],
+              {"q": [1, 4, 16, 8]}, {"y": [1, 4, 16, 16]}, {"k": np.ones((1, 4, 8, 16))})
+    qg, _, _ = quantize(m, feeds_for(m), vendor_kernels=INT8)
+    assert scores_layer(qg).device == "cpu" and "vendor" not in str(scores_layer(qg).attrs)
 
 
 def test_the_precision_search_sees_the_same_placement():
