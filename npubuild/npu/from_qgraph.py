@@ -190,9 +190,13 @@ def layers_from_qgraph(qgraph: QGraph) -> QLayers:
 
 
 def _executes(layer: QLayer) -> str:
-    """cpu for float layers; dma for pure data movement; npu for integer arithmetic."""
-    if layer.kind == "float" or layer.device == "cpu":
+    """cpu for float layers (npu for one on the NPU: the chip's toolchain runs it in its own
+    int8 kernel, `OpSupport.vendor_kernel`); dma for pure data movement; npu for integer
+    arithmetic."""
+    if layer.device == "cpu":
         return "cpu"
+    if layer.kind == "float":
+        return "npu"
     if layer.kind == "concat":
         p = layer.params
         moves = all(m == 1 and n == 0 and zp == p.get("output_zp", 0) for m, n, zp in
@@ -217,6 +221,8 @@ def _breaker_spec(layer: QLayer, tensors: dict[str, TensorInfo], executes: str,
         weight = layer.arrays["weight"]
         cout = weight.shape[0]
         macs, weight_bytes = sum(prod(o) for o in outs) * (weight.size // cout), cout * record.bytes
+    elif layer.kind == "float" and executes == "npu":
+        macs = _node_macs(layer, tensors)
     attrs = (("kind", layer.kind), ("executes", executes))
     if record is not None:  # (output channels, what each reads): the MAC array's shape of it
         attrs += (("weights", (cout, weight.size // cout)),)
@@ -226,9 +232,26 @@ def _breaker_spec(layer: QLayer, tensors: dict[str, TensorInfo], executes: str,
                      attrs=attrs)
 
 
+def _node_macs(layer: QLayer, tensors: dict[str, TensorInfo]) -> int:
+    """The MACs of a float layer's ONNX node at its tensors' shapes (the split's one MAC
+    rule, `node_macs`)."""
+    import onnx
+
+    from npubuild.split.cost import model_macs
+
+    model = onnx.load_from_string(layer.arrays["model"].tobytes())
+    for value in model.graph.input:
+        value.CopyFrom(onnx.helper.make_tensor_value_info(
+            value.name, onnx.TensorProto.FLOAT, list(tensors[value.name].shape)))
+    return model_macs(model)
+
+
 def _tiled(layer: QLayer, tensors: dict[str, TensorInfo]):
-    if layer.device != "npu" or layer.kind == "float":
+    if layer.device != "npu":
         raise NotTiled("no integer kernel: runs on the CPU between groups")
+    if layer.kind == "float":
+        raise NotTiled("the chip's toolchain runs it in its own kernel: a whole-tensor step "
+                       "between groups")
     convert = CONVERTERS.get(layer.kind)
     if convert is None:
         raise NotTiled(f"{layer.kind}: changes the tensor layout, runs as a whole-tensor DMA "

@@ -16,6 +16,9 @@ import onnx
 
 from npubuild import onnx_io
 
+#: The reason of a layer a quantization override keeps in float.
+FLOAT_OVERRIDE = "kept in float by a quantization override"
+
 
 class Unsupported(Exception):
     """A node the integer kinds cannot express; the message says why (shown in reports)."""

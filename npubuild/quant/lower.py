@@ -24,7 +24,8 @@ import onnx
 
 from npubuild import onnx_io, proofs
 from npubuild.quant import affine, equalize as cross_layer, ops
-from npubuild.quant.floatgraph import FLayer, FloatGraph, Probe, Unsupported, fragment_model
+from npubuild.quant.floatgraph import (FLOAT_OVERRIDE, FLayer, FloatGraph, Probe, Unsupported,
+                                      fragment_model)
 
 FUSED_DOMAIN = "npubuild.fused"
 MIN_OPSET = 13
@@ -201,7 +202,7 @@ class _Walker:
 
     def _rule(self, node: onnx.NodeProto) -> FLayer:
         if node.name in self.float_nodes:
-            return self._float(node, "kept in float by a quantization override")
+            return self._float(node, FLOAT_OVERRIDE)
         rule = ops.RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         if rule is None:
             return self._float(node, f"no integer kernel for {node.domain + '.' if node.domain else ''}"

@@ -23,7 +23,7 @@ import numpy as np
 
 from npubuild.errors import working_on
 from npubuild.quant import calibrators, rounding, schemes
-from npubuild.quant.floatgraph import FLayer, FloatGraph
+from npubuild.quant.floatgraph import FLOAT_OVERRIDE, FLayer, FloatGraph
 from npubuild.quant.qgraph import QGraph, QLayer, QTensor
 from npubuild.quant.reference import window_counts
 from npubuild.quant.schemes import QParams
@@ -62,6 +62,9 @@ class QuantConfig:
     # the chip's `fc_integer_ranks`: input ranks of an int8 fully connected layer (None: any);
     # a fully connected layer kept in float keeps its output in float there too
     fc_integer_ranks: tuple[int, ...] | None = None
+    # the chip's `vendor_kernel`s: (op, int8 | float16) where its toolchain runs a node npubuild
+    # has no integer kernel for on the NPU all the same, from the QDQ model it is handed
+    vendor_kernels: tuple[tuple[str, str], ...] = ()
 
     @property
     def per_channel(self) -> bool:
@@ -103,6 +106,12 @@ def moved_by_float(layer: FLayer, float_tensors) -> bool:
     return layer.kind != "float" and not float_tensors.isdisjoint([*layer.inputs, *layer.outputs])
 
 
+def _reads_integers(layer: FLayer) -> bool:
+    """Whether ``layer`` runs on integer tensors: an integer kernel, or a float one the chip's
+    toolchain runs in its own int8 kernel (`QuantConfig.vendor_kernels`)."""
+    return layer.kind != "float" or layer.attrs.get("vendor_kernel") == "int8"
+
+
 @dataclass
 class Quantizer:
     fg: FloatGraph
@@ -130,7 +139,8 @@ class Quantizer:
         return ({t: self.params.get(t) for t in self._tensor_names(layers)
                  if t not in self.fg.constants},
                 {layer.name for layer in layers
-                 if layer.kind == "float" or self.kernel_refusal(layer)})
+                 if (layer.kind == "float" and layer.attrs.get("vendor_kernel") != "int8")
+                 or self.kernel_refusal(layer)})
 
     def kernel_refusal(self, layer: FLayer) -> str | None:
         """Why no integer kernel takes ``layer`` at its tensors' parameters (it then runs in
@@ -158,27 +168,37 @@ class Quantizer:
 
     def _placed_layers(self) -> list[FLayer]:
         """Every layer placed; where the chip takes a fully connected layer kept in float only
-        with a float output (`QuantConfig.fc_integer_ranks`), those outputs are kept in float
-        too, and so on through the layers that read them."""
+        with a float output (`QuantConfig.fc_integer_ranks`), or runs a layer npubuild has no
+        integer kernel for in float16 (`QuantConfig.vendor_kernels`), those outputs are kept
+        in float too, and so on through the layers that read them."""
         floats = set(self.config.float_tensors)
         while True:
             layers = [self._placed(layer, floats) for layer in self.fg.layers]
-            more = {t for layer in layers if self._float_fc(layer) for t in layer.outputs} - floats
+            more = {t for layer in layers if self._float_output(layer) for t in layer.outputs} - floats
             if not more:
                 return layers
             floats |= more
 
-    def _float_fc(self, layer: FLayer) -> bool:
-        """Whether ``layer`` is a fully connected layer (or any MatMul, Gemm) kept in float
-        on a chip whose toolchain takes one only with a float output."""
-        if self.config.fc_integer_ranks is None or not layer.is_float:
+    def _float_output(self, layer: FLayer) -> bool:
+        """Whether the chip's toolchain takes the float ``layer`` only with a float output: one
+        its own kernel runs in float16, or a fully connected layer (or any MatMul, Gemm) on a
+        chip with `fc_integer_ranks`; a layer its int8 kernel runs keeps its integer output."""
+        if not layer.is_float:
+            return False
+        if "vendor_kernel" in layer.attrs:
+            return layer.attrs["vendor_kernel"] == "float16"
+        if self.config.fc_integer_ranks is None:
             return False
         return bool(layer.attrs.get("fc")) or not FC_OPS.isdisjoint(
             self._op_types.get(n) for n in layer.source_nodes)
 
     @cached_property
+    def _nodes(self) -> dict:
+        return {n.name: n for n in self.fg.model.graph.node}
+
+    @cached_property
     def _op_types(self) -> dict[str, str]:
-        return {n.name: n.op_type for n in self.fg.model.graph.node}
+        return {name: n.op_type for name, n in self._nodes.items()}
 
     def _fc_rank_refused(self, layer: FLayer) -> int | None:
         """The input rank of a fully connected layer the chip takes in int8 only at other
@@ -202,8 +222,32 @@ class Quantizer:
 
     # ---- placement and types ----------------------------------------------------------
 
+    def _vendor_kernel(self, layer: FLayer, float_tensors) -> str | None:
+        """How the chip's toolchain runs ``layer`` on the NPU where npubuild has no integer
+        kernel for it (`QuantConfig.vendor_kernels`) and every input is an activation (beside
+        a float constant, the result's QuantizeLinear is what the toolkit stops on): int8, or
+        float16 where the layer touches a tensor kept in float (its int8 kernel needs integer
+        tensors on both sides); None: not such a layer (a quantization override keeps one in
+        float as it says)."""
+        if not layer.is_float or layer.reason == FLOAT_OVERRIDE or len(layer.source_nodes) != 1:
+            return None
+        node = self._nodes.get(layer.source_nodes[0])
+        if node is None or not set(filter(None, node.input)) <= set(layer.inputs):
+            return None
+        kernel = dict(self.config.vendor_kernels).get(node.op_type)
+        if kernel == "int8" and not float_tensors.isdisjoint([*layer.inputs, *layer.outputs]):
+            return "float16"
+        return kernel
+
     def _placed(self, layer: FLayer, float_tensors=None) -> FLayer:
         float_tensors = self.config.float_tensors if float_tensors is None else float_tensors
+        kernel = self._vendor_kernel(layer, float_tensors)
+        if kernel is not None:
+            how = ("in its own int8 kernel, from the Q/DQ around it" if kernel == "int8" else
+                   "in float16, its output kept in float")
+            return replace(layer, attrs={**layer.attrs, "vendor_kernel": kernel}, reason=(
+                f"no integer kernel in npubuild ({layer.reason}): the chip's toolchain runs it "
+                f"on the NPU {how}"))
         inputs = [t for t in layer.inputs if t not in self.fg.constants]
         rank = self._fc_rank_refused(layer)
         if rank is not None:
@@ -265,8 +309,8 @@ class Quantizer:
             if t in self.fg.constants:
                 dtypes[t] = "int8"
                 continue
-            made_on_cpu = t not in producer or producer[t].kind == "float"
-            used_on_cpu = all(c.kind == "float" for c in consumers.get(t, []))
+            made_on_cpu = t not in producer or not _reads_integers(producer[t])
+            used_on_cpu = not any(_reads_integers(c) for c in consumers.get(t, []))
             if made_on_cpu and used_on_cpu:
                 dtypes[t] = "float32"
             else:
@@ -688,7 +732,10 @@ def _float(q: Quantizer, layer: FLayer) -> QLayer:
                                                q.params[t].dtype] for t in layer.inputs]
     out_spec = [None if t not in q.params else [q.params[t].scale, q.params[t].zero_point,
                                                    q.params[t].dtype] for t in layer.outputs]
-    return QLayer(layer.name, "float", list(layer.inputs), list(layer.outputs), device="cpu",
+    # a layer the vendor's int8 kernel runs is an integer layer on the NPU; npubuild computes
+    # it as its float op between the integer tensors (the same, up to rounding)
+    device = "npu" if layer.attrs.get("vendor_kernel") == "int8" else "cpu"
+    return QLayer(layer.name, "float", list(layer.inputs), list(layer.outputs), device=device,
                   attrs={"reason": layer.reason},
                   params={"onnx_inputs": list(layer.inputs), "input_params": spec,
                           "output_params": out_spec},

@@ -81,6 +81,15 @@ def resolved(spec) -> dict[str, str]:
     return {k: v if v is not None else DEFAULTS[k] for k, v in given.items()}
 
 
+def vendor_kernels(chip) -> tuple[tuple[str, str], ...]:
+    """(op, int8 | float16) for each op whose nodes npubuild has no integer kernel for the
+    chip's toolchain runs on the NPU all the same (its op table's `vendor_kernel`)."""
+    if chip is None:
+        return ()
+    return tuple(sorted((op, spec.vendor_kernel) for op, spec in chip.ops.items()
+                        if spec.vendor_kernel is not None))
+
+
 def options(spec, chip) -> Options:
     chosen = resolved(spec)
     config = QuantConfig(scheme=chosen["scheme"], granularity=chosen["granularity"],
@@ -89,7 +98,8 @@ def options(spec, chip) -> Options:
                          weight_rounding=chosen["weight_rounding"],
                          int16_underflow=bool(spec.int16_where_underflows and chip and chip.int16),
                          fc_integer_ranks=tuple(chip.fc_integer_ranks)
-                         if chip and chip.fc_integer_ranks is not None else None)
+                         if chip and chip.fc_integer_ranks is not None else None,
+                         vendor_kernels=vendor_kernels(chip))
     overrides = tuple(OverrideSpec(tuple(o.nodes), tuple(o.tensors), o.precision)
                       for o in spec.overrides)
     return Options(config, overrides, chip_int16=bool(chip and chip.int16),

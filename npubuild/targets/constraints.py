@@ -414,6 +414,8 @@ def integer_kernel(node: NodeView, spec: OpSupport) -> str | None:
     """The quantizer has no integer kernel for it"""
     from npubuild.targets.integer import lowering_failure
 
+    if spec.vendor_kernel is not None and node.activations == list(filter(None, node.node.input)):
+        return None  # a node of activations only: the vendor's own kernel takes what ours cannot
     return lowering_failure(node)
 
 

@@ -86,12 +86,17 @@ def _op_reasons(chip: Chip, op: str) -> list[str]:
                and c.active(spec) and c.concerns(op)]
     if spec.dtypes != chip.dtypes:
         reasons.insert(0, f"Tensor type is not {either(spec.dtypes)}")
-    return reasons + _quantizer_reasons(op) + ([spec.note] if spec.note else [])
+    return reasons + _quantizer_reasons(op, spec) + ([spec.note] if spec.note else [])
 
 
-def _quantizer_reasons(op: str) -> list[str]:
-    """What the quantizer's lowering rule for ``op`` rejects (fused ops: their body nodes')."""
+def _quantizer_reasons(op: str, spec) -> list[str]:
+    """What the quantizer's lowering rule for ``op`` rejects (fused ops: their body nodes'),
+    unless the vendor's own kernel runs those nodes on the NPU (`vendor_kernel`)."""
     if not onnx.defs.has(op):
         return []
     texts = conditions(op)
+    if texts and spec.vendor_kernel is not None:
+        return [(f"{integer_kernel.__doc__}, unless every input is an activation ("
+                 f"{' / '.join(texts)}): the vendor's own kernel runs such a node on the NPU in "
+                 f"{spec.vendor_kernel}")]
     return [f"{integer_kernel.__doc__}: {' / '.join(texts)}"] if texts else []

@@ -57,6 +57,15 @@ class OpSupport(Strict):
     """AveragePool: padding left out of the average (count_include_pad 0) only as TFLite's SAME pads it."""
     broadcast: Literal["any", "same_shape", "channel", "scalar_or_channel"] = "any"
     """How the inputs of an elementwise op may differ in shape: any broadcast, same shape, per channel, or scalar or per channel."""
+    vendor_kernel: Literal["int8", "float16"] | None = Field(None, description=(
+        "Where npubuild's quantizer has no integer kernel for a node of this op whose inputs "
+        "are all activations (a MatMul of two), the vendor's toolchain runs it on the NPU all "
+        "the same, from the "
+        "QDQ model it is handed: int8 (its own kernel reads the int8 inputs and writes the "
+        "int8 output the Q/DQ around the node give; npubuild keeps the node as a float op "
+        "between integer tensors, which computes the same up to rounding) or float16 (a float "
+        "layer, its output kept in float, as `fc_integer_ranks` keeps a fully connected "
+        "layer). Unset: such a node runs on the CPU."))
     note: str | None = Field(None, description="Free text shown in SUPPORTED_OPS.md.")
 
 

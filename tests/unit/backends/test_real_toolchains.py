@@ -62,8 +62,9 @@ def test_rknn_builds_an_rknn_and_verify_runs_it_in_the_simulator(cli, tmp_path):
 
 def tokens_model(path):
     """Two convs, then: their feature map as 16 tokens of 8 channels through a Linear with its
-    bias ([1, 16, 8] @ [8, 6] + b, Relu); tokens @ tokens^T (no integer kernel: a graph of its
-    own, whose [1, 16, 16] result feeds an NPU graph with a 3-D input); and a classifier head
+    bias ([1, 16, 8] @ [8, 6] + b, Relu); tokens @ tokens^T (``gram``, forced to the CPU in the
+    test below: a graph of its own, whose [1, 16, 16] result feeds an NPU graph with a 3-D
+    input); and a classifier head
     (global pool, Gemm ``head`` on [1, 8], whose output an integer Add reads)."""
     import numpy as np
     import onnx
@@ -82,7 +83,7 @@ def tokens_model(path):
              helper.make_node("MatMul", ["tt", "wl"], ["mm"]),
              helper.make_node("Add", ["mm", "bl"], ["lin"]),
              helper.make_node("Relu", ["lin"], ["y"]),
-             helper.make_node("MatMul", ["tt", "t"], ["gram"]),
+             helper.make_node("MatMul", ["tt", "t"], ["gram"], name="gram"),
              helper.make_node("Relu", ["gram"], ["z"]),
              helper.make_node("GlobalAveragePool", ["r2"], ["pool"]),
              helper.make_node("Flatten", ["pool"], ["flat"]),
@@ -112,7 +113,8 @@ def test_rknn_builds_what_the_toolkit_cannot_take_as_int8_in_float16(cli, tmp_pa
         .replace("scheme: symmetric", "scheme: pow2_symmetric") \
         .replace("quantization:\n", "quantization:\n  overrides: [{nodes: [head], precision: float}]\n")
     report, root = build(cli, tmp_path, "rk3588",
-                         "compile: {quantizer: npubuild, compare_quantizers: false}\n", base)
+                         "compile: {quantizer: npubuild, compare_quantizers: false}\n"
+                         "split: {force_cpu: [gram]}\n", base)
     infos = graph_infos.read(root / "split")
     assert [g["device"] for g in infos["graphs"]] == ["npu", "cpu", "npu"]
     floats = [entry["reason"] for entry in report["quantization"]["graphs"]["graph_0"]["cpu_layers"]]
@@ -122,6 +124,93 @@ def test_rknn_builds_what_the_toolkit_cannot_take_as_int8_in_float16(cli, tmp_pa
     assert "FLOAT16" in layers and "ConvClip           INT8" in layers  # convs int8, the rest float16
     assert report["verify"]["passed"]
     assert min(report["accuracy"]["outputs"][t]["cosine"] for t in ("y", "z", "h")) > 0.98
+
+
+def attention_model(path):
+    """A MatMul of two activations as attention computes Q·Kᵀ: two 1x1 convs make q
+    [1, 4, 16, 8] and kᵀ [1, 4, 8, 16], ``scores`` multiplies them, a conv reads the result."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), w)
+               for w in ("wq", "wk", "wo")]
+    nodes = [helper.make_node("Conv", ["a", "wq"], ["q"], name="q"),
+             helper.make_node("Conv", ["b", "wk"], ["kt"], name="k"),
+             helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores"),
+             helper.make_node("Conv", ["s", "wo"], ["y"], name="out")]
+    graph = helper.make_graph(
+        nodes, "attention", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 4, 16, 8]),
+                             helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 4, 8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])], weights)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9),
+              path)
+    for k in range(6):
+        np.savez(path.parent / f"ab_{k}.npz", a=rng.normal(size=(1, 4, 16, 8)).astype(np.float32),
+                 b=rng.normal(size=(1, 4, 8, 16)).astype(np.float32))
+    return path
+
+
+def build_attention(cli, tmp_path, name: str, overrides: str = "[]") -> tuple[dict, object]:
+    """`attention_model` built for rk3588 with npubuild's quantizer deployed."""
+    model = tmp_path / "attention.onnx"
+    if not model.is_file():
+        attention_model(model)
+    recipe = write_recipe(tmp_path, f"""\
+        version: 1
+        name: {name}
+        model:
+          path: {model}
+          inputs:
+            - {{name: a, shape: [1, 4, 16, 8]}}
+            - {{name: b, shape: [1, 4, 8, 16]}}
+        target: rk3588
+        quantization:
+          scheme: symmetric
+          calibration: {{data: "ab_[0-3].npz", samples: 4}}
+          overrides: {overrides}
+        compile: {{quantizer: npubuild}}
+        verify: {{data: "ab_[4-5].npz", samples: 2, min_cosine: 0.99}}
+        """, name=f"{name}.yaml")
+    result = cli("run", str(recipe), "--build-dir", str(tmp_path / "build"),
+                 "--cache", str(tmp_path / "cache"), cwd=tmp_path, timeout=1800)
+    assert result.returncode == 0, result.stderr[-3000:]
+    root = tmp_path / "build" / name
+    return json.loads((root / "report.json").read_text()), root
+
+
+def matmul_rows(root, quantizer: str) -> list[list[str]]:
+    """The toolkit's layer-table rows (op, data type, target) of its exMatMul layers."""
+    log = (root / "compile" / "graph_ir_0" / f"graph_0.{quantizer}.log").read_text()
+    return [line.split()[3:6] for line in log.splitlines() if line.startswith("D RKNN:")
+            and line.split()[-1].startswith("exMatMul:")]  # the table's full names
+
+
+def test_rknn_runs_a_matmul_of_two_activations_on_the_npu_in_int8(cli, tmp_path):
+    """npubuild has no integer kernel for a MatMul of two activations; rknn-toolkit2 2.5.0 runs
+    it on the NPU (its exMatMul) in INT8 from the Q/DQ around it in npubuild's QDQ model, and in
+    INT8 from its own quantizer on the float model. rk3588's op table says so (MatMul:
+    vendor_kernel: int8), so the split keeps the whole model in one NPU graph, quantize keeps
+    none of it in float, and the simulator's result matches the float model. With an input kept
+    in float (an override, as the precision search may) it runs in FLOAT16, still on the NPU."""
+    needs("rknn")
+    report, root = build_attention(cli, tmp_path, "attention")
+    assert [g["device"] for g in graph_infos.read(root / "split")["graphs"]] == ["npu"]
+    assert report["quantization"]["graphs"]["graph_0"]["cpu_layers"] == []
+    for quantizer in ("npubuild", "vendor"):
+        assert matmul_rows(root, quantizer) == [["exMatMul", "INT8", "NPU"]], quantizer
+    graph = report["compile"]["graphs"]["graph_0"]["quantizers"]
+    assert graph["npubuild"]["quantization"]["fell_back"] == []
+    assert graph["npubuild"]["cpu_ops"] == 0 and graph["vendor"]["cpu_ops"] == 0
+    assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.99
+
+    report, root = build_attention(cli, tmp_path, "attention-float-q",
+                                   "[{tensors: [q], precision: float}]")
+    floats = {e["layer"]: e["reason"] for e in report["quantization"]["graphs"]["graph_0"]["cpu_layers"]}
+    assert "runs it on the NPU in float16" in floats["scores"]
+    assert matmul_rows(root, "npubuild") == [["exMatMul", "FLOAT16", "NPU"]]
+    assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.99
 
 
 def test_vela_compiles_the_int8_tflite_and_verify_runs_it(cli, tmp_path):

@@ -206,3 +206,21 @@ def test_a_reshape_between_groups_is_an_alias_that_moves_no_data():
     step = next(s for s in estimate(program).steps if s.layer == reshape.name)
     assert (step.gmem_read, step.gmem_write, step.cycles) == (0, 0, 0)
     simulate_and_compare(qgraph, program_file)
+
+
+def test_a_layer_the_vendors_int8_kernel_runs_counts_its_macs_on_the_npu():
+    """A MatMul of two activations the chip's toolchain runs in its own int8 kernel
+    (`vendor_kernel`): npubuild's estimate counts its node's MACs as NPU work between groups
+    (no kernel of npubuild's own tiles it), and the simulator still matches the reference."""
+    from tests.unit.quant.test_quantizer_vendor_kernels import INT8, attention_scores
+
+    m = attention_scores()
+    qgraph, _, _ = qhelpers.quantize(m, qhelpers.feeds_for(m), vendor_kernels=INT8)
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    assert layers.breakers["scores"].executes == "npu"
+    spec = next(s for s in layers.graph.layers if s.name == "scores")
+    assert spec.macs == 4 * 16 * 16 * 8
+    step = next(s for s in estimate(program).steps if s.layer == "scores")
+    assert step.executes == "npu"
+    assert step.compute_cycles == -(-spec.macs // (TINY.lanes * TINY.macs_per_cycle_per_lane))
+    simulate_and_compare(qgraph, program_file)

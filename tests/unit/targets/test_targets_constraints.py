@@ -238,3 +238,34 @@ def test_a_node_on_constants_only_stays_off_the_npu_with_the_fold_hint(tmp_path)
     assert placed["relu_const"]["device"] == "cpu"
     assert placed["relu_const"]["reasons"][0].startswith("Node computes on constants only")
     assert placed["conv"]["device"] == "npu" and placed["add"]["device"] == "npu"
+
+
+def activation_matmul() -> onnx.ModelProto:
+    """q [1, 4, 16, 8] @ kᵀ [1, 4, 8, 16], both activations (attention's scores)."""
+    return one("MatMul", [[1, 4, 16, 8], [1, 4, 8, 16]])
+
+
+def test_a_matmul_of_two_activations_runs_where_the_chip_names_a_vendor_kernel_for_it():
+    """npubuild has no integer kernel for it: the CPU runs it, with the quantizer's reason,
+    unless the chip's op table says its vendor's toolchain runs such a node on the NPU
+    (`vendor_kernel`; rk3588: rknn-toolkit2's exMatMul, int8) — read from the chip data."""
+    rk3588 = load_chip("rk3588")
+    assert rk3588.ops["MatMul"].vendor_kernel == "int8"
+    assert reasons_of(activation_matmul(), rk3588) == []
+    without = rk3588.model_copy(update={"ops": {**rk3588.ops, "MatMul": rk3588.ops["MatMul"]
+                                                .model_copy(update={"vendor_kernel": None})}})
+    for chip in (without, "npu-16m"):
+        assert reasons_of(activation_matmul(), chip) == [
+            "The quantizer has no integer kernel for it: MatMul needs a constant 2-D right operand"]
+    # beside a float constant (a 3-D one, which ours cannot take either) the toolkit stops on
+    # the quantized result: the CPU runs it there too
+    constant_3d = one("MatMul", [[1, 4, 16, 8], [1, 4, 8, 16]],
+                      {1: np.ones((1, 4, 8, 16), np.float32)})
+    assert reasons_of(constant_3d, rk3588) == [
+        "The quantizer has no integer kernel for it: MatMul needs a constant 2-D right operand"]
+
+
+def test_the_supported_ops_doc_says_which_vendor_kernel_takes_what_ours_cannot():
+    doc = supported_ops_markdown([load_chip("rk3588")])
+    row = next(line for line in doc.splitlines() if line.startswith("| MatMul |"))
+    assert "unless every input is an activation" in row and "runs such a node on the NPU in int8" in row
