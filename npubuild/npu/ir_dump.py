@@ -319,7 +319,8 @@ class _Layer:
         out = {**self._requant(), "factor": layer.attrs.get("factor"),
                "multiplier": layer.params["multiplier"], "shift": layer.params["shift"]}
         if "negative_factor" in layer.attrs:  # PRelu, LeakyRelu: x < 0 has its own factor
-            out.update(negative_factor=layer.attrs["negative_factor"],
+            out.update(function=layer.attrs.get("function"),
+                       negative_factor=layer.attrs["negative_factor"],
                        negative_multiplier=_single(layer.arrays["negative_multiplier"]),
                        negative_shift=_single(layer.arrays["negative_shift"]))
             if "axis" in layer.attrs:

@@ -94,7 +94,7 @@ def prelu(node, ctx) -> FLayer:
         slope = ctx.const(node.input[1])
         if slope is None:
             raise Unsupported("PRelu with a non-constant slope")
-    attrs = {"factor": 1.0}
+    attrs = {"function": node.op_type, "factor": 1.0}
     axis = slope_channel_axis(np.shape(slope), len(ctx.shape(node.input[0])))
     if axis is None:
         attrs["negative_factor"] = float(np.ravel(slope)[0])

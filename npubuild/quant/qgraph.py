@@ -42,7 +42,7 @@ add        (add, sub, sum of two) params: input_zps, multipliers [M_a, ±M_b], s
            finer scale, where the seed aligns to the coarser ``min`` and drops low bits)
 mul        params: input_zps, multiplier, shift, output_zp, qmin, qmax
 rescale    (Mul/Div by a scalar constant; PRelu, LeakyRelu) attrs: factor, and for PRelu and
-           LeakyRelu negative_factor (one, or a list along axis); params: input_zp,
+           LeakyRelu function, negative_factor (one, or a list along axis); params: input_zp,
            multiplier, shift, output_zp; arrays: negative_multiplier, negative_shift [1 or
            size of axis] (the factor where x - input_zp < 0)
 concat     attrs: axis; params: input_zps, multipliers [..], shifts [..], output_zp

@@ -160,6 +160,7 @@ def test_a_prelu_is_a_rescale_with_its_negative_side_per_channel(tmp_path, schem
     jsonschema.validate(doc, schemas.load("npu_ir"))
     prelu, leaky = (next(l for l in doc["layers"] if l["name"] == n) for n in (b, qgraph.layers[-1].name))
     assert prelu["operation"] == leaky["operation"] == "rescale"
+    assert (prelu["function"], leaky["function"]) == ("PRelu", "LeakyRelu")
     assert prelu["slope_axis"] == 1
     assert prelu["negative_factor"] == pytest.approx([0.25, -0.1, 0.5, 0.02])
     assert prelu["negative_multiplier"] == qgraph.layers[1].arrays["negative_multiplier"].tolist()
