@@ -226,7 +226,11 @@ def mul(w: Writer, layer: QLayer) -> None:
 
 @emitter("rescale")
 def rescale(w: Writer, layer: QLayer) -> None:
-    """x · k as a MUL by a one-element constant holding k exactly (±qmax at scale |k|/qmax)."""
+    """x · k as a MUL by a one-element constant holding k exactly (±qmax at scale |k|/qmax);
+    with a negative side (PRelu, LeakyRelu) of one slope, LEAKY_RELU."""
+    if "negative_factor" in layer.attrs:
+        _leaky_relu(w, layer)
+        return
     x = w.tensor(layer.inputs[0])
     k = float(layer.attrs["factor"])
     top = INT_RANGE[x.dtype][1]
@@ -284,10 +288,12 @@ def _clip(w: Writer, layer: QLayer) -> None:
 
 
 def _leaky_relu(w: Writer, layer: QLayer) -> None:
-    node = next(n for n in _fragment(layer).graph.node if n.op_type == "LeakyRelu")
+    """A rescale whose positive side is x itself and whose negative side is one slope."""
+    a = layer.attrs
+    if "axis" in a or a["factor"] != 1.0:
+        raise Unwritable("a PRelu with one slope per channel has no TFLite builtin here")
     options = w.s.LeakyReluOptionsT()
-    options.alpha = float(next((helper.get_attribute_value(a) for a in node.attribute
-                                if a.name == "alpha"), 0.01))
+    options.alpha = float(a["negative_factor"])
     _unary(w, layer, "LEAKY_RELU", options=options)
 
 
@@ -305,7 +311,7 @@ TABLES: dict[str, Callable[[Writer, QLayer], None]] = {
     "Sigmoid": lambda w, layer: _unary(w, layer, "LOGISTIC", fixed=True),
     "Tanh": lambda w, layer: _unary(w, layer, "TANH", fixed=True),
     "Relu": lambda w, layer: _unary(w, layer, "RELU"),
-    "HardSwish": _hard_swish, "SiLU": _silu, "Clip": _clip, "LeakyRelu": _leaky_relu,
+    "HardSwish": _hard_swish, "SiLU": _silu, "Clip": _clip,
 }
 
 
@@ -313,7 +319,7 @@ TABLES: dict[str, Callable[[Writer, QLayer], None]] = {
 def table(w: Writer, layer: QLayer) -> None:
     function = layer.attrs.get("function", "")
     emit = TABLES.get(function)
-    if emit is None or "axis" in layer.attrs:
+    if emit is None:
         raise Unwritable(f"a {function} table has no TFLite builtin here")
     emit(w, layer)
 

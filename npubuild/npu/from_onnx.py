@@ -22,7 +22,7 @@ class Unmodelled(Exception):
     """The node is not something the tiler models; the message says why."""
 
 
-LUT_OPS = ("Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu", "Elu", "Selu",
+LUT_OPS = ("Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Selu",
            "Softplus", "Exp", "Log", "Erf", "Gelu")
 LUT_BYTES = 256  # one int8 → int8 table
 
@@ -238,7 +238,8 @@ CONVERTERS: dict[str, Callable[..., LayerSpec]] = {
     "Conv": _conv, "MaxPool": _pool, "AveragePool": _pool,
     "GlobalAveragePool": _global_pool, "GlobalMaxPool": _global_pool,
     "Add": _binary, "Sub": _binary, "Mul": _binary,
-    "Relu": _unary, "Clip": _unary,
+    "Relu": _unary, "Clip": _unary, "LeakyRelu": _unary,
+    "PRelu": _binary,  # piecewise linear: a multiplier per side (per channel), no table
     **{op: _lut for op in LUT_OPS},
     "Concat": _concat, "Split": _split, "Resize": _resize, "Identity": _move,
 }

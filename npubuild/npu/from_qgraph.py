@@ -24,7 +24,9 @@ whole-tensor step on GMEM, and the tensors crossing it go through GMEM. Breakers
 
 Conv weights are stored per output channel as one record (int8 weights, then the int32 bias, the
 requantization multiplier and shift), so a C slice of a layer loads a contiguous run of records
-and the simulator reads every parameter from LMEM; a lookup table is copied to every lane.
+and the simulator reads every parameter from LMEM; a per-channel PRelu (a ``rescale`` with
+``attrs.axis``) stores its negative side's multiplier and shift the same way; a lookup table is
+copied to every lane.
 """
 
 from __future__ import annotations
@@ -318,8 +320,18 @@ multiplier, int8 shift (`conv_record` stores each in the narrowest type that hol
 def conv_record(layer: QLayer) -> WeightRecord:
     """Weights, bias, multiplier and shift of one output channel, narrowest exact types."""
     w = layer.arrays["weight"]
-    fields = [("weight", str(w.dtype), int(np.prod(w.shape[1:])), str(w.dtype))]
-    for key in ("bias", "multiplier", "shift"):
+    weight = ("weight", str(w.dtype), int(np.prod(w.shape[1:])), str(w.dtype))
+    return WeightRecord((weight, *channel_record(layer, ("bias", "multiplier", "shift")).fields))
+
+
+NEGATIVE_SIDE = ("negative_multiplier", "negative_shift")
+"""A per-channel PRelu's parameters (a ``rescale`` with ``attrs.axis``): one pair per channel."""
+
+
+def channel_record(layer: QLayer, keys) -> WeightRecord:
+    """One value of each array in ``keys`` per output channel, in the narrowest exact type."""
+    fields = []
+    for key in keys:
         values = np.asarray(layer.arrays[key])
         fields.append((key, _narrowest(values), 1, str(values.dtype)))
     return WeightRecord(tuple(fields))
@@ -367,18 +379,18 @@ def _elementwise(layer: QLayer, tensors):
             raise NotTiled(f"operand {t!r} broadcasts along N or H: computed whole between "
                            "groups")
     extra: dict[str, Any] = {"op": ELEMENTWISE[layer.kind]}
-    if layer.kind == "lut":
+    if layer.kind == "lut":  # one table, copied to every lane
         table = layer.arrays["table"]
         extra["weight_bytes"] = table.nbytes
-        if table.ndim == 1:  # one table, copied to every lane
-            return layer, extra, WeightRecord((("table", str(table.dtype), table.size,
-                                                str(table.dtype)),), True)
+        return layer, extra, WeightRecord((("table", str(table.dtype), table.size,
+                                            str(table.dtype)),), True)
+    if layer.kind == "rescale" and "axis" in layer.attrs:  # a negative side per channel
         if view_axis(layer.attrs["axis"], _rank(tensors, layer.inputs[0])) != 1:
-            raise NotTiled("one lookup table per index of an axis that is not the channel "
-                           "axis: computed whole between groups")
-        extra["attrs"] = (("table_per_channel", True),)
-        return _kernel(layer, axis=1), extra, WeightRecord(
-            (("table", str(table.dtype), table.shape[1], str(table.dtype)),))
+            raise NotTiled("one PRelu slope per index of an axis that is not the channel axis: "
+                           "computed whole between groups")
+        record = channel_record(layer, NEGATIVE_SIDE)
+        extra["weight_bytes"] = tensors[layer.outputs[0]].view[1] * record.bytes
+        return _kernel(layer, axis=1), extra, record
     if layer.kind == "mul":
         extra["scratch_elem_bytes"] = 2 * max(tensors[t].itemsize for t in layer.inputs)
     return layer, extra, None

@@ -315,8 +315,16 @@ class _Layer:
         return out
 
     def _rescale(self) -> dict:
-        out = {**self._requant(), "factor": self.layer.attrs.get("factor"),
-               "multiplier": self.layer.params["multiplier"], "shift": self.layer.params["shift"]}
+        layer = self.layer
+        out = {**self._requant(), "factor": layer.attrs.get("factor"),
+               "multiplier": layer.params["multiplier"], "shift": layer.params["shift"]}
+        if "negative_factor" in layer.attrs:  # PRelu, LeakyRelu: x < 0 has its own factor
+            out.update(function=layer.attrs.get("function"),
+                       negative_factor=layer.attrs["negative_factor"],
+                       negative_multiplier=_single(layer.arrays["negative_multiplier"]),
+                       negative_shift=_single(layer.arrays["negative_shift"]))
+            if "axis" in layer.attrs:
+                out["slope_axis"] = layer.attrs["axis"]
         out.update(_quant("input", self.t(self.layer.inputs[0])))
         out.update(_quant("output", self.t(self.layer.outputs[0])))
         return out
@@ -374,8 +382,6 @@ class _Layer:
 
     def _lut(self) -> dict:
         out = {"function": self.layer.attrs.get("function")}
-        if "axis" in self.layer.attrs:  # one table per index of this axis: table[c, x - qmin]
-            out["table_axis"] = self.layer.attrs["axis"]
         out.update(_quant("input", self.t(self.layer.inputs[0])))
         out.update(_quant("output", self.t(self.layer.outputs[0])))
         return out

@@ -10,8 +10,7 @@ LMEM model (TPU style, documented once here and in ``plan.json``'s ``layout``): 
 a buffer of shape (n, C, h, w) takes ``n · ceil(C / lanes) · h · w · act_bytes`` bytes in
 *every* lane, at the same per-lane address. Weights are distributed by output channel the same
 way (``ceil(C_out / lanes) · weight_bytes / C_out`` per lane); lookup tables (op ``lut``) are
-replicated in every lane, except one table per channel (``table_per_channel``), distributed as
-weights are. All sizes the tiler and the allocator handle are bytes per lane.
+replicated in every lane. All sizes the tiler and the allocator handle are bytes per lane.
 """
 
 from __future__ import annotations
@@ -85,7 +84,7 @@ class LayerSpec:
         """Weight bytes one lane holds when the layer computes ``c_out`` output channels."""
         if not self.weight_bytes:
             return 0
-        if self.op == "lut" and not self.attr("table_per_channel"):
+        if self.op == "lut":
             return self.weight_bytes
         c = self.c_out if c_out is None else c_out
         return ceil(ceil(c / lanes) * self.weight_bytes / self.c_out)

@@ -71,17 +71,6 @@ def clip_bounds(node, ctx) -> tuple[float | None, float | None]:
     return bounds[0], bounds[1]
 
 
-def _prelu_fn(node, ctx):
-    slope = ctx.const(node.input[1])
-    if slope is None:
-        raise Unsupported("PRelu with a non-constant slope is not a table")
-    if np.unique(slope).size != 1:  # per-channel: `prelu` makes one table per channel
-        s = float(np.max(np.abs(slope)))
-    else:
-        s = float(np.ravel(slope)[0])
-    return lambda x: np.where(x >= 0, x, s * x)
-
-
 def slope_channel_axis(slope_shape, input_rank: int) -> int | None:
     """The input axis a PRelu slope varies along (it broadcasts onto the input from the right),
     or None when it is one value; Unsupported when it varies along more than one axis."""
@@ -90,29 +79,34 @@ def slope_channel_axis(slope_shape, input_rank: int) -> int | None:
         return None
     if len(varying) > 1 or len(slope_shape) > input_rank:
         raise Unsupported(f"PRelu slope of shape {list(slope_shape)} varies along more than one "
-                          "axis: not one table per channel")
+                          "axis: not one slope per channel")
     return input_rank - len(slope_shape) + varying[0]
 
 
 def prelu(node, ctx) -> FLayer:
-    """PRelu as a lookup table; a slope that varies along one axis (per channel, as Keras and
-    MediaPipe models have it) makes one table per index of that axis (``attrs.axis``)."""
-    layer = lut(node, ctx)
-    slope = ctx.const(node.input[1])
-    rank = len(ctx.shape(node.input[0]))
-    axis = slope_channel_axis(np.shape(slope), rank)
-    if axis is not None and rank < 2:
-        raise Unsupported("PRelu with one slope per element of a 1-D input is not a table")
-    if axis is not None:
-        layer.attrs["axis"] = axis
-    return layer
+    """PRelu and LeakyRelu as a ``rescale`` with a negative side: ``x`` where ``x ≥ 0``, the
+    slope times ``x`` elsewhere; a slope that varies along one axis (per channel, as Keras and
+    MediaPipe models have it) has one negative factor per index of that axis (``attrs.axis``).
+    Piecewise linear, so no table: the same kernel takes int8 and int16 inputs."""
+    if node.op_type == "LeakyRelu":
+        slope = np.float64(attr(node, "alpha", 0.01))
+    else:
+        slope = ctx.const(node.input[1])
+        if slope is None:
+            raise Unsupported("PRelu with a non-constant slope")
+    attrs = {"function": node.op_type, "factor": 1.0}
+    axis = slope_channel_axis(np.shape(slope), len(ctx.shape(node.input[0])))
+    if axis is None:
+        attrs["negative_factor"] = float(np.ravel(slope)[0])
+    else:
+        attrs.update(negative_factor=np.asarray(slope, np.float64).reshape(-1).tolist(), axis=axis)
+    return _layer(node, "rescale", [node.input[0]], attrs=attrs)
 
 
 LUT_FUNCTIONS: dict[str, Callable] = {
     "Sigmoid": lambda n, c: _sigmoid,
     "Tanh": lambda n, c: np.tanh,
     "Relu": lambda n, c: (lambda x: np.maximum(x, 0.0)),
-    "LeakyRelu": lambda n, c: (lambda x, a=attr(n, "alpha", 0.01): np.where(x >= 0, x, a * x)),
     "HardSigmoid": lambda n, c: (lambda x, a=attr(n, "alpha", 0.2), b=attr(n, "beta", 0.5):
                                  np.clip(a * x + b, 0.0, 1.0)),
     "HardSwish": lambda n, c: (lambda x: x * np.clip(x / 6.0 + 0.5, 0.0, 1.0)),
@@ -132,7 +126,6 @@ LUT_FUNCTIONS: dict[str, Callable] = {
     "Abs": lambda n, c: np.abs,
     "Sqrt": lambda n, c: (lambda x: np.sqrt(np.maximum(x, 0.0))),
     "Clip": _clip_fn,
-    "PRelu": _prelu_fn,
 }
 
 def silu(x):
@@ -439,5 +432,5 @@ RULES: dict[str, Callable] = {
     "Transpose": transpose, "Slice": slice_, "Split": split, "Pad": pad,
     "Identity": identity, "Dropout": identity, "Cast": identity,
     **{op: lut for op in LUT_FUNCTIONS},
-    "PRelu": prelu, "Softmax": softmax,
+    "PRelu": prelu, "LeakyRelu": prelu, "Softmax": softmax,
 }

@@ -226,11 +226,35 @@ def _mul(b: _Builder, layer: QLayer, key: str):
 
 
 def _rescale(b: _Builder, layer: QLayer, key: str):
-    p = layer.params
-    y = b.node("Mul", [b.read(layer.inputs[0]),
-                       b.const(f"{key}::k", np.float32(layer.attrs["factor"]))], [f"{key}::y"])
-    b.write(layer.outputs[0], y, _tie(layer, b.qgraph, p["multiplier"], p["shift"]),
-            b.clamp(layer))
+    """``x · factor``; with a negative side (PRelu, LeakyRelu) ``Where(x ≥ 0, x · factor,
+    x · negative_factor)``, each side nudged on its own ties (pow2 graphs)."""
+    p, a = layer.params, layer.attrs
+    x = b.read(layer.inputs[0])
+    y = b.node("Mul", [x, b.const(f"{key}::k", np.float32(a["factor"]))], [f"{key}::y"])
+    nudge = _tie(layer, b.qgraph, p["multiplier"], p["shift"])
+    if "negative_factor" in a:
+        shape = None
+        if "axis" in a:  # one slope per index of the axis, broadcast from the right as PRelu's
+            rank = len(b.qgraph.tensors[layer.inputs[0]].shape)
+            shape = (len(a["negative_factor"]),) + (1,) * (rank - 1 - a["axis"])
+        slope = np.asarray(a["negative_factor"], np.float32).reshape(shape or ())
+        negative = b.node("Mul", [x, b.const(f"{key}::kn", slope)], [f"{key}::yn"])
+        negative_nudge = _tie(layer, b.qgraph, layer.arrays["negative_multiplier"],
+                              layer.arrays["negative_shift"], shape)
+        if b.ties:
+            y = _nudged(b, y, nudge, f"{key}::tp")
+            negative = _nudged(b, negative, negative_nudge, f"{key}::tn")
+        zero = b.const(f"{key}::zero", np.float32(0.0))
+        positive = b.node("GreaterOrEqual", [x, zero], [f"{key}::pos"])
+        y, nudge = b.node("Where", [positive, y, negative], [f"{key}::prelu"]), None
+    b.write(layer.outputs[0], y, nudge, b.clamp(layer))
+
+
+def _nudged(b: _Builder, value: str, nudge, name: str) -> str:
+    """``value`` plus a tie nudge (`_tie`), where there is one."""
+    if nudge is None or not np.any(np.asarray(nudge) != 0):
+        return value
+    return b.node("Add", [value, b.const(name, np.float32(nudge))], [f"{name}::nudged"])
 
 
 def _concat(b: _Builder, layer: QLayer, key: str):

@@ -41,7 +41,10 @@ add        (add, sub, sum of two) params: input_zps, multipliers [M_a, ±M_b], s
            log2scales) (seed 004's left shift; both inputs are first aligned exactly to the
            finer scale, where the seed aligns to the coarser ``min`` and drops low bits)
 mul        params: input_zps, multiplier, shift, output_zp, qmin, qmax
-rescale    (Mul/Div by a scalar constant) params: input_zp, multiplier, shift, output_zp
+rescale    (Mul/Div by a scalar constant; PRelu, LeakyRelu) attrs: factor, and for PRelu and
+           LeakyRelu function, negative_factor (one, or a list along axis); params: input_zp,
+           multiplier, shift, output_zp; arrays: negative_multiplier, negative_shift [1 or
+           size of axis] (the factor where x - input_zp < 0)
 concat     attrs: axis; params: input_zps, multipliers [..], shifts [..], output_zp
 maxpool    attrs: kernel, stride, dilation, pads (no arithmetic: pads hold qmin)
 avgpool    attrs: kernel, stride, pads, count_include_pad, global; params: input_zp,

@@ -144,14 +144,8 @@ class Quantizer:
 
     def kernel_refusal(self, layer: FLayer) -> str | None:
         """Why no integer kernel takes ``layer`` at its tensors' parameters (it then runs in
-        float on the CPU), else None: a per-channel table needs an int8 input (one int16
-        table per channel would not fit LMEM); a softmax reads int8 and its division must
-        stay in int64. The builders and the precision search's placement both ask here."""
-        if layer.kind == "lut" and "axis" in layer.attrs:
-            x = self.p(layer.inputs[0])
-            if x.dtype != "int8":
-                return (f"one {x.dtype} lookup table per channel ({x.qmax - x.qmin + 1} entries "
-                        "each) is too large for LMEM")
+        float on the CPU), else None: a softmax reads int8 and its division must stay in
+        int64. The builders and the precision search's placement both ask here."""
         if layer.kind == "softmax":
             x = self.p(layer.inputs[0])
             if x.dtype != "int8":
@@ -559,11 +553,18 @@ def _mul(q: Quantizer, layer: FLayer) -> QLayer:
 
 
 def _rescale(q: Quantizer, layer: FLayer) -> QLayer:
+    """``factor · x``; with ``negative_factor`` (PRelu, LeakyRelu) the negative side has its
+    own multiplier and shift, one per index of ``attrs.axis`` for a per-channel slope."""
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
-    m, n = schemes.fixed_point(layer.attrs["factor"] * x.scale / y.scale,
-                               bits=schemes.multiplier_bits(_zero_centred_span(x)))
-    return _qlayer(layer, attrs=dict(layer.attrs), params={"input_zp": x.zero_point,
-                                                          "multiplier": m, "shift": n})
+    bits = schemes.multiplier_bits(_zero_centred_span(x))
+    m, n = schemes.fixed_point(layer.attrs["factor"] * x.scale / y.scale, bits=bits)
+    arrays = {}
+    if "negative_factor" in layer.attrs:
+        negative = np.atleast_1d(np.asarray(layer.attrs["negative_factor"], np.float64))
+        arrays["negative_multiplier"], arrays["negative_shift"] = schemes.fixed_point_array(
+            negative * x.scale / y.scale, bits=bits)
+    return _qlayer(layer, attrs=dict(layer.attrs), arrays=arrays,
+                   params={"input_zp": x.zero_point, "multiplier": m, "shift": n})
 
 
 def _concat(q: Quantizer, layer: FLayer) -> QLayer:
@@ -607,17 +608,10 @@ def _resize(q: Quantizer, layer: FLayer) -> QLayer:
 
 
 def _lut(q: Quantizer, layer: FLayer) -> QLayer:
-    reason = q.kernel_refusal(layer)
-    if reason:
-        return _float(q, replace(layer, reason=reason + ": runs in float on the CPU"))
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
     model = q.fg.node_model(layer)
-    fn = onnx_function(model)
-    if "axis" in layer.attrs:  # one table per index of the axis: [channels, entries]
-        shape = q.fg.shapes[layer.inputs[0]]
-        fn = per_index_function(fn, layer.attrs["axis"], len(shape), shape[layer.attrs["axis"]])
     return _qlayer(layer, attrs=dict(layer.attrs),
-                   arrays={"table": schemes.build_lut(fn, x, y),
+                   arrays={"table": schemes.build_lut(onnx_function(model), x, y),
                            "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
 
 
@@ -680,22 +674,6 @@ def _softmax(q: Quantizer, layer: FLayer) -> QLayer:
                            "output_dtype": y.dtype},
                    arrays={"exp_table": table,
                            "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
-
-
-def per_index_function(fn: Callable, axis: int, rank: int, size: int) -> Callable:
-    """``fn`` of one tensor whose value depends on the index along ``axis`` (a per-channel
-    PRelu) as a function of a 1-D ``x`` that returns ``[size, len(x)]``: row ``c`` is what the
-    op computes for ``x`` at index ``c``. One evaluation, ``x`` laid along another axis."""
-    along = 1 if axis == 0 else 0
-
-    def table_fn(x: np.ndarray) -> np.ndarray:
-        shape = [1] * max(rank, 2)
-        shape[axis], shape[along] = size, x.size
-        probe = np.broadcast_to(np.asarray(x, np.float32).reshape(
-            [x.size if i == along else 1 for i in range(len(shape))]), shape)
-        out = np.asarray(fn(np.ascontiguousarray(probe)))
-        return np.moveaxis(out, (axis, along), (0, 1)).reshape(size, x.size)
-    return table_fn
 
 
 def onnx_function(model) -> Callable[[np.ndarray], np.ndarray]:

@@ -338,8 +338,18 @@ def mul(layer: QLayer, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def rescale(layer: QLayer, x: np.ndarray) -> np.ndarray:
+    """``x - zp`` requantized by ``(multiplier, shift)``, or where it is negative by the
+    negative side's (PRelu, LeakyRelu: one pair, or one per index of ``attrs.axis``)."""
     p = layer.params
-    return _requant(layer, np.asarray(x, np.int64) - p["input_zp"], p["multiplier"], p["shift"])
+    acc = np.asarray(x, np.int64) - p["input_zp"]
+    if "negative_multiplier" not in layer.arrays:
+        return _requant(layer, acc, p["multiplier"], p["shift"])
+    m, n = layer.arrays["negative_multiplier"], layer.arrays["negative_shift"]
+    if "axis" in layer.attrs:
+        m, n = (_channel(v, acc.ndim, layer.attrs["axis"]) for v in (m, n))
+    positive = acc >= 0
+    return _requant(layer, acc, np.where(positive, p["multiplier"], m),
+                    np.where(positive, p["shift"], n))
 
 
 def concat(layer: QLayer, xs: Sequence[np.ndarray]) -> np.ndarray:
@@ -353,15 +363,8 @@ def concat(layer: QLayer, xs: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def lut(layer: QLayer, x: np.ndarray) -> np.ndarray:
-    """``table[x - qmin]`` (the table covers every input integer); a table per channel
-    (``[channels, entries]``, ``attrs.axis``): ``table[c, x - qmin]`` at channel ``c``."""
-    table = layer.arrays["table"]
-    index = np.asarray(x, np.int64) - int(np.iinfo(x.dtype).min)
-    if table.ndim == 1:
-        return table[index]
-    axis = layer.attrs["axis"]
-    channel = np.arange(x.shape[axis]).reshape([-1 if i == axis else 1 for i in range(x.ndim)])
-    return table[channel, index]
+    """``table[x - qmin]`` (the table covers every input integer)."""
+    return layer.arrays["table"][np.asarray(x, np.int64) - int(np.iinfo(x.dtype).min)]
 
 
 def softmax(layer: QLayer, x: np.ndarray) -> np.ndarray:

@@ -54,7 +54,10 @@ Per-op integer definitions (computed by ``npubuild.quant.reference``):
 - add / sub: ``acc = (a - zp_a)·M_a ± (b - zp_b)·M_b`` with both factors sharing one ``n``
   (``M_i·2^-n ≈ s_i/s_y``), one rounding; pow2 aligns both inputs to the finer scale exactly.
 - mul: ``acc = (a - zp_a)·(b - zp_b)``, factor ``s_a·s_b/s_y``.
-- rescale (Mul/Div by a scalar constant c): ``acc = x - zp_x``, factor ``c·s_x/s_y``.
+- rescale (Mul/Div by a scalar constant c): ``acc = x - zp_x``, factor ``c·s_x/s_y``; PRelu and
+  LeakyRelu are a rescale of ``c = 1`` where ``acc ≥ 0`` and of their slope ``a`` (per channel
+  for a per-channel PRelu) where ``acc < 0``, factor ``a·s_x/s_y``: piecewise linear, so the
+  same kernel takes int8 and int16 inputs with no table.
 - concat: each input requantized by its own factor ``s_i/s_y`` (identity when equal).
 - avgpool: ``acc = Σ (x - zp_x)`` over the window, factor ``s_x / (count·s_y)`` with one
   multiplier per possible ``count`` of the window (in pow2 graphs rounded up, so that exact
@@ -62,7 +65,7 @@ Per-op integer definitions (computed by ``npubuild.quant.reference``):
 - resize linear: ``acc = Σ w_i·(x_i - zp_x)`` with integer weights of ``RESIZE_FRAC_BITS`` bits
   per axis, factor ``s_x / (2^(2·bits)·s_y)``.
 - lut: ``y = table[q - qmin]``, ``table[i] = clamp(rint(f((i + qmin - zp_x)·s_x)/s_y) + zp_y)``
-  in float32 as the QDQ model computes it (Sigmoid, SiLU, Tanh, HardSwish, LeakyRelu, ...).
+  in float32 as the QDQ model computes it (Sigmoid, SiLU, Tanh, HardSwish, Elu, ...).
 - maxpool, reshape, transpose, slice, split, pad, resize nearest: data movement, output
   parameters equal to the input's, no arithmetic (pads hold ``zp``; maxpool pads hold qmin).
 """

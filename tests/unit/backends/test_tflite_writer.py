@@ -189,3 +189,23 @@ def test_an_int16_tensor_is_refused_and_no_ethos_chip_offers_int16(tmp_path):
     with pytest.raises(Unwritable, match="tensor 'x' is int16: .*symmetric"):
         write_tflite(qgraph)
     assert not any(load_chip(c).int16 for c in ("ethos-u55-256", "ethos-u65-256", "ethos-u85-256"))
+
+
+@pytest.mark.parametrize("op", ["LeakyRelu", "PRelu"])
+def test_a_leaky_relu_and_a_prelu_of_one_slope_are_leaky_relu(op, tmp_path):
+    """Both are a rescale with one negative slope in npubuild's graph; TFLite's LEAKY_RELU."""
+    net = Net()
+    y = net.conv(net.input("x", X), 4, 8)
+    if op == "LeakyRelu":
+        y = net.op("LeakyRelu", [y], alpha=0.2)
+    else:
+        y = net.op("PRelu", [y, net.init("slope", np.float32([0.2]))])
+    assert cosine_through_tflite(net.model([y]), tmp_path) > 0.999
+
+
+def test_a_prelu_with_one_slope_per_channel_is_refused_naming_the_layer(tmp_path):
+    net = Net()
+    y = net.conv(net.input("x", X), 4, 8)
+    y = net.op("PRelu", [y, net.init("slope", np.linspace(0.1, 0.3, 8, dtype=np.float32).reshape(8, 1, 1))])
+    with pytest.raises(Unwritable, match="one slope per channel"):
+        written(net.model([y]), tmp_path)

@@ -130,16 +130,44 @@ def test_an_h_sliced_linear_resize_reads_its_halo_and_stays_exact():
     simulate_and_compare(qgraph, program_file)
 
 
-def test_a_per_channel_prelu_runs_on_the_npu_with_one_table_per_channel_bit_exact():
-    s = Stack((1, 40, 8, 8))  # 40 channels over npu-tiny's lanes: tables follow their channels
+@pytest.mark.parametrize("scheme", ["pow2_symmetric", "symmetric", "asymmetric"])
+@pytest.mark.parametrize("wide", [False, True], ids=["int8", "int16"])
+def test_a_per_channel_prelu_runs_on_the_npu_with_its_slopes_per_channel_bit_exact(scheme, wide):
+    """Conv → per-channel PRelu → Conv, the PRelu's input in int16 or int8: one multiplier and
+    shift per channel for the negative side, stored as records that follow their channels
+    over npu-tiny's lanes (40 channels, H- and C-sliced), no table; the integer reference
+    matches ONNX Runtime on the QDQ model and the simulator matches the reference bit for bit.
+    (An int16 input made one 65,536-entry table per channel and the layer ran on the CPU.)"""
+    s = Stack((1, 40, 8, 8))
     a = s.conv("x", 40, 3)
     slope = s._const("slope", s.rng.uniform(-0.5, 0.5, (40, 1, 1)).astype(np.float32))
     b = s.binary(a, slope, "PRelu")
-    qgraph = quantize(s.model([s.conv(b, 8, 1)]))
-    prelu = next(layer for layer in qgraph.layers if layer.kind == "lut")
-    assert prelu.arrays["table"].shape == (40, 256) and prelu.attrs["axis"] == 1
+    m = s.model([s.conv(b, 8, 1)])
+    qgraph, cc, cos = qhelpers.check_against_ort(
+        m, qhelpers.feeds_for(m), scheme=scheme, granularity="per_channel",
+        int16_tensors=[a, b] if wide else [])
+    assert cc.ok and cc.max_lsb <= 1, cc.summary()
+    assert cos > 0.999
+    prelu = next(layer for layer in qgraph.layers if layer.name == b)
+    assert prelu.kind == "rescale" and prelu.device == "npu" and prelu.attrs["axis"] == 1
+    assert qgraph.tensors[a].dtype == ("int16" if wide else "int8")
+    assert prelu.arrays["negative_multiplier"].shape == (40,)
     layers = layers_from_qgraph(qgraph)
-    assert prelu.name not in layers.breakers and not layers.weights[prelu.name].replicated
+    record = layers.weights[prelu.name]
+    assert prelu.name not in layers.breakers and not record.replicated
+    assert [f[0] for f in record.fields] == ["negative_multiplier", "negative_shift"]
+    _, _, program_file = compile_qgraph(qgraph, TINY)
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_a_prelu_along_an_axis_that_is_not_the_channels_runs_whole_between_groups():
+    s = Stack((1, 4, 6, 10))
+    a = s.conv("x", 4, 3)
+    slope = s._const("slope", s.rng.uniform(-0.5, 0.5, (10,)).astype(np.float32))
+    b = s.binary(a, slope, "PRelu")
+    qgraph = quantize(s.model([s.conv(b, 4, 1)]), scheme="symmetric")
+    layers = layers_from_qgraph(qgraph)
+    assert layers.breakers[b].executes == "npu" and "not the channel axis" in layers.breakers[b].reason
     _, _, program_file = compile_qgraph(qgraph, TINY)
     simulate_and_compare(qgraph, program_file)
 

@@ -147,3 +147,22 @@ def test_a_real_models_ir_dump_has_a_name_map_and_bounded_file_names(ppocr_cls):
         names = json.loads((dump / "names.json").read_text())
         files = {p.name for p in dump.iterdir()} - {"names.json", f"graph_{dump.name[9:]}.json"}
         assert set(names) == files and all(len(f.encode()) <= 120 for f in files)
+
+
+@pytest.mark.parametrize("scheme", ["pow2_symmetric", "asymmetric"])
+def test_a_prelu_is_a_rescale_with_its_negative_side_per_channel(tmp_path, scheme):
+    s = Stack((1, 4, 6, 6))
+    a = s.conv("x", 4, 3)
+    slope = s._const("slope", np.float32([0.25, -0.1, 0.5, 0.02]).reshape(4, 1, 1))
+    b = s.binary(a, slope, "PRelu")
+    qgraph = quantize(s.model([s.unary(b, "LeakyRelu")]), scheme)
+    doc = json.loads(dump_ir(qgraph, tmp_path, None, None).read_text())
+    jsonschema.validate(doc, schemas.load("npu_ir"))
+    prelu, leaky = (next(l for l in doc["layers"] if l["name"] == n) for n in (b, qgraph.layers[-1].name))
+    assert prelu["operation"] == leaky["operation"] == "rescale"
+    assert (prelu["function"], leaky["function"]) == ("PRelu", "LeakyRelu")
+    assert prelu["slope_axis"] == 1
+    assert prelu["negative_factor"] == pytest.approx([0.25, -0.1, 0.5, 0.02])
+    assert prelu["negative_multiplier"] == qgraph.layers[1].arrays["negative_multiplier"].tolist()
+    assert leaky["negative_factor"] == pytest.approx(0.01) and "slope_axis" not in leaky
+    assert isinstance(leaky["negative_multiplier"], int) and isinstance(leaky["negative_shift"], int)

@@ -182,13 +182,20 @@ def test_pow2_conv_fields_follow_seed_004():
     assert list(qg.layers[0].arrays["multiplier"]) == [1] * 8  # pure shifts
 
 
-def test_a_per_channel_prelu_with_an_int16_input_runs_in_float_and_says_why():
-    m = binary("PRelu", const=rng.uniform(-0.6, 0.6, (4, 1, 1)))
-    qg, cc, cos = check_against_ort(m, feeds_for(m), scheme="symmetric", int16_tensors=["x"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("slope", [(4, 1, 1), (1,)], ids=["per_channel", "one_slope"])
+def test_an_int16_prelu_runs_on_the_npu_without_a_table_and_matches_onnxruntime(scheme, slope):
+    """PRelu is piecewise linear: a multiplier and shift per side (per channel on the negative
+    side) take an int16 input where a table per channel (65,536 entries each) would not fit
+    LMEM, and the layer ran in float on the CPU (MediaPipe's face landmark: 23 of them)."""
+    m = binary("PRelu", const=rng.uniform(-0.6, 0.6, slope).astype(np.float32))
+    qg, cc, cos = check_against_ort(m, feeds_for(m), scheme=scheme, int16_tensors=["x", "y"])
     (layer,) = qg.layers
-    assert layer.kind == "float" and layer.device == "cpu"
-    assert "lookup table per channel (65536 entries each) is too large" in layer.attrs["reason"]
-    assert cc.ok and cos > 0.999
+    assert layer.kind == "rescale" and layer.device == "npu" and "table" not in layer.arrays
+    assert qg.tensors["x"].dtype == "int16"
+    assert layer.arrays["negative_multiplier"].shape == (slope[0],)
+    assert cc.elements > 0 and cc.ok and cc.max_lsb <= 1, cc.summary()
+    assert cos > 0.9999
 
 
 def test_a_long_confident_softmax_row_with_an_int16_output_matches_onnxruntime():

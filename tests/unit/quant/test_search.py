@@ -178,12 +178,9 @@ def test_a_top1_flip_that_no_cosine_shows_is_searched_for_like_any_failure():
     assert result.reached and result.chosen == {"t42": "int16"}
 
 
-def test_int16_that_pushes_a_layer_off_the_integer_kernels_is_priced_like_float(tmp_path):
-    """A per-channel PRelu is a table per channel: with an int16 input it runs in float on the
-    CPU (MediaPipe's face landmark: the search kept 88 tensors in int16 at no estimated cost,
-    23 PRelu layers left the NPU, and compile estimated 642 fps where int8 runs 38,286). The
-    estimate counts the layers the quantizer itself places in float, whatever precision put
-    them there."""
+def _conv_middle_conv_search(tmp_path, middle, inits=()):
+    """The precision search over Conv → ``middle`` (reads ``c``, writes ``p``) → Conv, as
+    `quantization.auto` builds it on a chip with int16."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -196,10 +193,9 @@ def test_int16_that_pushes_a_layer_off_the_integer_kernels_is_priced_like_float(
     rng = np.random.default_rng(0)
     shape = [1, 4, 8, 8]
     inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w1"),
-             numpy_helper.from_array(rng.uniform(0.1, 0.3, (4, 1, 1)).astype(np.float32), "slope"),
-             numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w2")]
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
-             helper.make_node("PRelu", ["c", "slope"], ["p"], name="prelu"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w2"),
+             *(numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in dict(inits).items())]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv1", pads=[1, 1, 1, 1]), middle,
              helper.make_node("Conv", ["p", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, shape)],
                               [helper.make_tensor_value_info("y", 1, shape)], inits)
@@ -215,12 +211,36 @@ def test_int16_that_pushes_a_layer_off_the_integer_kernels_is_priced_like_float(
                                                       chip_int16=True))
     workflow.calibrate([{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(3)])
     workflow.quantize()
-    search = PrecisionSearch(workflow, [], None, [], SearchSpec(), chip_int16=True,
-                             npu_macs_per_second=1e12)
+    return PrecisionSearch(workflow, [], None, [], SearchSpec(), chip_int16=True,
+                           npu_macs_per_second=1e12)
+
+
+def test_int16_that_pushes_a_layer_off_the_integer_kernels_is_priced_like_float(tmp_path):
+    """An integer softmax reads int8: with an int16 input it runs in float on the CPU, and the
+    estimate counts the layers the quantizer itself places in float, whatever precision put
+    them there (MediaPipe's face landmark, when a per-channel PRelu was a table per channel:
+    the search kept 88 tensors in int16 at no estimated cost, 23 PRelu layers left the NPU,
+    and compile estimated 642 fps where int8 runs 38,286)."""
+    from onnx import helper
+
+    search = _conv_middle_conv_search(
+        tmp_path, helper.make_node("Softmax", ["c"], ["p"], name="softmax", axis=1))
     assert search.slowdown({}) == 1.0
-    assert search.slowdown({"p": "int16"}) == 1.0            # the PRelu's output: still a table
-    assert search.slowdown({"c": "int16"}) > 1.0             # its input: the PRelu leaves the NPU
+    assert search.slowdown({"p": "int16"}) == 1.0            # the softmax's output: still integer
+    assert search.slowdown({"c": "int16"}) > 1.0             # its input: the softmax leaves the NPU
     assert search.slowdown({"c": "float"}) > search.slowdown({"c": "int16"})  # conv1 moves too
+
+
+def test_int16_around_a_per_channel_prelu_keeps_it_on_the_npu_at_no_cost(tmp_path):
+    """A per-channel PRelu has an integer kernel for int16 inputs (a multiplier and shift per
+    side), so int16 on either side of it costs nothing; float still moves layers."""
+    from onnx import helper
+
+    search = _conv_middle_conv_search(
+        tmp_path, helper.make_node("PRelu", ["c", "slope"], ["p"], name="prelu"),
+        {"slope": np.linspace(0.1, 0.3, 4).reshape(4, 1, 1)})
+    assert search.slowdown({"c": "int16"}) == search.slowdown({"p": "int16"}) == 1.0
+    assert search.slowdown({"c": "float"}) > 1.0
 
 
 class DeadChannelUnlessPercentile(Synthetic):
