@@ -243,6 +243,25 @@ def test_int16_around_a_per_channel_prelu_keeps_it_on_the_npu_at_no_cost(tmp_pat
     assert search.slowdown({"c": "float"}) > 1.0
 
 
+def test_a_layer_moved_to_the_cpu_costs_a_hand_over_whatever_its_macs(tmp_path):
+    """Each float layer the CPU runs inside an NPU graph stops the NPU and hands its tensors
+    over (compile's estimate runs each apart): face landmark's 23 PRelu layers, when a
+    per-channel PRelu was a table, were few MACs, but compile estimated 721 fps where int8
+    runs 38,286. The slowdown counts a hand-over per moved layer (here a softmax an int16
+    input pushes off); a chip that runs float layers in float16 on the NPU hands nothing
+    over."""
+    from onnx import helper
+
+    from npubuild.split.cost import SWITCH_SECONDS
+
+    search = _conv_middle_conv_search(
+        tmp_path, helper.make_node("Softmax", ["c"], ["p"], name="softmax", axis=1))
+    plain = search._seconds(search._in_float({}))
+    assert search.slowdown({"c": "int16"}) >= 1 + SWITCH_SECONDS / plain
+    search.float_on_npu = True
+    assert search.slowdown({"c": "int16"}) < 1 + SWITCH_SECONDS / plain
+
+
 class DeadChannelUnlessPercentile(Synthetic):
     """int8 with min/max loses a channel (a failure no cosine margin shows: margin 0.009);
     percentile keeps it, at a slightly lower margin (0.008), as MediaPipe's face landmark."""
