@@ -560,25 +560,22 @@ class PrecisionSearch:
         the drop and demote passes; where that misses, int8 stays (a deployment slowed past
         the budget is not what the recipe asked for) and the note says what would pass."""
         budget = self.spec.max_slowdown
-        floats: dict[str, str] = {}
-        blocks = [b["tensors"] for b in ranking]
-        while blocks:  # a block that does not fit is halved: its cheap tensors may
-            block = blocks.pop(0)
-            trial = {**floats, **{t: "float" for t in block}}
-            if self.slowdown(trial) <= budget * (1 + 1e-9):
-                floats = trial
-            elif len(block) > 1:
-                blocks[:0] = [block[:len(block) // 2], block[len(block) // 2:]]
+        floats = (self._fitting({}, [b["tensors"] for b in ranking], "float")
+                  if "float" in self.levels else {})
         chosen = floats
         within = self.score(chosen, "most useful float blocks within the slowdown budget")
         if not self.ok(within) and "int16" in self.levels:
-            chosen = {**{t: "int16" for t in self.candidates}, **floats}
-            within = self.score(chosen, "and int16 on every other candidate")
+            # int16 costs time too where it pushes a layer off the integer kernels
+            others = [t for t in self.candidates if t not in floats]
+            chosen = self._fitting(floats, [others], "int16")
+            within = self.score(chosen, "and int16 on every other candidate that fits the budget")
         if self.ok(within):
             chosen = self._drop(chosen, ranking)
             if "int16" in self.levels:
                 chosen = self._demote(chosen)
-            return self._result(plain, self.score(chosen), chosen, ranking)
+            final = self.score(chosen)
+            if self.affordable(final):
+                return self._result(plain, final, chosen, ranking)
         result = self._result(plain, plain, {}, ranking)
         floats = sum(p == "float" for p in needed.wide.values())
         accept = math.ceil(needed.slowdown * 10) / 10
@@ -589,13 +586,37 @@ class PrecisionSearch:
             "within_budget": {"passes": False, "tensors": len(within.choice),
                               "slowdown": round(within.slowdown, 3),
                               "margin": round(within.margin, 6)}}
+        wide = (f"{floats} tensor(s) {self.float_where}" if floats == len(needed.choice) else
+                f"{len(needed.choice)} tensor(s) out of int8 ({floats} {self.float_where}; "
+                f"int16 moves {self._moved_off(needed.wide)} layer(s) off the integer kernels)")
         result.note = (
-            f"verify's thresholds need {floats} tensor(s) {self.float_where}, which makes the "
+            f"verify's thresholds need {wide}, which makes the "
             f"model an estimated {needed.slowdown:.3g}x slower than in int8 "
             f"(quantization.auto.max_slowdown: {budget:g}); the best choice within that misses "
             f"({self._shortfall(within)}), so int8 stays. To accept the cost, set "
             f"quantization.auto.max_slowdown: {accept:g}")
         return result
+
+    def _moved_off(self, choice: Mapping[str, str]) -> int:
+        """How many layers ``choice``'s int16 tensors alone push into float."""
+        int16 = {t: p for t, p in choice.items() if p == "int16"}
+        return len(self._in_float(int16) - self._in_float({}))
+
+    def _fitting(self, chosen: dict[str, str], blocks: list[list[str]], precision: str
+                 ) -> dict[str, str]:
+        """``chosen`` with every block of tensors at ``precision`` that keeps the estimated
+        time within the budget, in order; a block that does not fit is halved (its cheap
+        tensors may)."""
+        budget = self.spec.max_slowdown * (1 + 1e-9)
+        blocks = [list(b) for b in blocks if b]
+        while blocks:
+            block = blocks.pop(0)
+            trial = {**chosen, **{t: precision for t in block}}
+            if self.slowdown(trial) <= budget:
+                chosen = trial
+            elif len(block) > 1:
+                blocks[:0] = [block[:len(block) // 2], block[len(block) // 2:]]
+        return chosen
 
     def _shortfall(self, scored: Scored) -> str:
         """What keeps ``scored`` from `ok`, in words: verify's first failure, else the channel
