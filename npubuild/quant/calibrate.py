@@ -16,13 +16,11 @@ class Observer:
     """Statistics of every activation tensor of one float graph, updated sample by sample."""
 
     def __init__(self, fg: FloatGraph, probe: Probe, method: str, *, every_tensor: bool = False,
-                 histograms: bool = False, weight_grams: bool = False, grams_only: bool = False):
+                 histograms: bool = False, weight_grams: bool = False):
         """``every_tensor``: observe every node output, not only the layers' tensors (so a
         lowering with other float overrides finds its statistics too); ``histograms``: keep
         every tensor's histogram whatever ``method`` needs (methods chosen per tensor later);
-        ``weight_grams``: accumulate each conv layer's input Gram matrix (GPTQ rounding);
-        ``grams_only``: observe nothing else (a second pass once int8 has missed: the first
-        pass's ranges and histograms stand, and recomputing them would be wasted)."""
+        ``weight_grams``: accumulate each conv layer's input Gram matrix (GPTQ rounding)."""
         self.fg, self.probe = fg, probe
         self.tensors = fg.activation_tensors()
         if every_tensor:
@@ -37,7 +35,7 @@ class Observer:
             if layer.kind == "conv" and layer.inputs[0] in self.stats:
                 stats = self.stats[layer.inputs[0]]
                 stats.channel_axis = -1 if layer.attrs.get("fc") else 1
-                if (weight_grams or grams_only) and rounding.wants_gram(layer):
+                if weight_grams and rounding.wants_gram(layer):
                     geometry = rounding.Geometry.of(layer)
                     stats.patch_grams.setdefault(geometry, rounding.PatchGram(geometry))
             if layer.kind == "lut" and layer.inputs[0] in self.stats:
@@ -47,22 +45,17 @@ class Observer:
                 for t in layer.outputs:
                     if t in self.stats:
                         self.stats[t].with_histogram = True
-        if grams_only:
-            self.tensors = [t for t in self.tensors if self.stats[t].patch_grams]
-            self.stats = {t: TensorStats(patch_grams=self.stats[t].patch_grams)
-                          for t in self.tensors}
         self._computed = [t for t in self.tensors if t not in fg.inputs]
         self.samples = 0
         self._method, self._every_tensor, self._histograms = method, every_tensor, histograms
-        self._weight_grams, self._grams_only = weight_grams or grams_only, grams_only
+        self._weight_grams = weight_grams
 
-    def empty_like(self, grams_only: bool | None = None) -> "Observer":
+    def empty_like(self, weight_grams: bool | None = None) -> "Observer":
         """A new observer of the same graph and tensors, with nothing observed yet (gathering
-        only the conv inputs' Gram matrices if ``grams_only``, else as this one does)."""
-        only = self._grams_only if grams_only is None else grams_only
+        the conv inputs' Gram matrices if ``weight_grams``, else as this one does)."""
+        grams = self._weight_grams if weight_grams is None else weight_grams
         return Observer(self.fg, self.probe, self._method, every_tensor=self._every_tensor,
-                        histograms=self._histograms, weight_grams=self._weight_grams,
-                        grams_only=only)
+                        histograms=self._histograms, weight_grams=grams)
 
     def merge(self, stats: Mapping[str, TensorStats], samples: int) -> None:
         """Add the statistics of ``samples`` later samples (e.g. one batch, from a worker)."""

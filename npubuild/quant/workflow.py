@@ -53,7 +53,6 @@ class Options:
     equalize: bool = False   # cross-layer equalisation of conv pairs before calibration
     histograms: bool = False  # keep every tensor's histogram (methods chosen per tensor later)
     weight_grams: bool = False  # gather conv input Gram matrices (GPTQ weight rounding)
-    grams_only: bool = False    # ... and nothing else (their own pass, once int8 has missed)
 
 
 @dataclass
@@ -132,8 +131,7 @@ class Workflow:
         fg, probe = lower(graph.model, float_nodes=float_nodes, equalize=self.options.equalize)
         observer = calibrate.Observer(fg, probe, self.options.config.method, every_tensor=True,
                                       histograms=self.options.histograms,
-                                      weight_grams=self.options.weight_grams,
-                                      grams_only=self.options.grams_only)
+                                      weight_grams=self.options.weight_grams)
         return GraphState(graph, fg, probe, observer, float_nodes)
 
     # ---- calibration and quantization ---------------------------------------------------
@@ -164,15 +162,14 @@ class Workflow:
                             ) -> None:
         """The conv inputs' Gram matrices (GPTQ rounding) from a second pass over the
         calibration samples, for a build that needs them only once int8 has missed: the
-        first pass's statistics stay as they are, and this pass observes nothing else.
-        ``mapper`` gives the batch mapper for the options that now ask for the matrices only
-        (Dask workers build their graphs and observers from them)."""
+        first pass's statistics stay as they are. ``mapper`` gives the batch mapper for the
+        options that now ask for the matrices (Dask workers build their graphs from them)."""
         if self.options.weight_grams:
             return
-        self.options = replace(self.options, weight_grams=True, grams_only=True)
+        self.options = replace(self.options, weight_grams=True)
         observed = [state.observer for state in self.states]
         for state in self.states:
-            state.observer = state.observer.empty_like(grams_only=True)
+            state.observer = state.observer.empty_like(weight_grams=True)
         try:
             self.calibrate(samples, total=total, map_batches=mapper(self))
             for state, first in zip(self.states, observed):
@@ -180,7 +177,6 @@ class Workflow:
                     if stats.patch_grams:
                         first.stats[tensor].patch_grams = stats.patch_grams
         finally:
-            self.options = replace(self.options, grams_only=False)
             for state, first in zip(self.states, observed):
                 state.observer = first
 

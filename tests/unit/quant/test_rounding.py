@@ -145,33 +145,3 @@ def test_a_layer_calibrated_on_too_few_patches_keeps_nearest_rounding():
             for _ in range(rounding.MIN_PATCHES_PER_INPUT * 18)]
     gptq, _, _ = quantize(m, many, weight_rounding="gptq")
     assert not np.array_equal(gptq.layers[0].arrays["weight"], nearest.layers[0].arrays["weight"])
-
-
-def test_the_gram_only_pass_observes_the_conv_inputs_grams_and_nothing_else():
-    """Once int8 has missed, a second calibration pass gathers the Gram matrices: it reads
-    only the tensors a conv takes in, keeps no range or histogram, and its matrices equal
-    those of a pass that observes everything."""
-    from npubuild.quant import calibrate
-    from npubuild.quant.lower import lower
-
-    rng = np.random.default_rng(6)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1, 1, 1])]
-    m = model(nodes, {"x": [1, 3, 10, 10]}, {"y": [1, 4, 10, 10]},
-              {"w1": rng.normal(0, 0.3, (4, 3, 3, 3)), "w2": rng.normal(0, 0.3, (4, 4, 3, 3))})
-    fg, probe = lower(m)
-    conv_inputs = sorted(layer.inputs[0] for layer in fg.layers if layer.kind == "conv")
-    every = calibrate.Observer(fg, probe, "minmax", every_tensor=True, histograms=True,
-                               weight_grams=True)
-    only = every.empty_like(grams_only=True)
-    for feeds in [{"x": rng.normal(0, 1, (1, 3, 10, 10)).astype(np.float32)} for _ in range(4)]:
-        every.update(feeds)
-        only.update(feeds)
-    assert sorted(only.stats) == conv_inputs and len(every.stats) > len(conv_inputs)
-    for name in conv_inputs:
-        stats = only.stats[name]
-        assert stats.hist is None and stats.channel_sum is None
-        for geometry, gram in stats.patch_grams.items():
-            np.testing.assert_array_equal(gram.grams[0],
-                                          every.stats[name].patch_grams[geometry].grams[0])
