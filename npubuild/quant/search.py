@@ -26,8 +26,9 @@ The search, after int8 everywhere fails (read top to bottom):
 5. **Demote** float choices to int16 where int16 is enough.
 6. **Budget**: a choice whose float layers make the model slower than
    ``quantization.auto.max_slowdown`` times int8's estimated time (MACs at the chip's and the
-   host's rates, `npubuild.split.cost`: the CPU is about a hundred times slower per MAC) is
-   not adopted: the most useful float blocks that fit are tried instead (then over int16
+   host's rates, `npubuild.split.cost`: the CPU is about a hundred times slower per MAC; and
+   one hand-over of `SWITCH_SECONDS` per layer the CPU runs inside an NPU graph) is not
+   adopted: the most useful float blocks that fit are tried instead (then over int16
    everywhere); where they miss, int8 stays and the result says what would pass and its cost.
 
 Candidates are every quantized activation a layer rounds or a graph takes in, NPU inputs
@@ -49,7 +50,7 @@ import numpy as np
 
 from npubuild.quant import fakequant, quantizer
 from npubuild.quant.workflow import OverrideSpec, resolve_overrides, tensor_names
-from npubuild.split.cost import CPU_MACS_PER_SECOND, macs_per_node, model_macs
+from npubuild.split.cost import CPU_MACS_PER_SECOND, SWITCH_SECONDS, macs_per_node, model_macs
 
 WIDE = ("int16", "float")
 FIRST_BLOCKS = 8
@@ -170,9 +171,11 @@ class PrecisionSearch:
         # time per MAC on each side; one rule counts both (`npubuild.split.cost.node_macs`)
         self.npu_seconds, self.cpu_seconds = 1.0 / npu_macs_per_second, 1.0 / CPU_MACS_PER_SECOND
         self.float_seconds = 1.0 / float_macs_per_second  # a float layer: CPU or NPU float16
+        self.float_on_npu = float_on_npu
         self.float_where = "in float16 on the NPU" if float_on_npu else "in float on the CPU"
         self.npu_work = sum(sum(w.values()) for w in self.work.values())
-        self.cpu_work = sum(model_macs(g.model) for g in workflow.pipeline.graphs if not g.is_npu)
+        cpu_graphs = [g for g in workflow.pipeline.graphs if not g.is_npu]
+        self.cpu_work, self.cpu_graphs = sum(model_macs(g.model) for g in cpu_graphs), len(cpu_graphs)
         self.names = {i: tensor_names(s.graph.model) for i, s in self.states.items()}
         self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # (graph, its own choice, ...)
         self.placed: dict[tuple, frozenset[str]] = {}  # the same key -> its float layers
@@ -222,14 +225,20 @@ class PrecisionSearch:
     def slowdown(self, choice: Mapping[str, str]) -> float:
         """The model's estimated time with ``choice``'s float layers over its time in int8
         (whose own float layers, the quantizer's placement, count as float in both)."""
-        plain_float = self._in_float({})
-        moved_layers = self._in_float(choice) - plain_float
-        work = lambda layers: sum(self.work[i][name] for i, name in layers)  # noqa: E731
-        on_cpu, moved = work(plain_float), work(moved_layers)
-        plain = ((self.npu_work - on_cpu) * self.npu_seconds + on_cpu * self.float_seconds
-                 + self.cpu_work * self.cpu_seconds)
-        extra = moved * (self.float_seconds - self.npu_seconds)
-        return 1.0 + extra / plain if plain > 0 else (1.0 if extra <= 0 else math.inf)
+        plain = self._seconds(self._in_float({}))
+        chosen = self._seconds(self._in_float(choice))
+        return chosen / plain if plain > 0 else (1.0 if chosen <= 0 else math.inf)
+
+    def _seconds(self, in_float: frozenset[tuple[int, str]]) -> float:
+        """The model's estimated time when ``in_float``'s layers run in float: MACs at each
+        side's rate, plus one hand-over per CPU submodel and per float layer the CPU runs
+        inside an NPU graph (the NPU stops, hands its tensors over and resumes, as compile's
+        estimate runs each such layer apart); a chip that runs float layers itself (float16
+        on the NPU) hands nothing over."""
+        on_float = sum(self.work[i][name] for i, name in in_float)
+        handovers = self.cpu_graphs + (0 if self.float_on_npu else len(in_float))
+        return ((self.npu_work - on_float) * self.npu_seconds + on_float * self.float_seconds
+                + self.cpu_work * self.cpu_seconds + handovers * SWITCH_SECONDS)
 
     def score(self, choice: Mapping[str, str], step: str = "", quick: bool = False) -> Scored:
         """verify's verdict on ``choice`` (cached); ``quick``: on the plain choice's worst
@@ -551,25 +560,22 @@ class PrecisionSearch:
         the drop and demote passes; where that misses, int8 stays (a deployment slowed past
         the budget is not what the recipe asked for) and the note says what would pass."""
         budget = self.spec.max_slowdown
-        floats: dict[str, str] = {}
-        blocks = [b["tensors"] for b in ranking]
-        while blocks:  # a block that does not fit is halved: its cheap tensors may
-            block = blocks.pop(0)
-            trial = {**floats, **{t: "float" for t in block}}
-            if self.slowdown(trial) <= budget * (1 + 1e-9):
-                floats = trial
-            elif len(block) > 1:
-                blocks[:0] = [block[:len(block) // 2], block[len(block) // 2:]]
+        floats = (self._fitting({}, [b["tensors"] for b in ranking], "float")
+                  if "float" in self.levels else {})
         chosen = floats
         within = self.score(chosen, "most useful float blocks within the slowdown budget")
         if not self.ok(within) and "int16" in self.levels:
-            chosen = {**{t: "int16" for t in self.candidates}, **floats}
-            within = self.score(chosen, "and int16 on every other candidate")
+            # int16 costs time too where it pushes a layer off the integer kernels
+            others = [t for t in self.candidates if t not in floats]
+            chosen = self._fitting(floats, [others], "int16")
+            within = self.score(chosen, "and int16 on every other candidate that fits the budget")
         if self.ok(within):
             chosen = self._drop(chosen, ranking)
             if "int16" in self.levels:
                 chosen = self._demote(chosen)
-            return self._result(plain, self.score(chosen), chosen, ranking)
+            final = self.score(chosen)
+            if self.affordable(final):
+                return self._result(plain, final, chosen, ranking)
         result = self._result(plain, plain, {}, ranking)
         floats = sum(p == "float" for p in needed.wide.values())
         accept = math.ceil(needed.slowdown * 10) / 10
@@ -580,13 +586,37 @@ class PrecisionSearch:
             "within_budget": {"passes": False, "tensors": len(within.choice),
                               "slowdown": round(within.slowdown, 3),
                               "margin": round(within.margin, 6)}}
+        wide = (f"{floats} tensor(s) {self.float_where}" if floats == len(needed.choice) else
+                f"{len(needed.choice)} tensor(s) out of int8 ({floats} {self.float_where}; "
+                f"int16 moves {self._moved_off(needed.wide)} layer(s) off the integer kernels)")
         result.note = (
-            f"verify's thresholds need {floats} tensor(s) {self.float_where}, which makes the "
+            f"verify's thresholds need {wide}, which makes the "
             f"model an estimated {needed.slowdown:.3g}x slower than in int8 "
             f"(quantization.auto.max_slowdown: {budget:g}); the best choice within that misses "
             f"({self._shortfall(within)}), so int8 stays. To accept the cost, set "
             f"quantization.auto.max_slowdown: {accept:g}")
         return result
+
+    def _moved_off(self, choice: Mapping[str, str]) -> int:
+        """How many layers ``choice``'s int16 tensors alone push into float."""
+        int16 = {t: p for t, p in choice.items() if p == "int16"}
+        return len(self._in_float(int16) - self._in_float({}))
+
+    def _fitting(self, chosen: dict[str, str], blocks: list[list[str]], precision: str
+                 ) -> dict[str, str]:
+        """``chosen`` with every block of tensors at ``precision`` that keeps the estimated
+        time within the budget, in order; a block that does not fit is halved (its cheap
+        tensors may)."""
+        budget = self.spec.max_slowdown * (1 + 1e-9)
+        blocks = [list(b) for b in blocks if b]
+        while blocks:
+            block = blocks.pop(0)
+            trial = {**chosen, **{t: precision for t in block}}
+            if self.slowdown(trial) <= budget:
+                chosen = trial
+            elif len(block) > 1:
+                blocks[:0] = [block[:len(block) // 2], block[len(block) // 2:]]
+        return chosen
 
     def _shortfall(self, scored: Scored) -> str:
         """What keeps ``scored`` from `ok`, in words: verify's first failure, else the channel

@@ -340,7 +340,8 @@ class AutoPrecisionSpec(Strict):
     max_slowdown: float = Field(
         2.0, ge=1, description="The search may make the model at most this many times slower "
         "than int8, estimated from the MACs its float layers move to the CPU (about a hundred "
-        "times slower per MAC than the NPU). A choice that needs more is not adopted: int8 "
+        "times slower per MAC than the NPU) and the hand-over each adds (the NPU stops, the CPU "
+        "runs the layer, the NPU resumes). A choice that needs more is not adopted: int8 "
         "stays, verify fails, and the report says what would pass and its slowdown (set this "
         "to that figure to accept the cost).")
 

@@ -198,6 +198,18 @@ class Chip(Strict):
         return name
 
     @model_validator(mode="after")
+    def _vendor_kernels_need_a_vendor(self) -> Chip:
+        from npubuild.backends import SIMULATED
+
+        named = sorted(op for op, spec in self.ops.items() if spec.vendor_kernel)
+        if named and self.backend == SIMULATED:
+            raise ValueError(
+                f"{', '.join(named)}: vendor_kernel names a vendor toolchain's kernel, and the "
+                f"{SIMULATED} backend runs npubuild's own kernels (which have none for such a "
+                "node); remove vendor_kernel, or give the chip a vendor backend")
+        return self
+
+    @model_validator(mode="after")
     def _mac_array_matches_peak(self) -> Chip:
         if self.mac_array is not None:
             peak = self.lanes * self.macs_per_cycle_per_lane

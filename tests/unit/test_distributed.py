@@ -204,7 +204,7 @@ def test_the_precision_search_on_dask_writes_byte_identical_quantize_artifacts(t
     monkeypatch.setattr(Workflow, "deployed_values",
                         lambda *args: judged.append(1) or deployed(*args))
 
-    searched = TINY_RECIPE.replace("quantization:\n", "quantization:\n  auto: {max_slowdown: 1000}\n")
+    searched = TINY_RECIPE.replace("quantization:\n", "quantization:\n  auto: {max_slowdown: 100000}\n")
     recipe = write_recipe(tmp_path, searched + 'verify: {data: "pkg:skimage/data/*.png", '
                                                "samples: 5, min_cosine: 0.9999}\n")
     serial = api.session_for(recipe, build_root=tmp_path / "s", cache=tmp_path / "cs")

@@ -65,6 +65,22 @@ def test_two_clean_builds_of_the_tiny_recipe_are_byte_identical(tmp_path):
     assert_identical(first, second)
 
 
+def test_gptq_weight_rounding_builds_are_byte_identical_across_seeds_and_directories(tmp_path):
+    """GPTQ rounds through Gram matrices, a Cholesky factor and its inverse (LAPACK, BLAS):
+    the quantized weights must still be the same bytes in another process, directory and
+    hash seed. Six calibration images give the conv enough patches for GPTQ to round it
+    (its weights differ from nearest rounding's: checked, so the test cannot pass vacuously)."""
+    recipe_text = TINY_RECIPE.replace("samples: 2}", "samples: 6}\n  weight_rounding: gptq")
+    recipe = write_recipe(tmp_path, recipe_text, name="gptq.yaml")
+    first = clean_build(tmp_path / "one", recipe, "3")
+    second = clean_build(tmp_path / "elsewhere" / "two", recipe, "5150")
+    assert_identical(first, second)
+    nearest = write_recipe(tmp_path, recipe_text.replace("gptq", "nearest"), name="nearest.yaml")
+    plain = clean_build(tmp_path / "three", nearest, "3", "quantize")
+    weights = "quantize/graph_0.qgraph.npz"
+    assert plain["build"][weights] != first["build"][weights]
+
+
 @pytest.mark.slow
 def test_a_clean_yolov8n_build_is_byte_identical_to_the_shared_one(tmp_path, yolov8_build):
     """The session's shared build (its own process, directory, cache and random hash seed)

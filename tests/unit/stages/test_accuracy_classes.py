@@ -64,8 +64,15 @@ def chosen(search: dict) -> set[str]:
     return {c["tensor"] for c in search.get("chosen", [])}
 
 
+# A toy model runs in well under a microsecond on the NPU, so one CPU hand-over (the search
+# prices each at `npubuild.split.cost.SWITCH_SECONDS`, 20 µs) is hundreds of times its int8
+# time: these tests are about which tensors fix each class, so they accept that cost; the
+# budget has its own test below.
+TOY_BUDGET = "  auto: {max_slowdown: 100000}\n"
+
+
 def searched(root, name: str, model: onnx.ModelProto, make, inputs: str,
-             quantization: str = "") -> set[str]:
+             quantization: str = TOY_BUDGET) -> set[str]:
     """``build``, checking int8 alone misses verify's bar and the search reaches it: the
     tensors the search kept out of int8."""
     report, search = build(root, name, model, make, inputs, quantization)
@@ -133,11 +140,10 @@ def unlike_branches() -> onnx.ModelProto:
 
 def test_a_concat_of_branches_of_very_different_ranges(root):
     """The fix is the concat and the layers around it in float (the head reads 100 and 0.01
-    at once): about 19x int8's time on a model this small, accepted here; the next test shows
-    the default budget refusing it."""
+    at once): many times int8's time on a model this small, accepted here; the next test
+    shows the default budget refusing it."""
     make = lambda rng: {"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)}  # noqa: E731
-    found = searched(root, "concat", unlike_branches(), make, "{name: x, shape: [1, 4, 8, 8]}",
-                     quantization="  auto: {max_slowdown: 100}\n")
+    found = searched(root, "concat", unlike_branches(), make, "{name: x, shape: [1, 4, 8, 8]}")
     assert "cat_out" in found, found
 
 

@@ -269,3 +269,17 @@ def test_the_supported_ops_doc_says_which_vendor_kernel_takes_what_ours_cannot()
     doc = supported_ops_markdown([load_chip("rk3588")])
     row = next(line for line in doc.splitlines() if line.startswith("| MatMul |"))
     assert "unless every input is an activation" in row and "runs such a node on the NPU in int8" in row
+
+
+def test_a_simulated_chip_cannot_claim_a_vendor_kernel(tmp_path):
+    """npubuild's simulator has no kernel for what `vendor_kernel` places on the NPU (a MatMul
+    of two activations): on a simulated chip the field is refused, not silently run in float."""
+    from npubuild.targets import load_chip as load
+
+    text = (REPO / "npubuild/targets/npu-tiny.yaml").read_text()
+    assert "  MatMul: {ranks: [2, 3]}" in text
+    path = tmp_path / "chip.yaml"
+    path.write_text(text.replace("  MatMul: {ranks: [2, 3]}",
+                                 "  MatMul: {ranks: [2, 3], vendor_kernel: int8}"))
+    with pytest.raises(UserError, match="MatMul: vendor_kernel names a vendor toolchain"):
+        load(str(path))
