@@ -3,12 +3,12 @@
 ONNX sources are loaded directly; TensorFlow (frozen graph, SavedModel, Keras) and TFLite
 sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when needed).
 Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
-arithmetic the fixed shapes make constant is folded; `npubuild.frontends.onnx`) and the checker
-runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
+arithmetic the fixed shapes make constant is folded; each 1-D Conv becomes the 2-D Conv of a
+height-1 image; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
-constants or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
+constants, widened a 1-D Conv or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
 ``model.tolerance`` (1e-4) of the scale of the values involved or 4 times the float rounding the
 model shows in ONNX Runtime itself (`proofs.rounding_floor`), whichever is larger; a quantized
 TFLite model op by op, each integer tensor within one
@@ -78,6 +78,7 @@ def _import(ctx: StageContext) -> dict:
         model = convert_opset(loaded, model, loaded.recipe.model.opset)
     with shapes_at_inputs(loaded):
         model = onnx_frontend.resolve_shapes(model, declared=source or model)
+    model = onnx_frontend.conv1d_as_2d(model)
     check(model, converted=fmt in TF_FORMATS)
     feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
     proof, outputs = prove(loaded, fmt, source, model, feeds, frozen)
