@@ -78,12 +78,14 @@ def _import(ctx: StageContext) -> dict:
         model = convert_opset(loaded, model, loaded.recipe.model.opset)
     with shapes_at_inputs(loaded):
         model = onnx_frontend.resolve_shapes(model, declared=source or model)
-    model = onnx_frontend.conv1d_as_2d(model)
     check(model, converted=fmt in TF_FORMATS)
     feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
     proof, outputs = prove(loaded, fmt, source, model, feeds, frozen)
     if dequantize.is_quantized(model):
         model, proof["dequantized"] = to_float(model, feeds, outputs)
+    model, widened = widen_conv1d(model, feeds)
+    if widened:
+        proof["conv1d_as_2d"] = widened
     onnx_io.save_model(model, ctx.out / "model.onnx")
     proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
@@ -406,6 +408,24 @@ def to_float(model: onnx.ModelProto, feeds: dict, quantized: dict[str, np.ndarra
     summary["outputs_vs_quantized"] = {name: {"cosine": s.cosine, "max_rel": s.max_rel}
                                        for name, s in sims.items()}
     return floated, summary
+
+
+def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each 1-D Conv as a 2-D one (`onnx_frontend.conv1d_as_2d`; after dequantization, where a
+    quantized source's weights became constants), proven against the model before it on the
+    proof inputs within the folding tolerance; the proof's figures, or {} when there is none."""
+    wide = onnx_frontend.conv1d_as_2d(model)
+    if wide is model:
+        return model, {}
+    names = [o.name for o in model.graph.output]
+    expected = proofs.run(model, feeds, names)
+    got, scales = proofs.run_with_scales(wide, feeds, names)
+    sims, bad = proofs.compare(expected, got, tolerance=FOLDED_TOLERANCE, scales=scales)
+    if bad:
+        raise BuildError(f"a 1-D Conv widened to 2-D changes the model: {bad[0]}", stage="import",
+                         hint="report this with the model")
+    return wide, {"convs": len([n for n in wide.graph.node if n.name.endswith("/squeeze_to_1d")]),
+                  "max_rel": max((c.max_rel for c in sims.values()), default=0.0)}
 
 
 def up_to(model: onnx.ModelProto) -> onnx.ModelProto:
