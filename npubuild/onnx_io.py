@@ -418,3 +418,36 @@ def missing_functions(model: onnx.ModelProto) -> list[str]:
     missing = {f"{n.domain}:{n.op_type}" for n in nodes
                if n.domain not in RUNTIME_DOMAINS and (n.domain, n.op_type) not in carried}
     return sorted(missing)
+
+
+# ---- control flow: what If/Loop/Scan bodies read ---------------------------------------------
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The bodies of an If, Loop or Scan node (none for other ops)."""
+    out = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            out.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            out.extend(attr.graphs)
+    return out
+
+
+def outer_refs(graph: onnx.GraphProto) -> set[str]:
+    """Names a (sub)graph reads but does not define: its outer-scope captures."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        defined.update(node.output)
+        used.update(i for i in node.input if i)
+        for sub in subgraphs(node):
+            used |= outer_refs(sub)
+    return used - defined
+
+
+def node_uses(node: onnx.NodeProto) -> list[str]:
+    """The tensors a node reads: its inputs, then what its bodies read from outside."""
+    names = [i for i in node.input if i]
+    for sub in subgraphs(node):
+        names += sorted(outer_refs(sub))
+    return list(dict.fromkeys(names))

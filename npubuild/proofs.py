@@ -313,10 +313,11 @@ def _excess(sim: Similarity, ref, scale: float, error: float, tolerance: float) 
 
 def input_scales(model: onnx.ModelProto, values: Mapping[str, np.ndarray],
                  tensors: Iterable[str]) -> dict[str, float]:
-    """Per tensor: the largest magnitude among the computed values its producing node reads
-    (``values`` must hold them: run the model with `producer_inputs` as extra outputs)."""
+    """Per tensor: the largest magnitude among the computed values its producing node reads,
+    an If's or a Loop's branches included (``values`` must hold them: run the model with
+    `producer_inputs` as extra outputs)."""
     producers = {o: n for n in model.graph.node for o in n.output}
-    return {name: max((_magnitude(values[i]) for i in producers[name].input if i in values),
+    return {name: max((_magnitude(values[i]) for i in onnx_io.node_uses(producers[name]) if i in values),
                       default=0.0)
             for name in tensors if name in producers}
 
@@ -383,8 +384,8 @@ def producer_inputs(model: onnx.ModelProto, tensors: Sequence[str]) -> list[str]
     """The non-constant tensors the producers of ``tensors`` read (to run them as outputs)."""
     producers = {o: n for n in model.graph.node for o in n.output}
     inits = {t.name for t in model.graph.initializer}
-    return list(dict.fromkeys(i for t in tensors if t in producers for i in producers[t].input
-                              if i and i not in inits))
+    return list(dict.fromkeys(i for t in tensors if t in producers
+                              for i in onnx_io.node_uses(producers[t]) if i not in inits))
 
 
 # ---- op by op (a source whose every intermediate tensor is known) ------------------------------

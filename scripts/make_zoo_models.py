@@ -30,6 +30,10 @@ the zoo recipes whose models come from wheels.
   two single chunks of each (rows 8 and 20) as the silero-vad wheel's ONNX model takes one
   (``input`` [1, 576], zero ``state`` [2, 1, 128], ``sr`` 16000). Speech is spoken by Debian's
   espeak-ng (deterministic); without it these two sets are not written (a warning says so).
+* ``wakeword_mels_<i>.npy`` [1, 76, 32, 1] and ``wakeword_embeddings_<i>.npy`` [1, 16, 96]: 2 s
+  clips (a wake word, other speech, music, noise) through openWakeWord's own TFLite front end as
+  pyopen-wakeword feeds its embedding model and its hey_jarvis classifier (needs TensorFlow and
+  the pyopen-wakeword wheel; without them a warning, and these are not written).
 """
 
 from __future__ import annotations
@@ -401,6 +405,65 @@ def pitch_samples() -> list[np.ndarray]:
     return clips
 
 
+# openWakeWord as pyopen-wakeword 1.1.0 runs it: 1,760 int16-valued samples -> 8 mel frames
+# (melspectrogram.tflite), frames / 10 + 2, 76 frames -> one 96-value embedding
+# (embedding_model.tflite, every 8 frames), 16 embeddings -> a wake word's probability.
+WAKE_WORDS = [("en-us", 150, 50, "hey jarvis, turn on the lights"), ("en-gb", 140, 60, "hey jarvis"),
+              ("en-us+f3", 160, 70, "hey jarvis, what time is it"), ("de", 150, 50, "guten morgen jarvis")]
+WAKE_SECONDS, WAKE_MEL_SAMPLES, WAKE_HOP, WAKE_FRAMES, WAKE_EMBEDDINGS = 2, 1760, 1280, 76, 16
+
+
+def wakeword_samples() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """2 s clips at 16 kHz (a wake word in four voices, other speech, music, noise) through the
+    wheel's own front end in TensorFlow Lite: per clip the last 76 mel frames as the embedding
+    model takes them [1, 76, 32, 1], and the last 16 embeddings as hey_jarvis takes them
+    [1, 16, 96]. Raises ImportError without TensorFlow or pyopen-wakeword."""
+    import importlib.util
+
+    import tensorflow as tf
+
+    spec = importlib.util.find_spec("pyopen_wakeword")
+    if spec is None:
+        raise ImportError("pyopen-wakeword is not installed (requirements/models.txt)")
+    models = Path(spec.origin).parent / "models"
+
+    def interpreter(name: str, shape=None):
+        it = tf.lite.Interpreter(str(models / name), num_threads=1)
+        if shape is not None:
+            it.resize_tensor_input(it.get_input_details()[0]["index"], shape)
+        it.allocate_tensors()
+
+        def run(x):
+            it.set_tensor(it.get_input_details()[0]["index"], x.astype(np.float32))
+            it.invoke()
+            return it.get_tensor(it.get_output_details()[0]["index"])
+        return run
+
+    mel = interpreter("melspectrogram.tflite", [1, WAKE_MEL_SAMPLES])
+    embed = interpreter("embedding_model.tflite")
+    rng = np.random.default_rng(7)
+    length, frames, embeddings = WAKE_SECONDS * VAD_RATE, [], []
+    for i in range(SAMPLES):
+        audio = rng.normal(0, 0.003, length)
+        if i % 6 == 4:
+            audio += 0.5 * music(200 + i, length, VAD_RATE)
+        elif i % 6 == 5:
+            audio += rng.normal(0, 0.05, length)
+        else:
+            words = WAKE_WORDS[i // 6 * 2 + i % 2] if i % 6 < 2 else UTTERANCES[i % len(UTTERANCES)]
+            speech = espeak(*words, VAD_RATE)[:length - VAD_RATE // 5]
+            audio[VAD_RATE // 5:VAD_RATE // 5 + len(speech)] += 0.6 * speech / np.max(np.abs(speech))
+        pcm = np.clip(audio * 32767, -32768, 32767).astype(np.int16).astype(np.float32)
+        mels = np.concatenate([mel(pcm[None, s:s + WAKE_MEL_SAMPLES])[0, 0]
+                               for s in range(0, length - WAKE_MEL_SAMPLES + 1, WAKE_HOP)]) / 10 + 2
+        frames.append(mels[None, -WAKE_FRAMES:, :, None].astype(np.float32))
+        embs = np.stack([embed(mels[None, s:s + WAKE_FRAMES, :, None])[0, 0, 0]
+                         for s in range(0, len(mels) - WAKE_FRAMES + 1, 8)])
+        embs = np.pad(embs, ((max(0, WAKE_EMBEDDINGS - len(embs)), 0), (0, 0)))[-WAKE_EMBEDDINGS:]
+        embeddings.append(embs[None].astype(np.float32))
+    return frames, embeddings
+
+
 # ---- faces and documents (scikit-image's photos and scans) -----------------------------------
 
 ASTRONAUT_FACE = (160, 50, 290, 180)  # left, top, right, bottom in astronaut.png
@@ -572,6 +635,14 @@ def main(argv: list[str]) -> Path:
         _write_npz(out / f"vad_{i:02d}.npz", sample)
         for j, chunk in enumerate(vad_single_chunks(sample)):
             _write_npz(out / f"vad_chunk_{i:02d}_{j}.npz", chunk)
+    try:
+        frames, embeddings = wakeword_samples()
+    except ImportError as exc:  # the wake-word recipes then say their data is missing
+        print(f"warning: {exc}; wakeword_*.npy are not written", file=sys.stderr)
+        return out
+    for i, (mels, embs) in enumerate(zip(frames, embeddings)):
+        _write_npy(out / f"wakeword_mels_{i:02d}.npy", mels)
+        _write_npy(out / f"wakeword_embeddings_{i:02d}.npy", embs)
     return out
 
 

@@ -312,3 +312,54 @@ def _keep_declared(model: onnx.ModelProto, declared: onnx.ModelProto) -> None:
         theirs = source[out.name].type.tensor_type
         if theirs.HasField("shape"):
             ttype.shape.CopyFrom(theirs.shape)
+
+
+def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each 1-D Conv (a rank-3 constant weight: an STFT, a TCN, Silero's encoder) as the 2-D
+    Conv of a height-1 image between an Unsqueeze and a Squeeze on axis 2, which every later
+    stage expresses (the quantizer, the compiler and the simulator know 2-D convolutions; the
+    reshapes are layout no-ops on the NPU). The output keeps its name; the same arithmetic, so
+    the import proof holds it to the folding tolerance. Unchanged when there is none."""
+    inits = {t.name: t for t in model.graph.initializer}
+    if not any(n.op_type == "Conv" and n.domain in ("", "ai.onnx") and len(n.input) > 1
+               and n.input[1] in inits and len(inits[n.input[1]].dims) == 3
+               for n in model.graph.node):
+        return model
+    model = onnx_io.clone(model)
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    axes_name = "npubuild/conv1d_axis_2"
+    nodes: list[onnx.NodeProto] = []
+    converted: set[str] = set()
+    for node in graph.node:
+        weight = inits.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        if (weight is None or len(weight.dims) != 3 or node.domain not in ("", "ai.onnx")):
+            nodes.append(node)
+            continue
+        if weight.name not in converted:  # a weight two Convs share is widened once
+            weight.CopyFrom(onnx.numpy_helper.from_array(
+                onnx.numpy_helper.to_array(weight)[:, :, None, :], weight.name))
+            converted.add(weight.name)
+        out = node.output[0]
+        wide_in, wide_out = f"{out}/as_2d_input", f"{out}/as_2d"
+        axes = ([axes_name] if opset >= 13 else [])
+        kw = {} if opset >= 13 else {"axes": [2]}
+        nodes.append(onnx.helper.make_node("Unsqueeze", [node.input[0], *axes], [wide_in],
+                                           name=f"{node.name or out}/unsqueeze_to_2d", **kw))
+        conv = onnx.NodeProto()
+        conv.CopyFrom(node)
+        conv.input[0], conv.output[0] = wide_in, wide_out
+        for a in conv.attribute:
+            if a.name in ("kernel_shape", "strides", "dilations"):
+                a.ints[:] = [1, *a.ints]
+            elif a.name == "pads":
+                a.ints[:] = [0, a.ints[0], 0, a.ints[1]]
+        nodes.append(conv)
+        nodes.append(onnx.helper.make_node("Squeeze", [wide_out, *axes], [out],
+                                           name=f"{node.name or out}/squeeze_to_1d", **kw))
+    if opset >= 13:
+        graph.initializer.append(onnx.numpy_helper.from_array(np.array([2], np.int64), axes_name))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return _infer(model)

@@ -411,6 +411,15 @@ class _TFLite:
                             location=Location(str(self.path)),
                             hint=f"cut the model before them: model.outputs: [{outputs}] (and "
                                  "run the rest on the host), or replace them in the source model")
+        state = tflite_graph.state_ops(model)
+        if state:
+            ops = ", ".join(f"{count} {op}" for op, count in state.items())
+            raise UserError(f"this TFLite model keeps state between calls in resource variables "
+                            f"({ops}): a streaming model, which tf2onnx cannot convert",
+                            location=Location(str(self.path)),
+                            hint="convert the model it was exported from without streaming "
+                                 "state (e.g. the non-streaming Keras or SavedModel), or export "
+                                 "it with the state as inputs and outputs")
         return model
 
 

@@ -174,6 +174,22 @@ def unsupported_custom_ops(model) -> Unsupported | None:
                        names)
 
 
+# Ops of a model that keeps state between invocations in resource variables (a streaming model:
+# microWakeWord's ring buffers); tf2onnx converts none of them.
+STATE_OPS = ("VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE", "CALL_ONCE")
+
+
+def state_ops(model) -> dict[str, int]:
+    """How many of each `STATE_OPS` op the model's subgraphs hold (empty: a stateless model)."""
+    found: dict[str, int] = {}
+    for graph in model.subgraphs:
+        for op in graph.operators:
+            name = op_type(model, op)
+            if name in STATE_OPS:
+                found[name] = found.get(name, 0) + 1
+    return found
+
+
 def with_readable_options(model) -> None:
     """Rewrite (in place) the options of every custom op npubuild lowers as a flexbuffer map of
     its struct's fields. Raises ValueError naming the op when its options do not parse."""

@@ -422,6 +422,28 @@ def lut(node, ctx) -> FLayer:
     return _layer(node, "lut", [node.input[0]], fn=fn, attrs={"function": node.op_type})
 
 
+def extremum(node, ctx) -> FLayer:
+    """Max or Min of one tensor and constants of a single value (TensorFlow's
+    ``tf.maximum(x, -0.4)`` after a LeakyReLU, a threshold): a function of that tensor alone,
+    so a lookup table, built like every table from the node itself (the constant in any
+    operand position). Of two tensors there is no integer kernel."""
+    operands = [i for i in node.input if i]
+    tensors = [i for i in operands if ctx.const(i) is None]
+    if len(tensors) != 1:
+        raise Unsupported(f"{len(tensors)} tensor operands (a table takes one tensor and "
+                          "constants)")
+    values = np.concatenate([np.ravel(ctx.const(i)) for i in operands if i not in tensors] or
+                            [np.zeros(0)])
+    if values.size and not np.all(values == values[0]):
+        raise Unsupported("a constant operand of more than one value")
+    if ctx.shape(tensors[0]) != ctx.shape(node.output[0]):
+        raise Unsupported("a constant operand that broadcasts the tensor to another shape")
+    pick = np.maximum if node.op_type == "Max" else np.minimum
+    fn = (lambda x: np.asarray(x, np.float64)) if not values.size else (
+        lambda x, c=float(values[0]): pick(x, c))
+    return _layer(node, "lut", tensors, fn=fn, attrs={"function": node.op_type})
+
+
 RULES: dict[str, Callable] = {
     "Conv": conv, "Gemm": gemm, "MatMul": matmul, "BatchNormalization": batchnorm,
     "Add": add_sub, "Sub": add_sub, "Sum": add_sub, "Mul": mul, "Div": div, "Neg": neg,
@@ -432,5 +454,5 @@ RULES: dict[str, Callable] = {
     "Transpose": transpose, "Slice": slice_, "Split": split, "Pad": pad,
     "Identity": identity, "Dropout": identity, "Cast": identity,
     **{op: lut for op in LUT_FUNCTIONS},
-    "PRelu": prelu, "LeakyRelu": prelu, "Softmax": softmax,
+    "PRelu": prelu, "LeakyRelu": prelu, "Softmax": softmax, "Max": extremum, "Min": extremum,
 }

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import onnx
 
 from npubuild.errors import BuildError
+from npubuild.onnx_io import node_uses, outer_refs, subgraphs  # noqa: F401 - used here and by split's modules
 
 
 @dataclass
@@ -34,35 +35,6 @@ class OpGraph:
     def label(self, index: int) -> str:
         node = self.nodes[index]
         return node.name or f"{node.op_type}#{index}"
-
-
-def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    out = []
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            out.append(attr.g)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            out.extend(attr.graphs)
-    return out
-
-
-def outer_refs(graph: onnx.GraphProto) -> set[str]:
-    """Names a (sub)graph reads but does not define: its outer-scope captures."""
-    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        defined.update(node.output)
-        used.update(i for i in node.input if i)
-        for sub in subgraphs(node):
-            used |= outer_refs(sub)
-    return used - defined
-
-
-def node_uses(node: onnx.NodeProto) -> list[str]:
-    names = [i for i in node.input if i]
-    for sub in subgraphs(node):
-        names += sorted(outer_refs(sub))
-    return list(dict.fromkeys(names))
 
 
 def is_free_constant(node: onnx.NodeProto, graph_outputs: set[str]) -> bool:

@@ -3,12 +3,12 @@
 ONNX sources are loaded directly; TensorFlow (frozen graph, SavedModel, Keras) and TFLite
 sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when needed).
 Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
-arithmetic the fixed shapes make constant is folded; `npubuild.frontends.onnx`) and the checker
-runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
+arithmetic the fixed shapes make constant is folded; each 1-D Conv becomes the 2-D Conv of a
+height-1 image; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
-constants or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
+constants, widened a 1-D Conv or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
 ``model.tolerance`` (1e-4) of the scale of the values involved or 4 times the float rounding the
 model shows in ONNX Runtime itself (`proofs.rounding_floor`), whichever is larger; a quantized
 TFLite model op by op, each integer tensor within one
@@ -83,6 +83,9 @@ def _import(ctx: StageContext) -> dict:
     proof, outputs = prove(loaded, fmt, source, model, feeds, frozen)
     if dequantize.is_quantized(model):
         model, proof["dequantized"] = to_float(model, feeds, outputs)
+    model, widened = widen_conv1d(model, feeds)
+    if widened:
+        proof["conv1d_as_2d"] = widened
     onnx_io.save_model(model, ctx.out / "model.onnx")
     proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
@@ -405,6 +408,24 @@ def to_float(model: onnx.ModelProto, feeds: dict, quantized: dict[str, np.ndarra
     summary["outputs_vs_quantized"] = {name: {"cosine": s.cosine, "max_rel": s.max_rel}
                                        for name, s in sims.items()}
     return floated, summary
+
+
+def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each 1-D Conv as a 2-D one (`onnx_frontend.conv1d_as_2d`; after dequantization, where a
+    quantized source's weights became constants), proven against the model before it on the
+    proof inputs within the folding tolerance; the proof's figures, or {} when there is none."""
+    wide = onnx_frontend.conv1d_as_2d(model)
+    if wide is model:
+        return model, {}
+    names = [o.name for o in model.graph.output]
+    expected = proofs.run(model, feeds, names)
+    got, scales = proofs.run_with_scales(wide, feeds, names)
+    sims, bad = proofs.compare(expected, got, tolerance=FOLDED_TOLERANCE, scales=scales)
+    if bad:
+        raise BuildError(f"a 1-D Conv widened to 2-D changes the model: {bad[0]}", stage="import",
+                         hint="report this with the model")
+    return wide, {"convs": len([n for n in wide.graph.node if n.name.endswith("/squeeze_to_1d")]),
+                  "max_rel": max((c.max_rel for c in sims.values()), default=0.0)}
 
 
 def up_to(model: onnx.ModelProto) -> onnx.ModelProto:

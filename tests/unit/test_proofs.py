@@ -99,6 +99,40 @@ def test_a_dot_products_scale_is_the_sum_of_its_products_magnitudes():
     assert proofs.products_scales(model, {"x": x}, ["y"]) == {"y": 2000.0}
 
 
+def _wake_word_if() -> onnx.ModelProto:
+    """openWakeWord's classifiers as onnx-tf and tf2onnx leave them: ``p = sigmoid(x·w)``, then
+    ``If(p >= 0.5)``: the then branch recomputes from ``x``, the else branch returns ``p``."""
+    then = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["t"]), helper.make_node("Sigmoid", ["t"], ["p2"])],
+        "then", [], [helper.make_tensor_value_info("p2", TensorProto.FLOAT, [1, 1])])
+    other = helper.make_graph([helper.make_node("Identity", ["p"], ["p1"])], "else", [],
+                              [helper.make_tensor_value_info("p1", TensorProto.FLOAT, [1, 1])])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("Sigmoid", ["z"], ["p"]),
+         helper.make_node("GreaterOrEqual", ["p", "half"], ["c2"]),
+         helper.make_node("Reshape", ["c2", "scalar"], ["c"]),
+         helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+        [numpy_helper.from_array(np.full((4, 1), -3, np.float32), "w"),
+         numpy_helper.from_array(np.float32([0.5]), "half"),
+         numpy_helper.from_array(np.zeros(0, np.int64), "scalar")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_an_if_output_is_judged_against_what_its_branches_read():
+    """A wake-word probability of 2e-6 behind an If: 3e-8 of float rounding from another runtime
+    was 1.6 % of its own magnitude, because the If's only input is its condition."""
+    model = _wake_word_if()
+    x = np.full((1, 4), 1.1, np.float32)
+    assert set(proofs.producer_inputs(model, ["y"])) == {"c", "x", "p"}
+    got, scales = proofs.run_with_scales(model, {"x": x}, ["y"])
+    assert got["y"][0, 0] < 3e-6 and scales["y"] == pytest.approx(1.1)
+    _, bad = proofs.compare({"y": got["y"]}, {"y": got["y"] * np.float32(1.016)}, tolerance=1e-4,
+                            scales=scales)
+    assert not bad
+
+
 # ---- a speech-style model: an integer sample rate selects a branch and sizes the frames -------
 
 def speech_model() -> onnx.ModelProto:

@@ -138,3 +138,44 @@ def test_the_checker_refuses_a_broken_source_but_not_what_import_replaces(tmp_pa
     model.graph.node[1].input[0] = "nowhere"
     with pytest.raises(UserError, match="not a valid ONNX model: onnx.checker says .*nowhere"):
         onnx_frontend.check_source(model, tmp_path / "m.onnx")
+
+
+def _conv1d_model(opset: int) -> onnx.ModelProto:
+    """An audio front end: a strided 1-D Conv (an STFT's kernels), a Relu, a 1-D Conv that
+    pads, both 1-D Convs reading the same input."""
+    rng = np.random.default_rng(0)
+    h = onnx.helper
+    graph = h.make_graph(
+        [h.make_node("Conv", ["x", "w1", "b1"], ["s"], kernel_shape=[8], strides=[4], name="stft"),
+         h.make_node("Relu", ["s"], ["r"]),
+         h.make_node("Conv", ["r", "w2"], ["y"], pads=[1, 1], dilations=[2], group=2, name="tcn")],
+        "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1, 64])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(rng.normal(size=(6, 1, 8)).astype(np.float32), "w1"),
+         onnx.numpy_helper.from_array(rng.normal(size=6).astype(np.float32), "b1"),
+         onnx.numpy_helper.from_array(rng.normal(size=(4, 3, 3)).astype(np.float32), "w2")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=8)
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_a_1d_conv_becomes_a_2d_conv_of_height_one_that_the_quantizer_takes(opset):
+    """DNSMOS's STFT and Silero's encoder are 1-D Convs: the quantizer, compiler and simulator
+    express 2-D ones only, so every 1-D Conv ran on the CPU."""
+    from npubuild.quant import ops
+    from npubuild.quant.lower import Context
+
+    source = _conv1d_model(opset)
+    model = onnx_frontend.conv1d_as_2d(source)
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert [inits[c.input[1]].ndim for c in convs] == [4, 4]
+    x = {"x": np.random.default_rng(1).normal(size=(1, 1, 64)).astype(np.float32)}
+    expected = onnx_io.run(onnx_io.session(source), x, ["y"])["y"]
+    got = onnx_io.run(onnx_io.session(model), x, ["y"])["y"]
+    assert got.shape == expected.shape and np.allclose(got, expected, rtol=1e-6, atol=1e-6)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in [*model.graph.value_info, *model.graph.input, *model.graph.output]}
+    shapes.update({n: list(v.shape) for n, v in inits.items()})
+    for conv in convs:
+        ops.conv(conv, Context(inits, shapes, opset))  # raises Unsupported for a 1-D Conv
+    assert onnx_frontend.conv1d_as_2d(model) is model

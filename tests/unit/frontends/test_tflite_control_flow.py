@@ -50,3 +50,34 @@ def test_it_imports_as_an_onnx_if_equal_to_tflite_on_both_branches(cond_model, s
     x = sign * np.arange(1, 5, dtype=np.float32).reshape(1, 4)
     [source] = tf_frontend.run_source(cond_model, "tflite", {"x": x}, INPUTS, None)
     np.testing.assert_array_equal(next(iter(run(model, {"x": x}).values())), source)
+
+
+def test_a_streaming_model_with_resource_variables_is_named_with_what_to_do(tmp_path):
+    """microWakeWord's streaming models keep ring buffers in resource variables (VAR_HANDLE,
+    READ_VARIABLE, ASSIGN_VARIABLE, CALL_ONCE): tf2onnx failed with an IndexError and the hint
+    said to try another opset."""
+    from npubuild.errors import UserError
+
+    tf = tf_frontend._tensorflow()
+    with tf_frontend._quiet():
+        class Streaming(tf.Module):
+            def __init__(self):
+                self.previous = tf.Variable(tf.zeros([1, 4]))
+
+            @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32, name="x")])
+            def __call__(self, x):
+                y = self.previous + x
+                self.previous.assign(x)
+                return y
+
+        module = Streaming()
+        converter = tf.lite.TFLiteConverter.from_concrete_functions(
+            [module.__call__.get_concrete_function()], module)
+        converter.experimental_enable_resource_variables = True
+        path = tmp_path / "streaming.tflite"
+        path.write_bytes(converter.convert())
+    assert tflite_graph.state_ops(tflite_graph.read(path))["READ_VARIABLE"] >= 1
+    with pytest.raises(UserError) as caught:
+        tf_frontend.convert(path, "tflite", [InputSpec(name="serving_default_x:0", shape=[1, 4])], None)
+    assert "keeps state between calls in resource variables" in str(caught.value)
+    assert "without streaming state" in caught.value.hint

@@ -107,6 +107,9 @@ CASES = {
     "prelu_one_slope": lambda: binary("PRelu", const=np.float32([0.25])),
     "prelu_per_channel": lambda: binary("PRelu", const=rng.uniform(-0.6, 0.6, (4, 1, 1))),
     "prelu_per_column": lambda: binary("PRelu", const=rng.uniform(-0.6, 0.6, (10,))),
+    "max_scalar": lambda: binary("Max", const=np.float32([[[[-0.4]]]])),
+    "min_scalar_first": lambda: model([helper.make_node("Min", ["z", "x"], ["y"])], X, {"y": None},
+                                      {"z": np.float32(0.7)}),
     "silu_pattern": silu,
     "relu_alone": lambda: unary("Relu"),
     "transpose": lambda: unary("Transpose", perm=[0, 2, 3, 1]),
@@ -150,6 +153,22 @@ def test_an_op_without_an_integer_kernel_stays_float_with_a_reason():
     (layer,) = qg.layers
     assert layer.device == "cpu" and "LogSoftmax" in layer.attrs["reason"]
     assert qg.tensors["y"].dtype == "float32"  # only the CPU touches it
+
+
+@pytest.mark.parametrize("case", ["max_scalar", "min_scalar_first"])
+def test_max_or_min_with_a_constant_is_one_integer_table(case):
+    """TensorFlow's tf.maximum(x, -0.4) after each LeakyReLU (openWakeWord's embedding model)
+    ran on the CPU between every pair of NPU segments."""
+    qg, cc, _ = check_against_ort(CASES[case](), samples(X))
+    (layer,) = qg.layers
+    assert (layer.kind, layer.device) == ("lut", "npu") and cc.ok and cc.max_lsb <= 1
+
+
+def test_max_of_two_tensors_stays_float_and_says_why():
+    qg, cc, _ = check_against_ort(two("Max"), samples(X))
+    (relu, layer) = qg.layers
+    assert layer.device == "cpu" and "2 tensor operands" in layer.attrs["reason"]
+    assert cc.ok
 
 
 def test_an_int16_softmax_input_stays_float_and_says_why():

@@ -289,3 +289,17 @@ def test_a_tflite_whose_pad_no_longer_fits_is_bad_input_at_the_model_line(cli, t
     assert result.returncode == 2, result.stderr
     assert f"{recipe}:4:9: model.path: converted to ONNX, the model does not pass onnx.checker" \
         in result.stderr
+
+
+def test_a_1d_conv_is_imported_as_a_2d_conv_and_proved(cli, tmp_path):
+    from tests.unit.frontends.test_onnx import _conv1d_model
+
+    onnx.save(_conv1d_model(17), str(tmp_path / "conv1d.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(tmp_path / "conv1d.onnx"))
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout)["import"]
+    assert info["proof"]["conv1d_as_2d"]["convs"] == 2
+    assert info["proof"]["conv1d_as_2d"]["max_rel"] < 1e-6
+    model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
+    weights = {t.name: t.dims for t in model.graph.initializer}
+    assert [len(weights[n.input[1]]) for n in model.graph.node if n.op_type == "Conv"] == [4, 4]
