@@ -59,6 +59,7 @@ COVER_HEADROOM = 0.75    # a prefix is first tried where its predicted load is t
 # stage's inputs (byte-identical artifacts on any machine); about 60 scores at most, each one
 # pass of ONNX Runtime over the verify samples (a few percent of quantizing in int8).
 DROP_EVALUATIONS = 10    # the drop pass stops after this many evaluations
+BUDGET_DOUBLINGS = 8     # over the slowdown budget: budgets doubled to find one that passes
 DEMOTE_EVALUATIONS = 6
 QUICK_SAMPLES = 2        # the ranking scores blocks on int8's worst samples
 SPLIT_BELOW = 1.0 / 16   # blocks lighter than this share of the headroom are not halved
@@ -556,19 +557,13 @@ class PrecisionSearch:
 
     def _within_budget(self, plain: Scored, needed: Scored, ranking: list[dict]) -> SearchResult:
         """The fewest-tensor choice costs more time than the budget allows: the most useful
-        float blocks that fit it (then over int16 everywhere where the chip has int16), then
-        the drop and demote passes; where that misses, int8 stays (a deployment slowed past
-        the budget is not what the recipe asked for) and the note says what would pass."""
+        float blocks that fit it (then int16 on every other candidate that fits), then the
+        drop and demote passes; where that misses, int8 stays (a deployment slowed past the
+        budget is not what the recipe asked for) and the note says what would pass: the same
+        procedure at doubled budgets finds the smallest budget it measured passing, so the
+        setting it names is one that passes, not the fewest-tensor choice's cost."""
         budget = self.spec.max_slowdown
-        floats = (self._fitting({}, [b["tensors"] for b in ranking], "float")
-                  if "float" in self.levels else {})
-        chosen = floats
-        within = self.score(chosen, "most useful float blocks within the slowdown budget")
-        if not self.ok(within) and "int16" in self.levels:
-            # int16 costs time too where it pushes a layer off the integer kernels
-            others = [t for t in self.candidates if t not in floats]
-            chosen = self._fitting(floats, [others], "int16")
-            within = self.score(chosen, "and int16 on every other candidate that fits the budget")
+        chosen, within = self._fit_budget(ranking, budget)
         if self.ok(within):
             chosen = self._drop(chosen, ranking)
             if "int16" in self.levels:
@@ -576,38 +571,75 @@ class PrecisionSearch:
             final = self.score(chosen)
             if self.affordable(final):
                 return self._result(plain, final, chosen, ranking)
+        accept, cheapest = math.ceil(needed.slowdown * 10) / 10, needed
+        wider = budget
+        for _ in range(BUDGET_DOUBLINGS):
+            wider *= 2
+            if wider >= needed.slowdown:
+                break
+            _, trial = self._fit_budget(ranking, wider)
+            if self.ok(trial):
+                accept, cheapest = wider, trial
+                break
         result = self._result(plain, plain, {}, ranking)
-        floats = sum(p == "float" for p in needed.wide.values())
-        accept = math.ceil(needed.slowdown * 10) / 10
         result.best_reachable = {
-            "needed": {"passes": True, "tensors": len(needed.choice), "float_tensors": floats,
-                       "slowdown": round(needed.slowdown, 3), "margin": round(needed.margin, 6),
-                       "max_slowdown_to_accept": accept},
+            "needed": self._reachable(needed, accept if cheapest is needed else None),
+            **({} if cheapest is needed else {"cheapest": self._reachable(cheapest, accept)}),
             "within_budget": {"passes": False, "tensors": len(within.choice),
                               "slowdown": round(within.slowdown, 3),
                               "margin": round(within.margin, 6)}}
-        wide = (f"{floats} tensor(s) {self.float_where}" if floats == len(needed.choice) else
-                f"{len(needed.choice)} tensor(s) out of int8 ({floats} {self.float_where}; "
-                f"int16 moves {self._moved_off(needed.wide)} layer(s) off the integer kernels)")
+        cheaper = ("" if cheapest is needed else
+                   f"; {self._wide_text(cheapest)} also pass, at an estimated "
+                   f"{cheapest.slowdown:.3g}x, found within {accept:g}x")
         result.note = (
-            f"verify's thresholds need {wide}, which makes the "
-            f"model an estimated {needed.slowdown:.3g}x slower than in int8 "
+            f"verify's thresholds need {self._wide_text(needed)}, which makes the "
+            f"model an estimated {needed.slowdown:.3g}x slower than in int8{cheaper} "
             f"(quantization.auto.max_slowdown: {budget:g}); the best choice within that misses "
             f"({self._shortfall(within)}), so int8 stays. To accept the cost, set "
             f"quantization.auto.max_slowdown: {accept:g}")
         return result
+
+    def _fit_budget(self, ranking: list[dict], budget: float) -> tuple[dict[str, str], Scored]:
+        """The most useful float blocks whose estimated time fits ``budget``, then (where
+        that misses and the chip has int16) int16 on every other candidate that fits too;
+        the choice and its score."""
+        floats = (self._fitting({}, [b["tensors"] for b in ranking], "float", budget)
+                  if "float" in self.levels else {})
+        chosen = floats
+        within = self.score(chosen, f"most useful float blocks within {budget:g}x")
+        if not self.ok(within) and "int16" in self.levels:
+            # int16 costs time too where it pushes a layer off the integer kernels
+            others = [t for t in self.candidates if t not in floats]
+            chosen = self._fitting(floats, [others], "int16", budget)
+            within = self.score(chosen, f"and int16 on every other candidate within {budget:g}x")
+        return chosen, within
+
+    def _reachable(self, scored: Scored, accept: float | None) -> dict:
+        """A passing choice as best_reachable reports it."""
+        return {"passes": True, "tensors": len(scored.choice),
+                "float_tensors": sum(p == "float" for p in scored.wide.values()),
+                "slowdown": round(scored.slowdown, 3), "margin": round(scored.margin, 6),
+                **({"max_slowdown_to_accept": accept} if accept is not None else {})}
+
+    def _wide_text(self, scored: Scored) -> str:
+        """What ``scored`` keeps out of int8, in words."""
+        floats = sum(p == "float" for p in scored.wide.values())
+        if floats == len(scored.choice):
+            return f"{floats} tensor(s) {self.float_where}"
+        return (f"{len(scored.choice)} tensor(s) out of int8 ({floats} {self.float_where}; "
+                f"int16 moves {self._moved_off(scored.wide)} layer(s) off the integer kernels)")
 
     def _moved_off(self, choice: Mapping[str, str]) -> int:
         """How many layers ``choice``'s int16 tensors alone push into float."""
         int16 = {t: p for t, p in choice.items() if p == "int16"}
         return len(self._in_float(int16) - self._in_float({}))
 
-    def _fitting(self, chosen: dict[str, str], blocks: list[list[str]], precision: str
-                 ) -> dict[str, str]:
+    def _fitting(self, chosen: dict[str, str], blocks: list[list[str]], precision: str,
+                 budget: float) -> dict[str, str]:
         """``chosen`` with every block of tensors at ``precision`` that keeps the estimated
-        time within the budget, in order; a block that does not fit is halved (its cheap
+        time within ``budget``, in order; a block that does not fit is halved (its cheap
         tensors may)."""
-        budget = self.spec.max_slowdown * (1 + 1e-9)
+        budget = budget * (1 + 1e-9)
         blocks = [list(b) for b in blocks if b]
         while blocks:
             block = blocks.pop(0)

@@ -118,6 +118,27 @@ def test_a_float_choice_over_the_slowdown_budget_is_not_adopted_and_the_note_say
     assert accepted.reached and len(accepted.chosen) == needed["float_tensors"]
 
 
+def test_over_budget_the_setting_the_note_names_is_one_measured_to_pass():
+    """The fewest tensors that pass cost 100x int8's time (one heavy float layer), while
+    eight cheap ones pass at about 4x: the note names the budget at which the search found
+    a passing choice (8, doubling from 2), not the fewest-tensor choice's 100x, and that
+    budget passes when set (MediaPipe's hand landmark: "set max_slowdown: 531" for a choice
+    of 57 float tensors, where int16 and a few floats pass at a few times int8's time)."""
+    cost = {t: 0.0 for t in TENSORS}
+    cheap = [f"t{i}" for i in range(40, 48)]
+    cost.update({"t7": 0.9, **{t: 0.15 for t in cheap}})  # int8: 2.12
+    work = {"t7": 100.0, **{t: 0.4 for t in cheap}}
+    search = Synthetic(cost, needs_float=["t7", *cheap], work=work)
+    result = search.run()
+    assert not result.reached and result.chosen == {}
+    reach = result.best_reachable
+    assert reach["needed"]["slowdown"] > 100 and "max_slowdown_to_accept" not in reach["needed"]
+    assert reach["cheapest"]["max_slowdown_to_accept"] == 8
+    assert reach["cheapest"]["slowdown"] <= 8 and "set quantization.auto.max_slowdown: 8" in result.note
+    accepted = Synthetic(cost, needs_float=["t7", *cheap], work=work, max_slowdown=8).run()
+    assert accepted.reached and "t7" not in accepted.chosen
+
+
 def test_over_the_slowdown_budget_more_but_cheaper_float_tensors_are_chosen_instead():
     cost = {t: 0.0 for t in TENSORS}
     cheap = [f"t{i}" for i in range(40, 48)]
