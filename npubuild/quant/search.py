@@ -99,6 +99,7 @@ class Scored:
     failures: list[str]
     span_ratio: float = 1.0  # the channel closest to dying: deployed span / reference span
     slowdown: float = 1.0    # estimated time with this choice's float layers / int8's
+    calibration: tuple = ()  # (method, per-tensor methods, scheme) it was scored under
 
     @property
     def wide(self) -> dict[str, str]:
@@ -271,7 +272,8 @@ class PrecisionSearch:
             self._plain_verdict = verdict
         scored = Scored(key[0], verdict.passed and self._extra_bar(verdict) >= 0,
                         min(verdict.margin(), self._extra_bar(verdict)), loads(verdict),
-                        list(verdict.failures), span_ratio(verdict), self.slowdown(choice))
+                        list(verdict.failures), span_ratio(verdict), self.slowdown(choice),
+                        key[1:4])
         self.cache[key] = scored
         self.steps.append({"step": step, "tensors": len(key[0]), "passed": scored.passed,
                            "margin": round(scored.margin, 6),
@@ -331,11 +333,15 @@ class PrecisionSearch:
 
     # ---- the search ---------------------------------------------------------------------
 
-    def run(self, margin: float = 0.0, span: float = 0.0) -> SearchResult:
+    def run(self, margin: float = 0.0, span: float = 0.0, refuted: frozenset = frozenset()
+            ) -> SearchResult:
         """The fewest wide tensors whose choice passes with at least ``margin`` of cosine and
         every judged channel keeping at least ``span`` of its reference's span (the caller
-        raises both where the integer reference missed what fake quantization passed)."""
+        raises both where the integer reference missed what fake quantization passed), other
+        than the ``refuted`` ones: (choice, method, per-tensor methods, scheme) keys the
+        integer reference failed."""
         self.margin, self.span, self.ranking = margin, span, []
+        self.refuted = refuted
         # every run starts from the recipe's own calibration (an earlier run's choice would be
         # scored as "int8 everywhere" and then misnamed)
         self.method, self.methods, self.scheme = self.recipe_choice
@@ -379,8 +385,11 @@ class PrecisionSearch:
             return result
 
     def ok(self, scored: Scored) -> bool:
+        """Whether ``scored`` passes with the demanded margin and span, and was not refuted
+        on the integer reference (fake quantization passed a choice the reference failed)."""
         return (scored.passed and scored.margin >= self.margin
-                and scored.span_ratio >= getattr(self, "span", 0.0))
+                and scored.span_ratio >= getattr(self, "span", 0.0)
+                and (scored.choice, *scored.calibration) not in getattr(self, "refuted", ()))
 
     def affordable(self, scored: Scored) -> bool:
         """Whether ``scored``'s float layers keep the model within the slowdown budget."""
