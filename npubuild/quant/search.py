@@ -85,7 +85,7 @@ class SearchSpec:
     precision: str | None = None      # the one wide precision allowed (default: any the chip has)
     max_overrides: int | None = None
     min_cosine: float | None = None   # an extra bar on every output (all samples, worst sample)
-    max_slowdown: float = 2.0         # estimated time with the choice's float layers / int8's
+    max_slowdown: float = 10.0        # estimated time with the choice's float layers / int8's
 
 
 @dataclass
