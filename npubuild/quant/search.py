@@ -59,6 +59,7 @@ COVER_HEADROOM = 0.75    # a prefix is first tried where its predicted load is t
 # stage's inputs (byte-identical artifacts on any machine); about 60 scores at most, each one
 # pass of ONNX Runtime over the verify samples (a few percent of quantizing in int8).
 DROP_EVALUATIONS = 10    # the drop pass stops after this many evaluations
+BUDGET_DOUBLINGS = 8     # over the slowdown budget: budgets doubled to find one that passes
 DEMOTE_EVALUATIONS = 6
 QUICK_SAMPLES = 2        # the ranking scores blocks on int8's worst samples
 SPLIT_BELOW = 1.0 / 16   # blocks lighter than this share of the headroom are not halved
@@ -84,7 +85,7 @@ class SearchSpec:
     precision: str | None = None      # the one wide precision allowed (default: any the chip has)
     max_overrides: int | None = None
     min_cosine: float | None = None   # an extra bar on every output (all samples, worst sample)
-    max_slowdown: float = 2.0         # estimated time with the choice's float layers / int8's
+    max_slowdown: float = 10.0        # estimated time with the choice's float layers / int8's
 
 
 @dataclass
@@ -98,6 +99,7 @@ class Scored:
     failures: list[str]
     span_ratio: float = 1.0  # the channel closest to dying: deployed span / reference span
     slowdown: float = 1.0    # estimated time with this choice's float layers / int8's
+    calibration: tuple = ()  # (method, per-tensor methods, scheme) it was scored under
 
     @property
     def wide(self) -> dict[str, str]:
@@ -270,7 +272,8 @@ class PrecisionSearch:
             self._plain_verdict = verdict
         scored = Scored(key[0], verdict.passed and self._extra_bar(verdict) >= 0,
                         min(verdict.margin(), self._extra_bar(verdict)), loads(verdict),
-                        list(verdict.failures), span_ratio(verdict), self.slowdown(choice))
+                        list(verdict.failures), span_ratio(verdict), self.slowdown(choice),
+                        key[1:4])
         self.cache[key] = scored
         self.steps.append({"step": step, "tensors": len(key[0]), "passed": scored.passed,
                            "margin": round(scored.margin, 6),
@@ -330,11 +333,15 @@ class PrecisionSearch:
 
     # ---- the search ---------------------------------------------------------------------
 
-    def run(self, margin: float = 0.0, span: float = 0.0) -> SearchResult:
+    def run(self, margin: float = 0.0, span: float = 0.0, refuted: frozenset = frozenset()
+            ) -> SearchResult:
         """The fewest wide tensors whose choice passes with at least ``margin`` of cosine and
         every judged channel keeping at least ``span`` of its reference's span (the caller
-        raises both where the integer reference missed what fake quantization passed)."""
+        raises both where the integer reference missed what fake quantization passed), other
+        than the ``refuted`` ones: (choice, method, per-tensor methods, scheme) keys the
+        integer reference failed."""
         self.margin, self.span, self.ranking = margin, span, []
+        self.refuted = refuted
         # every run starts from the recipe's own calibration (an earlier run's choice would be
         # scored as "int8 everywhere" and then misnamed)
         self.method, self.methods, self.scheme = self.recipe_choice
@@ -378,8 +385,11 @@ class PrecisionSearch:
             return result
 
     def ok(self, scored: Scored) -> bool:
+        """Whether ``scored`` passes with the demanded margin and span, and was not refuted
+        on the integer reference (fake quantization passed a choice the reference failed)."""
         return (scored.passed and scored.margin >= self.margin
-                and scored.span_ratio >= getattr(self, "span", 0.0))
+                and scored.span_ratio >= getattr(self, "span", 0.0)
+                and (scored.choice, *scored.calibration) not in getattr(self, "refuted", ()))
 
     def affordable(self, scored: Scored) -> bool:
         """Whether ``scored``'s float layers keep the model within the slowdown budget."""
@@ -556,19 +566,13 @@ class PrecisionSearch:
 
     def _within_budget(self, plain: Scored, needed: Scored, ranking: list[dict]) -> SearchResult:
         """The fewest-tensor choice costs more time than the budget allows: the most useful
-        float blocks that fit it (then over int16 everywhere where the chip has int16), then
-        the drop and demote passes; where that misses, int8 stays (a deployment slowed past
-        the budget is not what the recipe asked for) and the note says what would pass."""
+        float blocks that fit it (then int16 on every other candidate that fits), then the
+        drop and demote passes; where that misses, int8 stays (a deployment slowed past the
+        budget is not what the recipe asked for) and the note says what would pass: the same
+        procedure at doubled budgets finds the smallest budget it measured passing, so the
+        setting it names is one that passes, not the fewest-tensor choice's cost."""
         budget = self.spec.max_slowdown
-        floats = (self._fitting({}, [b["tensors"] for b in ranking], "float")
-                  if "float" in self.levels else {})
-        chosen = floats
-        within = self.score(chosen, "most useful float blocks within the slowdown budget")
-        if not self.ok(within) and "int16" in self.levels:
-            # int16 costs time too where it pushes a layer off the integer kernels
-            others = [t for t in self.candidates if t not in floats]
-            chosen = self._fitting(floats, [others], "int16")
-            within = self.score(chosen, "and int16 on every other candidate that fits the budget")
+        chosen, within = self._fit_budget(ranking, budget)
         if self.ok(within):
             chosen = self._drop(chosen, ranking)
             if "int16" in self.levels:
@@ -576,38 +580,75 @@ class PrecisionSearch:
             final = self.score(chosen)
             if self.affordable(final):
                 return self._result(plain, final, chosen, ranking)
+        accept, cheapest = math.ceil(needed.slowdown * 10) / 10, needed
+        wider = budget
+        for _ in range(BUDGET_DOUBLINGS):
+            wider *= 2
+            if wider >= needed.slowdown:
+                break
+            _, trial = self._fit_budget(ranking, wider)
+            if self.ok(trial):
+                accept, cheapest = wider, trial
+                break
         result = self._result(plain, plain, {}, ranking)
-        floats = sum(p == "float" for p in needed.wide.values())
-        accept = math.ceil(needed.slowdown * 10) / 10
         result.best_reachable = {
-            "needed": {"passes": True, "tensors": len(needed.choice), "float_tensors": floats,
-                       "slowdown": round(needed.slowdown, 3), "margin": round(needed.margin, 6),
-                       "max_slowdown_to_accept": accept},
+            "needed": self._reachable(needed, accept if cheapest is needed else None),
+            **({} if cheapest is needed else {"cheapest": self._reachable(cheapest, accept)}),
             "within_budget": {"passes": False, "tensors": len(within.choice),
                               "slowdown": round(within.slowdown, 3),
                               "margin": round(within.margin, 6)}}
-        wide = (f"{floats} tensor(s) {self.float_where}" if floats == len(needed.choice) else
-                f"{len(needed.choice)} tensor(s) out of int8 ({floats} {self.float_where}; "
-                f"int16 moves {self._moved_off(needed.wide)} layer(s) off the integer kernels)")
+        cheaper = ("" if cheapest is needed else
+                   f"; {self._wide_text(cheapest)} also pass, at an estimated "
+                   f"{cheapest.slowdown:.3g}x, found within {accept:g}x")
         result.note = (
-            f"verify's thresholds need {wide}, which makes the "
-            f"model an estimated {needed.slowdown:.3g}x slower than in int8 "
+            f"verify's thresholds need {self._wide_text(needed)}, which makes the "
+            f"model an estimated {needed.slowdown:.3g}x slower than in int8{cheaper} "
             f"(quantization.auto.max_slowdown: {budget:g}); the best choice within that misses "
             f"({self._shortfall(within)}), so int8 stays. To accept the cost, set "
             f"quantization.auto.max_slowdown: {accept:g}")
         return result
+
+    def _fit_budget(self, ranking: list[dict], budget: float) -> tuple[dict[str, str], Scored]:
+        """The most useful float blocks whose estimated time fits ``budget``, then (where
+        that misses and the chip has int16) int16 on every other candidate that fits too;
+        the choice and its score."""
+        floats = (self._fitting({}, [b["tensors"] for b in ranking], "float", budget)
+                  if "float" in self.levels else {})
+        chosen = floats
+        within = self.score(chosen, f"most useful float blocks within {budget:g}x")
+        if not self.ok(within) and "int16" in self.levels:
+            # int16 costs time too where it pushes a layer off the integer kernels
+            others = [t for t in self.candidates if t not in floats]
+            chosen = self._fitting(floats, [others], "int16", budget)
+            within = self.score(chosen, f"and int16 on every other candidate within {budget:g}x")
+        return chosen, within
+
+    def _reachable(self, scored: Scored, accept: float | None) -> dict:
+        """A passing choice as best_reachable reports it."""
+        return {"passes": True, "tensors": len(scored.choice),
+                "float_tensors": sum(p == "float" for p in scored.wide.values()),
+                "slowdown": round(scored.slowdown, 3), "margin": round(scored.margin, 6),
+                **({"max_slowdown_to_accept": accept} if accept is not None else {})}
+
+    def _wide_text(self, scored: Scored) -> str:
+        """What ``scored`` keeps out of int8, in words."""
+        floats = sum(p == "float" for p in scored.wide.values())
+        if floats == len(scored.choice):
+            return f"{floats} tensor(s) {self.float_where}"
+        return (f"{len(scored.choice)} tensor(s) out of int8 ({floats} {self.float_where}; "
+                f"int16 moves {self._moved_off(scored.wide)} layer(s) off the integer kernels)")
 
     def _moved_off(self, choice: Mapping[str, str]) -> int:
         """How many layers ``choice``'s int16 tensors alone push into float."""
         int16 = {t: p for t, p in choice.items() if p == "int16"}
         return len(self._in_float(int16) - self._in_float({}))
 
-    def _fitting(self, chosen: dict[str, str], blocks: list[list[str]], precision: str
-                 ) -> dict[str, str]:
+    def _fitting(self, chosen: dict[str, str], blocks: list[list[str]], precision: str,
+                 budget: float) -> dict[str, str]:
         """``chosen`` with every block of tensors at ``precision`` that keeps the estimated
-        time within the budget, in order; a block that does not fit is halved (its cheap
+        time within ``budget``, in order; a block that does not fit is halved (its cheap
         tensors may)."""
-        budget = self.spec.max_slowdown * (1 + 1e-9)
+        budget = budget * (1 + 1e-9)
         blocks = [list(b) for b in blocks if b]
         while blocks:
             block = blocks.pop(0)

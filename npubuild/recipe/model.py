@@ -338,7 +338,7 @@ class AutoPrecisionSpec(Strict):
                                 "thresholds need more, the most important ones are kept and "
                                 "the report says they were not reached.")
     max_slowdown: float = Field(
-        2.0, ge=1, description="The search may make the model at most this many times slower "
+        10.0, ge=1, description="The search may make the model at most this many times slower "
         "than int8, estimated from the MACs its float layers move to the CPU (about a hundred "
         "times slower per MAC than the NPU) and the hand-over each adds (the NPU stops, the CPU "
         "runs the layer, the NPU resumes). A choice that needs more is not adopted: int8 "

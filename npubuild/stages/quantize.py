@@ -270,10 +270,12 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
     span = SPAN_DEMANDED if dead_channels(plain) else 0.0
     confirmations = [{"choice": "int8 everywhere", "reference_passed": plain.passed,
                       "reference_margin": round(plain.margin(), 6)}]
-    confirmed: dict[tuple, object] = {}
+    # int8 as the recipe calibrates it failed on the integer reference: refuted like any choice
+    confirmed: dict[tuple, object] = {((), *search.recipe_choice): plain}
     adopted = None
     for _ in range(MAX_CONFIRMATIONS):
-        result = search.run(margin, span)
+        refuted = frozenset(k for k, v in confirmed.items() if not v.passed)
+        result = search.run(margin, span, refuted)
         key = (tuple(sorted(result.chosen.items())), result.method, result.tensor_methods,
                result.scheme)
         if key not in confirmed:

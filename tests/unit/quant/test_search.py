@@ -49,7 +49,8 @@ class Synthetic(PrecisionSearch):
                           if choice.get(t) not in ("int16", "float")
                           or (t in self.needs_float and choice.get(t) != "float"))
         scored = Scored(key[0], load <= 1.0, 0.01 * (1.0 - load), np.array([load]), [],
-                        slowdown=self.slowdown(choice))
+                        slowdown=self.slowdown(choice),
+                        calibration=(self.method, self.methods, self.scheme))
         self.cache[key] = scored
         return scored
 
@@ -116,6 +117,27 @@ def test_a_float_choice_over_the_slowdown_budget_is_not_adopted_and_the_note_say
     accepted = Synthetic(cost, levels=("float",), needs_float=heavy, work=work,
                          max_slowdown=accept).run()
     assert accepted.reached and len(accepted.chosen) == needed["float_tensors"]
+
+
+def test_over_budget_the_setting_the_note_names_is_one_measured_to_pass():
+    """The fewest tensors that pass cost 100x int8's time (one heavy float layer), while
+    eight cheap ones pass at about 4x: the note names the budget at which the search found
+    a passing choice (8, doubling from 2), not the fewest-tensor choice's 100x, and that
+    budget passes when set (MediaPipe's hand landmark: "set max_slowdown: 531" for a choice
+    of 57 float tensors, where int16 and a few floats pass at a few times int8's time)."""
+    cost = {t: 0.0 for t in TENSORS}
+    cheap = [f"t{i}" for i in range(40, 48)]
+    cost.update({"t7": 0.9, **{t: 0.15 for t in cheap}})  # int8: 2.12
+    work = {"t7": 100.0, **{t: 0.4 for t in cheap}}
+    search = Synthetic(cost, needs_float=["t7", *cheap], work=work)
+    result = search.run()
+    assert not result.reached and result.chosen == {}
+    reach = result.best_reachable
+    assert reach["needed"]["slowdown"] > 100 and "max_slowdown_to_accept" not in reach["needed"]
+    assert reach["cheapest"]["max_slowdown_to_accept"] == 8
+    assert reach["cheapest"]["slowdown"] <= 8 and "set quantization.auto.max_slowdown: 8" in result.note
+    accepted = Synthetic(cost, needs_float=["t7", *cheap], work=work, max_slowdown=8).run()
+    assert accepted.reached and "t7" not in accepted.chosen
 
 
 def test_over_the_slowdown_budget_more_but_cheaper_float_tensors_are_chosen_instead():
@@ -314,3 +336,19 @@ def test_a_layer_costs_what_the_split_counts_for_its_nodes_a_fused_body_whole():
     conv, relu = 4 * 8 * 8 * (4 * 3 * 3), 4 * 8 * 8
     assert layer_macs(fg) == {fg.layers[0].name: conv + relu} and len(fg.layers) == 1
     assert model_macs(fg.model) == conv + relu
+
+
+def test_a_choice_the_integer_reference_refuted_is_never_chosen_again():
+    """Fake quantization passes int8 everywhere while the integer reference fails it, and the
+    margin demanded after that cannot rise past float everywhere's (pipecat's Smart Turn:
+    +0.006 against -0.055): the search must look past the refuted choice instead of
+    returning it again as reached."""
+    cost = {t: 0.0 for t in TENSORS}
+    cost.update({"t3": 0.5})  # int8: load 0.52, passes under fake quantization
+    search = Synthetic(cost)
+    assert search.run().chosen == {}
+    refuted = frozenset({((), *search.recipe_choice)})
+    result = search.run(refuted=refuted)
+    assert result.chosen and result.reached
+    assert search.run(refuted=refuted | {(tuple(sorted(result.chosen.items())),
+                                          *search.recipe_choice)}).chosen != result.chosen

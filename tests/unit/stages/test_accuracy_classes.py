@@ -152,14 +152,14 @@ def test_a_float_choice_over_the_slowdown_budget_keeps_int8_and_says_what_would_
     inputs = "{name: x, shape: [1, 4, 8, 8]}"
     report, search = build(root, "budget", unlike_branches(), make, inputs)  # as a user writes it
     assert not search["passed"] and search["chosen"] == []
-    needed = search["what_would_reach"]["needed"]
-    accept = needed["max_slowdown_to_accept"]
-    assert needed["passes"] and 2 < needed["slowdown"] <= accept
-    assert "quantization.auto.max_slowdown: 2)" in search["note"]
+    reach = search["what_would_reach"]
+    accept = (reach.get("cheapest") or reach["needed"])["max_slowdown_to_accept"]
+    assert reach["needed"]["passes"] and 10 < reach["needed"]["slowdown"] and 10 < accept
+    assert "quantization.auto.max_slowdown: 10)" in search["note"]
     assert f"set quantization.auto.max_slowdown: {accept:g}" in search["note"]
     report, search = build(root, "accepted", unlike_branches(), make, inputs,
                            quantization=f"  auto: {{max_slowdown: {accept}}}\n")
-    assert search["passed"] and chosen(search) == {"cat_out"}
+    assert search["passed"] and "cat_out" in chosen(search)
 
 
 def landmark_regressor() -> onnx.ModelProto:
