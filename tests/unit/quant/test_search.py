@@ -119,16 +119,22 @@ def test_a_float_choice_over_the_slowdown_budget_is_not_adopted_and_the_note_say
     assert accepted.reached and len(accepted.chosen) == needed["float_tensors"]
 
 
+def heavy_or_cheap(heavy_work: float, cheap_work: float):
+    """int8 misses (load 2.12): one heavy tensor (t7, 0.9 of the load) or eight cheap ones
+    (0.15 each) must leave int8, each in float adding ``heavy_work`` or ``cheap_work`` of
+    int8's time; (cost, the cheap tensors, work)."""
+    cheap = [f"t{i}" for i in range(40, 48)]
+    cost = {**{t: 0.0 for t in TENSORS}, "t7": 0.9, **{t: 0.15 for t in cheap}}
+    return cost, cheap, {"t7": heavy_work, **{t: cheap_work for t in cheap}}
+
+
 def test_over_budget_the_setting_the_note_names_is_one_measured_to_pass():
     """The fewest tensors that pass cost 100x int8's time (one heavy float layer), while
     eight cheap ones pass at about 4x: the note names the budget at which the search found
     a passing choice (8, doubling from 2), not the fewest-tensor choice's 100x, and that
     budget passes when set (MediaPipe's hand landmark: "set max_slowdown: 531" for a choice
     of 57 float tensors, where int16 and a few floats pass at a few times int8's time)."""
-    cost = {t: 0.0 for t in TENSORS}
-    cheap = [f"t{i}" for i in range(40, 48)]
-    cost.update({"t7": 0.9, **{t: 0.15 for t in cheap}})  # int8: 2.12
-    work = {"t7": 100.0, **{t: 0.4 for t in cheap}}
+    cost, cheap, work = heavy_or_cheap(heavy_work=100.0, cheap_work=0.4)
     search = Synthetic(cost, needs_float=["t7", *cheap], work=work)
     result = search.run()
     assert not result.reached and result.chosen == {}
@@ -141,10 +147,7 @@ def test_over_budget_the_setting_the_note_names_is_one_measured_to_pass():
 
 
 def test_over_the_slowdown_budget_more_but_cheaper_float_tensors_are_chosen_instead():
-    cost = {t: 0.0 for t in TENSORS}
-    cheap = [f"t{i}" for i in range(40, 48)]
-    cost.update({"t7": 0.9, **{t: 0.15 for t in cheap}})  # int8: 2.12
-    work = {"t7": 4.0, **{t: 0.1 for t in cheap}}
+    cost, cheap, work = heavy_or_cheap(heavy_work=4.0, cheap_work=0.1)
     # fewest tensors: t7 and two cheap ones (5.2x int8's time); within 2x: all eight cheap
     search = Synthetic(cost, needs_float=["t7", *cheap], work=work)
     result = search.run()
