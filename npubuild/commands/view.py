@@ -3,7 +3,6 @@ by `npubuild.model_viewer` (only that model, only to 127.0.0.1)."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 from npubuild.commands import output
@@ -45,9 +44,4 @@ def run(args) -> int:
         pass
     finally:
         server.server_close()
-    # Ctrl+C ends a server that writes nothing, so the process ends here: in CI the interpreter's
-    # own shutdown after this point hung for over 60 s, three runs in three (never reproduced
-    # in a fresh venv with the same packages, alone, under load or after the other tests)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(EXIT_OK)
+    return EXIT_OK
