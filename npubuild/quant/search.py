@@ -28,8 +28,9 @@ The search, after int8 everywhere fails (read top to bottom):
    ``quantization.auto.max_slowdown`` times int8's estimated time (MACs at the chip's and the
    host's rates, `npubuild.split.cost`: the CPU is about a hundred times slower per MAC; and
    one hand-over of `SWITCH_SECONDS` per layer the CPU runs inside an NPU graph) is not
-   adopted: the most useful float blocks that fit are tried instead (then over int16
-   everywhere); where they miss, int8 stays and the result says what would pass and its cost.
+   adopted: the most useful float blocks that fit are tried instead (then int16 on every
+   other candidate whose int16 fits); where they miss, int8 stays and the result names the
+   smallest doubled budget at which the same procedure passed.
 
 Candidates are every quantized activation a layer rounds or a graph takes in, NPU inputs
 arriving from CPU segments included; a tensor that only moves data shares its source's
