@@ -25,11 +25,24 @@ def run(args) -> int:
     ``{"valid": bool, "recipes": [one entry per recipe]}``, plus the first failure as ``error``
     (as every command's --json document carries its failure). Warnings (options the chip
     ignores, a build folder another recipe file owns) go to stderr and each entry's
-    ``warnings``; what only import can tell is each entry's ``not_checked``."""
-    results, worst, first, names = [], EXIT_OK, None, {}
+    ``warnings``; what only import can tell is each entry's ``not_checked``.
+
+    A validate that found every recipe valid, with no warning, is stamped
+    (`npubuild.engine.noop`): the next validate of the same recipes, when nothing it read has
+    changed, prints the same output without loading them."""
+    from npubuild.engine import noop
+
+    if noop.replay_validate(args):
+        return EXIT_OK
+    with noop.recording(args) as recorded:
+        return _validate(args, recorded)
+
+
+def _validate(args, recorded) -> int:
+    results, worst, first, names, loaded = [], EXIT_OK, None, {}, []
     for path in args.recipes:
         try:
-            entry, warnings = _check(path, names)
+            entry, warnings, one = _check(path, names)
         except NpubuildError as exc:
             print(f"error: {exc}", file=sys.stderr)
             results.append({"recipe": str(path), "valid": False,
@@ -37,6 +50,7 @@ def run(args) -> int:
             worst, first = max(worst, exc.exit_code), first or results[-1]["error"]
             continue
         results.append(entry)
+        loaded.append(one)
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr)
         if not args.json:
@@ -48,10 +62,15 @@ def run(args) -> int:
     if args.json:
         doc = {"valid": worst == EXIT_OK, "recipes": results}
         print(json.dumps({**doc, "error": first} if first else doc, indent=2))
+    if worst == EXIT_OK and not recorded.warnings.count and not any(
+            entry["warnings"] for entry in results):
+        from npubuild.engine import noop
+
+        noop.stamp_validate(args, recorded, loaded)
     return worst
 
 
-def _check(path: Path, names: dict[str, Path]) -> tuple[dict, list[NpubuildError]]:
+def _check(path: Path, names: dict[str, Path]) -> tuple[dict, list[NpubuildError], object]:
     """Load and check one recipe (`npubuild.validation`); one `name:` per recipe file among
     those given, and a build folder another recipe file owns is a warning (`run` refuses it)."""
     from npubuild.engine.owner import same_file
@@ -77,7 +96,7 @@ def _check(path: Path, names: dict[str, Path]) -> tuple[dict, list[NpubuildError
              "fusion_rules": len(loaded.recipe.fusion), **found.signature.as_dict(),
              "warnings": [error_object(w, EXIT_OK) for w in found.warnings],
              "not_checked": found.not_checked}
-    return entry, found.warnings
+    return entry, found.warnings, loaded
 
 
 def _owner(name: str) -> Path | None:

@@ -47,9 +47,7 @@ MAGIC = set("*?[")
 
 def command_key(args) -> dict:
     """What must be the same for a stamp to speak for this run."""
-    env = {k: v for k, v in sorted(os.environ.items())
-           if k.startswith("NPUBUILD_") or k in ("NO_COLOR", "PYTHONPATH", "HOME",
-                                                    "XDG_CACHE_HOME")}
+    env = _environment()
     import npubuild
 
     return {"format": FORMAT, "cwd": os.getcwd(), "recipe": str(Path(args.recipe).resolve()),
@@ -61,11 +59,20 @@ def command_key(args) -> dict:
             "tty": [sys.stdout.isatty(), sys.stderr.isatty()]}
 
 
+def _environment() -> dict:
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith("NPUBUILD_") or k in ("NO_COLOR", "PYTHONPATH", "HOME",
+                                                     "XDG_CACHE_HOME")}
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
 def stamp_path(args, key: dict) -> Path:
     from npubuild.engine.paths import DEFAULT_BUILD_ROOT
 
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return Path(args.build_dir or DEFAULT_BUILD_ROOT) / ".noop" / f"{digest}.json"
+    return Path(args.build_dir or DEFAULT_BUILD_ROOT) / ".noop" / f"{_digest(key)}.json"
 
 
 def replay(args) -> bool:
@@ -73,8 +80,58 @@ def replay(args) -> bool:
     if args.force or args.target:  # run again / a matrix: always the ordinary path
         return False
     key = command_key(args)
+    return _replayed(stamp_path(args, key), key)
+
+
+def validate_key(args) -> dict:
+    """What must be the same for a stamp to speak for this `npubuild validate`."""
+    import npubuild
+
+    return {"format": FORMAT, "command": "validate", "cwd": os.getcwd(),
+            "recipes": [[str(p), str(Path(p).resolve())] for p in args.recipes],
+            "json": args.json, "env": _environment(), "python": sys.executable,
+            "sys_path": sys.path, "npubuild": str(Path(npubuild.__file__).resolve().parent),
+            "tty": [sys.stdout.isatty(), sys.stderr.isatty()]}
+
+
+def validate_stamp_path(key: dict) -> Path:
+    """Beside the default cache (``.npubuild/``), where validate already remembers the model
+    checks it passed: validate builds nothing, so it writes no build folder."""
+    from npubuild.engine.paths import DEFAULT_CACHE_DIR
+
+    return Path(DEFAULT_CACHE_DIR).parent / "noop" / f"{_digest(key)}.json"
+
+
+def replay_validate(args) -> bool:
+    """`npubuild validate`'s fast path: print what the last validate of these very recipes
+    printed when nothing it read has changed since; False to check them again."""
+    key = validate_key(args)
+    return _replayed(validate_stamp_path(key), key)
+
+
+def stamp_validate(args, recording: "Recording", loaded: list) -> None:
+    """Stamp a validate that found every recipe valid and warned of nothing: the stat keys of
+    what `run`'s up-to-date check reads for each recipe (its code, recipe, chip, settings,
+    model, proof and data files, data folders, installed packages) and the build folder's
+    owner record, which validate reads too."""
+    from npubuild.engine.paths import BuildPaths
+
+    stats: dict = {}
+    for one in loaded:
+        build = BuildPaths.for_recipe(one.recipe.name)
+        found = _stats(one, build)
+        if found is None:
+            return
+        stats.update(found)
+        for path in (build.root, build.owner):
+            stats[str(path)] = _stat_or_none(path)
+    key = validate_key(args)
+    _write(validate_stamp_path(key), key, stats, recording)
+
+
+def _replayed(path: Path, key: dict) -> bool:
     try:
-        stamp = json.loads(stamp_path(args, key).read_text())
+        stamp = json.loads(path.read_text())
     except (OSError, ValueError):
         return False
     if not isinstance(stamp, dict) or stamp.get("key") != key or not _unchanged(stamp):
@@ -84,15 +141,25 @@ def replay(args) -> bool:
     return True
 
 
+def _write(path: Path, key: dict, stats: dict, recording: "Recording") -> None:
+    from npubuild.atomic import write_json
+
+    try:
+        write_json(path, {"key": key, "stats": stats, "stdout": recording.out.copy.getvalue(),
+                          "stderr": recording.err.copy.getvalue()})
+    except OSError:  # a folder that takes no stamp only loses the speed-up
+        pass
+
+
+def _stat_or_none(path) -> list | None:
+    try:
+        return stat_key(os.stat(path))
+    except OSError:
+        return None
+
+
 def _unchanged(stamp: dict) -> bool:
-    for path, want in stamp.get("stats", {}).items():
-        try:
-            got = stat_key(os.stat(path))
-        except OSError:
-            got = None
-        if got != want:
-            return False
-    return True
+    return all(_stat_or_none(path) == want for path, want in stamp.get("stats", {}).items())
 
 
 class _Tee(io.TextIOBase):
@@ -145,14 +212,7 @@ class Recording:
         if stats is None:
             return
         key = command_key(self.args)
-        from npubuild.atomic import write_json
-
-        try:
-            write_json(stamp_path(self.args, key),
-                       {"key": key, "stats": stats, "stdout": self.out.copy.getvalue(),
-                        "stderr": self.err.copy.getvalue()})
-        except OSError:  # a build root that takes no stamp only loses the speed-up
-            pass
+        _write(stamp_path(self.args, key), key, stats, self)
 
 
 @contextmanager
@@ -198,13 +258,7 @@ def _stats(loaded, build) -> dict[str, list | None] | None:
                 return None
             paths.append(_searched_folder(loaded, spec))
     paths += [build.report, build.recipe_lock, build.report_html]
-    stats = {}
-    for path in dict.fromkeys(str(Path(p)) for p in paths):
-        try:
-            stats[path] = stat_key(os.stat(path))
-        except OSError:
-            stats[path] = None
-    return stats
+    return {path: _stat_or_none(path) for path in dict.fromkeys(str(Path(p)) for p in paths)}
 
 
 def _toolchain_files(loaded) -> list[Path] | None:

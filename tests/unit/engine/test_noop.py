@@ -23,17 +23,26 @@ HEAVY = {"numpy", "pydantic", "onnx", "yaml", "rich", "doit", "http", "webbrowse
 
 
 def run(tmp: Path, recipe: Path, *extra: str, env: dict | None = None):
+    return npubuild(tmp, "run", str(recipe), "import", "--build-dir", str(tmp / "build"),
+                    "--cache", str(tmp / "cache"), *extra, env=env)
+
+
+def validate(tmp: Path, *recipes: Path, returncode: int = 0):
+    return npubuild(tmp, "validate", *map(str, recipes), returncode=returncode)
+
+
+def npubuild(tmp: Path, *argv: str, env: dict | None = None, returncode: int = 0):
+    """(stdout, stderr, replayed) of one npubuild command in ``tmp``."""
     import subprocess
     import sys
 
     probe = f"HEAVY = {sorted(HEAVY)!r}\n" + PROBE
-    proc = subprocess.run([sys.executable, "-c", probe, "run", str(recipe), "import", "--build-dir",
-                           str(tmp / "build"), "--cache", str(tmp / "cache"), *extra], cwd=tmp,
+    proc = subprocess.run([sys.executable, "-c", probe, *argv], cwd=tmp,
                           capture_output=True, text=True, check=False,
                           env={**os.environ, "TERM": "dumb", **(env or {})})
-    assert proc.returncode == 0, proc.stderr
-    fast = proc.stderr.strip().endswith("FAST")
-    return proc.stdout, proc.stderr.rsplit("\n", 2)[0] if fast else proc.stderr, fast
+    assert proc.returncode == returncode, proc.stderr
+    *printed, probe_line = proc.stderr.rstrip("\n").split("\n")
+    return proc.stdout, "\n".join(printed), probe_line == "FAST"
 
 
 def test_a_second_no_op_replays_the_first_without_loading_the_recipe(tmp_path):
@@ -151,3 +160,55 @@ def test_a_toolchain_installed_or_named_takes_the_ordinary_path(tmp_path):
     run(tmp_path, recipe, env=named)
     run(tmp_path, recipe, env=named)
     assert not run(tmp_path, recipe, env=named)[2]  # the user's environment: asked every run
+
+
+def test_a_second_validate_replays_the_first_without_loading_the_recipe(tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    out1, err1, fast1 = validate(tmp_path, recipe)
+    out2, err2, fast2 = validate(tmp_path, recipe)
+    assert (fast1, fast2) == (False, True)
+    assert "valid" in out1 and (out2, err2) == (out1, err1)
+    assert not validate(tmp_path, recipe, recipe)[2]  # other arguments: their own stamp
+
+
+def test_validate_checks_again_after_a_change_to_what_it_read(tmp_path):
+    model = tmp_path / "tiny.onnx"
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(Path(TINY_RECIPE.split("path: ")[1].split("\n")[0]), model)
+    source = Path(__import__("skimage").__file__).parent / "data"
+    for name in ("astronaut.png", "camera.png"):
+        shutil.copy(source / name, data / name)
+    body = (TINY_RECIPE.replace(TINY_RECIPE.split("path: ")[1].split("\n")[0], str(model))
+            .replace('"pkg:skimage/data/[a-c]*.png"', f'"{data}/*.png"'))
+    recipe = write_recipe(tmp_path, body)
+    validate(tmp_path, recipe)
+    assert validate(tmp_path, recipe)[2]
+
+    recipe.write_text(recipe.read_text() + "# a comment\n")  # the recipe
+    assert not validate(tmp_path, recipe)[2]
+    assert validate(tmp_path, recipe)[2]
+
+    model.write_bytes(model.read_bytes())  # the model, rewritten
+    assert not validate(tmp_path, recipe)[2]
+    assert validate(tmp_path, recipe)[2]
+
+    shutil.copy(source / "coffee.png", data / "coffee.png")  # a file the data glob matches
+    assert not validate(tmp_path, recipe)[2]
+    assert validate(tmp_path, recipe)[2]
+
+    model.unlink()
+    out, err, fast = validate(tmp_path, recipe, returncode=2)
+    assert not fast and "tiny.onnx" in err
+    assert not validate(tmp_path, recipe, returncode=2)[2]  # a failure is never stamped
+
+
+def test_a_validate_that_warned_is_never_replayed(tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    (tmp_path / "other").mkdir()
+    other = write_recipe(tmp_path / "other", TINY_RECIPE)  # the same name: it owns build/tiny/
+    run(tmp_path, other)
+    _, err, fast = validate(tmp_path, recipe)
+    assert not fast and "warning:" in err
+    _, err, fast = validate(tmp_path, recipe)
+    assert not fast and "warning:" in err
