@@ -550,14 +550,16 @@ class PrecisionSearch:
         return chosen
 
     def _demote(self, chosen: dict[str, str]) -> dict[str, str]:
-        """Float choices become int16 where that still passes (they stay on the NPU)."""
+        """Float choices become int16 where that still passes (they stay on the NPU) and is
+        no slower: int16 that pushes a layer off the integer kernels costs time too."""
         floats = sorted(t for t, p in chosen.items() if p == "float")
         start, block = 0, max(1, len(floats))
         for _ in range(DEMOTE_EVALUATIONS):
             if start >= len(floats):
                 break
             trial = {**chosen, **{t: "int16" for t in floats[start:start + block]}}
-            if self.ok(self.score(trial, "int16 instead of float")):
+            if (self.slowdown(trial) <= self.slowdown(chosen) * (1 + 1e-9)
+                    and self.ok(self.score(trial, "int16 instead of float"))):
                 chosen, start, block = trial, start + block, block * 2
             elif block > 1:
                 block //= 2
@@ -575,12 +577,15 @@ class PrecisionSearch:
         budget = self.spec.max_slowdown
         chosen, within = self._fit_budget(ranking, budget)
         if self.ok(within):
-            chosen = self._drop(chosen, ranking)
+            steps = [chosen, self._drop(chosen, ranking)]
             if "int16" in self.levels:
-                chosen = self._demote(chosen)
-            final = self.score(chosen)
-            if self.affordable(final):
-                return self._result(plain, final, chosen, ranking)
+                steps.append(self._demote(steps[-1]))
+            # each step passes; the last that fits the budget is kept (fewer float tensors
+            # can mean more CPU segments, each a hand-over), and the first fits by construction
+            for step in reversed(steps):
+                final = self.score(step)
+                if self.affordable(final):
+                    return self._result(plain, final, step, ranking)
         accept, cheapest = math.ceil(needed.slowdown * 10) / 10, needed
         wider = budget
         for _ in range(BUDGET_DOUBLINGS):

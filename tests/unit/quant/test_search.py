@@ -190,6 +190,20 @@ def test_int16_that_costs_time_is_held_to_the_slowdown_budget_too():
     assert search.slowdown(result.chosen) <= 2.0
 
 
+def test_float_is_not_demoted_to_an_int16_that_costs_more_time():
+    """Eight cheap float tensors pass within the budget (1.8x); their int16, which here
+    pushes layers off the integer kernels, would pass too at 5x. The search keeps the float
+    choice it could afford; it used to demote it, find it over budget, and report the choice
+    that had passed as one that misses."""
+    cost, cheap, work = heavy_or_cheap(heavy_work=5.0, cheap_work=0.1)
+    search = Synthetic(cost, needs_float=["t7"], work=work,
+                       int16_work={"t7": 4.0, **{t: 0.5 for t in cheap}})
+    result = search.run()
+    assert result.reached and "t7" not in result.chosen
+    assert {t: "float" for t in cheap}.items() <= result.chosen.items()
+    assert search.slowdown(result.chosen) <= 2.0
+
+
 def test_the_time_budget_never_keeps_a_choice_over_the_slowdown_budget():
     cost = {t: 0.0 for t in TENSORS}
     heavy = [f"t{i}" for i in range(10, 30)]
