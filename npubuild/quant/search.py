@@ -23,14 +23,16 @@ The search, after int8 everywhere fails (read top to bottom):
    shortest passing prefix (bisection).
 4. **Drop** the prefix's tensors the thresholds do not need, least important first, in blocks
    (a block that can go goes whole and the next is twice as long; one that cannot is halved).
-5. **Demote** float choices to int16 where int16 is enough.
+5. **Demote** float choices to int16 where int16 is enough and no slower (int16 that pushes a
+   layer off the integer kernels costs time like float).
 6. **Budget**: a choice whose float layers make the model slower than
    ``quantization.auto.max_slowdown`` times int8's estimated time (MACs at the chip's and the
    host's rates, `npubuild.split.cost`: the CPU is about a hundred times slower per MAC; and
    one hand-over of `SWITCH_SECONDS` per layer the CPU runs inside an NPU graph) is not
    adopted: the most useful float blocks that fit are tried instead (then int16 on every
-   other candidate whose int16 fits); where they miss, int8 stays and the result names the
-   smallest doubled budget at which the same procedure passed.
+   other candidate whose int16 fits), then dropped and demoted, keeping the last of those
+   passing steps that fits; where they miss, int8 stays and the result names the smallest
+   doubled budget at which the same procedure passed.
 
 Candidates are every quantized activation a layer rounds or a graph takes in, NPU inputs
 arriving from CPU segments included; a tensor that only moves data shares its source's
