@@ -228,6 +228,11 @@ def _breaker_spec(layer: QLayer, tensors: dict[str, TensorInfo], executes: str,
     attrs = (("kind", layer.kind), ("executes", executes))
     if record is not None:  # (output channels, what each reads): the MAC array's shape of it
         attrs += (("weights", (cout, weight.size // cout)),)
+    elif layer.kind == "matmul":  # the right operand's columns stand for output channels
+        right = tensors[layer.inputs[1]].shape
+        depth, columns = (right[-2], right[-1]) if len(right) > 1 else (right[0], 1)
+        macs = sum(prod(o) for o in outs) * depth
+        attrs += (("weights", (columns, depth)),)
     return LayerSpec(layer.name, "move", tuple(layer.inputs), tuple(layer.outputs),
                      tuple(tensors[t].view for t in layer.inputs), tuple(outs),
                      weight_bytes=weight_bytes, macs=macs, act_bytes=_act_bytes(layer, tensors),
@@ -254,6 +259,8 @@ def _tiled(layer: QLayer, tensors: dict[str, TensorInfo]):
     if layer.kind == "float":
         raise NotTiled("the chip's toolchain runs it in its own kernel: a whole-tensor step "
                        "between groups")
+    if layer.kind == "matmul":
+        raise NotTiled("a MatMul of two activations: computed whole between groups")
     convert = CONVERTERS.get(layer.kind)
     if convert is None:
         raise NotTiled(f"{layer.kind}: changes the tensor layout, runs as a whole-tensor DMA "

@@ -2,7 +2,7 @@
 
 ``compile/graph_ir_<i>/graph_<i>.json`` lists the layers in dependency order; each is a JSON
 object in the seed's style — ``name``, ``operation`` (``conv``, ``dwconv``, ``group_conv``,
-``fc``, ``add``, ``sub``, ``mul``, ``rescale``, ``concat``, ``max_pool``, ``avg_pool``,
+``fc``, ``add``, ``sub``, ``mul``, ``matmul``, ``rescale``, ``concat``, ``max_pool``, ``avg_pool``,
 ``resize_nearest``, ``resize_bilinear``, ``lut``, ``softmax``, ``reshape``, ``transpose``, ``slice``,
 ``split``, ``pad``, ``float``), sizes (``input_size``/``output_size`` ``{height, width}`` and
 channel counts for 4-D tensors, ``input_shape``/``output_shape`` otherwise), ``padding``,
@@ -313,6 +313,8 @@ class _Layer:
             out.update(_quant(f"input{i}", self.t(t)))
         out.update(_quant("output", self.t(self.layer.outputs[0])))
         return out
+
+    _matmul = _mul  # the same fields: two inputs, one multiplier and shift
 
     def _rescale(self) -> dict:
         layer = self.layer

@@ -10,7 +10,9 @@ conv and one table would do. Folded:
   constant that is one value per output channel (or a scalar) scales its weights and bias,
   ``Add``/``Sub`` of such a constant shifts its bias, and a ``BatchNormalization`` does both;
 - after a ``lut`` layer, the same ops by a *scalar* constant become part of the table's
-  function (the table is re-evaluated from the extended fragment, so it stays exact).
+  function (the table is re-evaluated from the extended fragment, so it stays exact);
+- after a ``matmul`` of two activations, ``Mul``/``Div`` by a scalar (attention's
+  ``1/√d`` after Q·Kᵀ) becomes its ``factor``, part of its one requantization.
 
 A step folds only where it is the single consumer of the layer's output and that output is no
 graph output (nothing else may see the unfolded tensor). The layer keeps its name and takes
@@ -27,7 +29,7 @@ import onnx
 from npubuild.quant.floatgraph import FLayer
 
 AFFINE_OPS = {"Mul", "Div", "Add", "Sub", "BatchNormalization"}
-FOLDS_AFFINE = {"conv", "lut"}
+FOLDS_AFFINE = {"conv", "lut", "matmul"}
 
 
 def channel_vector(value: np.ndarray, out_shape: list[int], axis: int | None) -> np.ndarray | None:
@@ -100,9 +102,18 @@ def fold_into_table(layer: FLayer, scale: float, shift: float) -> None:
         layer.fn = lambda x, fn=fn: np.asarray(fn(x), np.float64) * scale + shift
 
 
+def fold_into_matmul(layer: FLayer, scale: float, shift: float) -> bool:
+    """``(a @ b) · scale`` as the matmul's ``factor``; a shift does not fold (False)."""
+    if shift != 0:
+        return False
+    layer.attrs = {**layer.attrs, "factor": layer.attrs.get("factor", 1.0) * scale}
+    return True
+
+
 def fold_axis(layer: FLayer, rank: int) -> int | None:
     """The axis a step after ``layer`` may vary along: a conv's output channels (the last axis
-    of a fully connected layer, NCHW's 1 otherwise); None (scalars only) for a table."""
-    if layer.kind == "lut":
+    of a fully connected layer, NCHW's 1 otherwise); None (scalars only) for a table or a
+    matmul of two activations."""
+    if layer.kind in ("lut", "matmul"):
         return None
     return rank - 1 if layer.attrs.get("fc") else 1

@@ -232,6 +232,9 @@ class _Walker:
                 return
             if layer.kind == "conv":
                 affine.fold_into_conv(layer, *step)
+            elif layer.kind == "matmul":
+                if not affine.fold_into_matmul(layer, float(step[0][0]), float(step[1][0])):
+                    return
             else:
                 affine.fold_into_table(layer, float(step[0][0]), float(step[1][0]))
             layer.outputs = [user.output[0]]

@@ -199,10 +199,15 @@ def gemm(node, ctx) -> FLayer:
 
 
 def matmul(node, ctx) -> FLayer:
-    b = ctx.const(node.input[1])
-    if b is None or b.ndim != 2:
-        raise Unsupported("MatMul needs a constant 2-D right operand")
-    return _fc(node, node.input[0], b.T, np.zeros(b.shape[1]))
+    """A constant 2-D right operand: a fully connected layer; two activations (attention's
+    Q·Kᵀ and weights·V): a ``matmul`` of their integers, batch dimensions broadcast as ONNX's
+    MatMul does."""
+    a, b = (ctx.const(i) for i in node.input[:2])
+    if b is not None and a is None and b.ndim == 2:
+        return _fc(node, node.input[0], b.T, np.zeros(b.shape[1]))
+    if a is None and b is None:
+        return _layer(node, "matmul", [node.input[0], node.input[1]])
+    raise Unsupported("MatMul takes two activations or a constant 2-D right operand")
 
 
 def _fc(node, x, w, bias) -> FLayer:

@@ -225,6 +225,16 @@ def _mul(b: _Builder, layer: QLayer, key: str):
             b.clamp(layer))
 
 
+def _matmul(b: _Builder, layer: QLayer, key: str):
+    p = layer.params
+    y = b.node("MatMul", [b.read(t) for t in layer.inputs], [f"{key}::y"])
+    if layer.attrs.get("factor", 1.0) != 1.0:  # a folded scalar Mul/Div
+        k = b.const(f"{key}::k", np.float32(layer.attrs["factor"]))
+        y = b.node("Mul", [y, k], [f"{key}::scaled"])
+    b.write(layer.outputs[0], y, _tie(layer, b.qgraph, p["multiplier"], p["shift"]),
+            b.clamp(layer))
+
+
 def _rescale(b: _Builder, layer: QLayer, key: str):
     """``x · factor``; with a negative side (PRelu, LeakyRelu) ``Where(x ≥ 0, x · factor,
     x · negative_factor)``, each side nudged on its own ties (pow2 graphs)."""
@@ -387,7 +397,7 @@ def _fragment(b: _Builder, layer: QLayer, key: str):
         b.write(t, outs[o.name])
 
 
-FRAGMENTS = {"conv": _conv, "add": _add, "mul": _mul, "rescale": _rescale, "concat": _concat,
+FRAGMENTS = {"conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "rescale": _rescale, "concat": _concat,
              "maxpool": _maxpool, "avgpool": _avgpool, "resize": _resize, "lut": _fragment,
              "softmax": _fragment, "float": _fragment, **{k: _data for k in ("reshape", "transpose", "slice", "split", "pad")}}
 

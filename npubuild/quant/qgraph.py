@@ -41,6 +41,9 @@ add        (add, sub, sum of two) params: input_zps, multipliers [M_a, ±M_b], s
            log2scales) (seed 004's left shift; both inputs are first aligned exactly to the
            finer scale, where the seed aligns to the coarser ``min`` and drops low bits)
 mul        params: input_zps, multiplier, shift, output_zp, qmin, qmax
+matmul     (MatMul of two activations, batch dimensions broadcast) attrs: factor (a folded
+           scalar Mul/Div, absent for 1); params: input_zps, multiplier, shift, output_zp,
+           qmin, qmax: ``(a - zp_a) @ (b - zp_b)`` requantized
 rescale    (Mul/Div by a scalar constant; PRelu, LeakyRelu) attrs: factor, and for PRelu and
            LeakyRelu function, negative_factor (one, or a list along axis); params: input_zp,
            multiplier, shift, output_zp; arrays: negative_multiplier, negative_shift [1 or
@@ -77,7 +80,7 @@ from npubuild.quant.schemes import QParams
 
 FORMAT = "npubuild.qgraph"
 VERSION = 1
-KINDS = ("conv", "add", "mul", "rescale", "concat", "maxpool", "avgpool", "resize", "lut", "softmax",
+KINDS = ("conv", "add", "mul", "matmul", "rescale", "concat", "maxpool", "avgpool", "resize", "lut", "softmax",
          "reshape", "transpose", "slice", "split", "pad", "float")
 DATA_MOVEMENT = ("maxpool", "reshape", "transpose", "slice", "split", "pad")
 

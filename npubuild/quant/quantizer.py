@@ -43,7 +43,7 @@ MIN_LUT_SQNR_DB = 30.0
 # A channel spanning at least this fraction of an int8 step is alive (verify's DEAD_SPAN of
 # the tensor's range is a quarter of a 255-step int8 range).
 DEAD_STEP_FRACTION = 0.25
-SHARES_CONCAT_SCALE = {"conv", "lut", "add", "mul", "rescale", "avgpool", "concat"}
+SHARES_CONCAT_SCALE = {"conv", "lut", "add", "mul", "matmul", "rescale", "avgpool", "concat"}
 
 
 @dataclass(frozen=True)
@@ -235,6 +235,10 @@ class Quantizer:
 
     def _placed(self, layer: FLayer, float_tensors=None) -> FLayer:
         float_tensors = self.config.float_tensors if float_tensors is None else float_tensors
+        if layer.kind == "matmul" and "MatMul" in dict(self.config.vendor_kernels):
+            # the toolkit's own MatMul kernel was measured against its model (the chip file's
+            # note); npubuild's integer one is for the chips it compiles itself
+            layer = replace(layer, kind="float", reason="a MatMul of two activations")
         kernel = self._vendor_kernel(layer, float_tensors)
         if kernel is not None:
             how = ("in its own int8 kernel, from the Q/DQ around it" if kernel == "int8" else
@@ -458,7 +462,7 @@ def requantizes(layer: QLayer) -> bool:
     """Whether the layer rounds its result onto the output's scale (so has output_zp, qmin...)."""
     if layer.kind == "resize":
         return layer.attrs["mode"] == "linear"
-    return layer.kind in ("conv", "add", "mul", "rescale", "concat", "avgpool")
+    return layer.kind in ("conv", "add", "mul", "matmul", "rescale", "concat", "avgpool")
 
 
 def _qlayer(layer: FLayer, **kw) -> QLayer:
@@ -550,6 +554,18 @@ def _mul(q: Quantizer, layer: FLayer) -> QLayer:
     m, n = schemes.fixed_point(a.scale * b.scale / y.scale, bits=schemes.multiplier_bits(span))
     return _qlayer(layer, params={"input_zps": [a.zero_point, b.zero_point],
                                   "multiplier": m, "shift": n})
+
+
+def _matmul(q: Quantizer, layer: FLayer) -> QLayer:
+    """``(a - zp_a) @ (b - zp_b)`` at scale ``s_a · s_b`` (times a folded scalar ``factor``),
+    requantized once: the multiplier keeps a whole row's sum of products inside int64."""
+    a, b, y = (q.p(t) for t in (*layer.inputs, layer.outputs[0]))
+    depth = q.fg.shapes[layer.inputs[0]][-1]
+    span = depth * _zero_centred_span(a) * _zero_centred_span(b)
+    m, n = schemes.fixed_point(layer.attrs.get("factor", 1.0) * a.scale * b.scale / y.scale,
+                               bits=schemes.multiplier_bits(span))
+    return _qlayer(layer, attrs=dict(layer.attrs), params={
+        "input_zps": [a.zero_point, b.zero_point], "multiplier": m, "shift": n})
 
 
 def _rescale(q: Quantizer, layer: FLayer) -> QLayer:
@@ -721,7 +737,8 @@ def _float(q: Quantizer, layer: FLayer) -> QLayer:
 
 
 BUILDERS: dict[str, Callable[[Quantizer, FLayer], QLayer]] = {
-    "conv": _conv, "add": _add, "mul": _mul, "rescale": _rescale, "concat": _concat,
+    "conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "rescale": _rescale,
+    "concat": _concat,
     "avgpool": _avgpool, "resize": _resize, "lut": _lut, "softmax": _softmax, "pad": _pad,
     "float": _float,
     **{k: _data for k in ("maxpool", "reshape", "transpose", "slice", "split")},

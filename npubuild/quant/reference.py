@@ -337,6 +337,24 @@ def mul(layer: QLayer, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _requant(layer, acc, p["multiplier"], p["shift"])
 
 
+def matmul(layer: QLayer, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(a - zp_a) @ (b - zp_b)`` (ONNX MatMul: batch dimensions broadcast), one
+    requantization; in float64 BLAS while no sum can reach 2^53 (``K · max|a| · max|b|``,
+    far beyond int8 and int16 rows), else in int64."""
+    p = layer.params
+    za, zb = p["input_zps"]
+    xa, xb = _centered(np.asarray(a), za), _centered(np.asarray(b), zb)
+    depth = xa.shape[-1]
+    bound = depth * (float(np.abs(xa).max()) if xa.size else 0.0) * (
+        float(np.abs(xb).max()) if xb.size else 0.0)
+    if bound < FLOAT64_EXACT:
+        with one_blas_thread():
+            acc = np.matmul(xa.astype(np.float64), xb.astype(np.float64))
+    else:
+        acc = np.matmul(xa.astype(np.int64), xb.astype(np.int64))
+    return _requant(layer, acc, p["multiplier"], p["shift"])
+
+
 def rescale(layer: QLayer, x: np.ndarray) -> np.ndarray:
     """``x - zp`` requantized by ``(multiplier, shift)``, or where it is negative by the
     negative side's (PRelu, LeakyRelu: one pair, or one per index of ``attrs.axis``)."""
@@ -508,6 +526,7 @@ KERNELS: dict[str, Kernel] = {
     "conv": lambda l, xs: [conv2d(l, xs[0])],
     "add": lambda l, xs: [add(l, xs[0], xs[1])],
     "mul": lambda l, xs: [mul(l, xs[0], xs[1])],
+    "matmul": lambda l, xs: [matmul(l, xs[0], xs[1])],
     "rescale": lambda l, xs: [rescale(l, xs[0])],
     "concat": lambda l, xs: [concat(l, xs)],
     "maxpool": lambda l, xs: [maxpool2d(l, xs[0])],

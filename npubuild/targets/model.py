@@ -205,8 +205,8 @@ class Chip(Strict):
         if named and self.backend == SIMULATED:
             raise ValueError(
                 f"{', '.join(named)}: vendor_kernel names a vendor toolchain's kernel, and the "
-                f"{SIMULATED} backend runs npubuild's own kernels (which have none for such a "
-                "node); remove vendor_kernel, or give the chip a vendor backend")
+                f"{SIMULATED} backend runs npubuild's own kernels only; remove vendor_kernel, "
+                "or give the chip a vendor backend")
         return self
 
     @model_validator(mode="after")

@@ -252,3 +252,21 @@ def test_a_layer_the_vendors_int8_kernel_runs_counts_its_macs_on_the_npu():
     assert step.executes == "npu"
     assert step.compute_cycles == -(-spec.macs // (TINY.lanes * TINY.macs_per_cycle_per_lane))
     simulate_and_compare(qgraph, program_file)
+
+
+def test_an_integer_matmul_of_two_activations_runs_whole_on_the_npu_between_groups():
+    """Without a vendor kernel the same MatMul is npubuild's own integer ``matmul``: a step
+    between groups on the NPU, its MACs counted, the simulator equal to the reference."""
+    from tests.unit.quant.test_quantizer_vendor_kernels import attention_scores
+
+    m = attention_scores()
+    qgraph, _, _ = qhelpers.quantize(m, qhelpers.feeds_for(m))
+    assert next(layer for layer in qgraph.layers if layer.name == "scores").kind == "matmul"
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    breaker = layers.breakers["scores"]
+    assert breaker.executes == "npu" and "MatMul of two activations" in breaker.reason
+    spec = next(s for s in layers.graph.layers if s.name == "scores")
+    assert spec.macs == 4 * 16 * 16 * 8
+    step = next(s for s in estimate(program).steps if s.layer == "scores")
+    assert step.executes == "npu" and step.compute_cycles > 0
+    simulate_and_compare(qgraph, program_file)

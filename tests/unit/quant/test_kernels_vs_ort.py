@@ -50,6 +50,16 @@ def relu_then(op, **attrs):
                  X, {"y": None})
 
 
+def attention():
+    """Self-attention's two MatMuls of activations: softmax(x·xᵀ / 4)·x per head."""
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["x", "xt"], ["s"]),
+             helper.make_node("Mul", ["s", "k"], ["sk"]),
+             helper.make_node("Softmax", ["sk"], ["a"], axis=-1),
+             helper.make_node("MatMul", ["a", "x"], ["y"])]
+    return model(nodes, X, {"y": None}, {"k": np.float32(0.25)})
+
+
 def two(op):
     return model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node(op, ["x", "r"], ["y"])],
                  X, {"y": None})
@@ -84,6 +94,11 @@ CASES = {
     "add_relu": lambda: model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["x", "r"], ["a"]),
                                helper.make_node("Relu", ["a"], ["y"])], X, {"y": None}),
     "mul_two_inputs": lambda: two("Mul"),
+    "matmul_two_inputs": lambda: model([helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 1, 3, 2]),
+                                        helper.make_node("MatMul", ["xt", "x"], ["y"])], X, {"y": None}),
+    "matmul_broadcast": lambda: model([helper.make_node("MatMul", ["x", "z"], ["y"])],
+                                      {**X, "z": [1, 1, 10, 7]}, {"y": None}),
+    "attention": attention,
     "concat": lambda: model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["x"], ["s"]),
                              helper.make_node("Concat", ["x", "r", "s"], ["y"], axis=1)], X, {"y": None}),
     "maxpool": lambda: model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
@@ -146,6 +161,18 @@ def test_folded_activations_and_patterns_make_one_layer():
                         (lambda: conv_act("Clip", "lo", "hi"), "conv")]:
         qg, _, _ = check_against_ort(build(), samples(X), scheme="symmetric")
         assert [layer.kind for layer in qg.layers] == [kind]
+
+
+@pytest.mark.parametrize("scheme", ["symmetric", "asymmetric"])
+def test_attention_matmuls_of_two_activations_are_integer_layers(scheme):
+    """Q·Kᵀ and weights·V ran in float on the CPU ("MatMul needs a constant 2-D right
+    operand"), so a transformer's attention left the NPU twice per layer; the 1/√d scale
+    after Q·Kᵀ folds into its requantization."""
+    qg, cc, cos = check_against_ort(attention(), samples(X), scheme=scheme)
+    kinds = [(layer.kind, layer.device) for layer in qg.layers]
+    assert kinds == [("transpose", "npu"), ("matmul", "npu"), ("softmax", "npu"), ("matmul", "npu")]
+    assert qg.layers[1].attrs["factor"] == 0.25
+    assert cc.ok and cc.max_lsb <= 1 and cos > 0.99
 
 
 def test_an_op_without_an_integer_kernel_stays_float_with_a_reason():

@@ -1,7 +1,7 @@
-"""`QuantConfig.vendor_kernels` (a chip op table's `vendor_kernel`): a node npubuild has no
-integer kernel for (a MatMul of two activations) that the chip's toolchain runs on the NPU all
-the same — int8, from the Q/DQ around it (rknn-toolkit2's exMatMul), or float16 with its output
-kept in float — and the precision search sees the same placement (`tensor_params`)."""
+"""`QuantConfig.vendor_kernels` (a chip op table's `vendor_kernel`): a node the chip's toolchain
+runs on the NPU in its own kernel (a MatMul of two activations) — int8, from the Q/DQ around it
+(rknn-toolkit2's exMatMul), or float16 with its output kept in float — rather than npubuild's
+integer ``matmul``, and the precision search sees the same placement (`tensor_params`)."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ def scores_layer(qg):
     return next(layer for layer in qg.layers if layer.name == "scores")
 
 
-def test_without_a_vendor_kernel_it_runs_in_float_on_the_cpu():
+def test_without_a_vendor_kernel_it_is_npubuilds_own_integer_matmul():
     m = attention_scores()
     qg, _, _ = quantize(m, feeds_for(m))
-    assert scores_layer(qg).device == "cpu" and "MatMul needs a constant" in scores_layer(qg).attrs["reason"]
+    assert (scores_layer(qg).kind, scores_layer(qg).device) == ("matmul", "npu")
 
 
 def test_the_vendors_int8_kernel_runs_it_on_the_npu_between_int8_tensors():
@@ -43,7 +43,7 @@ def test_the_vendors_int8_kernel_runs_it_on_the_npu_between_int8_tensors():
     layer = scores_layer(qg)
     assert layer.kind == "float" and layer.device == "npu" and qg.cpu_layers() == []
     assert "runs it on the NPU in its own int8 kernel" in layer.attrs["reason"]
-    assert "MatMul needs a constant 2-D right operand" in layer.attrs["reason"]  # why not ours
+    assert "a MatMul of two activations" in layer.attrs["reason"]  # why not ours
     assert all(not qg.tensors[t].is_float for t in ("q", "kt", "s", "y"))
     # what the toolkit is handed: DequantizeLinear -> MatMul -> QuantizeLinear
     qdq = export_qdq(qg, ties=False)
@@ -93,7 +93,7 @@ def test_beside_a_constant_it_is_no_vendor_kernel():
 
 def test_the_precision_search_sees_the_same_placement():
     """`tensor_params` names the layers the search prices as float: not one the vendor's int8
-    kernel runs, one it runs in float16 (and one with no vendor kernel) yes."""
+    kernel runs (nor npubuild's integer matmul), one it runs in float16 yes."""
     m = attention_scores()
     feeds = feeds_for(m)
     fg, probe = lower(m)
@@ -101,6 +101,6 @@ def test_the_precision_search_sees_the_same_placement():
     base = quantizer.QuantConfig(scheme="symmetric")
     floats = {kernels: quantizer.Quantizer(fg, stats, replace(base, vendor_kernels=kernels))
               .tensor_params()[1] for kernels in ((), INT8, FLOAT16)}
-    assert floats == {(): {"scores"}, INT8: set(), FLOAT16: {"scores", "twice"}}
+    assert floats == {(): set(), INT8: set(), FLOAT16: {"scores", "twice"}}
     params, _ = quantizer.Quantizer(fg, stats, replace(base, vendor_kernels=INT8)).tensor_params()
     assert params["s"] is not None and params["s"].dtype == "int8"

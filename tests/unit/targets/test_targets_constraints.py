@@ -245,24 +245,24 @@ def activation_matmul() -> onnx.ModelProto:
     return one("MatMul", [[1, 4, 16, 8], [1, 4, 8, 16]])
 
 
-def test_a_matmul_of_two_activations_runs_where_the_chip_names_a_vendor_kernel_for_it():
-    """npubuild has no integer kernel for it: the CPU runs it, with the quantizer's reason,
-    unless the chip's op table says its vendor's toolchain runs such a node on the NPU
-    (`vendor_kernel`; rk3588: rknn-toolkit2's exMatMul, int8) — read from the chip data."""
+def test_a_matmul_of_two_activations_runs_on_the_npu_in_ours_or_the_vendors_kernel():
+    """npubuild's integer ``matmul`` takes it on any chip whose table lists MatMul; where the
+    chip's op table names its vendor's kernel (`vendor_kernel`; rk3588: rknn-toolkit2's
+    exMatMul, int8) that one runs it — read from the chip data."""
     rk3588 = load_chip("rk3588")
     assert rk3588.ops["MatMul"].vendor_kernel == "int8"
-    assert reasons_of(activation_matmul(), rk3588) == []
     without = rk3588.model_copy(update={"ops": {**rk3588.ops, "MatMul": rk3588.ops["MatMul"]
                                                 .model_copy(update={"vendor_kernel": None})}})
-    for chip in (without, "npu-16m"):
-        assert reasons_of(activation_matmul(), chip) == [
-            "The quantizer has no integer kernel for it: MatMul needs a constant 2-D right operand"]
-    # beside a float constant (a 3-D one, which ours cannot take either) the toolkit stops on
-    # the quantized result: the CPU runs it there too
+    for chip in (rk3588, without, "npu-16m"):
+        assert reasons_of(activation_matmul(), chip) == []
+    # a constant 3-D right operand: no kernel of ours, and beside a float constant the
+    # toolkit stops on the quantized result: the CPU runs it
     constant_3d = one("MatMul", [[1, 4, 16, 8], [1, 4, 8, 16]],
                       {1: np.ones((1, 4, 8, 16), np.float32)})
-    assert reasons_of(constant_3d, rk3588) == [
-        "The quantizer has no integer kernel for it: MatMul needs a constant 2-D right operand"]
+    for chip in (rk3588, "npu-16m"):
+        assert reasons_of(constant_3d, chip) == [
+            "The quantizer has no integer kernel for it: MatMul takes two activations or a "
+            "constant 2-D right operand"]
 
 
 def test_the_supported_ops_doc_says_which_vendor_kernel_takes_what_ours_cannot():
@@ -272,8 +272,8 @@ def test_the_supported_ops_doc_says_which_vendor_kernel_takes_what_ours_cannot()
 
 
 def test_a_simulated_chip_cannot_claim_a_vendor_kernel(tmp_path):
-    """npubuild's simulator has no kernel for what `vendor_kernel` places on the NPU (a MatMul
-    of two activations): on a simulated chip the field is refused, not silently run in float."""
+    """npubuild's simulator runs npubuild's own kernels, never a vendor's: on a simulated chip
+    `vendor_kernel` is refused, not silently run as something else."""
     from npubuild.targets import load_chip as load
 
     text = (REPO / "npubuild/targets/npu-tiny.yaml").read_text()
