@@ -155,7 +155,9 @@ def run(ctx: StageContext) -> dict:
     if not verdict.passed and spec.weight_rounding is None:
         workflow.gather_weight_grams(calibration_samples(), total=cal_total,
                                      mapper=lambda w: _batch_mapper(ctx, w))
-        verdict, rounding_measured = measured_weight_rounding(workflow, judge, compare, verdict)
+        verdict, rounding_measured = measured_weight_rounding(
+            workflow, judge, compare, verdict, searched=spec.auto.enabled
+            and spec.auto.precision in (None, "int16"))
     search = None
     if not verdict.passed and spec.auto.enabled:
         search = precision_search(ctx, workflow, compare, judge, verdict)
@@ -201,15 +203,19 @@ MAX_CONFIRMATIONS = 6
 SPAN_DEMANDED = 0.5   # where a channel died, the search keeps every channel this lively
 
 
-def measured_weight_rounding(workflow: Workflow, judge: SampleJudge, compare: list, nearest):
+def measured_weight_rounding(workflow: Workflow, judge: SampleJudge, compare: list, nearest,
+                             searched: bool = True):
     """Where the recipe leaves ``weight_rounding`` unset and int8 misses verify's thresholds:
     both roundings judged on the verify samples as verify judges, at the widest integer
-    precision the precision search can then use (int16 on every tensor on chips with int16,
-    else int8), and GPTQ kept only where it scores better there (passes, or a higher cosine
+    precision the precision search can then use (int16 on every tensor on chips with int16
+    when the search will run and may choose int16, ``searched``; else int8, what is
+    deployed), and GPTQ kept only where it scores better there (passes, or a higher cosine
     margin). At int8 alone the activations' rounding can hide what the weights' allows:
     MediaPipe's face detector scores lower with GPTQ in int8, yet only GPTQ's weights let
-    int16 activations pass. Returns the int8 verdict kept and what was measured."""
-    wide = workflow.options.chip_int16
+    int16 activations pass. Without the search nothing deploys int16, so judging there chose
+    GPTQ for BlazePose's landmark model, which then deployed worse in int8 (pose flag 0.994 →
+    0.84, worst output 0.614 → 0.584). Returns the int8 verdict kept and what was measured."""
+    wide = workflow.options.chip_int16 and searched
 
     def int8_verdict():  # the integer reference's values are cached per quantization
         return judge(workflow.deployed_values(compare, judge.kept))
