@@ -501,10 +501,14 @@ class VerifySpec(Strict):
         "to the CPU (reported always, judged only where set, so an intermediate does not fail "
         "a model whose outputs pass unless asked), dead channels included "
         "(handover.dead_channels: true fails on them).")
-    task: Literal["classifier", "detector", "text_detection", "text_recognition",
-                  "binary_map"] | None = Field(
+    task: Literal["classifier", "detector", "anchor_detector", "text_detection",
+                  "text_recognition", "binary_map"] | None = Field(
         None, description="Task-level agreement: classifier — top-1/top-5 agreement; detector — "
-        "YOLOv8 box recall (IoU ≥ 0.5, same class); text_detection — IoU of the text maps "
+        "YOLOv8 box recall (IoU ≥ 0.5, same class); anchor_detector — an SSD-style anchor "
+        "detector's outputs [1, anchors, k ≥ 4] box regressors and [1, anchors, fewer] score "
+        "logits (MediaPipe's face, palm and pose detectors): the anchors whose sigmoid score "
+        "reaches task_threshold (default 0.5) with the same box (IoU ≥ 0.5), over the anchors "
+        "either side keeps; text_detection — IoU of the text maps "
         "binarized at 0.3; text_recognition — the same text from a CTC head's greedy decoding "
         "(class 0 the blank); binary_map — IoU of the maps binarized at task_threshold (notes "
         "and onsets, speech frames).")
@@ -513,6 +517,7 @@ class VerifySpec(Strict):
         "with several, the lowest agreement is judged.")
     task_threshold: float | None = Field(
         None, description="binary_map: the value above which a map element counts as present "
+        "(default 0.5); anchor_detector: the score (after the sigmoid) an anchor is kept at "
         "(default 0.5).")
     min_task_agreement: float | None = Field(
         None, ge=0, le=1, description="Threshold on the task's figure (top-1 agreement, box "

@@ -127,7 +127,11 @@ LIMIT_PREFIX = {"outputs": "verify", "handover": "verify.handover", "slices": "v
 def tensor_figures(report: dict, verify_spec: dict | None) -> Iterator[tuple[str, str, list[Figure]]]:
     """Per tensor verify judged or reported: (group, name, figures); group is ``outputs``,
     ``handover`` (tensors an NPU submodel hands over) or ``slices``."""
+    from npubuild.verify.verdict import output_limits
+
     outputs, handover, slices = _limits(verify_spec)
+    task = (report.get("accuracy") or {}).get("task") or (report.get("verify") or {}).get("task") or {}
+    task_reads = {task.get("boxes"), task.get("scores")} - {None} if isinstance(task, dict) else set()
     for group, section, field in GROUPS:
         items = (report.get(section) or {}).get(field) or {}
         if group == "outputs" and not items:
@@ -136,6 +140,8 @@ def tensor_figures(report: dict, verify_spec: dict | None) -> Iterator[tuple[str
             if not isinstance(m, dict):
                 continue
             prefix, limits = LIMIT_PREFIX[group], outputs if group == "outputs" else handover
+            if group == "outputs" and name in task_reads:
+                limits = output_limits(_Spec(verify_spec), task_reads=True)
             if group == "slices":
                 index, limits = slices.get(name, (None, None))
                 prefix = f"{prefix}[{index}]"
@@ -185,6 +191,9 @@ def task_evidence(task: dict, samples: int | None = None) -> str:
     if task.get("task") == "detector" and is_number(task.get("float_boxes")):
         n = task["float_boxes"]
         return f"over {n:,} float box{'es' * (n != 1)}" + (f" in {shown}" if shown else "")
+    if task.get("task") == "anchor_detector" and is_number(task.get("float_anchors")):
+        n = task["float_anchors"]
+        return f"over {n:,} float anchor{'s' * (n != 1)} kept" + (f" in {shown}" if shown else "")
     if task.get("task") == "text_detection" and is_number(task.get("text_pixels_union")):
         return f"over {task['text_pixels_union']:,} text pixels" + (f" in {shown}" if shown else "")
     return f"over {shown}" if shown else ""

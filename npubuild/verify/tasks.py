@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from npubuild.metrics import similarity
+
 TOP_K = 5
 TEXT_THRESHOLD = 0.3  # DBNet's (PP-OCR det) binarization threshold for the probability map
 
@@ -98,3 +100,83 @@ def detector(totals: dict) -> dict:
     return {"task": "detector", **{k: totals[k] for k in ("float_boxes", "deployed_boxes",
                                                           "matched", "box_recall")},
             "agreement": totals["box_recall"], "agreement_is": "box recall"}
+
+
+ANCHOR_SCORE_THRESHOLD = 0.5  # MediaPipe's min_score_thresh for its face, palm and pose detectors
+ANCHOR_MATCH_IOU = 0.5
+
+
+def anchor_outputs(shapes: dict[str, tuple[int, ...]]) -> tuple[str, str] | None:
+    """(boxes, scores) of an SSD-style anchor detector from its outputs' shapes: two outputs
+    [1, anchors, k] with the same anchors, the box regressors the one with k ≥ 4 values per
+    anchor and the score logits the one with fewer (MediaPipe's BlazeFace, palm and pose
+    detectors: [1, 896, 16] and [1, 896, 1]); None when the outputs are not that."""
+    three = {n: s for n, s in shapes.items() if len(s) == 3 and s[0] == 1}
+    for boxes, box_shape in sorted(three.items(), key=lambda kv: -kv[1][2]):
+        for scores, score_shape in sorted(three.items(), key=lambda kv: kv[1][2]):
+            if (scores != boxes and score_shape[1] == box_shape[1] and box_shape[2] >= 4
+                    and score_shape[2] < box_shape[2]):
+                return boxes, scores
+    return None
+
+
+def anchor_boxes(regressors: np.ndarray) -> np.ndarray:
+    """Corners [anchors, 4] of each anchor's box relative to the anchor's centre: the first
+    four regressors are the box centre's offset and its size (x, y, w, h). Float and deployed
+    boxes of one anchor share that centre, so their IoU needs no anchor table (fixed-size
+    anchors, as MediaPipe's SSD anchors are)."""
+    r = np.reshape(np.asarray(regressors, np.float64), (-1, np.shape(regressors)[-1]))[:, :4]
+    half = np.abs(r[:, 2:4]) / 2
+    return np.concatenate([r[:, :2] - half, r[:, :2] + half], axis=1)
+
+
+def box_ious(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of corresponding rows of two [n, 4] corner arrays."""
+    w = np.clip(np.minimum(a[:, 2], b[:, 2]) - np.maximum(a[:, 0], b[:, 0]), 0, None)
+    h = np.clip(np.minimum(a[:, 3], b[:, 3]) - np.maximum(a[:, 1], b[:, 1]), 0, None)
+    inter = w * h
+    union = ((a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1]) + (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+             - inter)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(union > 0, inter / union, 0.0)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(np.asarray(x, np.float64), -100.0, 100.0)))
+
+
+def anchor_detector(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
+                    score_refs: list[np.ndarray], score_gots: list[np.ndarray],
+                    threshold: float = ANCHOR_SCORE_THRESHOLD) -> dict:
+    """What an SSD-style anchor detector's user keeps: the anchors whose score (the logit
+    through a sigmoid, the best class where there are several) reaches ``threshold``, and
+    their boxes. An anchor agrees when the float model and the deployed pipeline both keep it
+    and its two boxes overlap at IoU ≥ 0.5; the agreement is the agreeing anchors over the
+    anchors either side keeps, over all samples (thousands of anchors no object is near are
+    left out, as the user's decoder leaves them out; none kept on either side: 1)."""
+    kept_float = kept_deployed = kept_both = agreeing = 0
+    ious, kept_ref, kept_got = [], [], []
+    for box_ref, box_got, score_ref, score_got in zip(box_refs, box_gots, score_refs, score_gots):
+        p_ref = sigmoid(np.reshape(score_ref, (np.shape(box_ref)[1], -1)).max(axis=1))
+        p_got = sigmoid(np.reshape(score_got, (np.shape(box_got)[1], -1)).max(axis=1))
+        a, b = p_ref >= threshold, p_got >= threshold
+        both = np.nonzero(a & b)[0]
+        iou = box_ious(anchor_boxes(box_ref)[both], anchor_boxes(box_got)[both])
+        ious += iou.tolist()
+        rows = np.nonzero(a)[0]
+        kept_ref.append(np.reshape(box_ref, (len(p_ref), -1))[rows])
+        kept_got.append(np.reshape(box_got, (len(p_got), -1))[rows])
+        kept_float, kept_deployed = kept_float + int(a.sum()), kept_deployed + int(b.sum())
+        kept_both += len(both)
+        agreeing += int(np.count_nonzero(iou >= ANCHOR_MATCH_IOU))
+    union = kept_float + kept_deployed - kept_both
+    return {"task": "anchor_detector", "samples": len(box_refs), "threshold": threshold,
+            "float_anchors": kept_float, "deployed_anchors": kept_deployed,
+            "agreeing_anchors": agreeing,
+            "min_box_iou": float(min(ious)) if ious else None,
+            "mean_box_iou": float(np.mean(ious)) if ious else None,
+            # every regressor (box and keypoints) of the anchors the float model keeps
+            "kept_regressor_cosine": similarity(np.concatenate(kept_ref), np.concatenate(
+                kept_got)).cosine if kept_float else None,
+            "agreement": agreeing / union if union else 1.0,
+            "agreement_is": f"anchors above {threshold:g} with the same box (IoU >= 0.5)"}

@@ -12,7 +12,7 @@ missed, one line each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -70,8 +70,15 @@ def cosine_margins(metrics: dict, limits: Thresholds) -> list[float]:
     return out
 
 
-def output_limits(spec) -> Thresholds:
-    return Thresholds.of(spec)
+def output_limits(spec, task_reads: bool = False) -> Thresholds:
+    """A model output's thresholds; ``task_reads``: an output the ``anchor_detector`` task
+    judges (its box regressors and scores): its cosines are reported, not judged, since a
+    user decodes only the anchors the task compares (thousands of anchors no object is near
+    carry regressors nobody reads)."""
+    limits = Thresholds.of(spec)
+    if task_reads and spec.task == "anchor_detector":
+        return replace(limits, min_cosine=None, min_sample_cosine=None)
+    return limits
 
 
 def slice_limits(spec, check) -> Thresholds:
@@ -108,7 +115,9 @@ def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
     boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots])
                   for name in handed_over}
     slices = slice_metrics(spec, refs, gots, floats)
-    checks = ([(name, f"output {name!r}", m, output_limits(spec), "") for name, m in metrics.items()]
+    read = anchor_pair(spec, {**floats[0], **refs[0]}, outputs) if spec.task == "anchor_detector" else ()
+    checks = ([(name, f"output {name!r}", m, output_limits(spec, name in (read or ())), "")
+               for name, m in metrics.items()]
               + [(name, f"NPU output {name!r}", m, handover_limits(spec), "against the float pipeline")
                  for name, m in boundaries.items()]
               + [(c.label, f"slice {c.label!r}", slices[c.label], slice_limits(spec, c), "")
@@ -173,6 +182,8 @@ def task_check(spec, detections: dict | None, refs: list[Values], gots: list[Val
 
     if spec.task == "detector":
         return tasks.detector(detections)
+    if spec.task == "anchor_detector":
+        return anchor_task(spec, refs, gots, floats, outputs)
     checks = {"classifier": tasks.classifier, "text_detection": tasks.text_detection,
               "text_recognition": tasks.text_recognition,
               "binary_map": lambda r, g: tasks.binary_map(
@@ -187,6 +198,28 @@ def task_check(spec, detections: dict | None, refs: list[Values], gots: list[Val
     worst = min(per_output.values(), key=lambda r: (r["agreement"] is not None, r["agreement"] or 0))
     return {"task": spec.task, "outputs": per_output, "agreement": worst["agreement"],
             "agreement_is": f"lowest {worst['agreement_is']} of {len(per_output)} outputs"}
+
+
+def anchor_pair(spec, sample: Values, outputs: Sequence[str]) -> tuple[str, str] | None:
+    """(boxes, scores) an ``anchor_detector`` task reads: among ``verify.task_outputs`` (default:
+    every model output), by their shapes (`tasks.anchor_outputs`)."""
+    from npubuild.verify import tasks
+
+    names = spec.task_outputs or outputs
+    return tasks.anchor_outputs({n: tuple(np.shape(sample[n])) for n in names if n in sample})
+
+
+def anchor_task(spec, refs: list[Values], gots: list[Values], floats: list[Values],
+                outputs: Sequence[str]) -> dict:
+    from npubuild.verify import tasks
+
+    boxes, scores = anchor_pair(spec, {**floats[0], **refs[0]}, outputs)
+    source = lambda name: refs if name in refs[0] else floats  # noqa: E731
+    threshold = (tasks.ANCHOR_SCORE_THRESHOLD if spec.task_threshold is None
+                 else spec.task_threshold)
+    return {**tasks.anchor_detector([s[boxes] for s in source(boxes)], [g[boxes] for g in gots],
+                                    [s[scores] for s in source(scores)], [g[scores] for g in gots],
+                                    threshold), "boxes": boxes, "scores": scores}
 
 
 def check_names(loaded, spec, outputs: Sequence[str], sample: Values) -> None:
@@ -218,6 +251,14 @@ def check_names(loaded, spec, outputs: Sequence[str], sample: Values) -> None:
             raise loaded.error(f"verify.task_outputs: the model has no output {name!r}",
                                "verify", "task_outputs", i,
                                hint="outputs: " + ", ".join(map(repr, outputs)))
+    if spec.task == "anchor_detector" and anchor_pair(spec, sample, outputs) is None:
+        shapes = ", ".join(f"{n!r} {list(np.shape(sample[n]))}" for n in spec.task_outputs
+                           or outputs if n in sample)
+        raise loaded.error("verify.task anchor_detector reads an anchor detector's box "
+                           "regressors [1, anchors, k >= 4] and scores [1, anchors, fewer]; "
+                           f"the outputs it may read are {shapes}", "verify", "task",
+                           hint="name the two outputs in verify.task_outputs, or choose "
+                                "another task")
 
 
 def task_verdict(result: dict, minimum: float | None) -> list[str]:

@@ -61,3 +61,72 @@ def test_the_task_reads_the_outputs_it_is_given_and_judges_the_lowest():
     result = task_check(spec, None, refs, gots, refs, ["other", "note", "onset"])
     assert result["outputs"]["note"]["iou"] == 1.0 and result["outputs"]["onset"]["iou"] == 0.0
     assert result["agreement"] == 0.0
+
+
+def _anchors(logits: list[float], boxes: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """An anchor detector's two outputs: regressors [1, n, 8] (x, y, w, h, two keypoints) and
+    score logits [1, n, 1]."""
+    regressors = np.zeros((1, len(logits), 8))
+    regressors[0, :, :4] = boxes
+    return regressors, np.asarray(logits, np.float64).reshape(1, -1, 1)
+
+
+def test_anchor_outputs_are_found_by_shape():
+    shapes = {"scores": (1, 896, 1), "regressors": (1, 896, 16), "other": (1, 10)}
+    assert tasks.anchor_outputs(shapes) == ("regressors", "scores")
+    assert tasks.anchor_outputs({"a": (1, 896, 16), "b": (1, 895, 1)}) is None
+
+
+def test_anchor_detector_judges_only_the_anchors_either_side_keeps():
+    # anchor 0: kept by both, box moved a little; anchor 1: kept by both, box moved far;
+    # anchor 2: kept by the deployed side only; anchor 3: far below the threshold on both
+    # sides with wildly different regressors (noise no decoder reads): not judged
+    box_ref, score_ref = _anchors([3.0, 2.0, -0.5, -300.0],
+                                  [[0, 0, 10, 10], [0, 0, 10, 10], [0, 0, 4, 4], [0, 0, 1, 1]])
+    box_got, score_got = _anchors([2.5, 1.0, 0.3, -280.0],
+                                  [[1, 0, 10, 10], [8, 0, 10, 10], [0, 0, 4, 4], [50, 9, 70, 2]])
+    result = tasks.anchor_detector([box_ref], [box_got], [score_ref], [score_got])
+    assert (result["float_anchors"], result["deployed_anchors"], result["agreeing_anchors"]) == (2, 3, 1)
+    assert result["agreement"] == 1 / 3
+    assert abs(result["min_box_iou"] - 20 / 180) < 1e-12  # 2x10 overlap of two 10x10 boxes
+
+
+def test_anchor_detector_agrees_where_no_anchor_is_kept():
+    box, score = _anchors([-9.0, -7.0], [[0, 0, 1, 1], [0, 0, 1, 1]])
+    noisy, _ = _anchors([-9.0, -7.0], [[5, 5, 9, 9], [-3, 1, 2, 2]])
+    assert tasks.anchor_detector([box], [noisy], [score], [score])["agreement"] == 1.0
+
+
+def test_verify_judges_an_anchor_detector_task_on_the_outputs_it_finds_by_shape():
+    from npubuild.recipe.model import VerifySpec
+    from npubuild.verify.verdict import judge
+
+    box, score = _anchors([3.0, -4.0], [[0, 0, 10, 10], [0, 0, 1, 1]])
+    noisy, _ = _anchors([3.0, -4.0], [[0, 0, 10, 10], [90, -70, 50, 60]])  # an anchor not kept
+    moved, _ = _anchors([3.0, -4.0], [[9, 0, 10, 10], [0, 0, 1, 1]])  # IoU 1/19
+    refs = [{"scores": score, "boxes": box}]
+    spec = VerifySpec(task="anchor_detector", min_task_agreement=0.9)  # min_cosine 0.99
+    passed = judge(spec, refs, [{"scores": score, "boxes": noisy}], refs, ["scores", "boxes"], [])
+    assert passed.outputs["boxes"]["cosine"] < 0.3  # reported, not judged
+    assert passed.passed and passed.task["boxes"] == "boxes" and passed.task["agreement"] == 1.0
+    assert abs(passed.task["kept_regressor_cosine"] - 1.0) < 1e-12
+    failed = judge(spec, refs, [{"scores": score, "boxes": moved}], refs, ["scores", "boxes"], [])
+    assert failed.failures == ["task anchor_detector: anchors above 0.5 with the same box "
+                               "(IoU >= 0.5) 0.0000 < min_task_agreement 0.9"]
+
+
+def test_an_anchor_detector_task_on_outputs_of_another_shape_is_a_recipe_error():
+    import pytest
+
+    from npubuild.recipe.model import VerifySpec
+    from npubuild.verify.verdict import check_names
+
+    class Loaded:
+        def error(self, message, *path, hint=""):
+            return ValueError(f"{'.'.join(map(str, path))}: {message}")
+
+    spec = VerifySpec(task="anchor_detector")
+    with pytest.raises(ValueError, match=r"verify\.task: .*'logits' \[1, 10\]"):
+        check_names(Loaded(), spec, ["logits"], {"logits": np.zeros((1, 10))})
+    box, score = _anchors([1.0], [[0, 0, 1, 1]])
+    check_names(Loaded(), spec, ["s", "b"], {"s": score, "b": box})
