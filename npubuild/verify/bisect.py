@@ -236,16 +236,39 @@ def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) ->
         floats.update({t: values[t] for t in qgraph.inputs if t in values})
         producers = {o: n.name for n in graph.model.graph.node for o in n.output}
         ints = run_reference(qgraph, quantize_inputs(qgraph, values))
-        cosines = {t: similarity(floats[t], dequantize_tensor(qgraph, t, ints[t])).cosine
+        cosines = {t: tensor_similarity(qgraph, t, floats[t], dequantize_tensor(qgraph, t, ints[t]))
                    for t in qgraph.inputs if t in floats and t in ints}
         for layer in qgraph.layers:
             before = min((cosines[t] for t in layer.inputs if t in cosines), default=1.0)
             for t in layer.outputs:
                 if t in floats and t in ints:
-                    cosines[t] = similarity(floats[t], dequantize_tensor(qgraph, t, ints[t])).cosine
+                    cosines[t] = tensor_similarity(qgraph, t, floats[t],
+                                                   dequantize_tensor(qgraph, t, ints[t]))
                     rows.append(TensorDrop(producers.get(t, layer.name), layer.kind, t,
                                            cosines[t], before, clipped(qgraph, t, floats[t])))
     return rows
+
+
+TINY = 8  # fewer values than this: a cosine over one sample swings with one value's sign
+
+
+def tensor_similarity(qgraph, name: str, reference: np.ndarray, actual: np.ndarray) -> float:
+    """One sample's similarity of a quantized tensor to float, on the cosine's scale: the
+    cosine, except for a tensor of fewer than ``TINY`` values (a pose flag's one logit),
+    whose cosine is little more than the signs of its values (a logit at 0.9 read as -0.2 is
+    cosine -1, a drop of 1.9 that outranks every real collapse): there 1 minus the largest
+    error over the tensor's calibrated range (one int8 step: 0.996)."""
+    if np.size(reference) >= TINY:
+        return similarity(reference, actual).cosine
+    t = qgraph.tensors[name]
+    if t.is_float or not t.scale:
+        return similarity(reference, actual).cosine
+    from npubuild.quant.schemes import qrange
+
+    low, high = qrange(t.dtype)
+    error = np.max(np.abs(np.asarray(reference, np.float64) - np.asarray(actual, np.float64)),
+                   initial=0.0)
+    return float(1.0 - error / ((high - low) * t.scale))
 
 
 def clipped(qgraph, name: str, value: np.ndarray) -> float:

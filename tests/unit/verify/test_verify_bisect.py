@@ -57,3 +57,20 @@ def test_a_clipped_tensor_asks_for_calibration_data_not_more_bits():
     suggestion = explain_quantize("out", 0.3, collapse, 0.99, RecipeFixes(int16=True)).suggestion
     assert suggestion.startswith("calibrate on data that covers this input: 20.0% of its float")
     assert "int16" not in suggestion and "nodes: ['/m.8/ConvSilu']" in suggestion
+
+
+def test_a_one_value_tensor_is_judged_by_its_error_over_its_range_not_by_its_sign():
+    from types import SimpleNamespace
+
+    from npubuild.verify.bisect import tensor_similarity
+
+    # a pose flag's logit, int8 over [-4.5, 3.5]: 0.9 in float, -0.2 deployed (4 steps off)
+    qgraph = SimpleNamespace(tensors={"flag": SimpleNamespace(is_float=False, scale=8 / 255,
+                                                              dtype="int8")})
+    flag = tensor_similarity(qgraph, "flag", np.array([[0.9]]), np.array([[-0.2]]))
+    assert abs(flag - (1 - 1.1 / 8)) < 1e-12  # not the cosine -1.0 that outranked every layer
+    drops = [TensorDrop("conv_flag", "conv", "flag", flag, 0.97),
+             TensorDrop("conv_seg", "conv", "seg", 0.60, 0.95)]
+    assert explain_quantize("out", 0.6, drops, 0.99, RecipeFixes()).tensor == "seg"
+    wide = np.linspace(-1, 1, 16)
+    assert tensor_similarity(qgraph, "flag", wide, -wide) == -1.0  # a map keeps its cosine
