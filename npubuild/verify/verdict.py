@@ -44,10 +44,20 @@ class Verdict:
 
     def margin(self) -> float:
         """The lowest cosine above its bar over every judged check (all samples together
-        and the worst sample): negative when one misses, the search's figure of merit."""
+        and the worst sample), or the task's shortfall where it misses: negative when one
+        misses, the search's figure of merit."""
         margins = [m for _, metrics, limits in self.checks
                    for m in cosine_margins(metrics, limits)]
-        return min(margins, default=1.0)
+        return min([*margins, *self.task_shortfall()], default=1.0)
+
+    def task_shortfall(self) -> list[float]:
+        """The task's agreement below ``verify.min_task_agreement`` (negative), where it
+        misses: a choice that fails only the task is ranked by how far it falls short (with
+        an anchor detector's outputs judged by the task alone, no cosine ranks them)."""
+        value = (self.task or {}).get("agreement")
+        if self.task_minimum is None or value is None or value >= self.task_minimum:
+            return []
+        return [value - self.task_minimum]
 
     def bisect(self) -> dict:
         """The failing tensors' cosine limits and the sample where the first one is worst."""

@@ -113,6 +113,8 @@ def test_verify_judges_an_anchor_detector_task_on_the_outputs_it_finds_by_shape(
     failed = judge(spec, refs, [{"scores": score, "boxes": moved}], refs, ["scores", "boxes"], [])
     assert failed.failures == ["task anchor_detector: anchors above 0.5 with the same box "
                                "(IoU >= 0.5) 0.0000 < min_task_agreement 0.9"]
+    # the precision search ranks choices by margin: a task that misses is how far it falls short
+    assert (passed.margin(), failed.margin()) == (1.0, 0.0 - 0.9)
 
 
 def test_an_anchor_detector_task_on_outputs_of_another_shape_is_a_recipe_error():
