@@ -369,3 +369,25 @@ def test_a_choice_the_integer_reference_refuted_is_never_chosen_again():
     assert result.chosen and result.reached
     assert search.run(refuted=refuted | {(tuple(sorted(result.chosen.items())),
                                           *search.recipe_choice)}).chosen != result.chosen
+
+
+def test_the_quick_ranking_judges_every_sample_where_int8_misses_the_task():
+    from types import SimpleNamespace
+
+    from npubuild.quant.search import PrecisionSearch
+
+    class Judge:
+        def subset(self, indices):
+            return ("subset", list(indices))
+
+    def quick(shortfall):
+        search = object.__new__(PrecisionSearch)
+        search.samples, search.judge = [{"x": i} for i in range(5)], Judge()
+        search._plain_verdict = SimpleNamespace(
+            checks=[("boxes", {"worst_sample": 2}, None), ("scores", {"worst_sample": 3}, None)],
+            task_shortfall=lambda: shortfall)
+        return search._quick()
+
+    assert quick([]) == ([{"x": 2}, {"x": 3}], ("subset", [2, 3]))  # the cosines' worst
+    samples, judge = quick([-0.5])  # the task fails on samples the cosines do not name
+    assert len(samples) == 5 and isinstance(judge, Judge)
