@@ -305,6 +305,10 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
             margin = max(2.0 * margin, 1.5 * (result.after - verdict.margin()), 1e-4)
     if adopted != key:
         workflow.adopt(result.overrides(), result.method, result.tensor_methods, result.scheme)
+    note = result.note
+    if not verdict.passed and "int16" in search.levels:
+        bound = weights_bound(search, judge, samples)
+        note = "; ".join(n for n in (note, bound) if n)
     ctx.log.info("quantize: the precision search chose %d tensor(s) (%s), verify's thresholds "
                  "%s on the integer reference, %d choices scored in %.1f s",
                  len(result.chosen), ", ".join(sorted(set(result.chosen.values()))) or "none",
@@ -326,8 +330,35 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
                             "per_tensor": dict(result.tensor_methods),
                             "measured": result.method_scores},
             "evaluations": result.evaluations,
-            "note": result.note, "what_would_reach": result.best_reachable,
+            "note": note, "what_would_reach": result.best_reachable,
             "ranking": result.ranking, "confirmations": confirmations, "steps": result.steps}
+
+
+def weights_bound(search: PrecisionSearch, judge: SampleJudge, samples: list) -> str:
+    """Where the search found nothing that passes: every activation in float and only the
+    weights in int8, judged as verify judges; when that misses too, int8 weights bound the
+    model and no activation precision (int16) can reach verify's thresholds, which the note
+    says with the figure ("" otherwise). BlazePose's landmark model: its segmentation logits
+    reach 0.905 on the worst sample so, 0.896 with int16 activations everywhere."""
+    from npubuild.quant import fakequant
+
+    feeds = {i: fakequant.params_feed(search.pipeline.tensors(i), {}, search.pipeline.layers(i))
+             for i in search.states}
+    verdict = judge(search.pipeline.run(samples, feeds, judge.kept))
+    if verdict.passed:
+        return ""
+    if verdict.failed:
+        name, m, _ = min(verdict.failed, key=lambda f: min(
+            v for v in (f[1]["cosine"], f[1].get("min_sample_cosine"), 1.0) if v is not None))
+        worst = m.get("min_sample_cosine")
+        figure = (f"output {name!r} at cosine {m['cosine']:.4f}"
+                  + (f", {worst:.4f} on its worst sample" if worst is not None else ""))
+    else:
+        figure = verdict.failures[0]
+    return (f"int8 weights bound this model: with every activation in float and only the "
+            f"weights in int8 it still misses ({figure}), so int16 activations cannot reach "
+            f"verify's thresholds; float layers (quantization.auto.max_slowdown) or weights "
+            f"finer than int8 can")
 
 
 def _search_summary(search: dict) -> dict:
