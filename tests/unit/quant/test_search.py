@@ -238,14 +238,13 @@ def test_a_top1_flip_that_no_cosine_shows_is_searched_for_like_any_failure():
 def _conv_middle_conv_search(tmp_path, middle, inits=()):
     """The precision search over Conv → ``middle`` (reads ``c``, writes ``p``) → Conv, as
     `quantization.auto` builds it on a chip with int16."""
-    import onnx
     from onnx import helper, numpy_helper
 
     from npubuild.quant.pipeline import SplitPipeline
     from npubuild.quant.quantizer import QuantConfig
     from npubuild.quant.search import PrecisionSearch, SearchSpec
     from npubuild.quant.workflow import Options, Workflow
-    from npubuild.split import graph_infos
+    from tests.conftest import one_npu_graph_split
 
     rng = np.random.default_rng(0)
     shape = [1, 4, 8, 8]
@@ -254,15 +253,7 @@ def _conv_middle_conv_search(tmp_path, middle, inits=()):
              *(numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in dict(inits).items())]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="conv1", pads=[1, 1, 1, 1]), middle,
              helper.make_node("Conv", ["p", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, shape)],
-                              [helper.make_tensor_value_info("y", 1, shape)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    split = tmp_path / "split"
-    split.mkdir()
-    onnx.save(model, split / "graph_0.onnx")
-    graph_infos.write(split / "graph_infos.json", graph_infos.build(
-        [("npu", ["x"], ["y"])], {"x": shape, "y": shape}, ["x"], ["y"]))
+    split = one_npu_graph_split(tmp_path, nodes, inits, shape)
     workflow = Workflow(SplitPipeline(split), Options(QuantConfig(scheme="asymmetric",
                                                                   granularity="per_channel"),
                                                       chip_int16=True))

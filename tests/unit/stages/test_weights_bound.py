@@ -4,7 +4,6 @@ activation in float) already miss verify's thresholds, so no activation precisio
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import helper, numpy_helper
 
 from npubuild.quant.pipeline import SplitPipeline
@@ -12,9 +11,9 @@ from npubuild.quant.quantizer import QuantConfig
 from npubuild.quant.search import PrecisionSearch, SearchSpec
 from npubuild.quant.workflow import Options, Workflow
 from npubuild.recipe.model import VerifySpec
-from npubuild.split import graph_infos
 from npubuild.stages.quantize import weights_bound
 from npubuild.verify.verdict import SampleJudge
+from tests.conftest import one_npu_graph_split
 
 SHAPE = [1, 1, 4, 4]
 
@@ -27,16 +26,7 @@ def _search(tmp_path, head: np.ndarray, bias: float):
              numpy_helper.from_array(np.array([bias], np.float32), "b2")]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="spread"),
              helper.make_node("Conv", ["c", "w2", "b2"], ["y"], name="head")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, SHAPE)],
-                              [helper.make_tensor_value_info("y", 1, SHAPE)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    split = tmp_path / "split"
-    split.mkdir()
-    onnx.save(model, split / "graph_0.onnx")
-    graph_infos.write(split / "graph_infos.json", graph_infos.build(
-        [("npu", ["x"], ["y"])], {"x": SHAPE, "y": SHAPE}, ["x"], ["y"]))
-    pipeline = SplitPipeline(split)
+    pipeline = SplitPipeline(one_npu_graph_split(tmp_path, nodes, inits, SHAPE))
     workflow = Workflow(pipeline, Options(QuantConfig(scheme="asymmetric",
                                                       granularity="per_channel",
                                                       bias_correction=False), chip_int16=True))

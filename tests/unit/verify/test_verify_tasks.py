@@ -111,8 +111,8 @@ def test_verify_judges_an_anchor_detector_task_on_the_outputs_it_finds_by_shape(
     assert passed.passed and passed.task["boxes"] == "boxes" and passed.task["agreement"] == 1.0
     assert abs(passed.task["kept_regressor_cosine"] - 1.0) < 1e-12
     failed = judge(spec, refs, [{"scores": score, "boxes": moved}], refs, ["scores", "boxes"], [])
-    assert failed.failures == ["task anchor_detector: anchors above 0.5 with the same box "
-                               "(IoU >= 0.5) 0.0000 < min_task_agreement 0.9"]
+    assert failed.failures == [("task anchor_detector: anchors above 0.5 with the same box "
+                                "(IoU >= 0.5) 0.0000 < min_task_agreement 0.9")]
     # the precision search ranks choices by margin: a task that misses is how far it falls short
     assert (passed.margin(), failed.margin()) == (1.0, 0.0 - 0.9)
 
