@@ -97,9 +97,10 @@ def _bisection_hint(bisection: dict | None, unseen: list[dict] | None = None) ->
     finding = (bisection or {}).get("finding")
     if not finding:
         return first or "see report.html for per-stage figures"
+    figure = (f"largest error {1 - finding['cosine']:.1%} of its calibrated range"
+              if finding.get("measure") == "range" else f"cosine {finding['cosine']:.4f}")
     drop = (f"the drop starts in stage `{finding['stage']}` at tensor {finding['tensor']!r} "
-            f"(cosine {finding['cosine']:.4f}), introduced by {finding['introduced_by']}; "
-            f"{finding['suggestion']}")
+            f"({figure}), introduced by {finding['introduced_by']}; {finding['suggestion']}")
     return f"{first}; then {drop}" if first else drop
 
 

@@ -36,6 +36,7 @@ class Finding:
     producer: str | None = None
     input_cosine: float | None = None
     culprits: list[str] = field(default_factory=list)  # quantize: largest drops first
+    measure: str = "cosine"  # or "range": 1 - largest error / calibrated range (`TINY` tensors)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class TensorDrop:
     cosine: float
     input_cosine: float
     clipped: float = 0.0  # fraction of the float values outside the tensor's integer range
+    measure: str = "cosine"  # what ``cosine`` is: `tensor_similarity`'s measure
 
     @property
     def drop(self) -> float:
@@ -161,7 +163,8 @@ def explain_quantize(tensor: str, cosine: float, drops: list[TensorDrop], min_co
     return Finding("quantize", culprit.tensor, culprit.cosine,
                    f"layer {culprit.node!r} ({culprit.kind}; its inputs at cosine "
                    f"{culprit.input_cosine:.4f})", layer_fixes(culprit, fixes),
-                   producer=culprit.node, input_cosine=culprit.input_cosine, culprits=culprits)
+                   producer=culprit.node, input_cosine=culprit.input_cosine, culprits=culprits,
+                   measure=culprit.measure)
 
 
 CULPRITS = 3  # the tensors a measured hint tries fixes on
@@ -245,7 +248,8 @@ def quantize_tensor_drops(pipeline, qgraphs, feeds: Mapping[str, np.ndarray]) ->
                     cosines[t] = tensor_similarity(qgraph, t, floats[t],
                                                    dequantize_tensor(qgraph, t, ints[t]))
                     rows.append(TensorDrop(producers.get(t, layer.name), layer.kind, t,
-                                           cosines[t], before, clipped(qgraph, t, floats[t])))
+                                           cosines[t], before, clipped(qgraph, t, floats[t]),
+                                           similarity_measure(qgraph, t, floats[t])))
     return rows
 
 
@@ -258,17 +262,22 @@ def tensor_similarity(qgraph, name: str, reference: np.ndarray, actual: np.ndarr
     whose cosine is little more than the signs of its values (a logit at 0.9 read as -0.2 is
     cosine -1, a drop of 1.9 that outranks every real collapse): there 1 minus the largest
     error over the tensor's calibrated range (one int8 step: 0.996)."""
-    if np.size(reference) >= TINY:
+    if similarity_measure(qgraph, name, reference) == "cosine":
         return similarity(reference, actual).cosine
     t = qgraph.tensors[name]
-    if t.is_float or not t.scale:
-        return similarity(reference, actual).cosine
     from npubuild.quant.schemes import qrange
 
     low, high = qrange(t.dtype)
     error = np.max(np.abs(np.asarray(reference, np.float64) - np.asarray(actual, np.float64)),
                    initial=0.0)
     return float(1.0 - error / ((high - low) * t.scale))
+
+
+def similarity_measure(qgraph, name: str, reference: np.ndarray) -> str:
+    """``tensor_similarity``'s measure for this tensor: "range" for a quantized tensor of
+    fewer than ``TINY`` values, else "cosine"."""
+    t = qgraph.tensors[name]
+    return "range" if np.size(reference) < TINY and not t.is_float and t.scale else "cosine"
 
 
 def clipped(qgraph, name: str, value: np.ndarray) -> float:

@@ -62,6 +62,9 @@ def test_a_clipped_tensor_asks_for_calibration_data_not_more_bits():
 def test_a_one_value_tensor_is_judged_by_its_error_over_its_range_not_by_its_sign():
     from types import SimpleNamespace
 
+    from dataclasses import asdict
+
+    from npubuild.api import _bisection_hint
     from npubuild.verify.bisect import tensor_similarity
 
     # a pose flag's logit, int8 over [-4.5, 3.5]: 0.9 in float, -0.2 deployed (4 steps off)
@@ -69,8 +72,11 @@ def test_a_one_value_tensor_is_judged_by_its_error_over_its_range_not_by_its_sig
                                                               dtype="int8")})
     flag = tensor_similarity(qgraph, "flag", np.array([[0.9]]), np.array([[-0.2]]))
     assert abs(flag - (1 - 1.1 / 8)) < 1e-12  # not the cosine -1.0 that outranked every layer
-    drops = [TensorDrop("conv_flag", "conv", "flag", flag, 0.97),
+    drops = [TensorDrop("conv_flag", "conv", "flag", flag, 0.97, measure="range"),
              TensorDrop("conv_seg", "conv", "seg", 0.60, 0.95)]
     assert explain_quantize("out", 0.6, drops, 0.99, RecipeFixes()).tensor == "seg"
+    alone = explain_quantize("out", 0.6, drops[:1], 0.99, RecipeFixes())
+    hint = _bisection_hint({"finding": asdict(alone)})
+    assert "at tensor 'flag' (largest error 13.7% of its calibrated range)" in hint
     wide = np.linspace(-1, 1, 16)
     assert tensor_similarity(qgraph, "flag", wide, -wide) == -1.0  # a map keeps its cosine
