@@ -508,7 +508,8 @@ class VerifySpec(Strict):
         "detector's outputs [1, anchors, k ≥ 4] box regressors and [1, anchors, fewer] score "
         "logits (MediaPipe's face, palm and pose detectors): the anchors whose sigmoid score "
         "reaches task_threshold (default 0.5) with the same box (IoU ≥ 0.5), over the anchors "
-        "either side keeps; text_detection — IoU of the text maps "
+        "either side keeps (with min_task_agreement set, those two outputs' cosines are "
+        "reported, not judged); text_detection — IoU of the text maps "
         "binarized at 0.3; text_recognition — the same text from a CTC head's greedy decoding "
         "(class 0 the blank); binary_map — IoU of the maps binarized at task_threshold (notes "
         "and onsets, speech frames).")

@@ -82,11 +82,12 @@ def cosine_margins(metrics: dict, limits: Thresholds) -> list[float]:
 
 def output_limits(spec, task_reads: bool = False) -> Thresholds:
     """A model output's thresholds; ``task_reads``: an output the ``anchor_detector`` task
-    judges (its box regressors and scores): its cosines are reported, not judged, since a
-    user decodes only the anchors the task compares (thousands of anchors no object is near
-    carry regressors nobody reads)."""
+    judges (its box regressors and scores) with ``min_task_agreement`` set: its cosines are
+    reported, not judged, since a user decodes only the anchors the task compares (thousands
+    of anchors no object is near carry regressors nobody reads). Without the task's bar the
+    cosines stay judged, so the outputs are never left unjudged."""
     limits = Thresholds.of(spec)
-    if task_reads and spec.task == "anchor_detector":
+    if task_reads and spec.task == "anchor_detector" and spec.min_task_agreement is not None:
         return replace(limits, min_cosine=None, min_sample_cosine=None)
     return limits
 

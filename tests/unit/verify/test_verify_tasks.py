@@ -113,6 +113,10 @@ def test_verify_judges_an_anchor_detector_task_on_the_outputs_it_finds_by_shape(
     failed = judge(spec, refs, [{"scores": score, "boxes": moved}], refs, ["scores", "boxes"], [])
     assert failed.failures == [("task anchor_detector: anchors above 0.5 with the same box "
                                 "(IoU >= 0.5) 0.0000 < min_task_agreement 0.9")]
+    unjudged = VerifySpec(task="anchor_detector")  # no min_task_agreement: cosines judged
+    noisy_judged = judge(unjudged, refs, [{"scores": score, "boxes": noisy}], refs,
+                         ["scores", "boxes"], [])
+    assert noisy_judged.failures[0].startswith("output 'boxes': cosine")
     # the precision search ranks choices by margin: a task that misses is how far it falls short
     assert (passed.margin(), failed.margin()) == (1.0, 0.0 - 0.9)
 
