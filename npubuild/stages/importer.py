@@ -124,8 +124,7 @@ def check_signature(loaded: LoadedRecipe) -> Signature:
                                           loaded.recipe.model.outputs)
         return Signature(names["inputs"], names["outputs"])
     with loaded.relocated("model", "path"):
-        source = onnx_io.load_model(loaded.model_path, load_external=False)
-        model = onnx_io.skeleton(source)  # weights are not needed to check the structure
+        source, model = onnx_io.load_skeleton(loaded.model_path)  # no weights: the structure
         onnx_frontend.check_source(model, loaded.model_path, full=False)
     inputs = {v.name: v for v in onnx_io.graph_inputs(source)}
     for index, spec in enumerate(loaded.recipe.model.inputs):
