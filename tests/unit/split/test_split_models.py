@@ -224,3 +224,23 @@ def test_nodes_listed_out_of_order_are_cut_in_dependency_order(tmp_path):
     report = split_model(model, NPU16, None, tmp_path)
     assert devices(report) == [("npu", 1), ("cpu", 1), ("npu", 1)]
     runner_equals_original(model, tmp_path)
+
+
+def test_a_boundary_tensor_padded_with_minus_infinity_proves_equal(tmp_path):
+    """SwiftF0 pads a log spectrum with -inf before a max over pitch bins: the CPU submodel hands
+    the -inf over and the unsplit model holds it at the same places. The proof compared
+    -inf - -inf = NaN and called the split a bug."""
+    from tests.unit.split.split_models import Net
+
+    net = Net()
+    x = net.input("x", [1, 4, 8, 8])
+    erf = net.op("Erf", [x], name="erf")
+    pads = net.init("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))
+    floor = net.init("floor", np.array(-np.inf, np.float32))
+    padded = net.op("Pad", [erf, pads, floor], name="pad")
+    pooled = net.op("MaxPool", [padded], name="pool", kernel_shape=[3, 3])
+    model = net.model([net.conv(pooled, 4, 4, name="conv")])
+    report = split_model(model, NPU16, SplitSpec(force_cpu=["Pad"]), tmp_path)
+    assert report["proof"]["outputs_equal"]
+    boundary = json.loads((tmp_path / "graph_infos.json").read_text())
+    assert "pad_out" in json.dumps(boundary)
