@@ -402,6 +402,7 @@ class _TFLite:
                             hint="name every input the cut outputs depend on") from None
         tflite_graph.densify(_tensorflow(), model)
         tflite_graph.dequantize_weights(model)  # a dynamic-range model is imported as float
+        tflite_graph.complex_abs_next_to_fft(model)  # the spectrum's form tf2onnx converts
         unsupported = tflite_graph.unsupported_custom_ops(model)
         if unsupported:
             ops = "; ".join(f"{op} (the operator writing {tensor!r})" for op, tensor in unsupported.ops)
