@@ -244,3 +244,22 @@ def test_a_boundary_tensor_padded_with_minus_infinity_proves_equal(tmp_path):
     assert report["proof"]["outputs_equal"]
     boundary = json.loads((tmp_path / "graph_infos.json").read_text())
     assert "pad_out" in json.dumps(boundary)
+
+
+def test_a_pad_with_minus_infinity_stays_on_the_cpu_with_its_reason():
+    """No integer stands for -inf: SwiftF0's Pad of its log spectrum (a mask for the softmax
+    over pitch bins after it) ran on the NPU and calibration stopped on 'NaN or Inf values'."""
+    from tests.unit.split.split_models import Net
+
+    net = Net()
+    x = net.input("x", [1, 4, 8, 8])
+    pads = net.init("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))
+    for name, value in (("masked", -np.inf), ("zeroed", 0.0)):
+        net.op("Pad", [net.conv(x, 4, 4, name=f"{name}_conv"), pads,
+                       net.init(f"{name}_value", np.array(value, np.float32))], name=name)
+    model = net.model([f"{name}_out" for name in ("masked", "zeroed")])
+    placed = {p.name: p for p in check_placement(model, NPU16)}
+    assert placed["masked"].device == "cpu"
+    assert placed["masked"].reasons == ["The quantizer has no integer kernel for it: Pad value -inf: "
+                                        "no integer stands for it"]
+    assert placed["zeroed"].device == "npu"
