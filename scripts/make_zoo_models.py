@@ -30,6 +30,10 @@ the zoo recipes whose models come from wheels.
   two single chunks of each (rows 8 and 20) as the silero-vad wheel's ONNX model takes one
   (``input`` [1, 576], zero ``state`` [2, 1, 128], ``sr`` 16000). Speech is spoken by Debian's
   espeak-ng (deterministic); without it these two sets are not written (a warning says so).
+* ``audio_16k_<i>.npy`` [1, 16000]: the first second of each of those clips as plain audio
+  (SwiftF0's input).
+* ``phrase_44k_<i>.npy`` [1, 44032]: 1 s at 44.1 kHz of French activation phrases
+  ("ordinateur", "annuler"), other speech, music and noise (word-activation-recognition).
 * ``wakeword_mels_<i>.npy`` [1, 76, 32, 1] and ``wakeword_embeddings_<i>.npy`` [1, 16, 96]: 2 s
   clips (a wake word, other speech, music, noise) through openWakeWord's own TFLite front end as
   pyopen-wakeword feeds its embedding model and its hey_jarvis classifier (needs TensorFlow and
@@ -391,6 +395,12 @@ def vad_single_chunks(sample: dict[str, np.ndarray]) -> list[dict[str, np.ndarra
              "sr": np.array(VAD_RATE, np.int64)} for row in (8, 20)]
 
 
+def audio_16k(sample: dict[str, np.ndarray]) -> np.ndarray:
+    """The first second of a `vad_samples` clip as plain audio [1, 16000] (each row's 512 new
+    samples, the context dropped), as SwiftF0 takes it."""
+    return sample["input"][:, VAD_CONTEXT:].reshape(1, -1)[:, :VAD_RATE].astype(np.float32)
+
+
 def pitch_samples() -> list[np.ndarray]:
     """basic-pitch windows [1, 43844, 1] at 22.05 kHz: music, and one spoken clip in six."""
     clips = []
@@ -402,6 +412,33 @@ def pitch_samples() -> list[np.ndarray]:
         else:
             audio = music(i, PITCH_SAMPLES, PITCH_RATE)
         clips.append(audio.astype(np.float32).reshape(1, PITCH_SAMPLES, 1))
+    return clips
+
+
+# word-activation-recognition 0.1.1's French activation phrases (a TFLite Model Maker
+# speech-commands model): 44,032 samples at 44.1 kHz -> background noise / "annuler" / "ordinateur".
+PHRASE_RATE, PHRASE_SAMPLES = 44100, 44032
+PHRASES = [("fr", 130, 50, "ordinateur"), ("fr", 130, 50, "annuler"), ("fr+f3", 140, 70, "ordinateur"),
+           ("fr+m3", 120, 30, "annuler")]
+
+
+def phrase_samples() -> list[np.ndarray]:
+    """1 s clips [1, 44032] at 44.1 kHz over a little noise (a recording is never digital
+    silence, and the model's log spectrum of silence is -inf): the two phrases in four voices,
+    other espeak-ng speech, music and noise."""
+    rng = np.random.default_rng(5)
+    clips = []
+    for i in range(SAMPLES):
+        audio = rng.normal(0, 0.003, PHRASE_SAMPLES)
+        if i % 6 == 4:
+            audio += 0.5 * music(300 + i, PHRASE_SAMPLES, PHRASE_RATE)
+        elif i % 6 == 5:
+            audio += rng.normal(0, 0.05, PHRASE_SAMPLES)
+        else:
+            words = PHRASES[i % len(PHRASES)] if i % 6 < 4 and i < 8 else UTTERANCES[i % len(UTTERANCES)]
+            speech = espeak(*words, PHRASE_RATE)[:PHRASE_SAMPLES]
+            audio[:len(speech)] += 0.8 * speech / np.max(np.abs(speech))
+        clips.append(audio.astype(np.float32)[None])
     return clips
 
 
@@ -635,6 +672,9 @@ def main(argv: list[str]) -> Path:
         _write_npz(out / f"vad_{i:02d}.npz", sample)
         for j, chunk in enumerate(vad_single_chunks(sample)):
             _write_npz(out / f"vad_chunk_{i:02d}_{j}.npz", chunk)
+        _write_npy(out / f"audio_16k_{i:02d}.npy", audio_16k(sample))
+    for i, clip in enumerate(phrase_samples()):
+        _write_npy(out / f"phrase_44k_{i:02d}.npy", clip)
     try:
         frames, embeddings = wakeword_samples()
     except ImportError as exc:  # the wake-word recipes then say their data is missing
