@@ -32,7 +32,7 @@ def similarity(reference: np.ndarray, actual: np.ndarray) -> Similarity:
     """Compare ``actual`` against ``reference`` (same shape; any numeric dtype). Infinities and
     NaNs that both hold at the same places are equal (a Pad with -inf before a max, a mask
     filled with -inf before a softmax) and the finite rest is compared; one that only one of
-    them holds is an infinite difference."""
+    them holds is an infinite difference, with nothing alike (cosine 0)."""
     ref = np.asarray(reference, dtype=np.float64).ravel()
     act = np.asarray(actual, dtype=np.float64).ravel()
     if ref.shape != act.shape:
@@ -40,8 +40,8 @@ def similarity(reference: np.ndarray, actual: np.ndarray) -> Similarity:
     ref, act, nonfinite_agree = finite_pairs(ref, act)
     identical = bool(np.array_equal(np.asarray(reference), np.asarray(actual),
                                     equal_nan=np.asarray(reference).dtype.kind == "f"))
-    if not nonfinite_agree:
-        return Similarity(*_finite_similarity(ref, act)[:3], float("inf"), float("inf"), False)
+    if not nonfinite_agree:  # an infinity or NaN the other side lacks: nothing alike
+        return Similarity(0.0, 0.0, -float("inf"), float("inf"), float("inf"), False)
     return Similarity(*_finite_similarity(ref, act), identical)
 
 

@@ -57,4 +57,5 @@ def test_an_infinity_only_one_side_holds_is_an_infinite_difference():
     reference = np.array([-np.inf, 1.0, 2.0], np.float32)
     changed = similarity(reference, np.array([-3.0, 1.0, 2.0], np.float32))
     assert changed.max_abs == np.inf and not changed.identical
+    assert changed.cosine == 0.0  # a Log of an int8 zero gives -inf where float was finite
     assert range_errors(reference, np.array([np.inf, 1.0, 2.0], np.float32)) == (np.inf, np.inf)
