@@ -34,6 +34,8 @@ the zoo recipes whose models come from wheels.
   (SwiftF0's input).
 * ``phrase_44k_<i>.npy`` [1, 44032]: 1 s at 44.1 kHz of French activation phrases
   ("ordinateur", "annuler"), other speech, music and noise (word-activation-recognition).
+* ``khmer_<i>.npz``: 64 characters of Khmer sentences as khmersm feeds its transformer
+  (``x`` int64 ids from the wheel's own table, ``mask`` all true; needs the khmersm wheel).
 * ``wakeword_mels_<i>.npy`` [1, 76, 32, 1] and ``wakeword_embeddings_<i>.npy`` [1, 16, 96]: 2 s
   clips (a wake word, other speech, music, noise) through openWakeWord's own TFLite front end as
   pyopen-wakeword feeds its embedding model and its hey_jarvis classifier (needs TensorFlow and
@@ -442,6 +444,38 @@ def phrase_samples() -> list[np.ndarray]:
     return clips
 
 
+# khmersm 1.4.2's word segmenter reads 64 characters of Khmer text as ids from its config.json.
+KHMER_TEXT = ("ខ្ញុំស្រលាញ់ប្រទេសកម្ពុជា ហើយខ្ញុំចង់ទៅលេងក្រុងភ្នំពេញនៅឆ្នាំក្រោយជាមួយគ្រួសាររបស់ខ្ញុំ "
+              "ប្រាសាទអង្គរវត្តគឺជាប្រាសាទដ៏ធំបំផុតនៅលើពិភពលោក ហើយវាមានទីតាំងនៅខេត្តសៀមរាប "
+              "សិស្សានុសិស្សទាំងអស់ត្រូវមករៀននៅសាលារៀនរៀងរាល់ថ្ងៃ ដើម្បីទទួលបានចំណេះដឹងថ្មីៗ "
+              "ភាសាខ្មែរជាភាសាផ្លូវការរបស់ព្រះរាជាណាចក្រកម្ពុជា ដែលមានប្រជាជនប្រមាណដប់ប្រាំប្រាំលាននាក់ "
+              "ទន្លេមេគង្គហូរកាត់ប្រទេសកម្ពុជាពីជើងទៅត្បូង ហើយផ្តល់ទឹកសម្រាប់ការធ្វើស្រែចំការ "
+              "អាកាសធាតុនៅរដូវវស្សាមានភ្លៀងធ្លាក់ច្រើន ប៉ុន្តែនៅរដូវប្រាំងវាក្តៅខ្លាំងណាស់")
+KHMER_LENGTH = 64
+
+
+def khmer_samples() -> list[dict[str, np.ndarray]]:
+    """Windows of 64 characters of Khmer sentences (spaces dropped, as the segmenter sees a
+    run of Khmer script) as khmersm feeds its transformer: ``x`` the ids from the wheel's
+    config.json (unknown characters as <unk>), ``mask`` all true. Raises ImportError without
+    the khmersm wheel."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.find_spec("khmersm")
+    if spec is None:
+        raise ImportError("khmersm is not installed (requirements/models.txt)")
+    char2id = json.loads((Path(spec.origin).parent / "config.json").read_text())["char2id"]
+    text = KHMER_TEXT.replace(" ", "")
+    step = (len(text) - KHMER_LENGTH) // (SAMPLES - 1)
+    samples = []
+    for i in range(SAMPLES):
+        ids = np.array([[char2id.get(c, char2id["<unk>"]) for c in text[i * step:i * step + KHMER_LENGTH]]],
+                       np.int64)
+        samples.append({"x": ids, "mask": np.ones_like(ids, bool)})
+    return samples
+
+
 # openWakeWord as pyopen-wakeword 1.1.0 runs it: 1,760 int16-valued samples -> 8 mel frames
 # (melspectrogram.tflite), frames / 10 + 2, 76 frames -> one 96-value embedding
 # (embedding_model.tflite, every 8 frames), 16 embeddings -> a wake word's probability.
@@ -675,6 +709,11 @@ def main(argv: list[str]) -> Path:
         _write_npy(out / f"audio_16k_{i:02d}.npy", audio_16k(sample))
     for i, clip in enumerate(phrase_samples()):
         _write_npy(out / f"phrase_44k_{i:02d}.npy", clip)
+    try:
+        for i, sample in enumerate(khmer_samples()):
+            _write_npz(out / f"khmer_{i:02d}.npz", sample)
+    except ImportError as exc:  # the khmer recipe then says its data is missing
+        print(f"warning: {exc}; khmer_*.npz are not written", file=sys.stderr)
     try:
         frames, embeddings = wakeword_samples()
     except ImportError as exc:  # the wake-word recipes then say their data is missing
