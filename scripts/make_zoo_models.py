@@ -431,17 +431,25 @@ def phrase_samples() -> list[np.ndarray]:
     rng = np.random.default_rng(5)
     clips = []
     for i in range(SAMPLES):
-        audio = rng.normal(0, 0.003, PHRASE_SAMPLES)
-        if i % 6 == 4:
-            audio += 0.5 * music(300 + i, PHRASE_SAMPLES, PHRASE_RATE)
-        elif i % 6 == 5:
-            audio += rng.normal(0, 0.05, PHRASE_SAMPLES)
-        else:
+        audio, spoken = background(i, rng, PHRASE_SAMPLES, PHRASE_RATE, 300 + i)
+        if spoken:
             words = PHRASES[i % len(PHRASES)] if i % 6 < 4 and i < 8 else UTTERANCES[i % len(UTTERANCES)]
             speech = espeak(*words, PHRASE_RATE)[:PHRASE_SAMPLES]
             audio[:len(speech)] += 0.8 * speech / np.max(np.abs(speech))
         clips.append(audio.astype(np.float32)[None])
     return clips
+
+
+def background(i: int, rng: np.random.Generator, length: int, rate: int,
+               music_seed: int) -> tuple[np.ndarray, bool]:
+    """Clip ``i`` of a set before its speech: a little noise, with music in every sixth clip
+    (``i % 6 == 4``) and loud noise in the next; whether speech goes over it."""
+    audio = rng.normal(0, 0.003, length)
+    if i % 6 == 4:
+        audio += 0.5 * music(music_seed, length, rate)
+    elif i % 6 == 5:
+        audio += rng.normal(0, 0.05, length)
+    return audio, i % 6 < 4
 
 
 # khmersm 1.4.2's word segmenter reads 64 characters of Khmer text as ids from its config.json.
@@ -515,12 +523,8 @@ def wakeword_samples() -> tuple[list[np.ndarray], list[np.ndarray]]:
     rng = np.random.default_rng(7)
     length, frames, embeddings = WAKE_SECONDS * VAD_RATE, [], []
     for i in range(SAMPLES):
-        audio = rng.normal(0, 0.003, length)
-        if i % 6 == 4:
-            audio += 0.5 * music(200 + i, length, VAD_RATE)
-        elif i % 6 == 5:
-            audio += rng.normal(0, 0.05, length)
-        else:
+        audio, spoken = background(i, rng, length, VAD_RATE, 200 + i)
+        if spoken:
             words = WAKE_WORDS[i // 6 * 2 + i % 2] if i % 6 < 2 else UTTERANCES[i % len(UTTERANCES)]
             speech = espeak(*words, VAD_RATE)[:length - VAD_RATE // 5]
             audio[VAD_RATE // 5:VAD_RATE // 5 + len(speech)] += 0.6 * speech / np.max(np.abs(speech))
