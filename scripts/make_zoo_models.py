@@ -44,6 +44,7 @@ the zoo recipes whose models come from wheels.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -653,19 +654,19 @@ def line_pieces(height: int = 48, width: int = 320, pieces: int = 3) -> list[np.
 # ---- files ----------------------------------------------------------------------------------
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     tmp.replace(path)
 
 
 def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    tmp = path.with_name(path.name + ".tmp.npz")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
     np.savez(tmp, **arrays)
     tmp.replace(path)
 
 
 def _write_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
     np.save(tmp, array)
     tmp.replace(path)
 
@@ -673,7 +674,7 @@ def _write_npy(path: Path, array: np.ndarray) -> None:
 def _write_png(path: Path, pixels: np.ndarray) -> None:
     from PIL import Image
 
-    tmp = path.with_name(path.name + ".tmp.png")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.png")
     Image.fromarray(pixels).save(tmp)
     tmp.replace(path)
 
