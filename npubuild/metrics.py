@@ -29,12 +29,34 @@ class Similarity:
 
 
 def similarity(reference: np.ndarray, actual: np.ndarray) -> Similarity:
-    """Compare ``actual`` against ``reference`` (same shape; any numeric dtype)."""
+    """Compare ``actual`` against ``reference`` (same shape; any numeric dtype). Infinities and
+    NaNs that both hold at the same places are equal (a Pad with -inf before a max, a mask
+    filled with -inf before a softmax) and the finite rest is compared; one that only one of
+    them holds is an infinite difference, with nothing alike (cosine 0)."""
     ref = np.asarray(reference, dtype=np.float64).ravel()
     act = np.asarray(actual, dtype=np.float64).ravel()
     if ref.shape != act.shape:
         raise ValueError(f"shape mismatch: {np.shape(reference)} vs {np.shape(actual)}")
-    identical = bool(np.array_equal(np.asarray(reference), np.asarray(actual)))
+    ref, act, nonfinite_agree = finite_pairs(ref, act)
+    identical = bool(np.array_equal(np.asarray(reference), np.asarray(actual),
+                                    equal_nan=np.asarray(reference).dtype.kind == "f"))
+    if not nonfinite_agree:  # an infinity or NaN the other side lacks: nothing alike
+        return Similarity(0.0, 0.0, -float("inf"), float("inf"), float("inf"), False)
+    return Similarity(*_finite_similarity(ref, act), identical)
+
+
+def finite_pairs(ref: np.ndarray, act: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The elements where both are finite, and whether the others agree (the same infinity, or
+    NaN in both): such values were not changed, whatever arithmetic on them says."""
+    finite = np.isfinite(ref) & np.isfinite(act)
+    if finite.all():
+        return ref, act, True
+    agree = bool(np.array_equal(ref[~finite], act[~finite], equal_nan=True))
+    return ref[finite], act[finite], agree
+
+
+def _finite_similarity(ref: np.ndarray, act: np.ndarray) -> tuple[float, float, float, float, float]:
+    """cosine, euclid, SQNR, max abs and max relative difference of two finite vectors."""
     diff = ref - act
     err = norm(diff)
     ref_norm, act_norm = norm(ref), norm(act)
@@ -50,7 +72,7 @@ def similarity(reference: np.ndarray, actual: np.ndarray) -> Similarity:
     max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
     max_rel = max_abs / scale if scale else (0.0 if max_abs == 0 else float("inf"))
-    return Similarity(cosine, euclid, sqnr, max_abs, max_rel, identical)
+    return cosine, euclid, sqnr, max_abs, max_rel
 
 
 def dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -68,8 +90,11 @@ def norm(a: np.ndarray) -> float:
 def range_errors(reference: np.ndarray, actual: np.ndarray) -> tuple[float, float]:
     """Max and RMS absolute error relative to the reference's range (max − min): meaningful for
     near-zero and one-element tensors, where cosine and SQNR are not (0 when both are equal)."""
-    ref = np.asarray(reference, dtype=np.float64).ravel()
-    diff = ref - np.asarray(actual, dtype=np.float64).ravel()
+    ref, act, nonfinite_agree = finite_pairs(np.asarray(reference, dtype=np.float64).ravel(),
+                                             np.asarray(actual, dtype=np.float64).ravel())
+    if not nonfinite_agree:
+        return float("inf"), float("inf")
+    diff = ref - act
     if not diff.size or not np.any(diff):
         return 0.0, 0.0
     span = float(ref.max() - ref.min())

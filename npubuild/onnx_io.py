@@ -45,12 +45,30 @@ def load_model(path: str | Path, *, load_external: bool = True) -> onnx.ModelPro
     _check_text(model, path)
     _check_external_data(model, path)
     if load_external:
-        try:
-            onnx.load_external_data_for_model(model, str(path.parent))
-        except Exception as exc:  # onnx's ValidationError, OSError, ...: the file's fault
-            raise UserError(f"cannot read the model's external data ({type(exc).__name__}: "
-                            f"{exc})", location=Location(str(path))) from None
+        _read_external_data(model, path)
     return model
+
+
+def load_skeleton(path: str | Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The model as stored (its external data not read) and its `skeleton`, whose small
+    initializers hold their values even where the file keeps them outside: an exporter that
+    writes a ``.onnx.data`` file (PyTorch's) moves biases and norms there too, and the checker
+    and shape inference need the values they propagate. The large weights stay typed inputs,
+    never read."""
+    path = Path(path)
+    source = load_model(path, load_external=False)
+    light = skeleton(source)
+    _read_external_data(light, path)
+    return source, light
+
+
+def _read_external_data(model: onnx.ModelProto, path: Path) -> None:
+    """Read every tensor's external data (locations checked by `_check_external_data`)."""
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except Exception as exc:  # onnx's ValidationError, OSError, ...: the file's fault
+        raise UserError(f"cannot read the model's external data ({type(exc).__name__}: "
+                        f"{exc})", location=Location(str(path))) from None
 
 
 def _check_text(model: onnx.ModelProto, path: Path) -> None:

@@ -300,7 +300,9 @@ def _magnitude(value) -> float:
     value = np.asarray(value)
     if value.size == 0 or value.dtype.kind not in "biuf":
         return 0.0
-    return float(np.max(np.abs(value.astype(np.float64))))
+    magnitudes = np.abs(value.astype(np.float64))
+    finite = magnitudes[np.isfinite(magnitudes)]  # an infinity is compared as a value, not a scale
+    return float(finite.max()) if finite.size else 0.0
 
 
 def _excess(sim: Similarity, ref, scale: float, error: float, tolerance: float) -> str:

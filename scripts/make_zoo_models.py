@@ -30,6 +30,12 @@ the zoo recipes whose models come from wheels.
   two single chunks of each (rows 8 and 20) as the silero-vad wheel's ONNX model takes one
   (``input`` [1, 576], zero ``state`` [2, 1, 128], ``sr`` 16000). Speech is spoken by Debian's
   espeak-ng (deterministic); without it these two sets are not written (a warning says so).
+* ``audio_16k_<i>.npy`` [1, 16000]: the first second of each of those clips as plain audio
+  (SwiftF0's input).
+* ``phrase_44k_<i>.npy`` [1, 44032]: 1 s at 44.1 kHz of French activation phrases
+  ("ordinateur", "annuler"), other speech, music and noise (word-activation-recognition).
+* ``khmer_<i>.npz``: 64 characters of Khmer sentences as khmersm feeds its transformer
+  (``x`` int64 ids from the wheel's own table, ``mask`` all true; needs the khmersm wheel).
 * ``wakeword_mels_<i>.npy`` [1, 76, 32, 1] and ``wakeword_embeddings_<i>.npy`` [1, 16, 96]: 2 s
   clips (a wake word, other speech, music, noise) through openWakeWord's own TFLite front end as
   pyopen-wakeword feeds its embedding model and its hey_jarvis classifier (needs TensorFlow and
@@ -38,6 +44,7 @@ the zoo recipes whose models come from wheels.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -391,6 +398,12 @@ def vad_single_chunks(sample: dict[str, np.ndarray]) -> list[dict[str, np.ndarra
              "sr": np.array(VAD_RATE, np.int64)} for row in (8, 20)]
 
 
+def audio_16k(sample: dict[str, np.ndarray]) -> np.ndarray:
+    """The first second of a `vad_samples` clip as plain audio [1, 16000] (each row's 512 new
+    samples, the context dropped), as SwiftF0 takes it."""
+    return sample["input"][:, VAD_CONTEXT:].reshape(1, -1)[:, :VAD_RATE].astype(np.float32)
+
+
 def pitch_samples() -> list[np.ndarray]:
     """basic-pitch windows [1, 43844, 1] at 22.05 kHz: music, and one spoken clip in six."""
     clips = []
@@ -403,6 +416,73 @@ def pitch_samples() -> list[np.ndarray]:
             audio = music(i, PITCH_SAMPLES, PITCH_RATE)
         clips.append(audio.astype(np.float32).reshape(1, PITCH_SAMPLES, 1))
     return clips
+
+
+# word-activation-recognition 0.1.1's French activation phrases (a TFLite Model Maker
+# speech-commands model): 44,032 samples at 44.1 kHz -> background noise / "annuler" / "ordinateur".
+PHRASE_RATE, PHRASE_SAMPLES = 44100, 44032
+PHRASES = [("fr", 130, 50, "ordinateur"), ("fr", 130, 50, "annuler"), ("fr+f3", 140, 70, "ordinateur"),
+           ("fr+m3", 120, 30, "annuler")]
+
+
+def phrase_samples() -> list[np.ndarray]:
+    """1 s clips [1, 44032] at 44.1 kHz over a little noise (a recording is never digital
+    silence, and the model's log spectrum of silence is -inf): the two phrases in four voices,
+    other espeak-ng speech, music and noise."""
+    rng = np.random.default_rng(5)
+    clips = []
+    for i in range(SAMPLES):
+        audio, spoken = background(i, rng, PHRASE_SAMPLES, PHRASE_RATE, 300 + i)
+        if spoken:
+            words = PHRASES[i % len(PHRASES)] if i % 6 < 4 and i < 8 else UTTERANCES[i % len(UTTERANCES)]
+            speech = espeak(*words, PHRASE_RATE)[:PHRASE_SAMPLES]
+            audio[:len(speech)] += 0.8 * speech / np.max(np.abs(speech))
+        clips.append(audio.astype(np.float32)[None])
+    return clips
+
+
+def background(i: int, rng: np.random.Generator, length: int, rate: int,
+               music_seed: int) -> tuple[np.ndarray, bool]:
+    """Clip ``i`` of a set before its speech: a little noise, with music in every sixth clip
+    (``i % 6 == 4``) and loud noise in the next; whether speech goes over it."""
+    audio = rng.normal(0, 0.003, length)
+    if i % 6 == 4:
+        audio += 0.5 * music(music_seed, length, rate)
+    elif i % 6 == 5:
+        audio += rng.normal(0, 0.05, length)
+    return audio, i % 6 < 4
+
+
+# khmersm 1.4.2's word segmenter reads 64 characters of Khmer text as ids from its config.json.
+KHMER_TEXT = ("ខ្ញុំស្រលាញ់ប្រទេសកម្ពុជា ហើយខ្ញុំចង់ទៅលេងក្រុងភ្នំពេញនៅឆ្នាំក្រោយជាមួយគ្រួសាររបស់ខ្ញុំ "
+              "ប្រាសាទអង្គរវត្តគឺជាប្រាសាទដ៏ធំបំផុតនៅលើពិភពលោក ហើយវាមានទីតាំងនៅខេត្តសៀមរាប "
+              "សិស្សានុសិស្សទាំងអស់ត្រូវមករៀននៅសាលារៀនរៀងរាល់ថ្ងៃ ដើម្បីទទួលបានចំណេះដឹងថ្មីៗ "
+              "ភាសាខ្មែរជាភាសាផ្លូវការរបស់ព្រះរាជាណាចក្រកម្ពុជា ដែលមានប្រជាជនប្រមាណដប់ប្រាំប្រាំលាននាក់ "
+              "ទន្លេមេគង្គហូរកាត់ប្រទេសកម្ពុជាពីជើងទៅត្បូង ហើយផ្តល់ទឹកសម្រាប់ការធ្វើស្រែចំការ "
+              "អាកាសធាតុនៅរដូវវស្សាមានភ្លៀងធ្លាក់ច្រើន ប៉ុន្តែនៅរដូវប្រាំងវាក្តៅខ្លាំងណាស់")
+KHMER_LENGTH = 64
+
+
+def khmer_samples() -> list[dict[str, np.ndarray]]:
+    """Windows of 64 characters of Khmer sentences (spaces dropped, as the segmenter sees a
+    run of Khmer script) as khmersm feeds its transformer: ``x`` the ids from the wheel's
+    config.json (unknown characters as <unk>), ``mask`` all true. Raises ImportError without
+    the khmersm wheel."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.find_spec("khmersm")
+    if spec is None:
+        raise ImportError("khmersm is not installed (requirements/models.txt)")
+    char2id = json.loads((Path(spec.origin).parent / "config.json").read_text())["char2id"]
+    text = KHMER_TEXT.replace(" ", "")
+    step = (len(text) - KHMER_LENGTH) // (SAMPLES - 1)
+    samples = []
+    for i in range(SAMPLES):
+        ids = np.array([[char2id.get(c, char2id["<unk>"]) for c in text[i * step:i * step + KHMER_LENGTH]]],
+                       np.int64)
+        samples.append({"x": ids, "mask": np.ones_like(ids, bool)})
+    return samples
 
 
 # openWakeWord as pyopen-wakeword 1.1.0 runs it: 1,760 int16-valued samples -> 8 mel frames
@@ -444,12 +524,8 @@ def wakeword_samples() -> tuple[list[np.ndarray], list[np.ndarray]]:
     rng = np.random.default_rng(7)
     length, frames, embeddings = WAKE_SECONDS * VAD_RATE, [], []
     for i in range(SAMPLES):
-        audio = rng.normal(0, 0.003, length)
-        if i % 6 == 4:
-            audio += 0.5 * music(200 + i, length, VAD_RATE)
-        elif i % 6 == 5:
-            audio += rng.normal(0, 0.05, length)
-        else:
+        audio, spoken = background(i, rng, length, VAD_RATE, 200 + i)
+        if spoken:
             words = WAKE_WORDS[i // 6 * 2 + i % 2] if i % 6 < 2 else UTTERANCES[i % len(UTTERANCES)]
             speech = espeak(*words, VAD_RATE)[:length - VAD_RATE // 5]
             audio[VAD_RATE // 5:VAD_RATE // 5 + len(speech)] += 0.6 * speech / np.max(np.abs(speech))
@@ -578,19 +654,19 @@ def line_pieces(height: int = 48, width: int = 320, pieces: int = 3) -> list[np.
 # ---- files ----------------------------------------------------------------------------------
 
 def _write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     tmp.replace(path)
 
 
 def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    tmp = path.with_name(path.name + ".tmp.npz")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
     np.savez(tmp, **arrays)
     tmp.replace(path)
 
 
 def _write_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp.npy")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
     np.save(tmp, array)
     tmp.replace(path)
 
@@ -598,7 +674,7 @@ def _write_npy(path: Path, array: np.ndarray) -> None:
 def _write_png(path: Path, pixels: np.ndarray) -> None:
     from PIL import Image
 
-    tmp = path.with_name(path.name + ".tmp.png")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.png")
     Image.fromarray(pixels).save(tmp)
     tmp.replace(path)
 
@@ -635,6 +711,14 @@ def main(argv: list[str]) -> Path:
         _write_npz(out / f"vad_{i:02d}.npz", sample)
         for j, chunk in enumerate(vad_single_chunks(sample)):
             _write_npz(out / f"vad_chunk_{i:02d}_{j}.npz", chunk)
+        _write_npy(out / f"audio_16k_{i:02d}.npy", audio_16k(sample))
+    for i, clip in enumerate(phrase_samples()):
+        _write_npy(out / f"phrase_44k_{i:02d}.npy", clip)
+    try:
+        for i, sample in enumerate(khmer_samples()):
+            _write_npz(out / f"khmer_{i:02d}.npz", sample)
+    except ImportError as exc:  # the khmer recipe then says its data is missing
+        print(f"warning: {exc}; khmer_*.npz are not written", file=sys.stderr)
     try:
         frames, embeddings = wakeword_samples()
     except ImportError as exc:  # the wake-word recipes then say their data is missing

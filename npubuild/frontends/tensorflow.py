@@ -402,6 +402,7 @@ class _TFLite:
                             hint="name every input the cut outputs depend on") from None
         tflite_graph.densify(_tensorflow(), model)
         tflite_graph.dequantize_weights(model)  # a dynamic-range model is imported as float
+        tflite_graph.complex_abs_next_to_fft(model)  # the spectrum's form tf2onnx converts
         unsupported = tflite_graph.unsupported_custom_ops(model)
         if unsupported:
             ops = "; ".join(f"{op} (the operator writing {tensor!r})" for op, tensor in unsupported.ops)
@@ -492,6 +493,14 @@ def _output_ports(names: list[str] | None, default: list[str], extra, path: Path
 
 def _fit_shape(spec, dims: list | None, dtype: str, field: str, path: Path) -> list[int] | None:
     """The recipe's shape for an input, checked against the model's dims and dtype."""
+    if dtype == "string":  # the model tokenizes text itself: hash tables, sparse ops, no NPU
+        raise UserError(f"input {spec.name!r} is a string tensor: the model reads text and turns "
+                        "it into numbers itself (string and lookup-table ops, which neither "
+                        "tf2onnx nor an NPU runs)", location=Location(str(path)),
+                        field=f"{field}.name",
+                        hint="build the part after the text processing: export it with numeric "
+                             "inputs (the token ids or embeddings the model computes), and run "
+                             "the tokenization beside the deployment")
     if spec.dtype is not None and spec.dtype != dtype:
         raise UserError(f"input {spec.name!r} is {dtype} in the model, not {spec.dtype}",
                         location=Location(str(path)), field=f"{field}.dtype",

@@ -8,6 +8,8 @@
 - `dequantize_weights` turns the int8 weights of a dynamic-range quantized model (float
   activations, hybrid kernels) into the float weights they stand for: npubuild imports the
   float model, and TFLite runs the same float model for the proof.
+- `complex_abs_next_to_fft` moves the squeeze between a spectrum and its magnitude after the
+  magnitude, the form tf2onnx converts.
 - `unsupported_custom_ops` names custom ops npubuild cannot lower, with the cut that avoids them.
 - `with_readable_options` rewrites the C-struct options of the custom ops npubuild lowers
   (`tflite_custom.CUSTOM_OPS`) as the flexbuffer map tf2onnx reads.
@@ -299,6 +301,69 @@ def densify(tf, model) -> bool:
             graph.tensors[index].sparsity = None
     graph.operators = [op for op in graph.operators if not any(op is d for d in ops)]
     return True
+
+
+# --- spectra ----------------------------------------------------------------------------------
+
+# Operators that only move data: an element-wise op commutes with them
+_MOVES_DATA = ("SQUEEZE", "RESHAPE", "EXPAND_DIMS", "TRANSPOSE")
+
+
+def complex_abs_next_to_fft(model) -> int:
+    """Move the data movement between an RFFT2D and the COMPLEX_ABS of its spectrum after the
+    COMPLEX_ABS (in place; returns how many operators moved). The magnitude is element-wise, so
+    it commutes with a squeeze or a reshape, bit for bit; tf2onnx converts an RFFT2D only when
+    COMPLEX_ABS reads it directly, and TFLite Model Maker's speech-commands spectrogram squeezes
+    the complex spectrum first ("Current implementation of RFFT2D only allows ComplexAbs as
+    consumer not {'Squeeze'}")."""
+    graph = model.subgraphs[0]
+    tensors = graph.tensors
+    moved = 0
+    while True:
+        producers = {t: op for op in graph.operators for t in _writes(op)}
+        readers: dict[int, int] = {}
+        for op in graph.operators:
+            for t in _reads(op):
+                readers[t] = readers.get(t, 0) + 1
+        outputs = {int(t) for t in graph.outputs}
+        swap = None
+        for op in graph.operators:
+            if op_type(model, op) != "COMPLEX_ABS":
+                continue
+            mover = producers.get(int(op.inputs[0]))
+            if (mover is None or op_type(model, mover) not in _MOVES_DATA
+                    or readers.get(int(mover.outputs[0])) != 1 or int(mover.outputs[0]) in outputs
+                    or not _from_fft(model, producers, mover)):
+                continue
+            swap = op, mover
+            break
+        if swap is None:
+            return moved
+        op, mover = swap
+        spectrum, moved_spectrum, magnitude = int(mover.inputs[0]), int(mover.outputs[0]), int(op.outputs[0])
+        # COMPLEX_ABS(spectrum) -> moved_spectrum, now real at the spectrum's shape; the mover
+        # then reshapes it into the magnitude tensor the rest of the graph reads
+        tensors[moved_spectrum].type = tensors[magnitude].type
+        tensors[moved_spectrum].shape = list(tensors[spectrum].shape)
+        signature = tensors[spectrum].shapeSignature
+        tensors[moved_spectrum].shapeSignature = None if signature is None else list(signature)
+        op.inputs[0], op.outputs[0] = spectrum, moved_spectrum
+        mover.inputs[0], mover.outputs[0] = moved_spectrum, magnitude
+        graph.operators.remove(op)
+        graph.operators.insert(next(i for i, o in enumerate(graph.operators) if o is mover), op)
+        moved += 1
+
+
+def _from_fft(model, producers: dict, op) -> bool:
+    """Whether ``op`` reads an RFFT2D's spectrum through data movement only."""
+    while op is not None:
+        kind = op_type(model, op)
+        if kind == "RFFT2D":
+            return True
+        if kind not in _MOVES_DATA:
+            return False
+        op = producers.get(int(op.inputs[0]))
+    return False
 
 
 # --- dynamic-range quantized weights -------------------------------------------------------

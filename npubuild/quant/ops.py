@@ -407,6 +407,8 @@ def pad(node, ctx) -> FLayer:
         pads, value = np.asarray(pads).tolist(), float(np.ravel(value)[0])
     if mode not in ("constant", "edge", "reflect"):
         raise Unsupported(f"Pad mode {mode!r}")
+    if mode == "constant" and not np.isfinite(value):  # a mask for a max or softmax after it
+        raise Unsupported(f"Pad value {value:g}: no integer stands for it")
     return _layer(node, "pad", [node.input[0]], attrs={"pads": [int(p) for p in pads],
                                                        "mode": mode, "value_real": value})
 

@@ -86,6 +86,9 @@ def _import(ctx: StageContext) -> dict:
     model, widened = widen_conv1d(model, feeds)
     if widened:
         proof["conv1d_as_2d"] = widened
+    model, sliced = slice_one_index_gathers(model, feeds)
+    if sliced:
+        proof["gather_as_slice"] = sliced
     onnx_io.save_model(model, ctx.out / "model.onnx")
     proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
@@ -124,8 +127,7 @@ def check_signature(loaded: LoadedRecipe) -> Signature:
                                           loaded.recipe.model.outputs)
         return Signature(names["inputs"], names["outputs"])
     with loaded.relocated("model", "path"):
-        source = onnx_io.load_model(loaded.model_path, load_external=False)
-        model = onnx_io.skeleton(source)  # weights are not needed to check the structure
+        source, model = onnx_io.load_skeleton(loaded.model_path)  # no weights: the structure
         onnx_frontend.check_source(model, loaded.model_path, full=False)
     inputs = {v.name: v for v in onnx_io.graph_inputs(source)}
     for index, spec in enumerate(loaded.recipe.model.inputs):
@@ -426,6 +428,22 @@ def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, 
                          hint="report this with the model")
     return wide, {"convs": len([n for n in wide.graph.node if n.name.endswith("/squeeze_to_1d")]),
                   "max_rel": max((c.max_rel for c in sims.values()), default=0.0)}
+
+
+def slice_one_index_gathers(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each Gather of a computed tensor by one constant index as a Slice (and Squeeze)
+    (`onnx_frontend.gather_one_index_as_slice`), proven bit-identical on the proof inputs; the
+    proof's figures, or {} when there is none."""
+    sliced = onnx_frontend.gather_one_index_as_slice(model)
+    if sliced is model:
+        return model, {}
+    names = [o.name for o in model.graph.output]
+    _, bad = proofs.compare(proofs.run(model, feeds, names), proofs.run(sliced, feeds, names),
+                            exact=True)
+    if bad:
+        raise BuildError(f"a Gather of one index written as a Slice changes the model: {bad[0]}",
+                         stage="import", hint="report this with the model")
+    return sliced, {"gathers": len([n for n in sliced.graph.node if n.name.endswith("/as_slice")])}
 
 
 def up_to(model: onnx.ModelProto) -> onnx.ModelProto:

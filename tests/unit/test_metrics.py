@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 PROBE = """
@@ -32,3 +34,28 @@ def test_similarity_is_the_same_with_one_or_four_blas_threads():
     one = similarity_with_blas_threads(1)
     assert "cosine=0.99" in one
     assert similarity_with_blas_threads(4) == one
+
+
+def test_infinities_both_hold_at_the_same_places_are_equal_values():
+    import numpy as np
+
+    from npubuild.metrics import range_errors, similarity
+
+    reference = np.array([-np.inf, 1.0, 2.0, np.nan], np.float32)
+    same = similarity(reference, reference.copy())
+    assert same.identical and same.max_abs == 0 and same.cosine == pytest.approx(1.0)
+    close = similarity(reference, np.array([-np.inf, 1.0, 2.5, np.nan], np.float32))
+    assert close.max_abs == 0.5 and not close.identical
+    assert range_errors(reference, reference.copy()) == (0.0, 0.0)
+
+
+def test_an_infinity_only_one_side_holds_is_an_infinite_difference():
+    import numpy as np
+
+    from npubuild.metrics import range_errors, similarity
+
+    reference = np.array([-np.inf, 1.0, 2.0], np.float32)
+    changed = similarity(reference, np.array([-3.0, 1.0, 2.0], np.float32))
+    assert changed.max_abs == np.inf and not changed.identical
+    assert changed.cosine == 0.0  # a Log of an int8 zero gives -inf where float was finite
+    assert range_errors(reference, np.array([np.inf, 1.0, 2.0], np.float32)) == (np.inf, np.inf)

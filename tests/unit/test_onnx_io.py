@@ -163,3 +163,31 @@ def test_large_weights_reach_onnx_runtime_in_memory_with_the_same_results(monkey
     sess = onnx_io.session(model)
     assert list(sess.npubuild_weights) == ["w"]          # passed beside the model, not in it
     np.testing.assert_array_equal(onnx_io.run(sess, x)["y"], expected)
+
+
+def model_with_every_initializer_outside(tmp_path) -> str:
+    """y = x·W + b with both in ``model.onnx.data``, as PyTorch's exporter writes a model: the
+    bias is small (a skeleton keeps it), W large (a skeleton makes it a typed input)."""
+    weight = np.arange(onnx_io.LARGE_ELEMENTS * 2, dtype=np.float32).reshape(2, -1) / 1e4
+    bias = np.full(weight.shape[1], 0.5, np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["xw"]),
+                               helper.make_node("Add", ["xw", "b"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, weight.shape[1]])],
+                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    path = tmp_path / "m" / "model.onnx"
+    path.parent.mkdir()
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=0)
+    return path
+
+
+def test_skeleton_of_a_model_with_external_data_holds_its_small_initializers(tmp_path):
+    path = model_with_every_initializer_outside(tmp_path)
+    source, light = onnx_io.load_skeleton(path)
+    assert onnx_io.has_external_data(source)
+    assert [t.name for t in light.graph.initializer] == ["b"]
+    np.testing.assert_array_equal(numpy_helper.to_array(light.graph.initializer[0]), 0.5)
+    assert "w" in [i.name for i in light.graph.input]
+    onnx.checker.check_model(light)  # from any directory: nothing left to read

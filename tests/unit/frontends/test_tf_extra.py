@@ -82,3 +82,28 @@ def test_validate_reads_a_tflite_signature_without_importing_tensorflow(tmp_path
     result = _validate(tmp_path, [])
     assert result.returncode == 0, result.stderr
     assert "valid" in result.stdout and "tensorflow imported" not in result.stdout
+
+
+@pytest.mark.slow
+def test_a_string_input_is_named_before_tf2onnx_runs(tmp_path):
+    """guesslang's SavedModel reads source code as one string and hashes it in the graph
+    (StringToHashBucketFast, lookup tables, sparse ops); tf2onnx failed with 'Failed to import
+    metagraph' and the hint said to try another opset."""
+    from npubuild.errors import UserError
+    from npubuild.frontends import tensorflow as tf_frontend
+    from npubuild.recipe.model import InputSpec
+
+    tf = tf_frontend._tensorflow()
+    with tf_frontend._quiet():
+        class Lengths(tf.Module):
+            @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+            def __call__(self, text):
+                buckets = tf.strings.to_hash_bucket_fast(text, 16)
+                return {"scores": tf.nn.softmax(tf.one_hot(buckets, 16))}
+
+        module = Lengths()
+        tf.saved_model.save(module, str(tmp_path / "sm"), signatures=module.__call__)
+    with pytest.raises(UserError) as caught:
+        tf_frontend.convert(tmp_path / "sm", "saved_model", [InputSpec(name="text", shape=[1])], None)
+    assert "input 'text' is a string tensor" in str(caught.value)
+    assert "token ids" in caught.value.hint

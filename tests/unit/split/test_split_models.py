@@ -224,3 +224,42 @@ def test_nodes_listed_out_of_order_are_cut_in_dependency_order(tmp_path):
     report = split_model(model, NPU16, None, tmp_path)
     assert devices(report) == [("npu", 1), ("cpu", 1), ("npu", 1)]
     runner_equals_original(model, tmp_path)
+
+
+def test_a_boundary_tensor_padded_with_minus_infinity_proves_equal(tmp_path):
+    """SwiftF0 pads a log spectrum with -inf before a max over pitch bins: the CPU submodel hands
+    the -inf over and the unsplit model holds it at the same places. The proof compared
+    -inf - -inf = NaN and called the split a bug."""
+    from tests.unit.split.split_models import Net
+
+    net = Net()
+    x = net.input("x", [1, 4, 8, 8])
+    erf = net.op("Erf", [x], name="erf")
+    pads = net.init("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))
+    floor = net.init("floor", np.array(-np.inf, np.float32))
+    padded = net.op("Pad", [erf, pads, floor], name="pad")
+    pooled = net.op("MaxPool", [padded], name="pool", kernel_shape=[3, 3])
+    model = net.model([net.conv(pooled, 4, 4, name="conv")])
+    report = split_model(model, NPU16, SplitSpec(force_cpu=["Pad"]), tmp_path)
+    assert report["proof"]["outputs_equal"]
+    boundary = json.loads((tmp_path / "graph_infos.json").read_text())
+    assert "pad_out" in json.dumps(boundary)
+
+
+def test_a_pad_with_minus_infinity_stays_on_the_cpu_with_its_reason():
+    """No integer stands for -inf: SwiftF0's Pad of its log spectrum (a mask for the softmax
+    over pitch bins after it) ran on the NPU and calibration stopped on 'NaN or Inf values'."""
+    from tests.unit.split.split_models import Net
+
+    net = Net()
+    x = net.input("x", [1, 4, 8, 8])
+    pads = net.init("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))
+    for name, value in (("masked", -np.inf), ("zeroed", 0.0)):
+        net.op("Pad", [net.conv(x, 4, 4, name=f"{name}_conv"), pads,
+                       net.init(f"{name}_value", np.array(value, np.float32))], name=name)
+    model = net.model([f"{name}_out" for name in ("masked", "zeroed")])
+    placed = {p.name: p for p in check_placement(model, NPU16)}
+    assert placed["masked"].device == "cpu"
+    assert placed["masked"].reasons == ["The quantizer has no integer kernel for it: Pad value -inf: "
+                                        "no integer stands for it"]
+    assert placed["zeroed"].device == "npu"
