@@ -11,8 +11,10 @@ reads them.
 A layer is *tiled* (it joins layer groups and runs from LMEM, sliced along N/H/C) when the tiler
 can map its output rows to input rows: conv (not fully connected) and pools on 4-D tensors,
 resize (exact per-row input spans), element-wise add/mul/rescale/lut whose operands broadcast
-the same way in the view, and concat/split/slice/pad that do not act along N or H. Every other
-layer is a **group breaker**: the layer list is cut around it, it runs between groups as a
+the same way in the view, concat/split/slice/pad that do not act along N or H (a concat or a
+constant pad along H too), softmax along C or W, and reshapes that keep N and C and regroup
+H x W — unless no tiled layer other than a reshape is beside them: such a reshape is an alias
+in GMEM. Every other layer is a **group breaker**: the layer list is cut around it, it runs between groups as a
 whole-tensor step on GMEM, and the tensors crossing it go through GMEM. Breakers execute as
 
 - ``dma``: data movement (reshape, transpose, slice/split/pad along N or H, a concat that only
@@ -181,6 +183,10 @@ def layers_from_qgraph(qgraph: QGraph) -> QLayers:
         kernels[layer.name] = kernel
         if record is not None:
             weights[layer.name] = record
+    for i in _lone_reshapes(qgraph.layers, breakers):
+        layer = qgraph.layers[i]
+        specs[i], kernels[layer.name] = _breaker_spec(layer, tensors, "dma", None), layer
+        breakers[layer.name] = Breaker(layer.name, "dma", LONE_RESHAPE)
     produced = {t for layer in qgraph.layers for t in layer.outputs}
     read = dict.fromkeys(t for layer in qgraph.layers for t in layer.inputs)
     inputs = [t for t in qgraph.inputs if t in read] + [
@@ -189,6 +195,40 @@ def layers_from_qgraph(qgraph: QGraph) -> QLayers:
     graph = LayerGraph(tuple(specs), tuple(inputs), tuple(qgraph.outputs), shapes,
                        constants=frozenset(t for t in inputs if tensors[t].constant))
     return QLayers(qgraph, graph, kernels, tensors, weights, breakers)
+
+
+LONE_RESHAPE = ("reshape with no tiled layer beside it: its output is an alias of its input in "
+                "GMEM (no data moves), where a group of its own would load and store it")
+
+
+def _lone_reshapes(layers: list[QLayer], breakers: dict[str, Breaker]) -> list[int]:
+    """The tiled reshapes that no tiled layer other than a reshape produces or reads, through
+    chains of reshapes: tiled, each would be a group of its own loading and storing its tensor
+    (between two breakers, or between a breaker and a model input or output), where a breaker
+    reshape is a GMEM alias that moves nothing. A reshape beside a tiled layer stays tiled: in
+    that layer's group it costs no more than the alias and keeps the group whole."""
+    tiled = {layer.name for layer in layers if layer.name not in breakers}
+    producer = {t: layer.name for layer in layers for t in layer.outputs}
+    readers: dict[str, list[str]] = {}
+    for layer in layers:
+        for t in layer.inputs:
+            readers.setdefault(t, []).append(layer.name)
+    by_name = {layer.name: layer for layer in layers}
+    reshapes = {name for name in tiled if by_name[name].kind == "reshape"}
+
+    def neighbours(name: str) -> list[str]:
+        layer = by_name[name]
+        found = [producer[t] for t in layer.inputs if t in producer]
+        return found + [r for t in layer.outputs for r in readers.get(t, [])]
+
+    anchored, frontier = set(), [r for r in sorted(reshapes)
+                                 if any(n in tiled and n not in reshapes for n in neighbours(r))]
+    while frontier:  # reshapes joined to a tiled layer, directly or through other reshapes
+        name = frontier.pop()
+        if name not in anchored:
+            anchored.add(name)
+            frontier += [n for n in neighbours(name) if n in reshapes and n not in anchored]
+    return [i for i, layer in enumerate(layers) if layer.name in reshapes - anchored]
 
 
 def _executes(layer: QLayer) -> str:

@@ -269,4 +269,39 @@ def test_an_integer_matmul_of_two_activations_runs_whole_on_the_npu_between_grou
     assert spec.macs == 4 * 16 * 16 * 8
     step = next(s for s in estimate(program).steps if s.layer == "scores")
     assert step.executes == "npu" and step.compute_cycles > 0
+
+
+def _reshape_between_breakers():
+    """A spatial reshape (N and C kept) whose producer and reader are both breakers: no tiled
+    layer is beside it (ddddocr's Transpose -> Reshape, basic-pitch's stacked 1-D convs)."""
+    s = Stack((1, 8, 16, 12))
+    a = s.conv("x", 8, 3)
+    moved = s.reshape(a, [1, 16, 16, 6])  # across channels: a breaker
+    flat = s.reshape(moved, [1, 16, 96])  # H x W regrouped: tileable, but alone
+    return s.model([s.unary(flat, "LogSoftmax")])  # no integer kernel: a breaker
+
+
+def test_a_reshape_with_no_tiled_layer_beside_it_is_an_alias_not_a_group_of_its_own():
+    qgraph = quantize(_reshape_between_breakers())
+    layers, program, program_file = compile_qgraph(qgraph, load_chip("npu-16m"))
+    assert layers.breakers["reshape2"].executes == "dma"
+    assert [g.plan.group.names for g in program.npu_groups] == [("conv0",)]
+    (src,), (dst,) = layers.graph.layers[2].inputs, layers.graph.layers[2].outputs
+    assert program.gmem.tensors[dst] == program.gmem.tensors[src]
+    found = estimate(program)
+    step = next(s for s in found.steps if s.layer == "reshape2")
+    assert (step.gmem_read, step.gmem_write, step.cycles) == (0, 0, 0)
+    conv_group, softmax = found.groups[0], next(s for s in found.steps if s.layer == "logsoftmax3")
+    assert found.gmem_bytes == (conv_group.gmem_read + conv_group.gmem_write
+                                + softmax.gmem_read + softmax.gmem_write)
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_a_spatial_reshape_beside_a_tiled_layer_stays_in_its_group():
+    s = Stack((1, 8, 16, 12))
+    flat = s.reshape(s.conv("x", 8, 3), [1, 8, 192])
+    qgraph = quantize(s.model([s.unary(flat, "LogSoftmax")]))
+    layers, program, program_file = compile_qgraph(qgraph, load_chip("npu-16m"))
+    assert "reshape1" not in layers.breakers
+    assert [g.plan.group.names for g in program.npu_groups] == [("conv0", "reshape1")]
     simulate_and_compare(qgraph, program_file)
