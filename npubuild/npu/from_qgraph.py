@@ -555,9 +555,21 @@ def plan_qgraph(layers: QLayers, chip: Chip, *, grouping: bool = True,
         if run[0].name in layers.breakers:
             items.append(CpuLayer(run[0], layers.breakers[run[0].name].reason))
             continue
-        items += plan_groups(_sub_graph(graph, run), chip, grouping=grouping,
-                             on_no_fit=on_no_fit).items
+        for item in plan_groups(_sub_graph(graph, run), chip, grouping=grouping,
+                                on_no_fit=on_no_fit).items:
+            items += _aliases(item, layers) or [item]
     return LayerGroups(graph, chip, grouping, tuple(items))
+
+
+def _aliases(item, layers: QLayers) -> list[CpuLayer]:
+    """A group of nothing but reshapes (the search left them apart from the layers beside
+    them, or there are none) as GMEM aliases between groups: in a group of their own they
+    would load and store their tensor for nothing. Empty for any other group."""
+    group = getattr(item, "group", None)
+    if group is None or any(spec.op != "reshape" for spec in group.layers):
+        return []
+    return [CpuLayer(_breaker_spec(layers.kernels[spec.name], layers.tensors, "dma", None),
+                     LONE_RESHAPE) for spec in group.layers]
 
 
 def _sub_graph(graph: LayerGraph, run: list[LayerSpec]) -> LayerGraph:

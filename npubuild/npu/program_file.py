@@ -74,7 +74,8 @@ def annotate_groups(doc: dict, program: Program, layers: QLayers) -> None:
             continue
         kernel = layers.kernels[item.layer.name]
         breaker = layers.breakers.get(item.layer.name)
-        entry.update(kind=kernel.kind, executes=breaker.executes if breaker else "cpu",
+        executes = breaker.executes if breaker else item.layer.attr("executes", "cpu")
+        entry.update(kind=kernel.kind, executes=executes,
                      inputs=list(item.layer.inputs), outputs=list(item.layer.outputs))
 
 

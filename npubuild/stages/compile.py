@@ -241,11 +241,15 @@ def graph_report(c: Compiled) -> tuple[dict, dict]:
     breakers = {}
     for b in c.layers.breakers.values():
         breakers.setdefault(b.executes, []).append(b.layer)
-    cpu_fallback = [g.layer.name for g in c.program.groups
-                    if g.device == "cpu" and g.layer.name not in c.layers.breakers]
+    stepped = [g.layer for g in c.program.groups
+               if g.device == "cpu" and g.layer.name not in c.layers.breakers]
+    for layer in stepped:  # reshapes the plan left alone: aliases (`plan_qgraph`)
+        if layer.attr("executes") == "dma":
+            breakers.setdefault("dma", []).append(layer.name)
+    cpu_fallback = [layer.name for layer in stepped if layer.attr("executes") != "dma"]
     summary = {
         "layers": len(c.layers.graph.layers), "tiled_layers": len(c.layers.graph.layers)
-        - len(c.layers.breakers) - len(cpu_fallback), "groups": len(groups),
+        - len(c.layers.breakers) - len(stepped), "groups": len(groups),
         "slices": sum(len(g.slices) for g in groups),
         "h_sliced_groups": sum(g.plan.slicing.h > 1 for g in groups),
         "c_sliced_groups": sum(g.plan.slicing.c > 1 for g in groups),

