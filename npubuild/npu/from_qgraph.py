@@ -419,7 +419,7 @@ def _elementwise(layer: QLayer, tensors):
     out = tensors[layer.outputs[0]]
     for t in layer.inputs:
         info = tensors[t]
-        if len(info.shape) != len(out.shape) and len(out.shape) == 4:
+        if len(info.shape) != len(out.shape) and len(out.shape) == 4 and prod(info.shape) != 1:
             raise NotTiled(f"operand {t!r} of rank {len(info.shape)} broadcasts onto a 4-D "
                            "tensor: computed whole between groups")
         if info.view[0] != out.view[0] or info.view[2] not in (1, out.view[2]):

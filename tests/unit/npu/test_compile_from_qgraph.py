@@ -323,3 +323,20 @@ def test_a_reshape_the_plan_leaves_alone_in_a_group_is_an_alias_instead():
     entry = next(g for g in program_file.doc["groups"] if g.get("layer") == "reshape2")
     assert entry["executes"] == "dma"
     simulate_and_compare(qgraph, program_file)
+
+
+@pytest.mark.parametrize("scheme", ["symmetric", "asymmetric"])
+def test_a_one_element_operand_of_lower_rank_is_a_scalar_and_stays_tiled_bit_exact(scheme):
+    """Paddle's hard-swish adds a rank-1 constant of one element to a 4-D tensor (x + 3): it
+    broadcasts the same in any view, so the add joins the group instead of running whole."""
+    s = Stack((1, 8, 16, 12))
+    a = s.pool(s.conv("x", 8, 3))  # a pool: the add cannot fold into a conv's bias
+    b = s.binary(a, s._const("three", np.array([3.0], np.float32)), "Add")
+    qgraph = quantize(s.model([s.conv(b, 8, 3)]), scheme)
+    assert [len(qgraph.tensors[t].shape) for t in qgraph.layers[2].inputs] == [4, 1]
+    for chip in (load_chip("npu-16m"), TINY):  # whole, then H-sliced on the tiny chip
+        layers, program, program_file = compile_qgraph(qgraph, chip)
+        assert not layers.breakers
+        assert not any(isinstance(g, CpuStep) for g in program.groups)
+        simulate_and_compare(qgraph, program_file)
+    assert len(compile_qgraph(qgraph, load_chip("npu-16m"))[1].npu_groups) == 1
