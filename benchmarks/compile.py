@@ -70,7 +70,7 @@ def quantize_cell(recipe: Path, chip: str, root: Path, cache: Path, reuse: bool 
                                   cache=cache)
         if not (reuse and any(session.paths.stage_dir("quantize").glob("graph_*.qgraph.json"))):
             api.build(session, "quantize")
-    except Exception as exc:  # a cell that cannot be built is a row saying why, not a crash
+    except Exception as exc:  # noqa: BLE001 - a cell that cannot be built is a row saying why
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return ""
 
@@ -224,7 +224,6 @@ def recipe_list(args) -> list[Path]:
     recipes = list(args.recipes)
     if args.zoo:
         from benchmarks.zoo import zoo_recipes
-
         from npubuild.errors import UserError
 
         for recipe in zoo_recipes(None):
@@ -283,7 +282,7 @@ def compile_cell(recipe: Path, chip: str, root: Path, cache: Path, error: str, a
         return {"recipe": recipe.stem, "chip": chip, "error": error}
     try:
         build_dir, report, stage_s = build_cell(recipe, chip, root, cache)
-    except Exception as exc:  # a failed compile is a finding for the table, not a crash
+    except Exception as exc:  # noqa: BLE001 - a failed compile is a row for the table
         return {"recipe": recipe.stem, "chip": chip,
                 "error": f"compile: {type(exc).__name__}: {str(exc).splitlines()[0]}"}
     if "graphs" not in report["estimate"]:  # no NPU graph

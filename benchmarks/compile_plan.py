@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     chip, grouping, on_no_fit, qdir = argv
     try:
         result = plan_all(chip, grouping == "true", on_no_fit, Path(qdir))
-    except Exception as exc:  # an older compiler may not know a newer graph's layers: say so
+    except Exception as exc:  # noqa: BLE001 - an older compiler may not know newer layers
         last = traceback.extract_tb(exc.__traceback__)[-1]
         result = {"error": f"{type(exc).__name__}: {exc} ({Path(last.filename).name}:"
                            f"{last.lineno})"}
