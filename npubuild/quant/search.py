@@ -235,7 +235,10 @@ class PrecisionSearch:
 
     def slowdown(self, choice: Mapping[str, str]) -> float:
         """The model's estimated time with ``choice`` over its time in int8 (whose own float
-        layers, the quantizer's placement, count in both), priced as compile estimates it."""
+        layers, the quantizer's placement, count in both), priced as compile estimates it
+        (int8 everywhere is 1 without a plan)."""
+        if not choice:
+            return 1.0
         plain = self._seconds({})
         chosen = self._seconds(choice)
         return chosen / plain if plain > 0 else (1.0 if chosen <= 0 else math.inf)
