@@ -23,6 +23,11 @@ stage with the search on, built in one process and with the scheduler, interleav
 alone (the Dask cluster is started before the clock runs: an invocation starts it once, its
 start-up is its own column); and whether the two wrote byte-identical quantize artifacts.
 The machine's load average is printed with the table.
+
+``--compiled`` also compiles both builds (untimed) and prints compile's slowdown, int8's
+deployed fps over the searched build's (its NPU estimate plus its CPU parts timed with ONNX
+Runtime), beside the search's own estimate of it (``quantization.auto.max_slowdown`` is
+judged on the latter).
 """
 
 from __future__ import annotations
@@ -66,7 +71,8 @@ import npubuild
 assert npubuild.__file__.startswith({tree!r}), npubuild.__file__
 from search import quantize_seconds
 before = resource.getrusage(resource.RUSAGE_SELF)
-row = quantize_seconds(Path({recipe!r}), {chip!r}, Path({build!r}), {cache}, {scheduler!r})
+row = quantize_seconds(Path({recipe!r}), {chip!r}, Path({build!r}), {cache}, {scheduler!r},
+                       {compiled!r})
 after = resource.getrusage(resource.RUSAGE_SELF)
 row["cpu"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2)
 print(json.dumps(row))
@@ -74,10 +80,11 @@ print(json.dumps(row))
 
 
 def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | None,
-                     scheduler: str | None = None) -> dict:
+                     scheduler: str | None = None, compiled: bool = False) -> dict:
     """Build up to quantize, quantize again even when current or cached (the earlier stages
     restored from the cache), and read the quantize stage's own time and figures (with
-    ``scheduler``: on Dask, the cluster started before the clock runs)."""
+    ``scheduler``: on Dask, the cluster started before the clock runs; with ``compiled``: then
+    compile too, untimed, and read its estimate)."""
     from contextlib import ExitStack
 
     from npubuild import api
@@ -116,6 +123,13 @@ def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | No
     stage = (report.get("stages") or {}).get("quantize") or {}
     q = report.get("quantization") or {}
     search = q.get("search") or {}
+    estimate = {}
+    if compiled and not error:
+        try:
+            estimate = api.build(api.session_for(loaded, build_root=build_root, cache=cache),
+                                 "compile").get("estimate") or {}
+        except NpubuildError as exc:
+            estimate = {"error": str(exc).splitlines()[0]}
     return {"seconds": stage.get("built_seconds") or stage.get("seconds"),
             "status": stage.get("status"), "wall": round(time.perf_counter() - started, 2),
             "int8_passes": (q.get("int8_verdict") or {}).get("passed"),
@@ -126,6 +140,8 @@ def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | No
             "slowdown": (search.get("after") or {}).get("estimated_slowdown"),
             "refused": ((search.get("what_would_reach") or {}).get("needed") or {}).get("slowdown"),
             "search_seconds": round(searched["seconds"], 2), "cluster_seconds": round(cluster, 2),
+            "compiled": {k: estimate.get(k) for k in ("fps", "npu_seconds", "cpu_seconds",
+                                                      "error") if k in estimate},
             "digest": tree_digest(build_root / loaded.recipe.name / "quantize")}
 
 
@@ -142,10 +158,10 @@ def tree_digest(root: Path) -> str | None:
 
 
 def in_process_of(tree: Path, recipe: Path, chip: str, build_root: Path,
-                  cache: Path | None, scheduler: str | None = None) -> dict:
+                  cache: Path | None, scheduler: str | None = None, compiled: bool = False) -> dict:
     """`quantize_seconds` in a process that imports npubuild from ``tree``."""
     code = MEASURE.format(benchmarks=str(REPO / "benchmarks"), tree=str(tree), recipe=str(recipe),
-                          chip=chip,
+                          chip=chip, compiled=compiled,
                           build=str(build_root),
                           cache=f"Path({str(cache)!r})" if cache else "None", scheduler=scheduler)
     if scheduler:  # Dask spawns its workers, which re-import the main module: not from -c
@@ -165,7 +181,7 @@ def in_process_of(tree: Path, recipe: Path, chip: str, build_root: Path,
 
 
 def measure(recipe: Path, chip: str, work: Path, cache: Path | None,
-            baseline: Path | None = None) -> dict:
+            baseline: Path | None = None, compiled: bool = False) -> dict:
     from zoo import as_written
 
     written = as_written(recipe, work / "recipes")
@@ -178,12 +194,16 @@ def measure(recipe: Path, chip: str, work: Path, cache: Path | None,
     for name, search in (("plain", False), ("search", True)):
         for tag, tree in reversed(trees.items()):  # the baseline first
             row[tag + name] = in_process_of(tree, recipes[search], chip,
-                                            work / f"build{tag.strip()}", cache)
+                                            work / f"build{tag.strip()}", cache,
+                                            compiled=compiled and not tag)
     for tag in trees:
         plain, searched = row[tag + "plain"], row[tag + "search"]
         row[tag + "ratio"], row[tag + "cpu ratio"] = (
             round(searched[k] / plain[k], 2) if plain.get(k) and searched.get(k) else None
             for k in ("seconds", "cpu"))
+    if compiled:
+        fps = [row[name].get("compiled", {}).get("fps") for name in ("plain", "search")]
+        row["compiled slowdown"] = round(fps[0] / fps[1], 3) if all(fps) else None
     return row
 
 
@@ -236,7 +256,8 @@ def markdown(rows: list[dict]) -> str:
     head = "| model | " + "".join(
         f"{t}plain quantize s (CPU) | {t}with search s (CPU) | {t}ratio (CPU) | "
         for t in tags) + (
-        "int8 passes | search passes | tensors out of int8 | est. slowdown | choices scored |")
+        "int8 passes | search passes | tensors out of int8 | est. slowdown | choices scored |"
+        + (" compiled slowdown |" if rows and "compiled slowdown" in rows[0] else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         p, s = r["plain"], r["search"]
@@ -250,7 +271,9 @@ def markdown(rows: list[dict]) -> str:
                      f"{_before_after(r, 'slowdown')}"
                      + (f" (refused: {_before_after(r, 'refused')})" if s.get("refused") else "")
                      + " | "
-                     f"{s['evaluations'] if s['evaluations'] is not None else '-'} |")
+                     f"{s['evaluations'] if s['evaluations'] is not None else '-'} |"
+                     + (f" {_or_dash(r['compiled slowdown'])} |" if "compiled slowdown" in r
+                        else ""))
     return "\n".join(lines)
 
 
@@ -297,6 +320,9 @@ def main(argv: list[str]) -> int:
                    help="measure the search on Dask (e.g. local:2) against one process instead")
     p.add_argument("--repeat", type=int, default=1, help="interleaved rounds with --scheduler "
                    "(the fastest of each is shown)")
+    p.add_argument("--compiled", action="store_true", help="compile both builds too (untimed) "
+                   "and print compile's slowdown (int8 fps / the search's) beside the search's "
+                   "estimate")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -318,7 +344,8 @@ def main(argv: list[str]) -> int:
         return 0
     for recipe in zoo_recipes(args.models):
         rows.append(measure(recipe, args.chip, work, args.cache,
-                            args.baseline_tree.resolve() if args.baseline_tree else None))
+                            args.baseline_tree.resolve() if args.baseline_tree else None,
+                            args.compiled))
         print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr)
     print(markdown(rows))
     print(f"\n{summary(rows)}")

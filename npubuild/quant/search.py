@@ -25,14 +25,14 @@ The search, after int8 everywhere fails (read top to bottom):
    (a block that can go goes whole and the next is twice as long; one that cannot is halved).
 5. **Demote** float choices to int16 where int16 is enough and no slower (int16 that pushes a
    layer off the integer kernels costs time like float).
-6. **Budget**: a choice whose float layers make the model slower than
-   ``quantization.auto.max_slowdown`` times int8's estimated time (MACs at the chip's and the
-   host's rates, `npubuild.split.cost`: the CPU is about a hundred times slower per MAC; and
-   one hand-over of `SWITCH_SECONDS` per layer the CPU runs inside an NPU graph) is not
-   adopted: the most useful float blocks that fit are tried instead (then int16 on every
-   other candidate whose int16 fits), then dropped and demoted, keeping the last of those
-   passing steps that fits; where they miss, int8 stays and the result names the smallest
-   doubled budget at which the same procedure passed.
+6. **Budget**: a choice that makes the model slower than ``quantization.auto.max_slowdown``
+   times int8's estimated time, priced as compile estimates it (`npubuild.quant.price`: the
+   NPU graphs planned with the choice's int16 widths and float layers; each float part a run
+   of ONNX Runtime plus its MACs at the host's rate), is not adopted: the most useful float
+   blocks that fit are tried instead (then int16 on every other candidate whose int16 fits),
+   then dropped and demoted, keeping the last of those passing steps that fits; where they
+   miss, int8 stays and the result names the smallest doubled budget at which the same
+   procedure passed.
 
 Candidates are every quantized activation a layer rounds or a graph takes in, NPU inputs
 arriving from CPU segments included; a tensor that only moves data shares its source's
@@ -51,9 +51,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from npubuild.quant import fakequant, quantizer
+from npubuild.quant import fakequant, price, quantizer
 from npubuild.quant.workflow import OverrideSpec, resolve_overrides, tensor_names
-from npubuild.split.cost import CPU_MACS_PER_SECOND, SWITCH_SECONDS, macs_per_node, model_macs
+from npubuild.split.cost import CPU_MACS_PER_SECOND, macs_per_node, model_macs
 
 WIDE = ("int16", "float")
 FIRST_BLOCKS = 8
@@ -101,7 +101,7 @@ class Scored:
     loads: np.ndarray      # per judged cosine: (1 - cosine) / (1 - its bar)
     failures: list[str]
     span_ratio: float = 1.0  # the channel closest to dying: deployed span / reference span
-    slowdown: float = 1.0    # estimated time with this choice's float layers / int8's
+    slowdown: float | None = None  # estimated time with this choice / int8's (None: not priced)
     calibration: tuple = ()  # (method, per-tensor methods, scheme) it was scored under
 
     @property
@@ -152,7 +152,7 @@ class PrecisionSearch:
                  judge: Callable[[list[dict]], object], kept: Sequence[str], spec: SearchSpec,
                  *, chip_int16: bool, float_fallback: bool = True, choose_methods: bool = False,
                  choose_scheme: bool = False,
-                 npu_macs_per_second: float = float("inf"),
+                 chip=None, npu_macs_per_second: float = float("inf"),
                  float_macs_per_second: float = CPU_MACS_PER_SECOND, float_on_npu: bool = False,
                  clock: Callable[[], float] = time.monotonic,
                  on_score: Callable[[int], None] = lambda count: None,
@@ -173,17 +173,20 @@ class PrecisionSearch:
             {i: (s.qgraph, s.fg) for i, s in self.states.items()}))
         self.ranges: dict = {}
         self.work = {i: layer_macs(s.fg) for i, s in self.states.items()}
-        # time per MAC on each side; one rule counts both (`npubuild.split.cost.node_macs`)
-        self.npu_seconds, self.cpu_seconds = 1.0 / npu_macs_per_second, 1.0 / CPU_MACS_PER_SECOND
+        # the time model (`npubuild.quant.price`): compile's estimate of each NPU graph on
+        # ``chip`` (without one, its MACs at ``npu_macs_per_second``); float parts on the host
+        self.chip, self.npu_mac_seconds = chip, 1.0 / npu_macs_per_second
+        self.qgraphs = {i: s.qgraph for i, s in self.states.items()}  # int8, before any adopt
         self.float_seconds = 1.0 / float_macs_per_second  # a float layer: CPU or NPU float16
         self.float_on_npu = float_on_npu
         self.float_where = "in float16 on the NPU" if float_on_npu else "in float on the CPU"
-        self.npu_work = sum(sum(w.values()) for w in self.work.values())
-        cpu_graphs = [g for g in workflow.pipeline.graphs if not g.is_npu]
-        self.cpu_work, self.cpu_graphs = sum(model_macs(g.model) for g in cpu_graphs), len(cpu_graphs)
+        self.cpu_part_seconds = sum(price.host_seconds(model_macs(g.model))
+                                    for g in workflow.pipeline.graphs if not g.is_npu)
         self.names = {i: tensor_names(s.graph.model) for i, s in self.states.items()}
         self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # (graph, its own choice, ...)
         self.placed: dict[tuple, frozenset[str]] = {}  # the same key -> its float layers
+        self.widths: dict[tuple, dict[str, str]] = {}  # the same key -> its tensors' widths
+        self.plans: dict[tuple, float] = {}  # (graph, float layers, widths) -> seconds
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
         self.candidates = self._candidates()
@@ -204,12 +207,14 @@ class PrecisionSearch:
                                 if o.tensors[0] in self.names[index]}))
             key = (index, own, self.method, self.methods, self.scheme)
             if key not in self.feeds:
-                self.feeds[key], self.placed[key] = self._graph_params(index, state, overrides)
+                (self.feeds[key], self.placed[key],
+                 self.widths[key]) = self._graph_params(index, state, overrides)
             yield index, key
 
     def _graph_params(self, index: int, state, overrides: list[OverrideSpec]
-                      ) -> tuple[dict, frozenset[str]]:
-        """The graph's parameter inputs and the layers the quantizer runs in float."""
+                      ) -> tuple[dict, frozenset[str], dict[str, str]]:
+        """The graph's parameter inputs, the layers the quantizer runs in float and each
+        tensor's width."""
         base = list(self.workflow.options.overrides)
         _, float_tensors, int16, _ = resolve_overrides([*base, *overrides], state.graph.model)
         config = replace(self.workflow.options.config, float_tensors=frozenset(float_tensors),
@@ -218,7 +223,8 @@ class PrecisionSearch:
         params, cpu = quantizer.Quantizer(state.fg, state.observer.stats, config,
                                           ranges=self.ranges).tensor_params()
         return (fakequant.params_feed(self.pipeline.tensors(index), params,
-                                      self.pipeline.layers(index), cpu), frozenset(cpu))
+                                      self.pipeline.layers(index), cpu), frozenset(cpu),
+                price.dtypes_of(params))
 
     def _in_float(self, choice: Mapping[str, str]) -> frozenset[tuple[int, str]]:
         """The (graph, layer) pairs the quantizer runs in float under ``choice``: the layers
@@ -228,22 +234,47 @@ class PrecisionSearch:
                          for name in self.placed[key])
 
     def slowdown(self, choice: Mapping[str, str]) -> float:
-        """The model's estimated time with ``choice``'s float layers over its time in int8
-        (whose own float layers, the quantizer's placement, count as float in both)."""
-        plain = self._seconds(self._in_float({}))
-        chosen = self._seconds(self._in_float(choice))
+        """The model's estimated time with ``choice`` over its time in int8 (whose own float
+        layers, the quantizer's placement, count in both), priced as compile estimates it
+        (int8 everywhere is 1 without a plan)."""
+        if not choice:
+            return 1.0
+        plain = self._seconds({})
+        chosen = self._seconds(choice)
         return chosen / plain if plain > 0 else (1.0 if chosen <= 0 else math.inf)
 
-    def _seconds(self, in_float: frozenset[tuple[int, str]]) -> float:
-        """The model's estimated time when ``in_float``'s layers run in float: MACs at each
-        side's rate, plus one hand-over per CPU submodel and per float layer the CPU runs
-        inside an NPU graph (the NPU stops, hands its tensors over and resumes, as compile's
-        estimate runs each such layer apart); a chip that runs float layers itself (float16
-        on the NPU) hands nothing over."""
-        on_float = sum(self.work[i][name] for i, name in in_float)
-        handovers = self.cpu_graphs + (0 if self.float_on_npu else len(in_float))
-        return ((self.npu_work - on_float) * self.npu_seconds + on_float * self.float_seconds
-                + self.cpu_work * self.cpu_seconds + handovers * SWITCH_SECONDS)
+    def _seconds(self, choice: Mapping[str, str]) -> float:
+        """The model's estimated time under ``choice`` (`npubuild.quant.price`): each NPU
+        graph as compile estimates it with the choice's widths and float layers, each float
+        layer and CPU submodel a run of ONNX Runtime plus its MACs at the host's rate (a chip
+        that runs float layers in float16 on its NPU: their MACs at that rate, no run)."""
+        total = self.cpu_part_seconds
+        run = 0.0 if self.float_on_npu else price.CPU_RUN_SECONDS
+        for index, key in self._graph_keys(choice):
+            floats = self.placed[key]
+            total += self._npu_seconds(index, floats, self.widths[key]) + sum(
+                price.host_seconds(self.work[index].get(name, 0), self.float_seconds, run)
+                for name in sorted(floats))
+        return total
+
+    def _npu_seconds(self, index: int, floats: frozenset[str], widths: Mapping[str, str]
+                     ) -> float:
+        """One NPU graph's time under a choice (cached: one plan per distinct choice)."""
+        key = (index, floats, tuple(sorted(widths.items())))
+        if key not in self.plans:
+            if self.chip is None:  # no chip to plan for: the NPU's MACs at its rate
+                self.plans[key] = self.npu_mac_seconds * sum(
+                    macs for name, macs in self.work[index].items() if name not in floats)
+            else:
+                self.plans[key] = price.npu_seconds(
+                    price.with_choice(self.qgraphs[index], widths, floats), self.chip)
+        return self.plans[key]
+
+    def priced(self, scored: Scored) -> float:
+        """``scored``'s slowdown, priced the first time a decision or a report needs it."""
+        if scored.slowdown is None:
+            scored.slowdown = self.slowdown(scored.wide)
+        return scored.slowdown
 
     def score(self, choice: Mapping[str, str], step: str = "", quick: bool = False) -> Scored:
         """verify's verdict on ``choice`` (cached); ``quick``: on the plain choice's worst
@@ -275,12 +306,10 @@ class PrecisionSearch:
             self._plain_verdict = verdict
         scored = Scored(key[0], verdict.passed and self._extra_bar(verdict) >= 0,
                         min(verdict.margin(), self._extra_bar(verdict)), loads(verdict),
-                        list(verdict.failures), span_ratio(verdict), self.slowdown(choice),
-                        key[1:4])
+                        list(verdict.failures), span_ratio(verdict), None, key[1:4])
         self.cache[key] = scored
         self.steps.append({"step": step, "tensors": len(key[0]), "passed": scored.passed,
-                           "margin": round(scored.margin, 6),
-                           "slowdown": round(scored.slowdown, 3)})
+                           "margin": round(scored.margin, 6)})
         self.on_score(len(self.steps))
 
     def _quick(self):
@@ -379,12 +408,12 @@ class PrecisionSearch:
                 return self._within_budget(plain, best, ranking)
             return self._result(plain, best, chosen, ranking)
         except OutOfTime:
-            done = [s for s in self.cache.values() if self.ok(s) and self.affordable(s)]
-            if done:
-                best = min(done, key=lambda s: (len(s.choice), -s.margin))
-            else:
-                best = max((s for s in self.cache.values() if self.affordable(s)),
-                           key=lambda s: s.margin, default=plain)
+            # priced in order of preference, the first within budget kept (a price is a plan)
+            done = sorted((s for s in self.cache.values() if self.ok(s)),
+                          key=lambda s: (len(s.choice), -s.margin))
+            best = next((s for s in done if self.affordable(s)), None) or next(
+                (s for s in sorted(self.cache.values(), key=lambda s: -s.margin)
+                 if self.affordable(s)), plain)
             result = self._result(plain, best, best.wide, self.ranking)
             result.note = (f"the search stopped at its time budget (quantization.auto.seconds: "
                            f"{self.spec.seconds:g})") + ("" if self.ok(best) else
@@ -400,7 +429,7 @@ class PrecisionSearch:
 
     def affordable(self, scored: Scored) -> bool:
         """Whether ``scored``'s float layers keep the model within the slowdown budget."""
-        return scored.slowdown <= self.spec.max_slowdown * (1 + 1e-9)
+        return self.priced(scored) <= self.spec.max_slowdown * (1 + 1e-9)
 
     def _choose_methods(self, plain: Scored) -> Scored:
         """Calibration methods by measurement (the recipe left ``calibration.method`` unset):
@@ -592,11 +621,11 @@ class PrecisionSearch:
                 final = self.score(step)
                 if self.affordable(final):
                     return self._result(plain, final, step, ranking)
-        accept, cheapest = math.ceil(needed.slowdown * 10) / 10, needed
+        accept, cheapest = math.ceil(self.priced(needed) * 10) / 10, needed
         wider = budget
         for _ in range(BUDGET_DOUBLINGS):
             wider *= 2
-            if wider >= needed.slowdown:
+            if wider >= self.priced(needed):
                 break
             _, trial = self._fit_budget(ranking, wider)
             if self.ok(trial):
@@ -607,14 +636,14 @@ class PrecisionSearch:
             "needed": self._reachable(needed, accept if cheapest is needed else None),
             **({} if cheapest is needed else {"cheapest": self._reachable(cheapest, accept)}),
             "within_budget": {"passes": False, "tensors": len(within.choice),
-                              "slowdown": round(within.slowdown, 3),
+                              "slowdown": round(self.priced(within), 3),
                               "margin": round(within.margin, 6)}}
         cheaper = ("" if cheapest is needed else
                    f"; {self._wide_text(cheapest)} also pass, at an estimated "
-                   f"{cheapest.slowdown:.3g}x, found within {accept:g}x")
+                   f"{self.priced(cheapest):.3g}x, found within {accept:g}x")
         result.note = (
             f"verify's thresholds need {self._wide_text(needed)}, which makes the "
-            f"model an estimated {needed.slowdown:.3g}x slower than in int8{cheaper} "
+            f"model an estimated {self.priced(needed):.3g}x slower than in int8{cheaper} "
             f"(quantization.auto.max_slowdown: {budget:g}); the best choice within that misses "
             f"({self._shortfall(within)}), so int8 stays. To accept the cost, set "
             f"quantization.auto.max_slowdown: {accept:g}")
@@ -639,7 +668,7 @@ class PrecisionSearch:
         """A passing choice as best_reachable reports it."""
         return {"passes": True, "tensors": len(scored.choice),
                 "float_tensors": sum(p == "float" for p in scored.wide.values()),
-                "slowdown": round(scored.slowdown, 3), "margin": round(scored.margin, 6),
+                "slowdown": round(self.priced(scored), 3), "margin": round(scored.margin, 6),
                 **({"max_slowdown_to_accept": accept} if accept is not None else {})}
 
     def _wide_text(self, scored: Scored) -> str:

@@ -339,9 +339,9 @@ class AutoPrecisionSpec(Strict):
                                 "the report says they were not reached.")
     max_slowdown: float = Field(
         10.0, ge=1, description="The search may make the model at most this many times slower "
-        "than int8, estimated from the MACs its float layers move to the CPU (about a hundred "
-        "times slower per MAC than the NPU) and the hand-over each adds (the NPU stops, the CPU "
-        "runs the layer, the NPU resumes). A choice that needs more is not adopted: int8 "
+        "than int8, priced as the compile stage estimates it: the NPU graphs planned with the "
+        "choice's int16 tensors and float layers, each float layer and CPU submodel one ONNX "
+        "Runtime run plus its MACs on the host. A choice that needs more is not adopted: int8 "
         "stays, verify fails, and the report says what would pass and its slowdown (set this "
         "to that figure to accept the cost).")
 

@@ -39,7 +39,7 @@ from npubuild.quant.pipeline import SplitPipeline
 from npubuild.quant.quantizer import QuantConfig
 from npubuild.quant.search import PrecisionSearch, SearchSpec
 from npubuild.quant.workflow import Options, OverrideSpec, Workflow
-from npubuild.split.cost import float_macs_per_second, npu_macs_per_second
+from npubuild.split.cost import float_macs_per_second
 from npubuild.stages import StageContext
 from npubuild.stages.files import CALIBRATION_FIELD, calibration_files, verify_files
 from npubuild.verify.verdict import SampleJudge, check_names, output_channel_axis
@@ -253,7 +253,7 @@ def precision_search(ctx, workflow: Workflow, samples: list, judge: "SampleJudge
     search = PrecisionSearch(workflow, samples, judge, judge.kept, search_spec(spec.auto, chip),
                              chip_int16=bool(chip and chip.int16),
                              float_fallback=bool(chip is None or chip.float_fallback),
-                             npu_macs_per_second=npu_macs_per_second(chip) if chip else float("inf"),
+                             chip=chip,
                              **({"float_macs_per_second": float_macs_per_second(chip),
                                  "float_on_npu": chip.float_macs_per_cycle_per_lane is not None}
                                 if chip else {}),

@@ -282,3 +282,18 @@ def test_h_slices_with_their_own_padding_give_the_full_rows(g, kind, seed, cuts)
         h0, h1, pt, pb = input_rows(layer, r0, r1, g["h"])
         parts.append(run(x[:, :, h0:h1], (pt, pb, left, right)))
     assert np.array_equal(np.concatenate(parts, axis=2), full)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([127, 255, 2000, 8000, 32767]), st.integers(1, 300),
+       st.integers(0, 2**32 - 1))
+def test_integer_products_are_exact_on_every_path(x_max, k, seed):
+    """`_matmul_sums` gives ``w @ x`` exactly whichever path it takes: one float32 product,
+    float32 runs summed in float64, or one float64 product where the runs would be more than
+    `MAX_FLOAT32_RUNS` (int16 activations: ~4 int8 weight columns per run)."""
+    from npubuild.quant.reference import int_matmul
+
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-127, 128, (3, k))
+    x = rng.integers(-x_max, x_max + 1, (1, k, 5))
+    assert np.array_equal(int_matmul(w.astype(np.int8), x.astype(np.int16), x_max), w @ x)

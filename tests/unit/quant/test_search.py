@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 
 from npubuild.quant.search import DROP_EVALUATIONS, PrecisionSearch, Scored, SearchSpec
 
@@ -235,15 +236,16 @@ def test_a_top1_flip_that_no_cosine_shows_is_searched_for_like_any_failure():
     assert result.reached and result.chosen == {"t42": "int16"}
 
 
-def _conv_middle_conv_search(tmp_path, middle, inits=()):
+def _conv_middle_conv_search(tmp_path, middle, inits=(), chip="npu-16m"):
     """The precision search over Conv → ``middle`` (reads ``c``, writes ``p``) → Conv, as
-    `quantization.auto` builds it on a chip with int16."""
+    `quantization.auto` builds it on ``chip`` (one with int16)."""
     from onnx import helper, numpy_helper
 
     from npubuild.quant.pipeline import SplitPipeline
     from npubuild.quant.quantizer import QuantConfig
     from npubuild.quant.search import PrecisionSearch, SearchSpec
     from npubuild.quant.workflow import Options, Workflow
+    from npubuild.targets import load_chip
     from tests.conftest import one_npu_graph_split
 
     rng = np.random.default_rng(0)
@@ -260,54 +262,95 @@ def _conv_middle_conv_search(tmp_path, middle, inits=()):
     workflow.calibrate([{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(3)])
     workflow.quantize()
     return PrecisionSearch(workflow, [], None, [], SearchSpec(), chip_int16=True,
-                           npu_macs_per_second=1e12)
+                           chip=load_chip(chip) if chip else None, npu_macs_per_second=1e12)
 
 
-def test_int16_that_pushes_a_layer_off_the_integer_kernels_is_priced_like_float(tmp_path):
-    """An integer softmax reads int8: with an int16 input it runs in float on the CPU, and the
-    estimate counts the layers the quantizer itself places in float, whatever precision put
-    them there (MediaPipe's face landmark, when a per-channel PRelu was a table per channel:
-    the search kept 88 tensors in int16 at no estimated cost, 23 PRelu layers left the NPU,
-    and compile estimated 642 fps where int8 runs 38,286)."""
+def _compiled_seconds(search, choice) -> tuple[float, list[str]]:
+    """What compile estimates for the graph the stage builds with ``choice``: the quantized
+    graph's NPU cycles (compile's own planning and estimate) over the clock, and its float
+    layers (compile times each with ONNX Runtime)."""
+    from npubuild.npu import build_program, estimate
+    from npubuild.npu.from_qgraph import layers_from_qgraph, plan_qgraph
+
+    workflow = search.workflow
+    workflow.adopt(search._expanded(choice))
+    qgraph = workflow.states[0].qgraph
+    program = build_program(plan_qgraph(layers_from_qgraph(qgraph), search.chip,
+                                        on_no_fit="cpu"))
+    return (estimate(program).cycles / (search.chip.clock_mhz * 1e6),
+            [layer.name for layer in qgraph.cpu_layers()])
+
+
+def test_a_choice_is_priced_as_compile_estimates_the_graph_the_stage_builds_with_it(tmp_path):
+    """One truth for time: the search's price of a choice is compile's estimate of the
+    quantized graph the stage then builds (its int16 widths double bytes the DMA moves; a
+    layer moved to the CPU is a step between groups whose tensors cross GMEM), plus each
+    float layer as compile's measurement finds it: one ONNX Runtime run and its MACs at the
+    host's rate. (MACs and a fixed hand-over put MediaPipe's hand landmark choice at 5.1x
+    int8's time where compile estimated 2.9x.) Hand-computed here: the softmax over 4
+    channels of 8x8 is 256 MACs (one per output element), so it costs 8 µs + 256 / 8e9 s."""
     from onnx import helper
+
+    from npubuild.quant.price import CPU_RUN_SECONDS
+    from npubuild.split.cost import CPU_MACS_PER_SECOND
 
     search = _conv_middle_conv_search(
         tmp_path, helper.make_node("Softmax", ["c"], ["p"], name="softmax", axis=1))
-    assert search.slowdown({}) == 1.0
-    assert search.slowdown({"p": "int16"}) == 1.0            # the softmax's output: still integer
-    assert search.slowdown({"c": "int16"}) > 1.0             # its input: the softmax leaves the NPU
+    softmax = CPU_RUN_SECONDS + 256 / CPU_MACS_PER_SECOND
+    assert softmax == pytest.approx(8.032e-6)
+    for choice in ({}, {"p": "int16"}, {"c": "int16"}, {"c": "float"}):
+        npu, floats = _compiled_seconds(search, choice)
+        host = sum(CPU_RUN_SECONDS + search.work[0][name] / CPU_MACS_PER_SECOND
+                   for name in floats)
+        assert search._seconds(choice) == pytest.approx(npu + host, rel=1e-12), choice
+    plain = search._seconds({})
+    assert search.slowdown({"p": "int16"}) > 1.0              # twice the bytes, on the NPU
+    assert search.slowdown({"p": "int16"}) < 1 + softmax / plain  # but no layer leaves it
+    assert search.slowdown({"c": "int16"}) > 1 + softmax / plain  # the softmax leaves the NPU
     assert search.slowdown({"c": "float"}) > search.slowdown({"c": "int16"})  # conv1 moves too
 
 
-def test_int16_around_a_per_channel_prelu_keeps_it_on_the_npu_at_no_cost(tmp_path):
+def test_int16_around_a_per_channel_prelu_keeps_it_on_the_npu(tmp_path):
     """A per-channel PRelu has an integer kernel for int16 inputs (a multiplier and shift per
-    side), so int16 on either side of it costs nothing; float still moves layers."""
+    side), so int16 on either side moves no layer: it costs only its wider bytes, far from a
+    float layer's run on the host."""
     from onnx import helper
+
+    from npubuild.quant.price import CPU_RUN_SECONDS
 
     search = _conv_middle_conv_search(
         tmp_path, helper.make_node("PRelu", ["c", "slope"], ["p"], name="prelu"),
         {"slope": np.linspace(0.1, 0.3, 4).reshape(4, 1, 1)})
-    assert search.slowdown({"c": "int16"}) == search.slowdown({"p": "int16"}) == 1.0
-    assert search.slowdown({"c": "float"}) > 1.0
+    plain = search._seconds({})
+    assert search._moved_off({"c": "int16", "p": "int16"}) == 0
+    assert 1.0 < search.slowdown({"c": "int16"}) < 1 + CPU_RUN_SECONDS / plain
+    assert search.slowdown({"c": "float"}) > 1 + 2 * CPU_RUN_SECONDS / plain  # two layers move
 
 
-def test_a_layer_moved_to_the_cpu_costs_a_hand_over_whatever_its_macs(tmp_path):
-    """Each float layer the CPU runs inside an NPU graph stops the NPU and hands its tensors
-    over (compile's estimate runs each apart): face landmark's 23 PRelu layers, when a
-    per-channel PRelu was a table, were few MACs, but compile estimated 721 fps where int8
-    runs 38,286. The slowdown counts a hand-over per moved layer (here a softmax an int16
-    input pushes off); a chip that runs float layers in float16 on the NPU hands nothing
-    over."""
+def test_a_chip_that_runs_float_layers_on_its_npu_charges_them_no_host_run(tmp_path):
+    """A chip with float16 MACs runs the layers the quantizer keeps in float on its NPU: their
+    MACs at that rate, no ONNX Runtime run on the host."""
     from onnx import helper
 
-    from npubuild.split.cost import SWITCH_SECONDS
+    from npubuild.quant.price import CPU_RUN_SECONDS
 
     search = _conv_middle_conv_search(
         tmp_path, helper.make_node("Softmax", ["c"], ["p"], name="softmax", axis=1))
-    plain = search._seconds(search._in_float({}))
-    assert search.slowdown({"c": "int16"}) >= 1 + SWITCH_SECONDS / plain
+    plain = search._seconds({})
+    assert search.slowdown({"c": "int16"}) >= 1 + CPU_RUN_SECONDS / plain
     search.float_on_npu = True
-    assert search.slowdown({"c": "int16"}) < 1 + SWITCH_SECONDS / plain
+    assert search.slowdown({"c": "int16"}) < 1 + CPU_RUN_SECONDS / plain
+
+
+def test_without_a_chip_the_npu_side_is_its_macs_at_the_given_rate(tmp_path):
+    """No chip to plan for (a library caller): each NPU layer's MACs at
+    ``npu_macs_per_second`` (1e12 here: conv1 and conv2 are 9,216 MACs each, 4 x 8 x 8 outputs
+    of 4 x 3 x 3 products, the softmax 256)."""
+    from onnx import helper
+
+    search = _conv_middle_conv_search(
+        tmp_path, helper.make_node("Softmax", ["c"], ["p"], name="softmax", axis=1), chip=None)
+    assert search._seconds({}) == pytest.approx((9216 + 256 + 9216) / 1e12)
 
 
 class DeadChannelUnlessPercentile(Synthetic):
