@@ -205,9 +205,9 @@ def matmul(node, ctx) -> FLayer:
     a, b = (ctx.const(i) for i in node.input[:2])
     if b is not None and a is None and b.ndim == 2:
         return _fc(node, node.input[0], b.T, np.zeros(b.shape[1]))
-    if a is None or b is None:
+    if a is None and b is None:
         return _layer(node, "matmul", [node.input[0], node.input[1]])
-    raise Unsupported("MatMul of two constants")
+    raise Unsupported("MatMul takes two activations or a constant 2-D right operand")
 
 
 def _fc(node, x, w, bias) -> FLayer:

@@ -237,10 +237,8 @@ class Quantizer:
         float_tensors = self.config.float_tensors if float_tensors is None else float_tensors
         if layer.kind == "matmul" and "MatMul" in dict(self.config.vendor_kernels):
             # the toolkit's own MatMul kernel was measured against its model (the chip file's
-            # note); npubuild's integer one is for the chips it compiles itself. Beside a
-            # constant it is no vendor kernel either (`_vendor_kernel`): float on the CPU
-            layer = replace(layer, kind="float", reason="a MatMul of two activations",
-                            inputs=[t for t in layer.inputs if t not in self.fg.constants])
+            # note); npubuild's integer one is for the chips it compiles itself
+            layer = replace(layer, kind="float", reason="a MatMul of two activations")
         kernel = self._vendor_kernel(layer, float_tensors)
         if kernel is not None:
             how = ("in its own int8 kernel, from the Q/DQ around it" if kernel == "int8" else

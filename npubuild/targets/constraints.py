@@ -414,24 +414,9 @@ def integer_kernel(node: NodeView, spec: OpSupport) -> str | None:
     """The quantizer has no integer kernel for it"""
     from npubuild.targets.integer import lowering_failure
 
-    if spec.vendor_kernel is not None:
-        if node.activations == list(filter(None, node.node.input)):
-            return None  # a node of activations only: the vendor's own kernel takes it
-        if node.op == "MatMul" and not _fully_connected(node):
-            # ours takes a constant operand; where the vendor's MatMul kernel runs MatMuls,
-            # one beside a float constant stops its toolkit (rk3588.yaml)
-            return ("MatMul beside a constant that is not a 2-D right operand (the vendor's "
-                    "kernel takes activations)")
+    if spec.vendor_kernel is not None and node.activations == list(filter(None, node.node.input)):
+        return None  # a node of activations only: the vendor's own kernel takes what ours cannot
     return lowering_failure(node)
-
-
-def _fully_connected(node: NodeView) -> bool:
-    """A MatMul by a constant 2-D right operand (an activation on the left): a fully connected
-    layer, which npubuild's own conv kernel takes."""
-    a, b = node.node.input[:2]
-    facts = node.facts
-    return (not facts.is_const(a) and facts.is_const(b)
-            and np.ndim(facts.value(b)) == 2)
 
 
 # ---- layout no-ops ---------------------------------------------------------------------------

@@ -96,9 +96,7 @@ def _quantizer_reasons(op: str, spec) -> list[str]:
         return []
     texts = conditions(op)
     if texts and spec.vendor_kernel is not None:
-        beside = ("; beside a constant that is not a 2-D right operand it runs on the CPU"
-                  if op == "MatMul" else "")
-        return [(f"{integer_kernel.__doc__}: {' / '.join(texts)}; where every input is an "
-                 f"activation the vendor's own kernel runs such a node on the NPU in "
-                 f"{spec.vendor_kernel}{beside}")]
+        return [(f"{integer_kernel.__doc__}, unless every input is an activation ("
+                 f"{' / '.join(texts)}): the vendor's own kernel runs such a node on the NPU in "
+                 f"{spec.vendor_kernel}")]
     return [f"{integer_kernel.__doc__}: {' / '.join(texts)}"] if texts else []

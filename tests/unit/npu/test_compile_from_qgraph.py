@@ -340,21 +340,3 @@ def test_a_one_element_operand_of_lower_rank_is_a_scalar_and_stays_tiled_bit_exa
         assert not any(isinstance(g, CpuStep) for g in program.groups)
         simulate_and_compare(qgraph, program_file)
     assert len(compile_qgraph(qgraph, load_chip("npu-16m"))[1].npu_groups) == 1
-
-
-def test_a_matmul_by_a_constant_left_operand_reads_it_from_gmem_and_stays_bit_exact():
-    """tf2onnx writes a DFT as MatMul(basis, frames): the constant on the left is a quantized
-    constant of the integer ``matmul`` (it ran in float on the CPU, 0.43 s a clip on a Model
-    Maker speech model), read from GMEM by the step between groups."""
-    rng = np.random.default_rng(0)
-    m = qhelpers.model([helper.make_node("MatMul", ["c", "x"], ["s"], name="dft"),
-                        helper.make_node("Add", ["s", "s"], ["y"], name="twice")],
-                       {"x": [1, 4, 12, 10]}, {"y": None},
-                       {"c": rng.normal(0, 0.5, (6, 12)).astype(np.float32)})
-    qgraph, _, _ = qhelpers.quantize(m, qhelpers.feeds_for(m))
-    layer = next(layer for layer in qgraph.layers if layer.name == "dft")
-    assert (layer.kind, layer.device) == ("matmul", "npu") and "c" in qgraph.constants
-    layers, program, program_file = compile_qgraph(qgraph, TINY)
-    assert layers.breakers["dft"].executes == "npu"
-    assert next(s for s in layers.graph.layers if s.name == "dft").macs == 4 * 6 * 10 * 12
-    simulate_and_compare(qgraph, program_file)

@@ -99,8 +99,6 @@ CASES = {
     "matmul_broadcast": lambda: model([helper.make_node("MatMul", ["x", "z"], ["y"])],
                                       {**X, "z": [1, 1, 10, 7]}, {"y": None}),
     "attention": attention,
-    "matmul_constant_left": lambda: model([helper.make_node("MatMul", ["c", "x"], ["y"])], X, {"y": None},
-                                          {"c": rng.normal(0, 0.5, (6, 12))}),
     "concat": lambda: model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["x"], ["s"]),
                              helper.make_node("Concat", ["x", "r", "s"], ["y"], axis=1)], X, {"y": None}),
     "maxpool": lambda: model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
