@@ -345,7 +345,7 @@ def gather_one_index_as_slice(model: onnx.ModelProto) -> onnx.ModelProto:
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         index = index_of(node)
-        shape = shapes.get(node.input[0])
+        shape = shapes.get(node.input[0]) if index is not None else None  # a node may have no input
         if index is None or shape is None:
             nodes.append(node)
             continue

@@ -227,3 +227,15 @@ def test_a_gather_of_one_constant_index_becomes_a_slice_the_npu_runs():
     assert placed["select_last/as_slice"] == "npu"
     assert {p.name: p.device for p in check_placement(source, load_chip("npu-16m"))}["select_0"] == "cpu"
     assert onnx_frontend.gather_one_index_as_slice(model) is model
+
+
+def test_a_node_without_inputs_beside_a_one_index_gather_is_kept():
+    """A Constant node (no input at all) beside a Gather to rewrite: Silero VAD v5's import
+    stopped with IndexError when the rewrite looked up every node's first input."""
+    source = _select_model()
+    constant = onnx.helper.make_node("Constant", [], ["unused"], name="constant",
+                                     value=onnx.numpy_helper.from_array(np.float32(1.0)))
+    source.graph.node.insert(0, constant)
+    model = onnx_frontend.gather_one_index_as_slice(source)
+    assert model.graph.node[0].op_type == "Constant"
+    assert [n.op_type for n in model.graph.node].count("Gather") == 1
