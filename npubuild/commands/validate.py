@@ -35,10 +35,15 @@ def run(args) -> int:
     if noop.replay_validate(args):
         return EXIT_OK
     with noop.recording(args) as recorded:
-        return _validate(args, recorded)
+        worst, loaded = _validate(args)
+        if loaded is not None and not recorded.warnings.count:
+            noop.stamp_validate(args, recorded, loaded)
+    return worst
 
 
-def _validate(args, recorded) -> int:
+def _validate(args) -> tuple[int, list | None]:
+    """The exit code, and the loaded recipes when every one was valid with no warning (what
+    a stamp may speak for; else None)."""
     results, worst, first, names, loaded = [], EXIT_OK, None, {}, []
     for path in args.recipes:
         try:
@@ -62,12 +67,8 @@ def _validate(args, recorded) -> int:
     if args.json:
         doc = {"valid": worst == EXIT_OK, "recipes": results}
         print(json.dumps({**doc, "error": first} if first else doc, indent=2))
-    if worst == EXIT_OK and not recorded.warnings.count and not any(
-            entry["warnings"] for entry in results):
-        from npubuild.engine import noop
-
-        noop.stamp_validate(args, recorded, loaded)
-    return worst
+    clean = worst == EXIT_OK and not any(entry["warnings"] for entry in results)
+    return worst, loaded if clean else None
 
 
 def _check(path: Path, names: dict[str, Path]) -> tuple[dict, list[NpubuildError], object]:

@@ -47,22 +47,25 @@ MAGIC = set("*?[")
 
 def command_key(args) -> dict:
     """What must be the same for a stamp to speak for this run."""
-    env = _environment()
-    import npubuild
-
-    return {"format": FORMAT, "cwd": os.getcwd(), "recipe": str(Path(args.recipe).resolve()),
+    return {"format": FORMAT, "recipe": str(Path(args.recipe).resolve()),
             "stage": args.stage, "build_dir": str(args.build_dir), "cache": str(args.cache),
             "remote": args.remote, "scheduler": args.scheduler, "json": args.json,
             "quiet": getattr(args, "quiet", False), "verbose": getattr(args, "verbose", 0),
-            "targets": args.target, "set": args.set, "force": args.force, "env": env, "python": sys.executable,
-            "sys_path": sys.path, "npubuild": str(Path(npubuild.__file__).resolve().parent),
+            "targets": args.target, "set": args.set, "force": args.force, **_process()}
+
+
+def _process() -> dict:
+    """The process a command runs in, which every stamp's key holds: its folder, the
+    ``NPUBUILD_*`` environment (and what else changes paths or output), the interpreter, its
+    import path and npubuild's own folder, and whether its output goes to a terminal."""
+    import npubuild
+
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith("NPUBUILD_") or k in ("NO_COLOR", "PYTHONPATH", "HOME",
+                                                    "XDG_CACHE_HOME")}
+    return {"cwd": os.getcwd(), "env": env, "python": sys.executable, "sys_path": sys.path,
+            "npubuild": str(Path(npubuild.__file__).resolve().parent),
             "tty": [sys.stdout.isatty(), sys.stderr.isatty()]}
-
-
-def _environment() -> dict:
-    return {k: v for k, v in sorted(os.environ.items())
-            if k.startswith("NPUBUILD_") or k in ("NO_COLOR", "PYTHONPATH", "HOME",
-                                                     "XDG_CACHE_HOME")}
 
 
 def _digest(key: dict) -> str:
@@ -85,13 +88,9 @@ def replay(args) -> bool:
 
 def validate_key(args) -> dict:
     """What must be the same for a stamp to speak for this `npubuild validate`."""
-    import npubuild
-
-    return {"format": FORMAT, "command": "validate", "cwd": os.getcwd(),
+    return {"format": FORMAT, "command": "validate",
             "recipes": [[str(p), str(Path(p).resolve())] for p in args.recipes],
-            "json": args.json, "env": _environment(), "python": sys.executable,
-            "sys_path": sys.path, "npubuild": str(Path(npubuild.__file__).resolve().parent),
-            "tty": [sys.stdout.isatty(), sys.stderr.isatty()]}
+            "json": args.json, **_process()}
 
 
 def validate_stamp_path(key: dict) -> Path:
@@ -109,7 +108,7 @@ def replay_validate(args) -> bool:
     return _replayed(validate_stamp_path(key), key)
 
 
-def stamp_validate(args, recording: "Recording", loaded: list) -> None:
+def stamp_validate(args, recording: Recording, loaded: list) -> None:
     """Stamp a validate that found every recipe valid and warned of nothing: the stat keys of
     what `run`'s up-to-date check reads for each recipe (its code, recipe, chip, settings,
     model, proof and data files, data folders, installed packages) and the build folder's
@@ -141,7 +140,7 @@ def _replayed(path: Path, key: dict) -> bool:
     return True
 
 
-def _write(path: Path, key: dict, stats: dict, recording: "Recording") -> None:
+def _write(path: Path, key: dict, stats: dict, recording: Recording) -> None:
     from npubuild.atomic import write_json
 
     try:

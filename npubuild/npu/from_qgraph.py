@@ -183,7 +183,7 @@ def layers_from_qgraph(qgraph: QGraph) -> QLayers:
         kernels[layer.name] = kernel
         if record is not None:
             weights[layer.name] = record
-    for i in _lone_reshapes(qgraph.layers, breakers):
+    for i in _lone_reshapes(qgraph, breakers):
         layer = qgraph.layers[i]
         specs[i], kernels[layer.name] = _breaker_spec(layer, tensors, "dma", None), layer
         breakers[layer.name] = Breaker(layer.name, "dma", LONE_RESHAPE)
@@ -201,25 +201,22 @@ LONE_RESHAPE = ("reshape with no tiled layer beside it: its output is an alias o
                 "GMEM (no data moves), where a group of its own would load and store it")
 
 
-def _lone_reshapes(layers: list[QLayer], breakers: dict[str, Breaker]) -> list[int]:
+def _lone_reshapes(qgraph: QGraph, breakers: dict[str, Breaker]) -> list[int]:
     """The tiled reshapes that no tiled layer other than a reshape produces or reads, through
     chains of reshapes: tiled, each would be a group of its own loading and storing its tensor
     (between two breakers, or between a breaker and a model input or output), where a breaker
     reshape is a GMEM alias that moves nothing. A reshape beside a tiled layer stays tiled: in
     that layer's group it costs no more than the alias and keeps the group whole."""
+    layers = qgraph.layers
     tiled = {layer.name for layer in layers if layer.name not in breakers}
-    producer = {t: layer.name for layer in layers for t in layer.outputs}
-    readers: dict[str, list[str]] = {}
-    for layer in layers:
-        for t in layer.inputs:
-            readers.setdefault(t, []).append(layer.name)
+    producers, consumers = qgraph.producers(), qgraph.consumers()
     by_name = {layer.name: layer for layer in layers}
     reshapes = {name for name in tiled if by_name[name].kind == "reshape"}
 
     def neighbours(name: str) -> list[str]:
         layer = by_name[name]
-        found = [producer[t] for t in layer.inputs if t in producer]
-        return found + [r for t in layer.outputs for r in readers.get(t, [])]
+        found = [producers[t].name for t in layer.inputs if t in producers]
+        return found + [r.name for t in layer.outputs for r in consumers.get(t, [])]
 
     anchored, frontier = set(), [r for r in sorted(reshapes)
                                  if any(n in tiled and n not in reshapes for n in neighbours(r))]
