@@ -190,17 +190,25 @@ def _matmul_sums(w: np.ndarray, x: np.ndarray, x_max: float) -> np.ndarray:
     """
     w_abs = np.abs(w.astype(np.float64))
     row_max = float(w_abs.sum(axis=1).max(initial=0.0))
-    if x_max * row_max >= FLOAT64_EXACT:
-        return w.astype(np.int64) @ np.asarray(x).astype(np.int64)
     cuts = _exact_chunks(w_abs, row_max, x_max) if x_max < FLOAT32_EXACT else None
+    if cuts is None or len(cuts) - 1 > MAX_FLOAT32_RUNS:
+        return _exact_product(w, x, x_max * row_max)
     with one_blas_thread():
-        if cuts is None or len(cuts) - 1 > MAX_FLOAT32_RUNS:
-            return w.astype(np.float64) @ x.astype(np.float64)
         w32, x32 = w.astype(np.float32), x.astype(np.float32, copy=False)
         acc = (w32[:, :cuts[1]] @ x32[..., :cuts[1], :]).astype(np.float64)
         for k0, k1 in zip(cuts[1:-1], cuts[2:]):
             acc += w32[:, k0:k1] @ x32[..., k0:k1, :]
         return acc
+
+
+def _exact_product(a: np.ndarray, b: np.ndarray, bound: float) -> np.ndarray:
+    """``a @ b`` (numpy's matmul broadcasting) of integer-valued arrays whose every partial sum
+    stays below ``bound`` in magnitude: float64 BLAS while that is below 2^53 (exact), else
+    numpy's int64 matmul (no BLAS)."""
+    if bound >= FLOAT64_EXACT:
+        return np.matmul(np.asarray(a).astype(np.int64), np.asarray(b).astype(np.int64))
+    with one_blas_thread():
+        return np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
 
 
 def _exact_chunks(w_abs: np.ndarray, row_max: float, x_max: float) -> list[int] | None:
@@ -353,12 +361,7 @@ def matmul(layer: QLayer, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     depth = xa.shape[-1]
     bound = depth * (float(np.abs(xa).max()) if xa.size else 0.0) * (
         float(np.abs(xb).max()) if xb.size else 0.0)
-    if bound < FLOAT64_EXACT:
-        with one_blas_thread():
-            acc = np.matmul(xa.astype(np.float64), xb.astype(np.float64))
-    else:
-        acc = np.matmul(xa.astype(np.int64), xb.astype(np.int64))
-    return _requant(layer, acc, p["multiplier"], p["shift"])
+    return _requant(layer, _exact_product(xa, xb, bound), p["multiplier"], p["shift"])
 
 
 def rescale(layer: QLayer, x: np.ndarray) -> np.ndarray:
