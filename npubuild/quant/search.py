@@ -589,13 +589,15 @@ class PrecisionSearch:
         no slower: int16 that pushes a layer off the integer kernels costs time too."""
         floats = sorted(t for t, p in chosen.items() if p == "float")
         start, block = 0, max(1, len(floats))
+        current = self.slowdown(chosen)
         for _ in range(DEMOTE_EVALUATIONS):
             if start >= len(floats):
                 break
             trial = {**chosen, **{t: "int16" for t in floats[start:start + block]}}
-            if (self.slowdown(trial) <= self.slowdown(chosen) * (1 + 1e-9)
+            cost = self.slowdown(trial)
+            if (cost <= current * (1 + 1e-9)
                     and self.ok(self.score(trial, "int16 instead of float"))):
-                chosen, start, block = trial, start + block, block * 2
+                chosen, current, start, block = trial, cost, start + block, block * 2
             elif block > 1:
                 block //= 2
             else:
