@@ -2,7 +2,7 @@
 
 ``compile/graph_ir_<i>/graph_<i>.json`` lists the layers in dependency order; each is a JSON
 object in the seed's style — ``name``, ``operation`` (``conv``, ``dwconv``, ``group_conv``,
-``fc``, ``add``, ``sub``, ``mul``, ``matmul``, ``rescale``, ``concat``, ``max_pool``, ``avg_pool``,
+``fc``, ``add``, ``sub``, ``mul``, ``matmul``, ``layernorm``, ``rescale``, ``concat``, ``max_pool``, ``avg_pool``,
 ``resize_nearest``, ``resize_bilinear``, ``lut``, ``softmax``, ``reshape``, ``transpose``, ``slice``,
 ``split``, ``pad``, ``float``), sizes (``input_size``/``output_size`` ``{height, width}`` and
 channel counts for 4-D tensors, ``input_shape``/``output_shape`` otherwise), ``padding``,
@@ -138,6 +138,9 @@ def _layer_files(qgraph: QGraph, layer: QLayer, files: _Files, values, outputs) 
         bias = layer.params.get("bias_int8")
         found["bias"] = files.save(layer.name, "bias", np.asarray(
             bias, np.int8) if bias is not None else layer.arrays["bias"])
+    if layer.kind == "layernorm":  # Scale and B over the output scale, per normalized element
+        found["weight"] = files.save(layer.name, "weight", layer.arrays["gain"])
+        found["bias"] = files.save(layer.name, "bias", layer.arrays["offset"])
     if layer.kind == "lut":
         found["table"] = files.save(layer.name, "table", layer.arrays["table"])
     if layer.kind == "softmax":
@@ -384,6 +387,14 @@ class _Layer:
 
     def _lut(self) -> dict:
         out = {"function": self.layer.attrs.get("function")}
+        out.update(_quant("input", self.t(self.layer.inputs[0])))
+        out.update(_quant("output", self.t(self.layer.outputs[0])))
+        return out
+
+    def _layernorm(self) -> dict:
+        p = self.layer.params
+        out = {"axis": self.layer.attrs["axis"], "epsilon": self.layer.attrs["epsilon"],
+               "epsilon_steps": p["epsilon_steps"]}
         out.update(_quant("input", self.t(self.layer.inputs[0])))
         out.update(_quant("output", self.t(self.layer.outputs[0])))
         return out

@@ -43,6 +43,19 @@ def _erf(x):
     return erf(x)
 
 
+def _power(node, ctx):
+    """``x ** e`` for one constant whole exponent (GELU's ``x³`` in its tanh form, a square):
+    a function of ``x`` alone, defined on every real ``x``; a fractional or tensor exponent
+    has no table."""
+    exponent = ctx.const(node.input[1]) if len(node.input) > 1 else None
+    if exponent is None or np.size(exponent) != 1:
+        raise Unsupported("Pow with an exponent that is not one constant value")
+    e = float(np.ravel(exponent)[0])
+    if not e.is_integer() or e < 0:
+        raise Unsupported(f"Pow to the power {e:g} (a table takes whole exponents >= 0)")
+    return lambda x, e=int(e): np.power(np.asarray(x, np.float64), e)
+
+
 def _gelu(node):
     if attr(node, "approximate", "none") == "tanh":
         return lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
@@ -126,6 +139,7 @@ LUT_FUNCTIONS: dict[str, Callable] = {
     "Abs": lambda n, c: np.abs,
     "Sqrt": lambda n, c: (lambda x: np.sqrt(np.maximum(x, 0.0))),
     "Clip": _clip_fn,
+    "Pow": lambda n, c: _power(n, c),
 }
 
 def silu(x):
@@ -424,6 +438,28 @@ def softmax(node, ctx) -> FLayer:
     return _layer(node, "softmax", [node.input[0]], attrs={"axis": axis})
 
 
+def layer_norm(node, ctx) -> FLayer:
+    """LayerNormalization over the trailing axes from ``axis``, with a constant Scale (and B):
+    the ``layernorm`` kind. Its Mean and InvStdDev outputs (training) have no kernel."""
+    if any(node.output[1:]):
+        raise Unsupported("LayerNormalization's Mean or InvStdDev output is read")
+    shape = ctx.shape(node.input[0])
+    axis = attr(node, "axis", -1)
+    axis = axis + len(shape) if axis < 0 else axis
+    normalized = [int(d) for d in shape[axis:]]
+    gain = _const_input(node, ctx, 1)
+    offset = _const_input(node, ctx, 2)
+    try:
+        gain = np.broadcast_to(np.asarray(gain, np.float64), normalized).reshape(-1)
+        offset = (np.zeros_like(gain) if offset is None else
+                  np.broadcast_to(np.asarray(offset, np.float64), normalized).reshape(-1))
+    except ValueError:
+        raise Unsupported("a Scale or B that does not broadcast to the normalized axes") from None
+    return _layer(node, "layernorm", [node.input[0]],
+                  attrs={"axis": axis, "epsilon": float(attr(node, "epsilon", 1e-5))},
+                  weights={"scale": gain, "bias": offset})
+
+
 def lut(node, ctx) -> FLayer:
     fn = LUT_FUNCTIONS[node.op_type](node, ctx)
     return _layer(node, "lut", [node.input[0]], fn=fn, attrs={"function": node.op_type})
@@ -462,4 +498,5 @@ RULES: dict[str, Callable] = {
     "Identity": identity, "Dropout": identity, "Cast": identity,
     **{op: lut for op in LUT_FUNCTIONS},
     "PRelu": prelu, "LeakyRelu": prelu, "Softmax": softmax, "Max": extremum, "Min": extremum,
+    "LayerNormalization": layer_norm,
 }

@@ -397,7 +397,8 @@ def _fragment(b: _Builder, layer: QLayer, key: str):
         b.write(t, outs[o.name])
 
 
-FRAGMENTS = {"conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "rescale": _rescale, "concat": _concat,
+FRAGMENTS = {"conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "layernorm": _fragment,
+             "rescale": _rescale, "concat": _concat,
              "maxpool": _maxpool, "avgpool": _avgpool, "resize": _resize, "lut": _fragment,
              "softmax": _fragment, "float": _fragment, **{k: _data for k in ("reshape", "transpose", "slice", "split", "pad")}}
 

@@ -44,6 +44,10 @@ mul        params: input_zps, multiplier, shift, output_zp, qmin, qmax
 matmul     (MatMul of two activations, batch dimensions broadcast) attrs: factor (a folded
            scalar Mul/Div, absent for 1); params: input_zps, multiplier, shift, output_zp,
            qmin, qmax: ``(a - zp_a) @ (b - zp_b)`` requantized
+layernorm  (LayerNormalization) attrs: axis (the first normalized axis, non-negative),
+           epsilon; params: input_zp, epsilon_steps (epsilon over the input's squared scale),
+           output_zp, qmin, qmax; arrays: gain, offset (Scale and B over the output scale, one
+           per normalized element): integer row statistics, the normalization in float64
 rescale    (Mul/Div by a scalar constant; PRelu, LeakyRelu) attrs: factor, and for PRelu and
            LeakyRelu function, negative_factor (one, or a list along axis); params: input_zp,
            multiplier, shift, output_zp; arrays: negative_multiplier, negative_shift [1 or
@@ -80,7 +84,7 @@ from npubuild.quant.schemes import QParams
 
 FORMAT = "npubuild.qgraph"
 VERSION = 1
-KINDS = ("conv", "add", "mul", "matmul", "rescale", "concat", "maxpool", "avgpool", "resize", "lut", "softmax",
+KINDS = ("conv", "add", "mul", "matmul", "layernorm", "rescale", "concat", "maxpool", "avgpool", "resize", "lut", "softmax",
          "reshape", "transpose", "slice", "split", "pad", "float")
 DATA_MOVEMENT = ("maxpool", "reshape", "transpose", "slice", "split", "pad")
 

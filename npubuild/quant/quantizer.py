@@ -43,7 +43,8 @@ MIN_LUT_SQNR_DB = 30.0
 # A channel spanning at least this fraction of an int8 step is alive (verify's DEAD_SPAN of
 # the tensor's range is a quarter of a 255-step int8 range).
 DEAD_STEP_FRACTION = 0.25
-SHARES_CONCAT_SCALE = {"conv", "lut", "add", "mul", "matmul", "rescale", "avgpool", "concat"}
+SHARES_CONCAT_SCALE = {"conv", "lut", "add", "mul", "matmul", "layernorm", "rescale", "avgpool",
+                       "concat"}
 
 
 @dataclass(frozen=True)
@@ -462,7 +463,8 @@ def requantizes(layer: QLayer) -> bool:
     """Whether the layer rounds its result onto the output's scale (so has output_zp, qmin...)."""
     if layer.kind == "resize":
         return layer.attrs["mode"] == "linear"
-    return layer.kind in ("conv", "add", "mul", "matmul", "rescale", "concat", "avgpool")
+    return layer.kind in ("conv", "add", "mul", "matmul", "layernorm", "rescale", "concat",
+                          "avgpool")
 
 
 def _qlayer(layer: FLayer, **kw) -> QLayer:
@@ -566,6 +568,21 @@ def _matmul(q: Quantizer, layer: FLayer) -> QLayer:
                                bits=schemes.multiplier_bits(span))
     return _qlayer(layer, attrs=dict(layer.attrs), params={
         "input_zps": [a.zero_point, b.zero_point], "multiplier": m, "shift": n})
+
+
+def _layernorm(q: Quantizer, layer: FLayer) -> QLayer:
+    """Statistics of ``x - zp`` in exact integers over the normalized axes, the normalization
+    in float64 (a chip's float unit), then ``scale / s_y`` and ``bias / s_y`` per element:
+    ``epsilon`` is carried in the input's squared steps, so no input scale is needed at run
+    time."""
+    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
+    model = q.fg.node_model(layer)
+    return _qlayer(layer, attrs=dict(layer.attrs),
+                   params={"input_zp": x.zero_point,
+                           "epsilon_steps": layer.attrs["epsilon"] / (x.scale * x.scale)},
+                   arrays={"gain": layer.weights["scale"] / y.scale,
+                           "offset": layer.weights["bias"] / y.scale,
+                           "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
 
 
 def _rescale(q: Quantizer, layer: FLayer) -> QLayer:
@@ -737,7 +754,8 @@ def _float(q: Quantizer, layer: FLayer) -> QLayer:
 
 
 BUILDERS: dict[str, Callable[[Quantizer, FLayer], QLayer]] = {
-    "conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "rescale": _rescale,
+    "conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "layernorm": _layernorm,
+    "rescale": _rescale,
     "concat": _concat,
     "avgpool": _avgpool, "resize": _resize, "lut": _lut, "softmax": _softmax, "pad": _pad,
     "float": _float,

@@ -364,6 +364,34 @@ def matmul(layer: QLayer, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _requant(layer, _exact_product(xa, xb, bound), p["multiplier"], p["shift"])
 
 
+def layernorm(layer: QLayer, x: np.ndarray) -> np.ndarray:
+    """Layer normalization of ``c = x - zp`` over the axes from ``attrs.axis``: with ``n``
+    values per row, ``S1 = Σc`` and ``S2 = Σc²`` are exact int64 sums, so the row's centred
+    values ``n·c - S1`` and ``n²·variance = n·S2 - S1²`` are exact integers; only the
+    normalization ``(n·c - S1) / sqrt(n·S2 - S1² + n²·epsilon_steps)`` and the per-element
+    ``gain``/``offset`` are float64 (correctly rounded IEEE operations, the same on any
+    machine), rounded once to the output."""
+    p = layer.params
+    axis = layer.attrs["axis"]
+    lead, n = x.shape[:axis], int(np.prod(x.shape[axis:], dtype=np.int64))
+    c = np.asarray(x, np.int64).reshape(*lead, n) - p["input_zp"]
+    span = float(np.abs(c).max()) if c.size else 0.0
+    if float(n) * float(n) * span * span >= 2.0 ** 62:  # n·S2 and S1² stay inside int64
+        raise BuildError(f"layer {layer.name!r}: {n} values per row of magnitude up to "
+                         f"{span:g} overflow the int64 sums")
+    s1 = c.sum(axis=-1, keepdims=True)
+    s2 = np.einsum("...i,...i->...", c, c)[..., None]
+    centred = (n * c - s1).astype(np.float64)
+    spread = (n * s2 - s1 * s1).astype(np.float64) + float(n) * float(n) * p["epsilon_steps"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = np.where(spread > 0, centred / np.sqrt(spread), 0.0)
+    values = y * layer.arrays["gain"] + layer.arrays["offset"]
+    rounded = (schemes.round_half_up(values) if p.get("rounding", "half_up") == "half_up"
+               else schemes.round_half_even(values))
+    out = np.clip(rounded + p["output_zp"], p["qmin"], p["qmax"])
+    return out.astype(schemes.DTYPES[p.get("output_dtype", "int8")]).reshape(x.shape)
+
+
 def rescale(layer: QLayer, x: np.ndarray) -> np.ndarray:
     """``x - zp`` requantized by ``(multiplier, shift)``, or where it is negative by the
     negative side's (PRelu, LeakyRelu: one pair, or one per index of ``attrs.axis``)."""
@@ -536,6 +564,7 @@ KERNELS: dict[str, Kernel] = {
     "add": lambda l, xs: [add(l, xs[0], xs[1])],
     "mul": lambda l, xs: [mul(l, xs[0], xs[1])],
     "matmul": lambda l, xs: [matmul(l, xs[0], xs[1])],
+    "layernorm": lambda l, xs: [layernorm(l, xs[0])],
     "rescale": lambda l, xs: [rescale(l, xs[0])],
     "concat": lambda l, xs: [concat(l, xs)],
     "maxpool": lambda l, xs: [maxpool2d(l, xs[0])],

@@ -340,3 +340,19 @@ def test_a_one_element_operand_of_lower_rank_is_a_scalar_and_stays_tiled_bit_exa
         assert not any(isinstance(g, CpuStep) for g in program.groups)
         simulate_and_compare(qgraph, program_file)
     assert len(compile_qgraph(qgraph, load_chip("npu-16m"))[1].npu_groups) == 1
+
+
+def test_a_layer_normalization_runs_whole_on_the_npu_between_groups():
+    """The integer ``layernorm`` needs whole rows: a step between groups on the NPU, and the
+    simulator, which runs it from LMEM, equal to the reference bit for bit."""
+    from tests.unit.quant.test_kernels_vs_ort import layer_norm
+
+    m = layer_norm([1, 12, 32])
+    qgraph, _, _ = qhelpers.quantize(m, qhelpers.feeds_for(m))
+    assert [layer.kind for layer in qgraph.layers] == ["layernorm"]
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    (name, breaker), = layers.breakers.items()
+    assert breaker.executes == "npu" and "layer normalization" in breaker.reason
+    step = next(s for s in estimate(program).steps if s.layer == name)
+    assert step.executes == "npu" and step.compute_cycles > 0
+    simulate_and_compare(qgraph, program_file)

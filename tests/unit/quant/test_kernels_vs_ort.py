@@ -60,6 +60,15 @@ def attention():
     return model(nodes, X, {"y": None}, {"k": np.float32(0.25)})
 
 
+def layer_norm(shape, axis=-1, bias=True):
+    """LayerNormalization with a trained-looking Scale and B over the axes from ``axis``."""
+    normalized = shape[axis:]
+    inits = {"g": rng.normal(1, 0.3, normalized), "b": rng.normal(0, 0.2, normalized)}
+    return model([helper.make_node("LayerNormalization", ["x", "g", "b"][:3 if bias else 2], ["y"],
+                                   axis=axis, epsilon=1e-5)], {"x": shape}, {"y": None},
+                 inits if bias else {"g": inits["g"]})
+
+
 def two(op):
     return model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node(op, ["x", "r"], ["y"])],
                  X, {"y": None})
@@ -99,6 +108,10 @@ CASES = {
     "matmul_broadcast": lambda: model([helper.make_node("MatMul", ["x", "z"], ["y"])],
                                       {**X, "z": [1, 1, 10, 7]}, {"y": None}),
     "attention": attention,
+    "layer_norm_last_axis": lambda: layer_norm([1, 12, 32]),
+    "layer_norm_two_axes": lambda: layer_norm([1, 4, 6, 10], axis=-2),
+    "layer_norm_no_bias": lambda: layer_norm([2, 16], bias=False),
+    "pow_cube": lambda: binary("Pow", const=np.float32(3.0)),
     "concat": lambda: model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Sigmoid", ["x"], ["s"]),
                              helper.make_node("Concat", ["x", "r", "s"], ["y"], axis=1)], X, {"y": None}),
     "maxpool": lambda: model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
@@ -173,6 +186,20 @@ def test_attention_matmuls_of_two_activations_are_integer_layers(scheme):
     assert kinds == [("transpose", "npu"), ("matmul", "npu"), ("softmax", "npu"), ("matmul", "npu")]
     assert qg.layers[1].attrs["factor"] == 0.25
     assert cc.ok and cc.max_lsb <= 1 and cos > 0.99
+
+
+def test_layer_normalization_is_one_integer_layer_and_gelus_cube_a_table():
+    """LayerNormalization and Pow ran in float on the CPU ("no integer kernel"), so every
+    transformer block left the NPU for its norms and its tanh-form GELU."""
+    qg, _, _ = check_against_ort(layer_norm([1, 12, 32]), samples({"x": [1, 12, 32]}))
+    assert [(layer.kind, layer.device) for layer in qg.layers] == [("layernorm", "npu")]
+    qg, _, _ = check_against_ort(binary("Pow", const=np.float32(3.0)), samples(X))
+    assert [(layer.kind, layer.device) for layer in qg.layers] == [("lut", "npu")]
+    root = model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Pow", ["r", "e"], ["y"])],
+                 X, {"y": None}, {"e": np.float32(1.5)})
+    qg, _, _ = check_against_ort(root, samples(X))
+    assert [layer.kind for layer in qg.layers] == ["lut", "float"]
+    assert "whole exponents" in qg.layers[1].attrs["reason"]
 
 
 def test_an_op_without_an_integer_kernel_stays_float_with_a_reason():

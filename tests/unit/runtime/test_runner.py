@@ -18,7 +18,7 @@ from tests.unit.split.split_models import chain
 @pytest.fixture(scope="module")
 def split_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("split")
-    model = chain("Conv", "Erf", "Conv", "Erf")
+    model = chain("Conv", "Sin", "Conv", "Sin")
     split_model(model, load_chip("npu-16m"), None, out)
     return out, model
 

@@ -61,7 +61,7 @@ def test_if_with_outer_scope_captures_becomes_a_cpu_submodel(tmp_path):
 
 
 def test_graph_infos_golden_for_a_small_model(tmp_path):
-    split_model(chain("Conv", "Erf", "Conv"), NPU16, None, tmp_path, layout="NCHW")
+    split_model(chain("Conv", "Sin", "Conv"), NPU16, None, tmp_path, layout="NCHW")
     got = json.loads((tmp_path / "graph_infos.json").read_text())
     path = os.path.join(GOLDEN, "graph_infos_conv_erf_conv.json")
     if os.environ.get("NPUBUILD_UPDATE_GOLDEN"):
@@ -102,7 +102,7 @@ def test_submodels_keep_the_functions_and_opsets_they_need(tmp_path):
     (lambda d: d.update(extra=1), "Additional properties are not allowed"),
 ])
 def test_graph_infos_validation_catches_broken_files(tmp_path, edit, problem):
-    split_model(chain("Conv", "Erf", "Conv"), NPU16, None, tmp_path)
+    split_model(chain("Conv", "Sin", "Conv"), NPU16, None, tmp_path)
     data = json.loads((tmp_path / "graph_infos.json").read_text())
     edit(data)
     assert any(problem in p for p in graph_infos.problems(data)), graph_infos.problems(data)
@@ -111,11 +111,11 @@ def test_graph_infos_validation_catches_broken_files(tmp_path, edit, problem):
 
 
 def test_support_json_and_picture(tmp_path):
-    split_model(chain("Conv", "Erf", "Conv"), NPU16, None, tmp_path)
+    split_model(chain("Conv", "Sin", "Conv"), NPU16, None, tmp_path)
     support = json.loads((tmp_path / "support.json").read_text())
     assert [(n["name"], n["device"], n["graph"]) for n in support["nodes"]] == [
         ("n0", "npu", 0), ("n1", "cpu", 1), ("n2", "npu", 2)]
-    assert support["nodes"][1]["reasons"] == ["op Erf is not supported by chip npu-16m"]
+    assert support["nodes"][1]["reasons"] == ["op Sin is not supported by chip npu-16m"]
     svg = ET.parse(tmp_path / "segments.svg").getroot()
     texts = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
     assert {"graph_0 · NPU", "graph_1 · CPU", "graph_2 · NPU"} <= set(texts)
@@ -128,37 +128,37 @@ def test_support_json_and_picture(tmp_path):
     (SplitSpec(force_cpu=["n3"]), [("npu", 2), ("cpu", 2), ("npu", 1)]),
     (SplitSpec(force_cpu=["n3_out"]), [("npu", 2), ("cpu", 2), ("npu", 1)]),
     (SplitSpec(force_cpu=["n[34]"]), [("npu", 2), ("cpu", 3)]),
-    (SplitSpec(force_npu=["Erf"]), [("npu", 5)]),
+    (SplitSpec(force_npu=["Sin"]), [("npu", 5)]),
     (SplitSpec(policy="manual", placement={"n0": "cpu", "n2": "npu"}), [("cpu", 1), ("npu", 4)]),
     (SplitSpec(min_npu_nodes=3), [("cpu", 5)]),
 ], ids=["npu_first", "cpu_only", "force op type", "force node", "force tensor", "force glob",
         "force npu", "manual", "min_npu_nodes"])
 def test_policies(tmp_path, spec, expected):
-    model = chain("Conv", "Sigmoid", "Erf", "Relu", "Relu")  # Erf is not on npu-16m
+    model = chain("Conv", "Sigmoid", "Sin", "Relu", "Relu")  # Sin is not on npu-16m
     report = split_model(model, NPU16, spec, tmp_path)
     assert devices(report) == expected
     runner_equals_original(model, tmp_path)
 
 
 def test_forced_and_demoted_nodes_say_why():
-    model = chain("Conv", "Sigmoid", "Erf", "Relu", "Relu")
-    forced = {p.name: p.reasons for p in check_placement(model, NPU16, SplitSpec(force_npu=["Erf"]))}
-    assert forced["n2"] == ["forced onto the NPU by split.force_npu[0] ('Erf')",
-                            "(the chip check says: op Erf is not supported by chip npu-16m)"]
+    model = chain("Conv", "Sigmoid", "Sin", "Relu", "Relu")
+    forced = {p.name: p.reasons for p in check_placement(model, NPU16, SplitSpec(force_npu=["Sin"]))}
+    assert forced["n2"] == ["forced onto the NPU by split.force_npu[0] ('Sin')",
+                            "(the chip check says: op Sin is not supported by chip npu-16m)"]
     small = {p.name: p.reasons for p in check_placement(model, NPU16, SplitSpec(min_npu_nodes=3))}
     assert small["n3"] == ["NPU island of 2 nodes is smaller than split.min_npu_nodes (3)"]
 
 
 def test_min_cost_keeps_a_tiny_island_on_the_cpu_and_a_heavy_one_on_the_npu(tmp_path):
     shape = (1, 64, 56, 56)
-    tiny = chain("Erf", "Relu", "Erf", shape=shape)
+    tiny = chain("Sin", "Relu", "Sin", shape=shape)
     plan = plan_split(tiny, NPU16, SplitSpec(policy="min_cost"))
     assert [s.device for s in plan.segments] == ["cpu"]
     (why,) = plan.reasons[1]
     assert why.startswith("kept on the CPU by split.policy min_cost: its NPU island of 1 node: "
                           "200,704 MACs take ~25.1 µs on the CPU")
     assert "moving its 2 boundary tensors (1,605,632 bytes)" in why
-    heavy = chain("Erf", "Conv", "Erf", shape=shape)
+    heavy = chain("Sin", "Conv", "Sin", shape=shape)
     assert [s.device for s in plan_split(heavy, NPU16, SplitSpec(policy="min_cost")).segments] == [
         "cpu", "npu", "cpu"]
     assert [s.device for s in plan_split(tiny, NPU16, SplitSpec()).segments] == ["cpu", "npu", "cpu"]
@@ -182,7 +182,7 @@ def test_a_node_forced_both_ways_is_an_error():
 def test_proof_names_the_first_tensor_that_differs(tmp_path):
     from npubuild.split.outputs import prove, write_split
 
-    model = chain("Conv", "Erf", "Conv")
+    model = chain("Conv", "Sin", "Conv")
     plan = plan_split(model, NPU16)
     feeds = proofs.make_feeds(model)
     _, reference = write_split(plan, tmp_path, feeds)
@@ -196,7 +196,7 @@ def test_stage_reads_upstream_and_maps_selector_errors_to_the_recipe(tmp_path):
     from npubuild.stages import STAGES, StageContext
     from npubuild.errors import UserError
 
-    model = chain("Conv", "Erf", "Conv")
+    model = chain("Conv", "Sin", "Conv")
     upstream = tmp_path / "fusion"
     onnx_io.save_model(model, upstream / "model.onnx")
     recipe = tmp_path / "r.yaml"
@@ -217,7 +217,7 @@ def test_stage_reads_upstream_and_maps_selector_errors_to_the_recipe(tmp_path):
 
 
 def test_nodes_listed_out_of_order_are_cut_in_dependency_order(tmp_path):
-    model = chain("Conv", "Erf", "Relu")
+    model = chain("Conv", "Sin", "Relu")
     nodes = list(model.graph.node)[::-1]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
@@ -234,7 +234,7 @@ def test_a_boundary_tensor_padded_with_minus_infinity_proves_equal(tmp_path):
 
     net = Net()
     x = net.input("x", [1, 4, 8, 8])
-    erf = net.op("Erf", [x], name="erf")
+    erf = net.op("Sin", [x], name="erf")
     pads = net.init("pads", np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64))
     floor = net.init("floor", np.array(-np.inf, np.float32))
     padded = net.op("Pad", [erf, pads, floor], name="pad")

@@ -55,6 +55,11 @@ def gemm_relu() -> onnx.ModelProto:
     return net.model([net.op("Relu", [y])])
 
 
+def gelu() -> onnx.ModelProto:
+    net = Net()  # an ONNX op from opset 20
+    return net.model([net.op("Gelu", [net.input("x", X)], name="n")], opset=20)
+
+
 # op → small models; the comment names what the quantizer cannot lower (expected on the CPU)
 MODELS = {
     "Conv": [conv()],
@@ -102,6 +107,10 @@ MODELS = {
     "ReduceMean": [one("ReduceMean", [X], axes=[2, 3], keepdims=1)],
     "Identity": [one("Identity", [X])],
     "Exp": [one("Exp", [X])],
+    "Erf": [one("Erf", [X])],
+    "Gelu": [gelu()],
+    "Pow": [one("Pow", [X, []], {1: np.array(3.0, F)})],
+    "LayerNormalization": [one("LayerNormalization", [[1, 6, 8], [8], [8]], {1: c(8), 2: c(8)})],
     "Elu": [one("Elu", [X])],
     "InstanceNormalization": [one("InstanceNormalization", [X, [4], [4]], {1: c(4), 2: c(4)})],
     "LRN": [one("LRN", [X], size=3)],
