@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -242,6 +243,63 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     for name in needed:
         ed.set_initializer(name, values[name])
     return ed.finish(prune=False)
+
+
+# A folded constant is stored in every stage's model; computed, the CPU holds it at run time
+# all the same. Up to this size per tensor import folds it (tf2onnx's 2048-point DFT basis,
+# [1, 2, 2048, 2048] float, is 32 MiB); a larger one stays computed and import says so.
+FOLD_MAX_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Folded:
+    """`fold_constant_subgraphs`' result: the model, how many nodes folded into how many new
+    initializers, and the constant tensors left computed because they are larger than the
+    limit (name → bytes)."""
+
+    model: onnx.ModelProto
+    nodes: int = 0
+    initializers: int = 0
+    kept: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {"nodes": self.nodes, "initializers": self.initializers,
+                **({"kept_computed": self.kept} if self.kept else {})}
+
+
+def fold_constant_subgraphs(model: onnx.ModelProto, max_bytes: int = FOLD_MAX_BYTES) -> Folded:
+    """Every node that computes on constants only, evaluated once by ONNX Runtime (the kernels
+    the proofs run) and replaced by the values the rest of the graph reads: a sine/cosine DFT
+    basis, a DequantizeLinear of a constant table, a transposed weight. Left in, the CPU
+    computes it on every inference (deployment compilers, ONNX Runtime's optimizer and
+    TPU-MLIR among them, fold it by default). Random ops, control flow and other domains stay;
+    a value larger than ``max_bytes`` stays computed (`Folded.kept`). Unchanged when there
+    is nothing to fold."""
+    from npubuild.surgery.folding import constant_nodes, fold_constant_nodes
+    from npubuild.surgery.graph import Editor
+
+    ed = Editor(model, "import")
+    sources = {t.name for t in ed.graph.initializer}
+    folded = False
+    for _ in range(MAX_FOLD_ROUNDS):  # a round after a value kept computed folds what follows
+        if not fold_constant_nodes(ed, max_bytes):
+            break
+        folded = True
+    if not folded:
+        return Folded(model)
+    result = ed.finish()
+    view = Editor(result, "import")
+    kept = {name: size for node in constant_nodes(view) for name in node.output
+            if name and (size := _bytes(view, name)) > max_bytes}
+    return Folded(result, len(model.graph.node) - len(result.graph.node),
+                  sum(t.name not in sources for t in result.graph.initializer), kept)
+
+
+def _bytes(ed, name: str) -> int:
+    shape = ed.shape(name)
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return 0
+    return int(np.prod(shape, dtype=np.int64)) * (onnx_io.itemsize(ed.elem_type(name)) or 1)
 
 
 def _computable(ed, node: onnx.NodeProto, constant: set[str]) -> bool:

@@ -3,8 +3,10 @@
 ONNX sources are loaded directly; TensorFlow (frozen graph, SavedModel, Keras) and TFLite
 sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when needed).
 Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
-arithmetic the fixed shapes make constant is folded; each 1-D Conv becomes the 2-D Conv of a
-height-1 image; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
+arithmetic the fixed shapes make constant is folded; then every constant subgraph, up to
+`onnx_frontend.FOLD_MAX_BYTES` per tensor, so the CPU does not compute it on every inference;
+each 1-D Conv becomes the 2-D Conv of a height-1 image; `npubuild.frontends.onnx`) and the
+checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
@@ -83,6 +85,9 @@ def _import(ctx: StageContext) -> dict:
     proof, outputs = prove(loaded, fmt, source, model, feeds, frozen)
     if dequantize.is_quantized(model):
         model, proof["dequantized"] = to_float(model, feeds, outputs)
+    model, folded = fold_constants(model, feeds)
+    if folded:
+        proof["constants_folded"] = folded
     model, widened = widen_conv1d(model, feeds)
     if widened:
         proof["conv1d_as_2d"] = widened
@@ -410,6 +415,36 @@ def to_float(model: onnx.ModelProto, feeds: dict, quantized: dict[str, np.ndarra
     summary["outputs_vs_quantized"] = {name: {"cosine": s.cosine, "max_rel": s.max_rel}
                                        for name, s in sims.items()}
     return floated, summary
+
+
+def fold_constants(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Every constant subgraph folded into the values it computes
+    (`onnx_frontend.fold_constant_subgraphs`; after dequantization, where a quantized source's
+    weights became constants), proven against the model before it on the proof inputs: the
+    values are ONNX Runtime's, computed by the kernels the proofs run, so the outputs are
+    usually bit-identical, but ORT may run an op another way once its operand is an
+    initializer (it prepacks an LSTM's weights), hence the folding tolerance; the proof's
+    figures, or {} when there is nothing to fold. A constant too large to fold is named in a
+    warning: the CPU computes it on every inference."""
+    folded = onnx_frontend.fold_constant_subgraphs(model)
+    for name, size in folded.kept.items():
+        log.warning("constant tensor %r (%.0f MiB, computed from constants only) is larger than "
+                    "import folds (%d MiB): the CPU computes it on every inference; "
+                    "`surgery: [fold_constants: {}]` folds it", name, size / 2**20,
+                    onnx_frontend.FOLD_MAX_BYTES >> 20)
+    if folded.model is model:
+        return model, {}
+    names = [o.name for o in model.graph.output]
+    expected = proofs.run(model, feeds, names)
+    got, scales = proofs.run_with_scales(folded.model, feeds, names)
+    sims, bad = proofs.compare(expected, got, tolerance=FOLDED_TOLERANCE, scales=scales)
+    if bad:
+        raise BuildError(f"folding constant subgraphs changes the model: {bad[0]}",
+                         stage="import", hint="report this with the model")
+    return folded.model, {**folded.summary(),
+                          "bit_identical": all(np.array_equal(expected[n], got[n], equal_nan=True)
+                                               for n in names),
+                          "max_rel": max((s.max_rel for s in sims.values()), default=0.0)}
 
 
 def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

@@ -216,7 +216,7 @@ def test_pp_ocr_models_import_with_static_shapes(cli, tmp_path, shared_cache, mo
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)["import"]
     assert [o["shape"] for o in summary["outputs"].values()] == [out_shape]
-    assert all(p["max_abs"] == 0.0 for p in summary["proof"].values())
+    assert all(summary["proof"][name]["max_abs"] == 0.0 for name in summary["outputs"])
 
 
 @pytest.mark.slow
@@ -326,3 +326,19 @@ def test_a_gather_of_one_index_is_imported_as_a_slice_and_proved(cli, tmp_path):
     assert json.loads(result.stdout)["import"]["proof"]["gather_as_slice"] == {"gathers": 4}
     model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
     assert [n.op_type for n in model.graph.node].count("Gather") == 1
+
+
+def test_constant_subgraphs_are_folded_at_import_and_proved(cli, tmp_path):
+    """tf2onnx's DFT basis and a DequantizeLinear of a constant table: import folded only shape
+    arithmetic, so the CPU computed them on every inference unless the recipe said
+    `fold_constants`. Import folds them and proves the result on the proof inputs."""
+    from tests.unit.frontends.test_onnx import _dft_model
+
+    onnx.save(_dft_model(), str(tmp_path / "dft.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(tmp_path / "dft.onnx"))
+    assert result.returncode == 0, result.stderr
+    folded = json.loads(result.stdout)["import"]["proof"]["constants_folded"]
+    # 12 of the 13 (shape arithmetic folded the ConstantOfShape of an integer constant)
+    assert folded["nodes"] == 12 and folded["bit_identical"] and folded["max_rel"] == 0.0
+    model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "MatMul", "Mul"]
