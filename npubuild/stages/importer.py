@@ -5,8 +5,8 @@ sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when 
 Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
 arithmetic the fixed shapes make constant is folded; then every constant subgraph, up to
 `onnx_frontend.FOLD_MAX_BYTES` per tensor, so the CPU does not compute it on every inference;
-each 1-D Conv becomes the 2-D Conv of a height-1 image; `npubuild.frontends.onnx`) and the
-checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
+a MatMul by a constant left operand becomes the product by a constant right one; each 1-D
+Conv becomes the 2-D Conv of a height-1 image; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
@@ -88,6 +88,9 @@ def _import(ctx: StageContext) -> dict:
     model, folded = fold_constants(model, feeds)
     if folded:
         proof["constants_folded"] = folded
+    model, right = constant_left_matmuls(model, feeds)
+    if right:
+        proof["constant_left_matmuls"] = right
     model, widened = widen_conv1d(model, feeds)
     if widened:
         proof["conv1d_as_2d"] = widened
@@ -434,17 +437,35 @@ def fold_constants(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto
                     onnx_frontend.FOLD_MAX_BYTES >> 20)
     if folded.model is model:
         return model, {}
-    names = [o.name for o in model.graph.output]
-    expected = proofs.run(model, feeds, names)
-    got, scales = proofs.run_with_scales(folded.model, feeds, names)
+    return folded.model, {**folded.summary(),
+                          **prove_rewrite(model, folded.model, feeds, "folding constant subgraphs")}
+
+
+def prove_rewrite(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict, what: str) -> dict:
+    """``after`` against ``before`` on the proof inputs, within the folding tolerance of the
+    scale of the values: whether it is bit-identical and the largest relative difference; a
+    `BuildError` naming ``what`` when it differs more."""
+    names = [o.name for o in before.graph.output]
+    expected = proofs.run(before, feeds, names)
+    got, scales = proofs.run_with_scales(after, feeds, names)
     sims, bad = proofs.compare(expected, got, tolerance=FOLDED_TOLERANCE, scales=scales)
     if bad:
-        raise BuildError(f"folding constant subgraphs changes the model: {bad[0]}",
-                         stage="import", hint="report this with the model")
-    return folded.model, {**folded.summary(),
-                          "bit_identical": all(np.array_equal(expected[n], got[n], equal_nan=True)
-                                               for n in names),
-                          "max_rel": max((s.max_rel for s in sims.values()), default=0.0)}
+        raise BuildError(f"{what} changes the model: {bad[0]}", stage="import",
+                         hint="report this with the model")
+    return {"bit_identical": all(np.array_equal(expected[n], got[n], equal_nan=True) for n in names),
+            "max_rel": max((s.max_rel for s in sims.values()), default=0.0)}
+
+
+def constant_left_matmuls(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each MatMul by a constant left operand as the product by a constant right operand
+    (`onnx_frontend.constant_left_matmuls_as_right`: tf2onnx's DFT), proven within the folding
+    tolerance; the proof's figures, or {} when there is none."""
+    right = onnx_frontend.constant_left_matmuls_as_right(model)
+    if right is model:
+        return model, {}
+    return right, {"matmuls": len([n for n in right.graph.node if n.name.endswith("/as_right")]),
+                   **prove_rewrite(model, right, feeds, "a MatMul by a constant left operand "
+                                                        "written as its transposed product")}
 
 
 def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
@@ -454,15 +475,9 @@ def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, 
     wide = onnx_frontend.conv1d_as_2d(model)
     if wide is model:
         return model, {}
-    names = [o.name for o in model.graph.output]
-    expected = proofs.run(model, feeds, names)
-    got, scales = proofs.run_with_scales(wide, feeds, names)
-    sims, bad = proofs.compare(expected, got, tolerance=FOLDED_TOLERANCE, scales=scales)
-    if bad:
-        raise BuildError(f"a 1-D Conv widened to 2-D changes the model: {bad[0]}", stage="import",
-                         hint="report this with the model")
+    proof = prove_rewrite(model, wide, feeds, "a 1-D Conv widened to 2-D")
     return wide, {"convs": len([n for n in wide.graph.node if n.name.endswith("/squeeze_to_1d")]),
-                  "max_rel": max((c.max_rel for c in sims.values()), default=0.0)}
+                  "max_rel": proof["max_rel"]}
 
 
 def slice_one_index_gathers(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

@@ -308,3 +308,52 @@ def test_a_constant_larger_than_the_limit_stays_computed_and_is_named():
     assert [n.op_type for n in folded.model.graph.node] == ["Concat", "MatMul", "MatMul", "Mul"]
     feeds = {"frames": np.ones((16, 5), np.float32)}
     np.testing.assert_array_equal(onnx_io.run(folded.model, feeds)["z"], onnx_io.run(source, feeds)["z"])
+
+
+def _left_constant_model(basis_shape, frames_shape) -> onnx.ModelProto:
+    """``MatMul(basis, frames)`` with a constant basis on the left, then a Relu."""
+    h = onnx.helper
+    basis = np.random.default_rng(2).normal(size=basis_shape).astype(np.float32)
+    graph = h.make_graph(
+        [h.make_node("MatMul", ["basis", "frames"], ["spectrum"], name="dft"),
+         h.make_node("Relu", ["spectrum"], ["y"])], "left",
+        [h.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, frames_shape)],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(basis, "basis")])
+    return onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8))
+
+
+@pytest.mark.parametrize("basis, frames, ops", [
+    # tf2onnx's RFFT: cos and sin stacked [1, 2, M, K], one frame per batch [43, 1, K, 1]
+    ([1, 2, 12, 16], [6, 1, 16, 1], ["Reshape", "MatMul", "Reshape"]),
+    ([12, 16], [3, 16, 5], ["Transpose", "MatMul", "Transpose"]),  # a 2-D basis, N = 5
+    ([1, 12, 16], [16, 5], ["Transpose", "MatMul", "Transpose", "Reshape"]),  # wider basis
+    ([1, 2, 1, 1], [6, 1, 1, 16], ["Mul"]),  # inner dimension 1: tf2onnx's twiddle
+])
+def test_a_constant_left_operand_becomes_a_constant_right_operand_the_npu_runs(basis, frames, ops):
+    """tf2onnx writes a DFT as MatMul(basis, frames): no chip runs a MatMul beside a constant
+    left operand, so the spectrum of a Model Maker speech model ran on the CPU (0.43 s a
+    clip). As framesᵀ·basisᵀ it is one fully connected layer by a 2-D constant."""
+    from npubuild.split import check_placement
+    from npubuild.targets import load_chip
+
+    source = _left_constant_model(basis, frames)
+    model = onnx_frontend.constant_left_matmuls_as_right(source)
+    assert [n.op_type for n in model.graph.node] == [*ops, "Relu"]
+    feeds = {"frames": np.random.default_rng(3).normal(size=frames).astype(np.float32)}
+    expected, got = onnx_io.run(source, feeds)["y"], onnx_io.run(model, feeds)["y"]
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    matmul = next((n.name for n in model.graph.node if n.op_type == "MatMul"), None)
+    if matmul:
+        placed = {p.name: p for p in check_placement(model, load_chip("npu-16m"))}
+        assert placed[matmul].device == "npu", placed[matmul].reasons
+        assert {p.name: p.device for p in check_placement(source, load_chip("npu-16m"))}["dft"] == "cpu"
+
+
+def test_a_constant_left_operand_whose_batch_interleaves_the_frames_stays():
+    """The basis's batch axis before the frames' (``[2, 1, M, K]·[1, 6, K, 1]``): stacking it
+    into the rows would reorder the output, so the MatMul stays as written."""
+    source = _left_constant_model([2, 1, 12, 16], [1, 6, 16, 1])
+    assert onnx_frontend.constant_left_matmuls_as_right(source) is source

@@ -341,4 +341,17 @@ def test_constant_subgraphs_are_folded_at_import_and_proved(cli, tmp_path):
     # 12 of the 13 (shape arithmetic folded the ConstantOfShape of an integer constant)
     assert folded["nodes"] == 12 and folded["bit_identical"] and folded["max_rel"] == 0.0
     model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
-    assert [n.op_type for n in model.graph.node] == ["MatMul", "MatMul", "Mul"]
+    assert [n.op_type for n in model.graph.node] == ["Transpose", "MatMul", "Transpose", "MatMul", "Mul"]
+
+
+def test_a_matmul_by_a_constant_left_operand_is_imported_as_its_transposed_product(cli, tmp_path):
+    from tests.unit.frontends.test_onnx import _left_constant_model
+
+    onnx.save(_left_constant_model([1, 2, 12, 16], [6, 1, 16, 1]), str(tmp_path / "dft.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(tmp_path / "dft.onnx"))
+    assert result.returncode == 0, result.stderr
+    proof = json.loads(result.stdout)["import"]["proof"]["constant_left_matmuls"]
+    assert proof["matmuls"] == 1 and proof["max_rel"] < 1e-5
+    model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
+    assert [n.op_type for n in model.graph.node] == ["Reshape", "MatMul", "Reshape", "Relu"]
+    assert [list(t.dims) for t in model.graph.initializer if t.name.endswith("right_operand")] == [[16, 24]]
