@@ -355,3 +355,20 @@ def test_a_matmul_by_a_constant_left_operand_is_imported_as_its_transposed_produ
     model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
     assert [n.op_type for n in model.graph.node] == ["Reshape", "MatMul", "Reshape", "Relu"]
     assert [list(t.dims) for t in model.graph.initializer if t.name.endswith("right_operand")] == [[16, 24]]
+
+
+def test_a_constant_subgraph_no_runtime_evaluates_stays_computed_with_a_warning(monkeypatch, caplog):
+    """Folding is an optimisation: where neither ONNX Runtime nor the reference evaluator runs
+    a constant node, import keeps it (the CPU computes it, as before) and says so."""
+    from npubuild.stages import importer
+    from npubuild.surgery import SurgeryError, folding
+    from tests.unit.frontends.test_onnx import _dft_model
+
+    def refuse(*args, **kwargs):
+        raise SurgeryError("cannot evaluate the constant nodes CumSum...")
+
+    monkeypatch.setattr(folding, "evaluate", refuse)
+    source = _dft_model()
+    model, proof = importer.fold_constants(source, {"frames": np.ones((16, 5), np.float32)})
+    assert model is source and proof == {"not_folded": "cannot evaluate the constant nodes CumSum..."}
+    assert "import left constant subgraphs computed" in caplog.text
