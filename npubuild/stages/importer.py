@@ -85,18 +85,13 @@ def _import(ctx: StageContext) -> dict:
     proof, outputs = prove(loaded, fmt, source, model, feeds, frozen)
     if dequantize.is_quantized(model):
         model, proof["dequantized"] = to_float(model, feeds, outputs)
-    model, folded = fold_constants(model, feeds)
-    if folded:
-        proof["constants_folded"] = folded
-    model, right = constant_left_matmuls(model, feeds)
-    if right:
-        proof["constant_left_matmuls"] = right
-    model, widened = widen_conv1d(model, feeds)
-    if widened:
-        proof["conv1d_as_2d"] = widened
-    model, sliced = slice_one_index_gathers(model, feeds)
-    if sliced:
-        proof["gather_as_slice"] = sliced
+    # the rewrites for the chip, in order, each proven on the proof inputs (its figures, by key)
+    for key, rewrite in (("constants_folded", fold_constants),
+                         ("constant_left_matmuls", constant_left_matmuls),
+                         ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", slice_one_index_gathers)):
+        model, figures = rewrite(model, feeds)
+        if figures:
+            proof[key] = figures
     onnx_io.save_model(model, ctx.out / "model.onnx")
     proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
