@@ -9,6 +9,11 @@
   a Reshape): those Shape/Size nodes read tensors whose shapes are now static, so they and the
   integer arithmetic after them fold to constants, round after round. Outputs still without a
   shape keep what the source model declared; a graph output with neither is named in an error.
+- `fold_constant_subgraphs`: every constant subgraph (a DFT basis, a dequantized table) is
+  evaluated once and stored, up to `FOLD_MAX_BYTES` per value, so the CPU does not compute it
+  on every inference.
+- `constant_left_matmuls_as_right`: a MatMul by a constant left operand (tf2onnx's DFT) as the
+  product by a constant right one, which the chips run as a fully connected layer.
 - `check_source`: the source as ONNX's checker sees it (structure, types, strict shape
   inference): a model it refuses is bad input, reported at the recipe line that names it.
 - `check_tensor_sizes`: once shapes are inferred, every tensor (inputs and intermediates) must
