@@ -9,6 +9,11 @@
   a Reshape): those Shape/Size nodes read tensors whose shapes are now static, so they and the
   integer arithmetic after them fold to constants, round after round. Outputs still without a
   shape keep what the source model declared; a graph output with neither is named in an error.
+- `fold_constant_subgraphs`: every constant subgraph (a DFT basis, a dequantized table) is
+  evaluated once and stored, up to `FOLD_MAX_BYTES` per value, so the CPU does not compute it
+  on every inference.
+- `constant_left_matmuls_as_right`: a MatMul by a constant left operand (tf2onnx's DFT) as the
+  product by a constant right one, which the chips run as a fully connected layer.
 - `check_source`: the source as ONNX's checker sees it (structure, types, strict shape
   inference): a model it refuses is bad input, reported at the recipe line that names it.
 - `check_tensor_sizes`: once shapes are inferred, every tensor (inputs and intermediates) must
@@ -17,6 +22,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -244,6 +250,64 @@ def fold_shape_arithmetic(model: onnx.ModelProto) -> onnx.ModelProto | None:
     return ed.finish(prune=False)
 
 
+# A folded constant is stored in every stage's model; computed, the CPU holds it at run time
+# all the same. Up to this size per tensor import folds it (tf2onnx's 2048-point DFT basis,
+# [1, 2, 2048, 2048] float, is 32 MiB); a larger one stays computed and import says so.
+FOLD_MAX_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Folded:
+    """`fold_constant_subgraphs`' result: the model, how many nodes folded into how many new
+    initializers, and the constant tensors left computed because they are larger than the
+    limit (name → bytes)."""
+
+    model: onnx.ModelProto
+    nodes: int = 0
+    initializers: int = 0
+    kept: dict[str, int] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return {"nodes": self.nodes, "initializers": self.initializers,
+                **({"kept_computed": self.kept} if self.kept else {})}
+
+
+def fold_constant_subgraphs(model: onnx.ModelProto, max_bytes: int = FOLD_MAX_BYTES) -> Folded:
+    """Every Shape and Size of a statically shaped tensor, and every node that computes on
+    constants only, evaluated once by ONNX Runtime (the kernels the proofs run) and replaced by
+    the values the rest of the graph reads: a sine/cosine DFT basis, the shape arithmetic
+    before a Reshape, a DequantizeLinear of a constant table, a transposed weight. Left in, the CPU
+    computes it on every inference (deployment compilers, ONNX Runtime's optimizer and
+    TPU-MLIR among them, fold it by default). Random ops, control flow and other domains stay;
+    a value larger than ``max_bytes`` stays computed (`Folded.kept`). Unchanged when there
+    is nothing to fold."""
+    from npubuild.surgery.folding import constant_nodes, fold_constant_nodes, fold_shape_reads
+    from npubuild.surgery.graph import Editor
+
+    ed = Editor(model, "import")
+    sources = {t.name for t in ed.graph.initializer}
+    folded = bool(fold_shape_reads(ed))  # with every shape static, a Shape is a constant
+    for _ in range(MAX_FOLD_ROUNDS):  # a round after a value kept computed folds what follows
+        if not fold_constant_nodes(ed, max_bytes):
+            break
+        folded = True
+    if not folded:
+        return Folded(model)
+    result = ed.finish()
+    view = Editor(result, "import")
+    kept = {name: size for node in constant_nodes(view) for name in node.output
+            if name and (size := _bytes(view, name)) > max_bytes}
+    return Folded(result, len(model.graph.node) - len(result.graph.node),
+                  sum(t.name not in sources for t in result.graph.initializer), kept)
+
+
+def _bytes(ed, name: str) -> int:
+    shape = ed.shape(name)
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return 0
+    return int(np.prod(shape, dtype=np.int64)) * (onnx_io.itemsize(ed.elem_type(name)) or 1)
+
+
 def _computable(ed, node: onnx.NodeProto, constant: set[str]) -> bool:
     """Shape arithmetic that reads constants only (a Constant node is one)."""
     return (node.op_type in SHAPE_OPS and node.domain in ("", "ai.onnx")
@@ -421,3 +485,118 @@ def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(nodes)
     return _infer(model)
+
+
+def constant_left_matmuls_as_right(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each MatMul whose *left* operand is a constant (tf2onnx writes a DFT as
+    ``MatMul(basis, frames)``, the basis broadcast over the frames) as the transposed product
+    ``framesᵀ · basisᵀ``: one MatMul by a constant 2-D right operand, a fully connected layer
+    the NPU runs (no chip runs a MatMul beside a constant left operand). An inner dimension
+    of 1 is a broadcast Mul (tf2onnx's complex twiddle, ``[1, 2, 1, 1]·[43, 1, 1, 2048]``).
+    Two forms otherwise: a
+    matrix-vector product per frame (frames ``[*b, K, 1]``, the basis's batch axes after the
+    frames') is the frames as rows times the basis, its batch stacked into its rows, between
+    Reshapes; a 2-D basis with any N transposes the frames and the result. Other shapes stay.
+    The same dot products summed in another order: the import proof holds it to the folding
+    tolerance. Unchanged when there is none."""
+    inits = {t.name: t for t in model.graph.initializer}
+    shapes = {v.name: onnx_io.value_shape(v)
+              for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
+    plans = {}
+    for index, node in enumerate(model.graph.node):
+        if (node.op_type == "MatMul" and node.domain in ("", "ai.onnx")
+                and node.input[0] in inits and node.input[1] not in inits):
+            plan = _right_product(onnx.numpy_helper.to_array(inits[node.input[0]]),
+                                  shapes.get(node.input[1]), shapes.get(node.output[0]))
+            if plan is not None:
+                plans[index] = plan
+    if not plans or next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1) < 13:
+        return model
+    model = onnx_io.clone(model)
+    graph = model.graph
+    nodes: list[onnx.NodeProto] = []
+    for index, node in enumerate(graph.node):
+        if index not in plans:
+            nodes.append(node)
+            continue
+        plan, base, out = plans[index], node.name or node.output[0], node.output[0]
+        h = onnx.helper
+        if plan is OUTER_PRODUCT:
+            nodes.append(h.make_node("Mul", list(node.input), [out], name=f"{base}/as_mul"))
+            continue
+        graph.initializer.append(onnx.numpy_helper.from_array(plan.weight, f"{base}/right_operand"))
+        x = node.input[1]
+        if plan.perm:
+            nodes.append(h.make_node("Transpose", [x], [f"{out}/frames_t"], perm=plan.perm,
+                                     name=f"{base}/frames_t"))
+            x = f"{out}/frames_t"
+        if plan.rows:
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array(plan.rows, np.int64),
+                                                                  f"{base}/rows"))
+            nodes.append(h.make_node("Reshape", [x, f"{base}/rows"], [f"{out}/rows"],
+                                     name=f"{base}/as_rows"))
+            x = f"{out}/rows"
+        steps = [("MatMul", [f"{base}/right_operand"], {}, "as_right")]
+        if plan.perm:
+            steps.append(("Transpose", [], {"perm": plan.perm}, "product_t"))
+        if plan.shape:
+            graph.initializer.append(onnx.numpy_helper.from_array(np.array(plan.shape, np.int64),
+                                                                  f"{base}/shape"))
+            steps.append(("Reshape", [f"{base}/shape"], {}, "as_left"))
+        for step, (op, operands, attrs, suffix) in enumerate(steps):
+            result = out if step == len(steps) - 1 else f"{out}/{suffix}"
+            nodes.append(h.make_node(op, [x, *operands], [result], name=f"{base}/{suffix}", **attrs))
+            x = result
+    del graph.node[:]
+    graph.node.extend(nodes)
+    read = {name for n in nodes for name in n.input} | {o.name for o in graph.output}
+    unread = [t for t in graph.initializer if t.name not in read]  # a basis only MatMul read
+    for tensor in unread:
+        graph.initializer.remove(tensor)
+    return _infer(model)
+
+
+@dataclass(frozen=True)
+class _RightProduct:
+    """How `constant_left_matmuls_as_right` writes one MatMul: the constant right operand, the
+    frames' Reshape to rows (or none), the Transpose of the frames and of the result (or
+    none), and the Reshape to the output's shape (or none)."""
+
+    weight: np.ndarray
+    rows: list[int] | None
+    perm: list[int] | None
+    shape: list[int] | None
+
+
+OUTER_PRODUCT = "outer product"  # `_right_product`'s plan for an inner dimension of 1: a Mul
+
+
+def _right_product(basis: np.ndarray, frames: list | None, out: list | None
+                   ) -> _RightProduct | str | None:
+    """The plan for ``MatMul(basis, frames)`` as a product by a constant right operand
+    (`OUTER_PRODUCT` where the inner dimension is 1: a Mul, exact), or None when no form keeps
+    the elements' order."""
+    if (frames is None or out is None or basis.ndim < 2 or len(frames) < 2
+            or not all(isinstance(d, int) for d in [*frames, *out])):
+        return None
+    m, k = basis.shape[-2:]
+    if frames[-2] != k:
+        return None
+    if k == 1:  # [.., M, 1]·[.., 1, N]: one product per element, broadcast as Mul broadcasts
+        return OUTER_PRODUCT
+    width = max(basis.ndim, len(frames)) - 2
+    basis_batch = [1] * (width - basis.ndim + 2) + list(basis.shape[:-2])
+    frames_batch = [1] * (width - len(frames) + 2) + list(frames[:-2])
+    if frames[-1] == 1:  # a matrix-vector product per frame
+        by_frames = [i for i, d in enumerate(frames_batch) if d > 1]
+        by_basis = [i for i, d in enumerate(basis_batch) if d > 1]
+        if by_frames and by_basis and max(by_frames) >= min(by_basis):
+            return None
+        return _RightProduct(np.ascontiguousarray(basis.reshape(-1, k).T),
+                             [int(np.prod(frames_batch, dtype=np.int64)), k], None, out)
+    if int(np.prod(basis_batch, dtype=np.int64)) == 1:
+        rank = len(frames)  # the product is [*frames' batch, M, N]: out, unless basis is wider
+        return _RightProduct(np.ascontiguousarray(basis.reshape(m, k).T), None,
+                             [*range(rank - 2), rank - 1, rank - 2],
+                             out if len(out) != rank else None)
+    return None

@@ -19,7 +19,9 @@ from npubuild.recipe.load import dotted
 from npubuild.recipe.model import SplitSpec
 from npubuild.split.cost import elements, island_cost, node_macs
 from npubuild.split.graph import OpGraph, build_op_graph
+from npubuild.split import spectrum
 from npubuild.split.partition import CPU, NPU, Segment, npu_islands, partition, segment_of
+from npubuild.split.spectrum import log_power_spectra
 from npubuild.targets.constraints import layout_noop_reasons, node_reasons, op_label
 from npubuild.targets.model import Chip
 from npubuild.targets.view import GraphFacts, NodeView
@@ -114,6 +116,7 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
     og = build_op_graph(inferred.graph)
     facts = GraphFacts.from_model(inferred)
     on_npu, reasons, pinned = _initial(og, facts, chip, spec)
+    _log_power_spectra_on_cpu(og, facts, on_npu, reasons, pinned)
     if spec.policy != "cpu_only":
         _layout_noops_between_npu_ops(og, facts, chip, on_npu, reasons, pinned)
     while True:
@@ -185,6 +188,15 @@ def _layout_noops_between_npu_ops(og: OpGraph, facts: GraphFacts, chip: Chip,
                 changed = True
     for i in candidates:
         on_npu[i], reasons[i] = True, []
+
+
+def _log_power_spectra_on_cpu(og: OpGraph, facts: GraphFacts, on_npu: list[bool],
+                              reasons: list[list[str]], pinned: set[int]) -> None:
+    """Every node of a log power spectrum (`npubuild.split.spectrum`) runs in float on the CPU,
+    unless the recipe placed it."""
+    for i in log_power_spectra(og, facts):
+        if on_npu[i] and i not in pinned:
+            on_npu[i], reasons[i] = False, [spectrum.REASON]
 
 
 def _forced(why: list[str]) -> bool:

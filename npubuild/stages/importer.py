@@ -3,8 +3,10 @@
 ONNX sources are loaded directly; TensorFlow (frozen graph, SavedModel, Keras) and TFLite
 sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when needed).
 Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
-arithmetic the fixed shapes make constant is folded; each 1-D Conv becomes the 2-D Conv of a
-height-1 image; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
+arithmetic the fixed shapes make constant is folded; then every constant subgraph, up to
+`onnx_frontend.FOLD_MAX_BYTES` per tensor, so the CPU does not compute it on every inference;
+a MatMul by a constant left operand becomes the product by a constant right one; each 1-D
+Conv becomes the 2-D Conv of a height-1 image; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
@@ -83,12 +85,13 @@ def _import(ctx: StageContext) -> dict:
     proof, outputs = prove(loaded, fmt, source, model, feeds, frozen)
     if dequantize.is_quantized(model):
         model, proof["dequantized"] = to_float(model, feeds, outputs)
-    model, widened = widen_conv1d(model, feeds)
-    if widened:
-        proof["conv1d_as_2d"] = widened
-    model, sliced = slice_one_index_gathers(model, feeds)
-    if sliced:
-        proof["gather_as_slice"] = sliced
+    # the rewrites for the chip, in order, each proven on the proof inputs (its figures, by key)
+    for key, rewrite in (("constants_folded", fold_constants),
+                         ("constant_left_matmuls", constant_left_matmuls),
+                         ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", slice_one_index_gathers)):
+        model, figures = rewrite(model, feeds)
+        if figures:
+            proof[key] = figures
     onnx_io.save_model(model, ctx.out / "model.onnx")
     proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
@@ -412,6 +415,60 @@ def to_float(model: onnx.ModelProto, feeds: dict, quantized: dict[str, np.ndarra
     return floated, summary
 
 
+def fold_constants(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Every constant subgraph folded into the values it computes
+    (`onnx_frontend.fold_constant_subgraphs`; after dequantization, where a quantized source's
+    weights became constants), proven against the model before it on the proof inputs: the
+    values are ONNX Runtime's, computed by the kernels the proofs run, so the outputs are
+    usually bit-identical, but ORT may run an op another way once its operand is an
+    initializer (it prepacks an LSTM's weights), hence the folding tolerance; the proof's
+    figures, or {} when there is nothing to fold. A constant too large to fold is named in a
+    warning: the CPU computes it on every inference."""
+    from npubuild.surgery import SurgeryError
+
+    try:
+        folded = onnx_frontend.fold_constant_subgraphs(model)
+    except SurgeryError as exc:  # an op neither runtime evaluates: it runs as the source wrote it
+        log.warning("import left constant subgraphs computed: %s", exc.message)
+        return model, {"not_folded": exc.message}
+    for name, size in folded.kept.items():
+        log.warning("constant tensor %r (%.0f MiB, computed from constants only) is larger than "
+                    "import folds (%d MiB): the CPU computes it on every inference; "
+                    "`surgery: [fold_constants: {}]` folds it", name, size / 2**20,
+                    onnx_frontend.FOLD_MAX_BYTES >> 20)
+    if folded.model is model:
+        return model, {}
+    return folded.model, {**folded.summary(),
+                          **prove_rewrite(model, folded.model, feeds, "folding constant subgraphs")}
+
+
+def prove_rewrite(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict, what: str) -> dict:
+    """``after`` against ``before`` on the proof inputs, within the folding tolerance of the
+    scale of the values: whether it is bit-identical and the largest relative difference; a
+    `BuildError` naming ``what`` when it differs more."""
+    names = [o.name for o in before.graph.output]
+    expected = proofs.run(before, feeds, names)
+    got, scales = proofs.run_with_scales(after, feeds, names)
+    sims, bad = proofs.compare(expected, got, tolerance=FOLDED_TOLERANCE, scales=scales)
+    if bad:
+        raise BuildError(f"{what} changes the model: {bad[0]}", stage="import",
+                         hint="report this with the model")
+    return {"bit_identical": all(np.array_equal(expected[n], got[n], equal_nan=True) for n in names),
+            "max_rel": max((s.max_rel for s in sims.values()), default=0.0)}
+
+
+def constant_left_matmuls(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each MatMul by a constant left operand as the product by a constant right operand
+    (`onnx_frontend.constant_left_matmuls_as_right`: tf2onnx's DFT), proven within the folding
+    tolerance; the proof's figures, or {} when there is none."""
+    right = onnx_frontend.constant_left_matmuls_as_right(model)
+    if right is model:
+        return model, {}
+    return right, {"matmuls": len([n for n in right.graph.node if n.name.endswith("/as_right")]),
+                   **prove_rewrite(model, right, feeds, "a MatMul by a constant left operand "
+                                                        "written as its transposed product")}
+
+
 def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
     """Each 1-D Conv as a 2-D one (`onnx_frontend.conv1d_as_2d`; after dequantization, where a
     quantized source's weights became constants), proven against the model before it on the
@@ -419,15 +476,9 @@ def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, 
     wide = onnx_frontend.conv1d_as_2d(model)
     if wide is model:
         return model, {}
-    names = [o.name for o in model.graph.output]
-    expected = proofs.run(model, feeds, names)
-    got, scales = proofs.run_with_scales(wide, feeds, names)
-    sims, bad = proofs.compare(expected, got, tolerance=FOLDED_TOLERANCE, scales=scales)
-    if bad:
-        raise BuildError(f"a 1-D Conv widened to 2-D changes the model: {bad[0]}", stage="import",
-                         hint="report this with the model")
+    proof = prove_rewrite(model, wide, feeds, "a 1-D Conv widened to 2-D")
     return wide, {"convs": len([n for n in wide.graph.node if n.name.endswith("/squeeze_to_1d")]),
-                  "max_rel": max((c.max_rel for c in sims.values()), default=0.0)}
+                  "max_rel": proof["max_rel"]}
 
 
 def slice_one_index_gathers(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

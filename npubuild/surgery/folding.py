@@ -46,7 +46,7 @@ def fold_constants(model: onnx.ModelProto, args: FoldConstantsArgs) -> onnx.Mode
     limit = None if args.size_limit_mb is None else int(args.size_limit_mb * 2**20)
     for _ in range(args.max_rounds):
         changed = bool(fold_shape_reads(ed))
-        changed |= _fold_constant_nodes(ed, limit)
+        changed |= fold_constant_nodes(ed, limit)
         changed |= bool(inline_decided_ifs(ed))
         if args.remove_noops:
             changed |= _transposes_of_unit_axes_to_reshapes(ed) | _collapse_reshape_chains(ed)
@@ -160,49 +160,46 @@ def _foldable(ed: Editor, node: onnx.NodeProto, constant: set[str]) -> bool:
     return all(not name or name in constant for name in node.input)
 
 
-def _fold_constant_nodes(ed: Editor, limit: int | None) -> bool:
-    """Evaluate every node whose inputs are all constant; keep the values other nodes read."""
+def constant_nodes(ed: Editor) -> list[onnx.NodeProto]:
+    """The nodes that compute on constants only (through other such nodes), in graph order:
+    what `fold_constant_nodes` evaluates."""
     constant = {t.name for t in ed.graph.initializer if not ed.overridable(t.name)}
     batch = []
     for node in ed.graph.node:  # graph order is topological
         if _foldable(ed, node, constant):
             batch.append(node)
             constant.update(o for o in node.output if o)
+    return batch
+
+
+def fold_constant_nodes(ed: Editor, limit: int | None) -> bool:
+    """Evaluate every node whose inputs are all constant; keep the values other nodes read
+    (a value of more than ``limit`` bytes stays computed by its node); whether anything folded."""
+    batch = constant_nodes(ed)
     if not batch:
         return False
-    folded = {o for n in batch for o in n.output}
-    needed = [name for name in _frontier(ed, batch, folded)]
-    values = evaluate(ed, batch, needed)
-    if limit is not None:
-        too_big = {n for n, v in values.items() if v.nbytes > limit}
-        if too_big:  # keep the producers of large tensors (and what they read) as nodes
-            return _fold_except(ed, batch, values, too_big)
-    ed.remove(*batch)
+    values = evaluate(ed, batch, _frontier(ed, batch))
+    too_big = {n for n, v in values.items() if limit is not None and v.nbytes > limit}
+    kept = [n for n in batch if any(o in too_big for o in n.output)]
+    drop = [n for n in batch if n not in kept]
+    if not drop:
+        return False
+    needed = _frontier(ed, drop)  # what the kept nodes read too
+    if kept:
+        values = evaluate(ed, batch, needed)
+    ed.remove(*drop)
     for name in needed:
         ed.set_initializer(name, values[name])
     return True
 
 
-def _frontier(ed: Editor, batch: list[onnx.NodeProto], folded: set[str]) -> list[str]:
+def _frontier(ed: Editor, batch: list[onnx.NodeProto]) -> list[str]:
+    """The outputs of ``batch`` that a node outside it (or the graph's outputs) reads."""
     ids = {id(n) for n in batch}
     readers = {name for node in ed.graph.node if id(node) not in ids
                for name in list(node.input) + subgraph_inputs(node)}
     return [name for node in batch for name in node.output
-            if name in folded and (name in readers or ed.is_graph_output(name))]
-
-
-def _fold_except(ed: Editor, batch, values, too_big: set[str]) -> bool:
-    keep = [n for n in batch if any(o in too_big for o in n.output)]
-    kept_inputs = {name for n in keep for name in n.input}
-    drop = [n for n in batch if n not in keep]
-    if not drop:
-        return False
-    dropped_outputs = {o for n in drop for o in n.output}
-    ed.remove(*drop)
-    for name in sorted(dropped_outputs):
-        if name in values and (name in kept_inputs or ed.consumers(name)):
-            ed.set_initializer(name, values[name])
-    return True
+            if name and (name in readers or ed.is_graph_output(name))]
 
 
 def evaluate(ed: Editor, nodes: list[onnx.NodeProto], outputs: list[str]) -> dict[str, np.ndarray]:

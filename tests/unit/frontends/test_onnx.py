@@ -239,3 +239,121 @@ def test_a_node_without_inputs_beside_a_one_index_gather_is_kept():
     model = onnx_frontend.gather_one_index_as_slice(source)
     assert model.graph.node[0].op_type == "Constant"
     assert [n.op_type for n in model.graph.node].count("Gather") == 1
+
+
+def _dft_model() -> onnx.ModelProto:
+    """A spectrum as tf2onnx writes a TFLite RFFT: the cos/sin basis computed in the graph
+    (CumSum of ones, Mul, Cos, Sin, Concat) and multiplied as the *left* operand of a MatMul
+    over the frames; beside it a DequantizeLinear of an int8 table (a dynamic-int8 model's
+    embedding) and an Expand of a constant to 64 KiB (what a small size limit keeps)."""
+    h = onnx.helper
+    n = 16
+    nodes = [h.make_node("ConstantOfShape", ["n"], ["ones"],
+                         value=onnx.numpy_helper.from_array(np.array([1.0], np.float32))),
+             h.make_node("CumSum", ["ones", "first"], ["k1"]),
+             h.make_node("Sub", ["k1", "one"], ["k"]),
+             h.make_node("Unsqueeze", ["k", "axis1"], ["col"]),
+             h.make_node("Unsqueeze", ["k", "axis0"], ["row"]),
+             h.make_node("Mul", ["col", "row"], ["kn"]),
+             h.make_node("Mul", ["kn", "w"], ["angle"]),
+             h.make_node("Cos", ["angle"], ["cos"]), h.make_node("Sin", ["angle"], ["sin"]),
+             h.make_node("Concat", ["cos", "sin"], ["basis"], axis=0),
+             h.make_node("MatMul", ["basis", "frames"], ["spectrum"], name="dft"),
+             h.make_node("DequantizeLinear", ["table_q", "table_scale"], ["table"]),
+             h.make_node("MatMul", ["spectrum", "table"], ["y"], name="project"),
+             h.make_node("Expand", ["one", "big_shape"], ["big"]),
+             h.make_node("ReduceSum", ["big"], ["count"], keepdims=0),
+             h.make_node("Mul", ["y", "count"], ["z"])]
+    rng = np.random.default_rng(0)
+    inits = [onnx.numpy_helper.from_array(v, k) for k, v in {
+        "n": np.array([n], np.int64), "first": np.array(0, np.int64),
+        "axis0": np.array([0], np.int64), "axis1": np.array([1], np.int64), "one": np.array(1.0, np.float32),
+        "w": np.array(-2 * np.pi / n, np.float32),
+        "table_q": rng.integers(-127, 128, (5, 3)).astype(np.int8),
+        "table_scale": np.array(0.02, np.float32),
+        "big_shape": np.array([128, 128], np.int64)}.items()]
+    graph = h.make_graph(nodes, "dft", [h.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, [n, 5])],
+                         [h.make_tensor_value_info("z", onnx.TensorProto.FLOAT, None)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_a_constant_basis_and_a_dequantized_table_fold_so_the_cpu_no_longer_computes_them():
+    """tf2onnx's DFT basis (CumSum, Sin, Cos) and a DequantizeLinear of a constant table stayed
+    in the imported graph (import folded only shape arithmetic): every inference computed them
+    again on the CPU. Folded, the MatMuls read initializers, with the same outputs."""
+    from npubuild.split import check_placement
+    from npubuild.targets import load_chip
+
+    source = _dft_model()
+    folded = onnx_frontend.fold_constant_subgraphs(source)
+    ops = [n.op_type for n in folded.model.graph.node]
+    assert ops == ["MatMul", "MatMul", "Mul"] and folded.nodes == 13 and not folded.kept
+    inits = {t.name: t for t in folded.model.graph.initializer}
+    assert list(inits["basis"].dims) == [32, 16] and inits["table"].data_type == onnx.TensorProto.FLOAT
+    feeds = {"frames": np.random.default_rng(1).normal(size=(16, 5)).astype(np.float32)}
+    np.testing.assert_array_equal(onnx_io.run(folded.model, feeds)["z"], onnx_io.run(source, feeds)["z"])
+    on_cpu = {p.op for p in check_placement(source, load_chip("npu-16m")) if p.device == "cpu"}
+    assert {"CumSum", "Cos", "Sin", "DequantizeLinear", "Expand"} <= on_cpu  # every inference
+    assert onnx_frontend.fold_constant_subgraphs(folded.model).model is folded.model
+
+
+def test_a_constant_larger_than_the_limit_stays_computed_and_is_named():
+    """A folded constant is stored in every stage's model: a value above the limit (the
+    2 KiB basis under a 100-byte limit) stays computed from its folded inputs, named in
+    `kept`. Only stored values count: the 64 KiB Expand folds away into its sum."""
+    source = _dft_model()
+    folded = onnx_frontend.fold_constant_subgraphs(source, max_bytes=100)
+    assert folded.kept == {"basis": 32 * 16 * 4}
+    assert [n.op_type for n in folded.model.graph.node] == ["Concat", "MatMul", "MatMul", "Mul"]
+    feeds = {"frames": np.ones((16, 5), np.float32)}
+    np.testing.assert_array_equal(onnx_io.run(folded.model, feeds)["z"], onnx_io.run(source, feeds)["z"])
+
+
+def _left_constant_model(basis_shape, frames_shape) -> onnx.ModelProto:
+    """``MatMul(basis, frames)`` with a constant basis on the left, then a Relu."""
+    h = onnx.helper
+    basis = np.random.default_rng(2).normal(size=basis_shape).astype(np.float32)
+    graph = h.make_graph(
+        [h.make_node("MatMul", ["basis", "frames"], ["spectrum"], name="dft"),
+         h.make_node("Relu", ["spectrum"], ["y"])], "left",
+        [h.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, frames_shape)],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(basis, "basis")])
+    return onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8))
+
+
+@pytest.mark.parametrize("basis, frames, ops", [
+    # tf2onnx's RFFT: cos and sin stacked [1, 2, M, K], one frame per batch [43, 1, K, 1]
+    ([1, 2, 12, 16], [6, 1, 16, 1], ["Reshape", "MatMul", "Reshape"]),
+    ([12, 16], [3, 16, 5], ["Transpose", "MatMul", "Transpose"]),  # a 2-D basis, N = 5
+    ([1, 12, 16], [16, 5], ["Transpose", "MatMul", "Transpose", "Reshape"]),  # wider basis
+    ([1, 2, 1, 1], [6, 1, 1, 16], ["Mul"]),  # inner dimension 1: tf2onnx's twiddle
+])
+def test_a_constant_left_operand_becomes_a_constant_right_operand_the_npu_runs(basis, frames, ops):
+    """tf2onnx writes a DFT as MatMul(basis, frames): no chip runs a MatMul beside a constant
+    left operand, so the spectrum of a Model Maker speech model ran on the CPU (0.43 s a
+    clip). As framesᵀ·basisᵀ it is one fully connected layer by a 2-D constant."""
+    from npubuild.split import check_placement
+    from npubuild.targets import load_chip
+
+    source = _left_constant_model(basis, frames)
+    model = onnx_frontend.constant_left_matmuls_as_right(source)
+    assert [n.op_type for n in model.graph.node] == [*ops, "Relu"]
+    feeds = {"frames": np.random.default_rng(3).normal(size=frames).astype(np.float32)}
+    expected, got = onnx_io.run(source, feeds)["y"], onnx_io.run(model, feeds)["y"]
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    matmul = next((n.name for n in model.graph.node if n.op_type == "MatMul"), None)
+    if matmul:
+        placed = {p.name: p for p in check_placement(model, load_chip("npu-16m"))}
+        assert placed[matmul].device == "npu", placed[matmul].reasons
+        assert {p.name: p.device for p in check_placement(source, load_chip("npu-16m"))}["dft"] == "cpu"
+
+
+def test_a_constant_left_operand_whose_batch_interleaves_the_frames_stays():
+    """The basis's batch axis before the frames' (``[2, 1, M, K]·[1, 6, K, 1]``): stacking it
+    into the rows would reorder the output, so the MatMul stays as written."""
+    source = _left_constant_model([2, 1, 12, 16], [1, 6, 16, 1])
+    assert onnx_frontend.constant_left_matmuls_as_right(source) is source

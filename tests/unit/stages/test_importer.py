@@ -216,7 +216,7 @@ def test_pp_ocr_models_import_with_static_shapes(cli, tmp_path, shared_cache, mo
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)["import"]
     assert [o["shape"] for o in summary["outputs"].values()] == [out_shape]
-    assert all(p["max_abs"] == 0.0 for p in summary["proof"].values())
+    assert all(summary["proof"][name]["max_abs"] == 0.0 for name in summary["outputs"])
 
 
 @pytest.mark.slow
@@ -326,3 +326,49 @@ def test_a_gather_of_one_index_is_imported_as_a_slice_and_proved(cli, tmp_path):
     assert json.loads(result.stdout)["import"]["proof"]["gather_as_slice"] == {"gathers": 4}
     model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
     assert [n.op_type for n in model.graph.node].count("Gather") == 1
+
+
+def test_constant_subgraphs_are_folded_at_import_and_proved(cli, tmp_path):
+    """tf2onnx's DFT basis and a DequantizeLinear of a constant table: import folded only shape
+    arithmetic, so the CPU computed them on every inference unless the recipe said
+    `fold_constants`. Import folds them and proves the result on the proof inputs."""
+    from tests.unit.frontends.test_onnx import _dft_model
+
+    onnx.save(_dft_model(), str(tmp_path / "dft.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(tmp_path / "dft.onnx"))
+    assert result.returncode == 0, result.stderr
+    folded = json.loads(result.stdout)["import"]["proof"]["constants_folded"]
+    # 12 of the 13 (shape arithmetic folded the ConstantOfShape of an integer constant)
+    assert folded["nodes"] == 12 and folded["bit_identical"] and folded["max_rel"] == 0.0
+    model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
+    assert [n.op_type for n in model.graph.node] == ["Transpose", "MatMul", "Transpose", "MatMul", "Mul"]
+
+
+def test_a_matmul_by_a_constant_left_operand_is_imported_as_its_transposed_product(cli, tmp_path):
+    from tests.unit.frontends.test_onnx import _left_constant_model
+
+    onnx.save(_left_constant_model([1, 2, 12, 16], [6, 1, 16, 1]), str(tmp_path / "dft.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(tmp_path / "dft.onnx"))
+    assert result.returncode == 0, result.stderr
+    proof = json.loads(result.stdout)["import"]["proof"]["constant_left_matmuls"]
+    assert proof["matmuls"] == 1 and proof["max_rel"] < 1e-5
+    model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
+    assert [n.op_type for n in model.graph.node] == ["Reshape", "MatMul", "Reshape", "Relu"]
+    assert [list(t.dims) for t in model.graph.initializer if t.name.endswith("right_operand")] == [[16, 24]]
+
+
+def test_a_constant_subgraph_no_runtime_evaluates_stays_computed_with_a_warning(monkeypatch, caplog):
+    """Folding is an optimisation: where neither ONNX Runtime nor the reference evaluator runs
+    a constant node, import keeps it (the CPU computes it, as before) and says so."""
+    from npubuild.stages import importer
+    from npubuild.surgery import SurgeryError, folding
+    from tests.unit.frontends.test_onnx import _dft_model
+
+    def refuse(*args, **kwargs):
+        raise SurgeryError("cannot evaluate the constant nodes CumSum...")
+
+    monkeypatch.setattr(folding, "evaluate", refuse)
+    source = _dft_model()
+    model, proof = importer.fold_constants(source, {"frames": np.ones((16, 5), np.float32)})
+    assert model is source and proof == {"not_folded": "cannot evaluate the constant nodes CumSum..."}
+    assert "import left constant subgraphs computed" in caplog.text

@@ -100,6 +100,20 @@ def test_fold_constants_size_limit_keeps_large_tensors_computed(tiny):
     assert "ConstantOfShape" not in tiny.ops(folded)
 
 
+def test_a_large_value_kept_computed_still_reads_the_values_folded_before_it(tiny):
+    """A kept node whose inputs are computed by folded nodes (Cos and Sin before the Concat of
+    a basis): the size limit used to drop them without storing what the kept node reads, and
+    the model referred to tensors nothing produced."""
+    n = helper.make_node
+    model = tiny.model([n("Cos", ["angle"], ["cos"]), n("Sin", ["angle"], ["sin"]),
+                        n("Concat", ["cos", "sin"], ["basis"], axis=0),
+                        n("MatMul", ["x", "basis"], ["y"])], {"x": [4, 1024]}, ["y"],
+                       {"angle": np.linspace(0, 3, 512 * 512).astype(np.float32).reshape(512, 512)})
+    kept, _ = tiny.check("fold_constants", model, size_limit_mb=1.5)  # basis 2 MiB, cos 1 MiB
+    assert tiny.ops(kept) == {"Concat": 1, "MatMul": 1}
+    assert {t.name for t in kept.graph.initializer} >= {"cos", "sin"}
+
+
 def test_fold_constants_on_an_ir3_model_lists_new_initializers_as_inputs(tiny):
     n = helper.make_node
     model = tiny.model([n("ConstantOfShape", ["shape"], ["w"],

@@ -1,0 +1,79 @@
+"""The log power spectrum class (`npubuild.split.spectrum`): a DFT by a constant matrix,
+squared, then Log, stays in float on the CPU; what follows the Log goes to the NPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+from npubuild.split import check_placement
+from npubuild.split.spectrum import REASON
+from npubuild.targets import load_chip
+
+
+def spectrum_model(transform: str = "MatMul", log: bool = True) -> onnx.ModelProto:
+    """Frames [8, 32] times a [32, 34] cos/sin basis (as import writes tf2onnx's RFFT), real and
+    imaginary halves squared and added, Log of the power plus a floor, then a classifier Conv
+    of the log spectrum. ``transform="Conv"``: the same basis as a 1×1 Conv of [1, 32, 8, 1]."""
+    h = onnx.helper
+    n, bins = 32, 17
+    k = np.arange(n)[:, None] * np.arange(bins)[None, :]
+    basis = np.concatenate([np.cos(2 * np.pi * k / n), -np.sin(2 * np.pi * k / n)], 1).astype(np.float32)
+    inits = {"basis": basis, "half": np.array([bins], np.int64), "zero": np.array([0], np.int64),
+             "end": np.array([2 * bins], np.int64), "axis": np.array([1], np.int64),
+             "two": np.array(2.0, np.float32), "floor": np.array(1e-6, np.float32),
+             "shape4": np.array([1, 1, 8, bins], np.int64),
+             "w": np.random.default_rng(0).normal(size=(4, 1, 3, 3)).astype(np.float32)}
+    if transform == "Conv":
+        inits["basis"] = basis.T.reshape(2 * bins, n, 1, 1).copy()
+        inits["frames_shape"], inits["flat"] = (np.array([1, n, 8, 1], np.int64),
+                                                np.array([2 * bins, 8], np.int64))
+        front = [h.make_node("Transpose", ["frames"], ["ft"], perm=[1, 0]),
+                 h.make_node("Reshape", ["ft", "frames_shape"], ["f4"]),
+                 h.make_node("Conv", ["f4", "basis"], ["c4"], name="dft"),
+                 h.make_node("Reshape", ["c4", "flat"], ["ct"]),
+                 h.make_node("Transpose", ["ct"], ["spectrum"], perm=[1, 0])]
+    else:
+        front = [h.make_node("MatMul", ["frames", "basis"], ["spectrum"], name="dft")]
+    nodes = [*front,
+             h.make_node("Slice", ["spectrum", "zero", "half", "axis"], ["re"], name="re"),
+             h.make_node("Slice", ["spectrum", "half", "end", "axis"], ["im"], name="im"),
+             h.make_node("Pow", ["re", "two"], ["re2"], name="re2"),
+             h.make_node("Mul", ["im", "im"], ["im2"], name="im2"),
+             h.make_node("Add", ["re2", "im2"], ["power"], name="power"),
+             h.make_node("Add", ["power", "floor"], ["floored"], name="floored")]
+    nodes += ([h.make_node("Log", ["floored"], ["logpower"], name="log")] if log
+              else [h.make_node("Relu", ["floored"], ["logpower"], name="relu")])
+    nodes += [h.make_node("Reshape", ["logpower", "shape4"], ["image"], name="image"),
+              h.make_node("Conv", ["image", "w"], ["y"], name="classifier", pads=[1, 1, 1, 1])]
+    graph = h.make_graph(nodes, "spectrum",
+                         [h.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, [8, n])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                         [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def placed(model) -> dict:
+    return {p.name: p for p in check_placement(model, load_chip("npu-16m"))}
+
+
+def test_a_log_power_spectrum_by_a_constant_matrix_runs_in_float_on_the_cpu():
+    """zoo word-activation: its DFT on the NPU in int8 read cosine 0.565 (every tensor in int16,
+    the basis still int8: 0.48), so the transform, the squares and the Log stay in float on the
+    CPU with the reason; the classifier after the Log runs on the NPU."""
+    where = placed(spectrum_model())
+    for name in ("dft", "re", "im", "re2", "im2", "power", "floored", "log"):
+        assert where[name].device == "cpu", name
+    assert where["dft"].reasons == [REASON] and where["power"].reasons == [REASON]
+    assert where["classifier"].device == "npu"
+
+
+@pytest.mark.parametrize("model", [spectrum_model(log=False), spectrum_model(transform="Conv")],
+                         ids=["no log", "conv stft"])
+def test_a_spectrum_without_a_log_or_computed_by_a_conv_stays_with_the_chip(model):
+    """No Log: int8 keeps what the model reads. A Conv STFT: on the zoo those pass in int8
+    (basic-pitch's CQT 0.9994, Silero VAD, speech-vad) and the NPU keeps their fps."""
+    where = placed(model)
+    assert where["dft"].device == "npu" and where["power"].device == "npu"
