@@ -48,12 +48,16 @@ def check_source(model: onnx.ModelProto, path: Path, *, weights: bool = True,
     they refuse (a dangling input, a wrong attribute, a duplicate name, a bad opset, a Conv
     whose weights do not fit) is bad input, a `UserError` at ``path``. What import replaces
     anyway is not held against it: stale ``value_info`` shapes, and graph inputs or outputs
-    declared without a shape (ONNX Runtime runs those; import infers them). ``weights=False``
+    declared without a shape (ONNX Runtime runs those; import infers them), and the shapes an
+    If, Loop or Scan body declares for its values and outputs (Paddle's exporter declares a
+    scalar where the body computes [1]; ONNX Runtime merges them leniently and runs the model;
+    import infers them again). ``weights=False``
     checks the skeleton (`onnx_io.skeleton`: large initializers as typed inputs), which is all
     `validate` needs."""
     target = (onnx_io.clone(model) if weights and onnx_io.weight_bytes(model) <= MAX_CHECKED_WEIGHTS
               else onnx_io.skeleton(model))
     del target.graph.value_info[:]
+    _forget_body_shapes(target.graph)
     unshaped = [v.type.tensor_type for v in [*target.graph.input, *target.graph.output]
                 if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
     try:
@@ -69,6 +73,18 @@ def check_source(model: onnx.ModelProto, path: Path, *, weights: bool = True,
                         location=Location(str(path)),
                         hint="fix or re-export the model (onnx.checker.check_model(model, "
                              "full_check=True) shows the same)") from None
+
+
+def _forget_body_shapes(graph: onnx.GraphProto) -> None:
+    """Clear the declared shapes (value_info, outputs' shapes) of every control-flow body in
+    ``graph``, at any depth; their types stay, so inference still checks them."""
+    for node in graph.node:
+        for body in onnx_io.subgraphs(node):
+            del body.value_info[:]
+            for output in body.output:
+                if output.type.HasField("tensor_type"):
+                    output.type.tensor_type.ClearField("shape")
+            _forget_body_shapes(body)
 
 
 def one_line(exc: Exception, limit: int = 600) -> str:
