@@ -57,7 +57,7 @@ def check_source(model: onnx.ModelProto, path: Path, *, weights: bool = True,
     target = (onnx_io.clone(model) if weights and onnx_io.weight_bytes(model) <= MAX_CHECKED_WEIGHTS
               else onnx_io.skeleton(model))
     del target.graph.value_info[:]
-    _forget_body_shapes(target.graph)
+    onnx_io.forget_body_shapes(target.graph)
     unshaped = [v.type.tensor_type for v in [*target.graph.input, *target.graph.output]
                 if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
     try:
@@ -73,18 +73,6 @@ def check_source(model: onnx.ModelProto, path: Path, *, weights: bool = True,
                         location=Location(str(path)),
                         hint="fix or re-export the model (onnx.checker.check_model(model, "
                              "full_check=True) shows the same)") from None
-
-
-def _forget_body_shapes(graph: onnx.GraphProto) -> None:
-    """Clear the declared shapes (value_info, outputs' shapes) of every control-flow body in
-    ``graph``, at any depth; their types stay, so inference still checks them."""
-    for node in graph.node:
-        for body in onnx_io.subgraphs(node):
-            del body.value_info[:]
-            for output in body.output:
-                if output.type.HasField("tensor_type"):
-                    output.type.tensor_type.ClearField("shape")
-            _forget_body_shapes(body)
 
 
 def one_line(exc: Exception, limit: int = 600) -> str:

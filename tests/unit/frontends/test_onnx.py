@@ -166,6 +166,7 @@ def test_a_body_declaring_a_scalar_where_it_computes_one_value_is_not_refused(tm
     session = ort.InferenceSession(model.SerializeToString())
     assert session.run(None, {"cond": np.array(False)})[0].tolist() == [2.0]  # ORT runs it
     onnx_frontend.check_source(model, tmp_path / "m.onnx")
+    onnx_io.reinfer_shapes(model, strict=True)  # as validate and import infer with fixed inputs
     assert model.graph.node[0].attribute[0].g.output[0].type.tensor_type.HasField("shape")  # a copy
     model.graph.node[0].attribute[0].g.node[1].input[0] = "nowhere"  # a broken body still is
     with pytest.raises(UserError, match="not a valid ONNX model: onnx.checker says .*nowhere"):
