@@ -368,11 +368,13 @@ def with_outputs(model: onnx.ModelProto, names: list[str],
 
 
 def reinfer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProto:
-    """A copy with stale shapes forgotten (value_info, symbolic output dims) and inferred again
-    from the inputs (type-checked, with data propagation so shape computations fold; ``strict``:
-    a node whose inference fails is an error, not a tensor left without a shape)."""
+    """A copy with stale shapes forgotten (value_info, symbolic output dims, what control-flow
+    bodies declare) and inferred again from the inputs (type-checked, with data propagation so
+    shape computations fold; ``strict``: a node whose inference fails is an error, not a tensor
+    left without a shape)."""
     model = clone(model)
     del model.graph.value_info[:]
+    forget_body_shapes(model.graph)
     for out in model.graph.output:
         if out.type.HasField("tensor_type"):
             out.type.tensor_type.ClearField("shape")
@@ -449,6 +451,20 @@ def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
         elif attr.type == onnx.AttributeProto.GRAPHS:
             out.extend(attr.graphs)
     return out
+
+
+def forget_body_shapes(graph: onnx.GraphProto) -> None:
+    """Clear the shapes every If, Loop or Scan body in ``graph`` declares (its value_info, its
+    outputs' shapes), at any depth; their types stay, so inference still checks them. Exporters
+    declare stale ones (Paddle: a scalar where the body computes [1]), which ONNX Runtime merges
+    leniently and strict inference refuses."""
+    for node in graph.node:
+        for body in subgraphs(node):
+            del body.value_info[:]
+            for output in body.output:
+                if output.type.HasField("tensor_type"):
+                    output.type.tensor_type.ClearField("shape")
+            forget_body_shapes(body)
 
 
 def outer_refs(graph: onnx.GraphProto) -> set[str]:

@@ -630,6 +630,41 @@ def oriented(page, size: int = 224):
 PAGE_LINES = [(6, 34), (46, 67), (63, 84), (80, 101), (96, 117), (113, 135), (168, 190)]
 
 
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def table(seed: int, size: int = 488) -> np.ndarray:
+    """A seeded table (3 to 8 rows, 2 to 5 columns; ruled, or with rules under the header and
+    at the ends only) whose cells hold printed words cut from scikit-image's ``page.png``, as
+    rapid-table's TablePreprocess feeds SLANet: the longer side resized to ``size``, ``(x / 255
+    - mean) / std`` (ImageNet's), then zero-padded to ``size x size``; NCHW."""
+    from PIL import Image, ImageDraw
+    from skimage import data
+
+    rng = np.random.default_rng(seed)
+    words = Image.open(Path(data.__file__).parent / "page.png").convert("L")
+    rows, cols = int(rng.integers(3, 9)), int(rng.integers(2, 6))
+    cell_w, cell_h = int(rng.integers(70, 130)), int(rng.integers(28, 44))
+    img = Image.new("RGB", (cols * cell_w + 20, rows * cell_h + 20), "white")
+    pen, ruled = ImageDraw.Draw(img), seed % 3 != 2
+    for r in range(rows + 1):
+        if ruled or r in (0, 1, rows):
+            pen.line([(10, 10 + r * cell_h), (10 + cols * cell_w, 10 + r * cell_h)], "black")
+    for c in range(cols + 1) if ruled else ():
+        pen.line([(10 + c * cell_w, 10), (10 + c * cell_w, 10 + rows * cell_h)], "black")
+    for r in range(rows):
+        for c in range(cols):
+            top, left = PAGE_LINES[int(rng.integers(0, len(PAGE_LINES)))][0], int(rng.integers(0, 300))
+            word = words.crop((left, top, left + int(rng.integers(40, cell_w - 12)), top + 20))
+            img.paste(word.convert("RGB"), (10 + c * cell_w + 5, 10 + r * cell_h + (cell_h - 20) // 2))
+    ratio = size / max(img.size)
+    img = img.resize((int(img.width * ratio), int(img.height * ratio)), Image.BILINEAR)
+    x = (np.asarray(img, np.float32) / 255.0 - IMAGENET_MEAN) / IMAGENET_STD
+    out = np.zeros((size, size, 3), np.float32)
+    out[:x.shape[0], :x.shape[1]] = x
+    return out.transpose(2, 0, 1)[None].copy()
+
+
 def line_pieces(height: int = 48, width: int = 320, pieces: int = 3) -> list[np.ndarray]:
     """page.png's printed lines, each cut in ``pieces`` along its width, as PP-OCR feeds a
     recognizer: resized to ``height`` keeping the aspect ratio (at most ``width``),
@@ -693,6 +728,8 @@ def main(argv: list[str]) -> Path:
             _write_npy(out / f"textline_{height}x{width}_{i:02d}.npy", line)
     for i, line in enumerate(line_pieces()):
         _write_npy(out / f"printed_line_48x320_{i:02d}.npy", line)
+    for i in range(SAMPLES):
+        _write_npy(out / f"table_488_{i:02d}.npy", table(i))
     for i, face in enumerate(faces()):
         _write_png(out / f"face_64_{i:02d}.png", face)
     for i in range(SAMPLES):

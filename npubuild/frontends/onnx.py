@@ -54,12 +54,16 @@ def check_source(model: onnx.ModelProto, path: Path, *, weights: bool = True,
     they refuse (a dangling input, a wrong attribute, a duplicate name, a bad opset, a Conv
     whose weights do not fit) is bad input, a `UserError` at ``path``. What import replaces
     anyway is not held against it: stale ``value_info`` shapes, and graph inputs or outputs
-    declared without a shape (ONNX Runtime runs those; import infers them). ``weights=False``
+    declared without a shape (ONNX Runtime runs those; import infers them), and the shapes an
+    If, Loop or Scan body declares for its values and outputs (Paddle's exporter declares a
+    scalar where the body computes [1]; ONNX Runtime merges them leniently and runs the model;
+    import infers them again). ``weights=False``
     checks the skeleton (`onnx_io.skeleton`: large initializers as typed inputs), which is all
     `validate` needs."""
     target = (onnx_io.clone(model) if weights and onnx_io.weight_bytes(model) <= MAX_CHECKED_WEIGHTS
               else onnx_io.skeleton(model))
     del target.graph.value_info[:]
+    onnx_io.forget_body_shapes(target.graph)
     unshaped = [v.type.tensor_type for v in [*target.graph.input, *target.graph.output]
                 if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
     try:

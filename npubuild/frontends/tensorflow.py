@@ -270,13 +270,47 @@ def _unreadable_saved_model(path: Path, revive_error: Exception, graph_error: Ex
              "TFLite export of the model")
 
 
+def _keras_writer(path: Path) -> str:
+    """The Keras version an HDF5 model file says wrote it (``keras_version``), or ''."""
+    try:
+        import h5py
+
+        with h5py.File(path, "r") as handle:
+            version = handle.attrs.get("keras_version", "")
+    except Exception:  # noqa: BLE001 - not HDF5, or damaged: nothing to say about its writer
+        return ""
+    return version.decode() if isinstance(version, bytes) else str(version)
+
+
+def _unreadable_keras(path: Path) -> UserError | None:
+    """An HDF5 model that Keras 3 cannot read, written by an older Keras (1 or 2: their layer
+    configurations and a Sequential's list of layers differ from Keras 3's): say which Keras
+    wrote it and what to do. None when the file names no older writer."""
+    import keras
+
+    written = _keras_writer(path)
+    major = written.split(".")[0]
+    if not major.isdigit() or int(major) >= int(keras.__version__.split(".")[0]):
+        return None
+    return UserError(
+        f"cannot read this Keras model, written by Keras {written}, with Keras "
+        f"{keras.__version__}: its loader for older HDF5 files does not read this one "
+        "(layer configurations and defaults changed between them)", location=Location(str(path)),
+        hint=f"re-export it: load it with Keras {written} (or tf_keras) and save it as a "
+             "SavedModel (tf.saved_model.save) or convert it to ONNX or TFLite; give "
+             "model.path that file")
+
+
 class _Keras:
     """A Keras 3 model file (.keras, or legacy .h5), traced at the recipe's input shapes."""
 
     def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
         tf = _tensorflow()
-        self.model = _load(path, "a Keras model",
-                           lambda: tf.keras.models.load_model(str(path), compile=False))
+        try:
+            self.model = _load(path, "a Keras model",
+                               lambda: tf.keras.models.load_model(str(path), compile=False))
+        except UserError as error:
+            raise _unreadable_keras(path) or error from None
         symbolic = _keras_inputs(self.model, path)
         self.dims = {t.name: _dims(t.shape) for t in symbolic}
         self.dtypes = {t.name: getattr(t.dtype, "name", str(t.dtype)) for t in symbolic}

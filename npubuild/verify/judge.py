@@ -55,7 +55,16 @@ class Thresholds:
 
 
 def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int | None = 1) -> dict:
-    """Metrics of one tensor over every sample (``refs``/``gots``: one array per sample)."""
+    """Metrics of one tensor over every sample (``refs``/``gots``: one array per sample).
+    Where a sample's deployed shape differs from the reference's (an output whose extent
+    depends on its values: a decoding loop that stops on a token stops at another step), the
+    figures are of the part both have, and ``shape_mismatch`` says where they differ."""
+    mismatched = [k for k, (r, g) in enumerate(zip(refs, gots)) if np.shape(r) != np.shape(g)]
+    shapes = ({"samples": len(mismatched), "of": len(refs), "sample": mismatched[0],
+               "reference": list(np.shape(refs[mismatched[0]])),
+               "deployed": list(np.shape(gots[mismatched[0]]))} if mismatched else None)
+    if mismatched:
+        refs, gots = map(list, zip(*(common_part(r, g) for r, g in zip(refs, gots))))
     ref = np.concatenate([np.ravel(r) for r in refs])
     got = np.concatenate([np.ravel(g) for g in gots])
     out = similarity(ref, got).as_dict()
@@ -67,9 +76,23 @@ def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int | N
     out["min_sample_cosine"] = None if worst is None else loud[worst]
     out["worst_sample"], out["samples_judged"] = worst, len(loud)
     rank = np.ndim(refs[0])
-    if axis is not None and rank >= 2 and -rank <= axis < rank and np.shape(refs[0])[axis] > 1:
+    if (axis is not None and rank >= 2 and -rank <= axis < rank and np.shape(refs[0])[axis] > 1
+            and len({np.shape(r)[axis] for r in refs}) == 1):  # varying along it: no channels
         out.update(channel_metrics(refs, gots, axis))
+    if shapes:
+        out["shape_mismatch"] = shapes
     return out
+
+
+def common_part(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The leading part two arrays both have: per dimension the smaller extent (flattened
+    first where their ranks differ)."""
+    ref, got = np.asarray(ref), np.asarray(got)
+    if ref.ndim != got.ndim:
+        size = min(ref.size, got.size)
+        return ref.ravel()[:size], got.ravel()[:size]
+    box = tuple(slice(0, min(a, b)) for a, b in zip(ref.shape, got.shape))
+    return ref[box], got[box]
 
 
 def channel_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int) -> dict:
@@ -130,6 +153,13 @@ def _finite(value: float) -> float | None:
 def failures(label: str, m: dict, limits: Thresholds, against: str = "") -> list[str]:
     """One line per threshold ``m`` misses (``label``: "output 'x'", "slice 'y'" ...)."""
     out, tail = [], f" ({against})" if against else ""
+    shapes = m.get("shape_mismatch")
+    if shapes:
+        out.append(f"{label}: shape {shapes['deployed']} deployed where the reference has "
+                   f"{shapes['reference']} (sample #{shapes['sample']}; {shapes['samples']} of "
+                   f"{shapes['of']} samples differ): its extent depends on its values (a loop "
+                   f"that stops on its own output stops elsewhere); the figures compare the part "
+                   f"both have{tail}")
     if limits.min_cosine is not None and m["cosine"] is None:
         out.append(f"{label}: cosine undefined: the values are not finite (inf or NaN){tail}")
     elif limits.min_cosine is not None and m["cosine"] < limits.min_cosine:

@@ -72,7 +72,8 @@ UNDEFINED = -2.0  # the margin of a cosine that is not a number (non-finite valu
 
 
 def cosine_margins(metrics: dict, limits: Thresholds) -> list[float]:
-    out = []
+    shapes = metrics.get("shape_mismatch")  # a miss whatever the figures: fewer is better
+    out = [-shapes["samples"] / shapes["of"]] if shapes else []
     if limits.min_cosine is not None:
         out.append(UNDEFINED if metrics["cosine"] is None else metrics["cosine"] - limits.min_cosine)
     if limits.sample_cosine is not None and metrics.get("min_sample_cosine") is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
 import pytest
 
 from npubuild import onnx_io
@@ -136,6 +138,37 @@ def test_the_checker_refuses_a_broken_source_but_not_what_import_replaces(tmp_pa
         "padded", onnx.TensorProto.FLOAT, [9, 9]))
     onnx_frontend.check_source(model, tmp_path / "m.onnx")  # and y is declared without a shape
     model.graph.node[1].input[0] = "nowhere"
+    with pytest.raises(UserError, match="not a valid ONNX model: onnx.checker says .*nowhere"):
+        onnx_frontend.check_source(model, tmp_path / "m.onnx")
+
+
+def _if_whose_branches_declare_a_scalar() -> onnx.ModelProto:
+    """Paddle's exporter in a Loop's If: each branch computes a [1] tensor (a Cast of a [1]
+    constant) and declares its output a scalar, as does its value_info; ONNX Runtime warns and
+    runs it."""
+    def branch(name: str, value: float) -> onnx.GraphProto:
+        const = helper.make_node("Constant", [], [f"{name}_c"], value=numpy_helper.from_array(
+            np.array([value], np.float32)))
+        cast = helper.make_node("Cast", [f"{name}_c"], [f"{name}_y"], to=TensorProto.FLOAT)
+        return helper.make_graph(
+            [const, cast], name, [], [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [])],
+            value_info=[helper.make_tensor_value_info(f"{name}_c", TensorProto.FLOAT, [])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["y"], "if", then_branch=branch("then", 1.0),
+                          else_branch=branch("else", 2.0))], "g",
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_body_declaring_a_scalar_where_it_computes_one_value_is_not_refused(tmp_path):
+    model = _if_whose_branches_declare_a_scalar()
+    session = ort.InferenceSession(model.SerializeToString())
+    assert session.run(None, {"cond": np.array(False)})[0].tolist() == [2.0]  # ORT runs it
+    onnx_frontend.check_source(model, tmp_path / "m.onnx")
+    onnx_io.reinfer_shapes(model, strict=True)  # as validate and import infer with fixed inputs
+    assert model.graph.node[0].attribute[0].g.output[0].type.tensor_type.HasField("shape")  # a copy
+    model.graph.node[0].attribute[0].g.node[1].input[0] = "nowhere"  # a broken body still is
     with pytest.raises(UserError, match="not a valid ONNX model: onnx.checker says .*nowhere"):
         onnx_frontend.check_source(model, tmp_path / "m.onnx")
 

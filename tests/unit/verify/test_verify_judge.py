@@ -137,3 +137,25 @@ def test_the_recipes_input_layout_gives_the_outputs_channel_axis():
     assert output_channel_axis(recipe("NHWC")) == -1
     assert output_channel_axis(recipe("any", "NCHW")) == 1
     assert output_channel_axis(recipe("any")) == 1
+
+
+def test_an_output_whose_length_depends_on_its_values_is_a_miss_not_a_crash():
+    """SLANet's table-structure decoder, a Loop that stops on its end token: [1, steps, 8] per
+    sample, the steps differing between samples and, where int8 moved the end token, between
+    the float model and the deployed pipeline (a ValueError 'shape mismatch' stopped quantize)."""
+    from npubuild.verify.verdict import cosine_margins
+
+    refs = [RNG.uniform(0, 1, (1, 54, 8)), RNG.uniform(0, 1, (1, 17, 8))]
+    gots = [noisy(refs[0][:, :50], 0.001), noisy(refs[1], 0.001)]  # stops 4 steps early
+    m = tensor_metrics(refs, gots)
+    assert m["shape_mismatch"] == {"samples": 1, "of": 2, "sample": 0,
+                                   "reference": [1, 54, 8], "deployed": [1, 50, 8]}
+    assert m["cosine"] > 0.999 and "dead_channels" not in m  # axis 1 varies: not channels
+    limits = Thresholds(min_cosine=0.99)
+    assert failures("output 'structure'", m, limits) == [
+        "output 'structure': shape [1, 50, 8] deployed where the reference has [1, 54, 8] "
+        "(sample #0; 1 of 2 samples differ): its extent depends on its values (a loop that "
+        "stops on its own output stops elsewhere); the figures compare the part both have"]
+    assert min(cosine_margins(m, limits)) == -0.5  # fewer samples differing ranks higher
+    same = tensor_metrics(refs, [noisy(r, 0.001) for r in refs])  # lengths agree: judged as ever
+    assert "shape_mismatch" not in same and failures("output 'structure'", same, limits) == []
