@@ -17,7 +17,9 @@ The search, after int8 everywhere fails (read top to bottom):
    int8) takes some error off the judged figures; errors from different tensors add (nearly:
    independent noise), so the most useful blocks are halved until single tensors or blocks
    too light to matter remain. A gain is measured end to end, through the CPU segments after
-   the tensor (a Log of a power spectrum, a recurrent cell), not over its own layer.
+   the tensor (a Log of a power spectrum, a recurrent cell), not over its own layer. An
+   anchor detector's task is graded per anchor (`npubuild.verify.tasks.anchor_grades`), its
+   agreement being too coarse to rank blocks.
 3. **Cover**: the shortest prefix of that ranking whose predicted error leaves the
    thresholds a margin, then longer prefixes (doubling) until the choice passes, then the
    shortest passing prefix (bisection).
@@ -772,7 +774,8 @@ def loads(verdict) -> np.ndarray:
     """What the ranking adds up, one entry per thing verify judges: per judged cosine (every
     check, all samples and worst sample) its error over the error its bar allows,
     ``(1 - cosine) / (1 - bar)`` (1 is at the bar; errors of independent roundings add); per
-    check, its dead channels; the task's shortfall against ``min_task_agreement``."""
+    check, its dead channels; the task's shortfall against ``min_task_agreement`` (an anchor
+    task: every anchor's score and box load instead)."""
     out = []
     for _, metrics, limits in verdict.checks:
         bars = [limits.min_cosine, limits.sample_cosine]
@@ -787,6 +790,11 @@ def loads(verdict) -> np.ndarray:
             out.append(2.0 * metrics.get("dead_channel_count", 0)
                        + (0.0 if ratio is None else max(0.0, 1.0 - ratio)))
     task, minimum = verdict.task or {}, verdict.task_minimum
+    grades = getattr(verdict, "task_grades", None)
+    if grades is not None and minimum is not None:
+        # the anchor task graded per anchor (`tasks.anchor_grades`): its agreement moves in
+        # steps of one anchor over a dozen, which ranks no block of tensors above another
+        return np.concatenate([np.asarray(out, np.float64), grades["loads"]])
     if task.get("agreement") is not None and minimum is not None:
         out.append((1.0 - task["agreement"]) / max(1.0 - minimum, 0.5 / (task.get("samples") or 4)))
     return np.asarray(out, np.float64)

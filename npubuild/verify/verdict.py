@@ -37,6 +37,8 @@ class Verdict:
     checks: list[tuple[str, dict, Thresholds]] = field(default_factory=list)
     failed: list[tuple[str, dict, Thresholds]] = field(default_factory=list)
     task_minimum: float | None = None  # verify.min_task_agreement
+    # the anchor task's graded figure (`tasks.anchor_grades`: per-anchor loads and slack)
+    task_grades: dict | None = None
 
     @property
     def passed(self) -> bool:
@@ -45,10 +47,21 @@ class Verdict:
     def margin(self) -> float:
         """The lowest cosine above its bar over every judged check (all samples together
         and the worst sample), or the task's shortfall where it misses: negative when one
-        misses, the search's figure of merit."""
+        misses, the search's figure of merit. An anchor task that passes adds its graded
+        slack (`task_slack`), so choices that pass it still rank by how near they come to
+        losing an anchor."""
         margins = [m for _, metrics, limits in self.checks
                    for m in cosine_margins(metrics, limits)]
-        return min([*margins, *self.task_shortfall()], default=1.0)
+        return min([*margins, *self.task_shortfall(), *self.task_slack()], default=1.0)
+
+    def task_slack(self) -> list[float]:
+        """A passing anchor task's headroom: its agreement above the bar, and how far the
+        anchors that agree are from flipping (`tasks.anchor_grades`' slack, 0 .. 1)."""
+        value = (self.task or {}).get("agreement")
+        if (self.task_grades is None or self.task_minimum is None or value is None
+                or value < self.task_minimum):
+            return []
+        return [value - self.task_minimum, self.task_grades["slack"]]
 
     def task_shortfall(self) -> list[float]:
         """The task's agreement below ``verify.min_task_agreement`` (negative), where it
@@ -141,13 +154,17 @@ def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
             failures += lines
     detections = detect(refs, gots, floats) if detect and (
         spec.detections or spec.task == "detector") else None
-    task = None
+    task = grades = None
     if spec.task:
         task = task_check(spec, detections, refs, gots, floats, outputs)
         failures += task_verdict(task, spec.min_task_agreement)
+    if spec.task == "anchor_detector":
+        from npubuild.verify import tasks
+
+        grades = tasks.anchor_grades(*anchor_values(spec, refs, gots, floats, outputs))
     return Verdict(metrics, boundaries, slices, task, detections, failures,
                    [(name, m, limits) for name, _, m, limits, _ in checks], failed,
-                   spec.min_task_agreement)
+                   spec.min_task_agreement, grades)
 
 
 def output_channel_axis(recipe) -> int:
@@ -220,17 +237,27 @@ def anchor_pair(spec, sample: Values, outputs: Sequence[str]) -> tuple[str, str]
     return tasks.anchor_outputs({n: tuple(np.shape(sample[n])) for n in names if n in sample})
 
 
-def anchor_task(spec, refs: list[Values], gots: list[Values], floats: list[Values],
-                outputs: Sequence[str]) -> dict:
+def anchor_values(spec, refs: list[Values], gots: list[Values], floats: list[Values],
+                  outputs: Sequence[str]) -> tuple[list, list, list, list, float]:
+    """What an ``anchor_detector`` task reads: the float and deployed box regressors and
+    score logits of every sample, and the score threshold."""
     from npubuild.verify import tasks
 
     boxes, scores = anchor_pair(spec, {**floats[0], **refs[0]}, outputs)
     source = lambda name: refs if name in refs[0] else floats  # noqa: E731
     threshold = (tasks.ANCHOR_SCORE_THRESHOLD if spec.task_threshold is None
                  else spec.task_threshold)
-    return {**tasks.anchor_detector([s[boxes] for s in source(boxes)], [g[boxes] for g in gots],
-                                    [s[scores] for s in source(scores)], [g[scores] for g in gots],
-                                    threshold), "boxes": boxes, "scores": scores}
+    return ([s[boxes] for s in source(boxes)], [g[boxes] for g in gots],
+            [s[scores] for s in source(scores)], [g[scores] for g in gots], threshold)
+
+
+def anchor_task(spec, refs: list[Values], gots: list[Values], floats: list[Values],
+                outputs: Sequence[str]) -> dict:
+    from npubuild.verify import tasks
+
+    boxes, scores = anchor_pair(spec, {**floats[0], **refs[0]}, outputs)
+    return {**tasks.anchor_detector(*anchor_values(spec, refs, gots, floats, outputs)),
+            "boxes": boxes, "scores": scores}
 
 
 def check_names(loaded, spec, outputs: Sequence[str], sample: Values) -> None:
