@@ -794,7 +794,7 @@ def loads(verdict) -> np.ndarray:
     if grades is not None and minimum is not None:
         # the anchor task graded per anchor (`tasks.anchor_grades`): its agreement moves in
         # steps of one anchor over a dozen, which ranks no block of tensors above another
-        return np.concatenate([np.asarray(out, np.float64), grades["loads"]])
+        return np.concatenate([np.asarray(out, np.float64), grades])
     if task.get("agreement") is not None and minimum is not None:
         out.append((1.0 - task["agreement"]) / max(1.0 - minimum, 0.5 / (task.get("samples") or 4)))
     return np.asarray(out, np.float64)

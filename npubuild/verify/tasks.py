@@ -201,14 +201,12 @@ def soft_load(load: np.ndarray) -> np.ndarray:
 
 def anchor_grades(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
                   score_refs: list[np.ndarray], score_gots: list[np.ndarray],
-                  threshold: float = ANCHOR_SCORE_THRESHOLD) -> dict:
+                  threshold: float = ANCHOR_SCORE_THRESHOLD) -> np.ndarray:
     """Per anchor and sample, graded loads (1 at the bar, as the search's cosine loads):
-    ``loads`` (every anchor's score load, then every float-kept anchor's box load, in a fixed
-    order, so two choices' loads subtract entry by entry) and ``slack``, the lowest 1 - load
-    over the anchors that agree (kept by neither side, or by both with IoU >= 0.5): how far
-    the agreeing anchors are from flipping, 1 where none is near."""
+    every anchor's score load, then every float-kept anchor's box load, in a fixed order, so
+    two choices' loads subtract entry by entry."""
     t = float(np.log(threshold / (1.0 - threshold)))
-    score_loads, box_loads, slacks = [], [], []
+    score_loads, box_loads = [], []
     for box_ref, box_got, score_ref, score_got in zip(box_refs, box_gots, score_refs, score_gots):
         n = np.shape(box_ref)[1]
         z_ref = np.clip(np.reshape(np.asarray(score_ref, np.float64), (n, -1)).max(axis=1), -100, 100)
@@ -220,11 +218,6 @@ def anchor_grades(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
         score = soft_load((z_ref - z_got) / reach)
         iou = box_ious(anchor_boxes(box_ref)[kept], anchor_boxes(box_got)[kept])
         box = soft_load((1.0 - iou) / (1.0 - ANCHOR_MATCH_IOU))
-        same_side = kept == (z_got >= t)
-        agree_kept = same_side[kept] & (iou >= ANCHOR_MATCH_IOU)
-        slacks += (1.0 - score[same_side & ~kept]).tolist()
-        slacks += (1.0 - np.maximum(score[kept], box)[agree_kept]).tolist()
         score_loads.append(score)
         box_loads.append(box)
-    loads = np.concatenate([*score_loads, *box_loads]) if score_loads else np.zeros(0)
-    return {"loads": loads, "slack": float(min(slacks, default=1.0))}
+    return np.concatenate([*score_loads, *box_loads]) if score_loads else np.zeros(0)

@@ -37,8 +37,8 @@ class Verdict:
     checks: list[tuple[str, dict, Thresholds]] = field(default_factory=list)
     failed: list[tuple[str, dict, Thresholds]] = field(default_factory=list)
     task_minimum: float | None = None  # verify.min_task_agreement
-    # the anchor task's graded figure (`tasks.anchor_grades`: per-anchor loads and slack)
-    task_grades: dict | None = None
+    # the anchor task's graded figure (`tasks.anchor_grades`: per-anchor loads)
+    task_grades: np.ndarray | None = None
 
     @property
     def passed(self) -> bool:
@@ -47,21 +47,13 @@ class Verdict:
     def margin(self) -> float:
         """The lowest cosine above its bar over every judged check (all samples together
         and the worst sample), or the task's shortfall where it misses: negative when one
-        misses, the search's figure of merit. An anchor task that passes adds its graded
-        slack (`task_slack`), so choices that pass it still rank by how near they come to
-        losing an anchor."""
+        misses, the search's figure of merit. A task that passes adds nothing: its graded
+        figure (`task_grades`) ranks the search's choices through their loads, while a margin
+        demanded after the integer reference refuted a choice is in the units of the task's
+        shortfall (its agreement), which no graded slack may be compared with."""
         margins = [m for _, metrics, limits in self.checks
                    for m in cosine_margins(metrics, limits)]
-        return min([*margins, *self.task_shortfall(), *self.task_slack()], default=1.0)
-
-    def task_slack(self) -> list[float]:
-        """A passing anchor task's headroom: its agreement above the bar, and how far the
-        anchors that agree are from flipping (`tasks.anchor_grades`' slack, 0 .. 1)."""
-        value = (self.task or {}).get("agreement")
-        if (self.task_grades is None or self.task_minimum is None or value is None
-                or value < self.task_minimum):
-            return []
-        return [value - self.task_minimum, self.task_grades["slack"]]
+        return min([*margins, *self.task_shortfall()], default=1.0)
 
     def task_shortfall(self) -> list[float]:
         """The task's agreement below ``verify.min_task_agreement`` (negative), where it
