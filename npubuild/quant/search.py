@@ -16,7 +16,8 @@ The search, after int8 everywhere fails (read top to bottom):
 2. **Rank** by measured gains (group testing): a block of candidates made wide (the rest
    int8) takes some error off the judged figures; errors from different tensors add (nearly:
    independent noise), so the most useful blocks are halved until single tensors or blocks
-   too light to matter remain. A gain is measured end to end, through the CPU segments after
+   too light to matter remain, or blocks whose halves buy less than half of what they buy
+   together (errors that compound instead of adding). A gain is measured end to end, through the CPU segments after
    the tensor (a Log of a power spectrum, a recurrent cell), not over its own layer. An
    anchor detector's task is graded per anchor (`npubuild.verify.tasks.anchor_grades`), its
    agreement being too coarse to rank blocks.
@@ -69,6 +70,11 @@ DEMOTE_EVALUATIONS = 6
 QUICK_SAMPLES = 2        # the ranking scores blocks on int8's worst samples
 SPLIT_BELOW = 1.0 / 16   # blocks lighter than this share of the headroom are not halved
 MAX_RANK_EVALUATIONS = 16  # halvings after the first blocks
+# A block whose halves buy less than this share of what it buys whole is kept whole: its
+# tensors' errors do not add but compound (a concat requantizing its inputs at their own
+# coarse scale: the BlazePose detector's score concat gains nothing in int16 unless its inputs
+# are too, nor they unless it is), so halving it would rank each half as useless.
+TOGETHER = 0.5
 ALTERNATIVE_METHODS = ("percentile", "mse", "kl")
 # Where the recipe leaves the scheme unset, the other float-scale scheme is scored too: both
 # round half to even, the fake-quant model takes either's parameters (weights are symmetric
@@ -523,8 +529,12 @@ class PrecisionSearch:
                 done.append(block)
                 continue
             half = len(block["tensors"]) // 2
-            for measured in measure([block["tensors"][:half], block["tensors"][half:]]):
-                spent += 1
+            halves = measure([block["tensors"][:half], block["tensors"][half:]])
+            spent += len(halves)
+            if sum(h["weight"] for h in halves) < TOGETHER * block["weight"]:
+                done.append(block)  # its gain needs its tensors together: it stays whole
+                continue
+            for measured in halves:
                 heapq.heappush(heap, (-measured["weight"], counter, measured))
                 counter += 1
         order = {t: i for i, t in enumerate(self.candidates)}

@@ -465,3 +465,27 @@ def test_an_anchor_task_ranks_the_tensors_that_move_an_anchor_and_keeps_only_tho
     assert result.reached
     # before the graded figure: 65 tensors (every block measured "no gain")
     assert len(set(result.chosen) & set(AnchorTask.HEAVY)) >= 2 and len(result.chosen) <= 6
+
+
+class Compounding(Synthetic):
+    """t100 and t112 compound: int16 on either alone buys nothing (a concat that requantizes
+    its input at the input's own coarse scale), on both it passes."""
+
+    def score(self, choice, step="", quick=False):
+        key = (tuple(sorted(choice.items())), self.method, self.methods)
+        if key not in self.cache:
+            self.evaluations += 1
+            both = all(choice.get(t) in ("int16", "float") for t in ("t100", "t112"))
+            load = 0.02 + (0.0 if both else 1.5)
+            self.cache[key] = Scored(key[0], load <= 1.0, 0.01 * (1.0 - load), np.array([load]),
+                                     [], calibration=(self.method, self.methods, self.scheme))
+        return self.cache[key]
+
+
+def test_tensors_whose_gain_needs_them_together_are_ranked_as_one_block():
+    search = Compounding({t: 0.0 for t in TENSORS})
+    result = search.run()
+    assert result.reached and {"t100", "t112"} <= set(result.chosen)
+    assert any({"t100", "t112"} <= set(b["tensors"]) for b in search.ranking[:1])
+    # their block of 25 kept whole, then the drop pass's 10 evaluations (halved apart: 118)
+    assert len(result.chosen) <= 16
