@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
+
 READ_AGREEMENT = 0.9  # the bar a reading judges with where the recipe sets none (README's)
 
 
@@ -32,7 +34,19 @@ def anchor_spec(spec, sample: dict, outputs) -> object | None:
         "task": "anchor_detector",
         "min_task_agreement": READ_AGREEMENT if spec.min_task_agreement is None
         else spec.min_task_agreement})
-    return read if anchor_pair(read, sample, outputs) is not None else None
+    pair = anchor_pair(read, sample, outputs)
+    if pair is None or spec.task is None and not looks_like_anchors(*(
+            np.shape(sample[name]) for name in pair)):
+        return None
+    return read
+
+
+def looks_like_anchors(box_shape: tuple, score_shape: tuple) -> bool:
+    """Whether outputs the recipe does not call an anchor detector's are one, read stricter
+    than the task reads what the recipe names: one score per anchor and a box with (x, y)
+    keypoint pairs (MediaPipe's [1, 896, 16] and [1, 896, 1]), so a music model's note map
+    [1, frames, 88] beside its contour map [1, frames, 264] is not read as anchors."""
+    return score_shape[2] == 1 and box_shape[2] % 2 == 0
 
 
 def measure(spec, sample: dict, outputs, judge: Callable) -> dict | None:

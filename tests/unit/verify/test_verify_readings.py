@@ -58,6 +58,13 @@ def test_the_task_without_its_bar_is_read_with_the_bar_and_other_outputs_are_not
     assert readings.measure(VerifySpec(), refs[0], ["logits"], lambda s: None) is None
 
 
+def test_maps_that_only_share_a_length_are_not_read_as_anchors():
+    # basic-pitch: note and onset maps [1, frames, 88] beside a contour map [1, frames, 264]
+    music = {"note": np.ones((1, 172, 88)), "onset": np.ones((1, 172, 88)),
+             "contour": np.ones((1, 172, 264))}
+    assert readings.measure(VerifySpec(), music, list(music), lambda s: None) is None
+
+
 def test_the_build_error_hint_leads_with_the_measured_reading():
     from npubuild.api import _bisection_hint
 
