@@ -71,7 +71,8 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
     if verdict and not verdict.get("passed", True):
         raise BuildError("; ".join(verdict.get("failures", [])), stage="verify",
                          hint=_bisection_hint(verdict.get("bisection"),
-                                              verdict.get("unseen_values")))
+                                              verdict.get("unseen_values"),
+                                              verdict.get("task_reading")))
     return report
 
 
@@ -90,18 +91,27 @@ def claim_build_dir(session: BuildSession) -> None:
                  "elsewhere (--build-dir DIR)")
 
 
-def _bisection_hint(bisection: dict | None, unseen: list[dict] | None = None) -> str:
+def _bisection_hint(bisection: dict | None, unseen: list[dict] | None = None,
+                    reading: dict | None = None) -> str:
+    """What the failed verdict's report says to do, measured: the task the outputs look like
+    judged on the same samples (`npubuild.verify.readings`), values calibration never saw,
+    then the bisection's finding."""
+    from npubuild.verify import readings
     from npubuild.verify.coverage import note
 
     first = note(unseen or [])
     finding = (bisection or {}).get("finding")
     if not finding:
-        return first or "see report.html for per-stage figures"
-    figure = (f"largest error {1 - finding['cosine']:.1%} of its calibrated range"
-              if finding.get("measure") == "range" else f"cosine {finding['cosine']:.4f}")
-    drop = (f"the drop starts in stage `{finding['stage']}` at tensor {finding['tensor']!r} "
-            f"({figure}), introduced by {finding['introduced_by']}; {finding['suggestion']}")
-    return f"{first}; then {drop}" if first else drop
+        rest = first or "see report.html for per-stage figures"
+    else:
+        figure = (f"largest error {1 - finding['cosine']:.1%} of its calibrated range"
+                  if finding.get("measure") == "range" else f"cosine {finding['cosine']:.4f}")
+        drop = (f"the drop starts in stage `{finding['stage']}` at tensor {finding['tensor']!r} "
+                f"({figure}), introduced by {finding['introduced_by']}; {finding['suggestion']}")
+        rest = f"{first}; then {drop}" if first else drop
+    if not reading:
+        return rest
+    return readings.text(reading) + ("; otherwise " if reading["passed"] else "; ") + rest
 
 
 ALL_STAGES = "all"

@@ -16,8 +16,11 @@ The search, after int8 everywhere fails (read top to bottom):
 2. **Rank** by measured gains (group testing): a block of candidates made wide (the rest
    int8) takes some error off the judged figures; errors from different tensors add (nearly:
    independent noise), so the most useful blocks are halved until single tensors or blocks
-   too light to matter remain. A gain is measured end to end, through the CPU segments after
-   the tensor (a Log of a power spectrum, a recurrent cell), not over its own layer.
+   too light to matter remain, or blocks whose halves buy less than half of what they buy
+   together (errors that compound instead of adding). A gain is measured end to end, through the CPU segments after
+   the tensor (a Log of a power spectrum, a recurrent cell), not over its own layer. An
+   anchor detector's task is graded per anchor (`npubuild.verify.tasks.anchor_grades`), its
+   agreement being too coarse to rank blocks.
 3. **Cover**: the shortest prefix of that ranking whose predicted error leaves the
    thresholds a margin, then longer prefixes (doubling) until the choice passes, then the
    shortest passing prefix (bisection).
@@ -67,6 +70,11 @@ DEMOTE_EVALUATIONS = 6
 QUICK_SAMPLES = 2        # the ranking scores blocks on int8's worst samples
 SPLIT_BELOW = 1.0 / 16   # blocks lighter than this share of the headroom are not halved
 MAX_RANK_EVALUATIONS = 16  # halvings after the first blocks
+# A block whose halves buy less than this share of what it buys whole is kept whole: its
+# tensors' errors do not add but compound (a concat requantizing its inputs at their own
+# coarse scale: the BlazePose detector's score concat gains nothing in int16 unless its inputs
+# are too, nor they unless it is), so halving it would rank each half as useless.
+TOGETHER = 0.5
 ALTERNATIVE_METHODS = ("percentile", "mse", "kl")
 # Where the recipe leaves the scheme unset, the other float-scale scheme is scored too: both
 # round half to even, the fake-quant model takes either's parameters (weights are symmetric
@@ -521,8 +529,12 @@ class PrecisionSearch:
                 done.append(block)
                 continue
             half = len(block["tensors"]) // 2
-            for measured in measure([block["tensors"][:half], block["tensors"][half:]]):
-                spent += 1
+            halves = measure([block["tensors"][:half], block["tensors"][half:]])
+            spent += len(halves)
+            if sum(h["weight"] for h in halves) < TOGETHER * block["weight"]:
+                done.append(block)  # its gain needs its tensors together: it stays whole
+                continue
+            for measured in halves:
                 heapq.heappush(heap, (-measured["weight"], counter, measured))
                 counter += 1
         order = {t: i for i, t in enumerate(self.candidates)}
@@ -774,7 +786,8 @@ def loads(verdict) -> np.ndarray:
     """What the ranking adds up, one entry per thing verify judges: per judged cosine (every
     check, all samples and worst sample) its error over the error its bar allows,
     ``(1 - cosine) / (1 - bar)`` (1 is at the bar; errors of independent roundings add); per
-    check, its dead channels; the task's shortfall against ``min_task_agreement``."""
+    check, its dead channels; the task's shortfall against ``min_task_agreement`` (an anchor
+    task: every anchor's score and box load instead)."""
     out = []
     for _, metrics, limits in verdict.checks:
         bars = [limits.min_cosine, limits.sample_cosine]
@@ -789,6 +802,11 @@ def loads(verdict) -> np.ndarray:
             out.append(2.0 * metrics.get("dead_channel_count", 0)
                        + (0.0 if ratio is None else max(0.0, 1.0 - ratio)))
     task, minimum = verdict.task or {}, verdict.task_minimum
+    grades = getattr(verdict, "task_grades", None)
+    if grades is not None and minimum is not None:
+        # the anchor task graded per anchor (`tasks.anchor_grades`): its agreement moves in
+        # steps of one anchor over a dozen, which ranks no block of tensors above another
+        return np.concatenate([np.asarray(out, np.float64), grades])
     if task.get("agreement") is not None and minimum is not None:
         out.append((1.0 - task["agreement"]) / max(1.0 - minimum, 0.5 / (task.get("samples") or 4)))
     return np.asarray(out, np.float64)

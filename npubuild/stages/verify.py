@@ -29,7 +29,7 @@ from npubuild.atomic import write_json
 from npubuild.errors import working_on
 from npubuild.stages import StageContext
 from npubuild.stages.files import calibration_files, verify_files
-from npubuild.verify import verdict
+from npubuild.verify import readings, verdict
 from npubuild.verify.bisect import RecipeFixes
 from npubuild.verify.coverage import unseen_values
 from npubuild.verify.samples import Observed, SampleRun, npu_handovers
@@ -116,8 +116,11 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
     def detect(refs, gots, floats):
         return detections(ctx, info, sources, samples, refs, gots, floats, pipeline.outputs)
 
-    found = verdict.judge(spec, refs, gots, floats, pipeline.outputs, handed_over, missing,
-                          detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe))
+    def judged(spec):
+        return verdict.judge(spec, refs, gots, floats, pipeline.outputs, handed_over, missing,
+                             detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe))
+
+    found = judged(spec)
     result = {"samples": len(refs), "data": [s.label(ctx.loaded.spelled) for s in sources],
               "outputs": found.outputs, "npu_outputs": found.npu_outputs,
               "npu_graphs": len(pipeline.npu_graphs), "slices": found.slices}
@@ -127,6 +130,10 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
         result["detections"] = found.detections
     if found.task is not None:
         result["task"] = found.task
+    reading = None if found.passed else readings.measure(spec, {**floats[0], **refs[0]},
+                                                         pipeline.outputs, judged)
+    if reading is not None:
+        result["task_reading"] = reading
     plan = found.bisect()
     plan["limits"] = plan["limits"] or {name: spec.min_cosine for name in found.outputs}
     return {"passed": found.passed, "failures": found.failures, **result, "bisect": plan}

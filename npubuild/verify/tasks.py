@@ -180,3 +180,44 @@ def anchor_detector(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
                 kept_got)).cosine if kept_float else None,
             "agreement": agreeing / union if union else 1.0,
             "agreement_is": f"anchors above {threshold:g} with the same box (IoU >= 0.5)"}
+
+
+# The graded figure of the anchor task (the precision search's): an anchor's score load is how
+# far the deployed logit moved towards the threshold over how far the float logit is from it
+# (1 at the threshold, above 1 flipped), its box load the IoU's shortfall over what 0.5 allows.
+# A float logit closer to the threshold than ANCHOR_TIE_LOGITS counts as that far (a tie is not
+# an infinite load), and a load above 1 counts as 1 + log(load): a flipped anchor is one anchor,
+# so one score sitting near the threshold (the palm detector's 0.287 read as 0.5) cannot
+# outweigh every other anchor in the ranking, while an anchor flipped by the errors of several
+# tensors still shows the gain of each (a hard cap would hide it).
+ANCHOR_TIE_LOGITS = 0.1
+
+
+def soft_load(load: np.ndarray) -> np.ndarray:
+    """Loads above 1 (past the bar) compressed to 1 + log(load), still increasing."""
+    load = np.maximum(np.asarray(load, np.float64), 0.0)
+    return np.where(load > 1.0, 1.0 + np.log(np.maximum(load, 1.0)), load)
+
+
+def anchor_grades(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
+                  score_refs: list[np.ndarray], score_gots: list[np.ndarray],
+                  threshold: float = ANCHOR_SCORE_THRESHOLD) -> np.ndarray:
+    """Per anchor and sample, graded loads (1 at the bar, as the search's cosine loads):
+    every anchor's score load, then every float-kept anchor's box load, in a fixed order, so
+    two choices' loads subtract entry by entry."""
+    t = float(np.log(threshold / (1.0 - threshold)))
+    score_loads, box_loads = [], []
+    for box_ref, box_got, score_ref, score_got in zip(box_refs, box_gots, score_refs, score_gots):
+        n = np.shape(box_ref)[1]
+        z_ref = np.clip(np.reshape(np.asarray(score_ref, np.float64), (n, -1)).max(axis=1), -100, 100)
+        z_got = np.clip(np.reshape(np.asarray(score_got, np.float64), (n, -1)).max(axis=1), -100, 100)
+        d_ref = z_ref - t
+        kept = d_ref >= 0
+        reach = np.where(kept, np.maximum(d_ref, ANCHOR_TIE_LOGITS),
+                         np.minimum(d_ref, -ANCHOR_TIE_LOGITS))
+        score = soft_load((z_ref - z_got) / reach)
+        iou = box_ious(anchor_boxes(box_ref)[kept], anchor_boxes(box_got)[kept])
+        box = soft_load((1.0 - iou) / (1.0 - ANCHOR_MATCH_IOU))
+        score_loads.append(score)
+        box_loads.append(box)
+    return np.concatenate([*score_loads, *box_loads]) if score_loads else np.zeros(0)

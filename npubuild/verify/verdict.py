@@ -37,6 +37,8 @@ class Verdict:
     checks: list[tuple[str, dict, Thresholds]] = field(default_factory=list)
     failed: list[tuple[str, dict, Thresholds]] = field(default_factory=list)
     task_minimum: float | None = None  # verify.min_task_agreement
+    # the anchor task's graded figure (`tasks.anchor_grades`: per-anchor loads)
+    task_grades: np.ndarray | None = None
 
     @property
     def passed(self) -> bool:
@@ -45,7 +47,10 @@ class Verdict:
     def margin(self) -> float:
         """The lowest cosine above its bar over every judged check (all samples together
         and the worst sample), or the task's shortfall where it misses: negative when one
-        misses, the search's figure of merit."""
+        misses, the search's figure of merit. A task that passes adds nothing: its graded
+        figure (`task_grades`) ranks the search's choices through their loads, while a margin
+        demanded after the integer reference refuted a choice is in the units of the task's
+        shortfall (its agreement), which no graded slack may be compared with."""
         margins = [m for _, metrics, limits in self.checks
                    for m in cosine_margins(metrics, limits)]
         return min([*margins, *self.task_shortfall()], default=1.0)
@@ -142,13 +147,17 @@ def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
             failures += lines
     detections = detect(refs, gots, floats) if detect and (
         spec.detections or spec.task == "detector") else None
-    task = None
+    task = grades = None
     if spec.task:
         task = task_check(spec, detections, refs, gots, floats, outputs)
         failures += task_verdict(task, spec.min_task_agreement)
+    if spec.task == "anchor_detector":
+        from npubuild.verify import tasks
+
+        grades = tasks.anchor_grades(*anchor_values(spec, refs, gots, floats, outputs))
     return Verdict(metrics, boundaries, slices, task, detections, failures,
                    [(name, m, limits) for name, _, m, limits, _ in checks], failed,
-                   spec.min_task_agreement)
+                   spec.min_task_agreement, grades)
 
 
 def output_channel_axis(recipe) -> int:
@@ -221,17 +230,27 @@ def anchor_pair(spec, sample: Values, outputs: Sequence[str]) -> tuple[str, str]
     return tasks.anchor_outputs({n: tuple(np.shape(sample[n])) for n in names if n in sample})
 
 
-def anchor_task(spec, refs: list[Values], gots: list[Values], floats: list[Values],
-                outputs: Sequence[str]) -> dict:
+def anchor_values(spec, refs: list[Values], gots: list[Values], floats: list[Values],
+                  outputs: Sequence[str]) -> tuple[list, list, list, list, float]:
+    """What an ``anchor_detector`` task reads: the float and deployed box regressors and
+    score logits of every sample, and the score threshold."""
     from npubuild.verify import tasks
 
     boxes, scores = anchor_pair(spec, {**floats[0], **refs[0]}, outputs)
     source = lambda name: refs if name in refs[0] else floats  # noqa: E731
     threshold = (tasks.ANCHOR_SCORE_THRESHOLD if spec.task_threshold is None
                  else spec.task_threshold)
-    return {**tasks.anchor_detector([s[boxes] for s in source(boxes)], [g[boxes] for g in gots],
-                                    [s[scores] for s in source(scores)], [g[scores] for g in gots],
-                                    threshold), "boxes": boxes, "scores": scores}
+    return ([s[boxes] for s in source(boxes)], [g[boxes] for g in gots],
+            [s[scores] for s in source(scores)], [g[scores] for g in gots], threshold)
+
+
+def anchor_task(spec, refs: list[Values], gots: list[Values], floats: list[Values],
+                outputs: Sequence[str]) -> dict:
+    from npubuild.verify import tasks
+
+    boxes, scores = anchor_pair(spec, {**floats[0], **refs[0]}, outputs)
+    return {**tasks.anchor_detector(*anchor_values(spec, refs, gots, floats, outputs)),
+            "boxes": boxes, "scores": scores}
 
 
 def check_names(loaded, spec, outputs: Sequence[str], sample: Values) -> None:

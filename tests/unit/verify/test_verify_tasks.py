@@ -119,6 +119,23 @@ def test_verify_judges_an_anchor_detector_task_on_the_outputs_it_finds_by_shape(
     assert noisy_judged.failures[0].startswith("output 'boxes': cosine")
     # the precision search ranks choices by margin: a task that misses is how far it falls short
     assert (passed.margin(), failed.margin()) == (1.0, 0.0 - 0.9)
+    assert passed.task_grades is not None and failed.task_grades[-1] > 1  # the box moved
+
+
+def test_the_anchor_task_is_graded_per_anchor_by_how_near_each_comes_to_flipping():
+    # float: kept at logit 2 and 0.05 (a tie: as far as 0.1), dropped at -1 and -300
+    box, score = _anchors([2.0, 0.05, -1.0, -300.0], [[0, 0, 10, 10]] * 4)
+    moved, _ = _anchors([0.0] * 4, [[0, 0, 10, 10], [5, 0, 10, 10], [0, 0, 10, 10], [0, 0, 1, 1]])
+    near = np.asarray([1.0, 0.04, -0.5, -290.0]).reshape(1, 4, 1)
+    grades = tasks.anchor_grades([box], [box], [score], [near])
+    # score loads: half-way, a tenth of the tie band, half-way, 10 of 300 logits; box loads 0
+    assert np.allclose(grades, [0.5, 0.1, 0.5, 0, 0, 0], atol=0.04)
+    flipped = tasks.anchor_grades([box], [moved], [score],
+                                  [np.asarray([-2.0, 0.05, 1.0, -300.0]).reshape(1, 4, 1)])
+    # anchor 0 dropped (4 of 2 logits: 1 + log 2), anchor 2 added (2 of 1), anchor 1's box at
+    # IoU 1/3 (a load of 4/3 past the bar: 1 + log 4/3)
+    assert np.allclose(flipped[[0, 2]], 1 + np.log(2.0))
+    assert np.isclose(flipped[5], 1 + np.log(4 / 3))
 
 
 def test_an_anchor_detector_task_on_outputs_of_another_shape_is_a_recipe_error():
