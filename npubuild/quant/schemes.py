@@ -277,8 +277,9 @@ def rounding_shift(prod: np.ndarray, shift, rounding: str = "half_up") -> np.nda
     shift = np.asarray(shift, dtype=np.int64)
     right = np.maximum(shift, 0)
     left = np.maximum(-shift, 0)
-    if np.any(left):
-        prod = np.clip(prod, -(1 << 31), 1 << 31) << np.minimum(left, 31)
+    if np.any(left):  # clipped only where it shifts left: a right shift reads the whole product
+        prod = np.where(left > 0, np.clip(prod, -(1 << 31), 1 << 31) << np.minimum(left, 31),
+                        prod)
     half = (np.int64(1) << right) >> 1
     out = np.asarray(prod + half)  # a new array (0-d for scalars), shifted in place
     out >>= right

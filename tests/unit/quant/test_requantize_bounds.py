@@ -46,3 +46,19 @@ def test_no_requantization_leaves_int64(magnitude, spread, scheme, wide):
     for value in np.iinfo(np.dtype(t.dtype)).min, np.iinfo(np.dtype(t.dtype)).max:
         env = run_reference(qg, {"x": np.full(SHAPE, value, np.dtype(t.dtype))})
         assert env["y"].shape == (1, 4, 12, 12)
+
+
+def test_a_left_shifting_channel_leaves_the_other_channels_products_whole():
+    """Per-channel shifts where one channel's real multiplier is above 1 (a negative shift)
+    and the others' far below (shift 38): the left shift's clip to ±2^31 applied to every
+    channel's product, so ``3,794 · 1,682,477,346 / 2^38 = 23`` read as ``2^31 / 2^38 = 0``
+    (the BlazePose detector's conv2d_22: 255 LSB from ONNX Runtime, a failed quantize)."""
+    from npubuild.quant.schemes import requantize
+
+    acc = np.array([[3794, 5432], [3794, 5432]], np.int64)
+    multiplier = np.array([[1682477346], [1500000000]], np.int64)
+    shift = np.array([[38], [-3]], np.int64)
+    got = requantize(acc, multiplier, shift, -128, -128, 127, "int8", "half_even")
+    expected = np.clip(np.rint(acc * (multiplier * 2.0 ** -shift)) - 128, -128, 127)
+    np.testing.assert_array_equal(got, expected.astype(np.int8))
+    assert got[0].tolist() == [-105, -95]
