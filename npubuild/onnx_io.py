@@ -277,9 +277,11 @@ def _external_weights(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str
     return light, values
 
 
-def session(model: onnx.ModelProto | str | Path, optimized: bool = False):
+def session(model: onnx.ModelProto | str | Path, optimized: bool = False,
+            spinning: bool = False):
     """An ONNX Runtime CPU session (graph optimisations off: we check *our* rewrites; on with
-    ``optimized``, as a deployment opens one)."""
+    ``optimized``, as a deployment opens one). ``spinning``: its pool's threads spin while
+    they wait, as ONNX Runtime's default has them (for a session timed alone)."""
     import onnxruntime as ort
 
     if not isinstance(model, (str, Path)) and (missing := missing_functions(model)):
@@ -299,7 +301,7 @@ def session(model: onnx.ModelProto | str | Path, optimized: bool = False):
     # per CPU layer of the integer reference, per segment, per probe), whose spinning threads
     # fight for the cores. benchmarks/sessions.py, 2 quiet cores: YOLOv8n-320's 241 nodes in
     # one-node sessions 1,648 -> 28 ms a pass; the whole model alone 17 -> 21 ms.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     weights: dict[str, np.ndarray] = {}
     if isinstance(model, (str, Path)):
         source = str(model)
