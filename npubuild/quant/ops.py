@@ -139,7 +139,7 @@ LUT_FUNCTIONS: dict[str, Callable] = {
     "Abs": lambda n, c: np.abs,
     "Sqrt": lambda n, c: (lambda x: np.sqrt(np.maximum(x, 0.0))),
     "Clip": _clip_fn,
-    "Pow": lambda n, c: _power(n, c),
+    "Pow": _power,
 }
 
 def silu(x):
@@ -444,9 +444,11 @@ def layer_norm(node, ctx) -> FLayer:
     if any(node.output[1:]):
         raise Unsupported("LayerNormalization's Mean or InvStdDev output is read")
     shape = ctx.shape(node.input[0])
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        raise Unsupported("LayerNormalization of a tensor without a static shape")
     axis = attr(node, "axis", -1)
     axis = axis + len(shape) if axis < 0 else axis
-    normalized = [int(d) for d in shape[axis:]]
+    normalized = list(shape[axis:])
     gain = _const_input(node, ctx, 1)
     offset = _const_input(node, ctx, 2)
     try:
