@@ -336,6 +336,15 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in inits]
 
 
+def opset_of(model: onnx.ModelProto, domain: str = "") -> int:
+    """The version ``model`` imports of ``domain`` (the default domain, also spelled
+    ``ai.onnx``, unless named); 1 when it imports none."""
+    for entry in model.opset_import:
+        if entry.domain in (domain, "ai.onnx" if domain == "" else domain):
+            return entry.version
+    return 1
+
+
 def value_shape(value: onnx.ValueInfoProto) -> list[int | str | None]:
     """Dims of a value: ints when known, the dim_param string when symbolic, else None."""
     dims = value.type.tensor_type.shape.dim

@@ -399,13 +399,10 @@ def gather_one_index_as_slice(model: onnx.ModelProto) -> onnx.ModelProto:
         index = onnx.numpy_helper.to_array(inits[node.input[1]])
         return int(index.reshape(-1)[0]) if index.size == 1 and index.ndim <= 1 else None
 
-    if not any(index_of(n) is not None for n in model.graph.node):
+    if onnx_io.opset_of(model) < 13 or not any(index_of(n) is not None for n in model.graph.node):
         return model
     model = onnx_io.clone(model)
     graph = model.graph
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    if opset < 13:
-        return model
     shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None
                        for d in v.type.tensor_type.shape.dim]
               for v in [*graph.input, *graph.value_info, *graph.output]
@@ -454,7 +451,7 @@ def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
     model = onnx_io.clone(model)
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    opset = onnx_io.opset_of(model)
     axes_name = "npubuild/conv1d_axis_2"
     nodes: list[onnx.NodeProto] = []
     converted: set[str] = set()
@@ -514,7 +511,7 @@ def constant_left_matmuls_as_right(model: onnx.ModelProto) -> onnx.ModelProto:
                                   shapes.get(node.input[1]), shapes.get(node.output[0]))
             if plan is not None:
                 plans[index] = plan
-    if not plans or next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1) < 13:
+    if not plans or onnx_io.opset_of(model) < 13:
         return model
     model = onnx_io.clone(model)
     graph = model.graph

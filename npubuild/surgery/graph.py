@@ -14,7 +14,7 @@ from typing import Iterable
 import lazy_loader as lazy
 
 from npubuild import onnx_io
-from npubuild.onnx_io import clone
+from npubuild.onnx_io import clone, opset_of
 from npubuild.errors import did_you_mean
 from npubuild.surgery import SurgeryError
 
@@ -335,13 +335,6 @@ class Editor:
         except Exception:  # the stage's strict check reports it with context
             pass
         return self.model
-
-
-def opset_of(model: onnx.ModelProto, domain: str = "") -> int:
-    for entry in model.opset_import:
-        if entry.domain in (domain, "ai.onnx" if domain == "" else domain):
-            return entry.version
-    return 1
 
 
 def infer_types(model: onnx.ModelProto) -> dict[str, tuple[int, list | None]]:
