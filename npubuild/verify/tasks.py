@@ -145,6 +145,13 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(np.asarray(x, np.float64), -100.0, 100.0)))
 
 
+def best_logits(scores: np.ndarray, anchors: int) -> np.ndarray:
+    """Each anchor's best class logit (its only one where there is one class), in float64,
+    clipped to ±100 as `sigmoid` reads it."""
+    return np.clip(np.reshape(np.asarray(scores, np.float64), (anchors, -1)).max(axis=1),
+                   -100.0, 100.0)
+
+
 def anchor_detector(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
                     score_refs: list[np.ndarray], score_gots: list[np.ndarray],
                     threshold: float = ANCHOR_SCORE_THRESHOLD) -> dict:
@@ -157,8 +164,8 @@ def anchor_detector(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
     kept_float = kept_deployed = kept_both = agreeing = 0
     ious, kept_ref, kept_got = [], [], []
     for box_ref, box_got, score_ref, score_got in zip(box_refs, box_gots, score_refs, score_gots):
-        p_ref = sigmoid(np.reshape(score_ref, (np.shape(box_ref)[1], -1)).max(axis=1))
-        p_got = sigmoid(np.reshape(score_got, (np.shape(box_got)[1], -1)).max(axis=1))
+        p_ref = sigmoid(best_logits(score_ref, np.shape(box_ref)[1]))
+        p_got = sigmoid(best_logits(score_got, np.shape(box_got)[1]))
         a, b = p_ref >= threshold, p_got >= threshold
         both = np.nonzero(a & b)[0]
         iou = box_ious(anchor_boxes(box_ref)[both], anchor_boxes(box_got)[both])
@@ -209,8 +216,7 @@ def anchor_grades(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
     score_loads, box_loads = [], []
     for box_ref, box_got, score_ref, score_got in zip(box_refs, box_gots, score_refs, score_gots):
         n = np.shape(box_ref)[1]
-        z_ref = np.clip(np.reshape(np.asarray(score_ref, np.float64), (n, -1)).max(axis=1), -100, 100)
-        z_got = np.clip(np.reshape(np.asarray(score_got, np.float64), (n, -1)).max(axis=1), -100, 100)
+        z_ref, z_got = best_logits(score_ref, n), best_logits(score_got, n)
         d_ref = z_ref - t
         kept = d_ref >= 0
         reach = np.where(kept, np.maximum(d_ref, ANCHOR_TIE_LOGITS),
