@@ -14,6 +14,9 @@
   on every inference.
 - `constant_left_matmuls_as_right`: a MatMul by a constant left operand (tf2onnx's DFT) as the
   product by a constant right one, which the chips run as a fully connected layer.
+- `layer_norms_as_op`: a layer normalisation written out in primitives (PyTorch's and Paddle's
+  export: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) as one ONNX
+  LayerNormalization, the op chips run whole (the model goes to opset 17 where it is older).
 - `check_source`: the source as ONNX's checker sees it (structure, types, strict shape
   inference): a model it refuses is bad input, reported at the recipe line that names it.
 - `check_tensor_sizes`: once shapes are inferred, every tensor (inputs and intermediates) must
@@ -601,3 +604,90 @@ def _right_product(basis: np.ndarray, frames: list | None, out: list | None
                              [*range(rank - 2), rank - 1, rank - 2],
                              out if len(out) != rank else None)
     return None
+
+
+LAYER_NORMALIZATION_OPSET = 17  # LayerNormalization arrived in the default domain at opset 17
+
+
+def layer_norms_as_op(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    """Each layer normalisation written out in primitives (``fusions.layer_norm``'s patterns:
+    mean, centre, square, mean, epsilon, square root, divide, then a constant scale and bias)
+    as one ONNX ``LayerNormalization``, so a chip that has the op runs it whole (its
+    primitives include two ReduceMeans, which no integer kernel computes). Its Scale and B are
+    the constants broadcast to the normalised axes. A model older than opset 17 is converted to
+    17 first (only when it has one). The same arithmetic in float: the import proof holds it to
+    the folding tolerance. Returns the model (unchanged when there is none) and why a found
+    layer normalisation stayed written out, or None."""
+    from npubuild.fusions.graph import GraphView
+    from npubuild.fusions.layer_norm import LAYER_NORM
+    from npubuild.fusions.pattern import find_matches
+
+    if not find_matches(GraphView(model), LAYER_NORM, _layer_norm_operands)[0]:
+        return model, None
+    if onnx_io.opset_of(model) < LAYER_NORMALIZATION_OPSET:
+        try:
+            model = _infer(onnx_io.convert_version(model, LAYER_NORMALIZATION_OPSET))
+        except Exception as exc:  # the converter refuses some old models: keep them as they are
+            return model, (f"converting the model to opset {LAYER_NORMALIZATION_OPSET} for "
+                           f"LayerNormalization failed: {one_line(exc, 200)}")
+    from npubuild.fusions.rules import apply_rule
+
+    rewritten, report = apply_rule(model, "layer_norm_as_op", LAYER_NORM, _layer_normalization,
+                                   _layer_norm_operands)
+    return (_infer(rewritten) if report.fired else model), None
+
+
+@dataclass(frozen=True)
+class _LayerNormOperands:
+    """One match's LayerNormalization: its attributes and its Scale and B values."""
+
+    axis: int
+    epsilon: float
+    scale: np.ndarray
+    bias: np.ndarray | None
+
+
+def _layer_norm_operands(view, match) -> _LayerNormOperands | str:
+    """The match as LayerNormalization's operands, or why it cannot be one: a float32 input of
+    static shape, and a scale and bias that are constants varying only along the normalised
+    axes (a Mul that broadcasts over the others is not LayerNormalization's Scale)."""
+    from npubuild.fusions.layer_norm import describe
+
+    fused = describe(view, match)
+    if isinstance(fused, str):
+        return fused
+    shape = view.shape(match.inputs["x"])
+    if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+        return "the input's shape is not static"
+    axis = fused.attrs["axis"] + len(shape)
+    normalised = shape[axis:]
+    values = {}
+    for role in ("scale", "bias"):
+        if role not in match.inputs:
+            continue
+        value = view.constant(match.inputs[role])
+        if value is None or value.dtype != np.float32:
+            return f"the {role} is not a float32 constant"
+        lead = value.shape[:max(0, value.ndim - len(normalised))]
+        if value.ndim > len(shape) or any(d != 1 for d in lead):
+            return f"the {role} {list(value.shape)} varies along axes before the normalised ones"
+        try:
+            values[role] = np.ascontiguousarray(
+                np.broadcast_to(value.reshape(value.shape[len(lead):]), normalised))
+        except ValueError:
+            return f"the {role} {list(value.shape)} does not broadcast to {normalised}"
+    scale = values.get("scale", np.ones(normalised, np.float32))
+    return _LayerNormOperands(fused.attrs["axis"], fused.attrs["epsilon"], scale,
+                              values.get("bias"))
+
+
+def _layer_normalization(edit, match) -> list[onnx.NodeProto]:
+    operands: _LayerNormOperands = match.info
+    root = edit.node(match.root)
+    base = root.name or root.output[0]
+    inputs = [match.inputs["x"], edit.initializer(operands.scale, f"{base}/ln_scale")]
+    if operands.bias is not None:
+        inputs.append(edit.initializer(operands.bias, f"{base}/ln_bias"))
+    return [onnx.helper.make_node("LayerNormalization", inputs, [root.output[0]],
+                                  name=f"{base}/layer_norm", axis=operands.axis,
+                                  epsilon=operands.epsilon)]

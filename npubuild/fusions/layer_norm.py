@@ -53,7 +53,9 @@ def _axes(view: GraphView, match: Match, op_id: str, const: str) -> list[int] | 
     return None if axes is None else list(axes)
 
 
-def _describe(view: GraphView, match: Match) -> Fused | str:
+def describe(view: GraphView, match: Match) -> Fused | str:
+    """The fused node's overload and attributes (``axis``, ``epsilon``), or why the match is
+    not a layer normalisation."""
     axes, var_axes = _axes(view, match, "mean", "axes"), _axes(view, match, "var", "var_axes")
     if not axes or axes != var_axes:
         return f"the two ReduceMeans reduce axes {axes} and {var_axes}, not the same axes"
@@ -71,4 +73,4 @@ def _describe(view: GraphView, match: Match) -> Fused | str:
 @fusion_rule("layer_norm")
 def layer_norm(model):
     """ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul/Add] -> npubuild.fused.LayerNorm."""
-    return fuse_as_function(model, "layer_norm", LAYER_NORM, _describe)
+    return fuse_as_function(model, "layer_norm", LAYER_NORM, describe)

@@ -5,12 +5,13 @@ sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when 
 Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
 arithmetic the fixed shapes make constant is folded; then every constant subgraph, up to
 `onnx_frontend.FOLD_MAX_BYTES` per tensor, so the CPU does not compute it on every inference;
+a layer normalisation written out in primitives becomes one LayerNormalization (opset 17);
 a MatMul by a constant left operand becomes the product by a constant right one; each 1-D
 Conv becomes the 2-D Conv of a height-1 image; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
-constants, widened a 1-D Conv or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
+constants, wrote a LayerNormalization, widened a 1-D Conv or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
 ``model.tolerance`` (1e-4) of the scale of the values involved or 4 times the float rounding the
 model shows in ONNX Runtime itself (`proofs.rounding_floor`), whichever is larger; a quantized
 TFLite model op by op, each integer tensor within one
@@ -86,7 +87,7 @@ def _import(ctx: StageContext) -> dict:
     if dequantize.is_quantized(model):
         model, proof["dequantized"] = to_float(model, feeds, outputs)
     # the rewrites for the chip, in order, each proven on the proof inputs (its figures, by key)
-    for key, rewrite in (("constants_folded", fold_constants),
+    for key, rewrite in (("constants_folded", fold_constants), ("layer_norms", layer_norms),
                          ("constant_left_matmuls", constant_left_matmuls),
                          ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", slice_one_index_gathers)):
         model, figures = rewrite(model, feeds)
@@ -455,6 +456,23 @@ def prove_rewrite(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict, 
                          hint="report this with the model")
     return {"bit_identical": all(np.array_equal(expected[n], got[n], equal_nan=True) for n in names),
             "max_rel": max((s.max_rel for s in sims.values()), default=0.0)}
+
+
+def layer_norms(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each layer normalisation written out in primitives as one LayerNormalization
+    (`onnx_frontend.layer_norms_as_op`), proven within the folding tolerance; the proof's
+    figures (how many, the opset the model went to), why they stayed written out, or {}."""
+    normalised, kept = onnx_frontend.layer_norms_as_op(model)
+    if kept:
+        return model, {"kept": kept}
+    if normalised is model:
+        return model, {}
+    figures = prove_rewrite(model, normalised, feeds, "a layer normalisation written out in "
+                                                      "primitives as LayerNormalization")
+    return normalised, {"layer_norms": sum(n.op_type == "LayerNormalization"
+                                           for n in normalised.graph.node)
+                        - sum(n.op_type == "LayerNormalization" for n in model.graph.node),
+                        "opset": onnx_io.opset_of(normalised), **figures}
 
 
 def constant_left_matmuls(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

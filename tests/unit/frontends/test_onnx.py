@@ -390,3 +390,71 @@ def test_a_constant_left_operand_whose_batch_interleaves_the_frames_stays():
     into the rows would reorder the output, so the MatMul stays as written."""
     source = _left_constant_model([2, 1, 12, 16], [1, 6, 16, 1])
     assert onnx_frontend.constant_left_matmuls_as_right(source) is source
+
+
+def _written_out_layer_norm(opset: int, square: str = "Pow", scale_shape=(8,),
+                            bias: bool = True) -> onnx.ModelProto:
+    """A layer normalisation over the last axis of [1, 6, 8] as Paddle and PyTorch export it:
+    ReduceMean, Sub, Pow (or Mul) by itself, ReduceMean, Add epsilon, Sqrt, Div, Mul, Add;
+    then a Relu. ReduceMean's axes an attribute (opset < 18)."""
+    h = onnx.helper
+    rng = np.random.default_rng(7)
+    square_node = (h.make_node("Pow", ["d", "two"], ["d2"]) if square == "Pow"
+                   else h.make_node("Mul", ["d", "d"], ["d2"]))
+    nodes = [h.make_node("ReduceMean", ["x"], ["mean"], axes=[-1], keepdims=1),
+             h.make_node("Sub", ["x", "mean"], ["d"]), square_node,
+             h.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], keepdims=1),
+             h.make_node("Add", ["var", "eps"], ["var_eps"]), h.make_node("Sqrt", ["var_eps"], ["std"]),
+             h.make_node("Div", ["d", "std"], ["norm"]), h.make_node("Mul", ["norm", "gamma"], ["scaled"])]
+    out = "scaled"
+    if bias:
+        nodes.append(h.make_node("Add", ["scaled", "beta"], ["shifted"]))
+        out = "shifted"
+    nodes.append(h.make_node("Relu", [out], ["y"]))
+    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
+             numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
+             numpy_helper.from_array(rng.normal(size=scale_shape).astype(np.float32), "gamma"),
+             numpy_helper.from_array(rng.normal(size=(8,)).astype(np.float32), "beta")]
+    graph = h.make_graph(nodes, "ln", [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=7))
+
+
+@pytest.mark.parametrize("opset, square, scale_shape, bias", [
+    (12, "Pow", (8,), True),      # Paddle's export at opset 12: the model goes to 17
+    (14, "Mul", (1, 1, 8), True),  # d * d, a scale written [1, 1, C]
+    (17, "Pow", (8,), False),     # no bias: LayerNormalization without B
+])
+def test_a_layer_norm_written_out_becomes_one_layer_normalization_the_npu_runs(opset, square,
+                                                                                scale_shape, bias):
+    """PP-OCR's SVTR blocks (Paddle) write each layer norm out in nine primitives, two of them
+    ReduceMeans no integer kernel computes, so all nine ran on the CPU between NPU segments
+    (PP-OCRv4 rec: 20 CPU segments). As one LayerNormalization the chip runs it whole."""
+    from npubuild.split import check_placement
+    from npubuild.targets import load_chip
+
+    source = _written_out_layer_norm(opset, square, scale_shape, bias)
+    model, kept = onnx_frontend.layer_norms_as_op(source)
+    assert kept is None
+    assert [n.op_type for n in model.graph.node] == ["LayerNormalization", "Relu"]
+    assert onnx_io.opset_of(model) == max(opset, 17)
+    onnx.checker.check_model(model, full_check=True)
+    feeds = {"x": np.random.default_rng(3).normal(size=(1, 6, 8)).astype(np.float32) * 5 + 2}
+    np.testing.assert_allclose(onnx_io.run(model, feeds)["y"], onnx_io.run(source, feeds)["y"],
+                               rtol=1e-5, atol=1e-5)
+    placed = check_placement(model, load_chip("npu-16m"))
+    assert {p.device for p in placed} == {"npu"}, [p.reasons for p in placed]
+
+
+def test_a_scale_varying_along_other_axes_stays_a_mul_after_the_layer_normalization():
+    """A Mul by a [6, 1] constant scales each row differently: not LayerNormalization's Scale,
+    which varies along the normalised axes only. The normalisation alone becomes the op, the
+    Mul and Add stay after it."""
+    source = _written_out_layer_norm(17, scale_shape=(6, 1))
+    model, kept = onnx_frontend.layer_norms_as_op(source)
+    assert kept is None
+    assert [n.op_type for n in model.graph.node] == ["LayerNormalization", "Mul", "Add", "Relu"]
+    feeds = {"x": np.random.default_rng(4).normal(size=(1, 6, 8)).astype(np.float32)}
+    np.testing.assert_allclose(onnx_io.run(model, feeds)["y"], onnx_io.run(source, feeds)["y"],
+                               rtol=1e-5, atol=1e-5)

@@ -372,3 +372,15 @@ def test_a_constant_subgraph_no_runtime_evaluates_stays_computed_with_a_warning(
     model, proof = importer.fold_constants(source, {"frames": np.ones((16, 5), np.float32)})
     assert model is source and proof == {"not_folded": "cannot evaluate the constant nodes CumSum..."}
     assert "import left constant subgraphs computed" in caplog.text
+
+
+def test_a_layer_norm_written_out_is_imported_as_layer_normalization_and_proved(cli, tmp_path):
+    from tests.unit.frontends.test_onnx import _written_out_layer_norm
+
+    onnx.save(_written_out_layer_norm(12), str(tmp_path / "ln.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(tmp_path / "ln.onnx"))
+    assert result.returncode == 0, result.stderr
+    proof = json.loads(result.stdout)["import"]["proof"]["layer_norms"]
+    assert proof["layer_norms"] == 1 and proof["opset"] == 17 and proof["max_rel"] < 1e-5
+    model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
+    assert [n.op_type for n in model.graph.node] == ["LayerNormalization", "Relu"]
