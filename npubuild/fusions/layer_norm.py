@@ -1,15 +1,22 @@
 """``layer_norm``: the decomposed layer normalisation exporters write → ``LayerNorm``.
 
     mean = ReduceMean(x); d = x - mean; var = ReduceMean(d²)   (d² as Pow(d, 2) or d * d)
-    y = d / Sqrt(var + epsilon) [* scale [+ bias]]
+    y = d / Sqrt(var + epsilon) [* scale [+ bias]]              (PyTorch, Paddle)
+    y = d * Reciprocal(Sqrt(var + epsilon)) [* scale [+ bias]]  (tf2onnx of TFLite: Rsqrt)
+    g = Reciprocal(Sqrt(var + epsilon)) [* scale]
+    y = x * g + (bias - mean * g)                                (Keras 2: batch_normalization)
 
-Both ReduceMeans must reduce the same trailing axes with keepdims. The fused node carries
+Both means reduce the same trailing axes with keepdims: a ReduceMean, or a GlobalAveragePool
+(tf2onnx writes a mean over the last axes so: every axis from 2 on). The fused node carries
 ``axis`` (the first normalised axis, negative, as in ONNX LayerNormalization) and ``epsilon``;
-overloads: ``Affine`` (scale and bias), ``Scale``, ``Plain``, with ``MulSquare`` appended
-when d² is written d * d.
+overloads: ``Affine`` (scale and bias), ``Scale``, ``Plain``, with ``MulSquare`` appended when
+d² is written d * d, ``Reciprocal`` when the division is, ``Folded`` for Keras's form and
+``Pooled`` when the means are GlobalAveragePools.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import lazy_loader as lazy
 
@@ -22,31 +29,69 @@ from npubuild.fusions.rules import fuse_as_function
 np = lazy.load("numpy")
 
 _KEEPDIMS = {"keepdims": 1}
+POOLED = "GlobalAveragePool"
 
 
-def _layer_norm(square: str, affine: str):
-    ops = [Op("ReduceMean", ("x", Const("axes", True)), id="mean", attrs=_KEEPDIMS, expose=None),
+def _mean(source: str, op_id: str, axes: str, mean: str) -> Op:
+    if mean == POOLED:
+        return Op(POOLED, (source,), id=op_id, expose=None)
+    return Op("ReduceMean", (source, Const(axes, True)), id=op_id, attrs=_KEEPDIMS, expose=None)
+
+
+def _layer_norm(mean: str, square: str, divide: str, affine: str):
+    ops = [_mean("x", "mean", "axes", mean),
            Op("Sub", ("x", "mean"), id="sub", expose=None),
            (Op("Pow", ("sub", Lit(2.0)), id="square", expose=None) if square == "Pow" else
             Op("Mul", ("sub", "sub"), id="square", expose=None)),
-           Op("ReduceMean", ("square", Const("var_axes", True)), id="var", attrs=_KEEPDIMS,
-              expose=None),
+           _mean("square", "var", "var_axes", mean),
            Op("Add", ("var", Const("epsilon")), id="add", expose=None),
-           Op("Sqrt", ("add",), id="std", expose=None),
-           Op("Div", ("sub", "std"), id="norm", expose=None)]
-    if affine in ("Affine", "Scale"):
-        ops.append(Op("Mul", ("norm", "scale"), id="scaled", expose=None))
-    if affine == "Affine":
-        ops.append(Op("Add", ("scaled", "bias"), id="shifted", expose=None))
-    return pattern(*ops, tag=affine + ("" if square == "Pow" else "MulSquare"))
+           Op("Sqrt", ("add",), id="std", expose=None)]
+    if divide == "Div":
+        ops.append(Op("Div", ("sub", "std"), id="norm", expose=None))
+    else:
+        ops.append(Op("Reciprocal", ("std",), id="inverse", expose=None))
+    if divide == "Reciprocal":
+        ops.append(Op("Mul", ("sub", "inverse"), id="norm", expose=None))
+        if affine in ("Affine", "Scale"):
+            ops.append(Op("Mul", ("norm", "scale"), id="scaled", expose=None))
+        if affine == "Affine":
+            ops.append(Op("Add", ("scaled", "bias"), id="shifted", expose=None))
+    if divide == "Folded":  # x · g + (bias - mean · g), g = scale / std
+        gain = "inverse"
+        if affine == "Affine":
+            ops.append(Op("Mul", ("inverse", "scale"), id="gain", expose=None))
+            gain = "gain"
+        ops += [Op("Mul", ("mean", gain), id="mean_gain", expose=None),
+                Op("Sub", ("bias", "mean_gain"), id="offset", expose=None),
+                Op("Mul", ("x", gain), id="scaled", expose=None),
+                Op("Add", ("scaled", "offset"), id="shifted", expose=None)]
+    if divide == "Div":
+        if affine in ("Affine", "Scale"):
+            ops.append(Op("Mul", ("norm", "scale"), id="scaled", expose=None))
+        if affine == "Affine":
+            ops.append(Op("Add", ("scaled", "bias"), id="shifted", expose=None))
+    tag = (affine + ("" if square == "Pow" else "MulSquare") + ("" if divide == "Div" else divide)
+           + ("Pooled" if mean == POOLED else ""))
+    return pattern(*ops, tag=tag)
 
 
-LAYER_NORM = tuple(_layer_norm(square, affine) for affine in ("Affine", "Scale", "Plain")
-                   for square in ("Pow", "Mul"))
+def _forms():
+    for mean, divide, affine, square in itertools.product(
+            ("ReduceMean", POOLED), ("Div", "Reciprocal", "Folded"), ("Affine", "Scale", "Plain"),
+            ("Pow", "Mul")):
+        if divide == "Folded" and affine != "Affine":
+            continue  # Keras writes the offset as bias - mean · g: with a bias only
+        yield mean, square, divide, affine
+
+
+LAYER_NORM = tuple(_layer_norm(*form) for form in _forms())
 
 
 def _axes(view: GraphView, match: Match, op_id: str, const: str) -> list[int] | None:
     node = view.nodes[match.nodes[op_id]]
+    if node.op_type == POOLED:  # every axis from 2 on
+        rank = len(view.shape(node.input[0]) or [])
+        return list(range(2, rank)) if rank > 2 else None
     if match.consts.get(const):
         return [int(a) for a in np.ravel(view.constant(match.consts[const]))]
     axes = attribute(node, "axes")
@@ -72,5 +117,6 @@ def describe(view: GraphView, match: Match) -> Fused | str:
 
 @fusion_rule("layer_norm")
 def layer_norm(model):
-    """ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul/Add] -> npubuild.fused.LayerNorm."""
+    """ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul/Add] (and the forms above) ->
+    npubuild.fused.LayerNorm."""
     return fuse_as_function(model, "layer_norm", LAYER_NORM, describe)

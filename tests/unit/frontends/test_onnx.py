@@ -392,49 +392,75 @@ def test_a_constant_left_operand_whose_batch_interleaves_the_frames_stays():
     assert onnx_frontend.constant_left_matmuls_as_right(source) is source
 
 
-def _written_out_layer_norm(opset: int, square: str = "Pow", scale_shape=(8,),
-                            bias: bool = True) -> onnx.ModelProto:
-    """A layer normalisation over the last axis of [1, 6, 8] as Paddle and PyTorch export it:
-    ReduceMean, Sub, Pow (or Mul) by itself, ReduceMean, Add epsilon, Sqrt, Div, Mul, Add;
-    then a Relu. ReduceMean's axes an attribute (opset < 18)."""
+def _written_out_layer_norm(opset: int, square: str = "Pow", scale_shape=(8,), bias: bool = True,
+                            divide: str = "Div", mean: str = "ReduceMean") -> onnx.ModelProto:
+    """A layer normalisation over the last axis of [1, 6, 8] written out as exporters do, then
+    a Relu: the mean, ``x - mean`` squared (Pow or Mul), its mean, + epsilon, Sqrt; then
+    ``Div`` (Paddle, PyTorch), ``Reciprocal`` and Mul (tf2onnx of TFLite's Rsqrt), or
+    ``Folded``: ``x·g + (bias - mean·g)``, g = scale / std (Keras 2's batch_normalization).
+    The means are ReduceMeans (axes an attribute, opset < 18) or GlobalAveragePools (tf2onnx)."""
     h = onnx.helper
     rng = np.random.default_rng(7)
-    square_node = (h.make_node("Pow", ["d", "two"], ["d2"]) if square == "Pow"
-                   else h.make_node("Mul", ["d", "d"], ["d2"]))
-    nodes = [h.make_node("ReduceMean", ["x"], ["mean"], axes=[-1], keepdims=1),
-             h.make_node("Sub", ["x", "mean"], ["d"]), square_node,
-             h.make_node("ReduceMean", ["d2"], ["var"], axes=[-1], keepdims=1),
-             h.make_node("Add", ["var", "eps"], ["var_eps"]), h.make_node("Sqrt", ["var_eps"], ["std"]),
-             h.make_node("Div", ["d", "std"], ["norm"]), h.make_node("Mul", ["norm", "gamma"], ["scaled"])]
-    out = "scaled"
-    if bias:
-        nodes.append(h.make_node("Add", ["scaled", "beta"], ["shifted"]))
+
+    def mean_of(source, out):
+        if mean == "GlobalAveragePool":
+            return h.make_node("GlobalAveragePool", [source], [out])
+        return h.make_node("ReduceMean", [source], [out], axes=[-1], keepdims=1)
+
+    nodes = [mean_of("x", "mean"), h.make_node("Sub", ["x", "mean"], ["d"]),
+             (h.make_node("Pow", ["d", "two"], ["d2"]) if square == "Pow"
+              else h.make_node("Mul", ["d", "d"], ["d2"])),
+             mean_of("d2", "var"), h.make_node("Add", ["var", "eps"], ["var_eps"]),
+             h.make_node("Sqrt", ["var_eps"], ["std"])]
+    if divide == "Div":
+        nodes.append(h.make_node("Div", ["d", "std"], ["norm"]))
+    else:
+        nodes.append(h.make_node("Reciprocal", ["std"], ["inverse"]))
+    if divide == "Folded":
+        nodes += [h.make_node("Mul", ["inverse", "gamma"], ["gain"]),
+                  h.make_node("Mul", ["mean", "gain"], ["mean_gain"]),
+                  h.make_node("Sub", ["beta", "mean_gain"], ["offset"]),
+                  h.make_node("Mul", ["x", "gain"], ["scaled"]),
+                  h.make_node("Add", ["scaled", "offset"], ["shifted"])]
         out = "shifted"
+    else:
+        if divide == "Reciprocal":
+            nodes.append(h.make_node("Mul", ["d", "inverse"], ["norm"]))
+        nodes.append(h.make_node("Mul", ["norm", "gamma"], ["scaled"]))
+        out = "scaled"
+        if bias:
+            nodes.append(h.make_node("Add", ["scaled", "beta"], ["shifted"]))
+            out = "shifted"
     nodes.append(h.make_node("Relu", [out], ["y"]))
     inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
              numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
              numpy_helper.from_array(rng.normal(size=scale_shape).astype(np.float32), "gamma"),
              numpy_helper.from_array(rng.normal(size=(8,)).astype(np.float32), "beta")]
+    read = {i for n in nodes for i in n.input}
     graph = h.make_graph(nodes, "ln", [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8])],
-                         [h.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                         [t for t in inits if t.name in read])
     return onnx.shape_inference.infer_shapes(
         h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=7))
 
 
-@pytest.mark.parametrize("opset, square, scale_shape, bias", [
-    (12, "Pow", (8,), True),      # Paddle's export at opset 12: the model goes to 17
-    (14, "Mul", (1, 1, 8), True),  # d * d, a scale written [1, 1, C]
-    (17, "Pow", (8,), False),     # no bias: LayerNormalization without B
+@pytest.mark.parametrize("opset, square, scale_shape, bias, divide, mean", [
+    (12, "Pow", (8,), True, "Div", "ReduceMean"),  # Paddle's export at opset 12: goes to 17
+    (14, "Mul", (1, 1, 8), True, "Div", "ReduceMean"),  # d * d, a scale written [1, 1, C]
+    (17, "Pow", (8,), False, "Div", "ReduceMean"),  # no bias: LayerNormalization without B
+    (13, "Mul", (8,), True, "Reciprocal", "ReduceMean"),  # tf2onnx of a TFLite model (Rsqrt)
+    (14, "Mul", (8,), True, "Folded", "GlobalAveragePool"),  # Keras 2 through tf2onnx
+    (14, "Mul", (8,), True, "Folded", "ReduceMean"),
 ])
-def test_a_layer_norm_written_out_becomes_one_layer_normalization_the_npu_runs(opset, square,
-                                                                                scale_shape, bias):
+def test_a_layer_norm_written_out_becomes_one_layer_normalization_the_npu_runs(
+        opset, square, scale_shape, bias, divide, mean):
     """PP-OCR's SVTR blocks (Paddle) write each layer norm out in nine primitives, two of them
     ReduceMeans no integer kernel computes, so all nine ran on the CPU between NPU segments
     (PP-OCRv4 rec: 20 CPU segments). As one LayerNormalization the chip runs it whole."""
     from npubuild.split import check_placement
     from npubuild.targets import load_chip
 
-    source = _written_out_layer_norm(opset, square, scale_shape, bias)
+    source = _written_out_layer_norm(opset, square, scale_shape, bias, divide, mean)
     model, kept = onnx_frontend.layer_norms_as_op(source)
     assert kept is None
     assert [n.op_type for n in model.graph.node] == ["LayerNormalization", "Relu"]
