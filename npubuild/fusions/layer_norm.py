@@ -119,4 +119,9 @@ def describe(view: GraphView, match: Match) -> Fused | str:
 def layer_norm(model):
     """ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div[/Mul/Add] (and the forms above) ->
     npubuild.fused.LayerNorm."""
-    return fuse_as_function(model, "layer_norm", LAYER_NORM, describe)
+    fused, report = fuse_as_function(model, "layer_norm", LAYER_NORM, describe)
+    written = sum(n.op_type == "LayerNormalization" for n in model.graph.node)
+    if not report.fired and written:  # import writes what it can as the ONNX op
+        report.near_misses.insert(0, f"import already wrote {written} layer norm(s) as "
+                                     "ONNX LayerNormalization, which chips run whole")
+    return fused, report

@@ -62,3 +62,13 @@ def test_layer_norm_does_not_fuse_when_the_centred_input_has_another_consumer(ti
     nodes = [*layer_norm_nodes(make_node), make_node("Add", ["y", "d"], ["z"])]
     _, report = tiny.fuse_and_check("layer_norm", ln_model(tiny, nodes, ("z",)))
     assert report.fired == 0 and "also feeds Add" in " ".join(report.near_misses)
+
+
+def test_layer_norm_fired_nowhere_says_import_wrote_the_onnx_op(tiny, make_node):
+    """Import writes the decompositions it can as ONNX LayerNormalization, so a recipe that
+    still lists the rule is told why it fired nowhere."""
+    nodes = [make_node("LayerNormalization", ["x", "gamma", "beta"], ["y"], axis=-1)]
+    _, report = tiny.fuse_and_check("layer_norm", ln_model(tiny, nodes))
+    assert report.fired == 0
+    assert report.near_misses[0] == ("import already wrote 1 layer norm(s) as ONNX "
+                                     "LayerNormalization, which chips run whole")

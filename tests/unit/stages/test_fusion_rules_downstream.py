@@ -115,7 +115,13 @@ def test_every_registered_rule_has_a_model_here():
 
 
 @pytest.mark.parametrize("rule", fusions.DEFAULT_RULES)
-def test_a_fused_model_goes_through_quantize_compile_and_verify(tmp_path, rule):
+def test_a_fused_model_goes_through_quantize_compile_and_verify(tmp_path, rule, monkeypatch):
+    if rule == "layer_norm":  # import writes it as LayerNormalization where it can convert the
+        # model to opset 17: the fused op is what is left where it cannot
+        from npubuild.frontends import onnx as onnx_frontend
+
+        monkeypatch.setattr(onnx_frontend, "layer_norms_as_op",
+                            lambda model: (model, "the converter refused (this test)"))
     onnx.save(rule_model(rule), str(tmp_path / "m.onnx"))
     recipe = write_recipe(tmp_path, RECIPE.format(rule=rule, model=tmp_path / "m.onnx"))
     session = api.session_for(recipe, build_root=tmp_path / "build", cache=tmp_path / "cache")
