@@ -16,6 +16,10 @@ import onnx
 from npubuild.errors import BuildError
 from npubuild.onnx_io import node_uses, outer_refs, subgraphs  # noqa: F401 - used here and by split's modules
 
+#: Ops that only move or select values: no arithmetic, so no rounding in float
+MOVEMENT = frozenset({"Reshape", "Transpose", "Slice", "Squeeze", "Unsqueeze", "Concat", "Split",
+                      "Gather", "Flatten", "Identity"})
+
 
 @dataclass
 class OpGraph:

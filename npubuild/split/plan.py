@@ -18,7 +18,7 @@ from npubuild.errors import UserError, did_you_mean
 from npubuild.recipe.load import dotted
 from npubuild.recipe.model import SplitSpec
 from npubuild.split.cost import elements, island_cost, node_macs
-from npubuild.split.graph import OpGraph, build_op_graph
+from npubuild.split.graph import MOVEMENT, OpGraph, build_op_graph
 from npubuild.split import spectrum
 from npubuild.split.partition import CPU, NPU, Segment, npu_islands, partition, segment_of
 from npubuild.split.spectrum import log_power_spectra
@@ -204,16 +204,20 @@ def _forced(why: list[str]) -> bool:
 
 
 def _demote_islands(og, facts, chip, spec, segments, on_npu, reasons, pinned) -> bool:
-    """Move too-small or not-worth-it NPU islands to the CPU; True when one moved."""
-    if spec.min_npu_nodes <= 1 and spec.policy != "min_cost":
-        return False
+    """Move NPU islands that only move data, are too small or not worth it to the CPU; True
+    when one moved."""
+    if len(segments) < 2:
+        return False  # one segment: nothing to hand over
     seg_of = segment_of(segments, len(og))
     moved = False
     for island in npu_islands(og.preds, on_npu, seg_of):
         if pinned.intersection(island):
             continue
         why = None
-        if len(island) < spec.min_npu_nodes:
+        if all(og.nodes[i].op_type in MOVEMENT for i in island):
+            why = _MOVES_ONLY.format(n=len(island), s="s" * (len(island) != 1), ops=", ".join(
+                sorted({og.nodes[i].op_type for i in island})))
+        elif len(island) < spec.min_npu_nodes:
             why = (f"NPU island of {len(island)} node{'s' * (len(island) != 1)} is smaller "
                    f"than split.min_npu_nodes ({spec.min_npu_nodes})")
         elif spec.policy == "min_cost":
@@ -227,6 +231,11 @@ def _demote_islands(og, facts, chip, spec, segments, on_npu, reasons, pinned) ->
                 on_npu[i] = False
                 reasons[i] = [why]
     return moved
+
+
+_MOVES_ONLY = ("an NPU island of {n} node{s} that only move data ({ops}) between CPU parts or "
+               "the model's inputs and outputs: it computes nothing, and on the NPU it costs a "
+               "hand-over each way and a rounding to the NPU's integer type")
 
 
 def _island_cost(og: OpGraph, facts: GraphFacts, chip: Chip, island: list[int]):

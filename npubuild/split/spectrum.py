@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from npubuild.split.graph import OpGraph
+from npubuild.split.graph import MOVEMENT, OpGraph
 from npubuild.targets.view import GraphFacts
 
 REASON = ("part of a log power spectrum (a transform by constant weights, squared, then Log): "
           "int8 weights leave a noise floor the Log magnifies, so it runs in float on the CPU")
 
-MOVEMENT = {"Reshape", "Transpose", "Slice", "Squeeze", "Unsqueeze", "Concat", "Split", "Gather",
-            "Flatten", "Identity"}
 # between the transform and the square: values of both signs, moved or combined linearly
 SIGNED = MOVEMENT | {"Mul", "Add", "Sub", "Neg"}
 # between the square and the Log: non-negative energies, summed, filtered, bounded

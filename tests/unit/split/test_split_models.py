@@ -263,3 +263,18 @@ def test_a_pad_with_minus_infinity_stays_on_the_cpu_with_its_reason():
     assert placed["masked"].reasons == ["The quantizer has no integer kernel for it: Pad value -inf: "
                                         "no integer stands for it"]
     assert placed["zeroed"].device == "npu"
+
+
+def test_an_npu_island_that_only_moves_data_runs_on_the_cpu_with_its_reason(tmp_path):
+    """g2p-id's LSTM encoder: the LSTM on the CPU, its states Squeezed on the NPU. That island
+    computes nothing, yet costs a hand-over each way and an int8 rounding: it goes to the CPU.
+    An island that computes (a Conv) keeps its data movement beside it."""
+    model = chain("Sin", "Transpose", "Identity", "Sin")
+    placed = {p.name: p for p in check_placement(model, NPU16)}
+    assert placed["n1"].device == placed["n2"].device == "cpu"
+    assert placed["n1"].reasons[0].startswith("an NPU island of 2 nodes that only move data "
+                                              "(Identity, Transpose)")
+    assert devices(split_model(model, NPU16, None, tmp_path)) == [("cpu", 4)]
+    runner_equals_original(model, tmp_path)
+    computing = {p.name: p.device for p in check_placement(chain("Sin", "Transpose", "Conv", "Sin"), NPU16)}
+    assert computing["n1"] == computing["n2"] == "npu"
