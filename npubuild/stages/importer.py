@@ -93,6 +93,9 @@ def _import(ctx: StageContext) -> dict:
         model, figures = rewrite(model, feeds)
         if figures:
             proof[key] = figures
+    warn_constants_kept(proof.get("constants_folded", {}).get("kept_computed", {}), [
+        step.fold_constants.size_limit_mb for step in loaded.recipe.surgery
+        if next(iter(type(step).model_fields)) == "fold_constants"])
     onnx_io.save_model(model, ctx.out / "model.onnx")
     proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
@@ -423,8 +426,8 @@ def fold_constants(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto
     values are ONNX Runtime's, computed by the kernels the proofs run, so the outputs are
     usually bit-identical, but ORT may run an op another way once its operand is an
     initializer (it prepacks an LSTM's weights), hence the folding tolerance; the proof's
-    figures, or {} when there is nothing to fold. A constant too large to fold is named in a
-    warning: the CPU computes it on every inference."""
+    figures, or {} when there is nothing to fold (a constant too large to fold is in them,
+    `warn_constants_kept` names it)."""
     from npubuild.surgery import SurgeryError
 
     try:
@@ -432,15 +435,24 @@ def fold_constants(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto
     except SurgeryError as exc:  # an op neither runtime evaluates: it runs as the source wrote it
         log.warning("import left constant subgraphs computed: %s", exc.message)
         return model, {"not_folded": exc.message}
-    for name, size in folded.kept.items():
-        log.warning("constant tensor %r (%.0f MiB, computed from constants only) is larger than "
-                    "import folds (%d MiB): the CPU computes it on every inference; "
-                    "`surgery: [fold_constants: {}]` folds it", name, size / 2**20,
-                    onnx_frontend.FOLD_MAX_BYTES >> 20)
     if folded.model is model:
         return model, {}
     return folded.model, {**folded.summary(),
                           **prove_rewrite(model, folded.model, feeds, "folding constant subgraphs")}
+
+
+def warn_constants_kept(kept: dict[str, int], surgery_limits: list[float | None]) -> None:
+    """Name each constant import left computed: a warning (the CPU computes it on every
+    inference) unless a ``fold_constants`` step of the recipe's surgery folds it anyway (its
+    ``size_limit_mb``, if any, holds it), then a note."""
+    for name, size in kept.items():
+        folded = any(limit is None or size <= limit * 2**20 for limit in surgery_limits)
+        log.log(logging.INFO if folded else logging.WARNING,
+                "constant tensor %r (%.0f MiB, computed from constants only) is larger than "
+                "import folds (%d MiB): %s", name, size / 2**20,
+                onnx_frontend.FOLD_MAX_BYTES >> 20,
+                "the recipe's `fold_constants` folds it" if folded else
+                "the CPU computes it on every inference; `surgery: [fold_constants: {}]` folds it")
 
 
 def prove_rewrite(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict, what: str) -> dict:

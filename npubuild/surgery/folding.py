@@ -29,8 +29,10 @@ class FoldConstantsArgs(StepArgs):
     """Arguments of ``fold_constants``."""
 
     size_limit_mb: float | None = Field(
-        None, gt=0, description="Do not fold a tensor larger than this many MiB (default: no "
-                                "limit; weights computed by ConstantOfShape/Tile fold too).")
+        None, gt=0, description="Do not fold a node whose values grow the model by more than "
+                                "this many MiB (a value replacing weights only its node read, a "
+                                "transposed weight, does not grow it; default: no limit; "
+                                "weights computed by ConstantOfShape/Tile fold too).")
     remove_noops: bool = Field(
         True, description="Also remove Identity, inference-mode Dropout, Cast to the same type, "
                           "Reshape/Expand to the same shape, identity Transpose, one-input Concat; "
@@ -174,13 +176,16 @@ def constant_nodes(ed: Editor) -> list[onnx.NodeProto]:
 
 def fold_constant_nodes(ed: Editor, limit: int | None) -> bool:
     """Evaluate every node whose inputs are all constant; keep the values other nodes read
-    (a value of more than ``limit`` bytes stays computed by its node); whether anything folded."""
+    (a node whose values grow the model by more than ``limit`` bytes stays computed: a value
+    that replaces the weights only its node read, a transposed weight, does not grow it);
+    whether anything folded."""
     batch = constant_nodes(ed)
     if not batch:
         return False
     values = evaluate(ed, batch, _frontier(ed, batch))
-    too_big = {n for n, v in values.items() if limit is not None and v.nbytes > limit}
-    kept = [n for n in batch if any(o in too_big for o in n.output)]
+    freed = _freed_bytes(ed, batch) if limit is not None else {}
+    kept = [n for n in batch if limit is not None and sum(
+        values[o].nbytes for o in n.output if o in values) - freed[id(n)] > limit]
     drop = [n for n in batch if n not in kept]
     if not drop:
         return False
@@ -191,6 +196,21 @@ def fold_constant_nodes(ed: Editor, limit: int | None) -> bool:
     for name in needed:
         ed.set_initializer(name, values[name])
     return True
+
+
+def _freed_bytes(ed: Editor, batch: list[onnx.NodeProto]) -> dict[int, int]:
+    """Per node of ``batch``, the bytes of the initializers only it reads: folding it drops them."""
+    readers: dict[str, int] = {}
+    for node in ed.graph.node:
+        for name in {*node.input, *subgraph_inputs(node)}:
+            readers[name] = readers.get(name, 0) + 1
+    sizes = {t.name: int(np.prod(t.dims, dtype=np.int64))
+             * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+             for t in ed.graph.initializer}
+    return {id(node): sum(sizes[name] for name in set(node.input)
+                          if name in sizes and readers.get(name) == 1
+                          and not ed.is_graph_output(name))
+            for node in batch}
 
 
 def _frontier(ed: Editor, batch: list[onnx.NodeProto]) -> list[str]:

@@ -384,3 +384,22 @@ def test_a_layer_norm_written_out_is_imported_as_layer_normalization_and_proved(
     assert proof["layer_norms"] == 1 and proof["opset"] == 17 and proof["max_rel"] < 1e-5
     model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
     assert [n.op_type for n in model.graph.node] == ["LayerNormalization", "Relu"]
+
+
+@pytest.mark.parametrize("limits, level", [
+    ([], "WARNING"),        # nothing folds it: the CPU computes it on every inference
+    ([None], "INFO"),       # the recipe's `fold_constants` folds it: a note, not a warning
+    ([0.001], "WARNING"),   # ... unless its size_limit_mb keeps it too
+])
+def test_a_constant_import_keeps_computed_warns_unless_the_recipe_folds_it(caplog, limits, level):
+    """The light zoo models' 288 MiB fc6 weight is a ConstantOfShape: import keeps it computed
+    and warned "`surgery: [fold_constants: {}]` folds it" on recipes that already said so."""
+    import logging
+
+    from npubuild.stages import importer
+
+    with caplog.at_level(logging.INFO, logger="npubuild"):
+        importer.warn_constants_kept({"fc6_w": 288 << 20}, limits)
+    (record,) = [r for r in caplog.records if "fc6_w" in r.getMessage()]
+    assert record.levelname == level
+    assert ("the recipe's `fold_constants` folds it" in record.getMessage()) == (level == "INFO")

@@ -100,16 +100,35 @@ def test_fold_constants_size_limit_keeps_large_tensors_computed(tiny):
     assert "ConstantOfShape" not in tiny.ops(folded)
 
 
+def test_a_transposed_weight_folds_whatever_its_size_when_it_replaces_its_source(tiny):
+    """VGG-19's Gemm weights, transposed by a node: the folded value replaces the weight only
+    the Transpose read, so the model does not grow and the size limit does not keep it
+    computed (import warned that the CPU computed 392 MiB on every inference). Read by
+    another node too, the source stays and the transpose is growth."""
+    n = helper.make_node
+    weight = {"w": np.arange(512 * 1024, dtype=np.float32).reshape(512, 1024)}  # 2 MiB
+    alone = tiny.model([n("Transpose", ["w"], ["wt"], perm=[1, 0]),
+                        n("MatMul", ["x", "wt"], ["y"])], {"x": [2, 1024]}, ["y"], weight)
+    folded, _ = tiny.check("fold_constants", alone, size_limit_mb=1)
+    assert tiny.ops(folded) == {"MatMul": 1}
+    shared = tiny.model([n("Transpose", ["w"], ["wt"], perm=[1, 0]),
+                         n("MatMul", ["x", "wt"], ["y"]), n("MatMul", ["y", "w"], ["z"])],
+                        {"x": [2, 1024]}, ["z"], weight)
+    kept, _ = tiny.check("fold_constants", shared, size_limit_mb=1)
+    assert "Transpose" in tiny.ops(kept)
+
+
 def test_a_large_value_kept_computed_still_reads_the_values_folded_before_it(tiny):
     """A kept node whose inputs are computed by folded nodes (Cos and Sin before the Concat of
     a basis): the size limit used to drop them without storing what the kept node reads, and
     the model referred to tensors nothing produced."""
     n = helper.make_node
     model = tiny.model([n("Cos", ["angle"], ["cos"]), n("Sin", ["angle"], ["sin"]),
-                        n("Concat", ["cos", "sin"], ["basis"], axis=0),
-                        n("MatMul", ["x", "basis"], ["y"])], {"x": [4, 1024]}, ["y"],
+                        n("Concat", ["cos", "sin", "cos", "sin"], ["basis"], axis=0),
+                        n("MatMul", ["x", "basis"], ["y"])], {"x": [4, 2048]}, ["y"],
                        {"angle": np.linspace(0, 3, 512 * 512).astype(np.float32).reshape(512, 512)})
-    kept, _ = tiny.check("fold_constants", model, size_limit_mb=1.5)  # basis 2 MiB, cos 1 MiB
+    # cos 1 MiB (angle stays: Sin reads it too); the basis, 4 MiB, replaces cos and sin: +2 MiB
+    kept, _ = tiny.check("fold_constants", model, size_limit_mb=1.5)
     assert tiny.ops(kept) == {"Concat": 1, "MatMul": 1}
     assert {t.name for t in kept.graph.initializer} >= {"cos", "sin"}
 
