@@ -145,12 +145,9 @@ class Quantizer:
 
     def kernel_refusal(self, layer: FLayer) -> str | None:
         """Why no integer kernel takes ``layer`` at its tensors' parameters (it then runs in
-        float on the CPU), else None: a softmax reads int8 and its division must stay in
-        int64. The builders and the precision search's placement both ask here."""
+        float on the CPU), else None: a softmax's division must stay in int64. The builders
+        and the precision search's placement both ask here."""
         if layer.kind == "softmax":
-            x = self.p(layer.inputs[0])
-            if x.dtype != "int8":
-                return f"an integer softmax reads int8 (its exp table has one entry per step): {x.dtype}"
             length = self.fg.shapes[layer.inputs[0]][layer.attrs["axis"]]
             if softmax_arithmetic(length, self.p(layer.outputs[0]).scale) is None:
                 return f"a row of {length} values at this output scale leaves int64 in the division"
@@ -702,6 +699,9 @@ def _softmax(q: Quantizer, layer: FLayer) -> QLayer:
     exp_bits, multiplier, shift = arithmetic.exp_bits, arithmetic.multiplier, arithmetic.shift
     steps = np.arange(x.qmax - x.qmin + 1, dtype=np.float64)
     table = np.rint(np.exp(-steps * x.scale) * 2.0 ** exp_bits).astype(np.int64)
+    if x.dtype != "int8":  # 65,536 steps: keep the entries up to the first 0, the kernel clamps
+        zeros = np.flatnonzero(table == 0)
+        table = table[:zeros[0] + 1] if zeros.size else table
     return _qlayer(layer, attrs=dict(layer.attrs),
                    params={"multiplier": multiplier, "shift": shift, "output_zp": y.zero_point,
                            "output_dtype": y.dtype},

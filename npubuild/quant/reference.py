@@ -424,12 +424,14 @@ def lut(layer: QLayer, x: np.ndarray) -> np.ndarray:
 
 def softmax(layer: QLayer, x: np.ndarray) -> np.ndarray:
     """Integer softmax along ``attrs.axis``: ``e = exp_table[max - x]`` (exp of the step
-    distance to the row's maximum, ``softmax_arithmetic`` fraction bits), then each ``e`` over
-    the row's sum, times the output's ``1 / scale`` as ``multiplier · 2^-shift``, rounded half
-    up by one integer division."""
+    distance to the row's maximum, ``softmax_arithmetic`` fraction bits; an int16 input's
+    table ends at its first 0, which every farther step reads), then each ``e`` over the row's
+    sum, times the output's ``1 / scale`` as ``multiplier · 2^-shift``, rounded half up by one
+    integer division."""
     p, axis = layer.params, layer.attrs["axis"]
     xi = np.asarray(x, np.int64)
-    e = layer.arrays["exp_table"][xi.max(axis=axis, keepdims=True) - xi]
+    table = layer.arrays["exp_table"]
+    e = table[np.minimum(xi.max(axis=axis, keepdims=True) - xi, len(table) - 1)]
     den = e.sum(axis=axis, keepdims=True) << int(p["shift"])
     y = (2 * e * int(p["multiplier"]) + den) // (2 * den) + int(p["output_zp"])
     lo, hi = schemes.qrange(p["output_dtype"])
