@@ -10,7 +10,9 @@ channel counts for 4-D tensors, ``input_shape``/``output_shape`` otherwise), ``p
 (pow2 graphs: ``*_log2scale``, ``output_shift``, ``bias_shift``, ``output_shift_bit``,
 ``input_pre_ls``; other schemes: ``*_scale``, ``*_zero_point``, ``multiplier``, ``shift``),
 ``previous_layer`` (``"input"`` for a graph input, ``"constant"`` for a quantized constant) and
-``next_layer`` (``"endpoint"`` for a graph output). ``tensors`` names the layer's files.
+``next_layer`` (``"endpoint"`` for a graph output). ``tensors`` names the layer's files (a
+``softmax``'s ``exp_table`` is read at ``min(max − x, length − 1)``: an int16 input's table ends
+at its first 0, an int8 input's has all 256 entries).
 
 Tensor files follow the seed's layouts: conv weight HWCiCo, depthwise weight HWC, bias C,
 feature maps HWC (NHWC when the batch is larger than one; tensors that are not 4-D keep their
