@@ -1,15 +1,19 @@
-"""No-op build overhead: `npubuild run recipes/yolov8.yaml import` when everything is current
-and `npubuild validate recipes/yolov8.yaml` (replayed, as when nothing changed since the last
+"""No-op build overhead: `npubuild run recipes/yolov8.yaml STAGE` when everything is current
+(replayed: nothing changed since the last run; and *touched*: a copy of the recipe touched before
+each run, its content unchanged, so the stamp misses and the ordinary up-to-date check runs) and
+`npubuild validate recipes/yolov8.yaml` (replayed, as when nothing changed since the last
 validate; and *edited*: a copy of the recipe touched before each run, so it is checked again),
-against plain `doit` running an equivalent
-one-task dodo file (a python-action with a file_dep on the model and an up-to-date check), all
-measured in this run, interleaved (one run of each in turn), in CPU time (user + system of the
-child process: steady on a shared machine) and wall time. Prints a table.
+against plain `doit` running an equivalent one-task dodo file (a python-action with a file_dep
+on the model and an up-to-date check), all measured in this run, interleaved (one run of each in
+turn), in CPU time (user + system of the child process: steady on a shared machine) and wall
+time. Prints a table of medians.
 
-    python3 benchmarks/noop.py [--runs 10] [--baseline-tree /path/to/other/checkout]
+    python3 benchmarks/noop.py [--runs 10] [--stage import] [--baseline-tree /path/to/checkout]
 
-``--baseline-tree`` runs the two npubuild commands of another checkout too (its directory on
-PYTHONPATH), interleaved with this one's: a before/after comparison in one run.
+``--stage`` is the last stage built (default ``import``; ``verify``: the whole pipeline, each
+tree builds it once first, about half a minute). ``--baseline-tree`` runs the npubuild
+commands of another checkout too (its directory on PYTHONPATH), interleaved with this one's: a
+before/after comparison in one run, each row's ratio to its baseline in "vs baseline".
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+DOIT = "doit (one-task dodo.py)"
 
 DODO = textwrap.dedent("""
     import hashlib
@@ -56,31 +61,39 @@ def environment(tmp: Path, **extra: str) -> dict:
     return {**env, "PYTHONPYCACHEPREFIX": str(tmp / "pycache"), **extra}
 
 
-def commands(tree: Path, tmp: Path, tag: str) -> list[tuple[str, list[str], Path, dict]]:
+def commands(tree: Path, tmp: Path, tag: str, stage: str) -> list[tuple]:
+    """(name, command, folder, environment, file touched before each run or None) per row;
+    the builds are made here, before anything is timed."""
     env = environment(tmp, PYTHONPATH=str(tree))
-    recipe = str(REPO / "recipes/yolov8.yaml")
-    run = [sys.executable, "-m", "npubuild", "run", recipe, "import", "--build-dir",
-           str(tmp / f"build-{tag}"), "--cache", str(tmp / f"cache-{tag}")]
-    subprocess.run(run, cwd=tmp, env=env, check=True, capture_output=True)  # the real build
-    validate = [sys.executable, "-m", "npubuild", "validate", recipe]
-    edited = tmp / f"edited-{tag or 'this'}" / "yolov8.yaml"
-    edited.parent.mkdir()
-    edited.write_bytes(Path(recipe).read_bytes())
-    validate_edited = [sys.executable, "-m", "npubuild", "validate", str(edited)]
-    return [(f"npubuild run yolov8.yaml import{tag and f' ({tag})'}", run, tmp, env),
-            (f"npubuild validate yolov8.yaml{tag and f' ({tag})'}", validate, tmp, env),
-            (f"npubuild validate, edited{tag and f' ({tag})'}", validate_edited, tmp, env)]
+    recipe = REPO / "recipes/yolov8.yaml"
+    suffix = f" ({tag})" if tag else ""
 
+    def copy(kind: str) -> Path:  # pkg: paths: a copy reads the same model and data
+        path = tmp / f"{kind}-{tag or 'this'}" / "yolov8.yaml"
+        path.parent.mkdir()
+        path.write_bytes(recipe.read_bytes())
+        return path
 
-def touch_edited(cmd: list[str]) -> None:
-    """An edit: the recipe's mtime and ctime change, so validate checks it again."""
-    if "validate" in cmd and Path(cmd[-1]).parent.name.startswith("edited-"):
-        os.utime(cmd[-1])
+    def run(path: Path, build: str) -> list[str]:
+        return [sys.executable, "-m", "npubuild", "run", str(path), stage, "--build-dir",
+                str(tmp / f"{build}-{tag}"), "--cache", str(tmp / f"cache-{tag}")]
+
+    touched, edited = copy("touched"), copy("edited")
+    replayed, ordinary = run(recipe, "build"), run(touched, "build-touched")
+    for cmd in (replayed, ordinary):  # the real build, then a restore from the cache
+        subprocess.run(cmd, cwd=tmp, env=env, check=True, capture_output=True)
+    validate = [sys.executable, "-m", "npubuild", "validate"]
+    return [(f"npubuild run yolov8.yaml {stage}{suffix}", replayed, tmp, env, None),
+            (f"npubuild run {stage}, recipe touched{suffix}", ordinary, tmp, env, touched),
+            (f"npubuild validate yolov8.yaml{suffix}", validate + [str(recipe)], tmp, env, None),
+            (f"npubuild validate, edited{suffix}", validate + [str(edited)], tmp, env, edited)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--stage", default="import",
+                        help="the last stage built (default import; verify: all of them)")
     parser.add_argument("--baseline-tree", type=Path,
                         help="another checkout to measure beside this one (e.g. main)")
     args = parser.parse_args()
@@ -90,32 +103,45 @@ def main() -> None:
     model = resolve("pkg:nudenet/320n.onnx", REPO)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        rows = commands(REPO, tmp, "")
+        rows = commands(REPO, tmp, "", args.stage)
         if args.baseline_tree:
-            rows += commands(args.baseline_tree.resolve(), tmp, "baseline")
+            rows += commands(args.baseline_tree.resolve(), tmp, "baseline", args.stage)
         (tmp / "dodo").mkdir()
         (tmp / "dodo/dodo.py").write_text(DODO.format(model=str(model)))
         doit = [sys.executable, "-m", "doit"]
         subprocess.run(doit, cwd=tmp / "dodo", check=True, capture_output=True,
                        env=environment(tmp))
-        rows.append(("doit (one-task dodo.py)", doit, tmp / "dodo", environment(tmp)))
-        for _, cmd, cwd, env in rows:  # byte code written once, before anything is timed
+        rows.append((DOIT, doit, tmp / "dodo", environment(tmp), None))
+        for _, cmd, cwd, env, _ in rows:  # byte code written and stamps made before timing
             subprocess.run(cmd, cwd=cwd, env=env, check=True, capture_output=True)
-        times: dict[str, list[tuple[float, float]]] = {name: [] for name, *_ in rows}
+        times: dict[str, list[tuple[float, float]]] = {row[0]: [] for row in rows}
         for _ in range(args.runs):
-            for name, cmd, cwd, env in rows:
-                touch_edited(cmd)
+            for name, cmd, cwd, env, touched in rows:
+                if touched is not None:  # mtime and ctime change: the stamp no longer speaks
+                    os.utime(touched)
                 times[name].append(clocked(cmd, cwd, env))
-    base = statistics.median(cpu for cpu, _ in times["doit (one-task dodo.py)"])
-    base_wall = statistics.median(wall for _, wall in times["doit (one-task dodo.py)"])
-    print(f"no-op runs, {args.runs} each, interleaved (seconds; medians)\n")
-    print(f"| {'command':<46} | CPU    | vs doit | wall   | vs doit |")
-    print(f"|{'-' * 48}|--------|---------|--------|---------|")
-    for name, measured in times.items():
-        cpu = statistics.median(c for c, _ in measured)
-        wall = statistics.median(w for _, w in measured)
-        print(f"| {name:<46} | {cpu:6.3f} | {cpu / base:6.2f}x | {wall:6.3f} | "
-              f"{wall / base_wall:6.2f}x |")
+    print(table(times, args.runs, baseline=bool(args.baseline_tree)))
+    print("\nload average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+def table(times: dict[str, list[tuple[float, float]]], runs: int, baseline: bool) -> str:
+    """Medians, each against doit's and (with a baseline tree) against its baseline row."""
+    cpu = {name: statistics.median(c for c, _ in measured) for name, measured in times.items()}
+    wall = {name: statistics.median(w for _, w in measured) for name, measured in times.items()}
+    extra, rule = (" vs baseline: CPU, wall |", f"{'-' * 24}|") if baseline else ("", "")
+    lines = [f"no-op runs, {runs} each, interleaved (seconds; medians)", "",
+             f"| {'command':<52} | CPU    | vs doit | wall   | vs doit |{extra}",
+             f"|{'-' * 54}|--------|---------|--------|---------|{rule}"]
+    for name in times:
+        row = (f"| {name:<52} | {cpu[name]:6.3f} | {cpu[name] / cpu[DOIT]:6.2f}x | "
+               f"{wall[name]:6.3f} | {wall[name] / wall[DOIT]:6.2f}x |")
+        if baseline:
+            base = f"{name} (baseline)"
+            ratio = (f"{cpu[name] / cpu[base]:.2f}x, {wall[name] / wall[base]:.2f}x"
+                     if base in cpu else "")
+            row += f" {ratio:<22} |"
+        lines.append(row)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
