@@ -118,7 +118,7 @@ def library_versions(libraries: Mapping[str, tuple[str, ...]]) -> dict[str, str]
 
 def tensorflow_frontend(stage: "Stage", loaded: "LoadedRecipe") -> dict[str, str]:
     """The import of a TensorFlow/TFLite model runs TensorFlow and tf2onnx (a hook)."""
-    from npubuild.stages.importer import TF_FORMATS
+    from npubuild.frontends import TF_FORMATS
 
     if stage.name == "import" and loaded.model_format in TF_FORMATS:
         return library_versions(TENSORFLOW)

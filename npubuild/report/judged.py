@@ -3,7 +3,7 @@
 
 The one place the report page, the run's headline and `npubuild diff` read "judged or not,
 against what" from. Thresholds come from the resolved recipe exactly as the verify stage
-resolves them (`npubuild.verify.verdict.output_limits` and its siblings), so a figure shown as
+resolves them (`npubuild.verify.limits.output_limits` and its siblings), so a figure shown as
 passing here is one verify passed.
 
 Every figure has a ``key``: its field path in report.json (``accuracy.outputs["output0"].cosine``),
@@ -99,7 +99,7 @@ class _Spec:
 def _limits(verify_spec: dict | None):
     """(outputs, hand-over, per-slice-label) thresholds as verify resolves them."""
     from npubuild.recipe.model import SliceCheck
-    from npubuild.verify.verdict import handover_limits, output_limits, slice_limits
+    from npubuild.verify.limits import handover_limits, output_limits, slice_limits
 
     spec = _Spec(verify_spec)
     slices = {}
@@ -127,7 +127,7 @@ LIMIT_PREFIX = {"outputs": "verify", "handover": "verify.handover", "slices": "v
 def tensor_figures(report: dict, verify_spec: dict | None) -> Iterator[tuple[str, str, list[Figure]]]:
     """Per tensor verify judged or reported: (group, name, figures); group is ``outputs``,
     ``handover`` (tensors an NPU submodel hands over) or ``slices``."""
-    from npubuild.verify.verdict import output_limits
+    from npubuild.verify.limits import output_limits
 
     outputs, handover, slices = _limits(verify_spec)
     task = (report.get("accuracy") or {}).get("task") or (report.get("verify") or {}).get("task") or {}

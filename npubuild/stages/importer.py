@@ -40,7 +40,7 @@ import onnx
 from npubuild import onnx_io, proofs
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError, UserError, did_you_mean
-from npubuild.frontends import dequantize
+from npubuild.frontends import TF_FORMATS, dequantize
 from npubuild.frontends import onnx as onnx_frontend
 from npubuild.model_inputs import same_input
 from npubuild.recipe import LoadedRecipe
@@ -49,7 +49,6 @@ from npubuild.stages import StageContext
 TF_TOLERANCE = 1e-4
 FOLDED_TOLERANCE = 1e-5  # folded or inlined ops, of the scale of the values (as fusion judges)
 log = logging.getLogger("npubuild")
-TF_FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
 
 
 def run(ctx: StageContext) -> dict:

@@ -21,37 +21,13 @@ rounding noise decides it). So a tensor is judged by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from npubuild.metrics import range_errors, rms, similarity
+from npubuild.verify.limits import Thresholds
 
 QUIET = 0.05
 DEAD_SPAN = 1e-3
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """What a tensor must reach; None: reported, not judged."""
-
-    min_cosine: float | None = None
-    min_sqnr_db: float | None = None
-    max_abs: float | None = None
-    max_range_error: float | None = None
-    min_channel_cosine: float | None = None
-    min_sample_cosine: float | None = None  # None: min_cosine
-    dead_channels: bool | None = None  # None: fail on a dead channel
-
-    @classmethod
-    def of(cls, spec, **defaults) -> "Thresholds":
-        """From a recipe section with these fields (``defaults`` fill the unset ones)."""
-        values = {f: getattr(spec, f, None) for f in cls.__dataclass_fields__}
-        return cls(**{f: defaults.get(f) if v is None else v for f, v in values.items()})
-
-    @property
-    def sample_cosine(self) -> float | None:
-        return self.min_cosine if self.min_sample_cosine is None else self.min_sample_cosine
 
 
 def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int | None = 1) -> dict:

@@ -12,13 +12,14 @@ missed, one line each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
 
 from npubuild.verify.judge import Thresholds, tensor_metrics
 from npubuild.verify.judge import failures as failures_of
+from npubuild.verify.limits import handover_limits, output_limits, slice_limits
 
 Values = dict[str, np.ndarray]
 
@@ -84,28 +85,6 @@ def cosine_margins(metrics: dict, limits: Thresholds) -> list[float]:
     if limits.sample_cosine is not None and metrics.get("min_sample_cosine") is not None:
         out.append(metrics["min_sample_cosine"] - limits.sample_cosine)
     return out
-
-
-def output_limits(spec, task_reads: bool = False) -> Thresholds:
-    """A model output's thresholds; ``task_reads``: an output the ``anchor_detector`` task
-    judges (its box regressors and scores) with ``min_task_agreement`` set: its cosines are
-    reported, not judged, since a user decodes only the anchors the task compares (thousands
-    of anchors no object is near carry regressors nobody reads). Without the task's bar the
-    cosines stay judged, so the outputs are never left unjudged."""
-    limits = Thresholds.of(spec)
-    if task_reads and spec.task == "anchor_detector" and spec.min_task_agreement is not None:
-        return replace(limits, min_cosine=None, min_sample_cosine=None)
-    return limits
-
-
-def slice_limits(spec, check) -> Thresholds:
-    """A slice's own thresholds; its min_cosine defaults to verify.min_cosine."""
-    return Thresholds.of(check, min_cosine=spec.min_cosine)
-
-
-def handover_limits(spec) -> Thresholds:
-    """Hand-over tensors: verify.handover only (dead channels reported, failed when asked)."""
-    return Thresholds.of(spec.handover, dead_channels=False)
 
 
 def cut(check, value: np.ndarray) -> np.ndarray:
