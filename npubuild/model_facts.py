@@ -101,11 +101,10 @@ def _model_section(loaded) -> dict:
 
 def _code_digest(cache: Cache) -> str:
     """npubuild's code digest (`code.tree_digest`), remembered by its files' stat keys."""
-    import npubuild
-    from npubuild.engine.code import code_files, tree_digest
+    from npubuild.engine.code import running_code_files, running_package, tree_digest
 
-    package = Path(npubuild.__file__).resolve().parent
-    stats = [[str(path), stat_key(path.stat())] for path in code_files(package)]
+    package = running_package()
+    stats = [[str(path), stat_key(path.stat())] for path in running_code_files()]
     return _remembered(cache, {"code of": str(package), "stats": stats},
                        lambda: tree_digest(package))
 

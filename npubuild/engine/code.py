@@ -38,9 +38,21 @@ def tree_digest(package: Path) -> str:
     return digest.hexdigest()
 
 
+def running_package() -> Path:
+    """The folder of the running npubuild."""
+    import npubuild
+
+    return Path(npubuild.__file__).resolve().parent
+
+
+@cache
+def running_code_files() -> tuple[Path, ...]:
+    """`code_files` of the running npubuild, listed once per process (a run's no-op stamp and
+    validate's model facts both ask)."""
+    return tuple(code_files(running_package()))
+
+
 @cache
 def code_digest() -> str:
     """The running npubuild's digest, computed once per process (≈ 1.5 MB read)."""
-    import npubuild
-
-    return tree_digest(Path(npubuild.__file__).resolve().parent)
+    return tree_digest(running_package())

@@ -231,8 +231,7 @@ def recording(args) -> Iterator[Recording]:
 
 def _stats(loaded, build) -> dict[str, list | None] | None:
     """Stat keys of everything the up-to-date check read; None when it cannot be stamped."""
-    import npubuild
-    from npubuild.engine.code import code_files
+    from npubuild.engine.code import running_code_files
     from npubuild.engine.keys import read_manifest
     from npubuild.stages import PIPELINE
     from npubuild.targets import chip_file
@@ -240,7 +239,7 @@ def _stats(loaded, build) -> dict[str, list | None] | None:
     toolchain = _toolchain_files(loaded)
     if toolchain is None:
         return None
-    paths = [*code_files(Path(npubuild.__file__).resolve().parent), loaded.path,
+    paths = [*running_code_files(), loaded.path,
              chip_file(loaded.recipe.target, loaded.base_dir), *_settings_candidates(loaded),
              *[p for p in sys.path if p], *toolchain]
     for stage in PIPELINE:

@@ -111,9 +111,12 @@ def spelled(path: Path, base_dir: Path) -> str:
     return Path(os.path.relpath(resolved, base)).as_posix()
 
 
-def package_roots() -> list[Path]:
-    """The folders installed packages live in (site-packages, user site), deepest first."""
+@lru_cache(maxsize=None)
+def package_roots() -> tuple[Path, ...]:
+    """The folders installed packages live in (site-packages, user site), deepest first; found
+    once per process (every file a stage key names asks)."""
     roots = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
     roots.update(site.getsitepackages(), [site.getusersitepackages()])
     roots.update(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))
-    return sorted({Path(r).resolve() for r in roots if r}, key=lambda r: (-len(r.parts), str(r)))
+    return tuple(sorted({Path(r).resolve() for r in roots if r},
+                        key=lambda r: (-len(r.parts), str(r))))
