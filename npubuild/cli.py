@@ -31,7 +31,7 @@ EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a command killed by SIGP
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(_command_named(argv)).parse_args(argv)
     except UsageError as exc:
         return _report_error(exc, argparse.Namespace(json="--json" in argv, verbose=0))
     logging.basicConfig(level=_log_level(args), format="%(levelname)s %(name)s: %(message)s",
@@ -115,8 +115,21 @@ def _suggestion(message: str) -> str:
     return did_you_mean(found[1], re.findall(r"'([^']*)'", found[2]))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser: global options, then one subcommand per module of `npubuild.commands`."""
+def _command_named(argv: list[str]) -> str | None:
+    """The command a command line names: its first word that is not an option (the global
+    options take no value), if it is one of `npubuild.commands.COMMANDS`."""
+    from npubuild.commands import COMMANDS
+
+    word = next((arg for arg in argv if not arg.startswith("-")), None)
+    return word if word in COMMANDS else None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser: global options, then one subcommand per module of `npubuild.commands`.
+    Given the ``command`` a command line names, only that subcommand gets its arguments (the
+    others are listed, with their help, and never parse this line): adding every command's
+    options costs each run, a no-op included, about 10 ms. Without it, every subcommand gets
+    them (completion scripts read them all)."""
     parser = Parser(
         prog="npubuild", description="Build an NPU deployment from a YAML recipe: import → "
         "surgery → fusion → split → quantize → compile → verify, cached and checked at every step.",
@@ -130,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     for module in command_modules():
         p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
         p.set_defaults(func=module.run)
-        _add_shared_options(p, **module.OPTIONS)
-        module.add_arguments(p)
+        if command in (None, module.NAME):
+            _add_shared_options(p, **module.OPTIONS)
+            module.add_arguments(p)
     return parser
 
 
