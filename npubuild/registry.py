@@ -33,7 +33,7 @@ class Registry(Generic[T]):
         if self._plugins_loaded or not self.entry_point_group:
             return
         self._plugins_loaded = True
-        for ep in _installed_entry_points().select(group=self.entry_point_group):
+        for ep in installed_entry_points(self.entry_point_group):
             ep.load()
 
     def __getitem__(self, name: str) -> T:
@@ -55,8 +55,13 @@ class Registry(Generic[T]):
         return self._items.items()
 
 
+def installed_entry_points(group: str):
+    """The installed entry points of ``group`` (`_every_entry_point`, read once per process)."""
+    return _every_entry_point().select(group=group)
+
+
 @cache
-def _installed_entry_points():
+def _every_entry_point():
     """Every installed package's entry points, read once per process: each query reads every
     distribution's metadata (a few hundred packages where TensorFlow is installed)."""
     return entry_points()

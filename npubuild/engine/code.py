@@ -11,8 +11,13 @@ agree; byte code (``__pycache__``) and anything else lying in a source checkout 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from npubuild.engine.hashing import HashCache
 
 # The package's code and shipped data; pyproject's [tool.setuptools.package-data] lists the
 # same data patterns (a test keeps the two equal).
@@ -27,11 +32,12 @@ def code_files(package: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.relative_to(package).as_posix())
 
 
-def tree_digest(package: Path) -> str:
+def tree_digest(package: Path, files: Iterable[Path] | None = None) -> str:
     """sha256 over each file's relative path and content (lengths framed, so no two trees
-    collide by moving bytes between a name and a content)."""
+    collide by moving bytes between a name and a content); ``files``: `code_files` of
+    ``package``, when the caller has them."""
     digest = hashlib.sha256()
-    for path in code_files(package):
+    for path in code_files(package) if files is None else files:
         name, data = path.relative_to(package).as_posix().encode(), path.read_bytes()
         digest.update(b"%d:%s%d:" % (len(name), name, len(data)))
         digest.update(data)
@@ -55,4 +61,12 @@ def running_code_files() -> tuple[Path, ...]:
 @cache
 def code_digest() -> str:
     """The running npubuild's digest, computed once per process (≈ 1.5 MB read)."""
-    return tree_digest(running_package())
+    return tree_digest(running_package(), running_code_files())
+
+
+def remembered_code_digest(hashes: HashCache) -> str:
+    """`code_digest`, read from a build's hash cache when it holds it for these very files
+    (their stat keys, which the cache trusts for every file it remembers), else computed and
+    remembered there: a run that finds its stages current reads no code."""
+    return hashes.derived(f"npubuild code in {running_package()}", running_code_files(),
+                          code_digest)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import stat as stat_mod
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,18 @@ class HashCache:
             return entry[1]
         digest = sha256_file(path)
         self.table[key] = [stat_key(st), digest]
+        self.dirty = True
+        return digest
+
+    def derived(self, label: str, paths: Sequence[Path], compute: Callable[[], str]) -> str:
+        """A digest of several files (``compute()``), remembered under ``label`` with their
+        stat keys, which are taken first: a file changed meanwhile only misses next time."""
+        stats = [[str(path), stat_key(path.stat())] for path in paths]
+        entry = self.table.get(label)
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == stats:
+            return entry[1]
+        digest = compute()
+        self.table[label] = [stats, digest]
         self.dirty = True
         return digest
 

@@ -128,11 +128,13 @@ def tensorflow_frontend(stage: "Stage", loaded: "LoadedRecipe") -> dict[str, str
 @cache
 def tool_version_hooks() -> tuple[ToolVersionHook, ...]:
     """The hooks of `TOOL_VERSION_HOOKS`, then those plug-ins register as entry points."""
+    from npubuild.registry import installed_entry_points
+
     hooks = []
     for entry in TOOL_VERSION_HOOKS:
         module, _, attr = entry.partition(":")
         hooks.append(getattr(import_module(module), attr))
-    hooks += [ep.load() for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
+    hooks += [ep.load() for ep in sorted(installed_entry_points(ENTRY_POINT_GROUP),
                                          key=lambda ep: ep.name)]
     return tuple(hooks)
 

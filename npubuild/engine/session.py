@@ -20,7 +20,7 @@ from typing import Any, Callable
 from npubuild import __version__
 from npubuild.atomic import write_json
 from npubuild.engine.cache import TMP_PREFIX, Cache, CacheCorrupt, remove
-from npubuild.engine.code import code_digest
+from npubuild.engine.code import remembered_code_digest
 from npubuild.engine.fetch import StageArtifacts
 from npubuild.engine.hashing import HashCache, sha256_data, sha256_file
 from npubuild.engine.keys import KeyParts, explain_change, key_parts, read_manifest
@@ -127,7 +127,7 @@ class BuildSession:
         if upstream is None:
             upstream = {u: read_manifest(self.paths.manifest(u)) for u in stage.needs}
         return key_parts(stage, self.loaded, upstream, self.hashes, digest, __version__,
-                         code_digest())
+                         remembered_code_digest(self.hashes))
 
     def expected(self) -> dict[str, tuple[KeyParts | None, dict | None, str]]:
         """Per stage, without building: its key parts, the manifest that key has (in the build

@@ -16,7 +16,9 @@ import pytest
 import npubuild
 from npubuild import api
 from npubuild.engine import session as engine
-from npubuild.engine.code import DATA_PATTERNS, code_digest, tree_digest
+from npubuild.engine import code
+from npubuild.engine.code import DATA_PATTERNS, code_digest, remembered_code_digest, tree_digest
+from npubuild.engine.hashing import HashCache
 from npubuild.stages import PIPELINE
 from tests.conftest import REPO, TINY_RECIPE, write_recipe
 
@@ -83,9 +85,28 @@ def test_other_code_changes_every_stage_key(tmp_path, monkeypatch):
     report = api.build(session)
     built = {s: v["key"] for s, v in report["stages"].items()}
 
-    monkeypatch.setattr(engine, "code_digest", lambda: "0" * 64)  # another commit, same version
+    monkeypatch.setattr(engine, "remembered_code_digest", lambda hashes: "0" * 64)  # another commit
     fresh = api.session_for(recipe, build_root=tmp_path / "b", cache=tmp_path / "c")
     keys = {s.name: fresh.parts(s).key for s in PIPELINE}
     assert all(keys[s] != built[s] for s in built) and len(built) == len(PIPELINE)
     plan = fresh.plan(PIPELINE)
     assert plan[0].status == "will run" and plan[0].reason.startswith("npubuild's code changed")
+
+
+def test_a_build_reads_the_code_again_only_when_a_code_file_changed(tmp_path, monkeypatch):
+    files = [tmp_path / "a.py", tmp_path / "b.py"]
+    for path in files:
+        path.write_text(f"# {path.name}\n")
+    reads = []
+    monkeypatch.setattr(code, "running_package", lambda: tmp_path)
+    monkeypatch.setattr(code, "running_code_files", lambda: tuple(files))
+    monkeypatch.setattr(code, "code_digest",
+                        lambda: reads.append(1) or tree_digest(tmp_path, files))
+    first = HashCache(tmp_path / "hashes.json")
+    digest = remembered_code_digest(first)
+    first.save()
+    assert remembered_code_digest(HashCache(tmp_path / "hashes.json")) == digest
+    assert len(reads) == 1  # remembered by the files' stat keys
+    files[1].write_text("# b.py, edited\n")
+    assert remembered_code_digest(HashCache(tmp_path / "hashes.json")) != digest
+    assert len(reads) == 2
