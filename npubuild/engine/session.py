@@ -117,6 +117,11 @@ class BuildSession:
         return self.loaded.chip()
 
     @cached_property
+    def code_digest(self) -> str:
+        """npubuild's code digest, part of every stage key (`remembered_code_digest`)."""
+        return remembered_code_digest(self.hashes)
+
+    @cached_property
     def chip_digest(self) -> str:
         return sha256_data(self.chip.digest_data())
 
@@ -127,7 +132,7 @@ class BuildSession:
         if upstream is None:
             upstream = {u: read_manifest(self.paths.manifest(u)) for u in stage.needs}
         return key_parts(stage, self.loaded, upstream, self.hashes, digest, __version__,
-                         remembered_code_digest(self.hashes))
+                         self.code_digest)
 
     def expected(self) -> dict[str, tuple[KeyParts | None, dict | None, str]]:
         """Per stage, without building: its key parts, the manifest that key has (in the build
