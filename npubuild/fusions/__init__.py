@@ -59,6 +59,22 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "npubuild.fusions.layer_norm",
 )
 
+# Each built-in rule and the module that registers it, in the order `load_builtins` registers
+# them: the names a recipe may give are known without importing the rules (as
+# `npubuild.backends` knows its built-ins), so validating a recipe imports none.
+BUILTIN_RULES: dict[str, str] = {
+    "conv_bn": "npubuild.fusions.conv_bn",
+    "fold_affine": "npubuild.fusions.affine",
+    "pad_conv": "npubuild.fusions.pad_conv",
+    "silu": "npubuild.fusions.conv",
+    "hard_swish": "npubuild.fusions.conv",
+    "conv_act": "npubuild.fusions.conv",
+    "conv_silu": "npubuild.fusions.conv",
+    "gemm_act": "npubuild.fusions.linear",
+    "matmul_add": "npubuild.fusions.linear",
+    "layer_norm": "npubuild.fusions.layer_norm",
+}
+
 DEFAULT_RULES: tuple[str, ...] = (
     "fold_affine", "conv_bn", "pad_conv", "conv_silu", "conv_act", "silu", "hard_swish",
     "gemm_act", "matmul_add", "layer_norm",
@@ -78,6 +94,13 @@ def fusion_rule(name: str):
         return fn
 
     return decorate
+
+
+def rule_names() -> list[str]:
+    """Every rule a recipe may name: the built-ins (not imported), then the plug-ins'
+    (loaded), in the order `load_builtins().names()` gives them."""
+    FUSIONS.load_plugins()
+    return [*BUILTIN_RULES, *(name for name in FUSIONS.names() if name not in BUILTIN_RULES)]
 
 
 def load_builtins() -> Registry[FusionRule]:

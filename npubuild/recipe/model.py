@@ -246,7 +246,7 @@ def _fusion_item_kind(value: Any) -> str:
 
 def _fusion_rule_names() -> dict:
     """Editors offer and check the registered rule names (the validator below says the same)."""
-    return {"type": "string", "enum": fusions.load_builtins().names(),
+    return {"type": "string", "enum": fusions.rule_names(),
             "description": "A fusion rule by name."}
 
 
@@ -571,16 +571,16 @@ class Recipe(Strict):
     @field_validator("fusion")
     @classmethod
     def _known_fusion_rules(cls, items):
-        registry = fusions.load_builtins()
+        known = fusions.rule_names()
         for item in items:
             if isinstance(item, dict) and len(item) != 1:
                 raise ValueError(f"a fusion entry with options names one rule ({{conv_bn: "
                                  f"{{tolerance: 1e-4}}}}), not {len(item)}")
             for name in [item] if isinstance(item, str) else item if isinstance(item, dict) else []:
-                if name not in registry:
+                if name not in known:
                     raise ValueError(f"unknown fusion rule {name!r} (known: "
-                                     f"{', '.join(registry.names()) or '(none)'})"
-                                     + did_you_mean(name, registry.names()))
+                                     f"{', '.join(known) or '(none)'})"
+                                     + did_you_mean(name, known))
         return items
 
 

@@ -1,0 +1,29 @@
+"""The fusion registry names its built-in rules without importing them (validating a recipe,
+and its JSON Schema, need the names only) and in the order its modules register them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import import_module
+
+from npubuild import fusions
+from tests.conftest import REPO
+
+
+def test_each_builtin_rule_is_registered_by_the_module_it_is_listed_with():
+    for name, module in fusions.BUILTIN_RULES.items():
+        import_module(module)
+        assert name in fusions.FUSIONS, (name, module)
+    registered = fusions.load_builtins().names()
+    assert registered[:len(fusions.BUILTIN_RULES)] == list(fusions.BUILTIN_RULES)
+    assert fusions.rule_names() == registered
+
+
+def test_loading_a_recipe_imports_no_fusion_rule():
+    code = ("import sys; from npubuild.recipe import load_recipe; "
+            "loaded = load_recipe('recipes/yolov8.yaml'); print(loaded.recipe.fusion, "
+            "sorted(m for m in sys.modules if m.startswith('npubuild.fusions.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert out.stdout.split() == ["['conv_silu']", "[]"]
