@@ -2,7 +2,8 @@
 (replayed: nothing changed since the last run; and *touched*: a copy of the recipe touched before
 each run, its content unchanged, so the stamp misses and the ordinary up-to-date check runs) and
 `npubuild validate recipes/yolov8.yaml` (replayed, as when nothing changed since the last
-validate; and *edited*: a copy of the recipe touched before each run, so it is checked again),
+validate; and *edited*: a copy of the recipe given a new last line, a comment, before each run,
+so it is checked again),
 against plain `doit` running an equivalent one-task dodo file (a python-action with a file_dep
 on the model and an up-to-date check), all measured in this run, interleaved (one run of each in
 turn), in CPU time (user + system of the child process: steady on a shared machine) and wall
@@ -62,7 +63,7 @@ def environment(tmp: Path, **extra: str) -> dict:
 
 
 def commands(tree: Path, tmp: Path, tag: str, stage: str) -> list[tuple]:
-    """(name, command, folder, environment, file touched before each run or None) per row;
+    """(name, command, folder, environment, what to do before each run or None) per row;
     the builds are made here, before anything is timed."""
     env = environment(tmp, PYTHONPATH=str(tree))
     recipe = REPO / "recipes/yolov8.yaml"
@@ -83,10 +84,18 @@ def commands(tree: Path, tmp: Path, tag: str, stage: str) -> list[tuple]:
     for cmd in (replayed, ordinary):  # the real build, then a restore from the cache
         subprocess.run(cmd, cwd=tmp, env=env, check=True, capture_output=True)
     validate = [sys.executable, "-m", "npubuild", "validate"]
+    edits = iter(range(1, 1 << 30))
+
+    def touch() -> None:  # mtime and ctime change, the content stays: the stamp misses
+        os.utime(touched)
+
+    def edit() -> None:  # new content each time (a comment: the recipe stays valid)
+        edited.write_bytes(recipe.read_bytes() + b"# edit %d\n" % next(edits))
+
     return [(f"npubuild run yolov8.yaml {stage}{suffix}", replayed, tmp, env, None),
-            (f"npubuild run {stage}, recipe touched{suffix}", ordinary, tmp, env, touched),
+            (f"npubuild run {stage}, recipe touched{suffix}", ordinary, tmp, env, touch),
             (f"npubuild validate yolov8.yaml{suffix}", validate + [str(recipe)], tmp, env, None),
-            (f"npubuild validate, edited{suffix}", validate + [str(edited)], tmp, env, edited)]
+            (f"npubuild validate, edited{suffix}", validate + [str(edited)], tmp, env, edit)]
 
 
 def main() -> None:
@@ -116,9 +125,9 @@ def main() -> None:
             subprocess.run(cmd, cwd=cwd, env=env, check=True, capture_output=True)
         times: dict[str, list[tuple[float, float]]] = {row[0]: [] for row in rows}
         for _ in range(args.runs):
-            for name, cmd, cwd, env, touched in rows:
-                if touched is not None:  # mtime and ctime change: the stamp no longer speaks
-                    os.utime(touched)
+            for name, cmd, cwd, env, before in rows:
+                if before is not None:
+                    before()
                 times[name].append(clocked(cmd, cwd, env))
     print(table(times, args.runs, baseline=bool(args.baseline_tree)))
     print("\nload average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
