@@ -39,7 +39,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from npubuild.engine.hashing import stat_key
+from npubuild.engine.hashing import sha256_file, stat_key
+from npubuild.errors import UserError
 
 FORMAT = "npubuild.noop/1"
 MAGIC = set("*?[")
@@ -116,16 +117,18 @@ def stamp_validate(args, recording: Recording, loaded: list) -> None:
     from npubuild.engine.paths import BuildPaths
 
     stats: dict = {}
+    contents: dict = {}
     for one in loaded:
         build = BuildPaths.for_recipe(one.recipe.name)
         found = _stats(one, build)
         if found is None:
             return
         stats.update(found)
+        contents.update(_contents(one))
         for path in (build.root, build.owner):
             stats[str(path)] = _stat_or_none(path)
     key = validate_key(args)
-    _write(validate_stamp_path(key), key, stats, recording)
+    _write(validate_stamp_path(key), key, stats, contents, recording)
 
 
 def _replayed(path: Path, key: dict) -> bool:
@@ -140,11 +143,12 @@ def _replayed(path: Path, key: dict) -> bool:
     return True
 
 
-def _write(path: Path, key: dict, stats: dict, recording: Recording) -> None:
+def _write(path: Path, key: dict, stats: dict, contents: dict, recording: Recording) -> None:
     from npubuild.atomic import write_json
 
     try:
-        write_json(path, {"key": key, "stats": stats, "stdout": recording.out.copy.getvalue(),
+        write_json(path, {"key": key, "stats": stats, "contents": contents,
+                          "stdout": recording.out.copy.getvalue(),
                           "stderr": recording.err.copy.getvalue()})
     except OSError:  # a folder that takes no stamp only loses the speed-up
         pass
@@ -158,7 +162,32 @@ def _stat_or_none(path) -> list | None:
 
 
 def _unchanged(stamp: dict) -> bool:
-    return all(_stat_or_none(path) == want for path, want in stamp.get("stats", {}).items())
+    """Every stat key as stamped; or, for a file whose content the stamp holds too (the recipe,
+    its chip file, the settings files: `_contents`), the same content. A recipe saved or checked
+    out unchanged (a new mtime and ctime, the same bytes) replays, as doit finds a touched
+    file_dep current by its hash; any other changed key takes the ordinary path."""
+    contents = stamp.get("contents") or {}
+    return all(_stat_or_none(path) == want or _same_content(path, contents.get(path))
+               for path, want in stamp.get("stats", {}).items())
+
+
+def _same_content(path: str, digest: str | None) -> bool:
+    if not isinstance(digest, str):
+        return False
+    try:
+        return sha256_file(Path(path)) == digest
+    except (OSError, UserError):  # gone, or no longer a regular file
+        return False
+
+
+def _contents(loaded) -> dict[str, str]:
+    """The sha256 of the small files a user edits by hand and an editor or a checkout may
+    rewrite unchanged: the recipe, its chip file and the settings files there are."""
+    from npubuild.targets import chip_file
+
+    paths = [loaded.path, chip_file(loaded.recipe.target, loaded.base_dir),
+             *(p for p in _settings_candidates(loaded) if p.is_file())]
+    return {str(Path(p)): sha256_file(Path(p)) for p in paths}
 
 
 class _Tee(io.TextIOBase):
@@ -211,7 +240,7 @@ class Recording:
         if stats is None:
             return
         key = command_key(self.args)
-        _write(stamp_path(self.args, key), key, stats, self)
+        _write(stamp_path(self.args, key), key, stats, _contents(loaded), self)
 
 
 @contextmanager

@@ -83,6 +83,22 @@ def test_any_change_the_up_to_date_check_reads_takes_the_ordinary_path(tmp_path)
     assert not run(tmp_path, recipe, env={"NPUBUILD_REMOTE": str(tmp_path / "remote")})[2]
 
 
+def test_a_recipe_saved_unchanged_replays_and_a_changed_byte_does_not(tmp_path):
+    recipe = write_recipe(tmp_path, TINY_RECIPE)
+    run(tmp_path, recipe)
+    out, _, _ = run(tmp_path, recipe)
+    recipe.write_bytes(recipe.read_bytes())  # an editor's save: new mtime and ctime, same bytes
+    os.utime(recipe)
+    again, _, fast = run(tmp_path, recipe)
+    assert fast and again == out
+    assert validate(tmp_path, recipe)[2] is False
+    recipe.write_bytes(recipe.read_bytes())
+    assert validate(tmp_path, recipe)[2]
+
+    recipe.write_text(recipe.read_text().replace("name: tiny", "name: tinz"))  # one byte
+    assert not run(tmp_path, recipe)[2] and not validate(tmp_path, recipe)[2]
+
+
 def test_a_new_file_matching_a_data_glob_takes_the_ordinary_path(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
