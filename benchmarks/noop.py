@@ -1,13 +1,14 @@
 """No-op build overhead: `npubuild run recipes/yolov8.yaml STAGE` when everything is current
-(replayed: nothing changed since the last run; and *touched*: a copy of the recipe touched before
-each run, its content unchanged, so the stamp misses and the ordinary up-to-date check runs) and
-`npubuild validate recipes/yolov8.yaml` (replayed, as when nothing changed since the last
-validate; and *edited*: a copy of the recipe given a new last line, a comment, before each run,
-so it is checked again),
-against plain `doit` running an equivalent one-task dodo file (a python-action with a file_dep
-on the model and an up-to-date check), all measured in this run, interleaved (one run of each in
-turn), in CPU time (user + system of the child process: steady on a shared machine) and wall
-time. Prints a table of medians.
+and `npubuild validate recipes/yolov8.yaml`, against plain `doit` running an equivalent one-task
+dodo file (a python-action with a file_dep on the model and an up-to-date check), all measured
+in this run, interleaved (one run of each in turn), in CPU time (user + system of the child
+process: steady on a shared machine) and wall time. Prints a table of medians.
+
+The run is measured replayed (nothing changed since the last run), after the recipe was saved
+unchanged (new mtime and ctime, the same bytes: it replays too, as doit finds a touched file_dep
+current by its hash) and after the recipe was *edited* (a new comment line before each run: the
+stamp misses, the ordinary up-to-date check finds every stage current). validate is measured
+replayed and after an edit (checked again).
 
     python3 benchmarks/noop.py [--runs 10] [--stage import] [--baseline-tree /path/to/checkout]
 
@@ -63,8 +64,8 @@ def environment(tmp: Path, **extra: str) -> dict:
 
 
 def commands(tree: Path, tmp: Path, tag: str, stage: str) -> list[tuple]:
-    """(name, command, folder, environment, what to do before each run or None) per row;
-    the builds are made here, before anything is timed."""
+    """(name, command, folder, environment, what to do to the recipe before each run, or
+    None) per row; the builds are made here, before anything is timed."""
     env = environment(tmp, PYTHONPATH=str(tree))
     recipe = REPO / "recipes/yolov8.yaml"
     suffix = f" ({tag})" if tag else ""
@@ -79,23 +80,30 @@ def commands(tree: Path, tmp: Path, tag: str, stage: str) -> list[tuple]:
         return [sys.executable, "-m", "npubuild", "run", str(path), stage, "--build-dir",
                 str(tmp / f"{build}-{tag}"), "--cache", str(tmp / f"cache-{tag}")]
 
-    touched, edited = copy("touched"), copy("edited")
-    replayed, ordinary = run(recipe, "build"), run(touched, "build-touched")
-    for cmd in (replayed, ordinary):  # the real build, then a restore from the cache
+    saved, edited, validated = copy("saved"), copy("edited"), copy("validated")
+    replayed = run(recipe, "build")
+    after_save, after_edit = run(saved, "build-saved"), run(edited, "build-edited")
+    for cmd in (replayed, after_save, after_edit):  # the real build, then cache restores
         subprocess.run(cmd, cwd=tmp, env=env, check=True, capture_output=True)
-    validate = [sys.executable, "-m", "npubuild", "validate"]
     edits = iter(range(1, 1 << 30))
 
-    def touch() -> None:  # mtime and ctime change, the content stays: the stamp misses
-        os.utime(touched)
+    def save() -> None:  # mtime and ctime change, the bytes stay
+        saved.write_bytes(saved.read_bytes())
 
-    def edit() -> None:  # new content each time (a comment: the recipe stays valid)
-        edited.write_bytes(recipe.read_bytes() + b"# edit %d\n" % next(edits))
+    def edit(path: Path):
+        def rewrite() -> None:  # new content each time (a comment: the recipe stays valid)
+            path.write_bytes(recipe.read_bytes() + b"# edit %d\n" % next(edits))
+        return rewrite
 
+    validate = [sys.executable, "-m", "npubuild", "validate"]
     return [(f"npubuild run yolov8.yaml {stage}{suffix}", replayed, tmp, env, None),
-            (f"npubuild run {stage}, recipe touched{suffix}", ordinary, tmp, env, touch),
+            (f"npubuild run {stage}, recipe saved unchanged{suffix}", after_save, tmp, env,
+             save),
+            (f"npubuild run {stage}, recipe edited{suffix}", after_edit, tmp, env,
+             edit(edited)),
             (f"npubuild validate yolov8.yaml{suffix}", validate + [str(recipe)], tmp, env, None),
-            (f"npubuild validate, edited{suffix}", validate + [str(edited)], tmp, env, edit)]
+            (f"npubuild validate, recipe edited{suffix}", validate + [str(validated)], tmp, env,
+             edit(validated))]
 
 
 def main() -> None:
@@ -138,11 +146,12 @@ def table(times: dict[str, list[tuple[float, float]]], runs: int, baseline: bool
     cpu = {name: statistics.median(c for c, _ in measured) for name, measured in times.items()}
     wall = {name: statistics.median(w for _, w in measured) for name, measured in times.items()}
     extra, rule = (" vs baseline: CPU, wall |", f"{'-' * 24}|") if baseline else ("", "")
+    width = max(map(len, times))
     lines = [f"no-op runs, {runs} each, interleaved (seconds; medians)", "",
-             f"| {'command':<52} | CPU    | vs doit | wall   | vs doit |{extra}",
-             f"|{'-' * 54}|--------|---------|--------|---------|{rule}"]
+             f"| {'command':<{width}} | CPU    | vs doit | wall   | vs doit |{extra}",
+             f"|{'-' * (width + 2)}|--------|---------|--------|---------|{rule}"]
     for name in times:
-        row = (f"| {name:<52} | {cpu[name]:6.3f} | {cpu[name] / cpu[DOIT]:6.2f}x | "
+        row = (f"| {name:<{width}} | {cpu[name]:6.3f} | {cpu[name] / cpu[DOIT]:6.2f}x | "
                f"{wall[name]:6.3f} | {wall[name] / wall[DOIT]:6.2f}x |")
         if baseline:
             base = f"{name} (baseline)"
