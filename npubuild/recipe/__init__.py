@@ -115,14 +115,15 @@ class LoadedRecipe:
         as the file is: a bad value is a UserError at the recipe's line for that field, naming
         the override."""
         from npubuild.recipe import overrides as ov
-        from npubuild.recipe.model import Recipe
+        from npubuild.recipe.model import recipe_model_for
 
         if not overrides:
             return self
         merged = {**self.overrides, **overrides}
         marked = ov.apply(self.marked, overrides)
         try:
-            loaded = LoadedRecipe(validate(marked, Recipe), self.path, marked, merged)
+            loaded = LoadedRecipe(validate(marked, recipe_model_for(marked.data)), self.path,
+                                  marked, merged)
             if check_files:
                 check_recipe_files(loaded)
         except UserError as exc:
@@ -170,14 +171,14 @@ def _field_path(dotted_field: str) -> tuple[str | int, ...]:
 
 def load_recipe(path: str | Path, *, check_files: bool = True) -> LoadedRecipe:
     """Read, validate and (by default) check that the model file and the target exist."""
-    from npubuild.recipe.model import Recipe
+    from npubuild.recipe.model import recipe_model_for
 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"recipe file not found: {path}",
                         hint="give the path to a recipe YAML, e.g. recipes/yolov8.yaml")
     marked = read_yaml(path)
-    loaded = LoadedRecipe(validate(marked, Recipe), path, marked)
+    loaded = LoadedRecipe(validate(marked, recipe_model_for(marked.data)), path, marked)
     if check_files:
         check_recipe_files(loaded)
     return loaded

@@ -3,12 +3,14 @@
 This file is the single source of the recipe schema: ``schemas/recipe.schema.json`` is generated
 from ``Recipe`` (``npubuild schema recipe``) and a test fails when the file is stale.
 Every model forbids unknown keys. Surgery steps form a discriminated union keyed by the step
-name, built from the surgery registry, so an unknown step is reported as unknown.
+name, built from the surgery registry, so an unknown step is reported as unknown; a recipe is
+validated by `recipe_model_for` its own steps, which imports only their rewrites.
 """
 
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictFloat, StrictInt, Tag,
@@ -159,21 +161,40 @@ class ModelSpec(Strict):
         return next((i.layout for i in self.inputs if i.layout != "any"), None)
 
 
-def _surgery_step_union() -> Any:
-    """``{name: args}`` single-key mappings, one variant per registered rewrite."""
-    registry = surgery.load_builtins()
-    if not len(registry):
+# Tags no surgery step has (the discriminator below never returns them): they pad a union of
+# fewer than two steps, the least a tagged union takes.
+_PADDING = ("\0no step", "\0no other step")
+
+
+class _NoStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@cache
+def _step_model(name: str) -> type[BaseModel]:
+    """``{name: args}``: one rewrite's step (its module imported here)."""
+    rw = surgery.get(name)
+    return create_model(f"Step_{name}", __config__=ConfigDict(extra="forbid", title=name),
+                        __doc__=rw.doc or None, **{name: (rw.args, ...)})
+
+
+@cache
+def surgery_steps(names: tuple[str, ...] | None = None) -> Any:
+    """One surgery step: a ``{name: args}`` single-key mapping, one variant per rewrite in
+    ``names`` (the steps a recipe names: `recipe_model_for`), or per registered rewrite (None,
+    as the schema lists them). A name that is no rewrite's is unknown either way, and the
+    error lists every registered name."""
+    known = surgery.rewrite_names()
+    if not known:
         return dict[str, dict[str, Any]]
-    variants = []
-    for name, rw in registry.items():
-        step_model = create_model(
-            f"Step_{name}", __config__=ConfigDict(extra="forbid", title=name),
-            __doc__=rw.doc or None, **{name: (rw.args, ...)})
-        variants.append(Annotated[step_model, Tag(name)])
+    chosen = known if names is None else [name for name in known if name in names]
+    variants = [Annotated[_step_model(name), Tag(name)] for name in chosen]
+    variants += [Annotated[_NoStep, Tag(tag)] for tag in _PADDING[:max(0, 2 - len(variants))]]
 
     def step_name(value: Any) -> str | None:
         if isinstance(value, dict) and len(value) == 1:
-            return next(iter(value))
+            name = next(iter(value))
+            return None if name in _PADDING else name
         if isinstance(value, BaseModel):
             return next(iter(type(value).model_fields))
         return None
@@ -181,10 +202,7 @@ def _surgery_step_union() -> Any:
     return Annotated[Union[tuple(variants)], Discriminator(
         step_name, custom_error_type="unknown_step",
         custom_error_message="unknown surgery step",
-        custom_error_context={"known": ", ".join(registry.names())})]
-
-
-SurgeryStep = _surgery_step_union()
+        custom_error_context={"known": ", ".join(known)})]
 
 
 class FusionPatternOp(Strict):
@@ -533,62 +551,102 @@ class VerifySpec(Strict):
                           "the class ids.")
 
 
-class Recipe(Strict):
-    """A deployment: the model, the rewrites, the split, quantization, the target chip."""
+class RecipeBase(Strict):
+    """What every recipe model (`recipe_model`) is: recipes with equal values are equal,
+    whichever steps' model validated them."""
 
-    version: Literal[1] = Field(description="Recipe format version.")
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100,
-                      description="Names the build directory build/<name>/.")
-    model: ModelSpec
-    """The source model: file, inputs, outputs."""
-    target: ChipName = Field("npu-16m", description="A built-in chip (`npubuild targets`) or a "
-                                               "chip YAML path.")
-    targets: list[ChipName] = Field(
-        default_factory=list, description="Matrix build: `npubuild run` builds the recipe once "
-        "per chip here, as build/<name>@<chip>/, and prints one comparison table; `target` stays "
-        "the chip of single-target commands (plan, show, infer).")
-    surgery: list[SurgeryStep] = Field(default_factory=list)  # type: ignore[valid-type]
-    """Graph rewrites, applied in order; each is checked to keep the model's outputs equal."""
-    fusion: list[FusionItem] = Field(  # type: ignore[valid-type]
-        default_factory=list, description="Fusion rules in order: a built-in rule's name, "
-        "{<rule>: {tolerance: ...}}, or a pattern rule {name: ..., pattern: [...]}.")
-    split: SplitSpec = Field(default_factory=SplitSpec)
-    """Which nodes run on the NPU and which on the CPU."""
-    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
-    """How the NPU submodels become int8."""
-    compile: CompileSpec = Field(default_factory=CompileSpec)
-    """How NPU submodels are compiled for the chip."""
-    verify: VerifySpec = Field(default_factory=VerifySpec)
-    """The end-to-end check of the deployed pipeline against the float model."""
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RecipeBase):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
 
-    @field_validator("version", mode="before")
-    @classmethod
-    def _version_is_a_number(cls, version):
-        if isinstance(version, bool):  # Literal[1] takes True as 1 even in strict mode
-            raise ValueError(f"version must be the number {RECIPE_VERSION}, not {version}")
-        return version
 
-    @field_validator("fusion")
-    @classmethod
-    def _known_fusion_rules(cls, items):
-        known = fusions.rule_names()
-        for item in items:
-            if isinstance(item, dict) and len(item) != 1:
-                raise ValueError(f"a fusion entry with options names one rule ({{conv_bn: "
-                                 f"{{tolerance: 1e-4}}}}), not {len(item)}")
-            for name in [item] if isinstance(item, str) else item if isinstance(item, dict) else []:
-                if name not in known:
-                    raise ValueError(f"unknown fusion rule {name!r} (known: "
-                                     f"{', '.join(known) or '(none)'})"
-                                     + did_you_mean(name, known))
-        return items
+@cache
+def recipe_model(steps: tuple[str, ...] | None = None) -> type[RecipeBase]:
+    """The recipe model whose surgery steps are ``steps`` (`surgery_steps`); None: every
+    registered rewrite's (`Recipe`, which the schema is generated from). The same ``steps``
+    give the same class, so two recipes compare as before."""
+    SurgeryStep = surgery_steps(steps)  # noqa: N806 — the annotation below names it
+
+    class Recipe(RecipeBase):
+        """A deployment: the model, the rewrites, the split, quantization, the target chip."""
+
+        version: Literal[1] = Field(description="Recipe format version.")
+        name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100,
+                          description="Names the build directory build/<name>/.")
+        model: ModelSpec
+        """The source model: file, inputs, outputs."""
+        target: ChipName = Field("npu-16m", description="A built-in chip (`npubuild targets`) or a "
+                                                   "chip YAML path.")
+        targets: list[ChipName] = Field(
+            default_factory=list, description="Matrix build: `npubuild run` builds the recipe once "
+            "per chip here, as build/<name>@<chip>/, and prints one comparison table; `target` stays "
+            "the chip of single-target commands (plan, show, infer).")
+        surgery: list[SurgeryStep] = Field(default_factory=list)  # type: ignore[valid-type]
+        """Graph rewrites, applied in order; each is checked to keep the model's outputs equal."""
+        fusion: list[FusionItem] = Field(  # type: ignore[valid-type]
+            default_factory=list, description="Fusion rules in order: a built-in rule's name, "
+            "{<rule>: {tolerance: ...}}, or a pattern rule {name: ..., pattern: [...]}.")
+        split: SplitSpec = Field(default_factory=SplitSpec)
+        """Which nodes run on the NPU and which on the CPU."""
+        quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+        """How the NPU submodels become int8."""
+        compile: CompileSpec = Field(default_factory=CompileSpec)
+        """How NPU submodels are compiled for the chip."""
+        verify: VerifySpec = Field(default_factory=VerifySpec)
+        """The end-to-end check of the deployed pipeline against the float model."""
+
+        @field_validator("version", mode="before")
+        @classmethod
+        def _version_is_a_number(cls, version):
+            if isinstance(version, bool):  # Literal[1] takes True as 1 even in strict mode
+                raise ValueError(f"version must be the number {RECIPE_VERSION}, not {version}")
+            return version
+
+        @field_validator("fusion")
+        @classmethod
+        def _known_fusion_rules(cls, items):
+            known = fusions.rule_names()
+            for item in items:
+                if isinstance(item, dict) and len(item) != 1:
+                    raise ValueError(f"a fusion entry with options names one rule ({{conv_bn: "
+                                     f"{{tolerance: 1e-4}}}}), not {len(item)}")
+                for name in [item] if isinstance(item, str) else item if isinstance(item, dict) else []:
+                    if name not in known:
+                        raise ValueError(f"unknown fusion rule {name!r} (known: "
+                                         f"{', '.join(known) or '(none)'})"
+                                         + did_you_mean(name, known))
+            return items
+
+    return Recipe
+
+
+def recipe_model_for(data: Any) -> type[RecipeBase]:
+    """The model that validates ``data`` (a recipe's YAML values) as `Recipe` does, with the
+    surgery steps it names only: building every rewrite's argument models, and importing
+    their modules, was a fifth of a recipe's validation. A name no rewrite has is unknown to
+    both."""
+    steps = data.get("surgery") if isinstance(data, dict) else None
+    named = {next(iter(step)) for step in steps if isinstance(step, dict) and len(step) == 1} \
+        if isinstance(steps, list) else set()
+    return recipe_model(tuple(name for name in surgery.rewrite_names() if name in named))
+
+
+def __getattr__(name: str) -> Any:
+    """`Recipe` (every rewrite's steps) and `SurgeryStep`, built on first use."""
+    if name == "Recipe":
+        return recipe_model()
+    if name == "SurgeryStep":
+        return surgery_steps()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def recipe_json_schema() -> dict:
     from npubuild.schemas.docstrings import describe
 
-    describe(Recipe)
-    schema = Recipe.model_json_schema()
+    recipe = recipe_model()
+    describe(recipe)
+    schema = recipe.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "npubuild recipe"
     _steps_as_one_object(schema)

@@ -56,6 +56,24 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "npubuild.surgery.io",
 )
 
+# Each built-in rewrite and the module that registers it, in the order `load_builtins`
+# registers them: the names a recipe may give are known without importing the rewrites, and
+# validating a recipe imports the modules of the steps it names only (as `npubuild.backends`
+# knows its built-ins).
+BUILTIN_REWRITES: dict[str, str] = {
+    "fold_constants": "npubuild.surgery.folding",
+    "remove_nodes": "npubuild.surgery.nodes",
+    "replace_op": "npubuild.surgery.nodes",
+    "set_attribute": "npubuild.surgery.nodes",
+    "insert_op": "npubuild.surgery.nodes",
+    "rewrite_gemm_as_conv": "npubuild.surgery.gemm",
+    "split_gemm_slices": "npubuild.surgery.gemm",
+    "reshape_to_4d": "npubuild.surgery.rank4",
+    "extract": "npubuild.surgery.io",
+    "update_io_shape": "npubuild.surgery.io",
+    "rename_tensors": "npubuild.surgery.io",
+}
+
 
 def rewrite(name: str, args: type[StepArgs], *, data_movement: bool = False):
     """Register ``fn(model, args) -> model`` as the rewrite called ``name`` in recipes."""
@@ -65,6 +83,22 @@ def rewrite(name: str, args: type[StepArgs], *, data_movement: bool = False):
         return fn
 
     return decorate
+
+
+def rewrite_names() -> list[str]:
+    """Every rewrite a recipe may name: the built-ins (not imported), then the plug-ins'
+    (loaded), in the order `load_builtins().names()` gives them."""
+    SURGERY.load_plugins()
+    return [*BUILTIN_REWRITES, *(name for name in SURGERY.names() if name not in BUILTIN_REWRITES)]
+
+
+def get(name: str) -> Rewrite:
+    """The rewrite called ``name``, its module imported on first use."""
+    if name in BUILTIN_REWRITES:
+        import_module(BUILTIN_REWRITES[name])  # registers it (once: imports are cached)
+    else:
+        SURGERY.load_plugins()
+    return SURGERY[name]
 
 
 def load_builtins() -> Registry[Rewrite]:
