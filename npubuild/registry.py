@@ -2,11 +2,15 @@
 
 Built-ins register at import time; third-party packages add entries through the entry-point
 group given to the registry (for example ``npubuild.surgery``). A name can be registered once.
+A registry may know its built-ins by name, each with the module that registers it, so that the
+names are known without importing them and `Registry.get` imports only the module asked for.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
+from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Generic, Iterator, TypeVar
 
@@ -16,9 +20,11 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Name → item, with duplicate detection and entry-point plugins."""
 
-    def __init__(self, kind: str, entry_point_group: str | None = None):
+    def __init__(self, kind: str, entry_point_group: str | None = None,
+                 builtins: Mapping[str, str] | None = None):
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.builtins: dict[str, str] = dict(builtins or {})  # name -> module registering it
         self._items: dict[str, T] = {}
         self._plugins_loaded = False
 
@@ -35,6 +41,19 @@ class Registry(Generic[T]):
         self._plugins_loaded = True
         for ep in installed_entry_points(self.entry_point_group):
             ep.load()
+
+    def known(self) -> list[str]:
+        """Every name: the built-ins (not imported), then the plug-ins' (loaded)."""
+        self.load_plugins()
+        return [*self.builtins, *(name for name in self._items if name not in self.builtins)]
+
+    def get(self, name: str) -> T:
+        """The entry called ``name``, a built-in's module imported on first use."""
+        if name in self.builtins:
+            import_module(self.builtins[name])  # registers it (once: imports are cached)
+        else:
+            self.load_plugins()
+        return self._items[name]
 
     def __getitem__(self, name: str) -> T:
         return self._items[name]

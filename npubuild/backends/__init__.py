@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -70,8 +69,6 @@ class Backend:
         return []
 
 
-BACKENDS: Registry[Backend] = Registry("backend", "npubuild.backends")
-
 #: The built-in backends by name, each with the module that registers it when imported. Naming
 #: them imports nothing: a chip file's ``backend`` is checked (`npubuild validate`) without
 #: loading a backend's code, numpy or ONNX; `get` imports the one a build uses.
@@ -82,6 +79,9 @@ BUILTIN_MODULES: dict[str, str] = {
     "vela": "npubuild.backends.vela",
 }
 
+BACKENDS: Registry[Backend] = Registry("backend", "npubuild.backends", BUILTIN_MODULES)
+
+
 
 def register(backend: Backend) -> Backend:
     return BACKENDS.register(backend.name, backend)
@@ -89,8 +89,7 @@ def register(backend: Backend) -> Backend:
 
 def names() -> list[str]:
     """Every backend's name: the built-ins (not imported) and the plugins' (loaded)."""
-    BACKENDS.load_plugins()
-    return [*BUILTIN_MODULES, *(name for name in BACKENDS.names() if name not in BUILTIN_MODULES)]
+    return BACKENDS.known()
 
 
 def is_known(name: str) -> bool:
@@ -100,11 +99,7 @@ def is_known(name: str) -> bool:
 
 def get(name: str) -> Backend:
     """The backend called ``name``, its module imported on first use."""
-    if name in BUILTIN_MODULES:
-        import_module(BUILTIN_MODULES[name])  # registers it (once: imports are cached)
-    else:
-        BACKENDS.load_plugins()
-    return BACKENDS[name]
+    return BACKENDS.get(name)
 
 
 def of(chip: Chip) -> Backend:

@@ -47,21 +47,9 @@ class FusionRule:
         return (self.apply.__doc__ or "").strip().split("\n\n")[0]
 
 
-FUSIONS: Registry[FusionRule] = Registry("fusion rule", "npubuild.fusions")
-
-BUILTIN_MODULES: tuple[str, ...] = (
-    "npubuild.fusions.conv_bn",
-    "npubuild.fusions.affine",
-    "npubuild.fusions.pad_conv",
-    "npubuild.fusions.conv",
-    "npubuild.fusions.activation",
-    "npubuild.fusions.linear",
-    "npubuild.fusions.layer_norm",
-)
-
 # Each built-in rule and the module that registers it, in the order `load_builtins` registers
-# them: the names a recipe may give are known without importing the rules (as
-# `npubuild.backends` knows its built-ins), so validating a recipe imports none.
+# them: `FUSIONS.known()` names them without importing the rules, so validating a recipe (and
+# writing its schema) imports none.
 BUILTIN_RULES: dict[str, str] = {
     "conv_bn": "npubuild.fusions.conv_bn",
     "fold_affine": "npubuild.fusions.affine",
@@ -74,6 +62,18 @@ BUILTIN_RULES: dict[str, str] = {
     "matmul_add": "npubuild.fusions.linear",
     "layer_norm": "npubuild.fusions.layer_norm",
 }
+
+FUSIONS: Registry[FusionRule] = Registry("fusion rule", "npubuild.fusions", BUILTIN_RULES)
+
+BUILTIN_MODULES: tuple[str, ...] = (
+    "npubuild.fusions.conv_bn",
+    "npubuild.fusions.affine",
+    "npubuild.fusions.pad_conv",
+    "npubuild.fusions.conv",
+    "npubuild.fusions.activation",
+    "npubuild.fusions.linear",
+    "npubuild.fusions.layer_norm",
+)
 
 DEFAULT_RULES: tuple[str, ...] = (
     "fold_affine", "conv_bn", "pad_conv", "conv_silu", "conv_act", "silu", "hard_swish",
@@ -94,13 +94,6 @@ def fusion_rule(name: str):
         return fn
 
     return decorate
-
-
-def rule_names() -> list[str]:
-    """Every rule a recipe may name: the built-ins (not imported), then the plug-ins'
-    (loaded), in the order `load_builtins().names()` gives them."""
-    FUSIONS.load_plugins()
-    return [*BUILTIN_RULES, *(name for name in FUSIONS.names() if name not in BUILTIN_RULES)]
 
 
 def load_builtins() -> Registry[FusionRule]:

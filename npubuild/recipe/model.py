@@ -173,7 +173,7 @@ class _NoStep(BaseModel):
 @cache
 def _step_model(name: str) -> type[BaseModel]:
     """``{name: args}``: one rewrite's step (its module imported here)."""
-    rw = surgery.get(name)
+    rw = surgery.SURGERY.get(name)
     return create_model(f"Step_{name}", __config__=ConfigDict(extra="forbid", title=name),
                         __doc__=rw.doc or None, **{name: (rw.args, ...)})
 
@@ -184,7 +184,7 @@ def surgery_steps(names: tuple[str, ...] | None = None) -> Any:
     ``names`` (the steps a recipe names: `recipe_model_for`), or per registered rewrite (None,
     as the schema lists them). A name that is no rewrite's is unknown either way, and the
     error lists every registered name."""
-    known = surgery.rewrite_names()
+    known = surgery.SURGERY.known()
     if not known:
         return dict[str, dict[str, Any]]
     chosen = known if names is None else [name for name in known if name in names]
@@ -264,7 +264,7 @@ def _fusion_item_kind(value: Any) -> str:
 
 def _fusion_rule_names() -> dict:
     """Editors offer and check the registered rule names (the validator below says the same)."""
-    return {"type": "string", "enum": fusions.rule_names(),
+    return {"type": "string", "enum": fusions.FUSIONS.known(),
             "description": "A fusion rule by name."}
 
 
@@ -606,7 +606,7 @@ def recipe_model(steps: tuple[str, ...] | None = None) -> type[RecipeBase]:
         @field_validator("fusion")
         @classmethod
         def _known_fusion_rules(cls, items):
-            known = fusions.rule_names()
+            known = fusions.FUSIONS.known()
             for item in items:
                 if isinstance(item, dict) and len(item) != 1:
                     raise ValueError(f"a fusion entry with options names one rule ({{conv_bn: "
@@ -629,7 +629,7 @@ def recipe_model_for(data: Any) -> type[RecipeBase]:
     steps = data.get("surgery") if isinstance(data, dict) else None
     named = {next(iter(step)) for step in steps if isinstance(step, dict) and len(step) == 1} \
         if isinstance(steps, list) else set()
-    return recipe_model(tuple(name for name in surgery.rewrite_names() if name in named))
+    return recipe_model(tuple(name for name in surgery.SURGERY.known() if name in named))
 
 
 def __getattr__(name: str) -> Any:

@@ -46,20 +46,9 @@ class Rewrite:
         return (self.apply.__doc__ or "").strip().split("\n\n")[0]
 
 
-SURGERY: Registry[Rewrite] = Registry("surgery rewrite", "npubuild.surgery")
-
-BUILTIN_MODULES: tuple[str, ...] = (
-    "npubuild.surgery.folding",
-    "npubuild.surgery.nodes",
-    "npubuild.surgery.gemm",
-    "npubuild.surgery.rank4",
-    "npubuild.surgery.io",
-)
-
 # Each built-in rewrite and the module that registers it, in the order `load_builtins`
-# registers them: the names a recipe may give are known without importing the rewrites, and
-# validating a recipe imports the modules of the steps it names only (as `npubuild.backends`
-# knows its built-ins).
+# registers them: `SURGERY.known()` names them without importing the rewrites, and validating
+# a recipe imports the modules of the steps it names only (`SURGERY.get`).
 BUILTIN_REWRITES: dict[str, str] = {
     "fold_constants": "npubuild.surgery.folding",
     "remove_nodes": "npubuild.surgery.nodes",
@@ -74,6 +63,16 @@ BUILTIN_REWRITES: dict[str, str] = {
     "rename_tensors": "npubuild.surgery.io",
 }
 
+SURGERY: Registry[Rewrite] = Registry("surgery rewrite", "npubuild.surgery", BUILTIN_REWRITES)
+
+BUILTIN_MODULES: tuple[str, ...] = (
+    "npubuild.surgery.folding",
+    "npubuild.surgery.nodes",
+    "npubuild.surgery.gemm",
+    "npubuild.surgery.rank4",
+    "npubuild.surgery.io",
+)
+
 
 def rewrite(name: str, args: type[StepArgs], *, data_movement: bool = False):
     """Register ``fn(model, args) -> model`` as the rewrite called ``name`` in recipes."""
@@ -83,22 +82,6 @@ def rewrite(name: str, args: type[StepArgs], *, data_movement: bool = False):
         return fn
 
     return decorate
-
-
-def rewrite_names() -> list[str]:
-    """Every rewrite a recipe may name: the built-ins (not imported), then the plug-ins'
-    (loaded), in the order `load_builtins().names()` gives them."""
-    SURGERY.load_plugins()
-    return [*BUILTIN_REWRITES, *(name for name in SURGERY.names() if name not in BUILTIN_REWRITES)]
-
-
-def get(name: str) -> Rewrite:
-    """The rewrite called ``name``, its module imported on first use."""
-    if name in BUILTIN_REWRITES:
-        import_module(BUILTIN_REWRITES[name])  # registers it (once: imports are cached)
-    else:
-        SURGERY.load_plugins()
-    return SURGERY[name]
 
 
 def load_builtins() -> Registry[Rewrite]:

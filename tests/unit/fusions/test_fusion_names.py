@@ -17,7 +17,7 @@ def test_each_builtin_rule_is_registered_by_the_module_it_is_listed_with():
         assert name in fusions.FUSIONS, (name, module)
     registered = fusions.load_builtins().names()
     assert registered[:len(fusions.BUILTIN_RULES)] == list(fusions.BUILTIN_RULES)
-    assert fusions.rule_names() == registered
+    assert fusions.FUSIONS.known() == registered
 
 
 def test_loading_a_recipe_imports_no_fusion_rule():

@@ -12,8 +12,8 @@ def test_each_builtin_rewrite_is_registered_by_the_module_it_is_listed_with():
     for name, module in surgery.BUILTIN_REWRITES.items():
         import_module(module)
         assert name in surgery.SURGERY, (name, module)
-        assert surgery.get(name) is surgery.SURGERY[name]
+        assert surgery.SURGERY.get(name) is surgery.SURGERY[name]
     registered = surgery.load_builtins().names()
     assert registered[:len(surgery.BUILTIN_REWRITES)] == list(surgery.BUILTIN_REWRITES)
-    assert surgery.rewrite_names() == registered
+    assert surgery.SURGERY.known() == registered
     assert set(surgery.BUILTIN_REWRITES.values()) == set(surgery.BUILTIN_MODULES)
