@@ -20,10 +20,13 @@ everything the up-to-date check read:
   changes its marker file and the folder of environments); an environment the user names
   (``NPUBUILD_TOOLCHAIN_<NAME>``) is asked for its versions on every run, so it is never stamped.
 
+The stamp also holds the sha256 of the recipe, its chip file and the settings files there are.
 The next run with the same command compares those keys (a few hundred ``stat`` calls) and, when
-every one matches, prints the stamped output and exits 0. Anything else — one changed key, a
-missing stamp, a warning in the stamped run — takes the ordinary path, which rebuilds what
-changed and stamps again when it finds nothing to do. A run told to ``--force`` a stage, or
+every one matches — or differs only for one of those files, whose content is still the same (a
+recipe saved or checked out unchanged, as doit re-hashes a touched file_dep) — prints the
+stamped output and exits 0. Anything else — one changed key, a missing stamp, a warning in the
+stamped run — takes the ordinary path, which rebuilds what changed and stamps again when it
+finds nothing to do. A run told to ``--force`` a stage, or
 to build a matrix, is never replayed; an experiment (``-S``) is its own command.
 """
 
