@@ -73,8 +73,13 @@ class _Builder:
         return _dq_weight(self, key, arrange(layer.arrays["weight"]), scale, axis)
 
     def bias(self, key: str, layer: QLayer, scale: np.ndarray) -> str:
-        """A conv layer's int32 bias, dequantized at the accumulator's scale."""
+        """A conv layer's int32 bias, dequantized at the accumulator's scale; a W16A16 layer's
+        int64 bias (no DequantizeLinear reads int64) as the float32 constant that
+        DequantizeLinear would compute, ``float32(b) · scale``."""
         count = layer.arrays["bias"].shape[0]
+        if layer.arrays["bias"].dtype == np.int64:
+            real = layer.arrays["bias"].astype(np.float32) * np.asarray(scale, np.float32)
+            return self.const(f"{key}::bias", real.astype(np.float32))
         return self.node("DequantizeLinear", [self.const(f"{key}::b", layer.arrays["bias"]),
                                               self.const(f"{key}::bs", scale),
                                               self.const(f"{key}::bz", np.zeros(count, np.int32))],
@@ -205,8 +210,9 @@ def _conv(b: _Builder, layer: QLayer, key: str):
 
 
 def _dq_weight(b: _Builder, key: str, w: np.ndarray, scale: np.ndarray, axis: int) -> str:
+    """int8 (or a W16A16 layer's int16) weights, dequantized per channel along ``axis``."""
     return b.node("DequantizeLinear", [b.const(f"{key}::w", w), b.const(f"{key}::ws", scale),
-                                       b.const(f"{key}::wz", np.zeros(scale.size, np.int8))],
+                                       b.const(f"{key}::wz", np.zeros(scale.size, w.dtype))],
                   [f"{key}::weight"], axis=axis)
 
 
@@ -429,7 +435,8 @@ def _at_opset(data: bytes, opset: int) -> onnx.ModelProto:
 
 
 def _opset(qg: QGraph, base: int) -> int:
-    uses_int16 = any(t.dtype == "int16" for t in qg.tensors.values())
+    uses_int16 = any(t.dtype == "int16" for t in qg.tensors.values()) or any(
+        layer.kind == "conv" and layer.arrays["weight"].dtype == np.int16 for layer in qg.layers)
     return max(base, 21 if uses_int16 else 13)
 
 

@@ -57,6 +57,10 @@ class QuantConfig:
     bias_correction: bool = True
     weight_rounding: str = "nearest"   # or "gptq": rounded to keep each layer's output close
     int16_tensors: frozenset[str] = frozenset()
+    # W16A16: tensors (int16 themselves) whose weighted readers (conv, Gemm, MatMul by a
+    # constant: ``conv`` layers) carry int16 weights and an int64 bias where int8 weights
+    # bound the model (`weight_dtype`)
+    int16_weight_inputs: frozenset[str] = frozenset()
     float_tensors: frozenset[str] = frozenset()
     int16_underflow: bool = False   # the chip has int16: tensors that underflow int8 use it
     tensor_methods: tuple[tuple[str, str], ...] = ()  # (tensor, method) where not ``method``
@@ -142,6 +146,22 @@ class Quantizer:
                 {layer.name for layer in layers
                  if (layer.kind == "float" and layer.attrs.get("vendor_kernel") != "int8")
                  or self.kernel_refusal(layer)})
+
+    def weight_dtype(self, layer: FLayer) -> str:
+        """The weights' dtype of a ``conv`` layer: int16 where its input is an int16 tensor
+        chosen for W16A16 (`QuantConfig.int16_weight_inputs`), else int8."""
+        x = layer.inputs[0]
+        wide = (x in self.config.int16_weight_inputs and x in self.params
+                and self.params[x].dtype == "int16")
+        return "int16" if wide else "int8"
+
+    def int16_weight_layers(self) -> frozenset[str]:
+        """The integer ``conv`` layers that carry int16 weights under this configuration
+        (after `tensor_params` or `run`): what the fake-quant model switches to its int16
+        weights."""
+        return frozenset(layer.name for layer in self.fg.layers
+                         if layer.kind == "conv" and layer.inputs[0] in self.params
+                         and self.weight_dtype(layer) == "int16")
 
     def kernel_refusal(self, layer: FLayer) -> str | None:
         """Why no integer kernel takes ``layer`` at its tensors' parameters (it then runs in
@@ -310,7 +330,7 @@ class Quantizer:
             if made_on_cpu and used_on_cpu:
                 dtypes[t] = "float32"
             else:
-                wide = t in self.config.int16_tensors or (
+                wide = t in self.config.int16_tensors or t in self.config.int16_weight_inputs or (
                     self.config.int16_underflow and self._underflows(t))
                 dtypes[t] = "int16" if wide else "int8"
         if self.config.int16_underflow:
@@ -470,33 +490,69 @@ def _qlayer(layer: FLayer, **kw) -> QLayer:
 
 def _conv(q: Quantizer, layer: FLayer) -> QLayer:
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
-    w, b = layer.weights["weight"], layer.weights["bias"]
+    w = layer.weights["weight"]
     cout = w.shape[0]
-    w_scale, w_ls = schemes.weight_params(q.config.scheme, w, q.config.per_channel, axis=0)
-    w_scale, w_ls = schemes.bias_fitting_weight_scales(w_scale, w_ls, b, x.scale)
-    w_scale = np.broadcast_to(w_scale, (cout,)).astype(np.float64)
     stats = q.stats.get(layer.inputs[0])
-    gram = (stats.patch_grams.get(rounding.Geometry.of(layer))
-            if stats is not None and q.config.weight_rounding == "gptq" else None)
-    wq = rounding.rounded_weights(layer, w, w_scale, gram)
+    w_dtype = q.weight_dtype(layer)
+    wq, w_scale, w_ls, b = quantized_weights(layer, x, q.config, stats, w_dtype)
     acc_scale = x.scale * w_scale
     params = {"input_zp": x.zero_point, "weight_scale": w_scale.tolist()}
-    if q.config.bias_correction:
-        b = b - _weight_error_bias(layer, w, wq, w_scale, stats)
-    bias = schemes.quantize_bias(b, acc_scale)
+    bias = schemes.quantize_bias(b, acc_scale, schemes.BIAS_DTYPES[w_dtype])
     k = int(np.prod(w.shape[1:]))
     x_span = max(abs(x.qmin - x.zero_point), abs(x.qmax - x.zero_point))
-    bound = k * x_span * 127 + float(np.max(np.abs(bias.astype(np.float64)), initial=0))
+    w_span = schemes.qrange(w_dtype)[1]
+    bound = k * x_span * w_span + float(np.max(np.abs(bias.astype(np.float64)), initial=0))
     mult, shift = schemes.fixed_point_array(acc_scale / y.scale, bits=schemes.multiplier_bits(bound))
     arrays = {"weight": wq, "bias": bias, "multiplier": mult, "shift": shift}
     if q.pow2:
         w_ls = np.broadcast_to(w_ls, (cout,))
         params.update(input_log2scale=x.log2scale, weight_log2scale=w_ls.tolist(),
                       output_log2scale=y.log2scale, output_shift=shift.tolist())
-        if q.config.bias == "int8_shift":
+        if q.config.bias == "int8_shift" and w_dtype == "int8":  # seed 004's form is int8's
             arrays["bias"], extra = _int8_bias(b, x.log2scale + w_ls)
             params.update(extra)
     return _qlayer(layer, attrs={k: v for k, v in layer.attrs.items()}, params=params, arrays=arrays)
+
+
+def quantized_weights(layer: FLayer, x: QParams, config: QuantConfig, stats,
+                      dtype: str = "int8"):
+    """A conv layer's integer weights of ``dtype``, their scales (and pow2 log2scales) and the
+    float bias they are corrected to, beside the input ``x``: the one rule the quantizer and
+    the fake-quant model's int16 weights share. int8 weights round as
+    ``config.weight_rounding`` says (GPTQ or nearest), int16 ones to nearest (their steps are
+    256 times finer); an int16 layer's bias is int64 (`schemes.BIAS_DTYPES`)."""
+    w, b = layer.weights["weight"], layer.weights["bias"]
+    cout = w.shape[0]
+    w_scale, w_ls = schemes.weight_params(config.scheme, w, config.per_channel, axis=0,
+                                          dtype=dtype)
+    headroom = schemes.BIAS_HEADROOM if dtype == "int8" else schemes.BIAS_HEADROOM_INT64
+    w_scale, w_ls = schemes.bias_fitting_weight_scales(w_scale, w_ls, b, x.scale, headroom)
+    w_scale = np.broadcast_to(w_scale, (cout,)).astype(np.float64)
+    if dtype == "int8":
+        gram = (stats.patch_grams.get(rounding.Geometry.of(layer))
+                if stats is not None and config.weight_rounding == "gptq" else None)
+        wq = rounding.rounded_weights(layer, w, w_scale, gram)
+    else:
+        wq = rounding.nearest(w, w_scale, dtype)
+    if config.bias_correction:
+        b = b - _weight_error_bias(layer, w, wq, w_scale, stats)
+    return wq, w_scale, w_ls, b
+
+
+def wide_weight_values(fg: FloatGraph, stats: dict, config: QuantConfig, qgraph: QGraph
+                       ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each integer conv layer's int16 weights dequantized and the float bias they are
+    corrected to (`quantized_weights` at int16): what the fake-quant model switches to where a
+    choice gives the layer W16A16 (`npubuild.quant.fakequant`)."""
+    out = {}
+    for layer in fg.layers:
+        x = qgraph.tensors.get(layer.inputs[0]) if layer.kind == "conv" else None
+        if x is None or x.is_float:
+            continue
+        wq, w_scale, _, b = quantized_weights(layer, x.params, config, stats.get(x.name), "int16")
+        shape = (-1,) + (1,) * (wq.ndim - 1)
+        out[layer.name] = (wq * w_scale.reshape(shape), np.asarray(b, np.float64))
+    return out
 
 
 def _weight_error_bias(layer: FLayer, w: np.ndarray, wq: np.ndarray, w_scale: np.ndarray,

@@ -163,13 +163,14 @@ def rounded_weights(layer, weight: np.ndarray, scale: np.ndarray,
 BLOCK_ELEMENTS = 1 << 20
 
 
-def nearest(weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Each weight rounded to its nearest step, in slices of about ``BLOCK_ELEMENTS``
-    (float64 arithmetic on a 100M-parameter Gemm at once needs GBs of temporaries)."""
-    out = np.empty(weight.shape, schemes.DTYPES["int8"])
+def nearest(weight: np.ndarray, scale: np.ndarray, dtype: str = "int8") -> np.ndarray:
+    """Each weight rounded to its nearest step of ``dtype`` (int8, or int16 for a W16A16
+    layer), in slices of about ``BLOCK_ELEMENTS`` (float64 arithmetic on a 100M-parameter Gemm
+    at once needs GBs of temporaries)."""
+    out = np.empty(weight.shape, schemes.DTYPES[dtype])
     shape = (-1,) + (1,) * (weight.ndim - 1)
     for rows in row_blocks(weight):
-        out[rows] = schemes.quantize(weight[rows], scale[rows].reshape(shape), 0, "int8")
+        out[rows] = schemes.quantize(weight[rows], scale[rows].reshape(shape), 0, dtype)
     return out
 
 

@@ -152,9 +152,10 @@ def choose_params(scheme: str, lo: float, hi: float, dtype: str = "int8") -> QPa
 
 
 def weight_params(scheme: str, weight: np.ndarray, per_channel: bool,
-                  axis: int = 0) -> tuple[np.ndarray, np.ndarray | None]:
-    """Symmetric int8 weight scales (per output channel along ``axis``, or one) and, for
-    ``pow2_symmetric``, their log2scales. Returns arrays of length C (or 1)."""
+                  axis: int = 0, dtype: str = "int8") -> tuple[np.ndarray, np.ndarray | None]:
+    """Symmetric weight scales of ``dtype`` (int8, or int16 for a W16A16 layer; per output
+    channel along ``axis``, or one) and, for ``pow2_symmetric``, their log2scales. Returns
+    arrays of length C (or 1)."""
     w = np.asarray(weight)
     rows = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)  # a view for axis 0
     # max |w| per row without an |w| copy of the whole weight (100M-parameter Gemms)
@@ -162,25 +163,32 @@ def weight_params(scheme: str, weight: np.ndarray, per_channel: bool,
                else np.zeros(rows.shape[0]))
     absmax = row_max if per_channel else np.array([row_max.max() if w.size else 0.0])
     if scheme == "pow2_symmetric":
-        ls = np.array([log2scale_for(t) if t > 0 else 0 for t in absmax], dtype=np.int64)
+        ls = np.array([log2scale_for(t, dtype) if t > 0 else 0 for t in absmax], dtype=np.int64)
         return 2.0 ** -ls.astype(np.float64), ls
-    return np.where(absmax > 0, absmax / 127.0, 1.0), None
+    return np.where(absmax > 0, absmax / float(qrange(dtype)[1]), 1.0), None
 
 
 # A bias must hold at its accumulator's scale with room to spare: bias correction moves it
 # after the scales are chosen, and the accumulator adds Σ x·w on top.
 BIAS_HEADROOM = 2 ** 30
+# A W16A16 layer (int16 input and weights) accumulates at a scale 2^16 finer than int8's, so
+# its bias is int64, kept below 2^40: beside ``K · 2^30`` of products, ``acc · M`` stays inside
+# int64 with a multiplier of ``62 - ceil(log2(K · 2^30 + 2^40))`` bits (`multiplier_bits`: 19
+# for K = 4,608, a relative error under 2^-19 on the output scale).
+BIAS_HEADROOM_INT64 = 2 ** 40
+BIAS_DTYPES = {"int8": "int32", "int16": "int64"}  # weight dtype -> its bias's
 
 
 def bias_fitting_weight_scales(w_scale: np.ndarray, w_ls: np.ndarray | None, bias: np.ndarray,
-                               x_scale: float) -> tuple[np.ndarray, np.ndarray | None]:
+                               x_scale: float, headroom: float = BIAS_HEADROOM
+                               ) -> tuple[np.ndarray, np.ndarray | None]:
     """Weight scales (and pow2 log2scales) widened where the bias would not fit int32 at the
     accumulator's scale ``s_x · s_w[c]``: an int16 input's scale is 256 times finer than
     int8's, so a bias that fits beside int8 activations saturates int32 beside int16 ones
     (MediaPipe's pose detector: two channels at 2^31 - 1, its output cosine 0.96 with every
     activation int16 against 0.98 in int8). The widened channel's weights lose precision
     only where the bias dwarfs them. One scale (per tensor) widens as a whole."""
-    need = np.abs(np.asarray(bias, np.float64)) / (float(x_scale) * BIAS_HEADROOM)
+    need = np.abs(np.asarray(bias, np.float64)) / (float(x_scale) * headroom)
     need = np.full(np.shape(w_scale), need.max(initial=0.0)) if np.size(w_scale) == 1 else need
     if not np.any(need > w_scale):
         return w_scale, w_ls
@@ -204,10 +212,12 @@ def dequantize(q: np.ndarray, scale, zero_point=0) -> np.ndarray:
     return ((np.asarray(q, dtype=np.float64) - zero_point) * scale).astype(np.float32)
 
 
-def quantize_bias(bias: np.ndarray, acc_scale: np.ndarray) -> np.ndarray:
-    """Bias at the accumulator's scale ``s_x · s_w[c]``, int32 (saturated)."""
+def quantize_bias(bias: np.ndarray, acc_scale: np.ndarray, dtype: str = "int32") -> np.ndarray:
+    """Bias at the accumulator's scale ``s_x · s_w[c]``, int32 (or int64 beside int16
+    weights: `BIAS_DTYPES`), saturated."""
     q = round_half_up(np.asarray(bias, dtype=np.float64) / acc_scale)
-    return np.clip(q, -2**31, 2**31 - 1).astype(np.int32)
+    bound = 2**31 if dtype == "int32" else 2**62  # float64 holds 2^62 exactly; 2^63 - 1 not
+    return np.clip(q, -bound, bound - 1).astype(dtype)
 
 
 def fixed_point(real: float, *, bits: int = MAX_MULTIPLIER_BITS,

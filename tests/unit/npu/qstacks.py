@@ -141,13 +141,14 @@ class Stack:
 
 
 def quantize(model: onnx.ModelProto, scheme: str = "pow2_symmetric", samples: int = 2,
-             seed: int = 0, granularity: str = "per_tensor"):
+             seed: int = 0, granularity: str = "per_tensor", **config):
+    """``config``: more `QuantConfig` fields (int16 tensors, W16A16 inputs ...)."""
     fg, probe = lower(model)
     rng = np.random.default_rng(seed)
     shape = [int(d.dim_value) for d in model.graph.input[0].type.tensor_type.shape.dim]
     feeds = [{"x": rng.uniform(-1, 1.5, shape).astype(np.float32)} for _ in range(samples)]
     stats = calibrate.observe(fg, probe, feeds, "minmax")
-    config = quantizer.QuantConfig(scheme=scheme, granularity=granularity)
+    config = quantizer.QuantConfig(scheme=scheme, granularity=granularity, **config)
     return quantizer.quantize_graph(fg, stats, config, "graph_0")[0]
 
 

@@ -166,3 +166,20 @@ def test_a_prelu_is_a_rescale_with_its_negative_side_per_channel(tmp_path, schem
     assert prelu["negative_multiplier"] == qgraph.layers[1].arrays["negative_multiplier"].tolist()
     assert leaky["negative_factor"] == pytest.approx(0.01) and "slope_axis" not in leaky
     assert isinstance(leaky["negative_multiplier"], int) and isinstance(leaky["negative_shift"], int)
+
+
+@pytest.mark.parametrize("scheme", ["pow2_symmetric", "asymmetric"])
+def test_a_w16a16_conv_dumps_int16_weights_and_an_int64_bias(tmp_path, scheme):
+    s = Stack((1, 4, 6, 6))
+    a = s.conv("x", 8, 3)
+    qgraph = quantize(s.model([s.conv(a, 4, 3)]), scheme,
+                      int16_tensors=frozenset({"x", a}), int16_weight_inputs=frozenset({"x", a}))
+    doc = json.loads(dump_ir(qgraph, tmp_path, run_reference(qgraph, int_inputs(qgraph)),
+                             "seeded random int16").read_text())
+    jsonschema.validate(doc, schemas.load("npu_ir"))
+    for layer, entry in zip(qgraph.layers, doc["layers"]):
+        assert (entry["weight_dtype"], entry["bias_dtype"]) == ("int16", "int64")
+        weight = np.load(tmp_path / entry["tensors"]["weight"])
+        assert weight.dtype == np.int16 and weight.size == layer.arrays["weight"].size
+        np.testing.assert_array_equal(np.load(tmp_path / entry["tensors"]["bias"]),
+                                      layer.arrays["bias"])

@@ -317,3 +317,45 @@ def test_the_integer_softmax_constants_keep_int64_and_the_guard_bits(length, lev
     assert 2 * top * arithmetic.multiplier + den < 2 ** 63 and 2 * den < 2 ** 63
     assert length * levels / 2 ** (arithmetic.exp_bits + 1) <= 2 ** -quantizer.SOFTMAX_GUARD_BITS
     assert abs(arithmetic.multiplier / 2 ** arithmetic.shift - levels) * 2 ** quantizer.SOFTMAX_GUARD_BITS <= 1
+
+
+def outlier_weights(shape, seed=7):
+    """Weights whose every output channel has one large outlier beside small weights: int8's
+    step (the outlier over 127) rounds the small ones to a few levels or to zero."""
+    w = np.random.default_rng(seed).normal(0, 0.01, shape)
+    flat = w.reshape(shape[0], -1)
+    flat[:, 0] = 3.0
+    return flat.reshape(shape).astype(np.float32)
+
+
+W16_CASES = {
+    "conv3x3": lambda: model([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                             X, {"y": None}, {"w": outlier_weights((8, 4, 3, 3)), "b": B8 * 40}),
+    "depthwise": lambda: model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=4,
+                                                 pads=[1, 1, 1, 1])],
+                               X, {"y": None}, {"w": outlier_weights((4, 1, 3, 3)), "b": B8[:4]}),
+    "gemm": lambda: model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)],
+                          {"x": [2, 48]}, {"y": None},
+                          {"w": outlier_weights((16, 48)), "b": rng.normal(0, 5, 16)}),
+    "matmul_const": lambda: model([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                                  {"x": [1, 6, 48]}, {"y": None},
+                                  {"w": outlier_weights((16, 48)).T.copy()}),
+}
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("case", sorted(W16_CASES))
+def test_int16_weights_match_onnxruntime_and_beat_int8_weights(case, scheme):
+    """W16A16 (`w16a16` on a layer's input): int16 weights, an int64 bias and an int16 input
+    and output; the integer reference agrees with ONNX Runtime on the QDQ export (int16
+    DequantizeLinear at opset 21) to one step, and the small weights int8 loses come back."""
+    m = W16_CASES[case]()
+    feeds = feeds_for(m)
+    out = next(o.name for o in m.graph.output)
+    qg16, cc, cos16 = check_against_ort(m, feeds, scheme=scheme, int16_tensors=["x", out],
+                                        int16_weight_inputs=["x"])
+    layer = next(la for la in qg16.layers if la.kind == "conv")
+    assert layer.arrays["weight"].dtype == np.int16 and layer.arrays["bias"].dtype == np.int64
+    assert cc.elements > 0 and cc.ok and cc.max_lsb <= 1, cc.summary()
+    _, _, cos8 = check_against_ort(m, feeds, scheme=scheme, int16_tensors=["x", out])
+    assert cos16 > 0.99999 and 1 - cos16 < 0.1 * (1 - cos8), (cos8, cos16)
