@@ -33,6 +33,7 @@ from npubuild.quant.schemes import QParams
 
 PARAMS_SUFFIX = "::fq"
 NPU_SUFFIX = "::npu"
+W16_SUFFIX = "::w16"
 FLOAT_MAX = float(np.finfo(np.float32).max)
 OFF = np.array([1.0, 0.0, -FLOAT_MAX, FLOAT_MAX, 0.0], np.float32)
 
@@ -40,36 +41,53 @@ OFF = np.array([1.0, 0.0, -FLOAT_MAX, FLOAT_MAX, 0.0], np.float32)
 @dataclass
 class _FakeQuantBuilder(qdq._Builder):
     float_layers: Mapping[str, FLayer] | None = None
+    # conv layer -> (its int16 weights dequantized, the float bias they are corrected to)
+    wide_weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
 
     def __post_init__(self):
         self.value_of: dict[str, str] = {}
         self.parameters: list[str] = []
         self.switched: list[str] = []
+        self.wide: list[str] = []
 
     def weight(self, key: str, layer: QLayer, arrange, scale: np.ndarray, axis: int) -> str:
         """int8 weights on the NPU, the float layer's own on the CPU: ``w + npu · (w_q - w)``
-        with ``<layer>::npu`` an input (a layer touching a float tensor runs in float)."""
+        with ``<layer>::npu`` an input (a layer touching a float tensor runs in float); with
+        int16 weights exported too, ``+ w16 · (w_q16 - w_q)`` (``<layer>::w16`` an input)."""
         wq = arrange(layer.arrays["weight"]).astype(np.float32)
         shape = [1] * wq.ndim
         shape[axis] = -1
         dequantized = wq * np.asarray(scale, np.float32).reshape(shape)
+        wide = (self.wide_weights or {}).get(layer.name)
         return self._switched(key, layer, "w", dequantized,
-                              arrange(self.float_layers[layer.name].weights["weight"]))
+                              arrange(self.float_layers[layer.name].weights["weight"]),
+                              None if wide is None else arrange(wide[0]))
 
     def bias(self, key: str, layer: QLayer, scale: np.ndarray) -> str:
         dequantized = layer.arrays["bias"].astype(np.float32) * np.asarray(scale, np.float32)
+        wide = (self.wide_weights or {}).get(layer.name)
         return self._switched(key, layer, "b", dequantized,
-                              self.float_layers[layer.name].weights["bias"])
+                              self.float_layers[layer.name].weights["bias"],
+                              None if wide is None else wide[1])
 
     def _switched(self, key: str, layer: QLayer, part: str, quantized: np.ndarray,
-                  real: np.ndarray) -> str:
+                  real: np.ndarray, wide: np.ndarray | None = None) -> str:
         real = np.asarray(real, np.float32).reshape(quantized.shape)
         switch = f"{layer.name}{NPU_SUFFIX}"
         if switch not in self.switched:
             self.switched.append(switch)
         delta = self.node("Mul", [self.const(f"{key}::{part}d", quantized - real), switch],
                           [f"{key}::{part}s"])
-        return self.node("Add", [self.const(f"{key}::{part}f", real), delta], [f"{key}::{part}"])
+        value = self.node("Add", [self.const(f"{key}::{part}f", real), delta], [f"{key}::{part}"])
+        if wide is None:
+            return value
+        on = f"{layer.name}{W16_SUFFIX}"
+        if on not in self.wide:
+            self.wide.append(on)
+        wide = np.asarray(wide, np.float32).reshape(quantized.shape)
+        step = self.node("Mul", [self.const(f"{key}::{part}16d", wide - quantized), on],
+                         [f"{key}::{part}16s"])
+        return self.node("Add", [value, step], [f"{key}::{part}16"])
 
     def read(self, t: str) -> str:
         info = self.qgraph.tensors[t]
@@ -130,16 +148,20 @@ def _branch(name: str, output: str, nodes: list) -> onnx.GraphProto:
                              [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)])
 
 
-def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18
-                      ) -> tuple[onnx.ModelProto, list[str], list[str]]:
+def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18,
+                      wide_weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
+                      ) -> tuple[onnx.ModelProto, list[str], list[str], list[str]]:
     """The model (float in, float out, as the QDQ export), the tensors whose parameters are
-    inputs and the conv layers whose ``<layer>::npu`` switch is an input. ``fg``: the float
-    graph ``qg`` was quantized from (the float weights a CPU layer uses)."""
+    inputs, the conv layers whose ``<layer>::npu`` switch is an input and those whose
+    ``<layer>::w16`` switch is (``wide_weights``: per conv layer, its int16 weights
+    dequantized and its corrected float bias, `quantizer.wide_weight_values`). ``fg``: the
+    float graph ``qg`` was quantized from (the float weights a CPU layer uses)."""
     ints = [t for t, info in qg.tensors.items() if not info.is_float]
     b = _FakeQuantBuilder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::q" for t in ints},
                           {t: t for t, info in qg.tensors.items() if info.is_float},
                           opset=max(opset, 18),  # Split's num_outputs
-                          float_layers={layer.name: layer for layer in fg.layers})
+                          float_layers={layer.name: layer for layer in fg.layers},
+                          wide_weights=wide_weights)
     for t in ints:
         if t in qg.constants:
             b.const(f"{t}::q", qg.constants[t])
@@ -153,17 +175,22 @@ def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18
     value = lambda t: helper.make_tensor_value_info(t, TensorProto.FLOAT, qg.tensors[t].shape)  # noqa: E731
     params = [helper.make_tensor_value_info(f"{t}{PARAMS_SUFFIX}", TensorProto.FLOAT, [5])
               for t in b.parameters]
-    switches = [helper.make_tensor_value_info(n, TensorProto.FLOAT, []) for n in b.switched]
+    switches = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [])
+                for n in [*b.switched, *b.wide]]
     model = qdq._model(b, [value(t) for t in qg.inputs] + params + switches,
                        [value(t) for t in qg.outputs], b.opset)
-    return model, list(b.parameters), [n[:-len(NPU_SUFFIX)] for n in b.switched]
+    return (model, list(b.parameters), [n[:-len(NPU_SUFFIX)] for n in b.switched],
+            [n[:-len(W16_SUFFIX)] for n in b.wide])
 
 
 def params_feed(tensors: list[str], params: Mapping[str, QParams | None],
-                layers: list[str] = (), cpu_layers: set[str] | frozenset = frozenset()
+                layers: list[str] = (), cpu_layers: set[str] | frozenset = frozenset(),
+                wide: Sequence[str] = (), int16_weights: set[str] | frozenset = frozenset()
                 ) -> dict[str, np.ndarray]:
     """The inputs for one choice: each tensor's quantizer parameters, or off where it stays
-    float (absent or None); each switched layer on the NPU unless in ``cpu_layers``."""
+    float (absent or None); each switched layer on the NPU unless in ``cpu_layers``; each
+    layer with a ``<layer>::w16`` switch (``wide``) on its int16 weights where it is in
+    ``int16_weights`` (and on the NPU)."""
     feed = {}
     for t in tensors:
         p = params.get(t)
@@ -171,6 +198,9 @@ def params_feed(tensors: list[str], params: Mapping[str, QParams | None],
             [p.scale, p.zero_point, p.qmin, p.qmax, 1.0], np.float32)
     for name in layers:
         feed[f"{name}{NPU_SUFFIX}"] = np.array(0.0 if name in cpu_layers else 1.0, np.float32)
+    for name in wide:
+        on = name in int16_weights and name not in cpu_layers
+        feed[f"{name}{W16_SUFFIX}"] = np.array(1.0 if on else 0.0, np.float32)
     return feed
 
 
@@ -182,14 +212,17 @@ class Exported:
     model: onnx.ModelProto
     tensors: tuple[str, ...]   # whose ``<tensor>::fq`` parameters are inputs
     layers: tuple[str, ...]    # whose ``<layer>::npu`` switch is an input
+    wide: tuple[str, ...] = ()  # whose ``<layer>::w16`` switch is an input
 
 
-def export_graphs(graphs: Mapping[int, tuple[QGraph, FloatGraph]]) -> dict[int, Exported]:
-    """Each NPU graph (index -> its quantized and float graph) as its fake-quant model."""
+def export_graphs(graphs: Mapping[int, tuple]) -> dict[int, Exported]:
+    """Each NPU graph (index -> its quantized and float graph, and optionally its conv
+    layers' int16 weights for `export_fake_quant`) as its fake-quant model."""
     out = {}
-    for index, (qg, fg) in graphs.items():
-        model, tensors, layers = export_fake_quant(qg, fg)
-        out[index] = Exported(model, tuple(tensors), tuple(layers))
+    for index, (qg, fg, *wide) in graphs.items():
+        model, tensors, layers, switched = export_fake_quant(
+            qg, fg, wide_weights=wide[0] if wide else None)
+        out[index] = Exported(model, tuple(tensors), tuple(layers), tuple(switched))
     return out
 
 
@@ -213,6 +246,9 @@ class FakeQuantPipeline:
 
     def layers(self, index: int) -> list[str]:
         return list(self.exported[index].layers)
+
+    def wide(self, index: int) -> list[str]:
+        return list(self.exported[index].wide)
 
     def _npu(self, graph, feeds):
         session = self.sessions[graph.index]

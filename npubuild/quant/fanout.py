@@ -150,6 +150,9 @@ class FakeQuantOnDask:
     def layers(self, index: int) -> list[str]:
         return list(self.exported[index].layers)
 
+    def wide(self, index: int) -> list[str]:
+        return list(self.exported[index].wide)
+
     def run(self, samples, feeds: Mapping[int, dict[str, np.ndarray]], kept) -> list[dict]:
         """As `FakeQuantPipeline.run`, computed on the workers, in the order of ``samples``."""
         return self.run_all(samples, [feeds], kept)[0]

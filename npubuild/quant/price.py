@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
+import numpy as np
+
 from npubuild.quant.qgraph import QGraph
 from npubuild.split.cost import CPU_MACS_PER_SECOND
 
@@ -40,16 +42,26 @@ def host_seconds(macs: int, float_seconds_per_mac: float = 1.0 / CPU_MACS_PER_SE
     return run_seconds + macs * float_seconds_per_mac
 
 
-def with_choice(qgraph: QGraph, dtypes: Mapping[str, str], cpu_layers: frozenset[str]) -> QGraph:
-    """``qgraph`` with each tensor of ``dtypes`` at that width and the ``cpu_layers`` run by
-    the host (a copy: the graph itself is not changed)."""
+def with_choice(qgraph: QGraph, dtypes: Mapping[str, str], cpu_layers: frozenset[str],
+                int16_weights: frozenset[str] = frozenset()) -> QGraph:
+    """``qgraph`` with each tensor of ``dtypes`` at that width, the ``cpu_layers`` run by the
+    host and the ``int16_weights`` conv layers holding int16 weights (twice the weight bytes in
+    GMEM, LMEM and DMA; a copy: the graph itself is not changed)."""
     tensors = {name: (replace(info, dtype=dtypes[name])
                       if name in dtypes and dtypes[name] != info.dtype else info)
                for name, info in qgraph.tensors.items()}
     layers = [replace(layer, device="cpu", kind="float")
               if layer.name in cpu_layers and layer.device != "cpu"
+              else _wide_weights(layer) if layer.name in int16_weights and layer.kind == "conv"
               else layer for layer in qgraph.layers]
     return replace(qgraph, tensors=tensors, layers=layers)
+
+
+def _wide_weights(layer):
+    """A conv layer as W16A16 holds it, for its price: its weights int16 (the values stay
+    int8's; the plan reads sizes)."""
+    arrays = {**layer.arrays, "weight": layer.arrays["weight"].astype(np.int16)}
+    return replace(layer, arrays=arrays)
 
 
 def npu_seconds(qgraph: QGraph, chip) -> float:

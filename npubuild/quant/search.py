@@ -55,10 +55,11 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from npubuild.quant import fakequant, price, quantizer
-from npubuild.quant.workflow import OverrideSpec, resolve_overrides, tensor_names
+from npubuild.quant.workflow import WIDE_WEIGHTS, OverrideSpec, resolve_overrides, tensor_names
 from npubuild.split.cost import CPU_MACS_PER_SECOND, macs_per_node, model_macs
 
-WIDE = ("int16", "float")
+WIDE = ("int16", WIDE_WEIGHTS, "float")  # cheapest first: int16 activations, with int16
+# weights too (W16A16: where int8 weights bound the model), float on the CPU
 FIRST_BLOCKS = 8
 COVER_HEADROOM = 0.75    # a prefix is first tried where its predicted load is this much
 # Evaluation budgets per phase: counts, never seconds, so the choice is a function of the
@@ -169,7 +170,7 @@ class PrecisionSearch:
         self.kept, self.spec, self.clock = set(kept), spec, clock
         self.on_score = on_score  # told the number of choices scored so far (progress)
         self.levels = [p for p in WIDE if (spec.precision in (None, p))
-                       and (p != "int16" or chip_int16) and (p != "float" or float_fallback)]
+                       and (p == "float" or chip_int16) and (p != "float" or float_fallback)]
         self.started = clock()
         self.deadline = self.started + spec.seconds  # an emergency stop (the report says)
         self.choose_methods, self.choose_scheme = choose_methods, choose_scheme
@@ -177,8 +178,11 @@ class PrecisionSearch:
         self.recipe_choice = (config.method, config.tensor_methods, config.scheme)
         self.method, self.methods, self.scheme = self.recipe_choice
         self.states = {state.graph.index: state for state in workflow.states}
+        config = workflow.options.config
         self.pipeline = fake_quant(workflow.pipeline.split_dir, fakequant.export_graphs(
-            {i: (s.qgraph, s.fg) for i, s in self.states.items()}))
+            {i: (s.qgraph, s.fg, *([quantizer.wide_weight_values(
+                s.fg, s.observer.stats, config, s.qgraph)] if chip_int16 else []))
+             for i, s in self.states.items()}))  # int16 weights measured where the chip has them
         self.ranges: dict = {}
         self.work = {i: layer_macs(s.fg) for i, s in self.states.items()}
         # the time model (`npubuild.quant.price`): compile's estimate of each NPU graph on
@@ -194,6 +198,7 @@ class PrecisionSearch:
         self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # (graph, its own choice, ...)
         self.placed: dict[tuple, frozenset[str]] = {}  # the same key -> its float layers
         self.widths: dict[tuple, dict[str, str]] = {}  # the same key -> its tensors' widths
+        self.wide_weights: dict[tuple, frozenset[str]] = {}  # the same key -> W16A16 layers
         self.plans: dict[tuple, float] = {}  # (graph, float layers, widths) -> seconds
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
@@ -215,24 +220,28 @@ class PrecisionSearch:
                                 if o.tensors[0] in self.names[index]}))
             key = (index, own, self.method, self.methods, self.scheme)
             if key not in self.feeds:
-                (self.feeds[key], self.placed[key],
-                 self.widths[key]) = self._graph_params(index, state, overrides)
+                (self.feeds[key], self.placed[key], self.widths[key],
+                 self.wide_weights[key]) = self._graph_params(index, state, overrides)
             yield index, key
 
     def _graph_params(self, index: int, state, overrides: list[OverrideSpec]
-                      ) -> tuple[dict, frozenset[str], dict[str, str]]:
-        """The graph's parameter inputs, the layers the quantizer runs in float and each
-        tensor's width."""
+                      ) -> tuple[dict, frozenset[str], dict[str, str], frozenset[str]]:
+        """The graph's parameter inputs, the layers the quantizer runs in float, each
+        tensor's width and the layers with int16 weights."""
         base = list(self.workflow.options.overrides)
-        _, float_tensors, int16, _ = resolve_overrides([*base, *overrides], state.graph.model)
-        config = replace(self.workflow.options.config, float_tensors=frozenset(float_tensors),
-                         int16_tensors=frozenset(int16), method=self.method,
+        resolved = resolve_overrides([*base, *overrides], state.graph.model)
+        config = replace(self.workflow.options.config,
+                         float_tensors=frozenset(resolved.float_tensors),
+                         int16_tensors=frozenset(resolved.int16),
+                         int16_weight_inputs=frozenset(resolved.int16_weights), method=self.method,
                          tensor_methods=self.methods, scheme=self.scheme)
-        params, cpu = quantizer.Quantizer(state.fg, state.observer.stats, config,
-                                          ranges=self.ranges).tensor_params()
+        q = quantizer.Quantizer(state.fg, state.observer.stats, config, ranges=self.ranges)
+        params, cpu = q.tensor_params()
+        wide = q.int16_weight_layers() - set(cpu)
         return (fakequant.params_feed(self.pipeline.tensors(index), params,
-                                      self.pipeline.layers(index), cpu), frozenset(cpu),
-                price.dtypes_of(params))
+                                      self.pipeline.layers(index), cpu,
+                                      self.pipeline.wide(index), wide), frozenset(cpu),
+                price.dtypes_of(params), wide)
 
     def _in_float(self, choice: Mapping[str, str]) -> frozenset[tuple[int, str]]:
         """The (graph, layer) pairs the quantizer runs in float under ``choice``: the layers
@@ -260,22 +269,24 @@ class PrecisionSearch:
         run = 0.0 if self.float_on_npu else price.CPU_RUN_SECONDS
         for index, key in self._graph_keys(choice):
             floats = self.placed[key]
-            total += self._npu_seconds(index, floats, self.widths[key]) + sum(
+            total += self._npu_seconds(index, floats, self.widths[key],
+                                       self.wide_weights[key]) + sum(
                 price.host_seconds(self.work[index].get(name, 0), self.float_seconds, run)
                 for name in sorted(floats))
         return total
 
-    def _npu_seconds(self, index: int, floats: frozenset[str], widths: Mapping[str, str]
-                     ) -> float:
+    def _npu_seconds(self, index: int, floats: frozenset[str], widths: Mapping[str, str],
+                     wide_weights: frozenset[str] = frozenset()) -> float:
         """One NPU graph's time under a choice (cached: one plan per distinct choice)."""
-        key = (index, floats, tuple(sorted(widths.items())))
+        key = (index, floats, tuple(sorted(widths.items())), wide_weights)
         if key not in self.plans:
             if self.chip is None:  # no chip to plan for: the NPU's MACs at its rate
                 self.plans[key] = self.npu_mac_seconds * sum(
                     macs for name, macs in self.work[index].items() if name not in floats)
             else:
                 self.plans[key] = price.npu_seconds(
-                    price.with_choice(self.qgraphs[index], widths, floats), self.chip)
+                    price.with_choice(self.qgraphs[index], widths, floats, wide_weights),
+                    self.chip)
         return self.plans[key]
 
     def priced(self, scored: Scored) -> float:
@@ -409,8 +420,8 @@ class PrecisionSearch:
             chosen = self._cover(ranking, wide)
             best = self.score(chosen)
             chosen = self._drop(chosen, ranking)
-            if wide == "float" and "int16" in self.levels:
-                chosen = self._demote(chosen)
+            if wide in ("float", WIDE_WEIGHTS) and "int16" in self.levels:
+                chosen = self._demote(chosen, wide)
             best = self.score(chosen)
             if not self.affordable(best):
                 return self._within_budget(plain, best, ranking)
@@ -596,10 +607,11 @@ class PrecisionSearch:
                 start += 1
         return chosen
 
-    def _demote(self, chosen: dict[str, str]) -> dict[str, str]:
-        """Float choices become int16 where that still passes (they stay on the NPU) and is
-        no slower: int16 that pushes a layer off the integer kernels costs time too."""
-        floats = sorted(t for t, p in chosen.items() if p == "float")
+    def _demote(self, chosen: dict[str, str], source: str = "float") -> dict[str, str]:
+        """``source`` choices (float, or W16A16) become int16 where that still passes (a
+        float layer stays on the NPU; a W16A16 one keeps int8 weights) and is no slower:
+        int16 that pushes a layer off the integer kernels costs time too."""
+        floats = sorted(t for t, p in chosen.items() if p == source)
         start, block = 0, max(1, len(floats))
         current = self.slowdown(chosen)
         for _ in range(DEMOTE_EVALUATIONS):
@@ -608,7 +620,7 @@ class PrecisionSearch:
             trial = {**chosen, **{t: "int16" for t in floats[start:start + block]}}
             cost = self.slowdown(trial)
             if (cost <= current * (1 + 1e-9)
-                    and self.ok(self.score(trial, "int16 instead of float"))):
+                    and self.ok(self.score(trial, f"int16 instead of {source}"))):
                 chosen, current, start, block = trial, cost, start + block, block * 2
             elif block > 1:
                 block //= 2
@@ -695,7 +707,7 @@ class PrecisionSearch:
 
     def _moved_off(self, choice: Mapping[str, str]) -> int:
         """How many layers ``choice``'s int16 tensors alone push into float."""
-        int16 = {t: p for t, p in choice.items() if p == "int16"}
+        int16 = {t: p for t, p in choice.items() if p in ("int16", WIDE_WEIGHTS)}
         return len(self._in_float(int16) - self._in_float({}))
 
     def _fitting(self, chosen: dict[str, str], blocks: list[list[str]], precision: str,

@@ -80,36 +80,55 @@ def tensor_names(model) -> set[str]:
     return {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
 
 
-def resolve_overrides(overrides: Sequence[OverrideSpec], model
-                      ) -> tuple[set[str], set[str], set[str], list[str]]:
-    """float nodes, float tensors, int16 tensors of one submodel, and the names it matched."""
+WIDE_WEIGHTS = "w16a16"
+"""The precision of a tensor kept in int16 whose weighted readers carry int16 weights too."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What overrides say for one submodel: float nodes and tensors, int16 tensors, the
+    tensors whose weighted readers carry int16 weights (``w16a16``), the names matched."""
+
+    float_nodes: set[str]
+    float_tensors: set[str]
+    int16: set[str]
+    int16_weights: set[str]
+    matched: list[str]
+
+
+def resolve_overrides(overrides: Sequence[OverrideSpec], model) -> Resolved:
+    """What ``overrides`` keep out of int8 in one submodel (`Resolved`)."""
     nodes = {n.name: n for n in model.graph.node}
     produced = tensor_names(model)
-    float_nodes, float_tensors, int16 = set(), set(), set()
-    matched = []
+    out = Resolved(set(), set(), set(), set(), [])
     for ov in overrides:
         for name in ov.nodes:
             if name not in nodes:
                 continue
-            matched.append(name)
+            out.matched.append(name)
             if ov.precision == "float":
-                float_nodes.add(name)
-            else:
-                int16.update(o for o in nodes[name].output if o)
-                int16.update(i for i in nodes[name].input if i)
+                out.float_nodes.add(name)
+                continue
+            touched = [t for t in (*nodes[name].output, *nodes[name].input) if t]
+            out.int16.update(touched)
+            if ov.precision == WIDE_WEIGHTS:
+                out.int16_weights.update(t for t in nodes[name].input if t in produced)
         for name in ov.tensors:
             if name in produced:
-                matched.append(name)
-                (float_tensors if ov.precision == "float" else int16).add(name)
-    return float_nodes, float_tensors, int16, matched
+                out.matched.append(name)
+                (out.float_tensors if ov.precision == "float" else out.int16).add(name)
+                if ov.precision == WIDE_WEIGHTS:
+                    out.int16_weights.add(name)
+    return out
 
 
 def _config_for(options: Options, overrides: Sequence[OverrideSpec], model
                 ) -> tuple[quantizer.QuantConfig, set[str]]:
-    float_nodes, float_tensors, int16, _ = resolve_overrides(overrides, model)
-    config = replace(options.config, float_tensors=frozenset(float_tensors),
-                     int16_tensors=frozenset(int16))
-    return config, float_nodes
+    resolved = resolve_overrides(overrides, model)
+    config = replace(options.config, float_tensors=frozenset(resolved.float_tensors),
+                     int16_tensors=frozenset(resolved.int16),
+                     int16_weight_inputs=frozenset(resolved.int16_weights))
+    return config, resolved.float_nodes
 
 
 class Workflow:
@@ -117,7 +136,7 @@ class Workflow:
 
     def __init__(self, pipeline: SplitPipeline, options: Options, progress: Progress = _no_progress):
         self.pipeline, self.options, self.progress = pipeline, options, progress
-        if any(o.precision == "int16" for o in options.overrides) and not options.chip_int16:
+        if any(o.precision in ("int16", WIDE_WEIGHTS) for o in options.overrides) and not options.chip_int16:
             raise UserError("the target chip has no int16 support, so an int16 override cannot be "
                             "honoured", field="quantization.overrides",
                             hint="use precision: float, or a chip with int16: true")
@@ -359,7 +378,7 @@ class Workflow:
         matched = {ov: [] for ov in self.base_overrides}
         for state in self.states:
             for ov in self.base_overrides:
-                matched[ov] += resolve_overrides([ov], state.graph.model)[3]
+                matched[ov] += resolve_overrides([ov], state.graph.model).matched
         for ov in self.base_overrides:
             rest = [o for o in self.options.overrides if o is not ov]
             qgraphs = {s.graph.index: self._quantized(s, rest)[0] for s in self.states}

@@ -332,9 +332,12 @@ class Override(Strict):
 
     nodes: list[str] = Field(default_factory=list, description="ONNX node names.")
     tensors: list[str] = Field(default_factory=list, description="Tensor names.")
-    precision: Literal["float", "int16"] = Field(
+    precision: Literal["float", "int16", "w16a16"] = Field(
         "float", description="float: run on the CPU in float (the split is refined); int16: "
-                             "16-bit activations, where the chip supports them.")
+                             "16-bit activations, where the chip supports them; w16a16: "
+                             "16-bit activations and, for the conv, Gemm and MatMul layers "
+                             "that read them, 16-bit weights (where int8 weights bound the "
+                             "model; chips with int16).")
 
 
 class AutoPrecisionSpec(Strict):
@@ -348,9 +351,10 @@ class AutoPrecisionSpec(Strict):
     min_cosine: float | None = Field(
         None, gt=0, le=1, description="An extra bar beside verify's: every output's cosine "
                                       "over all verify samples and on its worst sample.")
-    precision: Literal["int16", "float"] | None = Field(
+    precision: Literal["int16", "w16a16", "float"] | None = Field(
         None, description="The one precision a chosen tensor may take; default: int16 where "
-                          "the chip has it, float (on the CPU) where int16 is not enough.")
+                          "the chip has it, w16a16 (int16 weights too) where int16 "
+                          "activations are not enough, float (on the CPU) where neither is.")
     max_overrides: int | None = Field(
         None, ge=1, description="At most this many tensors (default: no limit); when the "
                                 "thresholds need more, the most important ones are kept and "

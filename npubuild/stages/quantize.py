@@ -38,7 +38,7 @@ from npubuild.quant import data, onnx_inputs
 from npubuild.quant.pipeline import SplitPipeline
 from npubuild.quant.quantizer import QuantConfig
 from npubuild.quant.search import PrecisionSearch, SearchSpec
-from npubuild.quant.workflow import Options, OverrideSpec, Workflow
+from npubuild.quant.workflow import WIDE_WEIGHTS, Options, OverrideSpec, Workflow
 from npubuild.split.cost import float_macs_per_second
 from npubuild.stages import StageContext
 from npubuild.stages.files import CALIBRATION_FIELD, calibration_files, verify_files
@@ -157,7 +157,7 @@ def run(ctx: StageContext) -> dict:
                                      mapper=lambda w: _batch_mapper(ctx, w))
         verdict, rounding_measured = measured_weight_rounding(
             workflow, judge, compare, verdict, searched=spec.auto.enabled
-            and spec.auto.precision in (None, "int16"))
+            and spec.auto.precision in (None, "int16", "w16a16"))
     search = None
     if not verdict.passed and spec.auto.enabled:
         search = precision_search(ctx, workflow, compare, judge, verdict)
@@ -342,7 +342,8 @@ def weights_bound(search: PrecisionSearch, judge: SampleJudge, samples: list) ->
     reach 0.905 on the worst sample so, 0.896 with int16 activations everywhere."""
     from npubuild.quant import fakequant
 
-    feeds = {i: fakequant.params_feed(search.pipeline.tensors(i), {}, search.pipeline.layers(i))
+    feeds = {i: fakequant.params_feed(search.pipeline.tensors(i), {}, search.pipeline.layers(i),
+                                      wide=search.pipeline.wide(i))
              for i in search.states}
     verdict = judge(search.pipeline.run(samples, feeds, judge.kept))
     if verdict.passed:
@@ -357,8 +358,22 @@ def weights_bound(search: PrecisionSearch, judge: SampleJudge, samples: list) ->
         figure = verdict.failures[0]
     return (f"int8 weights bound this model: with every activation in float and only the "
             f"weights in int8 it still misses ({figure}), so int16 activations cannot reach "
-            f"verify's thresholds; float layers (quantization.auto.max_slowdown) or weights "
-            f"finer than int8 can")
+            f"verify's thresholds; {_finer_weights(search)}")
+
+
+def _finer_weights(search: PrecisionSearch) -> str:
+    """What int16 weights (W16A16 on every candidate tensor) reach, measured, where the chip
+    has them; the way out beside float layers."""
+    if not any(search.pipeline.wide(i) for i in search.states):
+        return ("float layers (quantization.auto.max_slowdown) can; this chip has no int16 "
+                "weights")
+    scored = search.score({t: WIDE_WEIGHTS for t in search.candidates},
+                          f"what {WIDE_WEIGHTS} would reach")
+    allow = ("" if WIDE_WEIGHTS in search.levels else
+             f": allow them with quantization.auto.precision: {WIDE_WEIGHTS} (or unset)")
+    return (f"int16 weights with int16 activations ({WIDE_WEIGHTS}) on every candidate tensor "
+            f"{'pass' if scored.passed else 'still miss'} (cosine margin "
+            f"{scored.margin:+.4f}){allow}; float layers (quantization.auto.max_slowdown) can too")
 
 
 def _search_summary(search: dict) -> dict:

@@ -27,7 +27,7 @@ def fake_quant_session(m, scheme="asymmetric"):
     q = quantizer.Quantizer(fg, stats, config)
     qg = q.run("g")
     params, cpu = quantizer.Quantizer(fg, stats, config).tensor_params()
-    exported, tensors, layers = fakequant.export_fake_quant(qg, fg)
+    exported, tensors, layers, _ = fakequant.export_fake_quant(qg, fg)
     return onnx_io.session(exported), tensors, layers, params, cpu, qg, feeds
 
 
