@@ -117,13 +117,16 @@ def check_quantization(loaded: LoadedRecipe, chip, result: Validation) -> None:
     if chip.int16:
         return
     for index, override in enumerate(spec.overrides):
-        if override.precision == "int16":
-            raise loaded.error(f"the target chip {chip.name} has no int16 support, so an int16 "
-                               "override cannot be honoured", "quantization", "overrides", index,
+        if override.precision in ("int16", "w16a16"):
+            article = "an" if override.precision == "int16" else "a"
+            raise loaded.error(f"the target chip {chip.name} has no int16 support, so {article} "
+                               f"{override.precision} override cannot be honoured",
+                               "quantization", "overrides", index,
                                "precision", hint="use precision: float, or a chip with int16")
-    if spec.auto is not None and spec.auto.precision == "int16":
+    if spec.auto is not None and spec.auto.precision in ("int16", "w16a16"):
         raise loaded.error(f"the target chip {chip.name} has no int16 support, so auto cannot "
-                           "keep tensors in int16", "quantization", "auto", "precision",
+                           f"keep tensors in {spec.auto.precision}", "quantization", "auto",
+                           "precision",
                            hint="use precision: float, or a chip with int16")
     if spec.int16_where_underflows:
         result.warnings.append(loaded.error(

@@ -106,6 +106,9 @@ def fused_activation(w: Writer, layer: QLayer, y: Tensor) -> int:
 @emitter("conv")
 def conv(w: Writer, layer: QLayer) -> None:
     a, p = layer.attrs, layer.params
+    if layer.arrays["weight"].dtype != np.int8:
+        raise Unwritable(f"its weights are {layer.arrays['weight'].dtype} (w16a16): TFLite's "
+                         "kernels, 16x8 included, keep weights int8")
     x = w.tensor(layer.inputs[0])
     y = w.tensor(layer.outputs[0])
     weight = np.asarray(layer.arrays["weight"], np.int8)

@@ -137,8 +137,8 @@ class Workflow:
     def __init__(self, pipeline: SplitPipeline, options: Options, progress: Progress = _no_progress):
         self.pipeline, self.options, self.progress = pipeline, options, progress
         if any(o.precision in ("int16", WIDE_WEIGHTS) for o in options.overrides) and not options.chip_int16:
-            raise UserError("the target chip has no int16 support, so an int16 override cannot be "
-                            "honoured", field="quantization.overrides",
+            raise UserError("the target chip has no int16 support, so an int16 or w16a16 override "
+                            "cannot be honoured", field="quantization.overrides",
                             hint="use precision: float, or a chip with int16: true")
         self.states = [self._lowered(g) for g in pipeline.npu_graphs]
         self.base_overrides = options.overrides

@@ -209,3 +209,25 @@ def test_a_prelu_with_one_slope_per_channel_is_refused_naming_the_layer(tmp_path
     y = net.op("PRelu", [y, net.init("slope", np.linspace(0.1, 0.3, 8, dtype=np.float32).reshape(8, 1, 1))])
     with pytest.raises(Unwritable, match="one slope per channel"):
         written(net.model([y]), tmp_path)
+
+
+def test_int16_weights_are_refused_with_the_reason():
+    """W16A16 layers have no TFLite form (its 16x8 kernels keep weights int8): refused by
+    name, never truncated to int8."""
+    from npubuild.backends.tflite_ops import conv
+    from npubuild.quant import calibrate
+    from npubuild.quant.lower import lower
+    from npubuild.quant.quantizer import QuantConfig, quantize_graph
+
+    model = conv_net()
+    fg, probe = lower(model)
+    observer = calibrate.Observer(fg, probe, "minmax")
+    for feed in feeds(model):
+        observer.update(feed)
+    qgraph, _ = quantize_graph(fg, observer.stats, QuantConfig(
+        scheme="symmetric", granularity="per_channel", int16_tensors=frozenset({"x"}),
+        int16_weight_inputs=frozenset({"x"})), "g")
+    layer = next(la for la in qgraph.layers if la.inputs[0] == "x")
+    assert layer.arrays["weight"].dtype == np.int16
+    with pytest.raises(Unwritable, match=r"weights are int16 \(w16a16\).*keep weights int8"):
+        conv(None, layer)
