@@ -33,7 +33,8 @@ conv       attrs: kernel [kh,kw], stride, dilation, pads [top,bottom,left,right]
            fc (Gemm/MatMul: input [..., K], weight [Cout, K, 1, 1]); params: input_zp,
            output_zp, output_dtype, qmin, qmax (folded Relu/Clip), activation, weight_scale
            [Cout]; arrays: weight int8 [Cout, Cin/group, kh, kw], bias int32 [Cout] (at scale
-           s_x·s_w), multiplier int64 [Cout], shift [Cout]; pow2 also: input_log2scale,
+           s_x·s_w), multiplier int64 [Cout], shift [Cout]; W16A16 (an int16 input chosen
+           ``w16a16``): weight int16 and bias int64 (|bias| < 2^40); pow2 also: input_log2scale,
            weight_log2scale [Cout], output_log2scale, output_shift [Cout] (= in + w - out), and
            with ``bias: int8_shift``: bias_int8, bias_log2scale, bias_shift (bias = b8 << shift)
 add        (add, sub, sum of two) params: input_zps, multipliers [M_a, ±M_b], shift,

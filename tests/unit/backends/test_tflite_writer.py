@@ -170,22 +170,28 @@ def test_npubuilds_integer_reference_and_tflites_kernels_agree_within_the_stated
     assert kinds["avgpool"]["layer_max_steps"] <= 2
 
 
-def test_an_int16_tensor_is_refused_and_no_ethos_chip_offers_int16(tmp_path):
-    """TFLite's 16x8 kernels need symmetric int16 in and out of each layer; npubuild's int16 is
-    per tensor with the scheme's zero point, so the Ethos-U chips say int16: false (the
-    precision search never chooses it there) and the writer refuses it by name."""
+def _conv_net_quantized(**config):
+    """``conv_net`` quantized per channel with ``config`` (`QuantConfig` fields)."""
     from npubuild.quant import calibrate
     from npubuild.quant.lower import lower
     from npubuild.quant.quantizer import QuantConfig, quantize_graph
-    from npubuild.targets import load_chip
 
     model = conv_net()
     fg, probe = lower(model)
     observer = calibrate.Observer(fg, probe, "minmax")
     for feed in feeds(model):
         observer.update(feed)
-    qgraph, _ = quantize_graph(fg, observer.stats, QuantConfig(
-        scheme="asymmetric", granularity="per_channel", int16_tensors=frozenset({"x"})), "g")
+    return quantize_graph(fg, observer.stats, QuantConfig(granularity="per_channel", **config),
+                          "g")[0]
+
+
+def test_an_int16_tensor_is_refused_and_no_ethos_chip_offers_int16(tmp_path):
+    """TFLite's 16x8 kernels need symmetric int16 in and out of each layer; npubuild's int16 is
+    per tensor with the scheme's zero point, so the Ethos-U chips say int16: false (the
+    precision search never chooses it there) and the writer refuses it by name."""
+    from npubuild.targets import load_chip
+
+    qgraph = _conv_net_quantized(scheme="asymmetric", int16_tensors=frozenset({"x"}))
     with pytest.raises(Unwritable, match="tensor 'x' is int16: .*symmetric"):
         write_tflite(qgraph)
     assert not any(load_chip(c).int16 for c in ("ethos-u55-256", "ethos-u65-256", "ethos-u85-256"))
@@ -215,18 +221,9 @@ def test_int16_weights_are_refused_with_the_reason():
     """W16A16 layers have no TFLite form (its 16x8 kernels keep weights int8): refused by
     name, never truncated to int8."""
     from npubuild.backends.tflite_ops import conv
-    from npubuild.quant import calibrate
-    from npubuild.quant.lower import lower
-    from npubuild.quant.quantizer import QuantConfig, quantize_graph
 
-    model = conv_net()
-    fg, probe = lower(model)
-    observer = calibrate.Observer(fg, probe, "minmax")
-    for feed in feeds(model):
-        observer.update(feed)
-    qgraph, _ = quantize_graph(fg, observer.stats, QuantConfig(
-        scheme="symmetric", granularity="per_channel", int16_tensors=frozenset({"x"}),
-        int16_weight_inputs=frozenset({"x"})), "g")
+    qgraph = _conv_net_quantized(scheme="symmetric", int16_tensors=frozenset({"x"}),
+                                 int16_weight_inputs=frozenset({"x"}))
     layer = next(la for la in qgraph.layers if la.inputs[0] == "x")
     assert layer.arrays["weight"].dtype == np.int16
     with pytest.raises(Unwritable, match=r"weights are int16 \(w16a16\).*keep weights int8"):
