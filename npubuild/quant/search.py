@@ -630,8 +630,8 @@ class PrecisionSearch:
 
     def _within_budget(self, plain: Scored, needed: Scored, ranking: list[dict]) -> SearchResult:
         """The fewest-tensor choice costs more time than the budget allows: the most useful
-        float blocks that fit it (then int16 on every other candidate that fits), then the
-        drop and demote passes; where that misses, int8 stays (a deployment slowed past the
+        float blocks that fit it (then int16, else w16a16, on every other candidate that fits),
+        then the drop and demote passes; where that misses, int8 stays (a deployment slowed past the
         budget is not what the recipe asked for) and the note says what would pass: the same
         procedure at doubled budgets finds the smallest budget it measured passing, so the
         setting it names is one that passes, not the fewest-tensor choice's cost."""
@@ -641,6 +641,8 @@ class PrecisionSearch:
             steps = [chosen, self._drop(chosen, ranking)]
             if "int16" in self.levels:
                 steps.append(self._demote(steps[-1]))
+                if WIDE_WEIGHTS in steps[-1].values():
+                    steps.append(self._demote(steps[-1], WIDE_WEIGHTS))
             # each step passes; the last that fits the budget is kept (fewer float tensors
             # can mean more CPU segments, each a hand-over), and the first fits by construction
             for step in reversed(steps):
@@ -677,17 +679,19 @@ class PrecisionSearch:
 
     def _fit_budget(self, ranking: list[dict], budget: float) -> tuple[dict[str, str], Scored]:
         """The most useful float blocks whose estimated time fits ``budget``, then (where
-        that misses and the chip has int16) int16 on every other candidate that fits too;
-        the choice and its score."""
+        that misses and the chip has int16) int16 on every other candidate that fits too, then
+        (where that misses too) w16a16 instead; the choice and its score."""
         floats = (self._fitting({}, [b["tensors"] for b in ranking], "float", budget)
                   if "float" in self.levels else {})
         chosen = floats
         within = self.score(chosen, f"most useful float blocks within {budget:g}x")
-        if not self.ok(within) and "int16" in self.levels:
+        others = [t for t in self.candidates if t not in floats]
+        for level in ("int16", WIDE_WEIGHTS):  # then int16 weights too, where int8's bound it
+            if self.ok(within) or level not in self.levels:
+                continue
             # int16 costs time too where it pushes a layer off the integer kernels
-            others = [t for t in self.candidates if t not in floats]
-            chosen = self._fitting(floats, [others], "int16", budget)
-            within = self.score(chosen, f"and int16 on every other candidate within {budget:g}x")
+            chosen = self._fitting(floats, [others], level, budget)
+            within = self.score(chosen, f"and {level} on every other candidate within {budget:g}x")
         return chosen, within
 
     def _reachable(self, scored: Scored, accept: float | None) -> dict:
@@ -702,8 +706,11 @@ class PrecisionSearch:
         floats = sum(p == "float" for p in scored.wide.values())
         if floats == len(scored.choice):
             return f"{floats} tensor(s) {self.float_where}"
+        wide = sum(p == WIDE_WEIGHTS for p in scored.wide.values())
+        weights = f"{wide} {WIDE_WEIGHTS}; " if wide else ""
         return (f"{len(scored.choice)} tensor(s) out of int8 ({floats} {self.float_where}; "
-                f"int16 moves {self._moved_off(scored.wide)} layer(s) off the integer kernels)")
+                f"{weights}int16 moves {self._moved_off(scored.wide)} layer(s) off the integer "
+                f"kernels)")
 
     def _moved_off(self, choice: Mapping[str, str]) -> int:
         """How many layers ``choice``'s int16 tensors alone push into float."""

@@ -21,7 +21,8 @@ class Synthetic(PrecisionSearch):
     nothing from int16."""
 
     def __init__(self, cost: dict[str, float], *, levels=("int16", "float"), needs_float=(),
-                 seconds=600.0, clock=None, work=None, int16_work=None, max_slowdown=2.0):
+                 seconds=600.0, clock=None, work=None, int16_work=None, max_slowdown=2.0,
+                 needs_weights=()):
         self.spec = SearchSpec(seconds=seconds, max_slowdown=max_slowdown)
         self.work = work or {}  # tensor -> the time it adds on the CPU, as a share of int8's
         self.int16_work = int16_work or {}  # the same where its int16 pushes a layer off the NPU
@@ -36,6 +37,7 @@ class Synthetic(PrecisionSearch):
         self.members = {t: [t] for t in TENSORS}
         self.candidates = list(TENSORS)
         self.cost, self.needs_float = cost, set(needs_float)
+        self.needs_weights = set(needs_weights)  # gain only with int16 weights (or float)
         self.evaluations = 0
 
     def score(self, choice, step="", quick=False):
@@ -47,8 +49,9 @@ class Synthetic(PrecisionSearch):
             raise OutOfTime()
         self.evaluations += 1
         load = 0.02 + sum(c for t, c in self.cost.items()
-                          if choice.get(t) not in ("int16", "float")
-                          or (t in self.needs_float and choice.get(t) != "float"))
+                          if choice.get(t) not in ("int16", "w16a16", "float")
+                          or (t in self.needs_float and choice.get(t) != "float")
+                          or (t in self.needs_weights and choice.get(t) == "int16"))
         scored = Scored(key[0], load <= 1.0, 0.01 * (1.0 - load), np.array([load]), [],
                         slowdown=self.slowdown(choice),
                         calibration=(self.method, self.methods, self.scheme))
@@ -88,6 +91,20 @@ def test_float_is_kept_only_where_int16_is_not_enough():
     search = Synthetic(cost, needs_float=["t90"])
     result = search.run()
     assert result.reached and result.chosen == {"t3": "int16", "t90": "float"}
+
+
+def test_int16_weights_are_kept_only_where_int16_activations_are_not_enough():
+    """A few tensors whose layers' int8 weights bound the model: int16 everywhere misses,
+    w16a16 everywhere passes; the search keeps w16a16 on those and plain int16 (half the
+    weight bytes) on the others it needs, never float."""
+    cost = {t: 0.001 for t in TENSORS}
+    cost.update({"t3": 0.9, "t90": 0.9, "t120": 0.9})  # all three must go
+    search = Synthetic(cost, levels=("int16", "w16a16", "float"), needs_weights={"t3", "t90"})
+    result = search.run()
+    assert result.reached and len(result.chosen) <= 10  # the drop pass has a budget
+    assert {t: result.chosen[t] for t in ("t3", "t90", "t120")} == {
+        "t3": "w16a16", "t90": "w16a16", "t120": "int16"}
+    assert "float" not in result.chosen.values()
 
 
 def test_nothing_the_chip_allows_reaches_the_bar_and_the_result_says_what_would():
