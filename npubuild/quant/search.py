@@ -255,6 +255,7 @@ class PrecisionSearch:
         """The model's estimated time with ``choice`` over its time in int8 (whose own float
         layers, the quantizer's placement, count in both), priced as compile estimates it
         (int8 everywhere is 1 without a plan)."""
+        choice = {**getattr(self, "base", {}), **choice}
         if not choice:
             return 1.0
         plain = self._seconds({})
@@ -646,6 +647,9 @@ class PrecisionSearch:
         try:
             ranking = self._rank("float")
             floats = self._drop(self._cover(ranking, "float"), ranking)
+            if not self.affordable(self.score(floats)):  # the most useful that fit instead
+                floats = self._fitting({}, [b["tensors"] for b in ranking], "float",
+                                       self.spec.max_slowdown)
         finally:
             self.base = {}
         chosen = {**base, **floats}
