@@ -428,8 +428,12 @@ class PrecisionSearch:
                 chosen = self._demote(chosen, wide)
             best = self.score(chosen)
             if not self.affordable(best):
-                mixed = self._float_beside_wide_weights(plain) if wide == "float" else None
-                return mixed or self._within_budget(plain, best, ranking)
+                within = self._within_budget(plain, best, ranking)
+                # only where the budget path misses: it finds hand landmark's 3.0x choice,
+                # float beside w16a16 one at 9.5x
+                mixed = (self._float_beside_wide_weights(plain)
+                         if wide == "float" and not within.reached else None)
+                return mixed or within
             return self._result(plain, best, chosen, ranking)
         except OutOfTime:
             # priced in order of preference, the first within budget kept (a price is a plan)
@@ -634,8 +638,9 @@ class PrecisionSearch:
         return chosen
 
     def _float_beside_wide_weights(self, plain: Scored) -> SearchResult | None:
-        """Where float is what passes and its fewest tensors cost more than the budget: the
-        fewest float tensors on top of w16a16 everywhere else (ranked, covered and dropped
+        """Where float is what passes, its fewest tensors cost more than the budget and the
+        budget path (`_within_budget`) misses too: the fewest float tensors on top of w16a16
+        everywhere else (ranked, covered and dropped
         against that base, not against int8), then w16a16 demoted to int16 where that still
         passes; None where that misses or is over budget too. PP-OCRv2's recognizer: w16a16
         everywhere 0.9888 / 0.9384, 119 float tensors 516x int8's time; its first hard-swish

@@ -108,18 +108,20 @@ def test_int16_weights_are_kept_only_where_int16_activations_are_not_enough():
     assert "float" not in result.chosen.values()
 
 
-def test_over_budget_a_few_float_tensors_beside_int16_weights_are_chosen():
+def test_over_budget_the_most_useful_float_tensors_beside_int16_weights_are_chosen():
     """Every tensor's int8 weights cost a little and two tensors need float: float alone
-    needs ~40 tensors on the CPU (over the budget), w16a16 everywhere still misses; the
-    search then ranks float blocks against w16a16 everywhere and keeps only the two."""
+    needs ~40 tensors on the CPU (over the budget), w16a16 everywhere still misses; within the
+    budget the most useful float blocks (the two among them) beside w16a16 pass."""
     cost = {t: 0.006 for t in TENSORS}
     cost.update({"t7": 0.99, "t8": 0.99})  # each alone keeps the load over 1
     search = Synthetic(cost, levels=("int16", "w16a16", "float"), needs_float={"t7", "t8"},
                        needs_weights=set(TENSORS), work={t: 0.1 for t in TENSORS})
     result = search.run()
     assert result.reached
-    assert {t for t, p in result.chosen.items() if p == "float"} == {"t7", "t8"}
-    assert search.slowdown(result.chosen) <= 2.0
+    floats = {t for t, p in result.chosen.items() if p == "float"}
+    assert {"t7", "t8"} <= floats and search.slowdown(result.chosen) <= 2.0
+    assert set(result.chosen.values()) <= {"float", "w16a16", "int16"}
+    assert "w16a16" in result.chosen.values()
 
 
 def test_nothing_the_chip_allows_reaches_the_bar_and_the_result_says_what_would():
