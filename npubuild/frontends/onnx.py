@@ -622,9 +622,9 @@ def layer_norms_as_op(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | No
     from npubuild.fusions.layer_norm import LAYER_NORM
     from npubuild.fusions.pattern import find_matches
 
-    if not find_matches(GraphView(model), LAYER_NORM, _layer_norm_operands)[0]:
-        return model, None
     if onnx_io.opset_of(model) < LAYER_NORMALIZATION_OPSET:
+        if not find_matches(GraphView(model), LAYER_NORM, _layer_norm_operands)[0]:
+            return model, None  # convert only a model that has one
         try:
             model = _infer(onnx_io.convert_version(model, LAYER_NORMALIZATION_OPSET))
         except Exception as exc:  # the converter refuses some old models: keep them as they are
@@ -659,6 +659,10 @@ def _layer_norm_operands(view, match) -> _LayerNormOperands | str:
     shape = view.shape(match.inputs["x"])
     if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
         return "the input's shape is not static"
+    graph = view.model.graph
+    if not any(v.name == match.inputs["x"] and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+               for v in (*graph.value_info, *graph.input, *graph.output)):
+        return "the input is not float32"
     axis = fused.attrs["axis"] + len(shape)
     normalised = shape[axis:]
     values = {}
