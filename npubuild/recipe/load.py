@@ -341,7 +341,11 @@ def _describe(err: dict, path: FieldPath, marked: Marked, model: type[BaseModel]
         text += f" (allowed: {', '.join(allowed)})" if allowed else ""
         return text, marked.location(path, key=True)
     if kind == "missing":
-        return f"missing required key {path[-1]!r}", marked.location(path[:-1])
+        text = f"missing required key {path[-1]!r}"
+        if path[:2] == ("model", "inputs") and path[-1] == "name":
+            names = _model_input_names(marked)
+            text += f": the model's inputs are {', '.join(map(repr, names))}" if names else ""
+        return text, marked.location(path[:-1])
     if kind == "literal_error":
         allowed = ", ".join(a.strip(" '") for a in ctx["expected"].replace(" or ", ", ").split(","))
         return f"{short(value)} is not one of {allowed}", marked.location(path)
@@ -357,6 +361,58 @@ def _describe(err: dict, path: FieldPath, marked: Marked, model: type[BaseModel]
     if kind.endswith("_type") or kind.endswith("_parsing"):
         message += f", got {short(value)}"
     return message[0].lower() + message[1:], marked.location(path)
+
+
+def _model_input_names(marked: Marked) -> list[str] | None:
+    """The input names of the model the recipe names, where they can be read without a
+    framework (ONNX, TFLite, a Keras ``.keras``/``.h5`` configuration); else None. Only for
+    the message: any failure is None."""
+    try:
+        from npubuild.recipe import MODEL_SUFFIXES, paths
+
+        spec = marked.data["model"]
+        path = paths.resolve(spec["path"], Path(marked.file).parent)
+        fmt = spec.get("format") or MODEL_SUFFIXES.get(path.suffix.lower())
+        if fmt == "onnx":
+            from npubuild import onnx_io
+
+            return [v.name for v in onnx_io.graph_inputs(onnx_io.load_skeleton(path)[0])]
+        if fmt == "tflite":
+            from npubuild.frontends.tflite_check import signature
+
+            found = signature(path)
+            return [found.tensors[i][0] for i in found.inputs]
+        if fmt == "keras":
+            return _keras_input_names(path)
+    except Exception:
+        return None
+    return None
+
+
+def _keras_input_names(path: Path) -> list[str] | None:
+    """The input layers a Keras file's configuration names (Keras 3's ``.keras`` zip, Keras 2's
+    HDF5 ``model_config``)."""
+    import json
+
+    if path.suffix.lower() == ".keras":
+        import zipfile
+
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+    else:
+        import h5py
+
+        with h5py.File(path, "r") as handle:
+            raw = handle.attrs["model_config"]
+            config = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    inner = config.get("config", {})
+    layers = inner.get("input_layers")
+    if layers:  # [name, 0, 0], or a list of them
+        layers = [layers] if isinstance(layers[0], str) else layers
+        return [entry[0] for entry in layers]
+    first = (inner.get("layers") or [{}])[0]  # a Sequential: its first layer takes the input
+    name = first.get("config", {}).get("name")
+    return [name] if name else None
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:

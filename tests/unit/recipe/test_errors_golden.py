@@ -68,3 +68,32 @@ def test_a_bad_package_file_is_named_as_the_recipe_names_it(cli, tmp_path):
     assert result.returncode == 2
     assert "model.path: pkg:skimage/data/page.png: not a readable ONNX model" in result.stderr
     assert "site-packages" not in result.stderr
+
+
+@pytest.mark.parametrize("suffix", [".keras", ".h5"])
+def test_a_keras_input_without_a_name_is_told_the_names_its_configuration_gives(cli, tmp_path, suffix):
+    """The schema requires ``model.inputs[].name``; a Keras user who left it out was pointed
+    at the schema, not at the model's names. The configuration names them without Keras
+    (Keras 3's .keras zip; Keras 2's HDF5 ``model_config``, a Sequential's first layer)."""
+    import json
+    import zipfile
+
+    functional = {"class_name": "Functional", "config": {"input_layers": [["pixels", 0, 0]]}}
+    sequential = {"class_name": "Sequential", "config": {"layers": [
+        {"class_name": "InputLayer", "config": {"name": "embedding_input"}}]}}
+    model = tmp_path / f"m{suffix}"
+    if suffix == ".keras":
+        with zipfile.ZipFile(model, "w") as archive:
+            archive.writestr("config.json", json.dumps(functional))
+    else:
+        h5py = pytest.importorskip("h5py")
+        with h5py.File(model, "w") as handle:
+            handle.attrs["model_config"] = json.dumps(sequential).encode()
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"version: 1\nname: k\nmodel:\n  path: {model.name}\n  inputs:\n"
+                      "    - shape: [1, 8]\n")
+    result = cli("validate", str(recipe))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    name = "pixels" if suffix == ".keras" else "embedding_input"
+    assert (f"model.inputs[0].name: missing required key 'name': the model's inputs are "
+            f"'{name}'") in result.stderr
