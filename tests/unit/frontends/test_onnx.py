@@ -393,7 +393,8 @@ def test_a_constant_left_operand_whose_batch_interleaves_the_frames_stays():
 
 
 def _written_out_layer_norm(opset: int, square: str = "Pow", scale_shape=(8,), bias: bool = True,
-                            divide: str = "Div", mean: str = "ReduceMean") -> onnx.ModelProto:
+                            divide: str = "Div", mean: str = "ReduceMean",
+                            dtype=np.float32) -> onnx.ModelProto:
     """A layer normalisation over the last axis of [1, 6, 8] written out as exporters do, then
     a Relu: the mean, ``x - mean`` squared (Pow or Mul), its mean, + epsilon, Sqrt; then
     ``Div`` (Paddle, PyTorch), ``Reciprocal`` and Mul (tf2onnx of TFLite's Rsqrt), or
@@ -432,13 +433,14 @@ def _written_out_layer_norm(opset: int, square: str = "Pow", scale_shape=(8,), b
             nodes.append(h.make_node("Add", ["scaled", "beta"], ["shifted"]))
             out = "shifted"
     nodes.append(h.make_node("Relu", [out], ["y"]))
-    inits = [numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-             numpy_helper.from_array(np.array(1e-5, np.float32), "eps"),
-             numpy_helper.from_array(rng.normal(size=scale_shape).astype(np.float32), "gamma"),
-             numpy_helper.from_array(rng.normal(size=(8,)).astype(np.float32), "beta")]
+    inits = [numpy_helper.from_array(np.array(2.0, dtype), "two"),
+             numpy_helper.from_array(np.array(1e-5, dtype), "eps"),
+             numpy_helper.from_array(rng.normal(size=scale_shape).astype(dtype), "gamma"),
+             numpy_helper.from_array(rng.normal(size=(8,)).astype(dtype), "beta")]
     read = {i for n in nodes for i in n.input}
-    graph = h.make_graph(nodes, "ln", [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 8])],
-                         [h.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    elem = onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    graph = h.make_graph(nodes, "ln", [h.make_tensor_value_info("x", elem, [1, 6, 8])],
+                         [h.make_tensor_value_info("y", elem, None)],
                          [t for t in inits if t.name in read])
     return onnx.shape_inference.infer_shapes(
         h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=7))
@@ -484,3 +486,11 @@ def test_a_scale_varying_along_other_axes_stays_a_mul_after_the_layer_normalizat
     feeds = {"x": np.random.default_rng(4).normal(size=(1, 6, 8)).astype(np.float32)}
     np.testing.assert_allclose(onnx_io.run(model, feeds)["y"], onnx_io.run(source, feeds)["y"],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_norm_of_a_float64_tensor_stays_written_out():
+    """LayerNormalization's Scale shares its input's type and the chips' kernel reads float32:
+    a float64 normalisation keeps its primitives (no opset conversion either)."""
+    source = _written_out_layer_norm(12, dtype=np.float64)
+    model, kept = onnx_frontend.layer_norms_as_op(source)
+    assert model is source and kept is None
