@@ -444,8 +444,7 @@ class PrecisionSearch:
                  if self.affordable(s)), plain)
             result = self._result(plain, best, best.wide, self.ranking)
             result.note = (f"the search stopped at its time budget (quantization.auto.seconds: "
-                           f"{self.spec.seconds:g})") + ("" if self.ok(best) else
-                                                         " before reaching verify's thresholds")
+                           f"{self.spec.seconds:g})") + _short_of(self, best)
             return result
 
     def ok(self, scored: Scored) -> bool:
@@ -865,3 +864,15 @@ def loads(verdict) -> np.ndarray:
     if task.get("agreement") is not None and minimum is not None:
         out.append((1.0 - task["agreement"]) / max(1.0 - minimum, 0.5 / (task.get("samples") or 4)))
     return np.asarray(out, np.float64)
+
+
+def _short_of(search: PrecisionSearch, best: Scored) -> str:
+    """What a choice kept at the time budget falls short of: nothing; the margin the search
+    demands above verify's thresholds (the choice meets the thresholds themselves on the
+    scored samples); or the thresholds."""
+    if search.ok(best):
+        return ""
+    if best.passed and best.margin >= 0:
+        return (f" before reaching the margin it demands above verify's thresholds "
+                f"({best.margin:+.4f} of {search.margin:+.4f}; the thresholds themselves are met)")
+    return " before reaching verify's thresholds"

@@ -209,6 +209,24 @@ def test_the_time_budget_stops_the_search_with_the_best_passing_choice():
     assert result.reached == search.cache[(tuple(sorted(result.chosen.items())), "minmax", ())].passed
 
 
+def test_a_choice_kept_at_the_time_budget_says_which_bar_it_falls_short_of():
+    """BlazePose's landmark model stopped at the time budget with a choice that met verify's
+    thresholds but not the margin the search demands above them, and the note said "before
+    reaching verify's thresholds"."""
+    from npubuild.quant.search import _short_of
+
+    search = Synthetic({t: 0.0 for t in TENSORS})
+    search.margin = 0.005
+    enough = Scored((("t1", "int16"),), True, 0.006, np.array([0.4]), [])
+    meets = Scored((("t1", "int16"),), True, 0.002, np.array([0.8]), [])
+    misses = Scored((), False, -0.01, np.array([1.5]), ["cosine 0.98 < 0.99"])
+    assert _short_of(search, enough) == ""
+    assert _short_of(search, meets) == (" before reaching the margin it demands above verify's "
+                                        "thresholds (+0.0020 of +0.0050; the thresholds "
+                                        "themselves are met)")
+    assert _short_of(search, misses) == " before reaching verify's thresholds"
+
+
 def test_int16_that_costs_time_is_held_to_the_slowdown_budget_too():
     """int16 on a tensor can move a layer off the integer kernels (a per-channel PRelu's
     input): MediaPipe's face landmark kept 88 int16 tensors at an estimated 64x int8's time,
