@@ -298,12 +298,12 @@ def fold_constant_subgraphs(model: onnx.ModelProto, max_bytes: int = FOLD_MAX_BY
         if not fold_constant_nodes(ed, max_bytes):
             break
         folded = True
-    if not folded:
-        return Folded(model)
-    result = ed.finish()
+    result = ed.finish() if folded else model
     view = Editor(result, "import")
     kept = {name: size for node in constant_nodes(view) for name in node.output
             if name and (size := _bytes(view, name)) > max_bytes}
+    if not folded:  # the one constant subgraph there is may be too large: still named
+        return Folded(model, kept=kept)
     return Folded(result, len(model.graph.node) - len(result.graph.node),
                   sum(t.name not in sources for t in result.graph.initializer), kept)
 

@@ -435,7 +435,7 @@ def fold_constants(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto
         log.warning("import left constant subgraphs computed: %s", exc.message)
         return model, {"not_folded": exc.message}
     if folded.model is model:
-        return model, {}
+        return model, ({"kept_computed": folded.kept} if folded.kept else {})
     return folded.model, {**folded.summary(),
                           **prove_rewrite(model, folded.model, feeds, "folding constant subgraphs")}
 

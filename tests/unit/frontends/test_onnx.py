@@ -332,15 +332,30 @@ def test_a_constant_basis_and_a_dequantized_table_fold_so_the_cpu_no_longer_comp
 
 
 def test_a_constant_larger_than_the_limit_stays_computed_and_is_named():
-    """A folded constant is stored in every stage's model: a value above the limit (the
-    2 KiB basis under a 100-byte limit) stays computed from its folded inputs, named in
-    `kept`. Only stored values count: the 64 KiB Expand folds away into its sum."""
+    """A folded constant is stored in every stage's model: a value that grows the model by more
+    than the limit (a 2 KiB basis Expanded from one stored value, under a 100-byte limit) stays
+    computed, named in `kept`. A value that replaces what only it read does not grow it: the
+    DFT model's basis (the Concat of the cos and sin it replaces) folds under any limit, and
+    the 64 KiB Expand folds away into its sum."""
     source = _dft_model()
     folded = onnx_frontend.fold_constant_subgraphs(source, max_bytes=100)
-    assert folded.kept == {"basis": 32 * 16 * 4}
-    assert [n.op_type for n in folded.model.graph.node] == ["Concat", "MatMul", "MatMul", "Mul"]
+    assert folded.kept == {}
+    assert [n.op_type for n in folded.model.graph.node] == ["MatMul", "MatMul", "Mul"]
     feeds = {"frames": np.ones((16, 5), np.float32)}
     np.testing.assert_array_equal(onnx_io.run(folded.model, feeds)["z"], onnx_io.run(source, feeds)["z"])
+    h = onnx.helper
+    graph = h.make_graph(
+        [h.make_node("Expand", ["one", "shape"], ["basis"]),
+         h.make_node("Relu", ["frames"], ["r"]), h.make_node("MatMul", ["basis", "r"], ["y"])],
+        "grows", [h.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, [16, 5])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array(0.5, np.float32), "one"),
+         onnx.numpy_helper.from_array(np.array([32, 16], np.int64), "shape")])
+    grows = onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8))
+    kept = onnx_frontend.fold_constant_subgraphs(grows, max_bytes=100)
+    assert kept.kept == {"basis": 32 * 16 * 4}
+    assert [n.op_type for n in kept.model.graph.node] == ["Expand", "Relu", "MatMul"]
 
 
 def _left_constant_model(basis_shape, frames_shape) -> onnx.ModelProto:
