@@ -282,20 +282,41 @@ def _keras_writer(path: Path) -> str:
     return version.decode() if isinstance(version, bytes) else str(version)
 
 
-def _unreadable_keras(path: Path) -> UserError | None:
-    """An HDF5 model that Keras 3 cannot read, written by an older Keras (1 or 2: their layer
-    configurations and a Sequential's list of layers differ from Keras 3's): say which Keras
-    wrote it and what to do. None when the file names no older writer."""
+def _older_keras(path: Path) -> str:
+    """The version of the older Keras (1 or 2) that wrote this HDF5 model, or ''."""
     import keras
 
     written = _keras_writer(path)
     major = written.split(".")[0]
     if not major.isdigit() or int(major) >= int(keras.__version__.split(".")[0]):
-        return None
+        return ""
+    return written
+
+
+def _read_older_keras(path: Path, written: str):
+    """An older Keras's HDF5 model that Keras 3 refused, read from its configuration rewritten
+    for Keras 3 (`keras_legacy`); a UserError naming the writer when that fails too."""
+    import keras
+
+    from npubuild.frontends import keras_legacy
+
+    try:
+        return keras_legacy.load(path, keras)
+    except Exception as exc:  # noqa: BLE001 - any failure: the file stays unreadable here
+        raise _unreadable_keras(path, written, exc) from None
+
+
+def _unreadable_keras(path: Path, written: str, exc: Exception) -> UserError:
+    """An HDF5 model that Keras 3 cannot read, written by an older Keras (1 or 2: their layer
+    configurations and a Sequential's list of layers differ from Keras 3's): say which Keras
+    wrote it, why, and what to do."""
+    import keras
+
     return UserError(
         f"cannot read this Keras model, written by Keras {written}, with Keras "
         f"{keras.__version__}: its loader for older HDF5 files does not read this one "
-        "(layer configurations and defaults changed between them)", location=Location(str(path)),
+        f"(layer configurations and defaults changed between them: {_brief(exc)})",
+        location=Location(str(path)),
         hint=f"re-export it: load it with Keras {written} (or tf_keras) and save it as a "
              "SavedModel (tf.saved_model.save) or convert it to ONNX or TFLite; give "
              "model.path that file")
@@ -309,8 +330,11 @@ class _Keras:
         try:
             self.model = _load(path, "a Keras model",
                                lambda: tf.keras.models.load_model(str(path), compile=False))
-        except UserError as error:
-            raise _unreadable_keras(path) or error from None
+        except UserError:
+            written = _older_keras(path)
+            if not written:
+                raise
+            self.model = _read_older_keras(path, written)
         symbolic = _keras_inputs(self.model, path)
         self.dims = {t.name: _dims(t.shape) for t in symbolic}
         self.dtypes = {t.name: getattr(t.dtype, "name", str(t.dtype)) for t in symbolic}

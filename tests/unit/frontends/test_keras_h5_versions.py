@@ -58,3 +58,90 @@ def test_an_unreadable_h5_naming_no_older_keras_keeps_the_plain_message(tmp_path
     path = _keras_2_1_h5(tmp_path / "model.h5", version="")
     with pytest.raises(UserError, match="cannot read a Keras model"):
         tf_frontend.signature(path, "keras", [InputSpec(name="x", shape=[1, 4])], None)
+
+
+def _keras_2_6_config(recurrent_activation: str) -> dict:
+    """What Keras 2.6 writes for the tagger below (nakdimon 0.1.2's Nakdimon.h5 spells its
+    layers so): the wrapped LSTM without a ``module``, its ``time_major``, inbound nodes as
+    lists, the mask implicit."""
+    lstm = {"class_name": "LSTM", "config": {
+        "name": "lstm", "trainable": True, "dtype": "float32", "return_sequences": True,
+        "return_state": False, "go_backwards": False, "stateful": False, "unroll": False,
+        "time_major": False, "units": 3, "activation": "tanh",
+        "recurrent_activation": recurrent_activation, "use_bias": True,
+        "kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": None}},
+        "recurrent_initializer": {"class_name": "Orthogonal", "config": {"gain": 1.0, "seed": None}},
+        "bias_initializer": {"class_name": "Zeros", "config": {}}, "unit_forget_bias": True,
+        "kernel_regularizer": None, "recurrent_regularizer": None, "bias_regularizer": None,
+        "activity_regularizer": None, "kernel_constraint": None, "recurrent_constraint": None,
+        "bias_constraint": None, "dropout": 0.1, "recurrent_dropout": 0.0, "implementation": 2}}
+    layers = [
+        {"class_name": "InputLayer", "name": "chars", "inbound_nodes": [], "config": {
+            "batch_input_shape": [None, 6], "dtype": "int32", "sparse": False, "ragged": False,
+            "name": "chars"}},
+        {"class_name": "Embedding", "name": "embedding", "inbound_nodes": [[["chars", 0, 0, {}]]],
+         "config": {"name": "embedding", "trainable": True, "batch_input_shape": [None, 6],
+                    "dtype": "float32", "input_dim": 5, "output_dim": 4,
+                    "embeddings_initializer": {"class_name": "RandomUniform", "config": {
+                        "minval": -0.05, "maxval": 0.05, "seed": None}},
+                    "embeddings_regularizer": None, "activity_regularizer": None,
+                    "embeddings_constraint": None, "mask_zero": True, "input_length": None}},
+        {"class_name": "Bidirectional", "name": "bidirectional",
+         "inbound_nodes": [[["embedding", 0, 0, {}]]],
+         "config": {"name": "bidirectional", "trainable": True, "dtype": "float32",
+                    "layer": lstm, "merge_mode": "sum"}},
+        {"class_name": "Dense", "name": "tags", "inbound_nodes": [[["bidirectional", 0, 0, {}]]],
+         "config": {"name": "tags", "trainable": True, "dtype": "float32", "units": 2,
+                    "activation": "linear", "use_bias": True,
+                    "kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": None}},
+                    "bias_initializer": {"class_name": "Zeros", "config": {}},
+                    "kernel_regularizer": None, "bias_regularizer": None,
+                    "activity_regularizer": None, "kernel_constraint": None,
+                    "bias_constraint": None}}]
+    return {"class_name": "Functional", "config": {
+        "name": "model", "layers": layers, "input_layers": [["chars", 0, 0]],
+        "output_layers": [["tags", 0, 0]]}}
+
+
+def _keras_2_6_bilstm_h5(path, recurrent_activation: str = "sigmoid"):
+    """A character tagger built as nakdimon 0.1.2's Nakdimon.h5 is (Embedding with
+    mask_zero, a Bidirectional LSTM summed, a Dense head): Keras 3 saves it as HDF5, its
+    configuration is then replaced by the one Keras 2.6 writes. Returns the file and the
+    Keras 3 model (the reference)."""
+    import h5py
+    import keras
+
+    keras.utils.set_random_seed(0)
+    chars = keras.Input((6,), dtype="int32", name="chars")
+    embedded = keras.layers.Embedding(5, 4, mask_zero=True, name="embedding")(chars)
+    lstm = keras.layers.LSTM(3, return_sequences=True, recurrent_activation=recurrent_activation)
+    both = keras.layers.Bidirectional(lstm, merge_mode="sum", name="bidirectional")(embedded)
+    model = keras.Model(chars, keras.layers.Dense(2, name="tags")(both))
+    model.save(path)
+    with h5py.File(path, "r+") as handle:
+        handle.attrs["model_config"] = json.dumps(_keras_2_6_config(recurrent_activation)).encode()
+        handle.attrs["keras_version"] = b"2.6.0"
+    return path, model
+
+
+def test_a_keras_2_6_bidirectional_lstm_h5_imports_as_the_same_model(tmp_path):
+    """Keras 3's legacy loader stops on it ("Could not locate class 'LSTM'" inside the
+    Bidirectional, then "Unrecognized keyword arguments passed to LSTM: {'time_major': False}"):
+    import reads it from its configuration rewritten for Keras 3, and it computes what the
+    Keras 3 model it was written from computes (padding included: the mask)."""
+    path, model = _keras_2_6_bilstm_h5(tmp_path / "tagger.h5")
+    inputs = [InputSpec(name="chars", shape=[1, 6])]
+    assert tf_frontend.signature(path, "keras", inputs, None)["inputs"] == ["chars"]
+    chars = np.array([[1, 4, 2, 3, 0, 0]], np.int32)
+    (got,) = tf_frontend.run_source(path, "keras", {"chars": chars}, inputs, None)
+    np.testing.assert_allclose(got, np.asarray(model(chars)), rtol=0, atol=1e-6)
+
+
+def test_a_keras_2_h5_naming_hard_sigmoid_is_refused_naming_the_layer(tmp_path):
+    """Keras 2's hard_sigmoid is not Keras 3's: reading the file would compute another model."""
+    path, _ = _keras_2_6_bilstm_h5(tmp_path / "tagger.h5", recurrent_activation="hard_sigmoid")
+    with pytest.raises(UserError) as caught:
+        tf_frontend.signature(path, "keras", [InputSpec(name="chars", shape=[1, 6])], None)
+    assert "written by Keras 2.6.0" in caught.value.message
+    assert "recurrent_activation=hard_sigmoid" in caught.value.message
+    assert "relu6(x + 3) / 6" in caught.value.message

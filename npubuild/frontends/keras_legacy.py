@@ -1,0 +1,94 @@
+"""Keras 2 HDF5 models read by Keras 3.
+
+Keras 3's loader for legacy HDF5 files reads a Keras 2 model's top-level layers, but two things
+in a Keras 2 (2.2 .. 2.15) configuration stop it where the model itself is plain:
+
+- arguments Keras 3 removed (an LSTM's ``time_major``, always False in a saved model) are
+  refused as unknown keyword arguments;
+- a wrapper's inner layer (``Bidirectional(LSTM)``, ``TimeDistributed(Dense)``) is read by
+  Keras 3's new deserializer, which finds a built-in layer only through its ``module`` key,
+  which Keras 2 never wrote ("Could not locate class 'LSTM'").
+
+`load` rewrites the configuration (dropping a removed argument only where its value is what
+Keras 3 computes anyway) and gives the built-in layers by name. Where the meaning changed, it
+stops instead of reading another model: Keras 2's ``hard_sigmoid`` is ``0.2·x + 0.5`` clipped,
+Keras 3's ``relu6(x + 3) / 6``, so a model that names it would compute something else.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# Keras 2 arguments that Keras 3 removed, and the one value Keras 3's layers always compute.
+_REMOVED_ARGUMENTS = {"time_major": False}
+# Functions whose Keras 3 definition differs from Keras 2's under the same name.
+_CHANGED_FUNCTIONS = {"hard_sigmoid": "Keras 2's is clip(0.2·x + 0.5, 0, 1), Keras 3's "
+                                      "relu6(x + 3) / 6"}
+
+
+def keras3_config(config: Any) -> tuple[Any, list[str]]:
+    """`config` (a Keras 2 model configuration, as JSON) rewritten for Keras 3, and what in it
+    Keras 3 would compute differently (empty when the rewrite is the same model)."""
+    changed: list[str] = []
+
+    def visit(node: Any, layer: str) -> Any:
+        if isinstance(node, list):
+            return [visit(item, layer) for item in node]
+        if not isinstance(node, dict):
+            return node
+        inner = node.get("config")
+        if "class_name" in node and isinstance(inner, dict):
+            layer = str(inner.get("name", node["class_name"]))
+        rewritten = {}
+        for key, value in node.items():
+            if key in _REMOVED_ARGUMENTS and "units" in node:
+                if value != _REMOVED_ARGUMENTS[key]:
+                    changed.append(f"layer '{layer}': {key}={value} (Keras 3 has no {key})")
+                continue
+            if isinstance(value, str) and value in _CHANGED_FUNCTIONS:
+                changed.append(f"layer '{layer}': {key}={value} "
+                               f"({_CHANGED_FUNCTIONS[value]})")
+            rewritten[key] = visit(value, layer)
+        return rewritten
+
+    return visit(config, ""), changed
+
+
+def builtin_layers(keras) -> dict[str, type]:
+    """Keras 3's built-in layer classes by class name (what a Keras 2 wrapper's inner layer
+    names without a module)."""
+    layer = keras.layers.Layer
+    return {name: cls for name, cls in vars(keras.layers).items()
+            if isinstance(cls, type) and issubclass(cls, layer)}
+
+
+def model_config(path: Path) -> Any:
+    """The model configuration an HDF5 model file holds (``model_config``), or None."""
+    import h5py
+
+    with h5py.File(path, "r") as handle:
+        raw = handle.attrs.get("model_config")
+    if raw is None:
+        return None
+    return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+
+
+def load(path: Path, keras) -> Any:
+    """The Keras 2 HDF5 model at `path`, read by Keras 3 from its rewritten configuration.
+    Raises ValueError naming what Keras 3 would compute differently, if anything."""
+    import h5py
+
+    config, changed = keras3_config(model_config(path))
+    if changed:
+        raise ValueError("Keras 3 would compute another model: " + "; ".join(changed))
+    with tempfile.TemporaryDirectory(prefix="npubuild-keras2-") as tmp:
+        copy = Path(tmp) / path.name
+        shutil.copyfile(path, copy)
+        with h5py.File(copy, "r+") as handle:
+            handle.attrs["model_config"] = json.dumps(config).encode()
+        return keras.models.load_model(str(copy), compile=False,
+                                       custom_objects=builtin_layers(keras))
