@@ -322,6 +322,17 @@ def _unreadable_keras(path: Path, written: str, exc: Exception) -> UserError:
              "model.path that file")
 
 
+def _without_dropout(model) -> None:
+    """Zero the dropout rates of `model`'s layers and recurrent cells. Dropout does nothing at
+    inference, but Keras 3's TensorFlow LSTM and GRU with a rate above 0 still draw a mask and
+    advance their seed generator's variable in an inference call: a variable update that
+    freezing cannot make a constant ("AssignVariableOp was passed int64 ... expected resource")."""
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for rate in ("dropout", "recurrent_dropout"):
+            if isinstance(vars(layer).get(rate), float) and vars(layer)[rate] > 0:
+                setattr(layer, rate, 0.0)
+
+
 class _Keras:
     """A Keras 3 model file (.keras, or legacy .h5), traced at the recipe's input shapes."""
 
@@ -335,6 +346,7 @@ class _Keras:
             if not written:
                 raise
             self.model = _read_older_keras(path, written)
+        _without_dropout(self.model)
         symbolic = _keras_inputs(self.model, path)
         self.dims = {t.name: _dims(t.shape) for t in symbolic}
         self.dtypes = {t.name: getattr(t.dtype, "name", str(t.dtype)) for t in symbolic}

@@ -145,3 +145,19 @@ def test_a_keras_2_h5_naming_hard_sigmoid_is_refused_naming_the_layer(tmp_path):
     assert "written by Keras 2.6.0" in caught.value.message
     assert "recurrent_activation=hard_sigmoid" in caught.value.message
     assert "relu6(x + 3) / 6" in caught.value.message
+
+
+def test_a_recurrent_layer_with_dropout_converts_as_the_model_computes_at_inference(tmp_path):
+    """Keras 3's TensorFlow LSTM with dropout 0.1 (as Nakdimon.h5's) draws a dropout mask and
+    advances its seed generator even at inference: freezing stopped on that variable update
+    ("AssignVariableOp was passed int64 ... expected resource"). Import zeroes the rates
+    (dropout does nothing at inference), and ONNX Runtime computes what Keras computes."""
+    import onnxruntime as ort
+
+    path, model = _keras_2_6_bilstm_h5(tmp_path / "tagger.h5")
+    inputs = [InputSpec(name="chars", shape=[1, 6])]
+    converted = tf_frontend.convert(path, "keras", inputs, None)
+    chars = np.array([[1, 4, 2, 3, 0, 0]], np.int32)
+    session = ort.InferenceSession(converted.SerializeToString())
+    (got,) = session.run(None, {"chars": chars})
+    np.testing.assert_allclose(got, np.asarray(model(chars)), rtol=0, atol=1e-5)
