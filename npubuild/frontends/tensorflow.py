@@ -407,6 +407,8 @@ class _TFLite:
 
         _tensorflow()  # before tf2onnx: a missing TensorFlow is named as such
         model = self._prepared()
+        # for tf2onnx only: the proof runs the source's own RFFT2D (`run`) against this product
+        tflite_graph.fft_parts_as_matmul(model)
         try:
             tflite_graph.with_readable_options(model)
         except ValueError as exc:

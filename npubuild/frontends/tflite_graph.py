@@ -10,6 +10,8 @@
   float model, and TFLite runs the same float model for the proof.
 - `complex_abs_next_to_fft` moves the squeeze between a spectrum and its magnitude after the
   magnitude, the form tf2onnx converts.
+- `fft_parts_as_matmul` writes a spectrum of which only the real (or imaginary) part is read as
+  the product by that part's DFT basis: tf2onnx converts no other reader of an RFFT2D.
 - `unsupported_custom_ops` names custom ops npubuild cannot lower, with the cut that avoids them.
 - `with_readable_options` rewrites the C-struct options of the custom ops npubuild lowers
   (`tflite_custom.CUSTOM_OPS`) as the flexbuffer map tf2onnx reads.
@@ -364,6 +366,95 @@ def _from_fft(model, producers: dict, op) -> bool:
             return False
         op = producers.get(int(op.inputs[0]))
     return False
+
+
+# TFLite's COMPLEX64 tensor type, and the ops that read one part of a spectrum: TensorFlow's cast
+# of a complex tensor to a real type keeps the real part (BirdNET's spectrogram is written so).
+_COMPLEX64 = 8
+_PART_BASIS = {"REAL": np.cos, "CAST": np.cos, "IMAG": lambda angle: -np.sin(angle)}
+
+
+def fft_parts_as_matmul(model) -> int:
+    """Replace (in place) each one-row RFFT2D whose spectrum is read, through data movement
+    only, by one REAL, IMAG or CAST to a real type by a BATCH_MATMUL with that part's constant
+    DFT basis (``cos(2πkn/L)``, ``-sin(2πkn/L)``); the part's operator goes, and the data
+    movement between carries real values. Returns how many. tf2onnx converts an RFFT2D only
+    when COMPLEX_ABS reads it ("could not convert these ops to ONNX: RFFT2D"); one part of a
+    spectrum is a linear map of the frames, the form the rest of npubuild handles (the split
+    keeps a spectrum's product on the CPU, `split/spectrum.py`)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    graph = model.subgraphs[0]
+    tensors = graph.tensors
+    replaced = 0
+    for fft in [op for op in graph.operators if op_type(model, op) == "RFFT2D"]:
+        chain = _part_reader(model, fft)
+        if chain is None:
+            continue
+        movers, part = chain
+        frames = int(fft.inputs[0])
+        shape, signature = list(tensors[frames].shape), tensors[frames].shapeSignature
+        length = [int(v) for v in constant(model, int(fft.inputs[1])).reshape(-1)]
+        fixed = signature is None or all(int(v) > 0 for v in list(signature)[-2:])
+        if len(shape) < 2 or shape[-2] != 1 or length[0] != 1 or not fixed:
+            continue  # a 2-D transform, or frames of a length only known when it runs
+        samples, bins = shape[-1], length[1] // 2 + 1
+        n = np.arange(samples)[:, None]
+        basis = _PART_BASIS[op_type(model, part)](2 * np.pi * n * np.arange(bins)[None] / length[1])
+        basis[n[:, 0] >= length[1]] = 0.0  # the transform reads the first `length` samples only
+        buffer = schema.BufferT()
+        buffer.data = np.frombuffer(basis.astype(np.float32).tobytes(), np.uint8)
+        model.buffers.append(buffer)
+        constant_tensor = schema.TensorT()
+        constant_tensor.name = tensors[int(fft.outputs[0])].name + b"/dft_basis"
+        constant_tensor.shape, constant_tensor.type = [samples, bins], 0
+        constant_tensor.buffer = len(model.buffers) - 1
+        tensors.append(constant_tensor)
+        fft.opcodeIndex = _opcode(model, schema.BuiltinOperator.BATCH_MATMUL)
+        fft.inputs = [frames, len(tensors) - 1]
+        fft.builtinOptionsType = schema.BuiltinOptions.BatchMatMulOptions
+        fft.builtinOptions = schema.BatchMatMulOptionsT()
+        for op in [fft] + movers:
+            tensors[int(op.outputs[0])].type = tensors[int(part.outputs[0])].type
+        ([fft] + movers)[-1].outputs[0] = int(part.outputs[0])
+        graph.operators = [op for op in graph.operators if op is not part]
+        replaced += 1
+    return replaced
+
+
+def _part_reader(model, fft):
+    """The data movement after ``fft`` and the REAL, IMAG or CAST (to float32) that then reads
+    its spectrum, when each tensor on the way has that one reader and none is a graph output;
+    else None."""
+    graph = model.subgraphs[0]
+    outputs = {int(t) for t in graph.outputs}
+    tensor, movers = int(fft.outputs[0]), []
+    while tensor not in outputs:
+        readers = [op for op in graph.operators if tensor in _reads(op)]
+        if len(readers) != 1:
+            return None
+        kind = op_type(model, readers[0])
+        if kind in _MOVES_DATA:
+            movers.append(readers[0])
+            tensor = int(readers[0].outputs[0])
+        elif kind in _PART_BASIS and graph.tensors[int(readers[0].outputs[0])].type == 0:
+            return movers, readers[0]
+        else:
+            return None
+    return None
+
+
+def _opcode(model, builtin: int) -> int:
+    """The index of `builtin`'s operator code in the model, added when missing."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    for index, code in enumerate(model.operatorCodes):
+        if not code.customCode and max(code.builtinCode, code.deprecatedBuiltinCode) == builtin:
+            return index
+    code = schema.OperatorCodeT()
+    code.builtinCode, code.deprecatedBuiltinCode, code.version = builtin, min(builtin, 127), 1
+    model.operatorCodes.append(code)
+    return len(model.operatorCodes) - 1
 
 
 # --- dynamic-range quantized weights -------------------------------------------------------
