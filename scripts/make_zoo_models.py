@@ -40,6 +40,10 @@ the zoo recipes whose models come from wheels.
   clips (a wake word, other speech, music, noise) through openWakeWord's own TFLite front end as
   pyopen-wakeword feeds its embedding model and its hey_jarvis classifier (needs TensorFlow and
   the pyopen-wakeword wheel; without them a warning, and these are not written).
+* ``birdsong_48k_<i>.npy`` [1, 144000]: 3 s at 48 kHz as birdnetlib feeds BirdNET: synthesized
+  bird song (whistles, trills; over wind or noise in two), speech, a chord, wind.
+* ``hebrew_<i>.npy`` [1, 64]: Hebrew sentences through nakdimon's own ``Data.from_text``
+  (int32 character ids; needs the nakdimon wheel).
 """
 
 from __future__ import annotations
@@ -540,6 +544,65 @@ def wakeword_samples() -> tuple[list[np.ndarray], list[np.ndarray]]:
     return frames, embeddings
 
 
+# Hebrew sentences without niqqud, as nakdimon 0.1.2's predict() reads text.
+HEBREW_TEXT = ["שלום לכולם ברוכים הבאים", "הילד הלך לבית הספר בבוקר", "מחר יהיה יום יפה ושמשי",
+               "אני אוהב לקרוא ספרים בערב", "הרכבת לתל אביב יוצאת בעוד עשר דקות",
+               "המורה כתבה על הלוח", "אנחנו גרים בעיר גדולה ליד הים", "החתול ישן על הספה בסלון",
+               "השוק היה מלא אנשים ופירות", "הוא שתה כוס קפה חם", "הגשם ירד כל הלילה",
+               "בואו נלך לטייל בהרים"]
+HEBREW_LENGTH = 64
+
+
+def hebrew_samples() -> list[np.ndarray]:
+    """Hebrew sentences as nakdimon 0.1.2 feeds Nakdimon.h5: the wheel's own
+    ``dataset.Data.from_text`` at maxlen 64 (character ids, 0-padded) -> int32 [1, 64].
+    Raises ImportError without the nakdimon wheel."""
+    from nakdimon import dataset, hebrew
+
+    return [dataset.Data.from_text(hebrew.iterate_dotted_text(text), HEBREW_LENGTH)
+            .normalized[:1].astype(np.int32) for text in HEBREW_TEXT]
+
+
+BIRD_RATE, BIRD_SAMPLES = 48000, 144000  # BirdNET: 3 s chunks at 48 kHz
+
+
+def _whistles(f0: float, f1: float, notes: int, vibrato: float) -> np.ndarray:
+    """A synthesized bird song: ``notes`` whistled notes sweeping f0 -> f1 Hz with vibrato,
+    separated by pauses, over 3 s."""
+    song = np.zeros(BIRD_SAMPLES)
+    for k in range(notes):
+        start = int((0.2 + k * 2.6 / notes) * BIRD_RATE)
+        length = int(0.6 * 2.6 / notes * BIRD_RATE)
+        t = np.arange(length) / BIRD_RATE
+        freq = np.linspace(f0, f1, length) + 300 * np.sin(2 * np.pi * vibrato * t)
+        envelope = np.sin(np.pi * np.arange(length) / length) ** 2
+        song[start:start + length] += 0.4 * envelope * np.sin(2 * np.pi * np.cumsum(freq) / BIRD_RATE)
+    return song
+
+
+def bird_samples() -> list[np.ndarray]:
+    """3 s chunks at 48 kHz as birdnetlib 0.18.1 feeds BirdNET [1, 144000]: whistled songs and
+    trills (2-7 kHz), the same over wind or a noise floor, speech (espeak-ng), a chord, wind
+    alone; a little dither on each (a recording is never digital silence)."""
+    rng = np.random.default_rng(11)
+    t = np.arange(BIRD_SAMPLES) / BIRD_RATE
+    wind = np.convolve(rng.standard_normal(BIRD_SAMPLES + 200), np.ones(200) / 200, "same")
+    wind = 3 * wind[:BIRD_SAMPLES]
+    clips = [_whistles(3000, 5000, 4, 30), _whistles(6000, 2500, 6, 60),
+             _whistles(4000, 4200, 10, 90), _whistles(2200, 3800, 3, 15),
+             _whistles(5000, 7000, 8, 45), _whistles(3500, 3000, 12, 120)]
+    for voice, text in (("en-us", "good morning, the birds are singing"),
+                        ("de", "der Vogel singt im Baum")):
+        speech = espeak(voice, 150, 50, text, BIRD_RATE)[:BIRD_SAMPLES]
+        clips.append(np.pad(speech, (0, BIRD_SAMPLES - len(speech))))
+    clips.append(0.2 * sum(np.sin(2 * np.pi * f * t) for f in (440, 554, 659)))
+    clips.append(wind + _whistles(4500, 5500, 5, 40))
+    clips.append(0.05 * rng.standard_normal(BIRD_SAMPLES) + _whistles(2800, 4800, 7, 70))
+    clips.append(wind)
+    return [(clip + 1e-3 * rng.standard_normal(BIRD_SAMPLES)).astype(np.float32)[None]
+            for clip in clips]
+
+
 # ---- faces and documents (scikit-image's photos and scans) -----------------------------------
 
 ASTRONAUT_FACE = (160, 50, 290, 180)  # left, top, right, bottom in astronaut.png
@@ -756,6 +819,13 @@ def main(argv: list[str]) -> Path:
             _write_npz(out / f"khmer_{i:02d}.npz", sample)
     except ImportError as exc:  # the khmer recipe then says its data is missing
         print(f"warning: {exc}; khmer_*.npz are not written", file=sys.stderr)
+    for i, clip in enumerate(bird_samples()):
+        _write_npy(out / f"birdsong_48k_{i:02d}.npy", clip)
+    try:
+        for i, ids in enumerate(hebrew_samples()):
+            _write_npy(out / f"hebrew_{i:02d}.npy", ids)
+    except ImportError as exc:  # the nakdimon recipe then says its data is missing
+        print(f"warning: {exc}; hebrew_*.npy are not written", file=sys.stderr)
     try:
         frames, embeddings = wakeword_samples()
     except ImportError as exc:  # the wake-word recipes then say their data is missing
