@@ -33,7 +33,7 @@ _CHANGED_FUNCTIONS = {"hard_sigmoid": "Keras 2's is clip(0.2·x + 0.5, 0, 1), Ke
 def keras3_config(config: Any) -> tuple[Any, list[str]]:
     """`config` (a Keras 2 model configuration, as JSON) rewritten for Keras 3, and what in it
     Keras 3 would compute differently (empty when the rewrite is the same model)."""
-    changed: list[str] = []
+    changed: dict[str, list[str]] = {}  # what changed -> the layers it is in
 
     def visit(node: Any, layer: str) -> Any:
         if isinstance(node, list):
@@ -47,15 +47,18 @@ def keras3_config(config: Any) -> tuple[Any, list[str]]:
         for key, value in node.items():
             if key in _REMOVED_ARGUMENTS and "units" in node:
                 if value != _REMOVED_ARGUMENTS[key]:
-                    changed.append(f"layer '{layer}': {key}={value} (Keras 3 has no {key})")
+                    changed.setdefault(f"{key}={value} (Keras 3 has no {key})", []).append(layer)
                 continue
             if isinstance(value, str) and value in _CHANGED_FUNCTIONS:
-                changed.append(f"layer '{layer}': {key}={value} "
-                               f"({_CHANGED_FUNCTIONS[value]})")
+                changed.setdefault(f"{key}={value} ({_CHANGED_FUNCTIONS[value]})",
+                                   []).append(layer)
             rewritten[key] = visit(value, layer)
         return rewritten
 
-    return visit(config, ""), changed
+    rewritten = visit(config, "")
+    return rewritten, [f"{what} in layer{'s' if len(layers) > 1 else ''} "
+                       f"{', '.join(repr(name) for name in layers)}"
+                       for what, layers in changed.items()]
 
 
 def builtin_layers(keras) -> dict[str, type]:

@@ -144,6 +144,7 @@ def test_a_keras_2_h5_naming_hard_sigmoid_is_refused_naming_the_layer(tmp_path):
         tf_frontend.signature(path, "keras", [InputSpec(name="chars", shape=[1, 6])], None)
     assert "written by Keras 2.6.0" in caught.value.message
     assert "recurrent_activation=hard_sigmoid" in caught.value.message
+    assert "in layer 'lstm'" in caught.value.message
     assert "relu6(x + 3) / 6" in caught.value.message
 
 
