@@ -1,6 +1,9 @@
 """Log power spectra: the audio front end that stays in float on the CPU.
 
-A spectrogram is a transform by constant weights (a DFT basis as a MatMul or Gemm), squared (``Pow(x, 2)``, ``x · x``), summed or filtered, then ``Log``. The transform's outputs
+A spectrogram is a transform by constant weights (a DFT basis as a MatMul or Gemm, maybe then
+filtered by another constant matrix: BirdNET's mel filters read the real part), squared
+(``Pow(x, 2)``, ``x · x``), summed or filtered, then compressed: ``Log``, or a power below 1
+(BirdNET's ``Pow(x, 0.23)``, which magnifies the small bins as a Log does). The transform's outputs
 cancel: each bin is a sum of large terms of both signs, and the bins the Log magnifies are the
 small ones. With int8 weights that cancellation leaves a noise floor about 48 dB under the
 largest bin; the Log turns it into the features (zoo ``word-activation``: the DFT on the NPU read
@@ -33,14 +36,16 @@ TRANSFORMS = {"MatMul", "Gemm"}
 
 
 def log_power_spectra(og: OpGraph, facts: GraphFacts) -> list[int]:
-    """The nodes of every chain transform → square → Log in ``og``, in order."""
+    """The nodes of every chain transform → square → Log (or a power below 1) in ``og``, in
+    order."""
     to_log = [False] * len(og)
     to_square = [False] * len(og)
     for i in reversed(range(len(og))):  # topological order: successors are decided first
         op = _op(og, i)
-        to_log[i] = op == "Log" or (op in ENERGY and any(to_log[s] for s in og.succs[i]))
+        to_log[i] = (_compresses(og, facts, i)
+                     or (op in ENERGY and any(to_log[s] for s in og.succs[i])))
         to_square[i] = ((_squares(og, facts, i) and any(to_log[s] for s in og.succs[i]))
-                        or (op in SIGNED and any(to_square[s] for s in og.succs[i])))
+                        or (_signed(og, facts, i) and any(to_square[s] for s in og.succs[i])))
     chain: set[int] = set()
     for i in range(len(og)):
         if _transform(og, facts, i) and any(to_square[s] for s in og.succs[i]):
@@ -62,11 +67,11 @@ def _forward(og: OpGraph, facts: GraphFacts, start: int, to_square: list[bool],
         op = _op(og, i)
         if squared and to_log[i]:
             found.add(i)
-            nxt = [] if op == "Log" else og.succs[i]
+            nxt = [] if _compresses(og, facts, i) else og.succs[i]
         elif not squared and _squares(og, facts, i) and to_square[i]:
             found.add(i)
             nxt, squared = og.succs[i], True
-        elif not squared and op in SIGNED and to_square[i]:
+        elif not squared and _signed(og, facts, i) and to_square[i]:
             found.add(i)
             nxt = og.succs[i]
         else:
@@ -78,6 +83,23 @@ def _forward(og: OpGraph, facts: GraphFacts, start: int, to_square: list[bool],
 def _op(og: OpGraph, i: int) -> str:
     node = og.nodes[i]
     return node.op_type if node.domain in ("", "ai.onnx") else ""
+
+
+def _signed(og: OpGraph, facts: GraphFacts, i: int) -> bool:
+    """Between the transform and the square: data movement, a linear combination, or another
+    product by constant weights (a filter bank on the spectrum's real part)."""
+    return _op(og, i) in SIGNED or _transform(og, facts, i)
+
+
+def _compresses(og: OpGraph, facts: GraphFacts, i: int) -> bool:
+    """``Log``, or ``Pow(x, p)`` with a constant 0 < p < 1: both magnify the small energies."""
+    node, op = og.nodes[i], _op(og, i)
+    if op == "Log":
+        return True
+    if op != "Pow":
+        return False
+    exponent = facts.value(node.input[1])
+    return exponent is not None and exponent.size == 1 and 0.0 < float(exponent.reshape(-1)[0]) < 1.0
 
 
 def _squares(og: OpGraph, facts: GraphFacts, i: int) -> bool:
