@@ -777,6 +777,19 @@ def _write_png(path: Path, pixels: np.ndarray) -> None:
     tmp.replace(path)
 
 
+def _write_wheel_samples(out: Path, make, name: str, write) -> None:
+    """Write the samples ``make()`` reads through a model wheel's own tables as
+    ``name.format("00")``, ...; without the wheel, a warning (its recipe then says its data is
+    missing)."""
+    try:
+        samples = make()
+    except ImportError as exc:
+        print(f"warning: {exc}; {name.format('*')} are not written", file=sys.stderr)
+        return
+    for i, sample in enumerate(samples):
+        write(out / name.format(f"{i:02d}"), sample)
+
+
 def main(argv: list[str]) -> Path:
     out = Path(argv[0]) if argv else DEFAULT_OUT
     out.mkdir(parents=True, exist_ok=True)
@@ -814,18 +827,10 @@ def main(argv: list[str]) -> Path:
         _write_npy(out / f"audio_16k_{i:02d}.npy", audio_16k(sample))
     for i, clip in enumerate(phrase_samples()):
         _write_npy(out / f"phrase_44k_{i:02d}.npy", clip)
-    try:
-        for i, sample in enumerate(khmer_samples()):
-            _write_npz(out / f"khmer_{i:02d}.npz", sample)
-    except ImportError as exc:  # the khmer recipe then says its data is missing
-        print(f"warning: {exc}; khmer_*.npz are not written", file=sys.stderr)
+    _write_wheel_samples(out, khmer_samples, "khmer_{}.npz", _write_npz)
     for i, clip in enumerate(bird_samples()):
         _write_npy(out / f"birdsong_48k_{i:02d}.npy", clip)
-    try:
-        for i, ids in enumerate(hebrew_samples()):
-            _write_npy(out / f"hebrew_{i:02d}.npy", ids)
-    except ImportError as exc:  # the nakdimon recipe then says its data is missing
-        print(f"warning: {exc}; hebrew_*.npy are not written", file=sys.stderr)
+    _write_wheel_samples(out, hebrew_samples, "hebrew_{}.npy", _write_npy)
     try:
         frames, embeddings = wakeword_samples()
     except ImportError as exc:  # the wake-word recipes then say their data is missing
