@@ -1,7 +1,7 @@
 """Log power spectra: the audio front end that stays in float on the CPU.
 
 A spectrogram is a transform by constant weights (a DFT basis as a MatMul or Gemm, maybe then
-filtered by another constant matrix: BirdNET's mel filters read the real part), squared
+a filter bank of non-negative weights: BirdNET's mel filters read the real part), squared
 (``Pow(x, 2)``, ``x · x``), summed or filtered, then compressed: ``Log``, or a power below 1
 (BirdNET's ``Pow(x, 0.23)``, which magnifies the small bins as a Log does). The transform's outputs
 cancel: each bin is a sum of large terms of both signs, and the bins the Log magnifies are the
@@ -86,9 +86,16 @@ def _op(og: OpGraph, i: int) -> str:
 
 
 def _signed(og: OpGraph, facts: GraphFacts, i: int) -> bool:
-    """Between the transform and the square: data movement, a linear combination, or another
-    product by constant weights (a filter bank on the spectrum's real part)."""
-    return _op(og, i) in SIGNED or _transform(og, facts, i)
+    """Between the transform and the square: data movement, a linear combination, or a filter
+    bank (a product by constant non-negative weights, BirdNET's mel filters of the real part).
+    A product by signed weights there is a stage of the transform itself (SwiftF0's FFT in
+    stages of 32x32 products): the chain starts at its last stage, as the zoo measured it."""
+    if _op(og, i) in SIGNED:
+        return True
+    if not _transform(og, facts, i):
+        return False
+    weights = [facts.value(name) for name in og.nodes[i].input[:2] if name and facts.is_const(name)]
+    return all(w is not None and float(np.min(w)) >= 0.0 for w in weights)
 
 
 def _compresses(og: OpGraph, facts: GraphFacts, i: int) -> bool:
