@@ -45,7 +45,7 @@ def keras3_config(config: Any) -> tuple[Any, list[str]]:
             layer = str(inner.get("name", node["class_name"]))
         rewritten = {}
         for key, value in node.items():
-            if key in _REMOVED_ARGUMENTS and "units" in node:
+            if key in _REMOVED_ARGUMENTS and "units" in node:  # a recurrent layer's arguments
                 if value != _REMOVED_ARGUMENTS[key]:
                     changed.setdefault(f"{key}={value} (Keras 3 has no {key})", []).append(layer)
                 continue
