@@ -47,12 +47,7 @@ def spectrum_model(transform: str = "MatMul", log: bool = True) -> onnx.ModelPro
               else [h.make_node("Relu", ["floored"], ["logpower"], name="relu")])
     nodes += [h.make_node("Reshape", ["logpower", "shape4"], ["image"], name="image"),
               h.make_node("Conv", ["image", "w"], ["y"], name="classifier", pads=[1, 1, 1, 1])]
-    graph = h.make_graph(nodes, "spectrum",
-                         [h.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, [8, n])],
-                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
-                         [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
-    return onnx.shape_inference.infer_shapes(model)
+    return _framed_model(nodes, "spectrum", n, inits)
 
 
 def placed(model) -> dict:
@@ -100,12 +95,7 @@ def mel_of_real_part_model(signed_second: bool = False) -> onnx.ModelProto:
              h.make_node("Pow", ["power", "p"], ["compressed"], name="compress"),
              h.make_node("Reshape", ["compressed", "shape4"], ["image"], name="image"),
              h.make_node("Conv", ["image", "w"], ["y"], name="classifier", pads=[1, 1, 1, 1])]
-    graph = h.make_graph(nodes, "mel_of_real_part",
-                         [h.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, [8, n])],
-                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
-                         [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
-    return onnx.shape_inference.infer_shapes(model)
+    return _framed_model(nodes, "mel_of_real_part", n, inits)
 
 
 def test_a_power_compressed_mel_of_a_real_spectrum_runs_in_float_on_the_cpu():
@@ -128,3 +118,14 @@ def test_a_product_by_signed_weights_before_the_square_is_a_stage_where_the_chai
     where = placed(mel_of_real_part_model(signed_second=True))
     assert where["dft"].device == "npu"
     assert where["mel"].device == "cpu" and where["mel"].reasons == [REASON]
+
+
+def _framed_model(nodes, name: str, n: int, inits: dict) -> onnx.ModelProto:
+    """``nodes`` as a model of 8 frames of ``n`` samples in, ``y`` out, shapes inferred."""
+    h = onnx.helper
+    graph = h.make_graph(nodes, name,
+                         [h.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, [8, n])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                         [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    return onnx.shape_inference.infer_shapes(model)
