@@ -12,6 +12,17 @@ from npubuild.split.spectrum import REASON
 from npubuild.targets import load_chip
 
 
+def _framed_model(nodes, name: str, n: int, inits: dict) -> onnx.ModelProto:
+    """``nodes`` as a model of 8 frames of ``n`` samples in, ``y`` out, shapes inferred."""
+    h = onnx.helper
+    graph = h.make_graph(nodes, name,
+                         [h.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, [8, n])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                         [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
+    return onnx.shape_inference.infer_shapes(model)
+
+
 def spectrum_model(transform: str = "MatMul", log: bool = True) -> onnx.ModelProto:
     """Frames [8, 32] times a [32, 34] cos/sin basis (as import writes tf2onnx's RFFT), real and
     imaginary halves squared and added, Log of the power plus a floor, then a classifier Conv
@@ -118,14 +129,3 @@ def test_a_product_by_signed_weights_before_the_square_is_a_stage_where_the_chai
     where = placed(mel_of_real_part_model(signed_second=True))
     assert where["dft"].device == "npu"
     assert where["mel"].device == "cpu" and where["mel"].reasons == [REASON]
-
-
-def _framed_model(nodes, name: str, n: int, inits: dict) -> onnx.ModelProto:
-    """``nodes`` as a model of 8 frames of ``n`` samples in, ``y`` out, shapes inferred."""
-    h = onnx.helper
-    graph = h.make_graph(nodes, name,
-                         [h.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, [8, n])],
-                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
-                         [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
-    return onnx.shape_inference.infer_shapes(model)
