@@ -392,19 +392,16 @@ def _model_input_names(marked: Marked) -> list[str] | None:
 def _keras_input_names(path: Path) -> list[str] | None:
     """The input layers a Keras file's configuration names (Keras 3's ``.keras`` zip, Keras 2's
     HDF5 ``model_config``)."""
-    import json
-
     if path.suffix.lower() == ".keras":
+        import json
         import zipfile
 
         with zipfile.ZipFile(path) as archive:
             config = json.loads(archive.read("config.json"))
     else:
-        import h5py
+        from npubuild.frontends.keras_legacy import model_config
 
-        with h5py.File(path, "r") as handle:
-            raw = handle.attrs["model_config"]
-            config = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        config = model_config(path) or {}
     inner = config.get("config", {})
     layers = inner.get("input_layers")
     if layers:  # [name, 0, 0], or a list of them
