@@ -16,7 +16,10 @@
   product by a constant right one, which the chips run as a fully connected layer.
 - `layer_norms_as_op`: a layer normalisation written out in primitives (PyTorch's and Paddle's
   export: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) as one ONNX
-  LayerNormalization, the op chips run whole (the model goes to opset 17 where it is older).
+  LayerNormalization, the op chips run whole (the model goes to opset 17 where it is older);
+  means over axes that are not the trailing ones are normalised between two Transposes.
+- `softmaxes_as_op`: a softmax written out in primitives (ReduceMax, Sub, Exp, ReduceSum, Div)
+  as one ONNX Softmax.
 - `check_source`: the source as ONNX's checker sees it (structure, types, strict shape
   inference): a model it refuses is bad input, reported at the recipe line that names it.
 - `check_tensor_sizes`: once shapes are inferred, every tensor (inputs and intermediates) must
@@ -35,6 +38,7 @@ from npubuild import onnx_io
 from npubuild.errors import BuildError, Location, UserError
 
 IR_WITHOUT_INITIALIZER_INPUTS = 4
+SOFTMAX_ANY_AXIS_OPSET = 13  # Softmax's axis is the axis itself from here (before: flattens)
 MAX_FOLD_ROUNDS = 16  # a round folds one level of nested decided Ifs
 # Integer shape arithmetic: exact, so folding it keeps the import's bit-identical proof
 SHAPE_OPS = {"Cast", "Concat", "Gather", "Slice", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul",
@@ -637,23 +641,54 @@ def layer_norms_as_op(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | No
     return (_infer(rewritten) if report.fired else model), None
 
 
+def softmaxes_as_op(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each softmax written out in primitives (`fusions.softmax`'s patterns: ReduceMax, Sub,
+    Exp, ReduceSum, Div, as jax2tf and hand-written exports leave it) as one ONNX ``Softmax``,
+    the op chips run whole (its primitives include two reductions no integer kernel computes).
+    Before opset 13 Softmax flattens the input from its axis, so there only a softmax over the
+    last axis is written. Returns the model (unchanged when there is none)."""
+    from npubuild.fusions.graph import GraphView
+    from npubuild.fusions.rules import apply_rule
+    from npubuild.fusions.softmax import SOFTMAX, softmax_axis
+
+    def check(view, match):
+        axis = softmax_axis(view, match)
+        if isinstance(axis, str):
+            return axis
+        rank = len(view.shape(match.inputs["x"]))
+        if onnx_io.opset_of(model) < SOFTMAX_ANY_AXIS_OPSET and axis != rank - 1:
+            return f"axis {axis} is not the last, which Softmax before opset 13 cannot take"
+        return axis
+
+    if not any(n.op_type == "Exp" for n in model.graph.node):
+        return model
+    rewritten, report = apply_rule(model, "softmax_as_op", SOFTMAX, lambda edit, match: [
+        onnx.helper.make_node("Softmax", [match.inputs["x"]], [edit.node(match.root).output[0]],
+                              name=f"{edit.node(match.root).name or match.root}/softmax",
+                              axis=match.info)], check)
+    return _infer(rewritten) if report.fired else model
+
+
 @dataclass(frozen=True)
 class _LayerNormOperands:
-    """One match's LayerNormalization: its attributes and its Scale and B values."""
+    """One match's LayerNormalization: its attributes, its Scale and B values, and the
+    transpose that makes the normalised axes trailing (None: they are)."""
 
     axis: int
     epsilon: float
     scale: np.ndarray
     bias: np.ndarray | None
+    perm: list[int] | None = None
 
 
 def _layer_norm_operands(view, match) -> _LayerNormOperands | str:
     """The match as LayerNormalization's operands, or why it cannot be one: a float32 input of
     static shape, and a scale and bias that are constants varying only along the normalised
-    axes (a Mul that broadcasts over the others is not LayerNormalization's Scale)."""
+    axes (a Mul that broadcasts over the others is not LayerNormalization's Scale). Means over
+    axes that are not the trailing ones are normalised between two Transposes."""
     from npubuild.fusions.layer_norm import describe
 
-    fused = describe(view, match)
+    fused = describe(view, match, any_axes=True)
     if isinstance(fused, str):
         return fused
     shape = view.shape(match.inputs["x"])
@@ -663,6 +698,8 @@ def _layer_norm_operands(view, match) -> _LayerNormOperands | str:
     if not any(v.name == match.inputs["x"] and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
                for v in (*graph.value_info, *graph.input, *graph.output)):
         return "the input is not float32"
+    perm = fused.attrs.get("perm")
+    shape = [shape[k] for k in perm] if perm else list(shape)
     axis = fused.attrs["axis"] + len(shape)
     normalised = shape[axis:]
     values = {}
@@ -672,8 +709,12 @@ def _layer_norm_operands(view, match) -> _LayerNormOperands | str:
         value = view.constant(match.inputs[role])
         if value is None or value.dtype != np.float32:
             return f"the {role} is not a float32 constant"
+        if value.ndim > len(shape):
+            return f"the {role} {list(value.shape)} has more axes than the input"
+        if perm:  # as the input is transposed
+            value = value.reshape((1,) * (len(shape) - value.ndim) + value.shape).transpose(perm)
         lead = value.shape[:max(0, value.ndim - len(normalised))]
-        if value.ndim > len(shape) or any(d != 1 for d in lead):
+        if any(d != 1 for d in lead):
             return f"the {role} {list(value.shape)} varies along axes before the normalised ones"
         try:
             values[role] = np.ascontiguousarray(
@@ -682,16 +723,27 @@ def _layer_norm_operands(view, match) -> _LayerNormOperands | str:
             return f"the {role} {list(value.shape)} does not broadcast to {normalised}"
     scale = values.get("scale", np.ones(normalised, np.float32))
     return _LayerNormOperands(fused.attrs["axis"], fused.attrs["epsilon"], scale,
-                              values.get("bias"))
+                              values.get("bias"), perm)
 
 
 def _layer_normalization(edit, match) -> list[onnx.NodeProto]:
     operands: _LayerNormOperands = match.info
     root = edit.node(match.root)
     base = root.name or root.output[0]
-    inputs = [match.inputs["x"], edit.initializer(operands.scale, f"{base}/ln_scale")]
+    source, result = match.inputs["x"], root.output[0]
+    nodes = []
+    if operands.perm:
+        source, result = f"{base}/ln_input", f"{base}/ln_output"
+        nodes.append(onnx.helper.make_node("Transpose", [match.inputs["x"]], [source],
+                                           name=f"{base}/ln_transpose", perm=operands.perm))
+    inputs = [source, edit.initializer(operands.scale, f"{base}/ln_scale")]
     if operands.bias is not None:
         inputs.append(edit.initializer(operands.bias, f"{base}/ln_bias"))
-    return [onnx.helper.make_node("LayerNormalization", inputs, [root.output[0]],
-                                  name=f"{base}/layer_norm", axis=operands.axis,
-                                  epsilon=operands.epsilon)]
+    nodes.append(onnx.helper.make_node("LayerNormalization", inputs, [result],
+                                       name=f"{base}/layer_norm", axis=operands.axis,
+                                       epsilon=operands.epsilon))
+    if operands.perm:
+        nodes.append(onnx.helper.make_node("Transpose", [result], [root.output[0]],
+                                           name=f"{base}/ln_transpose_back",
+                                           perm=np.argsort(operands.perm).tolist()))
+    return nodes

@@ -87,6 +87,7 @@ def _import(ctx: StageContext) -> dict:
         model, proof["dequantized"] = to_float(model, feeds, outputs)
     # the rewrites for the chip, in order, each proven on the proof inputs (its figures, by key)
     for key, rewrite in (("constants_folded", fold_constants), ("layer_norms", layer_norms),
+                         ("softmaxes", softmaxes),
                          ("constant_left_matmuls", constant_left_matmuls),
                          ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", slice_one_index_gathers)):
         model, figures = rewrite(model, feeds)
@@ -484,6 +485,18 @@ def layer_norms(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, d
                                            for n in normalised.graph.node)
                         - sum(n.op_type == "LayerNormalization" for n in model.graph.node),
                         "opset": onnx_io.opset_of(normalised), **figures}
+
+
+def softmaxes(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each softmax written out in primitives as one Softmax (`onnx_frontend.softmaxes_as_op`),
+    proven within the folding tolerance; the proof's figures (how many), or {}."""
+    rewritten = onnx_frontend.softmaxes_as_op(model)
+    if rewritten is model:
+        return model, {}
+    figures = prove_rewrite(model, rewritten, feeds, "a softmax written out in primitives as "
+                                                     "Softmax")
+    return rewritten, {"softmaxes": sum(n.op_type == "Softmax" for n in rewritten.graph.node)
+                       - sum(n.op_type == "Softmax" for n in model.graph.node), **figures}
 
 
 def constant_left_matmuls(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

@@ -509,3 +509,178 @@ def test_a_layer_norm_of_a_float64_tensor_stays_written_out():
     source = _written_out_layer_norm(12, dtype=np.float64)
     model, kept = onnx_frontend.layer_norms_as_op(source)
     assert model is source and kept is None
+
+
+def _flax_layer_norm(axis: int, summed: bool = True, broadcast: str = "ReshapeExpand",
+                     count: int | None = None) -> onnx.ModelProto:
+    """Flax's LayerNorm over ``axis`` of [1, 6, 8] as jax2tf and tf2onnx write it (Magika's
+    model): E[x] and E[x²] as ReduceSum (keepdims 0) times 1/N (or ReduceMean), the variance
+    E[x²] - E[x]² clamped at 0, each broadcast back through a Reshape to the kept shape and an
+    Expand to it (or kept dims, ``broadcast="Kept"``), then (x - mean) · (Reciprocal(Sqrt(var +
+    eps)) · scale) + bias, then a Relu. ``count`` overrides the N the sums are divided by."""
+    h = onnx.helper
+    rng = np.random.default_rng(11)
+    shape = [1, 6, 8]
+    kept = [1 if k == axis else d for k, d in enumerate(shape)]
+    along = [d if k == axis else 1 for k, d in enumerate(shape)]  # the scale's and bias's shape
+    keepdims = int(broadcast == "Kept")
+    nodes, inits = [], [numpy_helper.from_array(np.array([axis], np.int64), "axes"),
+                        numpy_helper.from_array(np.array(1.0 / (count or shape[axis]), np.float32), "inv_n"),
+                        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                        numpy_helper.from_array(np.array(1e-6, np.float32), "eps"),
+                        numpy_helper.from_array(np.array(kept, np.int64), "kept"),
+                        numpy_helper.from_array(rng.normal(size=along).astype(np.float32), "gamma"),
+                        numpy_helper.from_array(rng.normal(size=along).astype(np.float32), "beta")]
+
+    def mean_of(source, out):
+        if summed:
+            return [h.make_node("ReduceSum", [source, "axes"], [out + "_sum"], keepdims=keepdims),
+                    h.make_node("Mul", [out + "_sum", "inv_n"], [out])]
+        return [h.make_node("ReduceMean", [source], [out], axes=[axis], keepdims=keepdims)]
+
+    def back(source, out):
+        if broadcast == "Kept":
+            return [h.make_node("Identity", [source], [out])]
+        nodes = [h.make_node("Reshape", [source, "kept"], [out + "_r" if broadcast == "ReshapeExpand" else out])]
+        if broadcast == "ReshapeExpand":
+            nodes.append(h.make_node("Expand", [out + "_r", "kept"], [out]))
+        return nodes
+
+    nodes = [*mean_of("x", "mean"), h.make_node("Mul", ["x", "x"], ["x2"]), *mean_of("x2", "msq"),
+             h.make_node("Mul", ["mean", "mean"], ["mean2"]), h.make_node("Sub", ["msq", "mean2"], ["var0"]),
+             h.make_node("Max", ["zero", "var0"], ["var1"]), *back("var1", "var"),
+             h.make_node("Add", ["var", "eps"], ["var_eps"]), h.make_node("Sqrt", ["var_eps"], ["std"]),
+             h.make_node("Reciprocal", ["std"], ["inverse"]), h.make_node("Mul", ["inverse", "gamma"], ["gain"]),
+             *back("mean", "centre"), h.make_node("Sub", ["x", "centre"], ["d"]),
+             h.make_node("Mul", ["d", "gain"], ["norm"]), h.make_node("Add", ["norm", "beta"], ["shifted"]),
+             h.make_node("Relu", ["shifted"], ["y"])]
+    if broadcast == "Kept":  # no Identity in a real export: wire the kept values straight
+        rename = {n.output[0]: n.input[0] for n in nodes if n.op_type == "Identity"}
+        nodes = [n for n in nodes if n.op_type != "Identity"]
+        for n in nodes:
+            n.input[:] = [rename.get(i, i) for i in n.input]
+    read = {i for n in nodes for i in n.input}
+    graph = h.make_graph(nodes, "flax_ln", [h.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                         [t for t in inits if t.name in read])
+    return onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 15)], ir_version=8))
+
+
+@pytest.mark.parametrize("axis, summed, broadcast, ops", [
+    (2, True, "ReshapeExpand", ["LayerNormalization", "Relu"]),  # Flax's default: the last axis
+    (1, True, "ReshapeExpand", ["Transpose", "LayerNormalization", "Transpose", "Relu"]),
+    (2, False, "Reshape", ["LayerNormalization", "Relu"]),
+    (1, False, "Kept", ["Transpose", "LayerNormalization", "Transpose", "Relu"]),
+])
+def test_a_flax_layer_norm_of_moments_becomes_one_layer_normalization_the_npu_runs(
+        axis, summed, broadcast, ops):
+    """Magika's model (Flax through jax2tf) writes its layer norms as E[x²] - E[x]² with
+    ReduceSums, Reshapes and Expands: 20 primitives, two over the sequence axis, all on the
+    CPU (58 of 77 nodes on the NPU). Written as LayerNormalization (between two Transposes
+    where the normalised axis is not the last) the chip runs it."""
+    from npubuild.split import check_placement
+    from npubuild.targets import load_chip
+
+    source = _flax_layer_norm(axis, summed, broadcast)
+    model, kept = onnx_frontend.layer_norms_as_op(source)
+    assert kept is None
+    assert [n.op_type for n in model.graph.node] == ops
+    onnx.checker.check_model(model, full_check=True)
+    feeds = {"x": np.random.default_rng(5).normal(size=(1, 6, 8)).astype(np.float32) * 3 + 1}
+    np.testing.assert_allclose(onnx_io.run(model, feeds)["y"], onnx_io.run(source, feeds)["y"],
+                               rtol=1e-4, atol=1e-4)
+    placed = check_placement(model, load_chip("npu-16m"))
+    assert {p.device for p in placed} == {"npu"}, [p.reasons for p in placed]
+
+
+def test_sums_divided_by_another_count_than_the_axis_length_stay_written_out():
+    """Sum · 1/7 over 8 values is not a mean: no LayerNormalization computes it."""
+    source = _flax_layer_norm(2, count=7)
+    model, kept = onnx_frontend.layer_norms_as_op(source)
+    assert model is source and kept is None
+
+
+def _written_out_softmax(shift: str, broadcast: str, axis: int = 2, opset: int = 15,
+                         sum_axis: int | None = None) -> onnx.ModelProto:
+    """A softmax over ``axis`` of [1, 6, 8] written out, then a Relu: ReduceMax (``shift``
+    "Clamped": then Max with -inf, as jax.nn.softmax's ``initial``; "Unshifted": no max), Sub,
+    Exp, ReduceSum, Div, the reductions broadcast back as in `_flax_layer_norm`."""
+    h = onnx.helper
+    shape = [1, 6, 8]
+    kept = [1 if k == axis else d for k, d in enumerate(shape)]
+    keepdims = int(broadcast == "Kept")
+    inits = [numpy_helper.from_array(np.array([axis], np.int64), "axes"),
+             numpy_helper.from_array(np.array([axis if sum_axis is None else sum_axis], np.int64), "sum_axes"),
+             numpy_helper.from_array(np.array(-np.inf, np.float32), "floor"),
+             numpy_helper.from_array(np.array(kept, np.int64), "kept")]
+
+    def back(source, out):
+        if broadcast == "Kept":
+            return [], source
+        return [h.make_node("Reshape", [source, "kept"], [out + "_r"]),
+                h.make_node("Expand", [out + "_r", "kept"], [out])], out
+
+    nodes, exponent = [], "x"
+    if shift != "Unshifted":
+        nodes.append(h.make_node("ReduceMax", ["x"], ["max"], axes=[axis], keepdims=keepdims))
+        peak = "max"
+        if shift == "Clamped":
+            nodes.append(h.make_node("Max", ["floor", "max"], ["clamped"]))
+            peak = "clamped"
+        more, peak = back(peak, "peak")
+        nodes += [*more, h.make_node("Sub", ["x", peak], ["shifted"])]
+        exponent = "shifted"
+    nodes += [h.make_node("Exp", [exponent], ["e"]),
+              h.make_node("ReduceSum", ["e", "sum_axes"], ["total"], keepdims=keepdims)]
+    more, total = back("total", "total_b")
+    nodes += [*more, h.make_node("Div", ["e", total], ["p"]), h.make_node("Relu", ["p"], ["y"])]
+    read = {i for n in nodes for i in n.input}
+    graph = h.make_graph(nodes, "softmax", [h.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                         [t for t in inits if t.name in read])
+    return onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=8))
+
+
+@pytest.mark.parametrize("shift, broadcast, axis", [
+    ("Clamped", "ReshapeExpand", 2),  # jax.nn.softmax through jax2tf (Magika's head)
+    ("Shifted", "Kept", 1),  # a hand-written stable softmax over a middle axis
+    ("Unshifted", "Kept", 2),  # exp(x) / sum(exp(x))
+])
+def test_a_softmax_written_out_becomes_one_softmax_the_npu_runs(shift, broadcast, axis):
+    """Magika's head ends in ReduceMax, Max, Reshape, Expand, Sub, Exp, ReduceSum, Reshape,
+    Expand, Div: reductions no integer kernel computes, so the CPU ran them after the NPU. As
+    one Softmax the chip runs it."""
+    from npubuild.split import check_placement
+    from npubuild.targets import load_chip
+
+    source = _written_out_softmax(shift, broadcast, axis)
+    model = onnx_frontend.softmaxes_as_op(source)
+    assert [n.op_type for n in model.graph.node] == ["Softmax", "Relu"]
+    assert onnx.helper.get_attribute_value(model.graph.node[0].attribute[0]) == axis
+    onnx.checker.check_model(model, full_check=True)
+    feeds = {"x": np.random.default_rng(6).normal(size=(1, 6, 8)).astype(np.float32) * 4}
+    np.testing.assert_allclose(onnx_io.run(model, feeds)["y"], onnx_io.run(source, feeds)["y"],
+                               rtol=1e-5, atol=1e-6)
+    placed = check_placement(model, load_chip("npu-16m"))
+    assert {p.device for p in placed} == {"npu"}, [p.reasons for p in placed]
+
+
+def test_a_softmax_over_an_old_opsets_middle_axis_stays_written_out():
+    """Before opset 13 Softmax flattens its input from the axis: over a middle axis it would
+    normalise more than that axis."""
+    source = _written_out_softmax("Shifted", "Kept", axis=1, opset=12)
+    assert onnx_frontend.softmaxes_as_op(source) is source
+
+
+def test_a_sum_over_another_axis_than_the_maximum_is_a_softmax_of_the_shifted_values():
+    """exp(s) / sum(exp(s)) over axis 1 is the softmax of s = x - max over axis 2 along axis 1:
+    the shift stays as written and only what is a softmax becomes one."""
+    source = _written_out_softmax("Shifted", "Kept", axis=2, sum_axis=1)
+    model = onnx_frontend.softmaxes_as_op(source)
+    assert [n.op_type for n in model.graph.node] == ["ReduceMax", "Sub", "Softmax", "Relu"]
+    assert onnx.helper.get_attribute_value(model.graph.node[2].attribute[0]) == 1
+    feeds = {"x": np.random.default_rng(8).normal(size=(1, 6, 8)).astype(np.float32) * 4}
+    np.testing.assert_allclose(onnx_io.run(model, feeds)["y"], onnx_io.run(source, feeds)["y"],
+                               rtol=1e-5, atol=1e-6)
