@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 from npubuild.errors import Location, UserError
 from npubuild.recipe import paths
-from npubuild.recipe.load import Marked, dotted, read_yaml, validate
+from npubuild.recipe.load import Marked, dotted, fill_input_names, read_yaml, validate
 
 MODEL_SUFFIXES = {".onnx": "onnx", ".pb": "tf_frozen", ".keras": "keras", ".h5": "keras",
                   ".hdf5": "keras", ".tflite": "tflite"}
@@ -122,8 +122,8 @@ class LoadedRecipe:
         merged = {**self.overrides, **overrides}
         marked = ov.apply(self.marked, overrides)
         try:
-            loaded = LoadedRecipe(validate(marked, recipe_model_for(marked.data)), self.path,
-                                  marked, merged)
+            loaded = LoadedRecipe(validate(fill_input_names(marked), recipe_model_for(marked.data)),
+                                  self.path, marked, merged)
             if check_files:
                 check_recipe_files(loaded)
         except UserError as exc:
@@ -178,7 +178,8 @@ def load_recipe(path: str | Path, *, check_files: bool = True) -> LoadedRecipe:
         raise UserError(f"recipe file not found: {path}",
                         hint="give the path to a recipe YAML, e.g. recipes/yolov8.yaml")
     marked = read_yaml(path)
-    loaded = LoadedRecipe(validate(marked, recipe_model_for(marked.data)), path, marked)
+    loaded = LoadedRecipe(validate(fill_input_names(marked), recipe_model_for(marked.data)), path,
+                          marked)
     if check_files:
         check_recipe_files(loaded)
     return loaded

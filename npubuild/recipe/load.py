@@ -344,10 +344,18 @@ def _describe(err: dict, path: FieldPath, marked: Marked, model: type[BaseModel]
         text = f"missing required key {path[-1]!r}"
         if path[:2] == ("model", "inputs") and path[-1] == "name":
             names = _model_input_names(marked)
-            text += f": the model's inputs are {', '.join(map(repr, names))}" if names else ""
+            if names:
+                listed = len(marked.data["model"]["inputs"])
+                text += f": the model's inputs are {', '.join(map(repr, names))}"
+                text += (f" (names may be left out only where the recipe lists all {len(names)}; "
+                         f"it lists {listed})" if listed != len(names) else "")
         return text, marked.location(path[:-1])
     if kind == "literal_error":
         allowed = ", ".join(a.strip(" '") for a in ctx["expected"].replace(" or ", ", ").split(","))
+        if isinstance(value, (dict, list)):  # e.g. `task: {kind: classifier}` for `task: classifier`
+            form = "a mapping" if isinstance(value, dict) else "a list"
+            return (f"expected one of {allowed}, written as the name alone, got {form} "
+                    f"{short(value)}", marked.location(path))
         return f"{short(value)} is not one of {allowed}", marked.location(path)
     if kind == "unknown_step":
         name = next(iter(value)) if isinstance(value, dict) and value else value
@@ -361,6 +369,30 @@ def _describe(err: dict, path: FieldPath, marked: Marked, model: type[BaseModel]
     if kind.endswith("_type") or kind.endswith("_parsing"):
         message += f", got {short(value)}"
     return message[0].lower() + message[1:], marked.location(path)
+
+
+def fill_input_names(marked: Marked) -> Marked:
+    """Name each recipe input written without ``name``: the model's inputs the recipe does not
+    name, in the model's order, take the unnamed places in the recipe's order (so a recipe for a
+    one-input model needs no name, as TPU-MLIR and RKNN take inputs by position). Only when
+    the names can be read without a framework (`_model_input_names`) and every model input is
+    listed; otherwise the inputs stay as written and validation says what is missing."""
+    spec = marked.data.get("model") if isinstance(marked.data, dict) else None
+    inputs = spec.get("inputs") if isinstance(spec, dict) else None
+    if not isinstance(inputs, list) or not all(isinstance(i, dict) for i in inputs):
+        return marked
+    unnamed = [i for i in inputs if "name" not in i]
+    if not unnamed:
+        return marked
+    names = _model_input_names(marked)
+    if names is None or len(names) != len(inputs):
+        return marked
+    given = {i["name"] for i in inputs if "name" in i}
+    remaining = [n for n in names if n not in given]
+    if len(remaining) == len(unnamed):
+        for spec_of_input, name in zip(unnamed, remaining):
+            spec_of_input["name"] = name
+    return marked
 
 
 def _model_input_names(marked: Marked) -> list[str] | None:

@@ -100,10 +100,22 @@ class ProofInput(Strict):
         return self
 
 
+def _name_may_be_left_out(schema: dict) -> None:
+    """The loader names an input written without ``name`` (`load.fill_input_names`): editors
+    must not flag it."""
+    schema["required"] = [k for k in schema.get("required", []) if k != "name"]
+    if not schema["required"]:
+        del schema["required"]
+
+
 class InputSpec(Strict):
     """One model input: its name, the shape and dtype to fix, and how images become it."""
 
-    name: str = Field(description="Input tensor name in the model (for TF: 'x:0' or 'x').")
+    model_config = ConfigDict(**STRICT_CONFIG, json_schema_extra=_name_may_be_left_out)
+
+    name: str = Field(description="Input tensor name in the model (for TF: 'x:0' or 'x'). May be "
+                      "left out where the recipe lists every model input of an ONNX, TFLite or "
+                      "Keras model: the unnamed ones take the model's other inputs in order.")
     shape: list[int] | None = Field(
         None, description="Fixes the input's shape (dynamic dims included). Default: the model's.")
     dtype: DType | None = Field(None, description="Default: the model's input dtype.")

@@ -71,12 +71,14 @@ def test_a_bad_package_file_is_named_as_the_recipe_names_it(cli, tmp_path):
 
 
 @pytest.mark.parametrize("suffix", [".keras", ".h5"])
-def test_a_keras_input_without_a_name_is_told_the_names_its_configuration_gives(cli, tmp_path, suffix):
-    """The schema requires ``model.inputs[].name``; a Keras user who left it out was pointed
-    at the schema, not at the model's names. The configuration names them without Keras
-    (Keras 3's .keras zip; Keras 2's HDF5 ``model_config``, a Sequential's first layer)."""
+def test_a_keras_input_without_a_name_takes_the_name_its_configuration_gives(tmp_path, suffix):
+    """A recipe that lists the model's one input without ``name`` is named from the model
+    (read without Keras: Keras 3's .keras zip; Keras 2's HDF5 ``model_config``, a Sequential's
+    first layer), as TPU-MLIR and RKNN take inputs by position."""
     import json
     import zipfile
+
+    from npubuild.recipe import load_recipe
 
     functional = {"class_name": "Functional", "config": {"input_layers": [["pixels", 0, 0]]}}
     sequential = {"class_name": "Sequential", "config": {"layers": [
@@ -92,8 +94,27 @@ def test_a_keras_input_without_a_name_is_told_the_names_its_configuration_gives(
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"version: 1\nname: k\nmodel:\n  path: {model.name}\n  inputs:\n"
                       "    - shape: [1, 8]\n")
-    result = cli("validate", str(recipe))
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    name = "pixels" if suffix == ".keras" else "embedding_input"
-    assert (f"model.inputs[0].name: missing required key 'name': the model's inputs are "
-            f"'{name}'") in result.stderr
+    loaded = load_recipe(recipe, check_files=False)
+    assert [i.name for i in loaded.recipe.model.inputs] == [
+        "pixels" if suffix == ".keras" else "embedding_input"]
+
+
+def test_unnamed_inputs_take_the_model_inputs_the_recipe_does_not_name_in_order(tmp_path):
+    """khmersm's model has inputs x and mask: a recipe naming mask first and leaving the other
+    unnamed gets x there; one listing both unnamed gets them in the model's order."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from npubuild.recipe import load_recipe
+
+    model = tmp_path / "two.onnx"
+    graph = helper.make_graph([helper.make_node("Add", ["x", "mask"], ["y"])], "two",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in ("x", "mask")],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    recipe = tmp_path / "r.yaml"
+    for inputs, names in (("    - {name: mask, shape: [1, 4]}\n    - {shape: [1, 4]}\n", ["mask", "x"]),
+                          ("    - {shape: [1, 4]}\n    - {shape: [1, 4]}\n", ["x", "mask"])):
+        recipe.write_text(f"version: 1\nname: t\nmodel:\n  path: {model.name}\n  inputs:\n{inputs}")
+        loaded = load_recipe(recipe, check_files=False)
+        assert [i.name for i in loaded.recipe.model.inputs] == names
