@@ -810,7 +810,10 @@ def magika_samples() -> list[np.ndarray]:
         spec = importlib.util.find_spec(package)
         if spec is None:
             raise ImportError(f"{package} is not installed (requirements/models.txt)")
-        content = (Path(spec.origin).parent / name).read_bytes()
+        path = Path(spec.origin).parent / name
+        if not path.is_file():
+            raise ImportError(f"{package} has no {name} (requirements/models.txt pins its version)")
+        content = path.read_bytes()
         features = Magika._extract_features_from_seekable(
             Seekable(io.BytesIO(content)), config["beg_size"], config["mid_size"],
             config["end_size"], config["padding_token"], config["block_size"],
