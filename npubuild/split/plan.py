@@ -19,7 +19,7 @@ from npubuild.recipe.load import dotted
 from npubuild.recipe.model import SplitSpec
 from npubuild.split.cost import elements, island_cost, node_macs
 from npubuild.split.graph import MOVEMENT, OpGraph, build_op_graph
-from npubuild.split import spectrum
+from npubuild.split import input_statistics, spectrum
 from npubuild.split.partition import CPU, NPU, Segment, npu_islands, partition, segment_of
 from npubuild.split.spectrum import log_power_spectra
 from npubuild.targets.constraints import layout_noop_reasons, node_reasons, op_label
@@ -117,6 +117,7 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
     facts = GraphFacts.from_model(inferred)
     on_npu, reasons, pinned = _initial(og, facts, chip, spec)
     _log_power_spectra_on_cpu(og, facts, on_npu, reasons, pinned)
+    _self_normalised_inputs_on_cpu(og, facts, on_npu, reasons, pinned)
     if spec.policy != "cpu_only":
         _layout_noops_between_npu_ops(og, facts, chip, on_npu, reasons, pinned)
     while True:
@@ -197,6 +198,15 @@ def _log_power_spectra_on_cpu(og: OpGraph, facts: GraphFacts, on_npu: list[bool]
     for i in log_power_spectra(og, facts):
         if on_npu[i] and i not in pinned:
             on_npu[i], reasons[i] = False, [spectrum.REASON]
+
+
+def _self_normalised_inputs_on_cpu(og: OpGraph, facts: GraphFacts, on_npu: list[bool],
+                                   reasons: list[list[str]], pinned: set[int]) -> None:
+    """Every node that normalises a model input by its own statistics
+    (`npubuild.split.input_statistics`) runs in float on the CPU, unless the recipe placed it."""
+    for i in input_statistics.self_normalised_inputs(og, facts):
+        if on_npu[i] and i not in pinned:
+            on_npu[i], reasons[i] = False, [input_statistics.REASON]
 
 
 def _forced(why: list[str]) -> bool:
