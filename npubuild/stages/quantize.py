@@ -336,10 +336,14 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
 
 def weights_bound(search: PrecisionSearch, judge: SampleJudge, samples: list) -> str:
     """Where the search found nothing that passes: every activation in float and only the
-    weights in int8, judged as verify judges; when that misses too, int8 weights bound the
-    model and no activation precision (int16) can reach verify's thresholds, which the note
-    says with the figure ("" otherwise). BlazePose's landmark model: its segmentation logits
-    reach 0.905 on the worst sample so, 0.896 with int16 activations everywhere."""
+    weights in int8, judged as verify judges; when that misses too, the note says what bounds
+    the model, each claim measured ("" otherwise): int8 weights, where every candidate tensor
+    in float (its layers' weights too) passes; else something no choice of the search reaches
+    (the quantized constants, which every choice keeps in int8). BlazePose's landmark model: its
+    segmentation logits reach 0.905 on the worst sample so, 0.896 with int16 activations
+    everywhere. BirdNET V2.4 with its spectra on the CPU: 4 of 6 top-1 with every activation
+    in float, and 4 of 6 with every candidate in float too: its Hann window, a constant, was
+    the bound."""
     from npubuild.quant import fakequant
 
     feeds = {i: fakequant.params_feed(search.pipeline.tensors(i), {}, search.pipeline.layers(i),
@@ -356,24 +360,43 @@ def weights_bound(search: PrecisionSearch, judge: SampleJudge, samples: list) ->
                   + (f", {worst:.4f} on its worst sample" if worst is not None else ""))
     else:
         figure = verdict.failures[0]
+    floats = search.score({t: "float" for t in search.candidates}, "what float would reach")
+    if not floats.passed:
+        return (f"with every activation in float and only the weights in int8 it still misses "
+                f"({figure}), and with every candidate tensor in float, its layers' weights "
+                f"too, it misses as well (cosine margin {floats.margin:+.4f}): no precision "
+                f"the search chooses reaches verify's thresholds{_fixed_constants(search)}")
     return (f"int8 weights bound this model: with every activation in float and only the "
             f"weights in int8 it still misses ({figure}), so int16 activations cannot reach "
-            f"verify's thresholds; {_finer_weights(search)}")
+            f"verify's thresholds; {_finer_weights(search, floats)}")
 
 
-def _finer_weights(search: PrecisionSearch) -> str:
+def _fixed_constants(search: PrecisionSearch, shown: int = 3) -> str:
+    """The quantized constants of the NPU graphs (operands such as a window or anchors, not a
+    layer's weights), which stay integer whatever the search chooses, largest first."""
+    found = sorted(((int(value.size), name) for state in search.states.values()
+                    for name, value in state.qgraph.constants.items()), key=lambda c: (-c[0], c[1]))
+    if not found:
+        return ""
+    names = ", ".join(f"{name} ({size} value{'s' * (size != 1)})" for size, name in found[:shown])
+    more = f" and {len(found) - shown} more" if len(found) > shown else ""
+    return f"; {len(found)} quantized constant(s) stay integer in every choice: {names}{more}"
+
+
+def _finer_weights(search: PrecisionSearch, floats) -> str:
     """What int16 weights (W16A16 on every candidate tensor) reach, measured, where the chip
-    has them; the way out beside float layers."""
+    has them, and what float on every candidate (``floats``, scored: it passes) reached."""
+    float_text = (f"float layers pass (every candidate tensor in float: cosine margin "
+                  f"{floats.margin:+.4f}; quantization.auto.max_slowdown bounds their cost)")
     if not any(search.pipeline.wide(i) for i in search.states):
-        return ("float layers (quantization.auto.max_slowdown) can; this chip has no int16 "
-                "weights")
+        return f"{float_text}; this chip has no int16 weights"
     scored = search.score({t: WIDE_WEIGHTS for t in search.candidates},
                           f"what {WIDE_WEIGHTS} would reach")
     allow = ("" if WIDE_WEIGHTS in search.levels else
              f": allow them with quantization.auto.precision: {WIDE_WEIGHTS} (or unset)")
     return (f"int16 weights with int16 activations ({WIDE_WEIGHTS}) on every candidate tensor "
             f"{'pass' if scored.passed else 'still miss'} (cosine margin "
-            f"{scored.margin:+.4f}){allow}; float layers (quantization.auto.max_slowdown) can too")
+            f"{scored.margin:+.4f}){allow}; {float_text}")
 
 
 def _search_summary(search: dict) -> dict:

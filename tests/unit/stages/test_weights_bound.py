@@ -51,3 +51,44 @@ def test_weights_that_cancel_bound_the_model_and_the_note_says_so(tmp_path):
 
 def test_weights_int8_represents_well_are_not_blamed(tmp_path):
     assert weights_bound(*_search(tmp_path, np.linspace(0.1, 0.8, 8), -0.15)) == ""
+
+
+def _constant_search(tmp_path):
+    """x · [1, 1, 1, 1] − x · [0.9975, 1, 0.9975, 1] (along the last axis, as BirdNET's Hann
+    window multiplies its frames) − 0.001875: columns 0 and 2 are 0.0025·x − 0.001875, which
+    cross zero. The second constant's int8 rounding (a step of 1/255) makes their slope 0.0039:
+    no choice of the search reaches it (a constant stays integer whatever it chooses)."""
+    inits = [numpy_helper.from_array(np.ones(4, np.float32), "ones"),
+             numpy_helper.from_array(np.array([0.9975, 1.0, 0.9975, 1.0], np.float32), "c"),
+             numpy_helper.from_array(np.array(-0.001875, np.float32), "k")]
+    nodes = [helper.make_node("Mul", ["x", "ones"], ["a"], name="whole"),
+             helper.make_node("Mul", ["x", "c"], ["b"], name="window"),
+             helper.make_node("Sub", ["a", "b"], ["d"], name="difference"),
+             helper.make_node("Add", ["d", "k"], ["y"], name="offset")]
+    pipeline = SplitPipeline(one_npu_graph_split(tmp_path, nodes, inits, SHAPE))
+    workflow = Workflow(pipeline, Options(QuantConfig(scheme="asymmetric",
+                                                      granularity="per_channel",
+                                                      bias_correction=False), chip_int16=True))
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.uniform(0.5, 1.0, SHAPE).astype(np.float32)} for _ in range(3)]
+    workflow.calibrate(samples)
+    workflow.quantize()
+    judge = SampleJudge(VerifySpec(), {}, pipeline, samples)
+    search = PrecisionSearch(workflow, samples, judge, judge.kept, SearchSpec(), chip_int16=True,
+                             npu_macs_per_second=1e12)
+    return search, judge, samples
+
+
+def test_where_float_everywhere_misses_too_the_note_blames_no_weights_and_advises_nothing(tmp_path):
+    """BirdNET V2.4: the note said "int8 weights bound this model ... float layers
+    (quantization.auto.max_slowdown) can too" although every candidate in float was measured
+    to miss as much (its int8 Hann window, a constant, was the bound)."""
+    search, judge, samples = _constant_search(tmp_path)
+    assert any(s.qgraph.constants for s in search.states.values())
+    note = weights_bound(search, judge, samples)
+    assert note.startswith("with every activation in float and only the weights in int8 it "
+                           "still misses (output 'y' at cosine ")
+    assert ("and with every candidate tensor in float, its layers' weights too, it misses as "
+            "well (cosine margin -") in note
+    assert "quantized constant(s) stay integer in every choice: c (4 values)" in note
+    assert "int8 weights bound" not in note and "max_slowdown" not in note
