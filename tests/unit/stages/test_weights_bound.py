@@ -26,6 +26,12 @@ def _search(tmp_path, head: np.ndarray, bias: float):
              numpy_helper.from_array(np.array([bias], np.float32), "b2")]
     nodes = [helper.make_node("Conv", ["x", "w1"], ["c"], name="spread"),
              helper.make_node("Conv", ["c", "w2", "b2"], ["y"], name="head")]
+    return _search_on(tmp_path, nodes, inits)
+
+
+def _search_on(tmp_path, nodes: list, inits: list):
+    """The precision search, its judge and samples for one NPU graph of ``nodes``, x in
+    [0.5, 1], calibrated and verified on the same 3 samples."""
     pipeline = SplitPipeline(one_npu_graph_split(tmp_path, nodes, inits, SHAPE))
     workflow = Workflow(pipeline, Options(QuantConfig(scheme="asymmetric",
                                                       granularity="per_channel",
@@ -65,18 +71,7 @@ def _constant_search(tmp_path):
              helper.make_node("Mul", ["x", "c"], ["b"], name="window"),
              helper.make_node("Sub", ["a", "b"], ["d"], name="difference"),
              helper.make_node("Add", ["d", "k"], ["y"], name="offset")]
-    pipeline = SplitPipeline(one_npu_graph_split(tmp_path, nodes, inits, SHAPE))
-    workflow = Workflow(pipeline, Options(QuantConfig(scheme="asymmetric",
-                                                      granularity="per_channel",
-                                                      bias_correction=False), chip_int16=True))
-    rng = np.random.default_rng(0)
-    samples = [{"x": rng.uniform(0.5, 1.0, SHAPE).astype(np.float32)} for _ in range(3)]
-    workflow.calibrate(samples)
-    workflow.quantize()
-    judge = SampleJudge(VerifySpec(), {}, pipeline, samples)
-    search = PrecisionSearch(workflow, samples, judge, judge.kept, SearchSpec(), chip_int16=True,
-                             npu_macs_per_second=1e12)
-    return search, judge, samples
+    return _search_on(tmp_path, nodes, inits)
 
 
 def test_where_float_everywhere_misses_too_the_note_blames_no_weights_and_advises_nothing(tmp_path):
