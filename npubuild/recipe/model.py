@@ -545,7 +545,7 @@ class VerifySpec(Strict):
         "either side keeps (with min_task_agreement set, those two outputs' cosines are "
         "reported, not judged); text_detection — IoU of the text maps "
         "binarized at 0.3; text_recognition — the same text from a CTC head's greedy decoding "
-        "(class 0 the blank); binary_map — IoU of the maps binarized at task_threshold (notes "
+        "(the blank: the first or the last class, whichever the float model picks at more steps); binary_map — IoU of the maps binarized at task_threshold (notes "
         "and onsets, speech frames).")
     task_outputs: list[str] | None = Field(
         None, min_length=1, description="The model outputs the task reads (default: the first); "

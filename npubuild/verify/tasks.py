@@ -62,13 +62,15 @@ def binary_map(refs: list[np.ndarray], gots: list[np.ndarray],
 
 
 def text_recognition(refs: list[np.ndarray], gots: list[np.ndarray]) -> dict:
-    """A CTC recognizer's output ([1, T, classes], class 0 the blank) decoded greedily (best
-    class per step, repeats merged, blanks dropped) from the float model and from the deployed
-    pipeline: the share of samples whose text is the same, and the characters that differ
-    (edit distance over the float text's length, over all samples)."""
+    """A CTC recognizer's output ([1, T, classes], or time-major [T, 1, classes]) decoded greedily
+    (best class per step, repeats merged, blanks dropped) from the float model and from the
+    deployed pipeline: the share of samples whose text is the same, and the characters that
+    differ (edit distance over the float text's length, over all samples). The blank is the
+    first or the last class, whichever the float model's steps pick more (`ctc_blank`)."""
+    blank = ctc_blank(refs)
     same = edits = length = 0
     for ref, got in zip(refs, gots):
-        a, b = ctc_greedy(ref), ctc_greedy(got)
+        a, b = ctc_greedy(ref, blank), ctc_greedy(got, blank)
         same += a == b
         edits += edit_distance(a, b)
         length += len(a)
@@ -76,13 +78,32 @@ def text_recognition(refs: list[np.ndarray], gots: list[np.ndarray]) -> dict:
     return {"task": "text_recognition", "samples": n, "same_text": same,
             "characters": length, "character_errors": edits,
             "character_error_rate": edits / length if length else float(edits > 0),
-            "agreement": same / n if n else None, "agreement_is": "same decoded text"}
+            "blank": blank, "agreement": same / n if n else None,
+            "agreement_is": "same decoded text"}
 
 
-def ctc_greedy(scores: np.ndarray) -> list[int]:
+def ctc_blank(refs: list[np.ndarray]) -> int:
+    """The blank class of a CTC head: class 0 (PaddleOCR's, PyTorch's default) or the last class
+    (TensorFlow's and Keras' CTC, and PyTorch heads trained with ``blank=classes-1``), whichever
+    the float model's greedy decoding picks at more steps: a blank stands between every two
+    characters and on every step without one, so the blank is the class most steps pick. Read
+    with class 0 as the blank, a last-class blank is decoded as a character and a deployed
+    pipeline that loses a class-0 character reads the same."""
+    best = np.concatenate([best_classes(r) for r in refs]) if refs else np.zeros(0, int)
+    last = np.shape(refs[0])[-1] - 1 if refs else 0
+    return last if np.count_nonzero(best == last) > np.count_nonzero(best == 0) else 0
+
+
+def best_classes(scores: np.ndarray) -> np.ndarray:
+    """The best class at every step of a CTC head's scores (one sample: every axis but the
+    classes of size 1 except the steps)."""
+    return np.argmax(np.reshape(scores, (-1, np.shape(scores)[-1])), axis=-1)
+
+
+def ctc_greedy(scores: np.ndarray, blank: int = 0) -> list[int]:
     """The class sequence a CTC head's scores ([..., T, classes]) decode to greedily."""
-    best = np.argmax(np.reshape(scores, (-1, np.shape(scores)[-1])), axis=-1)
-    return [int(c) for i, c in enumerate(best) if c != 0 and (i == 0 or c != best[i - 1])]
+    best = best_classes(scores)
+    return [int(c) for i, c in enumerate(best) if c != blank and (i == 0 or c != best[i - 1])]
 
 
 def edit_distance(a: list[int], b: list[int]) -> int:

@@ -43,6 +43,18 @@ def test_text_recognition_counts_samples_with_the_same_text_and_character_errors
     assert (result["character_errors"], result["characters"]) == (1, 4)
 
 
+def test_text_recognition_finds_a_blank_in_the_last_class_of_a_time_major_head():
+    # captcha-whisperer's CRNN: logits [T, 1, 37], class 36 the blank, class 0 the digit "0";
+    # the deployed pipeline loses the "0" of the second line (read with class 0 as the blank,
+    # both lines would be the same text and every blank a character)
+    time_major = lambda sequence: np.eye(6)[sequence][:, None]  # noqa: E731
+    refs = [time_major([5, 1, 5, 5, 2, 5]), time_major([0, 5, 3, 5, 5, 5])]
+    gots = [time_major([5, 1, 1, 5, 2, 5]), time_major([5, 5, 3, 5, 5, 5])]
+    result = tasks.text_recognition(refs, gots)
+    assert result["same_text"] == 1 and result["agreement"] == 0.5 and result["blank"] == 5
+    assert (result["character_errors"], result["characters"]) == (1, 4)
+
+
 def test_binary_map_is_the_iou_above_its_threshold():
     ref = np.array([[0.9, 0.6, 0.1, 0.2]])
     got = np.array([[0.8, 0.4, 0.7, 0.1]])
