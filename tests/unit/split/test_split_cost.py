@@ -31,3 +31,17 @@ def test_model_macs_counts_a_convs_multiply_accumulates_and_one_per_element_else
     x = net.input("x", [1, 3, 8, 8])
     y = net.op("Relu", [net.conv(x, 3, 4, name="c")], name="r")  # 3x3, pads 1: 8x8 out
     assert model_macs(net.model([y])) == 4 * 8 * 8 * 3 * 3 * 3 + 4 * 8 * 8
+
+
+@pytest.mark.parametrize("op,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+def test_model_macs_counts_a_recurrent_layers_gate_products_over_every_step(op, gates):
+    import numpy as np
+
+    net = Net()
+    x = net.input("x", [1, 10, 16])  # batch-first: layout=1
+    hidden = 8
+    w = net.init("w", np.zeros((2, gates * hidden, 16), np.float32))
+    r = net.init("r", np.zeros((2, gates * hidden, hidden), np.float32))
+    y = net.op(op, [x, w, r], name="rnn", hidden_size=hidden, direction="bidirectional", layout=1)
+    expected = 10 * 2 * gates * hidden * (16 + hidden)  # steps x directions x gates x H x (I + H)
+    assert model_macs(net.model([y])) == expected
