@@ -309,6 +309,10 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
     if not verdict.passed and "int16" in search.levels:
         bound = weights_bound(search, judge, samples)
         note = "; ".join(n for n in (note, bound) if n)
+    slower = search.slower_than_the_cpu_alone(result.chosen) if verdict.passed else ""
+    if slower:
+        ctx.log.warning("quantize: %s", slower)
+        note = "; ".join(n for n in (note, slower) if n)
     ctx.log.info("quantize: the precision search chose %d tensor(s) (%s), verify's thresholds "
                  "%s on the integer reference, %d choices scored in %.1f s",
                  len(result.chosen), ", ".join(sorted(set(result.chosen.values()))) or "none",

@@ -361,6 +361,30 @@ def test_a_choice_is_priced_as_compile_estimates_the_graph_the_stage_builds_with
     assert search.slowdown({"c": "float"}) > 1 + softmax / plain  # conv1 and the softmax leave it
 
 
+def test_a_choice_slower_than_the_whole_model_on_the_cpu_says_so_and_names_cpu_only(tmp_path):
+    """Float layers between NPU parts each cost a host run: with conv1 and the softmax in
+    float (two runs, 16 µs and more) the model is slower than all of it in float on the host
+    (one run and 18,688 MACs, 10.3 µs), which the search says; int8, or the softmax's output
+    in int16 (no layer leaves the NPU), says nothing."""
+    from onnx import helper
+
+    from npubuild.quant.price import CPU_RUN_SECONDS
+    from npubuild.split.cost import CPU_MACS_PER_SECOND
+
+    search = _conv_middle_conv_search(
+        tmp_path, helper.make_node("Softmax", ["c"], ["p"], name="softmax", axis=1))
+    assert search.model_macs == 9216 + 256 + 9216
+    alone = CPU_RUN_SECONDS + search.model_macs / CPU_MACS_PER_SECOND
+    assert search._seconds({"c": "float"}) > alone > search._seconds({})
+    note = search.slower_than_the_cpu_alone({"c": "float"})
+    assert "2 layer(s) in float" in note and "split.policy: cpu_only" in note
+    assert f"{alone * 1e6:,.0f} µs" in note
+    assert search.slower_than_the_cpu_alone({}) == ""
+    assert search.slower_than_the_cpu_alone({"p": "int16"}) == ""
+    search.float_on_npu = True  # a chip that runs float layers itself charges no host run
+    assert search.slower_than_the_cpu_alone({"c": "float"}) == ""
+
+
 def test_int16_around_a_per_channel_prelu_keeps_it_on_the_npu(tmp_path):
     """A per-channel PRelu has an integer kernel for int16 inputs (a multiplier and shift per
     side), so int16 on either side moves no layer: it costs only its wider bytes, far from a
