@@ -320,11 +320,28 @@ def _ceil_pads(node, ctx, attrs) -> None:
 def global_pool(node, ctx) -> FLayer:
     if len(ctx.shape(node.input[0])) != 4:
         raise Unsupported("global pooling of a tensor that is not 4-D")
-    kind = "maxpool" if node.op_type == "GlobalMaxPool" else "avgpool"
+    kind = "maxpool" if node.op_type == "GlobalMaxPool" else "avgpool"  # or a ReduceMean
     h, w = ctx.shape(node.input[0])[2:]
     return _layer(node, kind, [node.input[0]],
                   attrs={"global": True, "kernel": [h, w], "stride": [1, 1], "dilation": [1, 1],
                          "pads": [0, 0, 0, 0], "count_include_pad": 0})
+
+
+def reduce_mean(node, ctx) -> FLayer:
+    """The mean over H and W of a 4-D tensor, dimensions kept, is a global average pool:
+    Paddle exports write their squeeze-excite means so (PP-OCRv6's detector and recognizer:
+    5 ReduceMeans, each a CPU hop between NPU segments without this rule)."""
+    shape = ctx.shape(node.input[0])
+    axes = attr(node, "axes", None)
+    if axes is None and len(node.input) > 1 and node.input[1]:
+        axes = ctx.const(node.input[1])
+        if axes is None:
+            raise Unsupported("ReduceMean axes that are not a constant")
+    if axes is None or len(shape) != 4 or not attr(node, "keepdims", 1):
+        raise Unsupported("ReduceMean other than over H and W of a 4-D tensor, dimensions kept")
+    if sorted(int(a) % 4 for a in np.ravel(axes)) != [2, 3]:
+        raise Unsupported("ReduceMean other than over H and W of a 4-D tensor, dimensions kept")
+    return global_pool(node, ctx)
 
 
 def resize(node, ctx) -> FLayer:
@@ -493,7 +510,7 @@ RULES: dict[str, Callable] = {
     "Conv": conv, "Gemm": gemm, "MatMul": matmul, "BatchNormalization": batchnorm,
     "Add": add_sub, "Sub": add_sub, "Sum": add_sub, "Mul": mul, "Div": div, "Neg": neg,
     "Concat": concat, "MaxPool": maxpool, "AveragePool": averagepool,
-    "GlobalAveragePool": global_pool, "GlobalMaxPool": global_pool,
+    "GlobalAveragePool": global_pool, "GlobalMaxPool": global_pool, "ReduceMean": reduce_mean,
     "Resize": resize, "Upsample": resize,
     "Reshape": reshape, "Flatten": reshape, "Squeeze": reshape, "Unsqueeze": reshape,
     "Transpose": transpose, "Slice": slice_, "Split": split, "Pad": pad,

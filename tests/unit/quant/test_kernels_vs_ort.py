@@ -123,6 +123,10 @@ CASES = {
                                              count_include_pad=1),
     "global_avgpool": lambda: unary("GlobalAveragePool"),
     "global_maxpool": lambda: unary("GlobalMaxPool"),
+    "reduce_mean_spatial": lambda: unary("ReduceMean", axes=[2, 3], keepdims=1),
+    "reduce_mean_spatial_axes_input": lambda: model(
+        [helper.make_node("ReduceMean", ["x", "ax"], ["y"])], X, {"y": None},
+        {"ax": np.array([-1, -2], np.int64)}, opset=18),
     "resize_nearest": lambda: model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="nearest")],
                                     X, {"y": None}, {"s": np.array([1, 1, 2, 2], np.float32)}),
     "resize_linear": lambda: model([helper.make_node("Resize", ["x", "", "s"], ["y"], mode="linear")],
@@ -167,6 +171,18 @@ def test_layer_matches_onnxruntime(case, scheme):
     assert cc.ok, cc.summary()
     assert cc.max_lsb <= 1
     assert cos > (0.97 if scheme == "pow2_symmetric" else 0.99), (case, cos)
+
+
+def test_a_mean_over_h_and_w_is_an_integer_global_average_pool():
+    """Paddle's squeeze-excite means (ReduceMean over H and W, dimensions kept) ran in float
+    on the CPU ("no integer kernel"): PP-OCRv6's detector left the NPU 5 times for them. A
+    mean over the channels, or one that drops its dimensions, still does."""
+    for case in ("reduce_mean_spatial", "reduce_mean_spatial_axes_input"):
+        qg, _, _ = check_against_ort(CASES[case](), samples(X))
+        assert [(layer.kind, layer.device) for layer in qg.layers] == [("avgpool", "npu")], case
+    for attrs in ({"axes": [1], "keepdims": 1}, {"axes": [2, 3], "keepdims": 0}):
+        qg, _, _ = check_against_ort(unary("ReduceMean", **attrs), samples(X))
+        assert [layer.device for layer in qg.layers] == ["cpu"], attrs
 
 
 def test_folded_activations_and_patterns_make_one_layer():
