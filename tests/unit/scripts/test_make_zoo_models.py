@@ -1,0 +1,41 @@
+"""scripts/make_zoo_models.py: data made as each wheel feeds its model."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+
+from tests.conftest import REPO
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("make_zoo_models", REPO / "scripts" / "make_zoo_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_denoiser_frames_are_nsnet2s_featurelib_frames_without_delay():
+    """NSNet2's featurelib frames 320 samples every 160 behind 160 zeros and drops the first
+    frame (no delay): frame j is samples 160·j .. 160·j + 320 under a square-root Hann window,
+    as log10 of its power spectrum floored at 1e-12."""
+    script = load_script()
+    audio = np.random.default_rng(0).normal(0, 0.1, (1, 16000))
+    features = script.denoiser_features(audio)
+    assert features.shape == (1, 100, 161) and features.dtype == np.float32
+    for j in (0, 1, 57, 98):
+        frame = audio[0, 160 * j:160 * j + 320] * np.sqrt(np.hanning(320))
+        expected = np.log10(np.maximum(np.abs(np.fft.rfft(frame)) ** 2, 1e-12))
+        np.testing.assert_allclose(features[0, j], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_captchas_are_seeded_bgr_chw_images_in_0_255():
+    script = load_script()
+    first, again = script.captchas(), script.captchas()
+    assert [t for t, _ in first] == [t for t, _ in again]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(first, again))
+    text, image = first[0]
+    assert 4 <= len(text) <= 6 and set(text) <= set(script.CAPTCHA_LABELS)
+    assert image.shape == (1, 3, 60, 160) and image.dtype == np.float32
+    assert 0 <= image.min() and image.max() <= 255
