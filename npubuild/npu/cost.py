@@ -1,6 +1,6 @@
 """What one compute step costs on the chip's MAC array: the estimate's compute side.
 
-Without ``chip.mac_array`` every MAC runs at the array's peak (``MACs ÷ (lanes × MACs per
+Without ``chip.mac_array`` every int8 MAC runs at the array's peak (``MACs ÷ (lanes × MACs per
 cycle per lane)``). With it, the rules of Arm Vela's performance model for Ethos-U apply, with
 the chip's own numbers — what makes a real array slower than its peak:
 
@@ -18,6 +18,11 @@ the chip's own numbers — what makes a real array slower than its peak:
   ``activation_cycles_per_element["lut"]``: element-wise ops cost that alone, a conv the larger
   of its MAC cycles and its output cycles;
 - data movement (concat, split, pad, reshape) is free: the producers write into place;
+- 16-bit operands slow the MACs (`mac_rate`): with int16 activations the array runs at the
+  chip's ``int16_mac_rate`` of its int8 rate, with int16 weights too at ``w16a16_mac_rate``
+  (without ``mac_array``: every operation of the layer; with it: the array's cycles of a conv,
+  depthwise conv, pool or fully connected layer, as Vela doubles them for a 16-bit input; the
+  output stage keeps its rate);
 - an element-wise op streams a constant operand (more than one element: per-channel batch norm
   left after a concat, a normalisation) at the output's shape, once per output element, from
   the memory the weights live in, and each burst of that memory (``chip.weights_burst_bytes``)
@@ -40,20 +45,27 @@ def compute_cycles(layer: LayerSpec, out: tuple[int, int, int, int], macs: int,
                    chip: Chip) -> int:
     """Cycles of computing ``out`` = (batch, channels, rows, W) of ``layer``'s output
     (``macs`` of them)."""
-    array = chip.mac_array
+    array, rate = chip.mac_array, mac_rate(layer, chip)
     if array is None:
-        return ceil(macs / (chip.lanes * chip.macs_per_cycle_per_lane))
+        return ceil(macs / (chip.lanes * chip.macs_per_cycle_per_lane * rate))
     weights = layer.attr("weights")
     if layer.op == "move" and weights is not None:  # a fully connected layer run whole
         cout, depth = weights
-        return fully_connected_cycles(array, prod(out) // max(1, cout), cout, depth)
+        return ceil(fully_connected_cycles(array, prod(out) // max(1, cout), cout, depth) / rate)
     if layer.op in FREE_OPS:
         return 0
     elements = prod(out)
     output = ceil(elements * output_cycles_per_element(array, layer))
     if layer.op in ("conv", "dwconv", "pool"):
-        return max(array_cycles(array, layer, out), output)
+        return max(ceil(array_cycles(array, layer, out) / rate), output)
     return output
+
+
+def mac_rate(layer: LayerSpec, chip: Chip) -> float:
+    """The layer's MACs per cycle as a fraction of int8's: 1 for int8 operands, the chip's
+    ``int16_mac_rate`` with 16-bit activations, ``w16a16_mac_rate`` with 16-bit weights too."""
+    return {"int16": chip.int16_mac_rate, "w16a16": chip.w16a16_mac_rate}.get(layer.precision,
+                                                                               1.0)
 
 
 def array_cycles(array: MacArray, layer: LayerSpec, out: tuple[int, int, int, int]) -> int:

@@ -250,6 +250,24 @@ def _act_bytes(layer: QLayer, tensors: dict[str, TensorInfo]) -> int:
     return max(tensors[t].itemsize for t in [*layer.inputs, *layer.outputs])
 
 
+def _precision(layer: QLayer, tensors: dict[str, TensorInfo]) -> tuple:
+    """``(("precision", p),)`` for a layer whose MAC operands are 16-bit (`LayerSpec.precision`:
+    ``int16`` for 16-bit activations, ``w16a16`` with 16-bit weights too); nothing for int8, so
+    an int8 layer's attrs (and plan.json) stay as they were."""
+    if layer.device != "npu" or layer.kind == "float":  # not on the integer MAC array
+        return ()
+    acts = any(_is_16bit(tensors[t].dtype) for t in layer.inputs if not tensors[t].constant)
+    weight = layer.arrays.get("weight")
+    wide = weight is not None and _is_16bit(weight.dtype)
+    if acts and wide:
+        return (("precision", "w16a16"),)
+    return (("precision", "int16"),) if acts or wide else ()
+
+
+def _is_16bit(dtype) -> bool:
+    return np.dtype(dtype) in (np.int16, np.uint16)
+
+
 def _breaker_spec(layer: QLayer, tensors: dict[str, TensorInfo], executes: str,
                   record: WeightRecord | None) -> LayerSpec:
     """A whole-tensor step between groups; a conv (a fully connected layer, or a conv on a
@@ -262,7 +280,7 @@ def _breaker_spec(layer: QLayer, tensors: dict[str, TensorInfo], executes: str,
         macs, weight_bytes = sum(prod(o) for o in outs) * (weight.size // cout), cout * record.bytes
     elif layer.kind == "float" and executes == "npu":
         macs = _node_macs(layer, tensors)
-    attrs = (("kind", layer.kind), ("executes", executes))
+    attrs = (("kind", layer.kind), ("executes", executes)) + _precision(layer, tensors)
     if record is not None:  # (output channels, what each reads): the MAC array's shape of it
         attrs += (("weights", (cout, weight.size // cout)),)
     elif layer.kind == "matmul":  # the right operand's columns stand for output channels
@@ -312,7 +330,7 @@ def _tiled(layer: QLayer, tensors: dict[str, TensorInfo]):
     base = dict(name=layer.name, inputs=tuple(layer.inputs), outputs=tuple(layer.outputs),
                 in_shapes=tuple(ins), out_shapes=tuple(outs),
                 act_bytes=_act_bytes(layer, tensors))
-    attrs = (("kind", layer.kind),) + extra.pop("attrs", ())
+    attrs = (("kind", layer.kind),) + extra.pop("attrs", ()) + _precision(layer, tensors)
     extra.setdefault("macs", sum(prod(o) for o in outs))
     spec = LayerSpec(**base, **extra, attrs=attrs)
     return spec, kernel, record

@@ -73,6 +73,13 @@ class LayerSpec:
         return dict(self.attrs).get(key, default)
 
     @property
+    def precision(self) -> str:
+        """The width of the layer's MAC operands: ``int8``, ``int16`` (16-bit activations) or
+        ``w16a16`` (16-bit weights too); a quantized graph records the wide ones in ``attrs``
+        (`npubuild.npu.from_qgraph`), and the estimate runs them at the chip's rate for it."""
+        return self.attr("precision", "int8")
+
+    @property
     def c_out(self) -> int:
         return self.out_shapes[0][1]
 

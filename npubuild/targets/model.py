@@ -160,6 +160,16 @@ class Chip(Strict):
         "Whether GMEM is off-chip (an on-chip SRAM arena is not: its traffic is not counted in "
         "the estimate's off-chip bytes)."))
     int16: bool = Field(False, description="Whether int16 activations are supported.")
+    int16_mac_rate: float = Field(0.5, gt=0, le=1, description=(
+        "MACs per cycle with int16 activations and int8 weights, as a fraction of the int8 "
+        "rate (the `int16` precision). Default 0.5: Arm's Ethos-U and Rockchip's NPUs run a "
+        "16-bit input at half the 8-bit rate (Vela's performance model halves the input depth "
+        "per step, the kernel elements per part-kernel step, and doubles depthwise and pool "
+        "cycles)."))
+    w16a16_mac_rate: float = Field(0.25, gt=0, le=1, description=(
+        "MACs per cycle with int16 activations and int16 weights (the `w16a16` precision), as "
+        "a fraction of the int8 rate. Default 0.25: four 8x8 partial products per MAC, for a "
+        "chip whose datasheet gives no 16x16 figure."))
     fc_integer_ranks: list[int] | None = Field(None, description=(
         "Input ranks at which the vendor takes a fully connected layer (Gemm, MatMul by a "
         "constant) from npubuild's quantization in int8; at another rank quantize keeps the "

@@ -4,7 +4,7 @@ import numpy as np
 from onnx import helper
 import pytest
 
-from npubuild.npu import Rows, estimate, gmem_lower_bound, input_rows
+from npubuild.npu import Rows, build_program, estimate, gmem_lower_bound, input_rows
 from npubuild.npu.from_qgraph import (conv_record, layers_from_qgraph, pack_weights, plan_qgraph,
                                       unpack_weights, view4, view_axis)
 from npubuild.npu.program import CpuStep, GroupProgram
@@ -383,3 +383,30 @@ def test_int16_weights_are_stored_as_int16_records_and_the_simulator_stays_bit_e
         assert spec16.weight_bytes - spec8.weight_bytes >= weights  # one more byte each
     _, _, program_file = compile_qgraph(qgraph, TINY)
     simulate_and_compare(qgraph, program_file)
+
+
+def test_sixteen_bit_mac_operands_are_marked_and_estimated_at_the_chips_rate():
+    """int16 activations (int8 weights) and W16A16 layers say so (`LayerSpec.precision`), so
+    the estimate (and the precision search's price, which is compile's) runs their MACs at
+    ``int16_mac_rate`` and ``w16a16_mac_rate`` of int8's; int8 layers carry no mark."""
+    s = Stack((1, 16, 8, 8))
+    a = s.conv("x", 16, 3)
+    b = s.conv(a, 16, 3)
+    m = s.model([s.conv(b, 8, 1)])
+    plain = quantize(m)
+    int16 = quantize(m, int16_tensors=frozenset([a, b]))
+    w16a16 = quantize(m, int16_tensors=frozenset([a, b]), int16_weight_inputs=frozenset([a, b]))
+    specs = {name: layers_from_qgraph(q).graph.layers
+             for name, q in (("int8", plain), ("int16", int16), ("w16a16", w16a16))}
+    assert [spec.precision for spec in specs["int8"]] == ["int8"] * 3
+    assert all("precision" not in dict(spec.attrs) for spec in specs["int8"])
+    assert [spec.precision for spec in specs["int16"]] == ["int8", "int16", "int16"]  # x: int8
+    assert [spec.precision for spec in specs["w16a16"]] == ["int8", "w16a16", "w16a16"]
+    chip = load_chip("npu-16m")  # no MAC array: MACs / (64 x 128) at int8, half, a quarter
+    peak, macs = chip.lanes * chip.macs_per_cycle_per_lane, [s.macs for s in specs["int8"]]
+    want = {"int8": sum(-(-m // peak) for m in macs),
+            "int16": -(-macs[0] // peak) + sum(-(-m // (peak // 2)) for m in macs[1:]),
+            "w16a16": -(-macs[0] // peak) + sum(-(-m // (peak // 4)) for m in macs[1:])}
+    for name, q in (("int8", plain), ("int16", int16), ("w16a16", w16a16)):
+        program = build_program(plan_qgraph(layers_from_qgraph(q), chip))
+        assert sum(g.compute_cycles for g in estimate(program).groups) == want[name]

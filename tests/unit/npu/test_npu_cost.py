@@ -9,6 +9,7 @@ from npubuild.npu import build_program, estimate, plan_groups
 from npubuild.npu.builder import GraphBuilder
 from npubuild.npu.cost import (compute_cycles, constant_read_bytes, elementwise_block,
                                fully_connected_cycles)
+from npubuild.npu.layers import LayerSpec
 from npubuild.targets import load_chip
 
 U55 = load_chip("ethos-u55-256")
@@ -134,3 +135,42 @@ def test_the_streamed_constant_takes_the_weights_port():
     assert est65.offchip_bytes == est65.gmem_bytes == (act + 64) + act + act  # DRAM: all of it
     plain = estimate(build_program(plan_groups(b.build([y]), U55)))
     assert plain.cycles == t0 + act * 3 // 8 + t2  # a computed operand stays in the arena
+
+
+def _at(layer, precision: str):
+    """``layer`` as a quantized graph marks 16-bit MAC operands (`LayerSpec.precision`)."""
+    from dataclasses import replace
+
+    return replace(layer, attrs=layer.attrs + (("precision", precision),))
+
+
+def test_sixteen_bit_operands_run_at_the_chips_fraction_of_the_int8_rate():
+    chip = load_chip("npu-16m")  # 64 lanes x 128 int8 MACs a cycle; int16 0.5, w16a16 0.25
+    assert (chip.int16_mac_rate, chip.w16a16_mac_rate) == (0.5, 0.25)
+    b = GraphBuilder({"x": (1, 64, 8, 8)})
+    layer, out = _only(b, b.conv("x", 64, k=3))
+    assert layer.macs == 64 * 8 * 8 * 64 * 9 == 2359296
+    assert compute_cycles(layer, out, layer.macs, chip) == 2359296 // 8192 == 288
+    assert compute_cycles(_at(layer, "int16"), out, layer.macs, chip) == 2359296 // 4096 == 576
+    assert compute_cycles(_at(layer, "w16a16"), out, layer.macs, chip) == 2359296 // 2048 == 1152
+    slow = chip.model_copy(update={"w16a16_mac_rate": 0.125})  # a chip file's own figure
+    assert compute_cycles(_at(layer, "w16a16"), out, layer.macs, slow) == 2359296 // 1024
+
+
+def test_on_a_mac_array_sixteen_bits_slow_the_array_not_the_output_stage():
+    int16 = U55.model_copy(update={"int16_mac_rate": 0.5})
+    b = GraphBuilder({"x": (1, 64, 8, 8)})
+    layer, out = _only(b, b.conv("x", 16, k=3))
+    # the array's 64 x 18 x 2 = 2304 cycles (see the first test) at half the rate
+    assert compute_cycles(_at(layer, "int16"), out, layer.macs, int16) == 2 * 2304
+    pool, out = _only(b, b.pool("x", k=3, s=1, p=1))
+    # max(4, 9) cycles per microblock, 16 microblocks, 8 channel groups: 1152, doubled
+    assert compute_cycles(_at(pool, "int16"), out, pool.macs, int16) == 2 * 1152
+    add, out = _only(b, b.add("x", "x"))  # the output stage alone: 0.75 cycles an element
+    assert compute_cycles(_at(add, "int16"), out, add.macs, int16) == 4096 * 3 // 4
+    # a fully connected layer run whole: 32 cycles a step (the minimum), 18 depth chunks of
+    # 32, 128 channel groups of 8 = 73728, doubled
+    fc = LayerSpec("fc", "move", ("v",), ("y",), ((1, 576, 1, 1),), ((1, 1024, 1, 1),),
+                   macs=576 * 1024, attrs=(("weights", (1024, 576)),))
+    assert compute_cycles(fc, (1, 1024, 1, 1), fc.macs, int16) == 73728
+    assert compute_cycles(_at(fc, "int16"), (1, 1024, 1, 1), fc.macs, int16) == 2 * 73728
