@@ -14,6 +14,14 @@ comes from the stage's report: grouped, the one layer per group baseline and the
     python3 benchmarks/compile.py --zoo --baseline-tree ../base [-j 2] [--no-sim] [--reuse-quantize]
         --build-dir B --cache C
 
+``--plan-only`` (with ``--baseline-tree``) times only the group search, program and estimate of
+both compilers on each cell's quantized graphs, ``--plan-runs`` times each, interleaved (medians),
+and checks that both wrote byte-identical plans (the sha256 of each graph's plan.json content):
+the table of issue 23's planner speed-up.
+
+    python3 benchmarks/compile.py --plan-only --baseline-tree /work/main --reuse-quantize
+        --recipes recipes/zoo/birdnet.yaml ... --build-dir B --cache C [--plan-runs 3]
+
 ``--zoo`` adds every recipe of recipes/zoo/ (and recipes/zoo/keras/) whose model file exists
 (models/ is generated: scripts/make_zoo_models.py, scripts/make_keras_zoo.py; MobileNetV2 needs
 scripts/make_mobilenetv2.py). ``--baseline-tree DIR`` plans the same quantized graphs with the
@@ -130,9 +138,59 @@ def plan_with(tree: Path, recipe: Path, chip: str, build_dir: Path) -> dict:
     cycles = sum(g["cycles"] for g in graphs)
     return {"groups": sum(g["groups"] for g in graphs),
             "gmem": sum(g["gmem_bytes"] for g in graphs),
+            "lower_bound": sum(g.get("gmem_lower_bound", 0) for g in graphs),
             "weights": sum(g["weight_bytes"] for g in graphs), "cycles": cycles,
             "npu_fps": result["clock_hz"] / cycles if cycles else 0.0,
-            "plan_s": sum(g["plan_s"] for g in graphs)}
+            "plan_s": sum(g["plan_s"] for g in graphs),
+            "plans": [g.get("plan_sha256") for g in graphs]}
+
+
+def plan_times(tree: Path, recipe: Path, chip: str, build_dir: Path, runs: int) -> dict:
+    """This checkout's and ``tree``'s compilers on the cell's quantized graphs, ``runs`` times
+    each, interleaved (ours, theirs, ours, ...) so load on the machine falls on both alike;
+    the median plan time of each and whether every run of both wrote the same plans."""
+    ours, base = [], []
+    for _ in range(runs):
+        ours.append(plan_with(REPO, recipe, chip, build_dir))
+        base.append(plan_with(tree, recipe, chip, build_dir))
+    failed = next((r["error"] for r in ours + base if "error" in r), None)
+    if failed:
+        return {"error": failed}
+    plans = {tuple(r["plans"]) for r in ours + base}
+    return {**ours[0], "plan_s": statistics.median(r["plan_s"] for r in ours),
+            "base": {**base[0], "plan_s": statistics.median(r["plan_s"] for r in base)},
+            "same_plans": len(plans) == 1 and None not in next(iter(plans))}
+
+
+def print_plan_times(rows: list[dict]) -> None:
+    """Plan time of ours against the baseline tree's (medians of interleaved runs), and whether
+    the two wrote byte-identical plans."""
+    head = ("recipe", "chip", "layers", "groups", "plan s", "baseline plan s", "speedup",
+            "same plans", "GMEM grouped", "lower bound", "grp/LB", "baseline grp/LB")
+    lines = []
+    for r in rows:
+        if "error" in r:
+            continue
+        ours, base = r, r["base"]
+        lines.append((r["recipe"], r["chip"], str(r["layers"]), f"{ours['groups']} / "
+                      f"{base['groups']}", f"{ours['plan_s']:.2f}", f"{base['plan_s']:.2f}",
+                      f"{base['plan_s'] / ours['plan_s']:.1f}x",
+                      "yes" if r["same_plans"] else "NO", f"{ours['gmem']:,}",
+                      f"{ours['lower_bound']:,}", f"{ours['gmem'] / ours['lower_bound']:.3f}",
+                      f"{base['gmem'] / ours['lower_bound']:.3f}"))
+    _markdown(head, lines)
+
+
+def plan_cell(recipe: Path, chip: str, root: Path, cache: Path, error: str, args) -> dict:
+    """One row of ``--plan-only``: both compilers' plans of the cell's quantized graphs."""
+    if error:
+        return {"recipe": recipe.stem, "chip": chip, "error": error}
+    session = api.session_for(load_recipe(recipe).for_target(chip), build_root=root, cache=cache)
+    build_dir = session.paths.root
+    found = plan_times(args.baseline_tree, recipe, chip, build_dir, args.plan_runs)
+    layers = sum(len(QGraph.load(p).layers)
+                 for p in (build_dir / "quantize").glob("graph_*.qgraph.json"))
+    return {"recipe": recipe.stem, "chip": chip, "layers": layers, **found}
 
 
 def row(recipe: Path, chip: str, report: dict, stage_s: float, sim: dict) -> dict:
@@ -251,9 +309,16 @@ def main() -> int:
                         help="skip the separate simulator timing (the stage's proofs still run)")
     parser.add_argument("--reuse-quantize", action="store_true",
                         help="use a cell's quantize folder an earlier run left in --build-dir")
+    parser.add_argument("--plan-only", action="store_true",
+                        help="with --baseline-tree: only the group search of both compilers, "
+                             "timed and compared plan for plan (no compile stage, simulator)")
+    parser.add_argument("--plan-runs", type=int, default=3,
+                        help="interleaved runs of each compiler with --plan-only (median)")
     parser.add_argument("--json", type=Path)
     add_build_options(parser)
     args = parser.parse_args()
+    if args.plan_only and not args.baseline_tree:
+        parser.error("--plan-only compares against --baseline-tree")
     recipes = recipe_list(args)
     cells = [(recipe, chip) for recipe in recipes for chip in args.chips]
     with build_roots(args) as (root, cache):
@@ -262,8 +327,15 @@ def main() -> int:
                                    [cache] * len(cells), [args.reuse_quantize] * len(cells)))
         rows = []
         for (recipe, chip), error in zip(cells, errors):
-            rows.append(compile_cell(recipe, chip, root, cache, error, args))
+            cell = plan_cell if args.plan_only else compile_cell
+            rows.append(cell(recipe, chip, root, cache, error, args))
             print(f"{recipe.stem} {chip}: {rows[-1].get('error', 'done')}", file=sys.stderr)
+    if args.plan_only:
+        print_plan_times(rows)
+        print_errors(rows)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+        return 0 if all(r.get("same_plans", True) for r in rows) else 1
     print_table(rows)
     if args.baseline_tree:
         print()

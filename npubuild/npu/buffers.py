@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from npubuild.npu.layers import Group, LayerSpec, lane_bytes
-from npubuild.npu.tiling import GroupTiling
+from npubuild.npu.tiling import GroupTiling, SliceSizes, tiling_sizes
 
 INF = math.inf
 KINDS = ("activation", "weight", "scratch")
@@ -104,8 +104,11 @@ def bfs_order(group: Group) -> list[LayerSpec]:
     return order
 
 
-def group_buffers(tiling: GroupTiling, lanes: int) -> tuple[Buffer, ...]:
-    """Every buffer of the group with its lifetime and per-lane size, ids breadth-first."""
+def group_buffers(tiling: GroupTiling | SliceSizes, lanes: int) -> tuple[Buffer, ...]:
+    """Every buffer of the group with its lifetime and per-lane size, ids breadth-first (from a
+    tiling, or from its `SliceSizes` alone)."""
+    if isinstance(tiling, GroupTiling):
+        tiling = tiling_sizes(tiling)
     group, plan = tiling.group, schedule(tiling.group)
     resident = tiling.slicing.weights_resident
     readers = _readers(group)
@@ -142,14 +145,13 @@ def _last_read(plan: Schedule, readers: list[str]) -> int:
     return max((plan.compute[name] for name in readers), default=0)
 
 
-def _activation_size(tiling: GroupTiling, tensor: str, lanes: int, elem_bytes: int = 0) -> int:
-    n, c, h, w = tiling.group.shapes[tensor]
-    eb = elem_bytes or tiling.group.elem_bytes[tensor]
-    return max(lane_bytes(s.batch.size, tiling.channels(tensor, s).size,
-                          s.window.rows[tensor].size, w, eb, lanes)
-               for s in tiling.slices)
+def _activation_size(sizes: SliceSizes, tensor: str, lanes: int, elem_bytes: int = 0) -> int:
+    """Bytes per lane of the tensor's largest slice (every factor at its largest: the slices
+    are every N slice with every C slice and H part)."""
+    n, c, h, w = sizes.group.shapes[tensor]
+    eb = elem_bytes or sizes.group.elem_bytes[tensor]
+    return lane_bytes(sizes.batch, sizes.channels(tensor), sizes.rows[tensor], w, eb, lanes)
 
 
-def _weight_size(tiling: GroupTiling, layer: LayerSpec, lanes: int) -> int:
-    return max(layer.weight_bytes_per_lane(lanes, s.channels.size if s.channels else None)
-               for s in tiling.slices)
+def _weight_size(sizes: SliceSizes, layer: LayerSpec, lanes: int) -> int:
+    return layer.weight_bytes_per_lane(lanes, sizes.weight_channels)

@@ -25,7 +25,8 @@ from npubuild.npu.buffers import Buffer, Schedule, group_buffers, schedule
 from npubuild.npu.cuts import refine
 from npubuild.npu.layers import Group, LayerGraph, LayerSpec
 from npubuild.npu.lmem import LmemOverflow, Placement, allocate, peak_live_bytes
-from npubuild.npu.tiling import GroupTiling, Slicing, TilingRejected, tile_group
+from npubuild.npu.tiling import (GroupTiling, SliceSizes, Slicing, TilingRejected, WindowWalks,
+                                 slice_sizes, tile_group)
 from npubuild.targets.model import Chip
 
 EXTRA_H_TRIES = 8
@@ -109,16 +110,17 @@ def plan_groups(graph: LayerGraph, chip: Chip, *, grouping: bool = True,
     ``"cpu"`` leaves it to the CPU. ``max_group_layers`` bounds the search time on deep models.
     """
     items: list[GroupItem] = []
+    walks = WindowWalks()  # one graph: each layer walked once per group end and H count
     end = len(graph.layers)
     while end > 0:
         start = end - 1
-        found = fit_group(graph.group(start, end), chip)
+        found = fit_group(graph.group(start, end), chip, walks)
         if isinstance(found, NoFit):
             items.append(_no_fit(graph.layers[start], found, chip, on_no_fit))
             end = start
             continue
         while grouping and start > 0 and end - start < max_group_layers:
-            wider = fit_group(graph.group(start - 1, end), chip)
+            wider = fit_group(graph.group(start - 1, end), chip, walks, explain=False)
             if isinstance(wider, NoFit):
                 break
             found, start = wider, start - 1
@@ -126,7 +128,15 @@ def plan_groups(graph: LayerGraph, chip: Chip, *, grouping: bool = True,
         end = start
     items.reverse()
     if grouping:
-        items = refine(items, graph, lambda a, b: _fitting(fit_group(graph.group(a, b), chip)))
+        fitted: dict[tuple[int, int], GroupPlan | None] = {}  # the cut search asks again
+
+        def fit(a: int, b: int) -> GroupPlan | None:
+            if (a, b) not in fitted:
+                fitted[a, b] = _fitting(fit_group(graph.group(a, b), chip, walks,
+                                                  explain=False))
+            return fitted[a, b]
+
+        items = refine(items, graph, fit)
     return LayerGroups(graph, chip, grouping, tuple(items))
 
 
@@ -162,9 +172,13 @@ def _no_fit(layer: LayerSpec, why: NoFit, chip: Chip, on_no_fit: str) -> CpuLaye
                           "this layer on the CPU")
 
 
-def fit_group(group: Group, chip: Chip) -> GroupPlan | NoFit:
-    """The first slicing (N, then H, then C for a lone layer) whose buffers fit LMEM."""
-    trials = _Trials(group, chip)
+def fit_group(group: Group, chip: Chip, walks: WindowWalks | None = None, *,
+              explain: bool = True) -> GroupPlan | NoFit:
+    """The first slicing (N, then H, then C for a lone layer) whose buffers fit LMEM;
+    ``walks``: backward-H walks shared by the groups of one graph (`WindowWalks`);
+    ``explain=False``: a `NoFit` without the smallest need (for a search that only asks
+    whether a group fits)."""
+    trials = _Trials(group, chip, walks)
     c_max, c_min = _c_max(group), _c_min(group, chip)
     if c_min > 1 and (c_max == 1 or len(group) > 1):
         wide = next(l for l in group.layers if channel_slices(l, chip) > 1)
@@ -175,7 +189,7 @@ def fit_group(group: Group, chip: Chip) -> GroupPlan | NoFit:
     if found is None and c_max > c_min:
         c = _bisect_first(c_min + 1, c_max, lambda c: trials.search(c) is not None)
         found = trials.search(c) if c is not None else None
-    return found or NoFit(trials.reason, trials.need, trials.need_at)
+    return found or NoFit(trials.reason, *(trials.lowest_need() if explain else (0, None)))
 
 
 def channel_limit(layer: LayerSpec, chip: Chip) -> int | None:
@@ -202,13 +216,17 @@ def _c_max(group: Group) -> int:
 
 
 class _Trials:
-    """Tries slicings of one group, caching tilings, and keeps the best failure for messages."""
+    """Tries slicings of one group and keeps the best failure for messages. A slicing is
+    judged and sized from the rows of all its H parts at once (`slice_sizes`), its buffers
+    and live bytes measured only when its fit is asked (the bisection for the most H slices
+    asks only whether the overlap rule accepts it), and its windows built only for a plan."""
 
-    def __init__(self, group: Group, chip: Chip):
-        self.group, self.chip = group, chip
+    def __init__(self, group: Group, chip: Chip, walks: WindowWalks | None = None):
+        self.group, self.chip, self.walks = group, chip, walks
         self.capacity = chip.lmem_bytes_per_lane
-        self.cache: dict[Slicing, tuple[GroupTiling, tuple[Buffer, ...], int] | None] = {}
-        self.reason, self.need, self.need_at = "", 0, None
+        self.cache: dict[Slicing, SliceSizes | None] = {}
+        self.measured: dict[Slicing, tuple[tuple[Buffer, ...], int]] = {}
+        self.reason = ""
 
     def search(self, c: int) -> GroupPlan | None:
         """N first (H unsliced), then bisect H with every N slice, for ``c`` C slices."""
@@ -228,38 +246,47 @@ class _Trials:
                 return plan
         return None
 
-    def tiled(self, slicing: Slicing):
+    def tiled(self, slicing: Slicing) -> SliceSizes | None:
         if slicing not in self.cache:
             try:
-                tiling = tile_group(self.group, slicing)
+                self.cache[slicing] = slice_sizes(self.group, slicing)
             except TilingRejected as exc:
                 self.reason = str(exc)
                 self.cache[slicing] = None
-            else:
-                buffers = group_buffers(tiling, self.chip.lanes)
-                need = peak_live_bytes(buffers, len(self.group) + 2)
-                self.cache[slicing] = (tiling, buffers, need)
-                if self.need_at is None or need < self.need:
-                    self.need, self.need_at = need, slicing
         return self.cache[slicing]
 
+    def measure(self, slicing: Slicing) -> tuple[tuple[Buffer, ...], int]:
+        """The buffers of an accepted tiling and the most bytes per lane live at once."""
+        if slicing not in self.measured:
+            buffers = group_buffers(self.cache[slicing], self.chip.lanes)
+            self.measured[slicing] = buffers, peak_live_bytes(buffers, len(self.group) + 2)
+        return self.measured[slicing]
+
+    def lowest_need(self) -> tuple[int, Slicing | None]:
+        """The smallest live bytes of every tiling tried and its slicing (the first on a tie)."""
+        need, at = 0, None
+        for slicing, tiling in self.cache.items():
+            if tiling is not None and (at is None or self.measure(slicing)[1] < need):
+                need, at = self.measure(slicing)[1], slicing
+        return need, at
+
     def fits(self, slicing: Slicing) -> bool:
-        tried = self.tiled(slicing)
-        return tried is not None and tried[2] <= self.capacity
+        return self.tiled(slicing) is not None and self.measure(slicing)[1] <= self.capacity
 
     def place(self, slicing: Slicing) -> GroupPlan | None:
         if not self.fits(slicing):
             if self.tiled(slicing) is not None:
-                self.reason = (f"{slicing}: {self.cache[slicing][2]} bytes per lane live at once "
-                               f"> {self.capacity}")
+                self.reason = (f"{slicing}: {self.measure(slicing)[1]} bytes per lane live at "
+                               f"once > {self.capacity}")
             return None
-        tiling, buffers, _ = self.cache[slicing]
+        buffers, _ = self.measure(slicing)
         try:
             placement = allocate(buffers, self.capacity, self.chip.bank_bytes)
         except LmemOverflow as exc:
             self.reason = f"{slicing}: {exc}"
             return None
-        return GroupPlan(tiling, buffers, schedule(self.group), placement)
+        return GroupPlan(tile_group(self.group, slicing, walks=self.walks), buffers,
+                         schedule(self.group), placement)
 
 
 def _bisect_last(lo: int, hi: int, ok: Callable[[int], bool]) -> int:

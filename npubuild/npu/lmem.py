@@ -73,13 +73,12 @@ class _Missed(Exception):
 
 def _place(buffers: Sequence[Buffer], capacity: int, bank: int, alignment: int,
            relaxed: set[int]) -> Placement:
-    placed: list[tuple[Buffer, int, int]] = []  # buffer, start, stop
+    placed = _Placed()
     moved: set[int] = set()
     crossings = spanning = 0
     for buf in placement_order(buffers):
         size = align(max(buf.size, 1), alignment)
-        busy = sorted((lo, hi) for other, lo, hi in placed if other.live_with(buf))
-        preferred, lowest = _lowest_fit(busy, size, capacity, bank, alignment)
+        preferred, lowest = _lowest_fit(placed.busy(buf), size, capacity, bank, alignment)
         addr = lowest if buf.id in relaxed else preferred
         if addr is None:
             raise _Missed(buf, moved)
@@ -87,9 +86,39 @@ def _place(buffers: Sequence[Buffer], capacity: int, bank: int, alignment: int,
         if addr // bank != (addr + size - 1) // bank:
             crossings += size <= bank
             spanning += size > bank
-        placed.append((buf, addr, addr + size))
-    peak = max((hi for _, _, hi in placed), default=0)
-    return Placement({b.id: lo for b, lo, _ in placed}, peak, crossings, spanning)
+        placed.add(buf, addr, addr + size)
+    peak = max((hi for _, hi in placed.every), default=0)
+    return Placement(placed.addresses, peak, crossings, spanning)
+
+
+class _Placed:
+    """The address ranges placed so far, by the timesteps they are live at (resident ones
+    apart: live at every step), so that a buffer's conflicts are the ranges of its own
+    timesteps, not a scan of every buffer placed (timesteps are whole numbers)."""
+
+    def __init__(self):
+        self.addresses: dict[int, int] = {}
+        self.every: list[tuple[int, int]] = []
+        self.resident: list[tuple[int, int]] = []
+        self.at: dict[int, list[tuple[int, int]]] = {}
+
+    def busy(self, buf: Buffer) -> list[tuple[int, int]]:
+        """The (sorted) ranges of the placed buffers live at the same time as ``buf``."""
+        if buf.resident:
+            return sorted(self.every)
+        found = list(self.resident)
+        for step in range(buf.start, int(buf.end) + 1):
+            found += self.at.get(step, ())
+        return sorted(found)
+
+    def add(self, buf: Buffer, lo: int, hi: int) -> None:
+        self.addresses[buf.id] = lo
+        self.every.append((lo, hi))
+        if buf.resident:
+            self.resident.append((lo, hi))
+            return
+        for step in range(buf.start, int(buf.end) + 1):
+            self.at.setdefault(step, []).append((lo, hi))
 
 
 def _lowest_fit(busy: list[tuple[int, int]], size: int, capacity: int, bank: int,
@@ -125,9 +154,17 @@ def _gaps(busy: list[tuple[int, int]], capacity: int) -> list[tuple[int, int]]:
 def peak_live_bytes(buffers: Sequence[Buffer], timesteps: int, alignment: int = ALIGN) -> int:
     """The most bytes per lane live at one timestep: a lower bound for any placement."""
     resident = sum(align(b.size, alignment) for b in buffers if b.resident)
-    per_step = [sum(align(b.size, alignment) for b in buffers
-                    if not b.resident and b.start <= t <= b.end) for t in range(timesteps)]
-    return resident + max(per_step, default=0)
+    change = [0] * (timesteps + 1)  # bytes born minus bytes freed at each step
+    for b in buffers:
+        first, last = max(b.start, 0), min(b.end, timesteps - 1)
+        if not b.resident and first <= last:
+            change[first] += align(b.size, alignment)
+            change[int(last) + 1] -= align(b.size, alignment)
+    live, most = 0, 0
+    for step in range(timesteps):
+        live += change[step]
+        most = max(most, live)
+    return resident + most
 
 
 def conflicts(buffers: Sequence[Buffer], placement: Placement, capacity: int) -> list[str]:

@@ -18,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import product
 
+import numpy as np
+
+from npubuild.npu import h_parts
 from npubuild.npu.backward_h import Rows, input_rows, overlap, overlap_ok, share, split_rows
 from npubuild.npu.layers import Group
 
@@ -100,13 +103,71 @@ class GroupTiling:
         return full
 
 
-def tile_group(group: Group, slicing: Slicing, *, enforce_overlap: bool = True) -> GroupTiling:
+@dataclass(frozen=True)
+class SliceSizes:
+    """The largest slice of a slicing, tensor by tensor: what buffer sizes depend on (the most
+    rows a tensor's buffer holds in one H part, the largest N and C slice), without windows."""
+
+    group: Group
+    slicing: Slicing
+    rows: dict[str, int]
+
+    @property
+    def batch(self) -> int:
+        return -(-self.group.shapes[self.group.outputs[0]][0] // self.slicing.n)
+
+    def channels(self, tensor: str) -> int:
+        """The most channels of ``tensor`` one slice holds (`GroupTiling.channels`)."""
+        full = self.group.shapes[tensor][1]
+        if self.slicing.c == 1:
+            return full
+        layer = self.group.layers[0]
+        follows = tensor in layer.outputs or any(
+            t == tensor and layer.input_follows_channels(i) for i, t in enumerate(layer.inputs))
+        return -(-layer.c_out // self.slicing.c) if follows else full
+
+    @property
+    def weight_channels(self) -> int | None:
+        """The most output channels one C slice computes (None: not C-sliced)."""
+        return -(-self.group.layers[0].c_out // self.slicing.c) if self.slicing.c > 1 else None
+
+
+def slice_sizes(group: Group, slicing: Slicing) -> SliceSizes:
+    """`tile_group`'s verdict (the same `TilingRejected`) and its largest slice, from the rows of
+    every H part at once (`npubuild.npu.h_parts`): what the slicing search asks of many H counts
+    before it builds one tiling."""
+    _check_limits(group, slicing)
+    rows = h_parts.h_rows(group, slicing.h)
+    if slicing.h > 1:
+        for layer in group.layers:
+            for t in dict.fromkeys(layer.inputs):
+                height, loaded = group.shapes[t][2], h_parts.overlap(rows[t])
+                if height > 1 and 2 * loaded > height:
+                    raise TilingRejected(_overlap_message(t, layer, height, loaded, slicing.h))
+    return SliceSizes(group, slicing, {t: int(np.maximum(stop - start, 0).max())
+                                       for t, (start, stop) in rows.items()})
+
+
+def tiling_sizes(tiling: GroupTiling) -> SliceSizes:
+    """The `SliceSizes` of a tiling, from its windows."""
+    rows: dict[str, int] = {}
+    for piece in tiling.slices:
+        for t, r in piece.window.rows.items():
+            rows[t] = max(rows.get(t, 0), r.size)
+    return SliceSizes(tiling.group, tiling.slicing, rows)
+
+
+def tile_group(group: Group, slicing: Slicing, *, enforce_overlap: bool = True,
+               walks: "WindowWalks | None" = None) -> GroupTiling:
     """Backward-H through the group for every slice; raises `TilingRejected` with the reason.
 
-    ``enforce_overlap=False`` skips seed 001's h/2 rule (to inspect a slicing it would reject).
+    ``enforce_overlap=False`` skips seed 001's h/2 rule (to inspect a slicing it would reject);
+    ``walks`` reuses the backward-H walks of groups of the same graph that end where this one
+    does (the group search grows a group one layer at a time towards the head).
     """
     _check_limits(group, slicing)
-    windows = [_h_window(group, slicing.h, part) for part in range(slicing.h)]
+    window = walks.window if walks is not None else _h_window
+    windows = [window(group, slicing.h, part) for part in range(slicing.h)]
     if slicing.h > 1 and enforce_overlap:
         _check_overlap(group, windows)
     batch = group.shapes[group.outputs[0]][0]
@@ -138,17 +199,86 @@ def _h_window(group: Group, parts: int, part: int) -> HWindow:
     store = dict(rows)
     layers: dict[str, LayerWindow] = {}
     for layer in reversed(group.layers):
-        wanted = [rows[t] for t in layer.outputs if t in rows]
-        out = _hull(wanted) if wanted else _own_share(layer.h_out, parts, part)
-        for t in layer.outputs:
-            rows[t] = out
-        needs = [input_rows(layer, out, i) for i in range(len(layer.inputs))]
-        for t, need in zip(layer.inputs, needs):  # (a window wholly in padding reads nothing)
-            rows[t] = need.rows.hull(rows.get(t))
-        first = needs[0]
-        layers[layer.name] = LayerWindow(out, tuple(n.rows for n in needs),
-                                         first.pad_top, first.pad_bottom)
+        layers[layer.name] = _walk_layer(layer, rows, parts, part)
     return HWindow(part, rows, store, layers)
+
+
+def _walk_layer(layer, rows: dict[str, Rows], parts: int, part: int) -> LayerWindow:
+    """One step of the backward walk: the rows ``layer`` computes (what its outputs' readers
+    and stores need) and reads; ``rows`` takes both."""
+    wanted = [rows[t] for t in layer.outputs if t in rows]
+    out = _hull(wanted) if wanted else _own_share(layer.h_out, parts, part)
+    for t in layer.outputs:
+        rows[t] = out
+    needs = [input_rows(layer, out, i) for i in range(len(layer.inputs))]
+    for t, need in zip(layer.inputs, needs):  # (a window wholly in padding reads nothing)
+        rows[t] = need.rows.hull(rows.get(t))
+    first = needs[0]
+    return LayerWindow(out, tuple(n.rows for n in needs), first.pad_top, first.pad_bottom)
+
+
+class WindowWalks:
+    """Backward-H walks kept per (group end, H parts, part) for the groups of one layer graph.
+
+    A layer's window depends only on the layers after it in its group and on which of its
+    outputs the group stores, and both are fixed by where the group ends (no layer before a
+    group reads what the group makes). So the walk of ``layers[s:end]`` is the walk of
+    ``layers[s + 1:end]`` taken one layer further: the group search, growing a group towards
+    the head, walks each layer once per H count instead of once per length; a group that
+    starts later takes the walk's windows of its own layers and the rows its layers read. The
+    windows are the ones `_h_window` gives (a row hull does not depend on the order it is taken
+    in).
+    """
+
+    ENDS = 4  # the group ends whose walks are kept (the most recent), to bound memory
+
+    def __init__(self):
+        self._walks: dict[int, dict[tuple[int, int], _Walk]] = {}
+
+    def window(self, group: Group, parts: int, part: int) -> HWindow:
+        """The `HWindow` of ``part`` of ``parts`` H parts of ``group``."""
+        end = group.start + len(group)
+        if end not in self._walks:
+            if len(self._walks) >= self.ENDS:
+                del self._walks[next(iter(self._walks))]
+            self._walks[end] = {}
+        walk = self._walks[end].setdefault((parts, part), _Walk(end, {}, {}))
+        walk.extend(group, parts, part)
+        store = {t: share(group.shapes[t][2], parts, part) for t in group.outputs}
+        if walk.start == group.start:
+            return HWindow(part, dict(walk.rows), store, dict(walk.layers))
+        return HWindow(part, walk.rows_from(group), store,
+                       {layer.name: walk.layers[layer.name] for layer in group.layers})
+
+
+@dataclass
+class _Walk:
+    """A backward-H walk from a group's end down to layer ``start``."""
+
+    start: int
+    rows: dict[str, Rows]
+    layers: dict[str, LayerWindow]
+
+    def extend(self, group: Group, parts: int, part: int) -> None:
+        """Walk on to ``group``'s head (its stored outputs start with their own share)."""
+        stored, rows = set(group.outputs), self.rows
+        for layer in reversed(group.layers[:self.start - group.start]):
+            for t in layer.outputs:
+                if t in stored:
+                    rows[t] = share(group.shapes[t][2], parts, part).hull(rows.get(t))
+            self.layers[layer.name] = _walk_layer(layer, rows, parts, part)
+        self.start = min(self.start, group.start)
+
+    def rows_from(self, group: Group) -> dict[str, Rows]:
+        """The rows of a group that starts after the walk's head: what its layers make is as
+        walked; its inputs hold only what its own layers read (in the walk's order)."""
+        made = {t: self.rows[t] for layer in group.layers for t in layer.outputs}
+        rows = dict(made)
+        for layer in reversed(group.layers):
+            for t, read in zip(layer.inputs, self.layers[layer.name].reads):
+                if t not in made:
+                    rows[t] = read.hull(rows.get(t))
+        return rows
 
 
 def _own_share(height: int, parts: int, part: int) -> Rows:
@@ -171,7 +301,10 @@ def _check_overlap(group: Group, windows: list[HWindow]) -> None:
                 continue
             ranges = [w.rows[t] for w in windows]
             if not overlap_ok(ranges, height):
-                raise TilingRejected(
-                    f"input {t!r} of layer {layer.name!r} (H={height}) would be loaded with "
-                    f"{overlap(ranges)} overlapping rows over {len(windows)} H slices "
-                    f"(more than H/2 = {height / 2:g})")
+                raise TilingRejected(_overlap_message(t, layer, height, overlap(ranges),
+                                                      len(windows)))
+
+
+def _overlap_message(tensor: str, layer, height: int, loaded: int, parts: int) -> str:
+    return (f"input {tensor!r} of layer {layer.name!r} (H={height}) would be loaded with "
+            f"{loaded} overlapping rows over {parts} H slices (more than H/2 = {height / 2:g})")
