@@ -26,10 +26,11 @@ from npubuild.npu.cuts import refine
 from npubuild.npu.layers import Group, LayerGraph, LayerSpec
 from npubuild.npu.lmem import LmemOverflow, Placement, allocate, peak_live_bytes
 from npubuild.npu.tiling import (GroupTiling, SliceSizes, Slicing, TilingRejected, WindowWalks,
-                                 slice_sizes, tile_group)
+                                 slice_sizes, tile_group, tiling_sizes)
 from npubuild.targets.model import Chip
 
 EXTRA_H_TRIES = 8
+WINDOWS_UP_TO = 16  # H counts judged by walking their windows (more: all parts at once, numpy)
 CONV_FAMILIES = frozenset({"conv", "dwconv"})  # tiler op families lowered from ONNX Conv
 
 
@@ -216,15 +217,17 @@ def _c_max(group: Group) -> int:
 
 
 class _Trials:
-    """Tries slicings of one group and keeps the best failure for messages. A slicing is
-    judged and sized from the rows of all its H parts at once (`slice_sizes`), its buffers
-    and live bytes measured only when its fit is asked (the bisection for the most H slices
-    asks only whether the overlap rule accepts it), and its windows built only for a plan."""
+    """Tries slicings of one group and keeps the best failure for messages. A slicing of many
+    H parts is judged and sized from the rows of all its parts at once (`slice_sizes`; its
+    windows built only for a plan), one of a few by walking its windows (numpy's overhead
+    would cost more); buffers and live bytes are measured only when a fit is asked (the
+    bisection for the most H slices asks only whether the overlap rule accepts it)."""
 
     def __init__(self, group: Group, chip: Chip, walks: WindowWalks | None = None):
         self.group, self.chip, self.walks = group, chip, walks
         self.capacity = chip.lmem_bytes_per_lane
         self.cache: dict[Slicing, SliceSizes | None] = {}
+        self.tilings: dict[Slicing, GroupTiling] = {}
         self.measured: dict[Slicing, tuple[tuple[Buffer, ...], int]] = {}
         self.reason = ""
 
@@ -249,7 +252,11 @@ class _Trials:
     def tiled(self, slicing: Slicing) -> SliceSizes | None:
         if slicing not in self.cache:
             try:
-                self.cache[slicing] = slice_sizes(self.group, slicing)
+                if slicing.h <= WINDOWS_UP_TO:  # a few windows: walked, kept for the plan
+                    self.tilings[slicing] = tile_group(self.group, slicing, walks=self.walks)
+                    self.cache[slicing] = tiling_sizes(self.tilings[slicing])
+                else:
+                    self.cache[slicing] = slice_sizes(self.group, slicing)
             except TilingRejected as exc:
                 self.reason = str(exc)
                 self.cache[slicing] = None
@@ -285,8 +292,8 @@ class _Trials:
         except LmemOverflow as exc:
             self.reason = f"{slicing}: {exc}"
             return None
-        return GroupPlan(tile_group(self.group, slicing, walks=self.walks), buffers,
-                         schedule(self.group), placement)
+        tiling = self.tilings.get(slicing) or tile_group(self.group, slicing, walks=self.walks)
+        return GroupPlan(tiling, buffers, schedule(self.group), placement)
 
 
 def _bisect_last(lo: int, hi: int, ok: Callable[[int], bool]) -> int:
