@@ -2,13 +2,15 @@
 
 1. placement: ``float`` layers (no integer kernel, or a float override) run on the CPU;
 2. tensor types: a tensor only CPU layers touch stays float32; int16 where overridden; else int8;
-3. tensor parameters from the calibrated range (``calibrators``) under the scheme
-   (``schemes.choose_params``). The graph's outputs keep their observed min/max whatever the
-   method: they go to CPU post-processing or the user, and an output that concatenates unlike
-   things (YOLO's boxes in pixels beside scores in [0, 1]) is exactly what a clipping method
-   (percentile, kl, mse) must not clip. Concat inputs used only by the concat take its
-   parameters (one rounding instead of two); data-movement layers (maxpool, reshape, transpose, slice,
-   split, pad, nearest resize) pass their input's parameters to their outputs unchanged;
+3. tensor parameters from the calibrated range (``calibrators``; an int16 tensor's reaches past
+   it by the calibration samples' spread, `calibrators.wide_range`, up to what its layer can
+   produce) under the scheme (``schemes.choose_params``). The graph's outputs keep their
+   observed min/max whatever the method: they go to CPU post-processing or the user, and an
+   output that concatenates unlike things (YOLO's boxes in pixels beside scores in [0, 1]) is
+   exactly what a clipping method (percentile, kl, mse) must not clip. Concat inputs used only
+   by the concat take its parameters (one rounding instead of two); data-movement layers
+   (maxpool, reshape, transpose, slice, split, pad, nearest resize) pass their input's
+   parameters to their outputs unchanged;
 4. integer weights, biases, requantization multipliers and tables, per layer kind.
 """
 
@@ -383,6 +385,7 @@ class Quantizer:
 
     def _choose_params(self, layers: list[FLayer], dtypes: dict[str, str]) -> None:
         cfg = self.config
+        producer = {t: layer for layer in layers for t in layer.outputs}
         for t, dtype in dtypes.items():
             if t in self.fg.constants:
                 self._quantize_constant(t)
@@ -392,6 +395,8 @@ class Quantizer:
                 self.records[t] = TensorRecord(stats.as_dict(), None, None)
                 continue
             lo, hi = self.calibrated(t, dtype)
+            if dtype != "int8":
+                lo, hi = self._reachable(producer.get(t), stats, lo, hi, dtypes)
             self.params[t] = schemes.choose_params(cfg.scheme, lo, hi, dtype)
             source = ("graph output: min/max" if t in self.fg.outputs else "calibrated"
                       if cfg.method_of(t) == cfg.method else f"calibrated ({cfg.method_of(t)})")
@@ -406,6 +411,30 @@ class Quantizer:
                 record = self.records[out]
                 self.records[out] = TensorRecord(record.stats, record.range, src,
                                                  f"shared with {layer.inputs[0]} ({layer.kind})")
+
+    def _reachable(self, layer: FLayer | None, stats, lo: float, hi: float,
+                   dtypes: dict[str, str]) -> tuple[float, float]:
+        """``(lo, hi)`` within what ``layer`` can output, never inside what calibration saw:
+        a table's function over its input's range (a Sigmoid's (0, 1)), a folded Clip's
+        bounds. int16's headroom past the calibrated range (`calibrators.wide_range`) stops
+        there: a value no input can produce is a waste of steps."""
+        if layer is None or layer.kind == "float":
+            return lo, hi
+        bounds = None
+        if layer.kind == "lut" and layer.fn is not None:
+            x_lo, x_hi = self.calibrated(layer.inputs[0], dtypes.get(layer.inputs[0], "int8"))
+            x = np.linspace(x_lo, x_hi, 4097, dtype=np.float32)
+            with np.errstate(all="ignore"):
+                y = np.asarray(layer.fn(x), np.float64)
+            y = y[np.isfinite(y)]
+            if y.size:
+                bounds = (float(y.min()), float(y.max()))
+        elif layer.activation[0] == "clip":
+            _, a, b = layer.activation
+            bounds = (-math.inf if a is None else float(a), math.inf if b is None else float(b))
+        if bounds is None or not stats.count:
+            return lo, hi
+        return (max(lo, min(bounds[0], stats.min, 0.0)), min(hi, max(bounds[1], stats.max, 0.0)))
 
     def _share_concat_params(self, layers: list[FLayer]) -> None:
         """A concat input whose only consumer is the concat, made by a layer that rounds

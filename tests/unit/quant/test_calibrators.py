@@ -98,6 +98,24 @@ def test_int16_tensors_keep_the_observed_range():
     assert calibrated_range(stats, "kl", "symmetric", CalibrationOptions(dtype="int16"))[1] == stats.max
 
 
+INT16 = CalibrationOptions(dtype="int16")
+
+
+def test_int16_ranges_reach_past_calibration_as_far_as_the_samples_extremes_spread():
+    """Per side: the largest sample extreme plus how far the extremes moved between samples;
+    samples that agree get no headroom, and none more than the extreme itself (one bit)."""
+    same = observed([np.array([-2.0, 0.5, 3.0]), np.array([-2.0, 1.0, 3.0])])
+    assert calibrated_range(same, "minmax", "asymmetric", INT16) == (-2.0, 3.0)
+    spread = observed([np.array([-1.0, 2.0]), np.array([-4.0, 3.0]), np.array([-1.5, 1.0])])
+    assert calibrated_range(spread, "minmax", "asymmetric", INT16) == (-7.0, 5.0)
+    assert calibrated_range(spread, "minmax", "asymmetric", OPTIONS) == (-4.0, 3.0)  # int8: as is
+    far = observed([np.array([-1.0, 0.0]), np.array([0.0, 10.0])])  # a sample never above 0
+    assert calibrated_range(far, "minmax", "asymmetric", INT16) == (-2.0, 20.0)
+    negative = observed([np.array([-3.0, -1.0]), np.array([-2.0, -0.5])])  # never above 0
+    assert calibrated_range(negative, "minmax", "asymmetric", INT16) == (-4.0, 0.0)
+    assert calibrated_range(TensorStats(), "minmax", "asymmetric", INT16) == (0.0, 0.0)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from([0.0, 1e-9, 3e-7, 0.02, 1.5, 40.0, 900.0]), min_size=1, max_size=12),
        st.integers(min_value=1, max_value=5), st.integers(min_value=0, max_value=2 ** 16))
@@ -117,6 +135,8 @@ def test_batch_statistics_merge_into_exactly_the_one_pass_histogram(scales, batc
             part.update(x)
         merged.merge(part)
     assert (merged.min, merged.max, merged.count) == (one_pass.min, one_pass.max, one_pass.count)
+    assert ((merged.sample_max_low, merged.sample_min_high)
+            == (one_pass.sample_max_low, one_pass.sample_min_high))
     assert merged.range == one_pass.range
     if one_pass.hist is None:
         assert merged.hist is None and merged.pending_zeros == one_pass.pending_zeros

@@ -225,3 +225,50 @@ def test_a_large_bias_beside_an_int16_input_fits_int32(scheme, granularity):
     conv = next(layer for layer in qg.layers if layer.kind == "conv")
     assert np.abs(conv.arrays["bias"].astype(np.int64)).max() < 2**31 - 1
     assert _cosine(m, qg, feeds) > 0.9999
+
+
+def _squeeze_excite(seed=0):
+    """Conv → Relu → Conv → Sigmoid (a squeeze-excite block's tail), random weights."""
+    rng = np.random.default_rng(seed)
+    return model([helper.make_node("Conv", ["x", "w1", "b1"], ["c"]),
+                  helper.make_node("Relu", ["c"], ["h"]),
+                  helper.make_node("Conv", ["h", "w2", "b2"], ["z"]),
+                  helper.make_node("Sigmoid", ["z"], ["y"])],
+                 {"x": [1, 4, 6, 6]}, {"z": None, "y": None},
+                 {"w1": rng.normal(0, 0.5, (8, 4, 1, 1)), "b1": rng.normal(0, 0.1, 8),
+                  "w2": rng.normal(0, 0.5, (4, 8, 1, 1)), "b2": rng.normal(0, 0.1, 4)})
+
+
+def test_int16_keeps_headroom_for_an_image_past_every_calibration_image():
+    """MediaPipe's landscape selfie model on coins.png: calibration photos whose extremes
+    differ, a verify photo past all of them (a squeeze-excite conv at -10.8 where calibration
+    saw -6.1). int16 took int8's observed range and saturated exactly where int8 does, so
+    int16 everywhere could not pass (0.798, ONNX Runtime's int16 QDQ too); now int16 reaches
+    past the range as far as the calibration samples' extremes spread."""
+    m = _squeeze_excite()
+    rng = np.random.default_rng(1)
+    calibration = [{"x": rng.uniform(-s, s, (1, 4, 6, 6)).astype(np.float32)}
+                   for s in (0.5, 0.7, 0.85, 1.0)]
+    unseen = [{"x": rng.uniform(-1.2, 1.2, (1, 4, 6, 6)).astype(np.float32)} for _ in range(2)]
+    everything = frozenset({"x", "c", "h", "z", "y"})
+    qg, _, _ = quantize(m, calibration, scheme="asymmetric", int16_tensors=everything)
+    assert {qg.tensors[t].dtype for t in ("x", "h", "z", "y")} == {"int16"}
+    assert _cosine(m, qg, unseen, name="z") > 0.99995         # was 0.9973: saturated
+    assert _cosine(m, qg, calibration, name="z") > 0.99999  # one bit of 16 spent on headroom
+
+
+def test_int16_headroom_stops_where_the_function_does():
+    """A Sigmoid's int16 output range never reaches past (0, 1), a Relu6's past 6, however far
+    the samples' extremes spread: a value the layer cannot produce is a waste of steps."""
+    m = model([helper.make_node("Sigmoid", ["x"], ["s"]),
+               helper.make_node("Clip", ["x", "lo", "hi"], ["r"]),
+               helper.make_node("Add", ["s", "r"], ["y"])],
+              {"x": [1, 64]}, {"y": None}, {"lo": np.float32(0.0), "hi": np.float32(6.0)})
+    rng = np.random.default_rng(0)
+    calibration = [{"x": rng.uniform(-8, s, (1, 64)).astype(np.float32)} for s in (1.0, 7.0)]
+    qg, _, _ = quantize(m, calibration, scheme="asymmetric",
+                        int16_tensors=frozenset({"x", "s", "r", "y"}))
+    top = {t: (qg.tensors[t].params.qmax - qg.tensors[t].zero_point) * qg.tensors[t].scale
+           for t in ("x", "s", "r")}
+    assert top["x"] > 12.0                            # the input reaches past 7 (to 13)
+    assert 0.99 < top["s"] <= 1.0 + 1e-4 and 5.99 < top["r"] <= 6.0 + 1e-3
