@@ -47,7 +47,7 @@ from npubuild.quant.qgraph import QGraph, QLayer
 from npubuild.targets.model import Chip
 
 ELEMENTWISE = {"add": "add", "mul": "eltwise", "rescale": "eltwise", "lut": "lut"}
-MOVES = ("reshape", "transpose", "slice", "split", "pad")  # no arithmetic: a DMA can do them
+MOVES = ("reshape", "transpose", "depth_to_space", "slice", "split", "pad")  # no arithmetic: a DMA can do them
 SPATIAL = ("conv", "maxpool", "avgpool")
 
 

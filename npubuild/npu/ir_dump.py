@@ -3,7 +3,7 @@
 ``compile/graph_ir_<i>/graph_<i>.json`` lists the layers in dependency order; each is a JSON
 object in the seed's style — ``name``, ``operation`` (``conv``, ``dwconv``, ``group_conv``,
 ``fc``, ``add``, ``sub``, ``mul``, ``matmul``, ``layernorm``, ``rescale``, ``concat``, ``max_pool``, ``avg_pool``,
-``resize_nearest``, ``resize_bilinear``, ``lut``, ``softmax``, ``reshape``, ``transpose``, ``slice``,
+``resize_nearest``, ``resize_bilinear``, ``lut``, ``softmax``, ``reshape``, ``transpose``, ``depth_to_space``, ``slice``,
 ``split``, ``pad``, ``float``), sizes (``input_size``/``output_size`` ``{height, width}`` and
 channel counts for 4-D tensors, ``input_shape``/``output_shape`` otherwise), ``padding``,
 ``stride``, ``dilations``, ``kernel_size``, the ``*_dtype`` fields, the quantization fields
@@ -418,6 +418,10 @@ class _Layer:
 
     def _transpose(self) -> dict:
         return {**self._moved(), "perm": list(self.layer.attrs["perm"])}
+
+    def _depth_to_space(self) -> dict:
+        return {**self._moved(), "blocksize": self.layer.attrs["blocksize"],
+                "mode": self.layer.attrs["mode"]}
 
     def _slice(self) -> dict:
         a = self.layer.attrs

@@ -374,6 +374,16 @@ def transpose(node, ctx) -> FLayer:
     return _layer(node, "transpose", [node.input[0]], attrs={"perm": list(perm)})
 
 
+def depth_to_space(node, ctx) -> FLayer:
+    """A pixel shuffle: channel blocks moved to the spatial grid (mode CRD or DCR), no
+    arithmetic, so the output keeps the input's scale and zero point."""
+    if len(ctx.shape(node.input[0])) != 4:
+        raise Unsupported("DepthToSpace of a tensor that is not 4-D")
+    return _layer(node, "depth_to_space", [node.input[0]],
+                  attrs={"blocksize": int(attr(node, "blocksize")),
+                         "mode": str(attr(node, "mode", "DCR"))})
+
+
 def slice_(node, ctx) -> FLayer:
     shape = ctx.shape(node.input[0])
     if ctx.opset < 10:
@@ -513,7 +523,7 @@ RULES: dict[str, Callable] = {
     "GlobalAveragePool": global_pool, "GlobalMaxPool": global_pool, "ReduceMean": reduce_mean,
     "Resize": resize, "Upsample": resize,
     "Reshape": reshape, "Flatten": reshape, "Squeeze": reshape, "Unsqueeze": reshape,
-    "Transpose": transpose, "Slice": slice_, "Split": split, "Pad": pad,
+    "Transpose": transpose, "DepthToSpace": depth_to_space, "Slice": slice_, "Split": split, "Pad": pad,
     "Identity": identity, "Dropout": identity, "Cast": identity,
     **{op: lut for op in LUT_FUNCTIONS},
     "PRelu": prelu, "LeakyRelu": prelu, "Softmax": softmax, "Max": extremum, "Min": extremum,

@@ -355,6 +355,8 @@ def _data(b: _Builder, layer: QLayer, key: str):
         y = b.node("Reshape", [x, shape], [f"{key}::y"])
     elif layer.kind == "transpose":
         y = b.node("Transpose", [x], [f"{key}::y"], perm=a["perm"])
+    elif layer.kind == "depth_to_space":
+        y = b.node("DepthToSpace", [x], [f"{key}::y"], blocksize=a["blocksize"], mode=a["mode"])
     elif layer.kind == "slice":
         ends = [INT64_MIN if e is None else e for e in a["ends"]]
         y = b.node("Slice", [x] + [b.const(f"{key}::{n}", np.array(v, np.int64)) for n, v in
@@ -406,7 +408,8 @@ def _fragment(b: _Builder, layer: QLayer, key: str):
 FRAGMENTS = {"conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "layernorm": _fragment,
              "rescale": _rescale, "concat": _concat,
              "maxpool": _maxpool, "avgpool": _avgpool, "resize": _resize, "lut": _fragment,
-             "softmax": _fragment, "float": _fragment, **{k: _data for k in ("reshape", "transpose", "slice", "split", "pad")}}
+             "softmax": _fragment, "float": _fragment, **{k: _data for k in ("reshape", "transpose", "depth_to_space", "slice", "split",
+                                   "pad")}}
 
 
 def _layers(b: _Builder) -> None:

@@ -62,6 +62,7 @@ resize     attrs: mode nearest|linear, coordinate_transformation_mode, nearest_m
            output_size [H, W]; linear params: input_zp, output_zp, multiplier, shift
 lut        attrs: function; arrays: table (2^bits entries, index q - qmin)
 reshape    attrs: shape          transpose  attrs: perm
+depth_to_space  attrs: blocksize, mode (CRD | DCR): ONNX DepthToSpace of a 4-D tensor
 slice      attrs: starts, ends, axes, steps      split  attrs: axis, sizes
 pad        attrs: pads (ONNX order), value (integer, = zero point)
 float      device cpu: arrays: model (a serialized one-node ONNX model, float in/out); int
@@ -86,8 +87,9 @@ from npubuild.quant.schemes import QParams
 FORMAT = "npubuild.qgraph"
 VERSION = 1
 KINDS = ("conv", "add", "mul", "matmul", "layernorm", "rescale", "concat", "maxpool", "avgpool", "resize", "lut", "softmax",
-         "reshape", "transpose", "slice", "split", "pad", "float")
-DATA_MOVEMENT = ("maxpool", "reshape", "transpose", "slice", "split", "pad")
+         "reshape", "transpose", "depth_to_space", "slice", "split", "pad", "float")
+#: Layers that only move integers: the output keeps the input's scale and zero point.
+DATA_MOVEMENT = ("maxpool", "reshape", "transpose", "depth_to_space", "slice", "split", "pad")
 
 
 @dataclass

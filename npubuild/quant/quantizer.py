@@ -26,11 +26,11 @@ import numpy as np
 from npubuild.errors import working_on
 from npubuild.quant import calibrators, rounding, schemes
 from npubuild.quant.floatgraph import FLOAT_OVERRIDE, FLayer, FloatGraph
-from npubuild.quant.qgraph import QGraph, QLayer, QTensor
+from npubuild.quant.qgraph import DATA_MOVEMENT, QGraph, QLayer, QTensor
 from npubuild.quant.reference import window_counts
 from npubuild.quant.schemes import QParams
 
-PASS_THROUGH = {"maxpool", "reshape", "transpose", "slice", "split", "pad"}
+PASS_THROUGH = set(DATA_MOVEMENT)
 # A tensor whose calibrated mean |x| is below this many int8 steps underflows int8 (its typical
 # value rounds to a step or two); with ``int16_underflow`` it becomes int16.
 MIN_TYPICAL_STEPS = 2.0
@@ -844,7 +844,7 @@ BUILDERS: dict[str, Callable[[Quantizer, FLayer], QLayer]] = {
     "concat": _concat,
     "avgpool": _avgpool, "resize": _resize, "lut": _lut, "softmax": _softmax, "pad": _pad,
     "float": _float,
-    **{k: _data for k in ("maxpool", "reshape", "transpose", "slice", "split")},
+    **{k: _data for k in ("maxpool", "reshape", "transpose", "depth_to_space", "slice", "split")},
 }
 
 

@@ -561,6 +561,18 @@ def float_layer(layer: QLayer, xs: Sequence[np.ndarray]) -> list[np.ndarray]:
             for y, qp in zip(results, p["output_params"])]
 
 
+def depth_to_space(layer: QLayer, x: np.ndarray) -> np.ndarray:
+    """ONNX DepthToSpace of an NCHW tensor: CRD takes each output channel's block of
+    ``blocksize²`` input channels, DCR each block position's run of output channels."""
+    n, c, h, w = x.shape
+    bs = layer.attrs["blocksize"]
+    if layer.attrs["mode"] == "CRD":
+        blocks = x.reshape(n, c // bs ** 2, bs, bs, h, w).transpose(0, 1, 4, 2, 5, 3)
+    else:
+        blocks = x.reshape(n, bs, bs, c // bs ** 2, h, w).transpose(0, 3, 4, 1, 5, 2)
+    return np.ascontiguousarray(blocks.reshape(n, c // bs ** 2, h * bs, w * bs))
+
+
 KERNELS: dict[str, Kernel] = {
     "conv": lambda l, xs: [conv2d(l, xs[0])],
     "add": lambda l, xs: [add(l, xs[0], xs[1])],
@@ -576,6 +588,7 @@ KERNELS: dict[str, Kernel] = {
     "softmax": lambda l, xs: [softmax(l, xs[0])],
     "reshape": lambda l, xs: [np.reshape(xs[0], l.attrs["shape"])],
     "transpose": lambda l, xs: [np.ascontiguousarray(np.transpose(xs[0], l.attrs["perm"]))],
+    "depth_to_space": lambda l, xs: [depth_to_space(l, xs[0])],
     "slice": lambda l, xs: [_slice(l, xs[0])],
     "split": lambda l, xs: _split(l, xs[0]),
     "pad": lambda l, xs: [_pad_nd(l, xs[0])],

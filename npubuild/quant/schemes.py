@@ -66,8 +66,9 @@ Per-op integer definitions (computed by ``npubuild.quant.reference``):
   per axis, factor ``s_x / (2^(2·bits)·s_y)``.
 - lut: ``y = table[q - qmin]``, ``table[i] = clamp(rint(f((i + qmin - zp_x)·s_x)/s_y) + zp_y)``
   in float32 as the QDQ model computes it (Sigmoid, SiLU, Tanh, HardSwish, Elu, ...).
-- maxpool, reshape, transpose, slice, split, pad, resize nearest: data movement, output
-  parameters equal to the input's, no arithmetic (pads hold ``zp``; maxpool pads hold qmin).
+- maxpool, reshape, transpose, depth_to_space, slice, split, pad, resize nearest: data
+  movement, output parameters equal to the input's, no arithmetic (pads hold ``zp``; maxpool
+  pads hold qmin).
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from npubuild.quant import fakequant, price, quantizer
+from npubuild.quant.qgraph import DATA_MOVEMENT
 from npubuild.quant.workflow import WIDE_WEIGHTS, OverrideSpec, resolve_overrides, tensor_names
 from npubuild.split.cost import CPU_MACS_PER_SECOND, macs_per_node, model_macs
 
@@ -844,7 +845,7 @@ def layer_macs(fg) -> dict[str, int]:
             for layer in fg.layers}
 
 
-MOVES_DATA = {"maxpool", "reshape", "transpose", "slice", "split", "pad"}
+MOVES_DATA = set(DATA_MOVEMENT)
 
 
 def span_ratio(verdict) -> float:

@@ -22,9 +22,10 @@ from typing import Callable, Sequence
 import numpy as np
 
 from npubuild.quant import calibrators, schemes
+from npubuild.quant.qgraph import DATA_MOVEMENT
 from npubuild.quant.schemes import QParams
 
-MOVES_DATA = {"maxpool", "reshape", "transpose", "slice", "split", "pad"}
+MOVES_DATA = set(DATA_MOVEMENT)
 CULPRITS = 3             # tensors tried, largest drops first
 METHODS = ("minmax", "percentile", "mse", "kl")
 MEANINGFUL = 1e-4        # a figure moved less than this did not move

@@ -145,6 +145,8 @@ CASES = {
     "silu_pattern": silu,
     "relu_alone": lambda: unary("Relu"),
     "transpose": lambda: unary("Transpose", perm=[0, 2, 3, 1]),
+    "depth_to_space_crd": lambda: unary("DepthToSpace", blocksize=2, mode="CRD"),
+    "depth_to_space_dcr": lambda: unary("DepthToSpace", blocksize=2, mode="DCR"),
     "reshape": lambda: model([helper.make_node("Reshape", ["x", "s"], ["y"])], X, {"y": None},
                              {"s": np.array([1, 4, 120], np.int64)}),
     "slice_split": lambda: model([helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["a"]),
@@ -183,6 +185,17 @@ def test_a_mean_over_h_and_w_is_an_integer_global_average_pool():
     for attrs in ({"axes": [1], "keepdims": 1}, {"axes": [2, 3], "keepdims": 0}):
         qg, _, _ = check_against_ort(unary("ReduceMean", **attrs), samples(X))
         assert [layer.device for layer in qg.layers] == ["cpu"], attrs
+
+
+def test_depth_to_space_is_an_integer_data_movement_layer():
+    """A pixel shuffle ran in float on the CPU ("no integer kernel"): it moves integers only,
+    so it keeps its input's scale and zero point, in both modes (they place channels apart)."""
+    for mode in ("CRD", "DCR"):
+        qg, cc, _ = check_against_ort(unary("DepthToSpace", blocksize=2, mode=mode), samples(X))
+        assert [(layer.kind, layer.device) for layer in qg.layers] == [("depth_to_space", "npu")]
+        x, y = qg.tensors["x"], qg.tensors["y"]
+        assert (x.scale, x.zero_point, y.shape) == (y.scale, y.zero_point, [1, 1, 24, 20])
+        assert cc.ok and cc.max_lsb == 0, cc.summary()
 
 
 def test_folded_activations_and_patterns_make_one_layer():
