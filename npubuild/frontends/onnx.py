@@ -410,10 +410,7 @@ def gather_one_index_as_slice(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     model = onnx_io.clone(model)
     graph = model.graph
-    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None
-                       for d in v.type.tensor_type.shape.dim]
-              for v in [*graph.input, *graph.value_info, *graph.output]
-              if v.type.tensor_type.HasField("shape")}
+    shapes = _shapes(graph)
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         index = index_of(node)
@@ -493,6 +490,92 @@ def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(nodes)
     return _infer(model)
+
+
+def _shuffle_stride(node: onnx.NodeProto, inits: dict) -> tuple[int, int] | None:
+    """The stride of a ConvTranspose whose windows do not overlap (kernel == stride, pads 0,
+    group 1, dilations 1, no output padding or shape, constant 4-D weight and bias), or None."""
+    if (node.op_type != "ConvTranspose" or node.domain not in ("", "ai.onnx")
+            or any(t not in inits for t in node.input[1:] if t)
+            or len(inits[node.input[1]].dims) != 4):
+        return None
+    a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
+    kernel = list(a.get("kernel_shape", inits[node.input[1]].dims[2:]))
+    stride = list(a.get("strides", [1, 1]))
+    plain = (a.get("group", 1) == 1 and not any(a.get("pads", [])) and not a.get("output_shape")
+             and not any(a.get("output_padding", [])) and set(a.get("dilations", [1])) == {1}
+             and a.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID"))
+    return tuple(stride) if plain and kernel == stride and kernel != [1, 1] else None
+
+
+def conv_transpose_as_conv_and_shuffle(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each ConvTranspose whose kernel equals its stride (a DBNet head's, a U-Net decoder's
+    upsampling: no two windows overlap) as the 1x1 Conv to ``C_out·s_h·s_w`` channels, the
+    bias repeated per block position, then the pixel shuffle of those channels (DepthToSpace
+    mode CRD, or Reshape → Transpose → Reshape for a stride that is not square): the same
+    products summed in another order, so the import proof holds it to the folding tolerance.
+    No chip has an integer ConvTranspose; every chip runs a Conv and a pixel shuffle. The
+    output keeps its name. Unchanged when there is none."""
+    inits = {t.name: t for t in model.graph.initializer}
+    if onnx_io.opset_of(model) < 11 or not any(_shuffle_stride(n, inits)
+                                               for n in model.graph.node):
+        return model
+    model = _infer(onnx_io.clone(model))  # the spatial size of each input, for the shuffle
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    shapes = _shapes(graph)
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        stride = _shuffle_stride(node, inits)
+        size = shapes.get(node.input[0], [])[2:]
+        if stride is None or len(size) != 2 or None in size:
+            nodes.append(node)
+            continue
+        nodes.extend(_conv_and_shuffle(node, stride, size, inits, graph))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return _infer(model)
+
+
+def _shapes(graph: onnx.GraphProto) -> dict[str, list[int | None]]:
+    """Each tensor's inferred shape (None for an unknown dimension)."""
+    return {v.name: [d.dim_value if d.HasField("dim_value") else None
+                     for d in v.type.tensor_type.shape.dim]
+            for v in [*graph.input, *graph.value_info, *graph.output]
+            if v.type.tensor_type.HasField("shape")}
+
+
+def _conv_and_shuffle(node: onnx.NodeProto, stride: tuple[int, int], size: list[int],
+                      inits: dict, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The Conv and the shuffle that replace one ConvTranspose of an input of spatial ``size``
+    (`conv_transpose_as_conv_and_shuffle`)."""
+    (sh, sw), (h, w) = stride, size
+    weight = onnx.numpy_helper.to_array(inits[node.input[1]])  # [C_in, C_out, s_h, s_w]
+    c_out = weight.shape[1]
+    base, out = node.name or node.output[0], node.output[0]
+    # channel o·s_h·s_w + a·s_w + b of the Conv is output channel o at block position (a, b)
+    params = {f"{base}/as_conv_weight": np.ascontiguousarray(
+        weight.transpose(1, 2, 3, 0).reshape(c_out * sh * sw, weight.shape[0], 1, 1))}
+    if len(node.input) > 2 and node.input[2]:
+        params[f"{base}/as_conv_bias"] = np.repeat(
+            onnx.numpy_helper.to_array(inits[node.input[2]]), sh * sw)
+    blocks = f"{out}/blocks"
+    nodes = [onnx.helper.make_node("Conv", [node.input[0], *params], [blocks],
+                                   name=f"{base}/as_conv", kernel_shape=[1, 1])]
+    if sh == sw:
+        nodes.append(onnx.helper.make_node("DepthToSpace", [blocks], [out], name=f"{base}/shuffle",
+                                           blocksize=sh, mode="CRD"))
+    else:  # DepthToSpace has one block size: the same moves written out
+        params[f"{base}/blocks_shape"] = np.array([0, c_out, sh, sw, h, w], np.int64)
+        params[f"{base}/shuffled_shape"] = np.array([0, c_out, h * sh, w * sw], np.int64)
+        nodes += [onnx.helper.make_node("Reshape", [blocks, f"{base}/blocks_shape"],
+                                        [f"{out}/blocks_6d"], name=f"{base}/shuffle_split"),
+                  onnx.helper.make_node("Transpose", [f"{out}/blocks_6d"], [f"{out}/shuffled_6d"],
+                                        name=f"{base}/shuffle", perm=[0, 1, 4, 2, 5, 3]),
+                  onnx.helper.make_node("Reshape", [f"{out}/shuffled_6d", f"{base}/shuffled_shape"],
+                                        [out], name=f"{base}/shuffle_merge")]
+    graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in params.items())
+    return nodes
 
 
 def constant_left_matmuls_as_right(model: onnx.ModelProto) -> onnx.ModelProto:

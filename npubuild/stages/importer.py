@@ -89,7 +89,8 @@ def _import(ctx: StageContext) -> dict:
     for key, rewrite in (("constants_folded", fold_constants), ("layer_norms", layer_norms),
                          ("softmaxes", softmaxes),
                          ("constant_left_matmuls", constant_left_matmuls),
-                         ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", slice_one_index_gathers)):
+                         ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", slice_one_index_gathers),
+                         ("conv_transpose_as_conv_and_shuffle", shuffle_conv_transposes)):
         model, figures = rewrite(model, feeds)
         if figures:
             proof[key] = figures
@@ -537,6 +538,19 @@ def slice_one_index_gathers(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.M
         raise BuildError(f"a Gather of one index written as a Slice changes the model: {bad[0]}",
                          stage="import", hint="report this with the model")
     return sliced, {"gathers": len([n for n in sliced.graph.node if n.name.endswith("/as_slice")])}
+
+
+def shuffle_conv_transposes(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each ConvTranspose whose kernel equals its stride as a 1x1 Conv and a pixel shuffle
+    (`onnx_frontend.conv_transpose_as_conv_and_shuffle`), proven within the folding tolerance;
+    the proof's figures (how many), or {} when there is none."""
+    shuffled = onnx_frontend.conv_transpose_as_conv_and_shuffle(model)
+    if shuffled is model:
+        return model, {}
+    figures = prove_rewrite(model, shuffled, feeds, "a ConvTranspose whose kernel equals its "
+                                                    "stride written as a Conv and a pixel shuffle")
+    return shuffled, {"conv_transposes": len([n for n in shuffled.graph.node
+                                              if n.name.endswith("/as_conv")]), **figures}
 
 
 def up_to(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -403,3 +403,29 @@ def test_a_constant_import_keeps_computed_warns_unless_the_recipe_folds_it(caplo
     (record,) = [r for r in caplog.records if "fc6_w" in r.getMessage()]
     assert record.levelname == level
     assert ("the recipe's `fold_constants` folds it" in record.getMessage()) == (level == "INFO")
+
+
+def test_a_conv_transpose_of_kernel_stride_is_imported_as_conv_and_shuffle_and_runs_on_the_npu(
+        cli, tmp_path):
+    """ConvTranspose has no integer kernel on any chip: a DBNet head's upsampling (kernel 2,
+    stride 2, and here a non-square (2, 1)) becomes a 1x1 Conv and a pixel shuffle, proven at
+    import, and the whole model is placed on npu-16m and matches the float model."""
+    from tests.unit.frontends.test_onnx import _upsampling_model
+
+    onnx.save(_upsampling_model(), str(tmp_path / "up.onnx"))
+    inputs = ("    - {name: x, shape: [1, 3, 16, 16],\n"
+              "       preprocess: {resize: [16, 16], scale: 0.00392156862745098}}\n")
+    text = (recipe_text(tmp_path / "up.onnx", inputs, name="up") + "target: npu-16m\n"
+            "quantization:\n  calibration: {data: 'pkg:skimage/data/[a-c]*.png', samples: 2}\n")
+    recipe = write_recipe(tmp_path, text)
+    result = cli("run", str(recipe), "--json", "--build-dir", str(tmp_path / "b"),
+                 "--cache", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr
+    info = json.loads((tmp_path / "b/up/import/import.json").read_text())
+    proof = info["proof"]["conv_transpose_as_conv_and_shuffle"]
+    assert proof["conv_transposes"] == 2 and proof["max_rel"] < 1e-5
+    model = onnx.load(str(tmp_path / "b/up/import/model.onnx"))
+    assert [n.op_type for n in model.graph.node] == [
+        "Conv", "DepthToSpace", "Relu", "Conv", "Reshape", "Transpose", "Reshape"]
+    support = json.loads((tmp_path / "b/up/split/support.json").read_text())
+    assert support["cpu_nodes"] == 0 and support["npu_nodes"] == 7, support["cpu_ops"]
