@@ -1,12 +1,17 @@
 """LayerSpecs from the quantized graph: 4-D views, group breakers, weight records, resize rows."""
 
+import json
+
+import jsonschema
 import numpy as np
 from onnx import helper
 import pytest
 
+from npubuild import schemas
 from npubuild.npu import Rows, build_program, estimate, gmem_lower_bound, input_rows
 from npubuild.npu.from_qgraph import (conv_record, layers_from_qgraph, pack_weights, plan_qgraph,
                                       unpack_weights, view4, view_axis)
+from npubuild.npu.ir_dump import dump_ir
 from npubuild.npu.program import CpuStep, GroupProgram
 from npubuild.quant.reference import resize_input_rows
 from npubuild.targets import load_chip
@@ -410,3 +415,26 @@ def test_sixteen_bit_mac_operands_are_marked_and_estimated_at_the_chips_rate():
     for name, q in (("int8", plain), ("int16", int16), ("w16a16", w16a16)):
         program = build_program(plan_qgraph(layers_from_qgraph(q), chip))
         assert sum(g.compute_cycles for g in estimate(program).groups) == want[name]
+
+
+@pytest.mark.parametrize("mode", ["CRD", "DCR"])
+def test_a_pixel_shuffle_is_a_dma_step_that_moves_its_bytes_bit_exact(mode, tmp_path):
+    """A DBNet head's upsampling, once a 1x1 Conv and a DepthToSpace: the shuffle regroups
+    channels into rows and columns, so it runs between groups as a GMEM → GMEM copy whose
+    read and write are its tensor's bytes, and the simulator equals the integer reference."""
+    s = Stack((1, 8, 16, 12))
+    blocks = s.conv("x", 16, 1)
+    shuffled = s._name("DepthToSpace")
+    s.nodes.append(helper.make_node("DepthToSpace", [blocks], [shuffled], name=shuffled,
+                                    blocksize=2, mode=mode))
+    s.shapes[shuffled] = [1, 4, 32, 24]
+    qgraph = quantize(s.model([s.conv(shuffled, 8, 3)]))
+    layers, program, program_file = compile_qgraph(qgraph, load_chip("npu-16m"))
+    assert layers.breakers[shuffled].executes == "dma"
+    step = next(st for st in estimate(program).steps if st.layer == shuffled)
+    assert step.gmem_read == step.gmem_write == 4 * 32 * 24 and step.cycles > 0
+    values = simulate_and_compare(qgraph, program_file)
+    doc = json.loads(dump_ir(qgraph, tmp_path, values, "seeded random int8").read_text())
+    jsonschema.validate(doc, schemas.load("npu_ir"))
+    entry = next(layer for layer in doc["layers"] if layer["name"] == shuffled)
+    assert (entry["operation"], entry["blocksize"], entry["mode"]) == ("depth_to_space", 2, mode)
