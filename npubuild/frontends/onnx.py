@@ -520,11 +520,14 @@ def conv_transpose_as_conv_and_shuffle(model: onnx.ModelProto) -> onnx.ModelProt
     if onnx_io.opset_of(model) < 11 or not any(_shuffle_stride(n, inits)
                                                for n in model.graph.node):
         return model
+    from npubuild.fusions.graph import prune
+
     model = _infer(onnx_io.clone(model))  # the spatial size of each input, for the shuffle
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     shapes = _shapes(graph)
     nodes: list[onnx.NodeProto] = []
+    replaced: set[str] = set()
     for node in graph.node:
         stride = _shuffle_stride(node, inits)
         size = shapes.get(node.input[0], [])[2:]
@@ -532,8 +535,10 @@ def conv_transpose_as_conv_and_shuffle(model: onnx.ModelProto) -> onnx.ModelProt
             nodes.append(node)
             continue
         nodes.extend(_conv_and_shuffle(node, stride, size, inits, graph))
+        replaced.update(t for t in node.input[1:] if t)
     del graph.node[:]
     graph.node.extend(nodes)
+    prune(model, replaced)  # the ConvTransposes' own weights, unless something else reads them
     return _infer(model)
 
 

@@ -714,6 +714,7 @@ def test_a_conv_transpose_whose_kernel_is_its_stride_becomes_a_conv_and_a_pixel_
     shuffled = onnx_frontend.conv_transpose_as_conv_and_shuffle(model)
     assert [n.op_type for n in shuffled.graph.node] == [
         "Conv", "DepthToSpace", "Relu", "Conv", "Reshape", "Transpose", "Reshape"]
+    assert not {"w1", "b1", "w2"} & {t.name for t in shuffled.graph.initializer}  # no dead weights
     x = np.random.default_rng(4).normal(size=(1, 3, 16, 16)).astype(np.float32)
     run = [ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
            for m in (model, shuffled)]
