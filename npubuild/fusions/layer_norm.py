@@ -29,7 +29,8 @@ from npubuild.fusions import fusion_rule
 from npubuild.fusions.functions import Fused
 from npubuild.fusions.graph import GraphView, attribute
 from npubuild.fusions.pattern import Const, Lit, Match, Op, pattern
-from npubuild.fusions.reductions import BROADCASTS, broadcast_back, broadcast_wrong, reduced_axes
+from npubuild.fusions.reductions import (BROADCASTS, broadcast_back, broadcast_wrong, reduced_axes,
+                                       reduction)
 from npubuild.fusions.rules import fuse_as_function
 
 np = lazy.load("numpy")
@@ -41,7 +42,7 @@ POOLED = "GlobalAveragePool"
 def _mean(source: str, op_id: str, axes: str, mean: str) -> Op:
     if mean == POOLED:
         return Op(POOLED, (source,), id=op_id, expose=None)
-    return Op("ReduceMean", (source, Const(axes, True)), id=op_id, attrs=_KEEPDIMS, expose=None)
+    return reduction("ReduceMean", source, op_id, axes, **_KEEPDIMS)
 
 
 def _layer_norm(mean: str, square: str, divide: str, affine: str):
@@ -94,8 +95,8 @@ def _moment(source: str, op_id: str, axes: str, summed: bool) -> list[Op]:
     """E[source] over ``axes``: ReduceMean, or ReduceSum then a product by 1/N (id ``op_id``
     either way, its reduction ``op_id``_reduce when summed); keepdims is checked by `describe`."""
     if not summed:
-        return [Op("ReduceMean", (source, Const(axes, True)), id=op_id, expose=None)]
-    return [Op("ReduceSum", (source, Const(axes, True)), id=f"{op_id}_reduce", expose=None),
+        return [reduction("ReduceMean", source, op_id, axes)]
+    return [reduction("ReduceSum", source, f"{op_id}_reduce", axes),
             Op("Mul", (f"{op_id}_reduce", Const(f"{op_id}_inverse_count")), id=op_id, expose=None)]
 
 

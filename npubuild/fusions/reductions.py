@@ -17,6 +17,12 @@ BROADCASTS = ("ReshapeExpand", "Reshape", "Kept")  # how a reduction's result co
 _BACK = ("_reshaped", "_expanded")
 
 
+def reduction(op: str, source: str, op_id: str, axes: str, **attrs) -> Op:
+    """A pattern op reducing ``source`` over the axes bound to ``axes`` (an input from opset 18
+    on, else an attribute: optional either way); ``attrs`` required values (e.g. keepdims)."""
+    return Op(op, (source, Const(axes, True)), id=op_id, attrs=attrs, expose=None)
+
+
 def broadcast_back(source: str, op_id: str, how: str) -> list[Op]:
     """The ops that bring ``source`` back to the kept shape (``how`` one of `BROADCASTS`; none
     for "Kept"); the last one's id is ``op_id``_reshaped or ``op_id``_expanded."""

@@ -19,19 +19,16 @@ import lazy_loader as lazy
 
 from npubuild.fusions.graph import GraphView
 from npubuild.fusions.pattern import Const, Match, Op, pattern
-from npubuild.fusions.reductions import BROADCASTS, broadcast_back, broadcast_wrong, reduced_axes
+from npubuild.fusions.reductions import (BROADCASTS, broadcast_back, broadcast_wrong, reduced_axes,
+                                       reduction)
 
 np = lazy.load("numpy")
-
-
-def _reduce(op: str, source: str, op_id: str, axes: str) -> Op:
-    return Op(op, (source, Const(axes, True)), id=op_id, expose=None)
 
 
 def _softmax(shift: str, broadcast: str, divide: str):
     ops, exponent = [], "x"
     if shift != "Unshifted":
-        ops.append(_reduce("ReduceMax", "x", "max", "max_axes"))
+        ops.append(reduction("ReduceMax", "x", "max", "max_axes"))
         peak = "max"
         if shift == "Clamped":
             ops.append(Op("Max", ("max", Const("floor")), id="clamped", expose=None))
@@ -40,7 +37,7 @@ def _softmax(shift: str, broadcast: str, divide: str):
         ops.append(Op("Sub", ("x", ops[-1].id), id="shifted", expose=None))
         exponent = "shifted"
     ops += [Op("Exp", (exponent,), id="exp", expose=None),
-            _reduce("ReduceSum", "exp", "sum", "sum_axes"), *broadcast_back("sum", "total", broadcast)]
+            reduction("ReduceSum", "exp", "sum", "sum_axes"), *broadcast_back("sum", "total", broadcast)]
     total = ops[-1].id
     if divide == "Div":
         ops.append(Op("Div", ("exp", total), id="softmax", expose=None))
