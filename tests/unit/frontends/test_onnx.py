@@ -461,6 +461,20 @@ def _written_out_layer_norm(opset: int, square: str = "Pow", scale_shape=(8,), b
         h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=7))
 
 
+def assert_same_and_on_the_npu(model: onnx.ModelProto, source: onnx.ModelProto, feeds: dict,
+                               rtol: float, atol: float | None = None) -> None:
+    """``model`` is valid, computes ``source``'s ``y`` within ``rtol`` and ``atol`` (default:
+    ``rtol``) on ``feeds``, and npu-16m places every node of it on the NPU."""
+    from npubuild.split import check_placement
+    from npubuild.targets import load_chip
+
+    onnx.checker.check_model(model, full_check=True)
+    np.testing.assert_allclose(onnx_io.run(model, feeds)["y"], onnx_io.run(source, feeds)["y"],
+                               rtol=rtol, atol=rtol if atol is None else atol)
+    placed = check_placement(model, load_chip("npu-16m"))
+    assert {p.device for p in placed} == {"npu"}, [p.reasons for p in placed]
+
+
 @pytest.mark.parametrize("opset, square, scale_shape, bias, divide, mean", [
     (12, "Pow", (8,), True, "Div", "ReduceMean"),  # Paddle's export at opset 12: goes to 17
     (14, "Mul", (1, 1, 8), True, "Div", "ReduceMean"),  # d * d, a scale written [1, 1, C]
@@ -474,20 +488,13 @@ def test_a_layer_norm_written_out_becomes_one_layer_normalization_the_npu_runs(
     """PP-OCR's SVTR blocks (Paddle) write each layer norm out in nine primitives, two of them
     ReduceMeans no integer kernel computes, so all nine ran on the CPU between NPU segments
     (PP-OCRv4 rec: 20 CPU segments). As one LayerNormalization the chip runs it whole."""
-    from npubuild.split import check_placement
-    from npubuild.targets import load_chip
-
     source = _written_out_layer_norm(opset, square, scale_shape, bias, divide, mean)
     model, kept = onnx_frontend.layer_norms_as_op(source)
     assert kept is None
     assert [n.op_type for n in model.graph.node] == ["LayerNormalization", "Relu"]
     assert onnx_io.opset_of(model) == max(opset, 17)
-    onnx.checker.check_model(model, full_check=True)
     feeds = {"x": np.random.default_rng(3).normal(size=(1, 6, 8)).astype(np.float32) * 5 + 2}
-    np.testing.assert_allclose(onnx_io.run(model, feeds)["y"], onnx_io.run(source, feeds)["y"],
-                               rtol=1e-5, atol=1e-5)
-    placed = check_placement(model, load_chip("npu-16m"))
-    assert {p.device for p in placed} == {"npu"}, [p.reasons for p in placed]
+    assert_same_and_on_the_npu(model, source, feeds, 1e-5)
 
 
 def test_a_scale_varying_along_other_axes_stays_a_mul_after_the_layer_normalization():
@@ -579,19 +586,12 @@ def test_a_flax_layer_norm_of_moments_becomes_one_layer_normalization_the_npu_ru
     ReduceSums, Reshapes and Expands: 20 primitives, two over the sequence axis, all on the
     CPU (58 of 77 nodes on the NPU). Written as LayerNormalization (between two Transposes
     where the normalised axis is not the last) the chip runs it."""
-    from npubuild.split import check_placement
-    from npubuild.targets import load_chip
-
     source = _flax_layer_norm(axis, summed, broadcast)
     model, kept = onnx_frontend.layer_norms_as_op(source)
     assert kept is None
     assert [n.op_type for n in model.graph.node] == ops
-    onnx.checker.check_model(model, full_check=True)
     feeds = {"x": np.random.default_rng(5).normal(size=(1, 6, 8)).astype(np.float32) * 3 + 1}
-    np.testing.assert_allclose(onnx_io.run(model, feeds)["y"], onnx_io.run(source, feeds)["y"],
-                               rtol=1e-4, atol=1e-4)
-    placed = check_placement(model, load_chip("npu-16m"))
-    assert {p.device for p in placed} == {"npu"}, [p.reasons for p in placed]
+    assert_same_and_on_the_npu(model, source, feeds, 1e-4)
 
 
 def test_sums_divided_by_another_count_than_the_axis_length_stay_written_out():
@@ -652,19 +652,12 @@ def test_a_softmax_written_out_becomes_one_softmax_the_npu_runs(shift, broadcast
     """Magika's head ends in ReduceMax, Max, Reshape, Expand, Sub, Exp, ReduceSum, Reshape,
     Expand, Div: reductions no integer kernel computes, so the CPU ran them after the NPU. As
     one Softmax the chip runs it."""
-    from npubuild.split import check_placement
-    from npubuild.targets import load_chip
-
     source = _written_out_softmax(shift, broadcast, axis)
     model = onnx_frontend.softmaxes_as_op(source)
     assert [n.op_type for n in model.graph.node] == ["Softmax", "Relu"]
     assert onnx.helper.get_attribute_value(model.graph.node[0].attribute[0]) == axis
-    onnx.checker.check_model(model, full_check=True)
     feeds = {"x": np.random.default_rng(6).normal(size=(1, 6, 8)).astype(np.float32) * 4}
-    np.testing.assert_allclose(onnx_io.run(model, feeds)["y"], onnx_io.run(source, feeds)["y"],
-                               rtol=1e-5, atol=1e-6)
-    placed = check_placement(model, load_chip("npu-16m"))
-    assert {p.device for p in placed} == {"npu"}, [p.reasons for p in placed]
+    assert_same_and_on_the_npu(model, source, feeds, 1e-5, atol=1e-6)
 
 
 def test_a_softmax_over_an_old_opsets_middle_axis_stays_written_out():
