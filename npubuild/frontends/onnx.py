@@ -492,32 +492,83 @@ def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
     return _infer(model)
 
 
-def _shuffle_stride(node: onnx.NodeProto, inits: dict) -> tuple[int, int] | None:
-    """The stride of a ConvTranspose whose windows do not overlap (kernel == stride, pads 0,
-    group 1, dilations 1, no output padding or shape, constant 4-D weight and bias), or None."""
+@dataclass(frozen=True)
+class _TransposeGeometry:
+    """A ConvTranspose's geometry per spatial axis (H, W), dilations 1: kernel, stride, the
+    pads at each end and the output padding; and its group count."""
+
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    pads_begin: tuple[int, int]
+    pads_end: tuple[int, int]
+    output_padding: tuple[int, int]
+    group: int
+
+
+def _transpose_geometry(node: onnx.NodeProto, inits: dict) -> _TransposeGeometry | None:
+    """The geometry of a 2-D ConvTranspose with constant weight and bias, dilations 1 and
+    explicit pads (``auto_pad`` NOTSET or VALID, no ``output_shape``), or None."""
     if (node.op_type != "ConvTranspose" or node.domain not in ("", "ai.onnx")
             or any(t not in inits for t in node.input[1:] if t)
             or len(inits[node.input[1]].dims) != 4):
         return None
     a = {x.name: onnx.helper.get_attribute_value(x) for x in node.attribute}
-    kernel = list(a.get("kernel_shape", inits[node.input[1]].dims[2:]))
-    stride = list(a.get("strides", [1, 1]))
-    plain = (a.get("group", 1) == 1 and not any(a.get("pads", [])) and not a.get("output_shape")
-             and not any(a.get("output_padding", [])) and set(a.get("dilations", [1])) == {1}
-             and a.get("auto_pad", b"NOTSET") in (b"NOTSET", b"VALID"))
-    return tuple(stride) if plain and kernel == stride and kernel != [1, 1] else None
+    kernel = tuple(a.get("kernel_shape", inits[node.input[1]].dims[2:]))
+    stride = tuple(a.get("strides", [1, 1]))
+    pads = list(a.get("pads", [0, 0, 0, 0]))
+    if (len(kernel) != 2 or len(stride) != 2 or len(pads) != 4 or a.get("output_shape")
+            or set(a.get("dilations", [1])) != {1}
+            or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID")):
+        return None
+    return _TransposeGeometry(kernel, stride, tuple(pads[:2]), tuple(pads[2:]),
+                              tuple(a.get("output_padding", [0, 0])), int(a.get("group", 1)))
+
+
+@dataclass(frozen=True)
+class _PhasePlan:
+    """How one axis of a ConvTranspose becomes a stride-1 Conv of ``taps`` taps to ``stride``
+    phases per input position (`_phase_plan`): the Conv's pads, the blocks it outputs, and where
+    the wanted output starts inside their shuffle."""
+
+    taps: int
+    pad_begin: int
+    pad_end: int
+    blocks: int
+    offset: int
+    size: int
+
+
+def _phase_plan(kernel: int, stride: int, pad_begin: int, pad_end: int, output_padding: int,
+                size_in: int) -> _PhasePlan | None:
+    """One axis (`conv_transpose_as_conv_and_shuffle`): output position ``s·q + r`` of the
+    uncropped transpose sums ``x[q - m] · w[r + s·m]`` over ``m < ceil(K/s)`` taps, so a Conv of
+    ``ceil(K/s)`` taps, padded by ``taps - 1`` at each end, gives every phase ``r`` of block
+    ``q``. Only the blocks that hold the wanted output (after the ConvTranspose's pads, with its
+    output padding) are computed where the Conv's pads can drop them (pads shrink by whole
+    blocks, down to 0); the rest is a slice of the shuffle. None for an empty output."""
+    taps = -(-kernel // stride)
+    size = stride * (size_in - 1) + output_padding + kernel - pad_begin - pad_end
+    first = min(pad_begin // stride, taps - 1)
+    stop = max(-(-(pad_begin + size) // stride), size_in)
+    if size <= 0:
+        return None
+    return _PhasePlan(taps, taps - 1 - first, stop - size_in, stop - first,
+                      pad_begin - stride * first, size)
 
 
 def conv_transpose_as_conv_and_shuffle(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Each ConvTranspose whose kernel equals its stride (a DBNet head's, a U-Net decoder's
-    upsampling: no two windows overlap) as the 1x1 Conv to ``C_out·s_h·s_w`` channels, the
-    bias repeated per block position, then the pixel shuffle of those channels (DepthToSpace
-    mode CRD, or Reshape → Transpose → Reshape for a stride that is not square): the same
-    products summed in another order, so the import proof holds it to the folding tolerance.
-    No chip has an integer ConvTranspose; every chip runs a Conv and a pixel shuffle. The
-    output keeps its name. Unchanged when there is none."""
+    """Each 2-D ConvTranspose (any kernel, stride, pads, output padding and group; dilations 1)
+    as a stride-1 Conv to ``C_out·s_h·s_w`` channels of ``ceil(K/s)`` taps per axis (the
+    sub-pixel form: each output phase is a Conv of the input with every s-th tap of the kernel,
+    flipped), the bias repeated per phase, then the pixel shuffle of those channels
+    (DepthToSpace mode CRD, or Reshape → Transpose → Reshape for a stride that is not square),
+    then a Slice where the pads do not fall on whole blocks. A kernel equal to its stride (a
+    DBNet head's, a U-Net decoder's upsampling) is a 1x1 Conv and a shuffle. The same products
+    summed in another order, so the import proof holds it to the folding tolerance. No chip has
+    an integer ConvTranspose; every chip runs a Conv, a pixel shuffle and a slice. The output
+    keeps its name. Unchanged when there is none."""
     inits = {t.name: t for t in model.graph.initializer}
-    if onnx_io.opset_of(model) < 11 or not any(_shuffle_stride(n, inits)
+    if onnx_io.opset_of(model) < 11 or not any(_transpose_geometry(n, inits)
                                                for n in model.graph.node):
         return model
     from npubuild.fusions.graph import prune
@@ -529,12 +580,15 @@ def conv_transpose_as_conv_and_shuffle(model: onnx.ModelProto) -> onnx.ModelProt
     nodes: list[onnx.NodeProto] = []
     replaced: set[str] = set()
     for node in graph.node:
-        stride = _shuffle_stride(node, inits)
+        geometry = _transpose_geometry(node, inits)
         size = shapes.get(node.input[0], [])[2:]
-        if stride is None or len(size) != 2 or None in size:
+        plans = ([_phase_plan(geometry.kernel[i], geometry.stride[i], geometry.pads_begin[i],
+                              geometry.pads_end[i], geometry.output_padding[i], size[i])
+                  for i in range(2)] if geometry and len(size) == 2 and None not in size else [])
+        if not plans or None in plans:
             nodes.append(node)
             continue
-        nodes.extend(_conv_and_shuffle(node, stride, size, inits, graph))
+        nodes.extend(_conv_and_shuffle(node, geometry, plans, inits, graph))
         replaced.update(t for t in node.input[1:] if t)
     del graph.node[:]
     graph.node.extend(nodes)
@@ -550,35 +604,70 @@ def _shapes(graph: onnx.GraphProto) -> dict[str, list[int | None]]:
             if v.type.tensor_type.HasField("shape")}
 
 
-def _conv_and_shuffle(node: onnx.NodeProto, stride: tuple[int, int], size: list[int],
-                      inits: dict, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """The Conv and the shuffle that replace one ConvTranspose of an input of spatial ``size``
-    (`conv_transpose_as_conv_and_shuffle`)."""
-    (sh, sw), (h, w) = stride, size
-    weight = onnx.numpy_helper.to_array(inits[node.input[1]])  # [C_in, C_out, s_h, s_w]
-    c_out = weight.shape[1]
+def _phase_weights(weight: np.ndarray, stride: tuple[int, int], taps: tuple[int, int],
+                   group: int) -> np.ndarray:
+    """A ConvTranspose's weight ``[C_in, C_out/g, K_h, K_w]`` as the Conv weight
+    ``[C_out·s_h·s_w, C_in/g, taps_h, taps_w]`` of `_phase_plan`: output channel
+    ``o·s_h·s_w + r_h·s_w + r_w`` (o counted across the groups, each group's block in turn) at
+    tap ``(a, b)`` is kernel position ``(r_h + s_h·(taps_h-1-a), r_w + s_w·(taps_w-1-b))``,
+    zero past the kernel."""
+    (sh, sw), (th, tw) = stride, taps
+    c_in, c_group, kh, kw = weight.shape
+    padded = np.zeros((c_in, c_group, th * sh, tw * sw), weight.dtype)
+    padded[:, :, :kh, :kw] = weight
+    phased = padded.reshape(group, c_in // group, c_group, th, sh, tw, sw)[:, :, :, ::-1, :, ::-1]
+    return np.ascontiguousarray(phased.transpose(0, 2, 4, 6, 1, 3, 5).reshape(
+        group * c_group * sh * sw, c_in // group, th, tw))
+
+
+def _conv_and_shuffle(node: onnx.NodeProto, geometry: _TransposeGeometry,
+                      plans: list[_PhasePlan], inits: dict,
+                      graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The Conv, the shuffle and the slice that replace one ConvTranspose
+    (`conv_transpose_as_conv_and_shuffle`), one `_PhasePlan` per spatial axis."""
+    (sh, sw), (ph, pw) = geometry.stride, plans
+    weight = onnx.numpy_helper.to_array(inits[node.input[1]])
+    c_out = weight.shape[1] * geometry.group
     base, out = node.name or node.output[0], node.output[0]
-    # channel o·s_h·s_w + a·s_w + b of the Conv is output channel o at block position (a, b)
-    params = {f"{base}/as_conv_weight": np.ascontiguousarray(
-        weight.transpose(1, 2, 3, 0).reshape(c_out * sh * sw, weight.shape[0], 1, 1))}
+    params = {f"{base}/as_conv_weight": _phase_weights(weight, geometry.stride,
+                                                       (ph.taps, pw.taps), geometry.group)}
     if len(node.input) > 2 and node.input[2]:
         params[f"{base}/as_conv_bias"] = np.repeat(
             onnx.numpy_helper.to_array(inits[node.input[2]]), sh * sw)
+    conv_attrs = {"kernel_shape": [ph.taps, pw.taps]}
+    if any((ph.pad_begin, pw.pad_begin, ph.pad_end, pw.pad_end)):
+        conv_attrs["pads"] = [ph.pad_begin, pw.pad_begin, ph.pad_end, pw.pad_end]
+    if geometry.group != 1:
+        conv_attrs["group"] = geometry.group
+    cropped = (ph.offset, pw.offset, ph.size, pw.size) != (0, 0, ph.blocks * sh, pw.blocks * sw)
+    shuffled = f"{out}/shuffled" if cropped else out
     blocks = f"{out}/blocks"
     nodes = [onnx.helper.make_node("Conv", [node.input[0], *params], [blocks],
-                                   name=f"{base}/as_conv", kernel_shape=[1, 1])]
-    if sh == sw:
-        nodes.append(onnx.helper.make_node("DepthToSpace", [blocks], [out], name=f"{base}/shuffle",
-                                           blocksize=sh, mode="CRD"))
+                                   name=f"{base}/as_conv", **conv_attrs)]
+    if sh == sw == 1:  # one phase: the Conv's output is the transpose's
+        nodes[0].output[0] = shuffled
+    elif sh == sw:
+        nodes.append(onnx.helper.make_node("DepthToSpace", [blocks], [shuffled],
+                                           name=f"{base}/shuffle", blocksize=sh, mode="CRD"))
     else:  # DepthToSpace has one block size: the same moves written out
-        params[f"{base}/blocks_shape"] = np.array([0, c_out, sh, sw, h, w], np.int64)
-        params[f"{base}/shuffled_shape"] = np.array([0, c_out, h * sh, w * sw], np.int64)
+        params[f"{base}/blocks_shape"] = np.array([0, c_out, sh, sw, ph.blocks, pw.blocks],
+                                                  np.int64)
+        params[f"{base}/shuffled_shape"] = np.array([0, c_out, ph.blocks * sh, pw.blocks * sw],
+                                                    np.int64)
         nodes += [onnx.helper.make_node("Reshape", [blocks, f"{base}/blocks_shape"],
                                         [f"{out}/blocks_6d"], name=f"{base}/shuffle_split"),
                   onnx.helper.make_node("Transpose", [f"{out}/blocks_6d"], [f"{out}/shuffled_6d"],
                                         name=f"{base}/shuffle", perm=[0, 1, 4, 2, 5, 3]),
                   onnx.helper.make_node("Reshape", [f"{out}/shuffled_6d", f"{base}/shuffled_shape"],
-                                        [out], name=f"{base}/shuffle_merge")]
+                                        [shuffled], name=f"{base}/shuffle_merge")]
+    if cropped:  # the ConvTranspose's pads inside the first block, its size past the last
+        params[f"{base}/crop_starts"] = np.array([ph.offset, pw.offset], np.int64)
+        params[f"{base}/crop_ends"] = np.array([ph.offset + ph.size, pw.offset + pw.size],
+                                               np.int64)
+        params[f"{base}/crop_axes"] = np.array([2, 3], np.int64)
+        nodes.append(onnx.helper.make_node(
+            "Slice", [shuffled, f"{base}/crop_starts", f"{base}/crop_ends", f"{base}/crop_axes"],
+            [out], name=f"{base}/crop"))
     graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in params.items())
     return nodes
 

@@ -541,14 +541,14 @@ def slice_one_index_gathers(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.M
 
 
 def shuffle_conv_transposes(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
-    """Each ConvTranspose whose kernel equals its stride as a 1x1 Conv and a pixel shuffle
+    """Each 2-D ConvTranspose as a Conv, a pixel shuffle and, where its pads need it, a slice
     (`onnx_frontend.conv_transpose_as_conv_and_shuffle`), proven within the folding tolerance;
     the proof's figures (how many), or {} when there is none."""
     shuffled = onnx_frontend.conv_transpose_as_conv_and_shuffle(model)
     if shuffled is model:
         return model, {}
-    figures = prove_rewrite(model, shuffled, feeds, "a ConvTranspose whose kernel equals its "
-                                                    "stride written as a Conv and a pixel shuffle")
+    figures = prove_rewrite(model, shuffled, feeds,
+                            "a ConvTranspose written as a Conv and a pixel shuffle")
     return shuffled, {"conv_transposes": len([n for n in shuffled.graph.node
                                               if n.name.endswith("/as_conv")]), **figures}
 

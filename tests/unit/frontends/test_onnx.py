@@ -715,9 +715,86 @@ def test_a_conv_transpose_whose_kernel_is_its_stride_becomes_a_conv_and_a_pixel_
     np.testing.assert_allclose(run[1], run[0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("attrs", [{"pads": [1, 1, 1, 1]}, {"output_padding": [1, 1]},
-                                   {"dilations": [2, 2]}])
-def test_a_conv_transpose_whose_windows_overlap_or_shift_stays(attrs):
-    model = _upsampling_model(**attrs)
-    ops = [n.op_type for n in onnx_frontend.conv_transpose_as_conv_and_shuffle(model).graph.node]
-    assert ops[:2] == ["ConvTranspose", "Relu"] and "ConvTranspose" not in ops[2:]
+def _overlapping_upsampling_model() -> onnx.ModelProto:
+    """A decoder's overlapping upsampling: a ConvTranspose of kernel 4, stride 2, pads 1 (a
+    CenterNet or DCGAN head's) with its bias, a Relu, then PyTorch's usual 2x upsample (kernel
+    3, stride 2, pads 1, output padding 1) in two groups, without a bias."""
+    rng = np.random.default_rng(5)
+    h = onnx.helper
+    graph = h.make_graph(
+        [h.make_node("ConvTranspose", ["x", "w1", "b1"], ["u"], kernel_shape=[4, 4],
+                     strides=[2, 2], pads=[1, 1, 1, 1], name="up4"),
+         h.make_node("Relu", ["u"], ["r"]),
+         h.make_node("ConvTranspose", ["r", "w2"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                     pads=[1, 1, 1, 1], output_padding=[1, 1], group=2, name="up3")],
+        "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(rng.normal(size=(3, 4, 4, 4)).astype(np.float32), "w1"),
+         onnx.numpy_helper.from_array(rng.normal(size=4).astype(np.float32), "b1"),
+         onnx.numpy_helper.from_array(rng.normal(size=(4, 1, 3, 3)).astype(np.float32), "w2")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 11)], ir_version=7)
+
+
+def _conv_transpose(kernel, stride, pads, output_padding, group, size=(7, 9)) -> onnx.ModelProto:
+    rng = np.random.default_rng(6)
+    h = onnx.helper
+    attrs = {"kernel_shape": list(kernel), "strides": list(stride), "pads": list(pads),
+             "group": group}
+    if any(output_padding):
+        attrs["output_padding"] = list(output_padding)
+    graph = h.make_graph(
+        [h.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="up", **attrs)], "g",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, *size])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(
+            rng.normal(size=(4, 6 // group, *kernel)).astype(np.float32), "w"),
+         onnx.numpy_helper.from_array(rng.normal(size=6).astype(np.float32), "b")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+
+
+@pytest.mark.parametrize("kernel, stride, pads, output_padding, group", [
+    ((4, 4), (2, 2), (1, 1, 1, 1), (0, 0), 1),  # overlapping windows
+    ((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 2),  # PyTorch's 2x upsample, grouped
+    ((5, 3), (3, 2), (2, 1, 0, 3), (1, 0), 1),  # strides that differ, uneven pads
+    ((3, 3), (1, 1), (1, 1, 1, 1), (0, 0), 2),  # stride 1: a plain Conv, grouped
+    ((1, 1), (2, 2), (1, 0, 1, 0), (1, 1), 1),  # kernel under its stride: gaps between windows
+    ((2, 2), (4, 4), (2, 1, 0, 3), (0, 0), 2),  # pads past a block
+])
+def test_any_conv_transpose_becomes_a_conv_a_pixel_shuffle_and_a_slice(
+        kernel, stride, pads, output_padding, group):
+    """Each output phase of a ConvTranspose is a Conv of its input with every s-th tap of the
+    kernel, flipped: overlapping windows, pads, output padding and groups included, so no
+    ConvTranspose is left to run on the CPU, and ONNX Runtime gives the same output."""
+    import onnxruntime as ort
+
+    model = _conv_transpose(kernel, stride, pads, output_padding, group)
+    rewritten = onnx_frontend.conv_transpose_as_conv_and_shuffle(model)
+    assert "ConvTranspose" not in [n.op_type for n in rewritten.graph.node]
+    assert {"w", "b"}.isdisjoint(t.name for t in rewritten.graph.initializer)
+    x = np.random.default_rng(7).normal(size=(1, 4, 7, 9)).astype(np.float32)
+    want, got = (ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+                 for m in (model, rewritten))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_overlapping_conv_transpose_keeps_only_the_blocks_its_pads_leave():
+    """Kernel 4, stride 2, pads 1: two taps a phase, the Conv padded by one tap, and a slice of
+    one row and column off the shuffle's first block (pads 1 fall inside it)."""
+    rewritten = onnx_frontend.conv_transpose_as_conv_and_shuffle(
+        _conv_transpose((4, 4), (2, 2), (1, 1, 1, 1), (0, 0), 1))
+    conv, shuffle, crop = rewritten.graph.node
+    assert (conv.op_type, shuffle.op_type, crop.op_type) == ("Conv", "DepthToSpace", "Slice")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute}
+    assert attrs == {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1]}
+    starts, ends = (onnx.numpy_helper.to_array(t).tolist() for t in rewritten.graph.initializer
+                    if t.name in ("up/crop_starts", "up/crop_ends"))
+    assert (starts, ends) == ([1, 1], [15, 19])
+
+
+def test_a_conv_transpose_with_dilations_or_an_output_shape_stays():
+    for attrs in ({"dilations": [2, 2]}, {"output_shape": [32, 32]}):
+        model = _upsampling_model(**attrs)
+        ops = [n.op_type for n in
+               onnx_frontend.conv_transpose_as_conv_and_shuffle(model).graph.node]
+        assert ops[:2] == ["ConvTranspose", "Relu"] and "ConvTranspose" not in ops[2:]

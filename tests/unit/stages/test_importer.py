@@ -405,14 +405,22 @@ def test_a_constant_import_keeps_computed_warns_unless_the_recipe_folds_it(caplo
     assert ("the recipe's `fold_constants` folds it" in record.getMessage()) == (level == "INFO")
 
 
-def test_a_conv_transpose_of_kernel_stride_is_imported_as_conv_and_shuffle_and_runs_on_the_npu(
-        cli, tmp_path):
+@pytest.mark.parametrize("builder, ops", [
+    ("_upsampling_model", ["Conv", "DepthToSpace", "Relu", "Conv", "Reshape", "Transpose",
+                           "Reshape"]),
+    ("_overlapping_upsampling_model", ["Conv", "DepthToSpace", "Slice", "Relu", "Conv",
+                                       "DepthToSpace", "Slice"]),
+])
+def test_a_conv_transpose_is_imported_as_conv_shuffle_and_slice_and_runs_on_the_npu(
+        cli, tmp_path, builder, ops):
     """ConvTranspose has no integer kernel on any chip: a DBNet head's upsampling (kernel 2,
-    stride 2, and here a non-square (2, 1)) becomes a 1x1 Conv and a pixel shuffle, proven at
-    import, and the whole model is placed on npu-16m and matches the float model."""
-    from tests.unit.frontends.test_onnx import _upsampling_model
+    stride 2, and here a non-square (2, 1)) becomes a 1x1 Conv and a pixel shuffle, a decoder's
+    overlapping one (kernel 4 or 3, stride 2, pads, output padding, groups) a Conv of two taps,
+    a shuffle and a slice, proven at import; the whole model is placed on npu-16m and matches
+    the float model."""
+    from tests.unit.frontends import test_onnx
 
-    onnx.save(_upsampling_model(), str(tmp_path / "up.onnx"))
+    onnx.save(getattr(test_onnx, builder)(), str(tmp_path / "up.onnx"))
     inputs = ("    - {name: x, shape: [1, 3, 16, 16],\n"
               "       preprocess: {resize: [16, 16], scale: 0.00392156862745098}}\n")
     text = (recipe_text(tmp_path / "up.onnx", inputs, name="up") + "target: npu-16m\n"
@@ -425,7 +433,6 @@ def test_a_conv_transpose_of_kernel_stride_is_imported_as_conv_and_shuffle_and_r
     proof = info["proof"]["conv_transpose_as_conv_and_shuffle"]
     assert proof["conv_transposes"] == 2 and proof["max_rel"] < 1e-5
     model = onnx.load(str(tmp_path / "b/up/import/model.onnx"))
-    assert [n.op_type for n in model.graph.node] == [
-        "Conv", "DepthToSpace", "Relu", "Conv", "Reshape", "Transpose", "Reshape"]
+    assert [n.op_type for n in model.graph.node] == ops
     support = json.loads((tmp_path / "b/up/split/support.json").read_text())
     assert support["cpu_nodes"] == 0 and support["npu_nodes"] == 7, support["cpu_ops"]
