@@ -36,6 +36,7 @@ import onnx
 
 from npubuild import onnx_io
 from npubuild.errors import BuildError, Location, UserError
+from npubuild.targets.constraints import CONV_OPS
 
 IR_WITHOUT_INITIALIZER_INPUTS = 4
 SOFTMAX_ANY_AXIS_OPSET = 13  # Softmax's axis is the axis itself from here (before: flattens)
@@ -442,13 +443,15 @@ def gather_one_index_as_slice(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Each 1-D Conv (a rank-3 constant weight: an STFT, a TCN, Silero's encoder) as the 2-D
-    Conv of a height-1 image between an Unsqueeze and a Squeeze on axis 2, which every later
-    stage expresses (the quantizer, the compiler and the simulator know 2-D convolutions; the
-    reshapes are layout no-ops on the NPU). The output keeps its name; the same arithmetic, so
-    the import proof holds it to the folding tolerance. Unchanged when there is none."""
+    """Each 1-D Conv or ConvTranspose (a rank-3 constant weight: an STFT, a TCN, Silero's
+    encoder, a vocoder's upsampling) as the 2-D one of a height-1 image between an Unsqueeze
+    and a Squeeze on axis 2, which every later stage expresses (the quantizer, the compiler and
+    the simulator know 2-D convolutions, and `conv_transpose_as_conv_and_shuffle` writes a 2-D
+    ConvTranspose as a Conv; the reshapes are layout no-ops on the NPU). The output keeps its
+    name; the same arithmetic, so the import proof holds it to the folding tolerance.
+    Unchanged when there is none."""
     inits = {t.name: t for t in model.graph.initializer}
-    if not any(n.op_type == "Conv" and n.domain in ("", "ai.onnx") and len(n.input) > 1
+    if not any(n.op_type in CONV_OPS and n.domain in ("", "ai.onnx") and len(n.input) > 1
                and n.input[1] in inits and len(inits[n.input[1]].dims) == 3
                for n in model.graph.node):
         return model
@@ -460,7 +463,8 @@ def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
     nodes: list[onnx.NodeProto] = []
     converted: set[str] = set()
     for node in graph.node:
-        weight = inits.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        weight = (inits.get(node.input[1]) if node.op_type in CONV_OPS and len(node.input) > 1
+                  else None)
         if (weight is None or len(weight.dims) != 3 or node.domain not in ("", "ai.onnx")):
             nodes.append(node)
             continue
@@ -478,8 +482,10 @@ def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
         conv.CopyFrom(node)
         conv.input[0], conv.output[0] = wide_in, wide_out
         for a in conv.attribute:
-            if a.name in ("kernel_shape", "strides", "dilations"):
+            if a.name in ("kernel_shape", "strides", "dilations", "output_shape"):
                 a.ints[:] = [1, *a.ints]
+            elif a.name == "output_padding":
+                a.ints[:] = [0, *a.ints]
             elif a.name == "pads":
                 a.ints[:] = [0, a.ints[0], 0, a.ints[1]]
         nodes.append(conv)

@@ -798,3 +798,35 @@ def test_a_conv_transpose_with_dilations_or_an_output_shape_stays():
         ops = [n.op_type for n in
                onnx_frontend.conv_transpose_as_conv_and_shuffle(model).graph.node]
         assert ops[:2] == ["ConvTranspose", "Relu"] and "ConvTranspose" not in ops[2:]
+
+
+@pytest.mark.parametrize("kernel, stride, pads, output_padding, group", [
+    (16, 8, (4, 4), 0, 1),  # a vocoder's upsampling (HiFi-GAN, MelGAN)
+    (4, 2, (1, 1), 1, 2),
+])
+def test_a_1d_conv_transpose_is_widened_then_written_as_a_conv(kernel, stride, pads,
+                                                               output_padding, group):
+    """A 1-D ConvTranspose becomes the 2-D one of a height-1 image (as a 1-D Conv does), then
+    a Conv, a shuffle and a slice: nothing of it is left for the CPU, and the output matches."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(9)
+    h = onnx.helper
+    attrs = {"kernel_shape": [kernel], "strides": [stride], "pads": list(pads), "group": group}
+    if output_padding:
+        attrs["output_padding"] = [output_padding]
+    graph = h.make_graph(
+        [h.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="up", **attrs)], "g",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 50])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(
+            rng.normal(size=(4, 6 // group, kernel)).astype(np.float32), "w"),
+         onnx.numpy_helper.from_array(rng.normal(size=6).astype(np.float32), "b")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+    rewritten = onnx_frontend.conv_transpose_as_conv_and_shuffle(
+        onnx_frontend.conv1d_as_2d(model))
+    assert "ConvTranspose" not in [n.op_type for n in rewritten.graph.node]
+    x = rng.normal(size=(1, 4, 50)).astype(np.float32)
+    want, got = (ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+                 for m in (model, rewritten))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
