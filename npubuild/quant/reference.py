@@ -25,6 +25,9 @@ requantized in integer arithmetic.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from contextlib import nullcontext
 from functools import lru_cache
 from typing import Callable, Mapping, Sequence
@@ -188,9 +191,7 @@ def _matmul_sums(w: np.ndarray, x: np.ndarray, x_max: float) -> np.ndarray:
     (exact below 2^53, far beyond any int8/int16 accumulator), and past that in numpy's int64
     matmul (no BLAS). Every path gives the same exact integers.
     """
-    w_abs = np.abs(w.astype(np.float64))
-    row_max = float(w_abs.sum(axis=1).max(initial=0.0))
-    cuts = _exact_chunks(w_abs, row_max, x_max) if x_max < FLOAT32_EXACT else None
+    row_max, cuts = _float32_plan(w, x_max)
     if cuts is None or len(cuts) - 1 > MAX_FLOAT32_RUNS:
         return _exact_product(w, x, x_max * row_max)
     with one_blas_thread():
@@ -199,6 +200,44 @@ def _matmul_sums(w: np.ndarray, x: np.ndarray, x_max: float) -> np.ndarray:
         for k0, k1 in zip(cuts[1:-1], cuts[2:]):
             acc += w32[:, k0:k1] @ x32[..., k0:k1, :]
         return acc
+
+
+# Weights of at least this many values have their float32 plan remembered (`_float32_plan`):
+# the same layer's weights come back every inference (the simulator reads them from LMEM anew),
+# and planning ResNet-50's 25 M weights (abs, row sums, prefix sums per cut) cost more CPU than
+# its products; hashing them costs ~1/20 of that.
+PLAN_CACHED_FROM = 1 << 14
+PLAN_CACHE_SIZE = 4096
+_plans: OrderedDict = OrderedDict()
+_plans_lock = threading.Lock()
+
+
+def _float32_plan(w: np.ndarray, x_max: float) -> tuple[float, list[int] | None]:
+    """``max_m Σ_k |w[m, k]|`` and the float32 column runs for activations up to ``x_max``
+    (`_exact_chunks`; None: one float64 product). Planned for ``x_max`` rounded up to a power of
+    two (runs that keep the bound for a larger ``x_max`` keep it for this one), and remembered
+    by the weights' content for large weights: the plan is a function of the values alone."""
+    bound = 0.0 if x_max <= 0 else float(2.0 ** np.ceil(np.log2(x_max)))
+    if w.size < PLAN_CACHED_FROM:
+        return _plan(w, bound)
+    key = (w.shape, w.dtype.str, bound,
+           hashlib.sha256(np.ascontiguousarray(w).view(np.uint8)).digest())
+    with _plans_lock:
+        if key in _plans:
+            _plans.move_to_end(key)
+            return _plans[key]
+    plan = _plan(w, bound)
+    with _plans_lock:
+        _plans[key] = plan
+        while len(_plans) > PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
+    return plan
+
+
+def _plan(w: np.ndarray, x_max: float) -> tuple[float, list[int] | None]:
+    w_abs = np.abs(w.astype(np.float64))
+    row_max = float(w_abs.sum(axis=1).max(initial=0.0))
+    return row_max, (_exact_chunks(w_abs, row_max, x_max) if x_max < FLOAT32_EXACT else None)
 
 
 def _exact_product(a: np.ndarray, b: np.ndarray, bound: float) -> np.ndarray:

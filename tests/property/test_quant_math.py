@@ -297,3 +297,24 @@ def test_integer_products_are_exact_on_every_path(x_max, k, seed):
     w = rng.integers(-127, 128, (3, k))
     x = rng.integers(-x_max, x_max + 1, (1, k, 5))
     assert np.array_equal(int_matmul(w.astype(np.int8), x.astype(np.int16), x_max), w @ x)
+
+
+def test_a_remembered_float32_plan_stays_exact_for_other_activations_and_weights():
+    """Large weights' float32 plans are remembered by content (the simulator reads the same
+    weights anew each inference): the same weights with larger activations, and other weights
+    of the same shape, still give ``w @ x`` exactly, so a remembered plan is never a stale one."""
+    from npubuild.quant import reference
+    from npubuild.quant.reference import PLAN_CACHED_FROM, int_matmul
+
+    rng = np.random.default_rng(11)
+    k = 2 * PLAN_CACHED_FROM // 8
+    w = rng.integers(-127, 128, (8, k)).astype(np.int8)
+    reference._plans.clear()
+    for x_max in (127, 127, 255, 32767):
+        x = rng.integers(-x_max, x_max + 1, (1, k, 3)).astype(np.int16)
+        assert np.array_equal(int_matmul(w, x, x_max), w.astype(np.int64) @ x)
+    assert len(reference._plans) == 3  # 127 planned once, then 255 and 32767 (own bounds)
+    other = w.copy()
+    other[:, : k // 2] = 127  # the same shape, a far larger row sum: needs more runs
+    x = rng.integers(-255, 256, (1, k, 3)).astype(np.int16)
+    assert np.array_equal(int_matmul(other, x, 255), other.astype(np.int64) @ x)
