@@ -185,9 +185,11 @@ def task_figure(report: dict, verify_spec: dict | None) -> Figure | None:
 
 
 def task_evidence(task: dict, samples: int | None = None) -> str:
-    """What a task figure rests on: "over 2 boxes in 7 images", "over 3 images"."""
+    """What a task figure rests on: "over 2 boxes in 7 images", "over 3 samples" (images for
+    the image tasks; a classifier, a CTC head or a map may read audio or text)."""
     images = task.get("samples", samples)
-    shown = f"{images:,} image{'s' * (images != 1)}" if is_number(images) else ""
+    noun = "image" if task.get("task") in ("detector", "anchor_detector", "text_detection") else "sample"
+    shown = f"{images:,} {noun}{'s' * (images != 1)}" if is_number(images) else ""
     if task.get("task") == "detector" and is_number(task.get("float_boxes")):
         n = task["float_boxes"]
         return f"over {n:,} float box{'es' * (n != 1)}" + (f" in {shown}" if shown else "")
@@ -196,6 +198,13 @@ def task_evidence(task: dict, samples: int | None = None) -> str:
         return f"over {n:,} float anchor{'s' * (n != 1)} kept" + (f" in {shown}" if shown else "")
     if task.get("task") == "text_detection" and is_number(task.get("text_pixels_union")):
         return f"over {task['text_pixels_union']:,} text pixels" + (f" in {shown}" if shown else "")
+    if task.get("task") == "classifier" and is_number(task.get("positions")) and is_number(images) \
+            and task["positions"] > images:
+        return f"over {task['positions']:,} positions in {shown}"
+    if task.get("task") == "binary_map" and is_number(task.get("union")):
+        n = task["union"]
+        return (f"over {n:,} element{'s' * (n != 1)} above {task.get('threshold', 0.5):g}"
+                + (f" in {shown}" if shown else ""))
     return f"over {shown}" if shown else ""
 
 

@@ -38,7 +38,8 @@ def headline_lines(root: Path) -> list[str]:
     task = task_figure(report, spec)
     if task is not None:
         rule = f" {task.rule.split(' (')[0]}" if task.judged else " (reported only)"
-        lines.append(f"{task.label} {task.value:.4f}{rule}, {task.evidence}")
+        shown = "undefined" if task.value is None else f"{task.value:.4f}"
+        lines.append(f"{task.label} {shown}{rule}, {task.evidence}")
     if "npu_nodes" in split:
         nodes = split["npu_nodes"] + split.get("cpu_nodes", 0)
         share = split["npu_nodes"] / nodes if nodes else 0.0

@@ -20,32 +20,58 @@ TEXT_THRESHOLD = 0.3  # DBNet's (PP-OCR det) binarization threshold for the prob
 
 def classifier(refs: list[np.ndarray], gots: list[np.ndarray]) -> dict:
     """Per sample, the float model's top-1 class against the deployed one: top-1 agreement
-    (same class) and top-5 agreement (the float top-1 among the deployed top 5)."""
-    top1 = top5 = 0
+    (same class) and top-5 agreement (the float top-1 among the deployed top 5). An output of
+    positions and classes ([1, T, classes] once unit dims are dropped: a sequence tagger) is
+    judged per position, classes along the last axis; the figures are then the shares of
+    positions over all samples."""
+    top1 = top5 = positions = 0
+    classes = 0
     for ref, got in zip(refs, gots):
-        ref, got = np.ravel(ref), np.ravel(got)
-        expected = int(np.argmax(ref))
-        top1 += int(np.argmax(got)) == expected
-        top5 += expected in np.argsort(-got, kind="stable")[:TOP_K]
+        ref, got = class_rows(ref), class_rows(got)
+        expected = np.argmax(ref, axis=1)
+        ranked = np.argsort(-got, axis=1, kind="stable")[:, :TOP_K]
+        top1 += int(np.count_nonzero(np.argmax(got, axis=1) == expected))
+        top5 += int(np.count_nonzero((ranked == expected[:, None]).any(axis=1)))
+        positions, classes = positions + len(ref), ref.shape[1]
     n = len(refs)
-    return {"task": "classifier", "samples": n, "classes": int(np.size(refs[0]) if n else 0),
-            "top1_agreement": top1 / n if n else None, "top5_agreement": top5 / n if n else None,
-            "agreement": top1 / n if n else None, "agreement_is": "top-1 agreement"}
+    share = (lambda k: k / positions) if positions else (lambda k: None)
+    per_position = positions > n
+    return {"task": "classifier", "samples": n, "classes": int(classes), "positions": positions,
+            "top1_agreement": share(top1), "top5_agreement": share(top5),
+            "agreement": share(top1),
+            "agreement_is": "top-1 agreement per position" if per_position else "top-1 agreement"}
+
+
+def class_rows(output: np.ndarray) -> np.ndarray:
+    """A classifier output as rows of class scores: one row for [1, classes] (any unit dims),
+    one per position for [1, T, classes]; an output of more dims stays one row."""
+    squeezed = np.squeeze(np.asarray(output))
+    return squeezed if squeezed.ndim == 2 else np.ravel(squeezed)[None]
 
 
 def text_detection(refs: list[np.ndarray], gots: list[np.ndarray],
                    threshold: float = TEXT_THRESHOLD) -> dict:
     """IoU of the text maps binarized at ``threshold``, over all samples together (a sample
-    without text adds nothing to either side, instead of scoring 0 as its cosine does)."""
+    without text adds nothing to either side, instead of scoring 0 as its cosine does). Where
+    no element of any sample reaches the threshold on either side there is nothing to judge:
+    the IoU is undefined (None) and the result's ``note`` says why, rather than a perfect 1.0."""
     inter = union = 0
     for ref, got in zip(refs, gots):
         a, b = np.asarray(ref) > threshold, np.asarray(got) > threshold
         inter += int(np.count_nonzero(a & b))
         union += int(np.count_nonzero(a | b))
-    iou = inter / union if union else 1.0
-    return {"task": "text_detection", "samples": len(refs), "threshold": threshold,
-            "text_pixels_union": union, "text_map_iou": iou, "agreement": iou,
-            "agreement_is": "text-map IoU"}
+    iou = inter / union if union else None
+    result = {"task": "text_detection", "samples": len(refs), "threshold": threshold,
+              "text_pixels_union": union, "text_map_iou": iou, "agreement": iou,
+              "agreement_is": "text-map IoU"}
+    return {**result, "note": nothing_above(threshold, len(refs))} if not union else result
+
+
+def nothing_above(threshold: float, samples: int) -> str:
+    """Why a map task judged nothing: its data never reach the threshold."""
+    return (f"neither the float model nor the deployed pipeline has an element above "
+            f"{threshold:g} in the {samples} sample{'s' * (samples != 1)}: the task judges "
+            f"nothing; give verify data where the model fires, or another task_threshold")
 
 
 BINARY_THRESHOLD = 0.5
@@ -56,9 +82,10 @@ def binary_map(refs: list[np.ndarray], gots: list[np.ndarray],
     """`text_detection`'s IoU for any map: the elements above ``threshold`` (a note or onset
     present, a frame of speech), over all samples together."""
     result = text_detection(refs, gots, threshold)
-    return {"task": "binary_map", "samples": result["samples"], "threshold": threshold,
-            "union": result["text_pixels_union"], "iou": result["text_map_iou"],
-            "agreement": result["agreement"], "agreement_is": f"IoU above {threshold:g}"}
+    out = {"task": "binary_map", "samples": result["samples"], "threshold": threshold,
+           "union": result["text_pixels_union"], "iou": result["text_map_iou"],
+           "agreement": result["agreement"], "agreement_is": f"IoU above {threshold:g}"}
+    return {**out, "note": result["note"]} if "note" in result else out
 
 
 def text_recognition(refs: list[np.ndarray], gots: list[np.ndarray]) -> dict:

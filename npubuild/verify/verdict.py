@@ -195,7 +195,8 @@ def task_check(spec, detections: dict | None, refs: list[Values], gots: list[Val
         per_output[name] = checks[spec.task]([s[name] for s in source], [g[name] for g in gots])
     if len(per_output) == 1:
         return next(iter(per_output.values()))
-    worst = min(per_output.values(), key=lambda r: (r["agreement"] is not None, r["agreement"] or 0))
+    # an output that judges nothing (its maps never reach the threshold) is not the lowest
+    worst = min(per_output.values(), key=lambda r: (r["agreement"] is None, r["agreement"] or 0))
     return {"task": spec.task, "outputs": per_output, "agreement": worst["agreement"],
             "agreement_is": f"lowest {worst['agreement_is']} of {len(per_output)} outputs"}
 
@@ -276,7 +277,9 @@ def task_verdict(result: dict, minimum: float | None) -> list[str]:
     if minimum is None or (value is not None and value >= minimum):
         return []
     shown = "undefined" if value is None else f"{value:.4f}"
-    return [f"task {result['task']}: {result['agreement_is']} {shown} < min_task_agreement {minimum}"]
+    why = f" ({result['note']})" if value is None and result.get("note") else ""
+    return [f"task {result['task']}: {result['agreement_is']} {shown} < min_task_agreement "
+            f"{minimum}{why}"]
 
 
 def detection_totals(refs: list[Values], gots: list[Values], floats: list[Values],

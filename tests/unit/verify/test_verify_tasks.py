@@ -22,7 +22,6 @@ def test_text_map_iou_over_samples_ignores_an_empty_map():
     empty = np.full((1, 1, 8, 8), 1e-3)
     result = tasks.text_detection([text, empty], [shifted, np.zeros_like(empty)])
     assert result["text_map_iou"] == 12 / 20  # 4x4 squares one pixel apart
-    assert tasks.text_detection([empty], [empty * 0])["text_map_iou"] == 1.0
 
 
 def _ctc(sequence: list[int], classes: int = 6) -> np.ndarray:
@@ -165,3 +164,56 @@ def test_an_anchor_detector_task_on_outputs_of_another_shape_is_a_recipe_error()
         check_names(Loaded(), spec, ["logits"], {"logits": np.zeros((1, 10))})
     box, score = _anchors([1.0], [[0, 0, 1, 1]])
     check_names(Loaded(), spec, ["s", "b"], {"s": score, "b": box})
+
+
+def test_a_map_task_over_samples_where_neither_side_reaches_the_threshold_judges_nothing():
+    """Round 9: openWakeWord's wake-word and weather models never fired on the verify clips
+    (espeak-ng's voices do not wake them), and verify read "IoU above 0.5 1.0000 over 6
+    images": perfect agreement on nothing. The figure is now undefined, says why, and a
+    min_task_agreement set on it fails with that reason instead of passing."""
+    from npubuild.report.judged import task_evidence
+    from npubuild.verify.verdict import task_verdict
+
+    quiet = [np.array([[0.001]]), np.array([[0.002]])]
+    result = tasks.binary_map(quiet, [q * 2 for q in quiet])
+    assert result["agreement"] is None and result["iou"] is None and result["union"] == 0
+    assert "neither the float model nor the deployed pipeline" in result["note"]
+    assert task_evidence(result) == "over 0 elements above 0.5 in 2 samples"
+    assert task_evidence({"task": "classifier", "samples": 6}) == "over 6 samples"  # not images
+    failure = task_verdict(result, 0.9)
+    assert failure == ["task binary_map: IoU above 0.5 undefined < min_task_agreement 0.9 ("
+                       + result["note"] + ")"]
+    assert tasks.text_detection([np.full((1, 1, 4, 4), 1e-3)], [np.zeros((1, 1, 4, 4))]
+                                )["text_map_iou"] is None
+
+
+def test_with_several_outputs_an_output_that_judges_nothing_is_not_the_lowest():
+    from types import SimpleNamespace
+
+    from npubuild.verify.verdict import task_check
+
+    spec = SimpleNamespace(task="binary_map", task_outputs=["note", "onset"], task_threshold=0.5)
+    refs = [{"note": np.array([0.9, 0.1]), "onset": np.array([0.1, 0.1])}]
+    gots = [{"note": np.array([0.9, 0.9]), "onset": np.array([0.1, 0.1])}]
+    result = task_check(spec, None, refs, gots, refs, ["note", "onset"])
+    assert result["outputs"]["onset"]["agreement"] is None
+    assert result["agreement"] == 0.5
+
+
+def test_a_classifier_of_every_position_is_judged_position_by_position():
+    """Round 9: Baidu LAC's encoder tags each of 32 characters ([1, 32, 59] emissions) and
+    `task: classifier` took the one argmax of all 1,888 values per sample: "top-1 agreement
+    1.0000" said nothing of the other 31 tags. An output with positions and classes
+    ([1, T, classes] once unit dims are dropped) is now judged per position, classes along
+    the last axis; a plain [1, classes] output as before."""
+    from npubuild.report.judged import task_evidence
+
+    ref = np.array([[[0.9, 0.05, 0.05], [0.1, 0.6, 0.3], [0.2, 0.1, 0.7], [0.5, 0.4, 0.1]]])
+    got = ref.copy()
+    got[0, 1] = [0.1, 0.3, 0.6]  # the second character's tag flips; the largest value stays
+    result = tasks.classifier([ref], [got])
+    assert result["positions"] == 4 and result["classes"] == 3
+    assert result["top1_agreement"] == 0.75 and result["top5_agreement"] == 1.0
+    assert result["agreement_is"] == "top-1 agreement per position"
+    assert task_evidence(result) == "over 4 positions in 1 sample"
+    assert tasks.classifier([ref[0, :1]], [got[0, :1]])["positions"] == 1  # [1, classes]
