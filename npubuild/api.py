@@ -72,7 +72,7 @@ def build(session: BuildSession, stage: str | None = None, *, wait_seconds: floa
         raise BuildError("; ".join(verdict.get("failures", [])), stage="verify",
                          hint=_bisection_hint(verdict.get("bisection"),
                                               verdict.get("unseen_values"),
-                                              verdict.get("task_reading")))
+                                              verdict.get("task_reading"), verdict.get("task")))
     return report
 
 
@@ -92,17 +92,18 @@ def claim_build_dir(session: BuildSession) -> None:
 
 
 def _bisection_hint(bisection: dict | None, unseen: list[dict] | None = None,
-                    reading: dict | None = None) -> str:
+                    reading: dict | None = None, task: dict | None = None) -> str:
     """What the failed verdict's report says to do, measured: the task the outputs look like
     judged on the same samples (`npubuild.verify.readings`), values calibration never saw,
-    then the bisection's finding."""
+    then the bisection's finding; with none of them, a task that judged nothing says what its
+    data lack."""
     from npubuild.verify import readings
     from npubuild.verify.coverage import note
 
     first = note(unseen or [])
     finding = (bisection or {}).get("finding")
     if not finding:
-        rest = first or "see report.html for per-stage figures"
+        rest = first or (task or {}).get("note") or "see report.html for per-stage figures"
     else:
         figure = (f"largest error {1 - finding['cosine']:.1%} of its calibrated range"
                   if finding.get("measure") == "range" else f"cosine {finding['cosine']:.4f}")

@@ -217,3 +217,42 @@ def test_a_classifier_of_every_position_is_judged_position_by_position():
     assert result["agreement_is"] == "top-1 agreement per position"
     assert task_evidence(result) == "over 4 positions in 1 sample"
     assert tasks.classifier([ref[0, :1]], [got[0, :1]])["positions"] == 1  # [1, classes]
+
+
+def test_a_verdict_that_failed_only_on_a_task_judging_nothing_hints_at_the_data(tmp_path):
+    """Round 9, openWakeWord's weather model with min_task_agreement 0.9: verify failed because
+    the model never fired on the verify clips, and the hint sent the user to the calibration
+    data ("the verify data reach values the calibration data never produced ...") from a
+    bisection of outputs that all passed. A verdict whose only failure is a task that judged
+    nothing now runs no bisection and hints at what the task needs."""
+    import json
+
+    from tests.conftest import run_cli, write_recipe
+    from tests.unit.stages.test_importer import unread_input_model
+
+    model = unread_input_model(tmp_path / "m.onnx")
+    rng = np.random.default_rng(1)
+    for i in range(4):
+        np.savez(tmp_path / f"s_{i}.npz", ids=rng.integers(0, 20, (1, 8)))
+    recipe = write_recipe(tmp_path, f"""\
+        version: 1
+        name: quiet
+        model:
+          path: {model}
+          inputs:
+            - {{name: ids, shape: [1, 8]}}
+            - {{name: length, shape: [1]}}
+        target: npu-16m
+        quantization:
+          calibration: {{data: "s_[01].npz", samples: 2}}
+        verify: {{data: "s_[23].npz", samples: 2, min_cosine: 0.9, task: binary_map,
+                  task_threshold: 1000.0, min_task_agreement: 0.9}}
+        """)
+    result = run_cli("run", str(recipe), "--build-dir", str(tmp_path / "b"), "--cache", str(tmp_path / "c"))
+    assert result.returncode != 0
+    assert "the task judges nothing" in result.stderr
+    hint = result.stderr.split("hint:", 1)[1]
+    assert "give verify data where the model fires, or another task_threshold" in hint
+    assert "calibration" not in hint and "the drop starts" not in hint
+    verdict = json.loads((tmp_path / "b/quiet/verify/verify.json").read_text())
+    assert "bisection" not in verdict and "unseen_values" not in verdict
