@@ -42,6 +42,7 @@ class Figure:
     limit_name: str | None = None  # the recipe field the limit comes from
     higher_is_better: bool = True
     evidence: str = ""  # what the figure rests on: "over 2 boxes in 7 images"
+    undefined_misses: bool = False  # judged and undefined is a miss (a task that judged nothing)
 
     @property
     def judged(self) -> bool:
@@ -49,7 +50,10 @@ class Figure:
 
     @property
     def ok(self) -> bool | None:
-        """True/False against the limit; None when not judged or not a number."""
+        """True/False against the limit; None when not judged or not a number (False for a
+        figure whose undefined value verify counts as a miss)."""
+        if self.limit is not None and self.value is None and self.undefined_misses:
+            return False
         if self.limit is None or not is_number(self.value):
             return None
         return self.value >= self.limit if self.higher_is_better else self.value <= self.limit
@@ -181,7 +185,7 @@ def task_figure(report: dict, verify_spec: dict | None) -> Figure | None:
     samples = (report.get("accuracy") or {}).get("samples") or (report.get("verify") or {}).get("samples")
     return Figure(field_key("accuracy", "task", "agreement"), str(task.get("agreement_is", "task")),
                   task.get("agreement"), limit, "verify.min_task_agreement" if limit is not None
-                  else None, evidence=task_evidence(task, samples))
+                  else None, evidence=task_evidence(task, samples), undefined_misses=True)
 
 
 def task_evidence(task: dict, samples: int | None = None) -> str:

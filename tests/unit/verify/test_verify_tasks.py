@@ -256,3 +256,16 @@ def test_a_verdict_that_failed_only_on_a_task_judging_nothing_hints_at_the_data(
     assert "calibration" not in hint and "the drop starts" not in hint
     verdict = json.loads((tmp_path / "b/quiet/verify/verify.json").read_text())
     assert "bisection" not in verdict and "unseen_values" not in verdict
+
+
+def test_a_judged_task_figure_that_judged_nothing_is_counted_as_missed():
+    """report.html read "FAIL — 3 figures judged against thresholds: all met" when the only
+    failure was a task that judged nothing: its figure, undefined, was neither met nor missed."""
+    from npubuild.report.judged import counts, task_figure
+
+    quiet = [np.array([[0.001]])]
+    report = {"accuracy": {"task": tasks.binary_map(quiet, quiet), "samples": 1}}
+    figure = task_figure(report, {"min_task_agreement": 0.9})
+    assert figure.value is None and figure.ok is False
+    assert counts([figure]) == {"judged": 1, "failed": 1, "reported": 0}
+    assert task_figure(report, {}).ok is None  # reported only: nothing to miss
