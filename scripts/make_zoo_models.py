@@ -579,34 +579,41 @@ WAKE_WORDS = [("en-us", 150, 50, "hey jarvis, turn on the lights"), ("en-gb", 14
 WAKE_SECONDS, WAKE_MEL_SAMPLES, WAKE_HOP, WAKE_FRAMES, WAKE_EMBEDDINGS = 2, 1760, 1280, 76, 16
 
 
+def _oww_models() -> Path:
+    """pyopen-wakeword's model folder (openWakeWord's front end and classifiers)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyopen_wakeword")
+    if spec is None:
+        raise ImportError("pyopen-wakeword is not installed (requirements/models.txt)")
+    return Path(spec.origin).parent / "models"
+
+
+def _tflite_runner(path: Path, shape=None):
+    """A function running the TFLite model at ``path`` (its first input resized to ``shape``)
+    on float32 values, one thread; its first output."""
+    import tensorflow as tf
+
+    it = tf.lite.Interpreter(str(path), num_threads=1)
+    if shape is not None:
+        it.resize_tensor_input(it.get_input_details()[0]["index"], shape)
+    it.allocate_tensors()
+
+    def run(x):
+        it.set_tensor(it.get_input_details()[0]["index"], x.astype(np.float32))
+        it.invoke()
+        return it.get_tensor(it.get_output_details()[0]["index"])
+    return run
+
+
 def wakeword_samples() -> tuple[list[np.ndarray], list[np.ndarray]]:
     """2 s clips at 16 kHz (a wake word in four voices, other speech, music, noise) through the
     wheel's own front end in TensorFlow Lite: per clip the last 76 mel frames as the embedding
     model takes them [1, 76, 32, 1], and the last 16 embeddings as hey_jarvis takes them
     [1, 16, 96]. Raises ImportError without TensorFlow or pyopen-wakeword."""
-    import importlib.util
-
-    import tensorflow as tf
-
-    spec = importlib.util.find_spec("pyopen_wakeword")
-    if spec is None:
-        raise ImportError("pyopen-wakeword is not installed (requirements/models.txt)")
-    models = Path(spec.origin).parent / "models"
-
-    def interpreter(name: str, shape=None):
-        it = tf.lite.Interpreter(str(models / name), num_threads=1)
-        if shape is not None:
-            it.resize_tensor_input(it.get_input_details()[0]["index"], shape)
-        it.allocate_tensors()
-
-        def run(x):
-            it.set_tensor(it.get_input_details()[0]["index"], x.astype(np.float32))
-            it.invoke()
-            return it.get_tensor(it.get_output_details()[0]["index"])
-        return run
-
-    mel = interpreter("melspectrogram.tflite", [1, WAKE_MEL_SAMPLES])
-    embed = interpreter("embedding_model.tflite")
+    models = _oww_models()
+    mel = _tflite_runner(models / "melspectrogram.tflite", [1, WAKE_MEL_SAMPLES])
+    embed = _tflite_runner(models / "embedding_model.tflite")
     rng = np.random.default_rng(7)
     length, frames, embeddings = WAKE_SECONDS * VAD_RATE, [], []
     for i in range(SAMPLES):
@@ -634,30 +641,9 @@ def wake_word_embeddings(phrases: list[tuple], count: int, seed: int, music_seed
     frames; ``models``: the folder with both, default pyopen-wakeword's): the last ``count``
     embeddings [1, count, 96] as an openWakeWord classifier takes them. Raises ImportError
     without TensorFlow or the wheel."""
-    import importlib.util
-
-    import tensorflow as tf
-
-    if models is None:
-        spec = importlib.util.find_spec("pyopen_wakeword")
-        if spec is None:
-            raise ImportError("pyopen-wakeword is not installed (requirements/models.txt)")
-        models = Path(spec.origin).parent / "models"
-
-    def interpreter(name: str, shape=None):
-        it = tf.lite.Interpreter(str(models / name), num_threads=1)
-        if shape is not None:
-            it.resize_tensor_input(it.get_input_details()[0]["index"], shape)
-        it.allocate_tensors()
-
-        def run(x):
-            it.set_tensor(it.get_input_details()[0]["index"], x.astype(np.float32))
-            it.invoke()
-            return it.get_tensor(it.get_output_details()[0]["index"])
-        return run
-
-    mel = interpreter("melspectrogram.tflite", [1, WAKE_MEL_SAMPLES])
-    embed = interpreter("embedding_model.tflite")
+    models = models or _oww_models()
+    mel = _tflite_runner(models / "melspectrogram.tflite", [1, WAKE_MEL_SAMPLES])
+    embed = _tflite_runner(models / "embedding_model.tflite")
     rng = np.random.default_rng(seed)
     length, out = 4 * VAD_RATE, []
     for i in range(SAMPLES):
