@@ -679,23 +679,31 @@ def test_a_sum_over_another_axis_than_the_maximum_is_a_softmax_of_the_shifted_va
                                rtol=1e-5, atol=1e-6)
 
 
+def _two_conv_transposes(first: dict, second: dict, mid: int, out: int,
+                         seed: int) -> onnx.ModelProto:
+    """x [1, 3, 16, 16] -> ConvTranspose ``first`` (attributes, with a bias) to ``mid``
+    channels -> Relu -> ConvTranspose ``second`` (without a bias) to ``out`` channels."""
+    rng = np.random.default_rng(seed)
+    h = onnx.helper
+    shapes = {"w1": (3, mid // first.get("group", 1), *first["kernel_shape"]), "b1": (mid,),
+              "w2": (mid, out // second.get("group", 1), *second["kernel_shape"])}
+    graph = h.make_graph(
+        [h.make_node("ConvTranspose", ["x", "w1", "b1"], ["u"], **first),
+         h.make_node("Relu", ["u"], ["r"]),
+         h.make_node("ConvTranspose", ["r", "w2"], ["y"], **second)],
+        "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+         for name, shape in shapes.items()])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 11)], ir_version=7)
+
+
 def _upsampling_model(**attrs) -> onnx.ModelProto:
     """A DBNet head's upsampling: a ConvTranspose of stride 2 (kernel 2, with its bias), a Relu,
     then one of the non-square stride (2, 1) without a bias; ``attrs`` go to the first."""
-    rng = np.random.default_rng(3)
-    h = onnx.helper
-    graph = h.make_graph(
-        [h.make_node("ConvTranspose", ["x", "w1", "b1"], ["u"], kernel_shape=[2, 2],
-                     strides=[2, 2], name="up2", **attrs),
-         h.make_node("Relu", ["u"], ["r"]),
-         h.make_node("ConvTranspose", ["r", "w2"], ["y"], kernel_shape=[2, 1], strides=[2, 1],
-                     name="up21")],
-        "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
-        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
-        [onnx.numpy_helper.from_array(rng.normal(size=(3, 5, 2, 2)).astype(np.float32), "w1"),
-         onnx.numpy_helper.from_array(rng.normal(size=5).astype(np.float32), "b1"),
-         onnx.numpy_helper.from_array(rng.normal(size=(5, 2, 2, 1)).astype(np.float32), "w2")])
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 11)], ir_version=7)
+    return _two_conv_transposes(
+        {"kernel_shape": [2, 2], "strides": [2, 2], "name": "up2", **attrs},
+        {"kernel_shape": [2, 1], "strides": [2, 1], "name": "up21"}, mid=5, out=2, seed=3)
 
 
 def test_a_conv_transpose_whose_kernel_is_its_stride_becomes_a_conv_and_a_pixel_shuffle():
@@ -719,20 +727,10 @@ def _overlapping_upsampling_model() -> onnx.ModelProto:
     """A decoder's overlapping upsampling: a ConvTranspose of kernel 4, stride 2, pads 1 (a
     CenterNet or DCGAN head's) with its bias, a Relu, then PyTorch's usual 2x upsample (kernel
     3, stride 2, pads 1, output padding 1) in two groups, without a bias."""
-    rng = np.random.default_rng(5)
-    h = onnx.helper
-    graph = h.make_graph(
-        [h.make_node("ConvTranspose", ["x", "w1", "b1"], ["u"], kernel_shape=[4, 4],
-                     strides=[2, 2], pads=[1, 1, 1, 1], name="up4"),
-         h.make_node("Relu", ["u"], ["r"]),
-         h.make_node("ConvTranspose", ["r", "w2"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
-                     pads=[1, 1, 1, 1], output_padding=[1, 1], group=2, name="up3")],
-        "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 16, 16])],
-        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
-        [onnx.numpy_helper.from_array(rng.normal(size=(3, 4, 4, 4)).astype(np.float32), "w1"),
-         onnx.numpy_helper.from_array(rng.normal(size=4).astype(np.float32), "b1"),
-         onnx.numpy_helper.from_array(rng.normal(size=(4, 1, 3, 3)).astype(np.float32), "w2")])
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 11)], ir_version=7)
+    return _two_conv_transposes(
+        {"kernel_shape": [4, 4], "strides": [2, 2], "pads": [1, 1, 1, 1], "name": "up4"},
+        {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1],
+         "output_padding": [1, 1], "group": 2, "name": "up3"}, mid=4, out=2, seed=5)
 
 
 def _conv_transpose(kernel, stride, pads, output_padding, group, size=(7, 9)) -> onnx.ModelProto:
