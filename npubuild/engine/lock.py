@@ -67,13 +67,16 @@ def _holder(fd: int) -> str:
 
 def quantization_choices(quantize_dir: Path, report: dict) -> dict:
     """What quantize chose where the recipe left it open, for ``recipe.lock``: the scheme,
-    weight granularity and calibration method in use, and the precision search's choice
+    weight granularity and calibration method in use, cross-layer equalisation where it is
+    on, and the precision search's choice
     (tensors kept out of int8 and their precision, per-tensor calibration methods). The
     search is a deterministic function of the stage's inputs (its budgets are counts of
     evaluations), so the lock says what a rebuild chooses again; copied into the recipe
     (``quantization.overrides``, ``calibration.method``) it pins that choice."""
     summary = report.get("quantization") or {}
     out = {k: summary[k] for k in ("scheme", "granularity", "method") if k in summary}
+    if summary.get("cross_layer_equalization"):  # on, as the recipe or the measurement chose
+        out["cross_layer_equalization"] = True
     search_file = quantize_dir / "search.json"
     if search_file.is_file():
         search = json.loads(search_file.read_text())

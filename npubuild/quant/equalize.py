@@ -20,7 +20,10 @@ two convolutions; those pairs are left alone and counted.
 
 The model must already be ``lower.prepare``d (opset ≥ 13, fused functions inlined): the
 pass works on plain ONNX ``Conv`` nodes whose weights and biases are initializers read by
-that node alone.
+that node alone. An inference ``BatchNormalization`` that alone reads such a conv's output (a
+Paddle or PyTorch export keeps them apart) is folded into the conv first (``W·g/σ``,
+``(b − μ)·g/σ + β``, in float64), so the pair sees the ranges the quantizer will: the folded
+model equals the original within float32 rounding (`proves_equal` checks it on every build).
 """
 
 from __future__ import annotations
@@ -54,10 +57,11 @@ class Result:
     pairs: list[tuple[str, str]]
     skipped: list[dict]
     sweeps: int
+    folded: list[str] = field(default_factory=list)  # BatchNormalization nodes folded first
 
     def as_dict(self) -> dict:
         return {"pairs": [list(p) for p in self.pairs], "skipped": self.skipped,
-                "sweeps": self.sweeps}
+                "sweeps": self.sweeps, "folded_batch_norms": self.folded}
 
 
 def equalize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Result]:
@@ -65,6 +69,7 @@ def equalize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Result]:
     out = onnx.ModelProto()
     out.CopyFrom(model)
     weights = _Weights(out.graph)
+    folded = fold_batch_norms(out.graph, weights)
     pairs, skipped = find_pairs(out.graph, weights)
     sweeps = 0
     for sweeps in range(1, SWEEPS + 1):
@@ -73,7 +78,73 @@ def equalize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, Result]:
             break
     weights.store()
     return out, Result([(p.first.name, p.second.name) for p in pairs], skipped,
-                       sweeps if pairs else 0)
+                       sweeps if pairs else 0, folded)
+
+
+PROOF_TOLERANCE = 1e-4  # largest output difference / the output's magnitude (float32 rounding)
+
+
+def proof_failures(before: onnx.ModelProto, after: onnx.ModelProto,
+                   feeds: dict[str, np.ndarray]) -> list[str]:
+    """The graph outputs where ``after`` (equalised) differs from ``before`` on ``feeds`` by
+    more than `PROOF_TOLERANCE` of the output's magnitude, each with its figures; empty when
+    the rescaled model is the same function."""
+    from npubuild import proofs
+
+    names = [o.name for o in before.graph.output]
+    _, bad = proofs.compare(proofs.run(before, feeds, names), proofs.run(after, feeds, names),
+                            tolerance=PROOF_TOLERANCE)
+    return [str(m) for m in bad]
+
+
+def fold_batch_norms(graph: onnx.GraphProto, weights: "_Weights") -> list[str]:
+    """Fold each constant ``BatchNormalization`` whose input only an owned Conv writes and only
+    it reads into that conv (the conv then writes the BN's output); the BN nodes' names."""
+    producers = {o: n for n in graph.node for o in n.output}
+    folded, keep = [], []
+    for node in graph.node:
+        conv = producers.get(node.input[0]) if node.op_type == "BatchNormalization" else None
+        if conv is None or not _foldable(node, conv, weights):
+            keep.append(node)
+            continue
+        _fold_into(conv, node, graph, weights)
+        folded.append(node.name)
+    if folded:
+        del graph.node[:]
+        graph.node.extend(keep)
+    return folded
+
+
+def _foldable(bn: onnx.NodeProto, conv: onnx.NodeProto, weights: "_Weights") -> bool:
+    """An inference BN (one output, every parameter an initializer) on an owned Conv's only
+    output, read by nothing else and not a graph output."""
+    params = list(bn.input[1:5])
+    return (bn.domain in ("", "ai.onnx") and len(bn.output) == 1 and len(params) == 4
+            and all(p in weights.inits for p in params) and weights.owns(conv)
+            and weights.readers.get(conv.output[0]) == 1
+            and conv.output[0] not in {o.name for o in weights.graph.output}
+            and not any(a.name == "training_mode" and a.i for a in bn.attribute))
+
+
+def _fold_into(conv: onnx.NodeProto, bn: onnx.NodeProto, graph: onnx.GraphProto,
+               weights: "_Weights") -> None:
+    gamma, beta, mean, var = (numpy_helper.to_array(weights.inits[p]).astype(np.float64)
+                              for p in bn.input[1:5])
+    eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
+    scale = gamma / np.sqrt(var + eps)
+    w = weights.values[conv.input[1]]
+    weights.values[conv.input[1]] = w * scale.reshape(-1, *[1] * (w.ndim - 1))
+    if len(conv.input) > 2 and conv.input[2]:
+        bias = weights.values[conv.input[2]]
+    else:
+        bias = np.zeros(w.shape[0])
+        name = weights.new_name(f"{conv.name}_bn_bias")
+        graph.initializer.append(numpy_helper.from_array(bias.astype(np.float32), name))
+        weights.adopt(name)
+        del conv.input[2:]
+        conv.input.append(name)
+    weights.values[conv.input[2]] = (bias - mean) * scale + beta
+    conv.output[0] = bn.output[0]
 
 
 def find_pairs(graph: onnx.GraphProto, weights: "_Weights") -> tuple[list[Pair], list[dict]]:
@@ -207,6 +278,20 @@ class _Weights:
         for name in names:
             self._load(name)
         return all(np.issubdtype(self.dtypes[n], np.floating) for n in names)
+
+    def new_name(self, stem: str) -> str:
+        taken = {*self.inits, *self.readers}
+        name, i = stem, 0
+        while name in taken:
+            i += 1
+            name = f"{stem}_{i}"
+        return name
+
+    def adopt(self, name: str) -> None:
+        """A new float initializer (a folded BN's bias) the conv that reads it owns."""
+        self.inits = {t.name: t for t in self.graph.initializer}
+        self.readers[name] = 1
+        self._load(name)
 
     def _load(self, name: str) -> None:
         if name not in self.values:

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from npubuild import onnx_io, proofs
+from npubuild.errors import BuildError
 from npubuild.quant import affine, equalize as cross_layer, ops
 from npubuild.quant.floatgraph import (FLOAT_OVERRIDE, FLayer, FloatGraph, Probe, Unsupported,
                                       fragment_model)
@@ -105,18 +106,30 @@ def is_unary_elementwise(function: onnx.FunctionProto) -> bool:
             and all(n.op_type in ELEMENTWISE and n.domain in ("", "ai.onnx") for n in function.node))
 
 
+class EqualizationNotExact(BuildError):
+    """The equalised model's outputs differ from the original's by more than float rounding."""
+
+
 def lower(model: onnx.ModelProto, *, float_nodes: Iterable[str] = (),
           equalize: bool = False) -> tuple[FloatGraph, Probe]:
     """The layer graph of ``model`` and a probe that runs it (for calibration); with
     ``equalize``, conv pairs are cross-layer equalised first (``quant.equalize``: the float
-    function is unchanged, the graph's ``equalization`` says which pairs)."""
+    function is unchanged: proved on the probe's inputs, else `EqualizationNotExact`; the
+    graph's ``equalization`` says which pairs)."""
     float_nodes = set(float_nodes)
     model = prepare(model, keep=float_nodes)
     equalization = None
+    feeds = proofs.make_feeds(model)
     if equalize:
+        plain = model
         model, equalization = cross_layer.equalize(model)
+        failures = cross_layer.proof_failures(plain, model, feeds) if equalization.pairs else []
+        if failures:
+            raise EqualizationNotExact(
+                "cross-layer equalisation changed the float function: " + "; ".join(failures[:3]),
+                stage="quantize")
     probe = Probe(model)
-    values = probe.run(proofs.make_feeds(model))
+    values = probe.run(feeds)
     constants = _constants(model, values)
     shapes = {name: list(np.shape(v)) for name, v in {**values, **constants}.items()}
     for value in onnx_io.graph_inputs(model):

@@ -408,11 +408,15 @@ class QuantizationSpec(Strict):
                           "data stays closest to float (GPTQ). Unset: nearest, and where int8 "
                           "misses verify's thresholds gptq is judged too and kept if it scores "
                           "better.")
-    cross_layer_equalization: bool = Field(
-        False, description="Before calibrating, rescale the channels between consecutive "
-                           "convolutions (through Relu, LeakyRelu, PRelu, zero Pad, MaxPool) so "
-                           "both weight tensors span similar ranges; the float function is "
-                           "unchanged. Helps per-tensor weights of depthwise networks.")
+    cross_layer_equalization: StrictBool | None = Field(
+        None, description="Before calibrating, rescale the channels between consecutive "
+                          "convolutions (an inference BatchNormalization folded into its conv "
+                          "first; through Relu, LeakyRelu, PRelu, zero Pad, MaxPool, never "
+                          "Clip, hard-swish or sigmoid) so both weight tensors span similar "
+                          "ranges; the float function is unchanged (proved on each build). "
+                          "Unset: off, and where int8 misses verify's thresholds and the "
+                          "model has such pairs, judged on and off and kept where it scores "
+                          "better.")
     auto: AutoPrecisionSpec | StrictBool = Field(
         default_factory=AutoPrecisionSpec,
         description="The precision search (on by default): the fewest int16/float tensors, "

@@ -30,11 +30,13 @@ than one step (else the stage fails).
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError, did_you_mean
 from npubuild.quant import data, onnx_inputs
+from npubuild.quant.lower import EqualizationNotExact
 from npubuild.quant.pipeline import SplitPipeline
 from npubuild.quant.quantizer import QuantConfig
 from npubuild.quant.search import PrecisionSearch, SearchSpec
@@ -103,7 +105,7 @@ def options(spec, chip) -> Options:
     overrides = tuple(OverrideSpec(tuple(o.nodes), tuple(o.tensors), o.precision)
                       for o in spec.overrides)
     return Options(config, overrides, chip_int16=bool(chip and chip.int16),
-                   equalize=spec.cross_layer_equalization,
+                   equalize=bool(spec.cross_layer_equalization),
                    histograms=spec.calibration.method is None,
                    weight_grams=spec.weight_rounding == "gptq")
 
@@ -151,13 +153,19 @@ def run(ctx: StageContext) -> dict:
                         channel_axis=output_channel_axis(ctx.recipe))
     check_names(ctx.loaded, ctx.recipe.verify, pipeline.outputs, {**judge.floats[0], **judge.refs[0]})
     verdict = judge(workflow.deployed_values(compare, judge.kept))
+    searched = spec.auto.enabled and spec.auto.precision in (None, "int16", "w16a16")
+    equalization_measured = None
+    if not verdict.passed and spec.cross_layer_equalization is None:
+        workflow, verdict, equalization_measured = measured_equalization(
+            workflow, judge, compare, verdict, searched,
+            lambda w: w.calibrate(calibration_samples(), total=cal_total,
+                                  map_batches=_batch_mapper(ctx, w)))
     rounding_measured = None
     if not verdict.passed and spec.weight_rounding is None:
         workflow.gather_weight_grams(calibration_samples(), total=cal_total,
                                      mapper=lambda w: _batch_mapper(ctx, w))
         verdict, rounding_measured = measured_weight_rounding(
-            workflow, judge, compare, verdict, searched=spec.auto.enabled
-            and spec.auto.precision in (None, "int16", "w16a16"))
+            workflow, judge, compare, verdict, searched=searched)
     search = None
     if not verdict.passed and spec.auto.enabled:
         search = precision_search(ctx, workflow, compare, judge, verdict)
@@ -185,9 +193,14 @@ def run(ctx: StageContext) -> dict:
             **({"weight_rounding_measured": rounding_measured} if rounding_measured else {}),
             "unset": [k for k, v in (("scheme", spec.scheme), ("granularity", spec.granularity),
                                      ("method", spec.calibration.method),
-                                     ("weight_rounding", spec.weight_rounding)) if v is None],
+                                     ("weight_rounding", spec.weight_rounding),
+                                     ("cross_layer_equalization", spec.cross_layer_equalization))
+                      if v is None],
             "graphs": {q.name: _graph_summary(q) for q in workflow.qgraphs().values()},
-            **({"equalization": workflow.equalization()} if spec.cross_layer_equalization else {}),
+            "cross_layer_equalization": workflow.options.equalize,
+            **({"equalization": workflow.equalization()} if workflow.options.equalize else {}),
+            **({"equalization_measured": equalization_measured}
+               if equalization_measured else {}),
             "files": files, "crosscheck": {g: {k: v for k, v in c.items() if k != "worst_layers"}
                                            for g, c in crosscheck.items()},
             "worst_tensors": [{k: v for k, v in row.items() if k != "histogram"}
@@ -236,6 +249,43 @@ def measured_weight_rounding(workflow: Workflow, judge: SampleJudge, compare: li
         return int8_verdict(), measured  # GPTQ's int8 run only where GPTQ is kept
     workflow.use_weight_rounding("nearest")
     return nearest, measured
+
+
+def measured_equalization(workflow: Workflow, judge: SampleJudge, compare: list, plain,
+                          searched: bool, calibrate):
+    """Where the recipe leaves ``cross_layer_equalization`` unset and int8 misses verify's
+    thresholds: the NPU graphs equalised (`quant.equalize`: exact in float, proved on each
+    graph), calibrated again (``calibrate(workflow)``) and judged as verify judges, in int8
+    and at the widest integer precision the search can then use (as `measured_weight_rounding`
+    judges); kept only where neither figure is lower and one is higher, so a model it does not
+    help keeps what it had. A model with no pair to equalise costs one lowering. Returns the
+    workflow and int8 verdict kept, and what was measured."""
+    try:
+        other = Workflow(workflow.pipeline, replace(workflow.options, equalize=True),
+                         workflow.progress)
+    except EqualizationNotExact as exc:
+        return workflow, plain, {"kept": False, "not_exact": str(exc)}
+    pairs = sum(len(s.fg.equalization.pairs) for s in other.states)
+    measured = {"pairs": pairs, "folded_batch_norms": sum(
+        len(s.fg.equalization.folded) for s in other.states)}
+    if not pairs:
+        return workflow, plain, {**measured, "kept": False}
+    calibrate(other)
+    other.quantize()
+    wide = workflow.options.chip_int16 and searched
+
+    def figures(w: Workflow, int8):
+        ceiling = judge(w.widest_integer_values(compare, judge.kept)) if wide else int8
+        return int8, ceiling
+
+    before = figures(workflow, plain)
+    after = figures(other, judge(other.deployed_values(compare, judge.kept)))
+    gains = [a.margin() - b.margin() for a, b in zip(after, before)]
+    kept = min(gains) >= 0.0 and max(gains) > 0.0
+    measured.update({"judged_at": ["int8", "int16 everywhere" if wide else "int8"],
+                     "without": [round(v.margin(), 6) for v in before],
+                     "with": [round(v.margin(), 6) for v in after], "kept": kept})
+    return (other, after[0], measured) if kept else (workflow, plain, measured)
 
 
 def dead_channels(verdict) -> list[str]:

@@ -213,7 +213,8 @@ def test_cross_layer_equalization_is_reported_per_graph(tmp_path):
     report = quantize_stage.run(ctx)
     assert report["quantization"]["equalization"] == {"graph_1": {"pairs": 0, "skipped": 0}}
     calibration = json.loads((ctx.out / "calibration.json").read_text())
-    assert calibration["graphs"]["graph_1"]["equalization"] == {"pairs": [], "skipped": [], "sweeps": 0}
+    assert calibration["graphs"]["graph_1"]["equalization"] == {"pairs": [], "skipped": [], "sweeps": 0,
+                                                                "folded_batch_norms": []}
     assert report["quantization"]["crosscheck"]["graph_1"]["ok"]
 
 
