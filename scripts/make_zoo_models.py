@@ -1064,6 +1064,8 @@ def main(argv: list[str]) -> Path:
             _write_npy(out / f"textline_{height}x{width}_{i:02d}.npy", line)
     for i, line in enumerate(line_pieces()):
         _write_npy(out / f"printed_line_48x320_{i:02d}.npy", line)
+    for i, line in enumerate(line_pieces(32, 320)):  # PP-OCRv2's line height (benchmarks/unseen)
+        _write_npy(out / f"printed_line_32x320_{i:02d}.npy", line)
     for i, (_, image) in enumerate(captchas()):
         _write_npy(out / f"captcha_160x60_{i:02d}.npy", image)
     for i in range(SAMPLES):
