@@ -13,6 +13,8 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,6 +65,45 @@ def write_recipe(directory: Path, body: str, name: str = "recipe.yaml") -> Path:
     path = directory / name
     path.write_text(textwrap.dedent(body))
     return path
+
+
+NPY_RECIPE = """\
+version: 1
+name: {name}
+model:
+  path: {model}
+  inputs: [{{name: x, shape: {shape}}}]
+target: {target}
+quantization:
+  calibration: {{data: "data/cal_*.npy", samples: {cal}}}
+{quantization}verify:
+  data: "data/ver_*.npy"
+  samples: {ver}
+  min_cosine: 0.99
+"""
+
+
+def build_on_npy_data(root: Path, name: str, model_file: str, model, data, *,
+                      target: str = "npu-16m", quantization: str = "") -> tuple[CliResult, Path]:
+    """Build recipe ``name``: the model ``model()`` (saved once as ``root/model_file``) on an
+    input ``x`` calibrated and verified with ``data()``'s ``{"cal": [...], "ver": [...]}``
+    arrays (written once as ``root/data/<kind>_<i>.npy``), ``quantization`` lines added under
+    ``quantization:``; the CLI's result and the build folder."""
+    if not (root / model_file).is_file():
+        model_proto = model()
+        onnx.save(model_proto, root / model_file)
+        (root / "data").mkdir()
+        for kind, samples in data().items():
+            for i, x in enumerate(samples):
+                np.save(root / "data" / f"{kind}_{i}.npy", np.asarray(x, np.float32))
+    samples = {kind: len(list((root / "data").glob(f"{kind}_*.npy"))) for kind in ("cal", "ver")}
+    shape = [d.dim_value for d in onnx.load(root / model_file).graph.input[0].type.tensor_type.shape.dim]
+    recipe = write_recipe(root, NPY_RECIPE.format(
+        name=name, model=model_file, shape=shape, target=target, quantization=quantization,
+        cal=samples["cal"], ver=samples["ver"]), f"{name}.yaml")
+    result = run_cli("run", str(recipe), "--build-dir", str(root / "build"),
+                     "--cache", str(root / "cache"))
+    return result, root / "build" / name
 
 
 TINY_RECIPE = f"""\

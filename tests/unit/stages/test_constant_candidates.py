@@ -16,27 +16,11 @@ from onnx import helper, numpy_helper
 
 from npubuild.quant import calibrate, fakequant, quantizer
 from npubuild.quant.lower import lower
-from tests.conftest import run_cli, write_recipe
+from tests.conftest import build_on_npy_data
 
 SHAPE = [1, 4, 6, 6]
 SCALE = np.array([100.0, 0.15, 0.2, 0.25])  # one per channel, as a BatchNorm's
 HEAD = np.array([0.0, 1.0, -1.0, 1.0])     # the output reads the small channels only
-
-RECIPE = """\
-version: 1
-name: {name}
-model:
-  path: scaled.onnx
-  inputs: [{{name: x, shape: [1, 4, 6, 6]}}]
-target: npu-16m
-quantization:
-  calibration: {{data: "data/cal_*.npy", samples: 4}}
-{extra}verify:
-  data: "data/ver_*.npy"
-  samples: 3
-  min_cosine: 0.99
-"""
-
 
 def scaled_model() -> onnx.ModelProto:
     """x → Relu → Mul by a per-channel constant ``scale`` (4 values) → Conv 1×1 (4 → 1)."""
@@ -58,16 +42,9 @@ def _samples(n: int, seed: int) -> list[np.ndarray]:
 
 
 def _run(root, name: str, extra: str = ""):
-    if not (root / "scaled.onnx").is_file():
-        onnx.save(scaled_model(), root / "scaled.onnx")
-        (root / "data").mkdir()
-        for kind, samples in (("cal", _samples(4, 0)), ("ver", _samples(3, 1))):
-            for i, x in enumerate(samples):
-                np.save(root / "data" / f"{kind}_{i}.npy", x)
-    recipe = write_recipe(root, RECIPE.format(name=name, extra=extra), f"{name}.yaml")
-    result = run_cli("run", str(recipe), "--build-dir", str(root / "build"),
-                     "--cache", str(root / "cache"))
-    return result, root / "build" / name
+    return build_on_npy_data(root, name, "scaled.onnx", scaled_model,
+                             lambda: {"cal": _samples(4, 0), "ver": _samples(3, 1)},
+                             quantization=extra)
 
 
 def test_the_search_keeps_a_constant_in_int16_where_int16_activations_are_not_enough(tmp_path):

@@ -17,26 +17,10 @@ from onnx import helper, numpy_helper
 from npubuild import onnx_io
 from npubuild.quant.equalize import equalize, proof_failures
 from npubuild.quant.lower import prepare
-from tests.conftest import run_cli, write_recipe
+from tests.conftest import build_on_npy_data
 
 C, SQUEEZED = 8, 3
 SHAPE = [1, 3, 12, 12]
-
-RECIPE = """\
-version: 1
-name: {name}
-model:
-  path: squeezed.onnx
-  inputs: [{{name: x, shape: [1, 3, 12, 12]}}]
-target: npu-16m
-quantization:
-  calibration: {{data: "data/cal_*.npy", samples: 4}}
-{extra}verify:
-  data: "data/ver_*.npy"
-  samples: 3
-  min_cosine: 0.99
-"""
-
 
 def squeezed_model() -> onnx.ModelProto:
     """x → Conv 1×1 (3→8) → BatchNorm (channel 3 scaled by 2e-4, the others by ~30) → Relu →
@@ -74,19 +58,15 @@ def squeezed_model() -> onnx.ModelProto:
     return model
 
 
+def _data() -> dict[str, list[np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return {kind: [rng.uniform(0.0, 2.0, SHAPE) for _ in range(count)]
+            for kind, count in (("cal", 4), ("ver", 3))}
+
+
 def _run(root, name: str, extra: str = ""):
-    if not (root / "squeezed.onnx").is_file():
-        onnx.save(squeezed_model(), root / "squeezed.onnx")
-        (root / "data").mkdir()
-        rng = np.random.default_rng(0)
-        for kind, count in (("cal", 4), ("ver", 3)):
-            for i in range(count):
-                np.save(root / "data" / f"{kind}_{i}.npy",
-                        rng.uniform(0.0, 2.0, SHAPE).astype(np.float32))
-    recipe = write_recipe(root, RECIPE.format(name=name, extra=extra), f"{name}.yaml")
-    result = run_cli("run", str(recipe), "--build-dir", str(root / "build"),
-                     "--cache", str(root / "cache"))
-    return result, root / "build" / name
+    return build_on_npy_data(root, name, "squeezed.onnx", squeezed_model, _data,
+                             quantization=extra)
 
 
 def test_folding_and_equalising_keep_the_float_function():

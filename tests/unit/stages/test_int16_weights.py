@@ -13,29 +13,13 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tests.conftest import run_cli, write_recipe
+from tests.conftest import build_on_npy_data
 
 SHAPE = [1, 8, 4, 4]
 # one large weight on a channel that is nearly constant (a bias-like input) beside small
 # weights on the channels that carry the signal: int8's step (3 / 127) rounds the small ones
 # to 0 or ±1 step, whatever the activations' precision; int16's (3 / 32767) keeps them
 HEAD = np.array([3.0, 0.011, -0.017, 0.006, 0.014, -0.009, 0.019, -0.004])
-
-RECIPE = """\
-version: 1
-name: {name}
-model:
-  path: outlier.onnx
-  inputs: [{{name: x, shape: [1, 8, 4, 4]}}]
-target: {target}
-quantization:
-  calibration: {{data: "data/cal_*.npy", samples: 4}}
-{auto}verify:
-  data: "data/ver_*.npy"
-  samples: 3
-  min_cosine: 0.99
-"""
-
 
 def _model() -> onnx.ModelProto:
     """x (8 channels) → Conv (8 → 1, 1×1, weights ``HEAD``, bias -3: the constant channel's
@@ -50,20 +34,21 @@ def _model() -> onnx.ModelProto:
     return model
 
 
+def _data() -> dict[str, list[np.ndarray]]:
+    rng = np.random.default_rng(0)
+    data = {}
+    for kind, count in (("cal", 4), ("ver", 3)):
+        data[kind] = []
+        for _ in range(count):
+            x = rng.uniform(-1.0, 1.0, SHAPE)
+            x[:, 0] = rng.uniform(0.999, 1.0, SHAPE[2:])  # nearly constant
+            data[kind].append(x)
+    return data
+
+
 def _run(root, name: str, target: str = "npu-16m", auto: str = ""):
-    if not (root / "outlier.onnx").is_file():
-        onnx.save(_model(), root / "outlier.onnx")
-        (root / "data").mkdir()
-        rng = np.random.default_rng(0)
-        for kind, count in (("cal", 4), ("ver", 3)):
-            for i in range(count):
-                x = rng.uniform(-1.0, 1.0, SHAPE)
-                x[:, 0] = rng.uniform(0.999, 1.0, SHAPE[2:])  # nearly constant
-                np.save(root / "data" / f"{kind}_{i}.npy", x.astype(np.float32))
-    recipe = write_recipe(root, RECIPE.format(name=name, target=target, auto=auto), f"{name}.yaml")
-    result = run_cli("run", str(recipe), "--build-dir", str(root / "build"),
-                     "--cache", str(root / "cache"))
-    return result, root / "build" / name
+    return build_on_npy_data(root, name, "outlier.onnx", _model, _data, target=target,
+                             quantization=auto)
 
 
 def test_a_model_int8_weights_bound_passes_verify_with_int16_weights_as_written(tmp_path):
