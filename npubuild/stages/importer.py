@@ -6,12 +6,14 @@ Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inf
 arithmetic the fixed shapes make constant is folded; then every constant subgraph, up to
 `onnx_frontend.FOLD_MAX_BYTES` per tensor, so the CPU does not compute it on every inference;
 a layer normalisation written out in primitives becomes one LayerNormalization (opset 17);
-a MatMul by a constant left operand becomes the product by a constant right one; each 1-D
+a recurrent layer (LSTM, GRU, RNN) of a static sequence length is unrolled over its steps,
+`npubuild.frontends.recurrent`; a MatMul by a constant left operand becomes the product by a
+constant right one; each 1-D
 Conv becomes the 2-D Conv of a height-1 image; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
-constants, wrote a LayerNormalization, widened a 1-D Conv or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
+constants, wrote a LayerNormalization, unrolled a recurrent layer, widened a 1-D Conv or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
 ``model.tolerance`` (1e-4) of the scale of the values involved or 4 times the float rounding the
 model shows in ONNX Runtime itself (`proofs.rounding_floor`), whichever is larger; a quantized
 TFLite model op by op, each integer tensor within one
@@ -86,7 +88,8 @@ def _import(ctx: StageContext) -> dict:
     if dequantize.is_quantized(model):
         model, proof["dequantized"] = to_float(model, feeds, outputs)
     # the rewrites for the chip, in order, each proven on the proof inputs (its figures, by key)
-    for key, rewrite in (("constants_folded", fold_constants), ("layer_norms", layer_norms),
+    for key, rewrite in (("constants_folded", fold_constants), ("recurrent", unroll_recurrent),
+                         ("layer_norms", layer_norms),
                          ("softmaxes", softmaxes),
                          ("constant_left_matmuls", constant_left_matmuls),
                          ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", slice_one_index_gathers),
@@ -494,6 +497,23 @@ def prove_rewrite(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict, 
                          hint="report this with the model")
     return {"bit_identical": all(np.array_equal(expected[n], got[n], equal_nan=True) for n in names),
             "max_rel": max((s.max_rel for s in sims.values()), default=0.0)}
+
+
+def unroll_recurrent(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each recurrent layer (LSTM, GRU, RNN) of a static sequence length written out step by
+    step (`npubuild.frontends.recurrent`), proven within the folding tolerance; the proof's
+    figures (how many, of which ops), why any stayed whole (by node), or {}."""
+    from npubuild.frontends import recurrent
+
+    unrolled, kept = recurrent.unroll(model)
+    figures = {"kept": kept} if kept else {}
+    if unrolled is model:
+        return model, figures
+    before = Counter(n.op_type for n in model.graph.node if n.op_type in recurrent.RECURRENT_OPS)
+    after = Counter(n.op_type for n in unrolled.graph.node if n.op_type in recurrent.RECURRENT_OPS)
+    figures = {"unrolled": dict(sorted((before - after).items())), **figures}
+    return unrolled, {**figures, **prove_rewrite(model, unrolled, feeds, "a recurrent layer "
+                                                                         "unrolled over its steps")}
 
 
 def layer_norms(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

@@ -470,7 +470,8 @@ def node_reasons(view: NodeView, chip: Chip) -> list[str]:
     spec = effective_spec(chip, node.op_type, fused) if fused or node.domain in STANDARD_DOMAINS else None
     if spec is None:
         label = op_label(node)
-        return [f"{label if fused else 'op ' + label} is not supported by chip {chip.name}"]
+        return [f"{label if fused else 'op ' + label} is not supported by chip {chip.name}"
+                + _why_not_unrolled(view)]
     reasons = [_with_detail(c.reason(spec), detail) for c in CONSTRAINTS
                if c.active(spec) and c.concerns(node.op_type)
                and (detail := c.check(view, spec)) is not None]
@@ -481,6 +482,18 @@ def node_reasons(view: NodeView, chip: Chip) -> list[str]:
 
         reasons += lmem_reasons(view, chip)
     return reasons
+
+
+def _why_not_unrolled(view: NodeView) -> str:
+    """For a recurrent layer, why import left it whole (`npubuild.frontends.recurrent`)."""
+    from npubuild.frontends import recurrent
+
+    if view.op not in recurrent.RECURRENT_OPS or view.node.domain not in STANDARD_DOMAINS:
+        return ""
+    why = recurrent.why_kept(view.op, recurrent.attributes(view.node),
+                             view.shape(view.input(0)), view.const,
+                             lambda i: bool(view.input(i)))
+    return f" (import unrolls a recurrent layer, not this one: {why})" if why else ""
 
 
 def _with_detail(reason: str, detail: str) -> str:

@@ -169,7 +169,9 @@ def test_an_import_that_folds_is_proved_within_its_tolerance_not_bit_for_bit(cli
     result = run_import(cli, tmp_path, recipe_text(tmp_path / "lstm.onnx", "    - {name: x, shape: [8, 1, 64]}\n"))
     assert result.returncode == 0, result.stderr
     model = onnx.load(str(tmp_path / "b/imp/import/model.onnx"))
-    assert [n.op_type for n in model.graph.node] == ["Pad", "LSTM"]
+    ops = [n.op_type for n in model.graph.node]
+    assert ops[0] == "Pad" and "LSTM" not in ops  # then the LSTM, unrolled over its 8 steps
+    assert json.loads(result.stdout)["import"]["proof"]["recurrent"]["unrolled"] == {"LSTM": 1}
     proof = json.loads(result.stdout)["import"]["proof"]["h"]
     assert 0 < proof["max_abs"] < 1e-5  # the same ops, other kernels: not bit-identical
 
@@ -484,3 +486,31 @@ def test_an_input_no_node_reads_leaves_the_model_and_the_build_passes(cli, tmp_p
     assert [v.name for v in imported.graph.input] == ["ids"]
     summary = json.loads((tmp_path / "b/unread/import/import.json").read_text())
     assert summary["unread_inputs"] == ["length"]
+
+
+def test_a_recurrent_layer_is_imported_unrolled_and_runs_on_the_npu_in_integers(cli, tmp_path):
+    """nsnet2's GRUs ran whole on the CPU (80 of 80 ms): import writes a GRU of a fixed
+    sequence length out step by step, proves it, and the whole model is placed on npu-16m,
+    quantized, compiled bit-exact and verified against the float model."""
+    from tests.unit.frontends.test_recurrent import recurrent_model
+
+    source = recurrent_model("GRU", state="none", steps=6, batch=1, hidden=8,
+                             linear_before_reset=1, outputs=(1, 0))
+    onnx.save(source, str(tmp_path / "gru.onnx"))
+    rng = np.random.default_rng(2)
+    for i in range(8):
+        np.savez(tmp_path / f"x_{i}.npz", X=rng.normal(size=(6, 1, 3)).astype(np.float32))
+    text = (recipe_text(tmp_path / "gru.onnx", "    - {name: X, shape: [6, 1, 3]}\n", name="gru")
+            + "target: npu-16m\nquantization:\n  calibration: {data: 'x_[0-3].npz', samples: 4}\n"
+            "verify:\n  data: 'x_[4-7].npz'\n")
+    recipe = write_recipe(tmp_path, text)
+    result = cli("run", str(recipe), "--json", "--build-dir", str(tmp_path / "b"),
+                 "--cache", str(tmp_path / "c"))
+    assert result.returncode == 0, result.stderr
+    info = json.loads((tmp_path / "b/gru/import/import.json").read_text())
+    proof = info["proof"]["recurrent"]
+    assert proof["unrolled"] == {"GRU": 1} and proof["max_rel"] < 1e-5
+    support = json.loads((tmp_path / "b/gru/split/support.json").read_text())
+    assert support["cpu_nodes"] == 0, support["cpu_ops"]
+    report = json.loads(result.stdout)
+    assert report["simulator"]["bit_exact"] is True
