@@ -107,7 +107,8 @@ def unroll(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
             continue
         nodes.extend(layer.unrolled(shapes[node.input[0]]))
         graph.initializer.extend(layer.params)
-        replaced.update(t for t in node.input[1:] if t)
+        # its weights, and any output nothing reads (the nodes that would compute it)
+        replaced.update(t for t in [*node.input[1:], *node.output] if t)
     if not replaced:  # every layer stayed whole
         return source, kept
     del graph.node[:]

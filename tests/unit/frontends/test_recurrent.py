@@ -182,3 +182,14 @@ def test_every_step_reads_one_copy_of_the_recurrent_weights(op):
     source = recurrent_model(op, "bidirectional", steps=40, hidden=16)
     model, _ = unroll(source)
     assert onnx_io.weight_bytes(model) < 1.1 * onnx_io.weight_bytes(source)
+
+
+def test_an_output_nothing_reads_is_not_computed():
+    """silero-vad-v5's LSTM names Y, which nothing reads: unrolled, its Unsqueeze and Identity
+    were a layer whose result went nowhere, and compile's layer grouping failed on it."""
+    source = recurrent_model("LSTM", steps=1)
+    del source.graph.output[0]  # Y stays named on the node, read by nothing
+    model, _ = unroll(source)
+    produced = {o for n in model.graph.node for o in n.output}
+    read = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    assert produced <= read and "Y" not in produced
