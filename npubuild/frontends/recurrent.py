@@ -230,7 +230,19 @@ class _Layer:
             hs.append(h)
             cs.append(c)
         self.outputs(ys, hs, cs, layout)
-        return self.nodes
+        return self.live()
+
+    def live(self) -> list[onnx.NodeProto]:
+        """The nodes that lead to an output the layer names, and the params they read: what
+        no output needs (Y when only Y_c is named, the last state) is not computed."""
+        read = {o for o in self.node.output if o}
+        nodes = []
+        for node in reversed(self.nodes):
+            if read & set(node.output):
+                nodes.append(node)
+                read.update(node.input)
+        self.params = [p for p in self.params if p.name in read]
+        return nodes[::-1]
 
     def state(self, i: int, d: int, batch: int, name: str) -> str | None:
         """Direction d's initial state from input i as ``[1, batch, hidden]`` (None: zeros)."""
@@ -361,9 +373,10 @@ class _Step:
         if peep is not None and c is not None:
             gi = self.peephole(gi, c, peep[:hid], "i")
             gf = self.peephole(gf, c, peep[2 * hid:], "f")
-        i, f, g = self.act(0, gi, "i"), self.act(0, gf, "f"), self.act(1, gc, "c")
-        cell = self.add("Mul", [i, g], "ig")
-        if c is not None:
+        i = self.act(0, gi, "i")
+        f = self.act(0, gf, "f") if c is not None else None  # else it forgets nothing
+        cell = self.add("Mul", [i, self.act(1, gc, "c")], "ig")
+        if f is not None:
             cell = self.add("Add", [self.add("Mul", [f, c], "fc"), cell], "cell")
         if peep is not None:
             go = self.peephole(go, cell, peep[hid:2 * hid], "o")

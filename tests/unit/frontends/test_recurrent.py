@@ -82,6 +82,9 @@ def assert_unrolled_same_and_on_the_npu(source: onnx.ModelProto) -> onnx.ModelPr
     model, kept = unroll(source)
     assert not kept
     assert not {n.op_type for n in model.graph.node} & {"LSTM", "GRU", "RNN"}
+    read = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    dead = [n.name for n in model.graph.node if not set(n.output) & read]
+    assert not dead  # a layer whose result goes nowhere fails compile's grouping
     assert not {"W", "R", "B", "P"} & {t.name for t in model.graph.initializer}  # no dead weights
     onnx.checker.check_model(model, full_check=True)
     feeds = feeds_of(source)
@@ -186,7 +189,8 @@ def test_every_step_reads_one_copy_of_the_recurrent_weights(op):
 
 def test_an_output_nothing_reads_is_not_computed():
     """silero-vad-v5's LSTM names Y, which nothing reads: unrolled, its Unsqueeze and Identity
-    were a layer whose result went nowhere, and compile's layer grouping failed on it."""
+    were a layer whose result went nowhere, and compile's layer grouping failed on it (as on
+    the forget gate of a first step without a cell state: ddddocr's)."""
     source = recurrent_model("LSTM", steps=1)
     del source.graph.output[0]  # Y stays named on the node, read by nothing
     model, _ = unroll(source)

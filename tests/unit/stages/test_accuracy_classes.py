@@ -9,7 +9,7 @@ segments after it, on every verify sample — keeps the tensor the class needs o
   lost);
 - a regressor ending in Gemm (landmark coordinates: one int8 step of the whole range is a
   pixel, the small movements round away);
-- recurrent state carried out of the model (an LSTM on the CPU fed by NPU features).
+- recurrent state carried out of the model (an LSTM, unrolled at import, fed by NPU features).
 """
 
 from __future__ import annotations
@@ -180,9 +180,9 @@ def test_a_regressor_ending_in_gemm(root):
 
 
 def conv_lstm() -> onnx.ModelProto:
-    """features [1, 4, 16] → Conv1d (CPU) → Relu (NPU) → Conv1d (CPU) → Relu (NPU) → the 16
-    steps → LSTM on the CPU with its state in (h, c) and out (hn, cn): Silero VAD's shape,
-    whose every NPU island reads int8 what a CPU segment computed in float."""
+    """features [1, 4, 16] → Conv1d → Relu → Conv1d → Relu → the 16 steps → LSTM with its
+    state in (h, c) and out (hn, cn): Silero VAD's shape. Import unrolls the LSTM, so its
+    state is quantized on the NPU too (once it ran whole on the CPU)."""
     net = Net(seed=8)
     x = net.input("features", [1, 4, 16])
     h0, c0 = net.input("h", [1, 1, 8]), net.input("c", [1, 1, 8])
