@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper
 from npubuild import onnx_io
 
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+STANDARD_DOMAINS = ("", "ai.onnx")
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"],
                        "RNN": ["Tanh"]}
@@ -84,7 +85,8 @@ def why_kept(op: str, attrs: dict, input_shape: list | None, const: Getter,
 def unroll(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
     """Each recurrent layer `why_kept` accepts written out step by step (the module's text);
     the model unchanged when there is none. Also, by node name, why the others stayed whole."""
-    if not any(n.op_type in RECURRENT_OPS and n.domain in ("", "ai.onnx") for n in model.graph.node):
+    if not any(n.op_type in RECURRENT_OPS and n.domain in STANDARD_DOMAINS
+               for n in model.graph.node):
         return model, {}
     from npubuild.fusions.graph import prune
 
@@ -95,7 +97,7 @@ def unroll(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, str]]:
               for v in [*graph.input, *graph.value_info, *graph.output]}
     nodes, kept, replaced = [], {}, set()
     for index, node in enumerate(graph.node):
-        if node.op_type not in RECURRENT_OPS or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in RECURRENT_OPS or node.domain not in STANDARD_DOMAINS:
             nodes.append(node)
             continue
         layer = _Layer(node, index, inits, opset)
@@ -172,8 +174,8 @@ class _Layer:
             self.nodes.append(helper.make_node("Split", inputs, outs, name=f"{self.base}/unroll/"
                                                f"{name}", axis=axis))
         else:
-            self.nodes.append(helper.make_node("Split", [x], outs, name=f"{self.base}/unroll/{name}",
-                                               axis=axis, split=sizes))
+            self.nodes.append(helper.make_node("Split", [x], outs, axis=axis, split=sizes,
+                                               name=f"{self.base}/unroll/{name}"))
         return outs
 
     def transpose(self, x: str, perm: list[int], out: str) -> str:
@@ -190,7 +192,8 @@ class _Layer:
                 attrs["beta"] = beta
             return self.add(_OP_NAMES[kind], [x], name, **attrs)
         if kind == "scaledtanh":  # alpha · tanh(beta · x)
-            scaled = self.add("Mul", [x, self.param(f"{name}_beta", np.float32(beta))], f"{name}_in")
+            scaled = self.add("Mul", [x, self.param(f"{name}_beta", np.float32(beta))],
+                              f"{name}_in")
             inner = self.add("Tanh", [scaled], f"{name}_tanh")
             return self.add("Mul", [inner, self.param(f"{name}_alpha", np.float32(alpha))], name)
         scaled = self.add("Mul", [x, self.param(f"{name}_alpha", np.float32(alpha))], f"{name}_mul")
@@ -310,14 +313,19 @@ class _Layer:
             if not (len(self.node.output) > i and self.node.output[i]):
                 continue
             if i == 0:
-                parts = [self.add("Unsqueeze", [y, self.param(f"y{d}_axis", np.array([1], np.int64))],
-                                  f"y{d}_dirs") if self.opset >= SPLIT_INPUT_OPSET else
-                         self.add("Unsqueeze", [y], f"y{d}_dirs", axes=[1]) for d, y in enumerate(ys)]
+                parts = [self.unsqueezed(y, f"y{d}") for d, y in enumerate(ys)]
                 perm = [2, 0, 1, 3]
                 axis = 1
             else:
                 parts, perm, axis = (hs if i == 1 else cs), [1, 0, 2], 0
             self.joined(parts, axis, perm if layout else None, self.node.output[i], name)
+
+    def unsqueezed(self, x: str, name: str) -> str:
+        """``x`` with a directions axis of 1 at axis 1."""
+        if self.opset < SPLIT_INPUT_OPSET:
+            return self.add("Unsqueeze", [x], f"{name}_dirs", axes=[1])
+        axis = self.param(f"{name}_axis", np.array([1], np.int64))
+        return self.add("Unsqueeze", [x, axis], f"{name}_dirs")
 
     def joined(self, parts: list[str], axis: int, perm: list[int] | None, out: str,
                name: str) -> None:
@@ -385,10 +393,11 @@ class _Step:
 
     def peephole(self, gate: str, c: str, p: np.ndarray, name: str) -> str:
         if c in self.layer.values:  # a constant initial cell
-            pc = self.layer.param(f"{self.tag}_p{name}", (self.layer.values[c] * p).astype(np.float32))
+            pc = self.layer.param(f"{self.tag}_p{name}",
+                                  (self.layer.values[c] * p).astype(np.float32))
         else:
-            pc = self.add("Mul", [c, self.layer.shared(f"{self.direction}_P{name}", p.astype(np.float32))],
-                          f"p{name}")
+            weight = self.layer.shared(f"{self.direction}_P{name}", p.astype(np.float32))
+            pc = self.add("Mul", [c, weight], f"p{name}")
         return self.add("Add", [gate, pc], f"{name}_peep")
 
     def gru(self, xw: str, h: str | None, r: np.ndarray, rbh: np.ndarray | None) -> str:
@@ -413,10 +422,9 @@ class _Step:
                 hh = self.layer.param(f"{self.tag}_hhb", (self.layer.values[h] @ rh + rbh)
                                       .astype(np.float32))
             else:
+                bias = self.layer.shared(f"{self.direction}_Rbh", rbh.astype(np.float32))
                 hh = self.add("Add", [self.layer.product(h, rh, f"{self.tag}_hh",
-                                                         f"{self.direction}_Rh"),
-                                      self.layer.shared(f"{self.direction}_Rbh", rbh.astype(np.float32))],
-                              "hhb")
+                                                         f"{self.direction}_Rh"), bias], "hhb")
             cand = self.add("Mul", [rr, hh], "rhh")
         else:  # (r · h) · Rhᵀ
             cand = self.add("MatMul", [self.add("Mul", [rr, h], "rh"),

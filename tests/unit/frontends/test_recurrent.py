@@ -29,12 +29,14 @@ def recurrent_model(op: str, direction: str = "forward", layout: int = 0, state:
     gates, dirs = GATES[op], 2 if direction == "bidirectional" else 1
 
     def const(name, shape, scale=1.0):
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+        value = rng.standard_normal(shape) * scale
+        return numpy_helper.from_array(value.astype(np.float32), name)
 
     inits = [const("W", (dirs, gates * hidden, 3)), const("R", (dirs, gates * hidden, hidden), 0.5)]
     inputs = ["X", "W", "R", "B" if bias else "", "L" if lengths is not None else ""]
     inits += [const("B", (dirs, 2 * gates * hidden))] if bias else []
-    inits += [numpy_helper.from_array(np.array(lengths, np.int32), "L")] if lengths is not None else []
+    if lengths is not None:
+        inits.append(numpy_helper.from_array(np.array(lengths, np.int32), "L"))
     x_shape = [batch, steps, 3] if layout else [steps, batch, 3]
     state_shape = [batch, dirs, hidden] if layout else [dirs, batch, hidden]
     graph_inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)]
@@ -49,9 +51,10 @@ def recurrent_model(op: str, direction: str = "forward", layout: int = 0, state:
         inits.append(const("P", (dirs, 3 * hidden)))
     while not inputs[-1]:
         inputs.pop()
-    names = [n if wanted else "" for n, wanted in zip(["Y", "Y_h", "Y_c"][:3 if op == "LSTM" else 2],
-                                                      outputs)]
-    attrs = {"hidden_size": hidden, "direction": direction, **attrs, **({"layout": 1} if layout else {})}
+    names = ["Y", "Y_h", "Y_c"][:3 if op == "LSTM" else 2]
+    names = [n if wanted else "" for n, wanted in zip(names, outputs)]
+    attrs = {"hidden_size": hidden, "direction": direction, **attrs,
+             **({"layout": 1} if layout else {})}
     graph = helper.make_graph(
         [helper.make_node(op, inputs, names, name="rnn", **attrs)], "g", graph_inputs,
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names if n], inits)
@@ -119,15 +122,18 @@ def test_a_gru_that_resets_after_its_product_unrolls_to_what_its_kernel_computes
     ("LSTM", {"peepholes": True}),
     ("LSTM", {"peepholes": True, "state": "none"}),
     ("LSTM", {"peepholes": True, "direction": "bidirectional", "state": "constant"}),
-    ("LSTM", {"clip": 0.5}), ("GRU", {"clip": 0.5}), ("GRU", {"clip": 0.5, "linear_before_reset": 1}),
+    ("LSTM", {"clip": 0.5}), ("GRU", {"clip": 0.5}),
+    ("GRU", {"clip": 0.5, "linear_before_reset": 1}),
     ("RNN", {"clip": 0.3, "direction": "reverse"}), ("LSTM", {"clip": 0.5, "opset": 9}),
     ("LSTM", {"lengths": [5, 5]}),
     ("LSTM", {"outputs": (0, 1, 0)}), ("LSTM", {"outputs": (0, 0, 1), "direction": "reverse"}),
     ("GRU", {"outputs": (0, 1)}), ("RNN", {"outputs": (1, 0)}),
-    ("LSTM", {"opset": 11, "direction": "bidirectional"}), ("GRU", {"opset": 11, "linear_before_reset": 1}),
+    ("LSTM", {"opset": 11, "direction": "bidirectional"}),
+    ("GRU", {"opset": 11, "linear_before_reset": 1}),
     ("RNN", {"opset": 9, "direction": "bidirectional"}),
     ("LSTM", {"bias": False}), ("GRU", {"bias": False, "linear_before_reset": 1}),
-    ("LSTM", {"steps": 1}), ("GRU", {"steps": 1, "batch": 1}), ("RNN", {"steps": 1, "state": "none"}),
+    ("LSTM", {"steps": 1}), ("GRU", {"steps": 1, "batch": 1}),
+    ("RNN", {"steps": 1, "state": "none"}),
     ("RNN", {"activations": ["Relu"]}), ("RNN", {"activations": ["LeakyRelu"]}),
     ("RNN", {"activations": ["LeakyRelu"], "activation_alpha": [0.2]}),
     ("RNN", {"activations": ["HardSigmoid"], "activation_alpha": [0.3], "activation_beta": [0.4]}),
@@ -139,7 +145,8 @@ def test_a_gru_that_resets_after_its_product_unrolls_to_what_its_kernel_computes
     ("GRU", {"activations": ["HardSigmoid", "Tanh", "Sigmoid", "Relu"], "activation_alpha": [0.3],
              "activation_beta": [0.6], "direction": "bidirectional"}),
     ("LSTM", {"activations": ["HardSigmoid", "Tanh", "Softsign", "Sigmoid", "LeakyRelu", "Tanh"],
-              "activation_alpha": [0.3, 0.1], "activation_beta": [0.6], "direction": "bidirectional"}),
+              "activation_alpha": [0.3, 0.1], "activation_beta": [0.6],
+              "direction": "bidirectional"}),
 ])
 def test_every_attribute_of_a_recurrent_layer_unrolls_as_its_kernel_computes_it(op, kwargs):
     """Peepholes, clip (the gates' inputs, not the LSTM cell's output activation), a full
@@ -164,8 +171,10 @@ def _unrolled_same(source: onnx.ModelProto) -> None:
 @pytest.mark.parametrize("kwargs, reason", [
     ({"lengths": [5, 3]}, "sequence_lens is not the constant full length"),
     ({"input_forget": 1}, "input_forget couples"),
-    ({"activations": ["Sigmoid", "Tanh", "Swish"]}, "activation Swish is not one of the ONNX spec's"),
-    ({"steps": 600}, "600 steps x 4 gates x 1 directions = 2400 is more than import unrolls (2048)"),
+    ({"activations": ["Sigmoid", "Tanh", "Swish"]},
+     "activation Swish is not one of the ONNX spec's"),
+    ({"steps": 600},
+     "600 steps x 4 gates x 1 directions = 2400 is more than import unrolls (2048)"),
 ])
 def test_a_recurrent_layer_import_cannot_unroll_stays_whole_and_split_says_why(kwargs, reason):
     from npubuild.split import check_placement
