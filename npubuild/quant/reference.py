@@ -192,7 +192,7 @@ def _matmul_sums(w: np.ndarray, x: np.ndarray, x_max: float) -> np.ndarray:
     matmul (no BLAS). Every path gives the same exact integers.
     """
     row_max, cuts = _float32_plan(w, x_max)
-    if cuts is None or len(cuts) - 1 > MAX_FLOAT32_RUNS:
+    if cuts is None:
         return _exact_product(w, x, x_max * row_max)
     with one_blas_thread():
         w32, x32 = w.astype(np.float32), x.astype(np.float32, copy=False)
@@ -237,7 +237,8 @@ def _float32_plan(w: np.ndarray, x_max: float) -> tuple[float, list[int] | None]
 def _plan(w: np.ndarray, x_max: float) -> tuple[float, list[int] | None]:
     w_abs = np.abs(w.astype(np.float64))
     row_max = float(w_abs.sum(axis=1).max(initial=0.0))
-    return row_max, (_exact_chunks(w_abs, row_max, x_max) if x_max < FLOAT32_EXACT else None)
+    return row_max, (_exact_chunks(w_abs, row_max, x_max, MAX_FLOAT32_RUNS)
+                     if x_max < FLOAT32_EXACT else None)
 
 
 def _exact_product(a: np.ndarray, b: np.ndarray, bound: float) -> np.ndarray:
@@ -250,9 +251,13 @@ def _exact_product(a: np.ndarray, b: np.ndarray, bound: float) -> np.ndarray:
         return np.matmul(np.asarray(a, np.float64), np.asarray(b, np.float64))
 
 
-def _exact_chunks(w_abs: np.ndarray, row_max: float, x_max: float) -> list[int] | None:
+def _exact_chunks(w_abs: np.ndarray, row_max: float, x_max: float,
+                  max_runs: int | None = None) -> list[int] | None:
     """Column cuts ``[0, k1, ..., K]`` whose runs keep ``x_max · Σ|w| < 2^24`` in every row;
-    None when a single column already breaks the bound."""
+    None when a single column already breaks the bound, or when more than ``max_runs`` runs
+    would be needed (found after ``max_runs + 1`` cuts: each cut is a pass over the columns
+    left, so cutting an int16 activation's K = 1,152 into its ~290 runs to throw them away
+    cost a pass per run: 143 of the 160 s BirdNET's searched quantize spent judging int16)."""
     k = w_abs.shape[1]
     if x_max == 0 or k == 0:
         return [0, k]
@@ -264,6 +269,8 @@ def _exact_chunks(w_abs: np.ndarray, row_max: float, x_max: float) -> list[int] 
     prefix = np.concatenate([np.zeros((w_abs.shape[0], 1)), np.cumsum(w_abs, axis=1)], axis=1)
     cuts = [0]
     while cuts[-1] < k:  # the longest run from the last cut that stays under the limit
+        if max_runs is not None and len(cuts) > max_runs:
+            return None
         base = prefix[:, cuts[-1]][:, None]
         fits = (prefix[:, cuts[-1] + 1:] - base).max(axis=0) < limit  # runs of 1, 2, ...
         cuts.append(k if fits.all() else cuts[-1] + int(np.argmin(fits)))  # fits[0] holds

@@ -318,3 +318,35 @@ def test_a_remembered_float32_plan_stays_exact_for_other_activations_and_weights
     other[:, : k // 2] = 127  # the same shape, a far larger row sum: needs more runs
     x = rng.integers(-255, 256, (1, k, 3)).astype(np.int16)
     assert np.array_equal(int_matmul(other, x, 255), other.astype(np.int64) @ x)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([127, 2000, 32767]), st.integers(1, 400), st.integers(1, 8),
+       st.integers(0, 2**32 - 1))
+def test_capped_cuts_are_the_cuts_or_none_past_the_cap(x_max, k, max_runs, seed):
+    """`_exact_chunks` with ``max_runs`` gives the uncapped cuts where they are at most
+    ``max_runs`` runs and None otherwise (`_matmul_sums` then takes one float64 product, as
+    it did with the uncapped cuts), having passed over the columns at most ``max_runs + 1``
+    times: an int16 activation's K = 1,152 was cut into all its ~290 runs first."""
+    from npubuild.quant import reference
+
+    rng = np.random.default_rng(seed)
+    w_abs = np.abs(rng.integers(-127, 128, (4, k))).astype(np.float64)
+    row_max = float(w_abs.sum(axis=1).max())
+    full = reference._exact_chunks(w_abs, row_max, x_max)
+    capped = reference._exact_chunks(w_abs, row_max, x_max, max_runs)
+    assert capped == (full if full is not None and len(full) - 1 <= max_runs else None)
+
+
+def test_cutting_stops_past_the_cap():
+    """Past ``max_runs`` runs the cuts stop: a K of 20,000 int8 weights under an int16
+    activation (a run holds ~4 columns) costs a few passes over its columns, not 5,000."""
+    import time
+
+    from npubuild.quant import reference
+
+    w_abs = np.full((64, 20_000), 127.0)
+    row_max = float(w_abs.sum(axis=1).max())
+    begun = time.process_time()
+    assert reference._exact_chunks(w_abs, row_max, 32767.0, reference.MAX_FLOAT32_RUNS) is None
+    assert time.process_time() - begun < 2.0  # uncapped: minutes
