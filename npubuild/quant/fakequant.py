@@ -14,7 +14,10 @@ no integers of their own: their float values are fake-quantized like activations
 int16 or float by the same parameter inputs, so a layer a choice runs in float reads its float
 constant), lookup tables and CPU layers their float fragments between the fake
 quantizations, so one model computes the graph under any choice of int8, int16 and float per
-tensor (`params_feed` turns the quantizer's parameters and placement into the inputs). It leaves out what the integer reference adds below
+tensor (`params_feed` turns the quantizer's parameters and placement into the inputs); the
+search's models (`export_graphs`) take the switched weights as inputs too, which
+`FakeQuantPipeline` computes once per state of the switches. It leaves out what the integer
+reference adds below
 one step: fixed-point multipliers, the pow2 rounding-tie nudges, integer softmax; the search
 scores with it and confirms its choice on the integer reference.
 """
@@ -45,12 +48,14 @@ class _FakeQuantBuilder(qdq._Builder):
     float_layers: Mapping[str, FLayer] | None = None
     # conv layer -> (its int16 weights dequantized, the float bias they are corrected to)
     wide_weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
+    weights_as_inputs: bool = False  # each switched weight an input (`SwitchedWeight`)
 
     def __post_init__(self):
         self.value_of: dict[str, str] = {}
         self.parameters: list[str] = []
         self.switched: list[str] = []
         self.wide: list[str] = []
+        self.weight_inputs: list[SwitchedWeight] = []
 
     def weight(self, key: str, layer: QLayer, arrange, scale: np.ndarray, axis: int) -> str:
         """int8 weights on the NPU, the float layer's own on the CPU: ``w + npu · (w_q - w)``
@@ -78,15 +83,21 @@ class _FakeQuantBuilder(qdq._Builder):
         switch = f"{layer.name}{NPU_SUFFIX}"
         if switch not in self.switched:
             self.switched.append(switch)
+        if wide is not None:
+            on = f"{layer.name}{W16_SUFFIX}"
+            if on not in self.wide:
+                self.wide.append(on)
+            wide = np.asarray(wide, np.float32).reshape(quantized.shape)
+        if self.weights_as_inputs:
+            self.weight_inputs.append(SwitchedWeight(
+                f"{key}::{part}", layer.name, real, quantized - real,
+                None if wide is None else wide - quantized))
+            return f"{key}::{part}"
         delta = self.node("Mul", [self.const(f"{key}::{part}d", quantized - real), switch],
                           [f"{key}::{part}s"])
         value = self.node("Add", [self.const(f"{key}::{part}f", real), delta], [f"{key}::{part}"])
         if wide is None:
             return value
-        on = f"{layer.name}{W16_SUFFIX}"
-        if on not in self.wide:
-            self.wide.append(on)
-        wide = np.asarray(wide, np.float32).reshape(quantized.shape)
         step = self.node("Mul", [self.const(f"{key}::{part}16d", wide - quantized), on],
                          [f"{key}::{part}16s"])
         return self.node("Add", [value, step], [f"{key}::{part}16"])
@@ -155,19 +166,25 @@ def _branch(name: str, output: str, nodes: list) -> onnx.GraphProto:
 
 
 def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18,
-                      wide_weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
-                      ) -> tuple[onnx.ModelProto, list[str], list[str], list[str]]:
+                      wide_weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+                      weights_as_inputs: bool = False):
     """The model (float in, float out, as the QDQ export), the tensors whose parameters are
     inputs, the conv layers whose ``<layer>::npu`` switch is an input and those whose
     ``<layer>::w16`` switch is (``wide_weights``: per conv layer, its int16 weights
     dequantized and its corrected float bias, `quantizer.wide_weight_values`). ``fg``: the
-    float graph ``qg`` was quantized from (the float weights a CPU layer uses)."""
+    float graph ``qg`` was quantized from (the float weights a CPU layer uses).
+
+    ``weights_as_inputs``: the switched weights and biases are inputs of the model instead of
+    computed in it from the switches on every run (``w + npu · (w_q - w)``: on BirdNET's
+    classifier graph those Mul and Add nodes were 630 of its 880 ms a run, its convolutions
+    19 ms), and a fifth item lists them (`SwitchedWeight`): `FakeQuantPipeline` computes each
+    once per state of its switches, with the same float32 operations."""
     ints = [t for t, info in qg.tensors.items() if not info.is_float]
     b = _FakeQuantBuilder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::q" for t in ints},
                           {t: t for t, info in qg.tensors.items() if info.is_float},
                           opset=max(opset, 18),  # Split's num_outputs
                           float_layers={layer.name: layer for layer in fg.layers},
-                          wide_weights=wide_weights)
+                          wide_weights=wide_weights, weights_as_inputs=weights_as_inputs)
     for t in ints:  # a quantized constant: its float value fake-quantized like an activation
         if t in qg.constants:
             value = fg.constants[t] if t in fg.constants else qdq_dequantized(qg, t)
@@ -183,11 +200,34 @@ def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18,
     params = [helper.make_tensor_value_info(f"{t}{PARAMS_SUFFIX}", TensorProto.FLOAT, [5])
               for t in b.parameters]
     switches = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [])
-                for n in [*b.switched, *b.wide]]
-    model = qdq._model(b, [value(t) for t in qg.inputs] + params + switches,
+                for n in [*b.switched, *b.wide]]  # inputs still where weights are (unread)
+    weights = [helper.make_tensor_value_info(w.name, TensorProto.FLOAT, list(w.real.shape))
+               for w in b.weight_inputs]
+    model = qdq._model(b, [value(t) for t in qg.inputs] + params + switches + weights,
                        [value(t) for t in qg.outputs], b.opset)
-    return (model, list(b.parameters), [n[:-len(NPU_SUFFIX)] for n in b.switched],
-            [n[:-len(W16_SUFFIX)] for n in b.wide])
+    out = (model, list(b.parameters), [n[:-len(NPU_SUFFIX)] for n in b.switched],
+           [n[:-len(W16_SUFFIX)] for n in b.wide])
+    return (*out, tuple(b.weight_inputs)) if weights_as_inputs else out
+
+
+@dataclass(frozen=True, eq=False)
+class SwitchedWeight:
+    """A conv layer's weights or bias as one input of its fake-quant model: ``real`` (the
+    float layer's, on the CPU) ``+ npu · delta`` (``<layer>::npu``: the integer layer's,
+    dequantized) ``+ w16 · wide`` (``<layer>::w16``, where int16 weights are exported)."""
+
+    name: str
+    layer: str
+    real: np.ndarray
+    delta: np.ndarray
+    wide: np.ndarray | None = None
+
+    def value(self, npu: np.ndarray, w16: np.ndarray | None) -> np.ndarray:
+        """The float32 operations the in-model form runs (Mul, then Add), so the same bits."""
+        value = self.real + self.delta * np.float32(npu)
+        if self.wide is not None:
+            value = value + self.wide * np.float32(w16)
+        return value
 
 
 def params_feed(tensors: list[str], params: Mapping[str, QParams | None],
@@ -220,16 +260,26 @@ class Exported:
     tensors: tuple[str, ...]   # whose ``<tensor>::fq`` parameters are inputs
     layers: tuple[str, ...]    # whose ``<layer>::npu`` switch is an input
     wide: tuple[str, ...] = ()  # whose ``<layer>::w16`` switch is an input
+    weights: tuple[SwitchedWeight, ...] = ()  # inputs computed from the switches
+
+    def digest(self, hasher) -> None:
+        """Feeds ``hasher`` (hashlib) with what the model computes: its bytes, its weights'."""
+        hasher.update(self.model.SerializeToString())
+        for w in self.weights:
+            hasher.update(w.name.encode() + b"\0" + w.layer.encode())
+            for array in (w.real, w.delta, *([] if w.wide is None else [w.wide])):
+                hasher.update(np.ascontiguousarray(array).tobytes())
 
 
 def export_graphs(graphs: Mapping[int, tuple]) -> dict[int, Exported]:
     """Each NPU graph (index -> its quantized and float graph, and optionally its conv
-    layers' int16 weights for `export_fake_quant`) as its fake-quant model."""
+    layers' int16 weights for `export_fake_quant`) as its fake-quant model, its switched
+    weights as inputs."""
     out = {}
     for index, (qg, fg, *wide) in graphs.items():
-        model, tensors, layers, switched = export_fake_quant(
-            qg, fg, wide_weights=wide[0] if wide else None)
-        out[index] = Exported(model, tuple(tensors), tuple(layers), tuple(switched))
+        model, tensors, layers, switched, weights = export_fake_quant(
+            qg, fg, wide_weights=wide[0] if wide else None, weights_as_inputs=True)
+        out[index] = Exported(model, tuple(tensors), tuple(layers), tuple(switched), weights)
     return out
 
 
@@ -246,6 +296,8 @@ class FakeQuantPipeline:
         self.sessions = {i: onnx_io.session(e.model) for i, e in self.exported.items()}
         self._feeds: dict[int, dict[str, np.ndarray]] = {}
         self._last: dict[int, tuple] = {}  # id(sample) -> (sample, its last run's steps)
+        # (graph, weight input, its switches) -> its value: computed once per state
+        self._weights: dict[tuple, np.ndarray] = {}
         self.runner = Runner(split_dir, backends={"npu": self._npu})
 
     def tensors(self, index: int) -> list[str]:
@@ -260,8 +312,24 @@ class FakeQuantPipeline:
     def _npu(self, graph, feeds):
         session = self.sessions[graph.index]
         names = [o.name for o in session.get_outputs()]
-        values = session.run(names, {**dict(feeds), **self._feeds[graph.index]})
+        params = self._feeds[graph.index]
+        values = session.run(names, {**dict(feeds), **params,
+                                     **self.weight_feeds(graph.index, params)})
         return dict(zip(names, values))
+
+    def weight_feeds(self, index: int, params: Mapping[str, np.ndarray]
+                     ) -> dict[str, np.ndarray]:
+        """Graph ``index``'s switched weights under the switches in ``params``, each computed
+        the first time its layer's switches take those values."""
+        out = {}
+        for w in self.exported[index].weights:
+            npu = params[f"{w.layer}{NPU_SUFFIX}"]
+            w16 = None if w.wide is None else params[f"{w.layer}{W16_SUFFIX}"]
+            key = (index, w.name, float(npu), None if w16 is None else float(w16))
+            if key not in self._weights:
+                self._weights[key] = w.value(npu, w16)
+            out[w.name] = self._weights[key]
+        return out
 
     def run_all(self, samples, feeds: Sequence[Mapping[int, dict[str, np.ndarray]]],
                 kept) -> list[list[dict]]:

@@ -140,7 +140,7 @@ class FakeQuantOnDask:
         self.search, self.exported = search, dict(exported)
         digest = hashlib.blake2b(search.split.key.encode(), digest_size=16)
         for index in sorted(self.exported):
-            digest.update(self.exported[index].model.SerializeToString())
+            self.exported[index].digest(digest)
         self.key = digest.hexdigest()
         self._models: tuple | None = None  # (client, future of the models)
 

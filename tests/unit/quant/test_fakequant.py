@@ -63,3 +63,47 @@ def test_a_value_switched_off_passes_through_even_when_infinite():
     np.testing.assert_array_equal(session.run(["y"], {"x": x, **off})[0], want)
     on = fakequant.params_feed(tensors, params, layers, cpu)
     assert np.isfinite(session.run(["y"], {"x": x, **on})[0]).all()  # clipped to the range
+
+
+TWO_CONVS = model([helper.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]),
+                   helper.make_node("Relu", ["c"], ["r"]),
+                   helper.make_node("Conv", ["r", "w2", "b2"], ["y"])],
+                  {"x": [1, 2, 5, 5]}, {"y": [1, 4, 5, 5]},
+                  {"w1": RNG.normal(0, 0.5, (3, 2, 3, 3)), "b1": RNG.normal(0, 0.1, 3),
+                   "w2": RNG.normal(0, 0.5, (4, 3, 1, 1)), "b2": RNG.normal(0, 0.1, 4)})
+
+
+def test_switched_weights_fed_as_inputs_give_the_in_model_switching_bit_for_bit():
+    """The search's fake-quant models take each switched weight as an input that
+    `FakeQuantPipeline` computes once per state of its layer's switches (on the NPU or not,
+    int16 weights or not) instead of in the model on every run: the same outputs, bit for
+    bit, for every state, in any order of choices (the second time a state comes back its
+    weights come from the cache); and no node of the model computes a weight any more."""
+    feeds = samples({"x": [1, 2, 5, 5]}, n=3)
+    fg, probe = lower(TWO_CONVS)
+    stats = calibrate.observe(fg, probe, feeds, "minmax")
+    config = quantizer.QuantConfig(scheme="asymmetric", granularity="per_channel",
+                                   method="minmax")
+    qg = quantizer.Quantizer(fg, stats, config).run("g")
+    params, _ = quantizer.Quantizer(fg, stats, config).tensor_params()
+    wide = quantizer.wide_weight_values(fg, stats, config, qg)
+    in_model, tensors, layers, switched = fakequant.export_fake_quant(qg, fg, wide_weights=wide)
+    exported = fakequant.export_graphs({0: (qg, fg, wide)})[0]
+    assert (exported.tensors, exported.layers, exported.wide) == (
+        tuple(tensors), tuple(layers), tuple(switched))
+    assert len(layers) == 2 and len(switched) == 2 and len(exported.weights) == 4
+    computed = lambda m: sorted(i.name for i in m.graph.initializer  # noqa: E731
+                                if i.name.endswith(("::wd", "::wf", "::bd", "::bf")))
+    assert len(computed(in_model)) == 8 and computed(exported.model) == []
+    reference, fed = onnx_io.session(in_model), onnx_io.session(exported.model)
+    pipeline = fakequant.FakeQuantPipeline.__new__(fakequant.FakeQuantPipeline)
+    pipeline.exported, pipeline._weights = {0: exported}, {}
+    states = [(cpu, w16) for cpu in (set(), {layers[0]}, set(layers))
+              for w16 in (set(), {switched[1]}, set(switched))]
+    for cpu, w16 in [*states, *states[::-1]]:
+        feed = fakequant.params_feed(tensors, params, layers, cpu, switched, w16)
+        for x in feeds:
+            want = reference.run(["y"], {**x, **feed})[0]
+            got = fed.run(["y"], {**x, **feed, **pipeline.weight_feeds(0, feed)})[0]
+            np.testing.assert_array_equal(got, want)
+    assert len(pipeline._weights) == 4 * 3  # each weight in its three states, computed once
