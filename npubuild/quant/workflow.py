@@ -146,6 +146,9 @@ class Workflow:
         self.base_overrides = options.overrides
         self._deployed: dict = {}
         self._by_rounding: dict[str, tuple] = {}  # weight rounding -> graphs, judged values
+        # (graph, its config, its float nodes) -> (qgraph, records): a graph the overrides of
+        # an adopted choice leave as an earlier quantization had it is not quantized again
+        self._quantizations: dict[tuple, tuple] = {}
 
     def _lowered(self, graph: SubGraph) -> GraphState:
         _, float_nodes = _config_for(self.options, self.options.overrides, graph.model)
@@ -175,6 +178,7 @@ class Workflow:
             count += samples_in_batch
         if count == 0:
             raise BuildError("no calibration sample was read", stage="quantize")
+        self._quantizations.clear()  # quantized from other statistics
         return count
 
     def gather_weight_grams(self, samples: Iterable[Mapping[str, np.ndarray]],
@@ -197,6 +201,7 @@ class Workflow:
                 for tensor, stats in state.observer.stats.items():
                     if stats.patch_grams:
                         first.stats[tensor].patch_grams = stats.patch_grams
+            self._quantizations.clear()
         finally:
             for state, first in zip(self.states, observed):
                 state.observer = first
@@ -212,10 +217,20 @@ class Workflow:
         return len(batch), [observer.stats for observer in observers]
 
     def quantize(self) -> None:
+        """Quantize every NPU graph with the current options; a graph whose own configuration
+        (its tensors' precisions and methods, the scheme, the rounding) and float nodes an
+        earlier call already quantized with the same statistics gets that result back: the
+        precision search's confirmations re-quantize only the graphs its choice changed."""
         self._deployed = {}
         for state in self.states:
-            state.qgraph, state.records = self._quantized(state, self.options.overrides)
-            check.check_quantized(state.qgraph)
+            config, float_nodes = _config_for(self.options, self.options.overrides,
+                                              state.graph.model)
+            key = (state.graph.index, config, frozenset(float_nodes))
+            if key not in self._quantizations:
+                quantized = self._quantized(state, self.options.overrides)
+                check.check_quantized(quantized[0])
+                self._quantizations[key] = quantized
+            state.qgraph, state.records = self._quantizations[key]
 
     def use_weight_rounding(self, rounding: str) -> None:
         """Quantize with another weight rounding (`npubuild.quant.rounding`); going back to

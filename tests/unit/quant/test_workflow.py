@@ -38,3 +38,83 @@ def test_the_reference_runs_once_for_any_tensors_kept_by_the_first_run(tmp_path,
     fresh = workflow.deployed_values(samples, ["y"])
     assert len(runs) == 2
     assert all(np.array_equal(a["y"], b["y"]) for a, b in zip(first, fresh))
+
+
+def _two_npu_graphs(tmp_path) -> Workflow:
+    """Conv (NPU) → Relu (CPU) → Conv (NPU): two NPU graphs, calibrated and quantized."""
+    import onnx
+    from onnx import numpy_helper
+
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.workflow import Options
+    from npubuild.split import graph_infos
+
+    rng = np.random.default_rng(0)
+    shape = [1, 4, 8, 8]
+    split = tmp_path / "split"
+    split.mkdir(parents=True)
+    parts = [("npu", "x", "c", helper.make_node("Conv", ["x", "w1"], ["c"], name="conv1",
+                                                pads=[1, 1, 1, 1])),
+             ("cpu", "c", "p", helper.make_node("Relu", ["c"], ["p"], name="relu")),
+             ("npu", "p", "y", helper.make_node("Conv", ["p", "w2"], ["y"], name="conv2",
+                                                pads=[1, 1, 1, 1]))]
+    for i, (_, x, y, node) in enumerate(parts):
+        inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), w)
+                 for w in node.input[1:]]
+        graph = helper.make_graph([node], f"g{i}", [helper.make_tensor_value_info(x, 1, shape)],
+                                  [helper.make_tensor_value_info(y, 1, shape)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.save(model, split / f"graph_{i}.onnx")
+    graph_infos.write(split / "graph_infos.json", graph_infos.build(
+        [(d, [x], [y]) for d, x, y, _ in parts], {t: shape for t in "xcpy"}, ["x"], ["y"]))
+    workflow = Workflow(SplitPipeline(split), Options(QuantConfig(scheme="asymmetric",
+                                                                  granularity="per_channel"),
+                                                      chip_int16=True))
+    workflow.calibrate([{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(3)])
+    workflow.quantize()
+    return workflow
+
+
+def _saved(qgraph, directory) -> tuple[str, dict]:
+    json_path, npz_path = qgraph.save(directory / f"{qgraph.name}.qgraph.json")
+    with np.load(npz_path) as arrays:
+        return json_path.read_text(), {k: arrays[k] for k in arrays.files}
+
+
+def test_an_adopted_choice_quantizes_again_only_the_graphs_it_changes(tmp_path, monkeypatch):
+    """The search's confirmations adopt a choice (`Workflow.adopt`): a graph whose own
+    configuration the choice leaves as an earlier quantization had it is that quantization
+    (not quantized again), and every graph equals what quantizing from scratch gives."""
+    from npubuild.quant import quantizer
+    from npubuild.quant.workflow import OverrideSpec
+
+    workflow = _two_npu_graphs(tmp_path)
+    first, second = (s.qgraph for s in workflow.states)
+    quantized = []
+    original = quantizer.quantize_graph
+
+    def counted(fg, stats, config, name):
+        quantized.append(name)
+        return original(fg, stats, config, name)
+
+    monkeypatch.setattr(quantizer, "quantize_graph", counted)
+    wide_p = [OverrideSpec(tensors=("p",), precision="int16")]
+    workflow.adopt(wide_p)                       # p is graph 2's input: graph 1 unchanged
+    assert quantized == ["graph_2"]
+    assert workflow.states[0].qgraph is first and workflow.states[1].qgraph is not second
+    chosen = workflow.states[1].qgraph
+    workflow.adopt([])                           # back to int8: both known
+    assert quantized == ["graph_2"] and workflow.states[1].qgraph is second
+    workflow.adopt(wide_p)
+    assert quantized == ["graph_2"] and workflow.states[1].qgraph is chosen
+    fresh = _two_npu_graphs(tmp_path / "fresh")  # the same choice quantized from scratch
+    fresh.adopt(wide_p)
+    for i, (cached, state) in enumerate(zip(workflow.states, fresh.states)):
+        (tmp_path / f"a{i}").mkdir()
+        (tmp_path / f"b{i}").mkdir()
+        text, arrays = _saved(cached.qgraph, tmp_path / f"a{i}")
+        want_text, want_arrays = _saved(state.qgraph, tmp_path / f"b{i}")
+        assert text == want_text and arrays.keys() == want_arrays.keys()
+        assert all(np.array_equal(arrays[k], want_arrays[k]) for k in arrays)
