@@ -266,6 +266,8 @@ def _exact_chunks(w_abs: np.ndarray, row_max: float, x_max: float,
         return [0, k]
     if float(w_abs.max(initial=0.0)) >= limit:
         return None
+    if max_runs is not None and row_max >= max_runs * limit:
+        return None  # every run's sum of that row is under the limit: it needs more runs
     prefix = np.concatenate([np.zeros((w_abs.shape[0], 1)), np.cumsum(w_abs, axis=1)], axis=1)
     cuts = [0]
     while cuts[-1] < k:  # the longest run from the last cut that stays under the limit

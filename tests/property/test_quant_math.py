@@ -6,6 +6,7 @@ import math
 from fractions import Fraction
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -350,3 +351,17 @@ def test_cutting_stops_past_the_cap():
     begun = time.process_time()
     assert reference._exact_chunks(w_abs, row_max, 32767.0, reference.MAX_FLOAT32_RUNS) is None
     assert time.process_time() - begun < 2.0  # uncapped: minutes
+
+
+def test_a_row_that_needs_more_runs_than_the_cap_is_known_before_any_cut(monkeypatch):
+    """A row whose absolute weights sum to ``max_runs`` limits or more needs more than
+    ``max_runs`` runs (each run's part of it stays under one limit): None at once, without
+    the prefix sums (an M x K pass per layer and sample, BirdNET's 2,108 int16 products)."""
+    from npubuild.quant import reference
+
+    w_abs = np.full((8, 600), 127.0)
+    row_max = float(w_abs.sum(axis=1).max())
+    limit = reference.FLOAT32_EXACT / 32767.0
+    assert row_max >= 8 * limit
+    monkeypatch.setattr(np, "cumsum", lambda *a, **k: pytest.fail("prefix sums computed"))
+    assert reference._exact_chunks(w_abs, row_max, 32767.0, 8) is None
