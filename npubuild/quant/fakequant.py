@@ -10,9 +10,7 @@ scale, zero point, integer bounds and an on/off switch are graph inputs
 
 Weights and biases are the exported integers on the NPU and the float layer's own where a
 choice moves the layer to the CPU (a switch input per conv layer), quantized constants keep
-no integers of their own: their float values are fake-quantized like activations (int8,
-int16 or float by the same parameter inputs, so a layer a choice runs in float reads its float
-constant), lookup tables and CPU layers their float fragments between the fake
+their integers, lookup tables and CPU layers their float fragments between the fake
 quantizations, so one model computes the graph under any choice of int8, int16 and float per
 tensor (`params_feed` turns the quantizer's parameters and placement into the inputs); the
 search's models (`export_graphs`) take the switched weights as inputs too, which
@@ -106,6 +104,8 @@ class _FakeQuantBuilder(qdq._Builder):
         info = self.qgraph.tensors[t]
         if info.is_float:
             return self.float_name[t]
+        if t in self.qgraph.constants:
+            return super().read(t)
         return self.value_of[t]
 
     def write(self, t: str, value: str, nudge=None, clamp=None) -> None:
@@ -153,12 +153,6 @@ class _FakeQuantBuilder(qdq._Builder):
                          [f"{t}::fq{k}"], then_branch=quantized, else_branch=passed)
 
 
-def qdq_dequantized(qg: QGraph, t: str) -> np.ndarray:
-    """A quantized constant's value as its integers say (one the float graph does not hold)."""
-    info = qg.tensors[t]
-    return (np.asarray(qg.constants[t], np.float64) - (info.zero_point or 0)) * info.scale
-
-
 def _branch(name: str, output: str, nodes: list) -> onnx.GraphProto:
     """An If branch: ``nodes`` reading the outer graph's values, giving ``output``."""
     return helper.make_graph(nodes, name, [],
@@ -185,10 +179,9 @@ def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18,
                           opset=max(opset, 18),  # Split's num_outputs
                           float_layers={layer.name: layer for layer in fg.layers},
                           wide_weights=wide_weights, weights_as_inputs=weights_as_inputs)
-    for t in ints:  # a quantized constant: its float value fake-quantized like an activation
+    for t in ints:
         if t in qg.constants:
-            value = fg.constants[t] if t in fg.constants else qdq_dequantized(qg, t)
-            b.value_of[t] = b.fake_quant(t, b.const(f"{t}::float", np.asarray(value, np.float32)))
+            b.const(f"{t}::q", qg.constants[t])
     for t in qg.inputs:
         if not qg.tensors[t].is_float:
             b.value_of[t] = b.fake_quant(t, t)

@@ -149,15 +149,6 @@ class SearchResult:
                 for t in self.members.get(root, [root])]
 
 
-def _held_exactly(qg, fg, t: str) -> bool:
-    """Whether the constant ``t``'s integers give back its float value (to float32's rounding):
-    a scalar, a hard-swish's 3 and 6, a vector of equal steps; nothing wider buys anything."""
-    value = np.asarray(fg.constants.get(t, np.nan), np.float64)
-    got = fakequant.qdq_dequantized(qg, t)
-    scale = float(np.max(np.abs(value), initial=0.0))
-    return bool(np.all(np.abs(got - value) <= 1e-6 * scale))
-
-
 class PrecisionSearch:
     """Scores choices with fake-quant sessions of ``workflow``'s NPU graphs on ``samples``;
     ``judge(gots)`` is verify's verdict on one list of per-sample values (model outputs and
@@ -390,9 +381,7 @@ class PrecisionSearch:
     # ---- candidates ---------------------------------------------------------------------
 
     def _candidates(self) -> list[str]:
-        """Every quantized activation a layer rounds or a graph takes in, and every quantized
-        constant a layer reads (a window, a BatchNorm's scale and offset as Mul/Add operands:
-        int16, or float with its reader on the CPU, as an activation), in pipeline order.
+        """Every quantized activation a layer rounds or a graph takes in, in pipeline order.
         A tensor that only moves data (reshape, transpose, slice, maxpool ...) shares its
         source's parameters: it goes with its source (``members``), whatever precision."""
         members: dict[str, list[str]] = {}
@@ -401,10 +390,6 @@ class PrecisionSearch:
             source: dict[str, str] = {}
             for t in qg.inputs:
                 source[t] = t
-            named = tensor_names(state.graph.model)  # one an override can name
-            for layer in qg.layers:  # a quantized constant operand int8 rounds: a candidate
-                source.update((t, t) for t in layer.inputs if t in qg.constants and t in named
-                              and not _held_exactly(qg, state.fg, t))
             for layer in qg.layers:
                 moves = layer.kind in MOVES_DATA or (
                     layer.kind == "resize" and layer.attrs.get("mode") == "nearest")
@@ -412,7 +397,7 @@ class PrecisionSearch:
                     source[t] = source.get(layer.inputs[0], layer.inputs[0]) if moves else t
             for t, root in source.items():
                 info = qg.tensors.get(t)
-                if info is None or info.is_float:
+                if info is None or info.is_float or t in qg.constants:
                     continue
                 group = members.setdefault(root, [])
                 if t not in group:

@@ -75,11 +75,9 @@ def _no_progress(items, total=None, description=""):
 
 
 def tensor_names(model) -> set[str]:
-    """The tensors a tensor override may name in one submodel: its nodes' outputs, its inputs
-    and its initializers (a constant operand the quantizer quantizes: int16, or float with
-    the layer that reads it on the CPU)."""
-    return ({o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
-            | {t.name for t in model.graph.initializer})
+    """The tensors a tensor override may name in one submodel: its nodes' outputs and its
+    inputs."""
+    return {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
 
 
 WIDE_WEIGHTS = "w16a16"

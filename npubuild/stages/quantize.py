@@ -40,7 +40,7 @@ from npubuild.quant.lower import EqualizationNotExact
 from npubuild.quant.pipeline import SplitPipeline
 from npubuild.quant.quantizer import QuantConfig
 from npubuild.quant.search import PrecisionSearch, SearchSpec
-from npubuild.quant.workflow import WIDE_WEIGHTS, Options, OverrideSpec, Workflow, tensor_names
+from npubuild.quant.workflow import WIDE_WEIGHTS, Options, OverrideSpec, Workflow
 from npubuild.split.cost import float_macs_per_second
 from npubuild.stages import StageContext
 from npubuild.stages.files import CALIBRATION_FIELD, calibration_files, verify_files
@@ -56,7 +56,8 @@ def check_override_names(loaded, pipeline: SplitPipeline) -> None:
     for graph in pipeline.graphs:
         model = graph.model
         nodes.update(n.name for n in model.graph.node)
-        tensors.update(tensor_names(model))  # outputs, inputs, constant operands
+        tensors.update(o for n in model.graph.node for o in n.output)
+        tensors.update(i.name for i in model.graph.input)
     for i, override in enumerate(loaded.recipe.quantization.overrides):
         for kind, names, known in (("nodes", override.nodes, nodes), ("tensors", override.tensors, tensors)):
             for j, name in enumerate(names):
@@ -426,11 +427,9 @@ def weights_bound(search: PrecisionSearch, judge: SampleJudge, samples: list) ->
 
 def _fixed_constants(search: PrecisionSearch, shown: int = 3) -> str:
     """The quantized constants of the NPU graphs (operands such as a window or anchors, not a
-    layer's weights) that no override can name (lowering made them), which stay integer
-    whatever the search chooses, largest first; the others are candidates."""
+    layer's weights), which stay integer whatever the search chooses, largest first."""
     found = sorted(((int(value.size), name) for state in search.states.values()
-                    for name, value in state.qgraph.constants.items()
-                    if name not in search.candidates), key=lambda c: (-c[0], c[1]))
+                    for name, value in state.qgraph.constants.items()), key=lambda c: (-c[0], c[1]))
     if not found:
         return ""
     names = ", ".join(f"{name} ({size} value{'s' * (size != 1)})" for size, name in found[:shown])
