@@ -19,10 +19,21 @@ def recipe_text(path, inputs="", outputs="", name="imp"):
             + (f"  inputs:\n{inputs}" if inputs else "") + (f"  outputs: {outputs}\n" if outputs else ""))
 
 
-def run_import(cli, tmp_path, text):
+def run_recipe(cli, tmp_path, text, *args):
+    """``text`` written as the recipe and run (``args``: a stage, flags) into ``tmp_path/b``,
+    cached in ``tmp_path/c``."""
     recipe = write_recipe(tmp_path, text)
-    return cli("run", str(recipe), "import", "--json", "--build-dir", str(tmp_path / "b"),
+    return cli("run", str(recipe), *args, "--build-dir", str(tmp_path / "b"),
                "--cache", str(tmp_path / "c"))
+
+
+def run_import(cli, tmp_path, text):
+    return run_recipe(cli, tmp_path, text, "import", "--json")
+
+
+def built(tmp_path, name: str, artifact: str) -> dict:
+    """A JSON artifact of build ``name`` that `run_recipe` built (``import/import.json``)."""
+    return json.loads((tmp_path / "b" / name / artifact).read_text())
 
 
 def test_cut_at_an_inner_tensor_keeps_only_what_it_needs(cli, tmp_path):
@@ -93,17 +104,15 @@ def test_full_int8_tflite_is_proved_op_by_op_and_deploys_as_its_float_model(cli,
             # a 16x16 toy on 4 photos: a few of its 13 output channels barely move, and one int8
             # step flattens them; what this test proves is the import and the NPU placement
             "verify: {min_cosine: 0.9, dead_channels: false}\n")
-    recipe = write_recipe(tmp_path, text)
-    result = cli("run", str(recipe), "--json", "--build-dir", str(tmp_path / "b"),
-                 "--cache", str(tmp_path / "c"))
+    result = run_recipe(cli, tmp_path, text, "--json")
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr and "absl::InitializeLog" not in result.stderr
-    info = json.loads((tmp_path / "b/int8/import/import.json").read_text())
+    info = built(tmp_path, "int8", "import/import.json")
     op_by_op = info["proof"]["op_by_op"]
     assert op_by_op["tensors"] >= 8 and op_by_op["max_steps"] <= 1
     assert info["proof"]["dequantized"]["activation_pairs_removed"] >= 8
     assert not {"QuantizeLinear", "DequantizeLinear"} & set(info["ops"])
-    support = json.loads((tmp_path / "b/int8/split/support.json").read_text())
+    support = built(tmp_path, "int8", "split/support.json")
     assert support["cpu_nodes"] == 0 and support["npu_nodes"] > 0, support["cpu_ops"]
 
 
@@ -194,9 +203,8 @@ def test_paddle_style_reshape_imports_with_every_shape_known(cli, tmp_path):
 
 def test_old_ir_model_passes_fusion_and_split(cli, tmp_path):
     onnx.save(onnx_models.old_ir_conv_bn(), str(tmp_path / "old.onnx"))
-    recipe = write_recipe(tmp_path, recipe_text(tmp_path / "old.onnx") + "fusion: [conv_bn]\n")
-    result = cli("run", str(recipe), "split", "--build-dir", str(tmp_path / "b"),
-                 "--cache", str(tmp_path / "c"))
+    result = run_recipe(cli, tmp_path, recipe_text(tmp_path / "old.onnx") + "fusion: [conv_bn]\n",
+                        "split")
     assert result.returncode == 0, result.stderr
     split = onnx.load(str(tmp_path / "b/imp/split/graph_0.onnx"))
     assert [i.name for i in split.graph.input] == ["x"]
@@ -427,16 +435,14 @@ def test_a_conv_transpose_is_imported_as_conv_shuffle_and_slice_and_runs_on_the_
               "       preprocess: {resize: [16, 16], scale: 0.00392156862745098}}\n")
     text = (recipe_text(tmp_path / "up.onnx", inputs, name="up") + "target: npu-16m\n"
             "quantization:\n  calibration: {data: 'pkg:skimage/data/[a-c]*.png', samples: 2}\n")
-    recipe = write_recipe(tmp_path, text)
-    result = cli("run", str(recipe), "--json", "--build-dir", str(tmp_path / "b"),
-                 "--cache", str(tmp_path / "c"))
+    result = run_recipe(cli, tmp_path, text, "--json")
     assert result.returncode == 0, result.stderr
-    info = json.loads((tmp_path / "b/up/import/import.json").read_text())
+    info = built(tmp_path, "up", "import/import.json")
     proof = info["proof"]["conv_transpose_as_conv_and_shuffle"]
     assert proof["conv_transposes"] == 2 and proof["max_rel"] < 1e-5
     model = onnx.load(str(tmp_path / "b/up/import/model.onnx"))
     assert [n.op_type for n in model.graph.node] == ops
-    support = json.loads((tmp_path / "b/up/split/support.json").read_text())
+    support = built(tmp_path, "up", "split/support.json")
     assert support["cpu_nodes"] == 0 and support["npu_nodes"] == 7, support["cpu_ops"]
 
 
@@ -466,7 +472,7 @@ def test_an_input_no_node_reads_leaves_the_model_and_the_build_passes(cli, tmp_p
     rng = np.random.default_rng(1)
     for i in range(4):
         np.savez(tmp_path / f"s_{i}.npz", ids=rng.integers(0, 20, (1, 8)), length=np.array([8]))
-    recipe = write_recipe(tmp_path, f"""\
+    result = run_recipe(cli, tmp_path, f"""\
         version: 1
         name: unread
         model:
@@ -479,12 +485,11 @@ def test_an_input_no_node_reads_leaves_the_model_and_the_build_passes(cli, tmp_p
           calibration: {{data: "s_[01].npz", samples: 2}}
         verify: {{data: "s_[23].npz", samples: 2, min_cosine: 0.9}}
         """)
-    result = cli("run", str(recipe), "--build-dir", str(tmp_path / "b"), "--cache", str(tmp_path / "c"))
     assert result.returncode == 0, result.stderr
     assert "input 'length' is read by no node" in result.stderr
     imported = onnx.load(str(tmp_path / "b/unread/import/model.onnx"))
     assert [v.name for v in imported.graph.input] == ["ids"]
-    summary = json.loads((tmp_path / "b/unread/import/import.json").read_text())
+    summary = built(tmp_path, "unread", "import/import.json")
     assert summary["unread_inputs"] == ["length"]
 
 
@@ -503,14 +508,12 @@ def test_a_recurrent_layer_is_imported_unrolled_and_runs_on_the_npu_in_integers(
     text = (recipe_text(tmp_path / "gru.onnx", "    - {name: X, shape: [6, 1, 3]}\n", name="gru")
             + "target: npu-16m\nquantization:\n  calibration: {data: 'x_[0-3].npz', samples: 4}\n"
             "verify:\n  data: 'x_[4-7].npz'\n")
-    recipe = write_recipe(tmp_path, text)
-    result = cli("run", str(recipe), "--json", "--build-dir", str(tmp_path / "b"),
-                 "--cache", str(tmp_path / "c"))
+    result = run_recipe(cli, tmp_path, text, "--json")
     assert result.returncode == 0, result.stderr
-    info = json.loads((tmp_path / "b/gru/import/import.json").read_text())
+    info = built(tmp_path, "gru", "import/import.json")
     proof = info["proof"]["recurrent"]
     assert proof["unrolled"] == {"GRU": 1} and proof["max_rel"] < 1e-5
-    support = json.loads((tmp_path / "b/gru/split/support.json").read_text())
+    support = built(tmp_path, "gru", "split/support.json")
     assert support["cpu_nodes"] == 0, support["cpu_ops"]
     report = json.loads(result.stdout)
     assert report["simulator"]["bit_exact"] is True
