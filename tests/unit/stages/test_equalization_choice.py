@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 from onnx import helper, numpy_helper
 
 from npubuild import onnx_io
@@ -89,6 +90,25 @@ def test_the_proof_names_a_rescaling_that_changed_the_function():
     w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 1.01, "w2"))
     feeds = {"x": np.ones(SHAPE, np.float32)}
     assert proof_failures(m, eq, feeds) and "'y'" in proof_failures(m, eq, feeds)[0]
+
+
+def test_lowering_proves_a_model_whose_batch_norms_were_folded_without_a_pair(monkeypatch):
+    """Folding a BatchNorm changes the model even where no pair is then equalised, so lowering
+    proves it too: a fold that changed the function stops the build."""
+    import pytest
+
+    from npubuild.quant import equalize as cross_layer
+    from npubuild.quant.lower import EqualizationNotExact, lower
+
+    def folded_wrongly(model):
+        eq, result = equalize(model)
+        w = next(t for t in eq.graph.initializer if t.name == "w2")
+        w.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(w) * 1.01, "w2"))
+        return eq, cross_layer.Result([], [], 0, result.folded)
+
+    monkeypatch.setattr(cross_layer, "equalize", folded_wrongly)
+    with pytest.raises(EqualizationNotExact):
+        lower(squeezed_model(), equalize=True)
 
 
 def test_without_equalisation_int8_and_int16_cannot_hold_the_channel(tmp_path):
