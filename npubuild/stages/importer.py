@@ -9,7 +9,8 @@ a layer normalisation written out in primitives becomes one LayerNormalization (
 a recurrent layer (LSTM, GRU, RNN) of a static sequence length is unrolled over its steps,
 `npubuild.frontends.recurrent`; a MatMul by a constant left operand becomes the product by a
 constant right one; each 1-D
-Conv becomes the 2-D Conv of a height-1 image; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
+Conv or ConvTranspose becomes the 2-D one of a height-1 image, and each 2-D ConvTranspose a Conv,
+a pixel shuffle and a slice; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
