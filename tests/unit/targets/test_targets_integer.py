@@ -108,6 +108,9 @@ MODELS = {
     "ReduceMean over channels": [one("ReduceMean", [X], axes=[1], keepdims=1)],
     "Identity": [one("Identity", [X])],
     "Exp": [one("Exp", [X])],
+    "Abs": [one("Abs", [X])],
+    "Sqrt": [chain("Abs", "Sqrt")],  # of what is not negative: a NaN stops calibration
+    "Neg": [one("Neg", [X])],
     "Erf": [one("Erf", [X])],
     "Gelu": [gelu()],
     "Pow": [one("Pow", [X, []], {1: np.array(3.0, F)})],
@@ -170,7 +173,7 @@ def test_conditions_are_read_from_the_lowering_rules():
 
 # TPU-MLIR's Active op computes these as lookup tables, and so does npubuild's quantizer
 # (``quant.ops.LUT_FUNCTIONS``): a chip whose table follows TPU-MLIR's coverage runs them
-TABLED_ACTIVATIONS = ["Elu", "Softplus", "Softsign"]
+TABLED_ACTIVATIONS = ["Elu", "Softplus", "Softsign", "Exp", "Abs", "Sqrt"]
 
 
 @pytest.mark.parametrize("name", TABLED_ACTIVATIONS)
@@ -183,3 +186,12 @@ def test_an_activation_the_quantizer_tables_runs_on_the_npu_of_a_tpu_mlir_like_c
 
     assert name in LUT_FUNCTIONS
     assert reasons_of(MODELS[name][0], "npu-16m") == []
+
+
+def test_neg_runs_on_the_npu_of_a_tpu_mlir_like_chip_as_a_rescale_by_minus_one():
+    """basic-pitch's constant-Q front end negates 9 tensors; npu-16m placed each Neg on the
+    CPU though the quantizer lowers it to a rescale by -1 (TPU-MLIR's MulConst)."""
+    from npubuild.quant.ops import RULES
+
+    assert "Neg" in RULES
+    assert reasons_of(MODELS["Neg"][0], "npu-16m") == []
