@@ -442,18 +442,37 @@ def gather_one_index_as_slice(model: onnx.ModelProto) -> onnx.ModelProto:
     return _infer(model)
 
 
+WINDOW_POOLS = ("MaxPool", "AveragePool", "LpPool")
+GLOBAL_POOLS = ("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool")
+
+
+def _one_d(node: onnx.NodeProto, inits: dict, ranks: dict) -> bool:
+    """Whether ``node`` is a 1-D Conv/ConvTranspose (a rank-3 constant weight), a 1-D window
+    pool (one kernel dim, its only output read) or a global pool of a rank-3 tensor."""
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if node.op_type in CONV_OPS:
+        weight = inits.get(node.input[1]) if len(node.input) > 1 else None
+        return weight is not None and len(weight.dims) == 3
+    if node.op_type in WINDOW_POOLS:
+        kernel = next((a.ints for a in node.attribute if a.name == "kernel_shape"), [])
+        return len(kernel) == 1 and len([o for o in node.output if o]) == 1
+    return node.op_type in GLOBAL_POOLS and ranks.get(node.input[0]) == 3
+
+
 def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Each 1-D Conv or ConvTranspose (a rank-3 constant weight: an STFT, a TCN, Silero's
-    encoder, a vocoder's upsampling) as the 2-D one of a height-1 image between an Unsqueeze
-    and a Squeeze on axis 2, which every later stage expresses (the quantizer, the compiler and
-    the simulator know 2-D convolutions, and `conv_transpose_as_conv_and_shuffle` writes a 2-D
-    ConvTranspose as a Conv; the reshapes are layout no-ops on the NPU). The output keeps its
-    name; the same arithmetic, so the import proof holds it to the folding tolerance.
-    Unchanged when there is none."""
+    """Each 1-D Conv, ConvTranspose or pool (an STFT, a TCN, Silero's encoder, a vocoder's
+    upsampling, a text or audio CNN's MaxPool1d and global max/average over time) as the 2-D
+    one of a height-1 image between an Unsqueeze and a Squeeze on axis 2, which every later
+    stage expresses (the quantizer, the compiler and the simulator know 2-D windows, and
+    `conv_transpose_as_conv_and_shuffle` writes a 2-D ConvTranspose as a Conv; the reshapes are
+    layout no-ops on the NPU). The output keeps its name; the same arithmetic, so the import
+    proof holds it to the folding tolerance. Unchanged when there is none."""
     inits = {t.name: t for t in model.graph.initializer}
-    if not any(n.op_type in CONV_OPS and n.domain in ("", "ai.onnx") and len(n.input) > 1
-               and n.input[1] in inits and len(inits[n.input[1]].dims) == 3
-               for n in model.graph.node):
+    ranks = {v.name: len(v.type.tensor_type.shape.dim)
+             for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]
+             if v.type.tensor_type.HasField("shape")}
+    if not any(_one_d(n, inits, ranks) for n in model.graph.node):
         return model
     model = onnx_io.clone(model)
     graph = model.graph
@@ -463,12 +482,11 @@ def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
     nodes: list[onnx.NodeProto] = []
     converted: set[str] = set()
     for node in graph.node:
-        weight = (inits.get(node.input[1]) if node.op_type in CONV_OPS and len(node.input) > 1
-                  else None)
-        if (weight is None or len(weight.dims) != 3 or node.domain not in ("", "ai.onnx")):
+        if not _one_d(node, inits, ranks):
             nodes.append(node)
             continue
-        if weight.name not in converted:  # a weight two Convs share is widened once
+        weight = inits.get(node.input[1]) if node.op_type in CONV_OPS else None
+        if weight is not None and weight.name not in converted:  # a shared weight: widened once
             weight.CopyFrom(onnx.numpy_helper.from_array(
                 onnx.numpy_helper.to_array(weight)[:, :, None, :], weight.name))
             converted.add(weight.name)
@@ -478,17 +496,17 @@ def conv1d_as_2d(model: onnx.ModelProto) -> onnx.ModelProto:
         kw = {} if opset >= 13 else {"axes": [2]}
         nodes.append(onnx.helper.make_node("Unsqueeze", [node.input[0], *axes], [wide_in],
                                            name=f"{node.name or out}/unsqueeze_to_2d", **kw))
-        conv = onnx.NodeProto()
-        conv.CopyFrom(node)
-        conv.input[0], conv.output[0] = wide_in, wide_out
-        for a in conv.attribute:
+        wide = onnx.NodeProto()
+        wide.CopyFrom(node)
+        wide.input[0], wide.output[0] = wide_in, wide_out
+        for a in wide.attribute:
             if a.name in ("kernel_shape", "strides", "dilations", "output_shape"):
                 a.ints[:] = [1, *a.ints]
             elif a.name == "output_padding":
                 a.ints[:] = [0, *a.ints]
             elif a.name == "pads":
                 a.ints[:] = [0, a.ints[0], 0, a.ints[1]]
-        nodes.append(conv)
+        nodes.append(wide)
         nodes.append(onnx.helper.make_node("Squeeze", [wide_out, *axes], [out],
                                            name=f"{node.name or out}/squeeze_to_1d", **kw))
     if opset >= 13:

@@ -48,6 +48,7 @@ from npubuild.frontends import onnx as onnx_frontend
 from npubuild.model_inputs import same_input
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import StageContext
+from npubuild.targets.constraints import CONV_OPS
 
 TF_TOLERANCE = 1e-4
 FOLDED_TOLERANCE = 1e-5  # folded or inlined ops, of the scale of the values (as fusion judges)
@@ -559,14 +560,16 @@ def constant_left_matmuls(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.Mod
 
 
 def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
-    """Each 1-D Conv as a 2-D one (`onnx_frontend.conv1d_as_2d`; after dequantization, where a
-    quantized source's weights became constants), proven against the model before it on the
+    """Each 1-D Conv or pool as a 2-D one (`onnx_frontend.conv1d_as_2d`; after dequantization,
+    where a quantized source's weights became constants), proven against the model before it on the
     proof inputs within the folding tolerance; the proof's figures, or {} when there is none."""
     wide = onnx_frontend.conv1d_as_2d(model)
     if wide is model:
         return model, {}
-    proof = prove_rewrite(model, wide, feeds, "a 1-D Conv widened to 2-D")
-    return wide, {"convs": len([n for n in wide.graph.node if n.name.endswith("/squeeze_to_1d")]),
+    proof = prove_rewrite(model, wide, feeds, "a 1-D Conv or pool widened to 2-D")
+    widened = [n.op_type for n in wide.graph.node if n.output[0].endswith("/as_2d")]
+    pools = len([op for op in widened if op not in CONV_OPS])
+    return wide, {"convs": len(widened) - pools, **({"pools": pools} if pools else {}),
                   "max_rel": proof["max_rel"]}
 
 

@@ -214,6 +214,51 @@ def test_a_1d_conv_becomes_a_2d_conv_of_height_one_that_the_quantizer_takes(opse
     assert onnx_frontend.conv1d_as_2d(model) is model
 
 
+def _pools1d_model(opset: int) -> onnx.ModelProto:
+    """A text or audio CNN's time axis as PyTorch exports it: a 1-D Conv, a MaxPool1d that pads
+    and strides, an AvgPool1d, then global max and average over time side by side."""
+    rng = np.random.default_rng(3)
+    h = onnx.helper
+    graph = h.make_graph(
+        [h.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3], pads=[1, 1], name="conv"),
+         h.make_node("MaxPool", ["c"], ["m"], kernel_shape=[3], strides=[2], pads=[1, 1],
+                     name="max"),
+         h.make_node("AveragePool", ["m"], ["a"], kernel_shape=[2], strides=[2], name="avg"),
+         h.make_node("GlobalMaxPool", ["a"], ["gm"], name="gmax"),
+         h.make_node("GlobalAveragePool", ["a"], ["ga"], name="gavg"),
+         h.make_node("Concat", ["gm", "ga"], ["y"], axis=1)],
+        "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 40])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(rng.normal(size=(4, 2, 3)).astype(np.float32), "w")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=8)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_1d_pools_become_2d_pools_of_height_one_that_the_quantizer_takes(opset):
+    """magika's global max over its byte axis and a CNN's MaxPool1d ran on the CPU ("global
+    pooling of a tensor that is not 4-D"): the quantizer and simulator pool 2-D windows only."""
+    from npubuild.quant import ops
+    from npubuild.quant.lower import Context
+
+    source = _pools1d_model(opset)
+    model = onnx_frontend.conv1d_as_2d(source)
+    pools = [n for n in model.graph.node if "Pool" in n.op_type]
+    assert [n.op_type for n in pools] == ["MaxPool", "AveragePool", "GlobalMaxPool",
+                                          "GlobalAveragePool"]
+    x = {"x": np.random.default_rng(1).normal(size=(1, 2, 40)).astype(np.float32)}
+    expected = onnx_io.run(onnx_io.session(source), x, ["y"])["y"]
+    got = onnx_io.run(onnx_io.session(model), x, ["y"])["y"]
+    assert got.shape == expected.shape == (1, 8, 1)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in [*model.graph.value_info, *model.graph.input, *model.graph.output]}
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    for pool in pools:  # each raises Unsupported for a 1-D window or a rank-3 tensor
+        ops.RULES[pool.op_type](pool, Context(inits, shapes, opset))
+    assert onnx_frontend.conv1d_as_2d(model) is model
+
+
 def _select_model() -> onnx.ModelProto:
     """Attention's packed projections split as PyTorch exports ``select``: a Gather of a
     computed [3, 8, 1, 4] tensor by the scalar indices 0, 1 and 2 on axis 0, one by the

@@ -315,6 +315,24 @@ def test_a_1d_conv_is_imported_as_a_2d_conv_and_proved(cli, tmp_path):
     assert [len(weights[n.input[1]]) for n in model.graph.node if n.op_type == "Conv"] == [4, 4]
 
 
+def test_1d_pools_are_imported_as_2d_pools_and_built_whole_on_the_npu(tmp_path):
+    """A 1-D CNN's MaxPool1d, AvgPool1d and global max/average over time ran on the CPU between
+    NPU segments (magika's byte-axis max): widened at import, the whole model is one NPU graph
+    that passes verify."""
+    from tests.conftest import build_on_npy_data
+    from tests.unit.frontends.test_onnx import _pools1d_model
+
+    rng = np.random.default_rng(5)
+    result, build = build_on_npy_data(
+        tmp_path, "pools1d", "pools1d.onnx", lambda: _pools1d_model(17),
+        lambda: {kind: [rng.normal(size=(1, 2, 40)) for _ in range(4)] for kind in ("cal", "ver")})
+    assert result.returncode == 0, result.stderr
+    proof = json.loads((build / "import" / "import.json").read_text())["proof"]
+    assert (proof["conv1d_as_2d"]["convs"], proof["conv1d_as_2d"]["pools"]) == (1, 4)
+    support = json.loads((build / "split" / "support.json").read_text())
+    assert (support["cpu_nodes"], support["npu_segments"]) == (0, 1)
+
+
 def test_validate_checks_a_model_whose_small_initializers_are_external_data(tmp_path):
     """PyTorch's exporter puts biases in ``model.onnx.data`` too; validate read none of them and
     the checker, given the skeleton in memory, looked for the file in the working directory."""
