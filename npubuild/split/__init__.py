@@ -3,7 +3,8 @@
     plan = plan_split(model, chip, spec)          # decide (no files)
     report = split_model(model, chip, spec, out)  # decide, write, prove
 
-Modules, in the order the work happens: `graph` (index the ONNX graph), `plan` (support check +
+Modules, in the order the work happens: `graph` (index the ONNX graph), `legalize` (convs the
+chip refuses for their kernel or dilation, rewritten as ones it runs), `plan` (support check +
 policy), `partition` (convex segments), `cost` (min_cost), `extract` (submodels),
 `graph_infos` (the AutoSplit file), `outputs` (write + prove), `draw` (segments.svg).
 """
@@ -27,13 +28,16 @@ def split_model(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None, out:
     Returns the report fragment (segments, node counts, the proof's max difference).
     """
     from npubuild import proofs
-    from npubuild.split.outputs import default_layout, prove, write_split
+    from npubuild.split.outputs import default_layout, prove, prove_rewrite, write_split
 
     out = Path(out)
     plan = plan_split(model, chip, spec)
     feeds = feeds if feeds is not None else proofs.make_feeds(model)
+    summary = plan.summary()
+    if plan.legal_convs:
+        summary["legal_convs"].update(prove_rewrite(model, plan.model, feeds))
     _, reference = write_split(plan, out, feeds, layout or default_layout(model))
-    return {**plan.summary(), "proof": prove(out, feeds, reference)}
+    return {**summary, "proof": prove(out, feeds, reference)}
 
 
 __all__ = ["NodePlacement", "SelectorError", "SplitPlan", "check_placement", "plan_split",

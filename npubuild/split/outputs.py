@@ -91,6 +91,23 @@ def prove(out: Path, feeds: dict[str, np.ndarray], reference: dict[str, np.ndarr
     return {"outputs_equal": True, "max_abs": worst, "tolerance": TOLERANCE}
 
 
+def prove_rewrite(model: onnx.ModelProto, rewritten: onnx.ModelProto,
+                  feeds: dict[str, np.ndarray]) -> dict:
+    """The model the plan is about (convs rewritten for the chip, `legalize`) against the
+    fused model on the proof inputs, within the split's tolerance of each output's scale."""
+    from npubuild import proofs
+
+    names = [o.name for o in model.graph.output]
+    expected = proofs.run(model, feeds, names)
+    got, scales = proofs.run_with_scales(rewritten, feeds, names)
+    sims, bad = compare(expected, got, tolerance=TOLERANCE, scales=scales)
+    if bad:
+        raise BuildError(f"the convs rewritten for the chip change the model: {bad[0]}",
+                         stage="split", hint="report this with the model; `split: {force_cpu: "
+                                             "[<conv>]}` does not help, the rewrite is the chip's")
+    return {"max_rel": max((s.max_rel for s in sims.values()), default=0.0)}
+
+
 def default_layout(model: onnx.ModelProto) -> str:
     shapes = [onnx_io.value_shape(v) for v in onnx_io.graph_inputs(model)]
     return "NCHW" if shapes and len(shapes[0]) == 4 else "any"

@@ -19,7 +19,7 @@ from npubuild.recipe.load import dotted
 from npubuild.recipe.model import SplitSpec
 from npubuild.split.cost import elements, island_cost, node_macs
 from npubuild.split.graph import MOVEMENT, OpGraph, build_op_graph
-from npubuild.split import input_statistics, spectrum
+from npubuild.split import input_statistics, legalize, spectrum
 from npubuild.split.partition import CPU, NPU, Segment, npu_islands, partition, segment_of
 from npubuild.split.spectrum import log_power_spectra
 from npubuild.targets.constraints import layout_noop_reasons, node_reasons, op_label
@@ -63,6 +63,7 @@ class SplitPlan:
     on_npu: list[bool]
     reasons: list[list[str]]
     segments: list[Segment]
+    legal_convs: list[str] = field(default_factory=list)  # convs `legalize` rewrote for the chip
 
     @property
     def placements(self) -> list[NodePlacement]:
@@ -98,7 +99,8 @@ class SplitPlan:
                 "npu_macs": npu_macs, "cpu_macs": sum(macs) - npu_macs,
                 "graphs": [{"index": s.index, "device": s.device, "nodes": len(s.nodes)}
                            for s in self.segments],
-                "cpu_ops": dict(cpu_ops.most_common())}
+                "cpu_ops": dict(cpu_ops.most_common()),
+                **({"legal_convs": {"convs": self.legal_convs}} if self.legal_convs else {})}
 
 
 def infer(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -110,8 +112,17 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None) -> SplitPlan:
-    """Decide every node's device and cut the model into segments."""
+    """Decide every node's device and cut the model into segments. Convs the chip refuses for
+    their kernel or dilation are first written as ones it runs, where it runs every node of
+    the rewrite (`legalize.legal_convs`; the plan is about that model), unless the recipe
+    places nodes by hand or forces the conv to the CPU."""
     spec = spec or SplitSpec()
+    rewritten: list[str] = []
+    if spec.policy not in ("cpu_only", "manual"):  # a conv the recipe sends to the CPU stays whole
+        og = build_op_graph(model.graph)
+        forced = Selector(og).all(spec.force_cpu, "force_cpu")
+        model, rewritten = legalize.legal_convs(model, chip,
+                                                keep={og.nodes[i].name for i in forced})
     inferred = infer(model)
     og = build_op_graph(inferred.graph)
     facts = GraphFacts.from_model(inferred)
@@ -124,7 +135,7 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
         segments = partition(og.preds, on_npu)
         moved = _demote_islands(og, facts, chip, spec, segments, on_npu, reasons, pinned)
         if not moved:
-            return SplitPlan(inferred, og, facts, chip, spec, on_npu, reasons, segments)
+            return SplitPlan(inferred, og, facts, chip, spec, on_npu, reasons, segments, rewritten)
 
 
 def check_placement(model: onnx.ModelProto, chip: Chip,

@@ -1,7 +1,8 @@
 """Operator arguments that moved between attributes and inputs across opsets.
 
 Slice (inputs from opset 10), Squeeze/Unsqueeze (axes input from 13), Split (sizes input from
-13), Reduce* (axes input from 13 for ReduceSum, 18 for the rest), Reshape (shape input from 5).
+13), Pad (pads input from 11), Reduce* (axes input from 13 for ReduceSum, 18 for the rest),
+Reshape (shape input from 5).
 Readers return plain Python values (None when a value is not constant); makers build the node
 the model's opset expects.
 """
@@ -114,3 +115,11 @@ def make_reshape(ed: Editor, data: str, output: str, shape: list[int],
         return ed.make_node("Reshape", [data], [output], name_hint, shape=list(shape))
     shape_name = ed.add_initializer(np.array(shape, np.int64), f"{name_hint}_shape")
     return ed.make_node("Reshape", [data, shape_name], [output], name_hint)
+
+
+def make_pad(ed: Editor, data: str, output: str, pads: list[int], name_hint: str) -> onnx.NodeProto:
+    """A constant (zero) Pad by ``pads`` (ONNX order: every axis's begin, then every end)."""
+    if ed.opset < 11:
+        return ed.make_node("Pad", [data], [output], name_hint, pads=list(pads), mode="constant")
+    pads_name = ed.add_initializer(np.array(pads, np.int64), f"{name_hint}_pads")
+    return ed.make_node("Pad", [data, pads_name], [output], name_hint, mode="constant")

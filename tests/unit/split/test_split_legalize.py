@@ -1,0 +1,174 @@
+"""Convs the chip refuses for their kernel or dilation, rewritten as ones it runs
+(`npubuild.split.legalize`): equal to the original in ONNX Runtime, and placed whole on the NPU."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild import onnx_io
+from npubuild.split import check_placement, split_model
+from npubuild.split.legalize import _rewrite, legal_convs
+from npubuild.targets import load_chip
+
+
+def conv_model(x_shape, w_shape, *, strides=None, dilations=None, pads=None, group=1,
+               auto_pad=None, opset=17, bias=True, seed=0) -> onnx.ModelProto:
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal(w_shape).astype(np.float32)
+    inits = [numpy_helper.from_array(weight, "w")]
+    inputs = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(w_shape[0]).astype(np.float32), "b"))
+        inputs.append("b")
+    attrs = {"group": group}
+    for key, value in (("strides", strides), ("dilations", dilations), ("pads", pads),
+                       ("auto_pad", auto_pad)):
+        if value is not None:
+            attrs[key] = value
+    conv = helper.make_node("Conv", inputs, ["y"], name="conv", **attrs)
+    relu = helper.make_node("Relu", ["y"], ["z"], name="relu")
+    graph = helper.make_graph([conv, relu], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def small_chip(max_kernel=5, max_dilation=2, max_pad=3, **conv):
+    chip = load_chip("npu-16m")
+    ops = dict(chip.ops)
+    ops["Conv"] = ops["Conv"].model_copy(update={"max_kernel": max_kernel, "max_dilation": max_dilation,
+                                                 "max_pad": max_pad, **conv})
+    ops["Pad"] = ops["Pad"].model_copy(update={"max_pad": max_pad})
+    return chip.model_copy(update={"ops": ops})
+
+
+CASES = {  # x shape, w shape, conv attributes
+    "long_kernel_same": ([1, 3, 4, 40], [4, 3, 1, 17], {"pads": [0, 8, 0, 8]}),
+    "long_kernel_valid": ([1, 3, 4, 40], [4, 3, 1, 12], {}),
+    "long_kernel_both_axes": ([1, 2, 20, 21], [3, 2, 7, 9], {"pads": [3, 1, 2, 5]}),
+    "long_kernel_strided": ([1, 3, 6, 45], [2, 3, 3, 11], {"strides": [2, 3], "pads": [1, 5, 1, 4]}),
+    "long_kernel_dilated": ([1, 2, 4, 60], [2, 2, 1, 8], {"dilations": [1, 2], "pads": [0, 7, 0, 6]}),
+    "long_kernel_grouped": ([1, 4, 4, 33], [6, 2, 1, 13], {"group": 2, "pads": [0, 6, 0, 6]}),
+    "long_kernel_depthwise": ([1, 3, 5, 30], [3, 1, 3, 8], {"group": 3, "pads": [1, 0, 1, 7]}),
+    "dilation": ([1, 2, 8, 70], [3, 2, 1, 3], {"dilations": [1, 16], "pads": [0, 16, 0, 16]}),
+    "dilation_both": ([1, 2, 20, 20], [2, 2, 3, 2], {"dilations": [3, 5], "strides": [1, 2]}),
+    "dilation_depthwise": ([1, 4, 3, 40], [4, 1, 1, 3], {"group": 4, "dilations": [1, 7],
+                                                         "pads": [0, 7, 0, 7]}),
+    "same_upper": ([1, 2, 4, 31], [2, 2, 1, 10], {"auto_pad": "SAME_UPPER"}),
+    "same_lower_strided": ([1, 2, 4, 31], [2, 2, 1, 10], {"auto_pad": "SAME_LOWER", "strides": [1, 2]}),
+    "old_opset": ([1, 2, 4, 30], [2, 2, 1, 9], {"pads": [0, 4, 0, 4], "opset": 10}),
+}
+
+
+def run(model, x):
+    return onnx_io.run(model, {"x": x}, ["z"])["z"]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rewrite_equals_the_conv_and_runs_on_the_npu(case):
+    x_shape, w_shape, attrs = CASES[case]
+    attrs = dict(attrs)
+    opset = attrs.pop("opset", 17)
+    model = conv_model(x_shape, w_shape, opset=opset, **attrs)
+    chip = small_chip()
+    rewritten, names = legal_convs(model, chip)
+    assert names == ["conv"]
+    x = np.random.default_rng(1).standard_normal(x_shape).astype(np.float32)
+    np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-4)
+    placed = check_placement(model, chip)
+    assert {p.device for p in placed if p.op != "Constant"} == {"npu"}, \
+        [(p.name, p.reasons) for p in placed]
+
+
+def test_fine_conv_is_left_alone():
+    model = conv_model([1, 3, 8, 8], [4, 3, 3, 3], pads=[1, 1, 1, 1])
+    assert legal_convs(model, small_chip()) == (model, [])
+
+
+def test_conv_stays_whole_where_the_rewrite_would_not_run():
+    # the stacked conv reads 3 * 4 channels; a chip allowing 8 keeps the conv on the CPU
+    model = conv_model([1, 3, 4, 40], [4, 3, 1, 17], pads=[0, 8, 0, 8])
+    chip = small_chip(max_channels=8)
+    assert legal_convs(model, chip) == (model, [])
+    placed = {p.name: p for p in check_placement(model, chip)}
+    assert placed["conv"].device == "cpu"
+
+
+def test_conv1d_rewrite_equals_the_conv_but_is_kept_where_the_chip_lacks_1d():
+    # import widens 1-D convs to 2-D; the quantizer has no 1-D kernel, so the rewrite is
+    # refused as a whole (its Pads and Slices would run on the NPU around a CPU conv)
+    model = conv_model([1, 3, 50], [4, 3, 19], pads=[9, 9])
+    assert legal_convs(model, small_chip()) == (model, [])
+    rewritten, _ = _rewrite(model, ["conv"], small_chip())
+    x = np.random.default_rng(1).standard_normal([1, 3, 50]).astype(np.float32)
+    np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-4)
+
+
+def test_rewrite_is_deterministic():
+    model = conv_model([1, 3, 6, 45], [2, 3, 3, 11], strides=[2, 3], pads=[1, 5, 1, 4])
+    one, _ = legal_convs(model, small_chip())
+    two, _ = legal_convs(onnx_io.clone(model), small_chip())
+    assert one.SerializeToString() == two.SerializeToString()
+
+
+def test_split_proves_the_rewrite(tmp_path):
+    model = conv_model([1, 2, 8, 70], [3, 2, 1, 3], dilations=[1, 16], pads=[0, 16, 0, 16])
+    report = split_model(model, small_chip(), None, tmp_path)
+    assert report["npu_segments"] == 1 and report["cpu_segments"] == 0
+    assert report["legal_convs"]["convs"] == ["conv"]
+    assert report["legal_convs"]["max_rel"] <= 1e-5
+
+
+def _two_conv_model() -> onnx.ModelProto:
+    """A 1x17 conv (SAME pads) and a conv dilated 4 along W, each with a ReLU."""
+    rng = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(rng.standard_normal([8, 2, 1, 17]).astype(np.float32) / 6, "w1"),
+             numpy_helper.from_array(rng.standard_normal([4, 8, 1, 3]).astype(np.float32) / 5, "w2"),
+             numpy_helper.from_array(rng.standard_normal([4]).astype(np.float32) / 10, "b2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="long", pads=[0, 8, 0, 8]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="dilated",
+                              dilations=[1, 4], pads=[0, 4, 0, 4]),
+             helper.make_node("Relu", ["c2"], ["y"], name="relu2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                         [1, 2, 4, 48])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 48])],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_a_recipe_with_a_long_and_a_dilated_conv_builds_whole_on_the_npu(tmp_path):
+    from tests.conftest import REPO, build_on_npy_data
+
+    chip = (REPO / "npubuild/targets/npu-16m.yaml").read_text()
+    conv = "  Conv: {max_kernel: 15, max_stride: 15, max_dilation: 15,"
+    assert conv in chip
+    chip = chip.replace(conv, "  Conv: {max_kernel: 5, max_stride: 15, max_dilation: 2,")
+    (tmp_path / "chip.yaml").write_text(chip.replace("name: npu-16m", "name: npu-small-kernel"))
+    rng = np.random.default_rng(4)
+    data = lambda: {"cal": rng.standard_normal([4, 1, 2, 4, 48]),  # noqa: E731
+                    "ver": rng.standard_normal([3, 1, 2, 4, 48])}
+    result, build = build_on_npy_data(tmp_path, "taps", "taps.onnx", _two_conv_model, data,
+                                      target="chip.yaml")
+    assert result.returncode == 0, result.stderr
+    report = json.loads((build / "report.json").read_text())
+    split = report["split"]
+    assert (split["npu_segments"], split["cpu_segments"], split["cpu_nodes"]) == (1, 0, 0)
+    assert split["legal_convs"]["convs"] == ["long", "dilated"]
+    assert report["verify"]["passed"] and report["simulator"]["bit_exact"]
+    assert report["accuracy"]["outputs"]["y"]["min_sample_cosine"] > 0.99
+
+
+def test_a_conv_the_recipe_forces_to_the_cpu_stays_whole():
+    from npubuild.recipe.model import SplitSpec
+
+    model = conv_model([1, 3, 4, 40], [4, 3, 1, 17], pads=[0, 8, 0, 8])
+    placed = {p.name: p for p in check_placement(model, small_chip(), SplitSpec(force_cpu=["conv"]))}
+    assert placed["conv"].device == "cpu" and "conv/taps0" not in placed
