@@ -55,26 +55,27 @@ class AxisPlan:
 
 def legal_convs(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
                 ) -> tuple[onnx.ModelProto, list[str]]:
-    """``model`` with every Conv the chip refuses for its kernel or dilation (but those named
-    in ``keep``) rewritten as Pads, Slices, a Concat and one Conv the chip runs (module
-    docstring); the names of the convs rewritten, in graph order ([] and ``model`` itself
-    when none is)."""
+    """``model`` with every Conv the chip refuses for its kernel or dilation (but those whose
+    output is in ``keep``) rewritten as Pads, Slices, a Concat and one Conv the chip runs
+    (module docstring); the names of the convs rewritten (an unnamed one is named after its
+    output), in graph order ([] and ``model`` itself when none is)."""
     spec = effective_spec(chip, "Conv")
     if spec is None:
         return model, []
     ed = Editor(model, REWRITE)
-    candidates = [n.name for n in ed.graph.node if n.name not in keep and _too_big(ed, n, spec)]
+    candidates = [n.output[0] for n in ed.graph.node
+                  if n.output[0] not in keep and _too_big(ed, n, spec)]
     if not candidates:
         return model, []
     rewritten, made = _rewrite(model, candidates, chip)
-    legal = [name for name in candidates if _all_pass(rewritten, made.get(name, []), chip)]
+    legal = [out for out in candidates if _all_pass(rewritten, made[out], chip)]
     if legal != candidates:
-        rewritten, _ = _rewrite(model, legal, chip) if legal else (model, {})
-    return rewritten, legal
+        rewritten, made = _rewrite(model, legal, chip) if legal else (model, {})
+    return rewritten, [made[out][-1] for out in legal]
 
 
 def _too_big(ed: Editor, node: onnx.NodeProto, spec) -> bool:
-    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or not node.name:
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or not node.output[0]:
         return False
     weight = ed.constant(node.input[1]) if len(node.input) > 1 else None
     x, y = ed.shape(node.input[0]), ed.shape(node.output[0])
@@ -113,16 +114,18 @@ def _all_pass(model: onnx.ModelProto, names: list[str], chip: Chip) -> bool:
                                              for n in nodes)
 
 
-def _rewrite(model: onnx.ModelProto, names: list[str], chip: Chip
+def _rewrite(model: onnx.ModelProto, outputs: list[str], chip: Chip
              ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
+    """``model`` with the convs computing ``outputs`` rewritten; per output, the names of the
+    nodes made (the conv last)."""
     ed = Editor(model, REWRITE)
     ed.freeze_shapes()
     spec = effective_spec(chip, "Conv")
     pad_spec = chip.ops.get("Pad")
     pad_limit = pad_spec.max_pad if pad_spec is not None and pad_spec.max_pad else None
     made = {}
-    for name in names:
-        made[name] = _rewrite_one(ed, ed.node(name, "Conv"), spec, pad_limit)
+    for output in outputs:
+        made[output] = _rewrite_one(ed, ed.producer(output), spec, pad_limit)
     ed.thaw_shapes()
     return ed.finish(), made
 
@@ -181,7 +184,7 @@ def _rewrite_one(ed: Editor, conv: onnx.NodeProto, spec, pad_limit: int | None) 
             copies.append(source)
             continue
         out = ed.unique_tensor(f"{conv.output[0]}/taps{index}")
-        made.append(make_slice(ed, source, out, spec_, f"{conv.name}/taps{index}").name)
+        made.append(make_slice(ed, source, out, spec_, f"{_label(conv)}/taps{index}").name)
         copies.append(out)
     group = int(attr(conv, "group", 1))
     stacked = _stack(ed, conv, copies, group, x[0], [spans[a] if p.rewritten else x[2 + a]
@@ -192,7 +195,8 @@ def _rewrite_one(ed: Editor, conv: onnx.NodeProto, spec, pad_limit: int | None) 
              if a.name not in ("kernel_shape", "dilations", "pads", "auto_pad")}
     new_pads = [0 if p.rewritten else pads[a] for a, p in enumerate(plans)]
     new_pads += [0 if p.rewritten else pads[rank + a] for a, p in enumerate(plans)]
-    name, output = conv.name, conv.output[0]
+    output = conv.output[0]
+    name = conv.name or output
     ed.remove(conv)
     node = ed.make_node("Conv", inputs, [output], name, kernel_shape=[p.size for p in plans],
                         dilations=[p.dilation for p in plans], pads=new_pads, **attrs)
@@ -210,7 +214,7 @@ def _pad_chain(ed: Editor, conv: onnx.NodeProto, data: str, begin: list[int], en
         now_e = [min(e, limit) if limit else e for e in end]
         out = ed.unique_tensor(f"{conv.output[0]}/pad{step}")
         made.append(make_pad(ed, data, out, [0, 0, *now_b, 0, 0, *now_e],
-                             f"{conv.name}/pad{step}").name)
+                             f"{_label(conv)}/pad{step}").name)
         begin = [b - n for b, n in zip(begin, now_b)]
         end = [e - n for e, n in zip(end, now_e)]
         data, step = out, step + 1
@@ -225,13 +229,13 @@ def _stack(ed: Editor, conv: onnx.NodeProto, copies: list[str], group: int, batc
         return copies[0]
     out = ed.unique_tensor(f"{conv.output[0]}/stack")
     if group == 1:
-        made.append(ed.make_node("Concat", copies, [out], f"{conv.name}/stack", axis=1).name)
+        made.append(ed.make_node("Concat", copies, [out], f"{_label(conv)}/stack", axis=1).name)
         return out
-    made.append(ed.make_node("Concat", copies, [out], f"{conv.name}/stack", axis=2).name)
+    made.append(ed.make_node("Concat", copies, [out], f"{_label(conv)}/stack", axis=2).name)
     channels = ed.shape(conv.input[0])[1]
     reshaped = ed.unique_tensor(f"{conv.output[0]}/stack_channels")
     made.append(make_reshape(ed, out, reshaped, [batch, channels * len(copies), *spatial],
-                             f"{conv.name}/stack_channels").name)
+                             f"{_label(conv)}/stack_channels").name)
     return reshaped
 
 
@@ -250,3 +254,7 @@ def _weights(weight: np.ndarray, plans: list[AxisPlan], channel_major: bool) -> 
     if not channel_major:
         out = out.transpose(0, 2, 1, *range(3, out.ndim))
     return np.ascontiguousarray(out.reshape(weight.shape[0], -1, *out.shape[3:]))
+
+
+def _label(conv: onnx.NodeProto) -> str:
+    return conv.name or conv.output[0]

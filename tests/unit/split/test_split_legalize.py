@@ -17,7 +17,7 @@ from npubuild.targets import load_chip
 
 
 def conv_model(x_shape, w_shape, *, strides=None, dilations=None, pads=None, group=1,
-               auto_pad=None, opset=17, bias=True, seed=0) -> onnx.ModelProto:
+               auto_pad=None, opset=17, bias=True, seed=0, name="conv") -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
     weight = rng.standard_normal(w_shape).astype(np.float32)
     inits = [numpy_helper.from_array(weight, "w")]
@@ -30,7 +30,7 @@ def conv_model(x_shape, w_shape, *, strides=None, dilations=None, pads=None, gro
                        ("auto_pad", auto_pad)):
         if value is not None:
             attrs[key] = value
-    conv = helper.make_node("Conv", inputs, ["y"], name="conv", **attrs)
+    conv = helper.make_node("Conv", inputs, ["y"], name=name, **attrs)
     relu = helper.make_node("Relu", ["y"], ["z"], name="relu")
     graph = helper.make_graph([conv, relu], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
@@ -87,6 +87,14 @@ def test_rewrite_equals_the_conv_and_runs_on_the_npu(case):
         [(p.name, p.reasons) for p in placed]
 
 
+def test_an_unnamed_conv_is_rewritten_and_named_after_its_output():
+    model = conv_model([1, 3, 4, 40], [4, 3, 1, 17], pads=[0, 8, 0, 8], name="", bias=False)
+    rewritten, names = legal_convs(model, small_chip())
+    assert names == ["y"]
+    x = np.random.default_rng(1).standard_normal([1, 3, 4, 40]).astype(np.float32)
+    np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-4)
+
+
 def test_fine_conv_is_left_alone():
     model = conv_model([1, 3, 8, 8], [4, 3, 3, 3], pads=[1, 1, 1, 1])
     assert legal_convs(model, small_chip()) == (model, [])
@@ -106,7 +114,7 @@ def test_conv1d_rewrite_equals_the_conv_but_is_kept_where_the_chip_lacks_1d():
     # refused as a whole (its Pads and Slices would run on the NPU around a CPU conv)
     model = conv_model([1, 3, 50], [4, 3, 19], pads=[9, 9])
     assert legal_convs(model, small_chip()) == (model, [])
-    rewritten, _ = _rewrite(model, ["conv"], small_chip())
+    rewritten, _ = _rewrite(model, ["y"], small_chip())
     x = np.random.default_rng(1).standard_normal([1, 3, 50]).astype(np.float32)
     np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-4)
 
