@@ -1,8 +1,8 @@
 """Convolutions the chip refuses for their kernel or dilation, written as ones it runs.
 
 A Conv whose kernel is longer along an axis than the chip's ``max_kernel`` (or not among its
-``kernel_sizes``), or whose dilation exceeds ``max_dilation``, reads its input at tap offsets
-``k·d`` (``k < K``). `legal_convs` writes it as
+``kernel_sizes``), whose dilation exceeds ``max_dilation`` or whose padding exceeds ``max_pad``
+reads its input at tap offsets ``k·d`` (``k < K``). `legal_convs` writes it as
 
 - the input padded explicitly by the conv's own pads along those axes (a chain of Pads of at
   most the chip's Pad ``max_pad`` each),
@@ -14,7 +14,8 @@ A Conv whose kernel is longer along an axis than the chip's ``max_kernel`` (or n
   in channel block ``c`` (taps past the kernel are zero).
 
 A kernel too long is cut into ``n = ceil(K / max)`` groups of ``m = ceil(K / n)`` taps (the conv
-keeps its dilation); a dilation too large gives one group per tap (kernel 1 along that axis).
+keeps its dilation); a dilation too large gives one group per tap (kernel 1 along that axis);
+padding alone too large gives one group, the whole kernel (the Pads and the conv, nothing else).
 Every product is summed in the one conv's accumulator, so the int8 result is the original
 conv's: no partial sum is requantized, and a Slice, Pad or Concat of one tensor keeps its scale.
 
@@ -81,13 +82,16 @@ def _too_big(ed: Editor, node: onnx.NodeProto, spec) -> bool:
     x, y = ed.shape(node.input[0]), ed.shape(node.output[0])
     if weight is None or x is None or y is None or weight.ndim < 3:
         return False
-    dilations = attr(node, "dilations") or [1] * (weight.ndim - 2)
-    return any(_axis_needs(k, d, spec) for k, d in zip(weight.shape[2:], dilations))
+    _, _, _, dilations, pads = _geometry(ed, node, weight)
+    rank = weight.ndim - 2
+    return any(_axis_needs(k, d, max(pads[a], pads[rank + a]), spec)
+               for a, (k, d) in enumerate(zip(weight.shape[2:], dilations)))
 
 
-def _axis_needs(k: int, d: int, spec) -> bool:
+def _axis_needs(k: int, d: int, pad: int, spec) -> bool:
     return (k > _max_kernel(spec) or (spec.kernel_sizes is not None and k not in spec.kernel_sizes)
-            or (spec.max_dilation is not None and d > spec.max_dilation))
+            or (spec.max_dilation is not None and d > spec.max_dilation)
+            or (spec.max_pad is not None and pad > spec.max_pad))
 
 
 def _max_kernel(spec) -> int:
@@ -149,9 +153,12 @@ def _geometry(ed: Editor, node: onnx.NodeProto, weight: np.ndarray):
     return x, y, strides, dilations, pads
 
 
-def _plan_axis(k: int, d: int, spec) -> AxisPlan:
-    if not _axis_needs(k, d, spec):
+def _plan_axis(k: int, d: int, pad: int, spec) -> AxisPlan:
+    if not _axis_needs(k, d, pad, spec):
         return AxisPlan(False, (0,), k, d, (tuple(range(k)),))
+    if k <= _max_kernel(spec) and _size_allowed(k, spec) == k and not (
+            spec.max_dilation is not None and d > spec.max_dilation):  # only the pads: explicit
+        return AxisPlan(True, (0,), k, d, (tuple(range(k)),))
     if spec.max_dilation is not None and d > spec.max_dilation:  # one group per tap
         return AxisPlan(True, tuple(t * d for t in range(k)), 1, 1, tuple((t,) for t in range(k)))
     groups = math.ceil(k / _max_kernel(spec))
@@ -167,7 +174,8 @@ def _rewrite_one(ed: Editor, conv: onnx.NodeProto, spec, pad_limit: int | None) 
     weight = ed.constant(conv.input[1])
     x, y, strides, dilations, pads = _geometry(ed, conv, weight)
     rank = weight.ndim - 2
-    plans = [_plan_axis(k, d, spec) for k, d in zip(weight.shape[2:], dilations)]
+    plans = [_plan_axis(k, d, max(pads[a], pads[rank + a]), spec)
+             for a, (k, d) in enumerate(zip(weight.shape[2:], dilations))]
     # what each group reads of the padded input, per rewritten axis
     spans = [(y[2 + a] - 1) * strides[a] + (p.size - 1) * p.dilation + 1 for a, p in enumerate(plans)]
     begin = [pads[a] if p.rewritten else 0 for a, p in enumerate(plans)]

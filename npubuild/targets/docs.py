@@ -39,11 +39,11 @@ vendor's own support list, whose limits the notes quote.
 - {lmem}: the compiler's own slicing search, asked of the layer in a group of its own (int8
   activations; a conv's weights as compile stores them), so split never places on the NPU what
   compile would refuse.
-- A Conv refused only for its kernel (longer than `max_kernel`, or not in `kernel_sizes`) or its
-  dilation (above `max_dilation`) is first rewritten by the split (`npubuild.split.legalize`):
-  the input padded, one Slice per group of taps, the slices stacked into channels and one Conv
-  of at most `max_kernel` taps, undilated where the dilation was too large, proven against the
-  original. It runs on the NPU when every node of that rewrite passes this table (a Pad of more
+- A Conv refused for its kernel (longer than `max_kernel`, or not in `kernel_sizes`), its
+  dilation (above `max_dilation`) or its padding (above `max_pad`) is first rewritten by the
+  split (`npubuild.split.legalize`): the input padded by Pads, one Slice per group of taps, the
+  slices stacked into channels and one unpadded Conv of at most `max_kernel` taps, undilated
+  where the dilation was too large, proven against the original. It runs on the NPU when every node of that rewrite passes this table (a Pad of more
   than the Pad's `max_pad` is a chain of Pads); otherwise the conv stays whole with its reasons.
 """
 

@@ -61,6 +61,8 @@ CASES = {  # x shape, w shape, conv attributes
     "dilation_both": ([1, 2, 20, 20], [2, 2, 3, 2], {"dilations": [3, 5], "strides": [1, 2]}),
     "dilation_depthwise": ([1, 4, 3, 40], [4, 1, 1, 3], {"group": 4, "dilations": [1, 7],
                                                          "pads": [0, 7, 0, 7]}),
+    "pads_only": ([1, 2, 9, 9], [3, 2, 3, 3], {"pads": [5, 1, 4, 6]}),
+    "pads_and_long_kernel": ([1, 2, 12, 30], [3, 2, 3, 9], {"pads": [6, 4, 5, 4], "strides": [2, 1]}),
     "same_upper": ([1, 2, 4, 31], [2, 2, 1, 10], {"auto_pad": "SAME_UPPER"}),
     "same_lower_strided": ([1, 2, 4, 31], [2, 2, 1, 10], {"auto_pad": "SAME_LOWER", "strides": [1, 2]}),
     "old_opset": ([1, 2, 4, 30], [2, 2, 1, 9], {"pads": [0, 4, 0, 4], "opset": 10}),
