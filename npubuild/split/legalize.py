@@ -1,4 +1,4 @@
-"""Convolutions the chip refuses for their kernel or dilation, written as ones it runs.
+"""Convolutions the chip refuses for their kernel, dilation or padding, written as ones it runs.
 
 A Conv whose kernel is longer along an axis than the chip's ``max_kernel`` (or not among its
 ``kernel_sizes``), whose dilation exceeds ``max_dilation`` or whose padding exceeds ``max_pad``
@@ -56,10 +56,10 @@ class AxisPlan:
 
 def legal_convs(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
                 ) -> tuple[onnx.ModelProto, list[str]]:
-    """``model`` with every Conv the chip refuses for its kernel or dilation (but those whose
-    output is in ``keep``) rewritten as Pads, Slices, a Concat and one Conv the chip runs
-    (module docstring); the names of the convs rewritten (an unnamed one is named after its
-    output), in graph order ([] and ``model`` itself when none is)."""
+    """``model`` with every Conv the chip refuses for its kernel, dilation or padding (but
+    those whose output is in ``keep``) rewritten as Pads, Slices, a Concat and one Conv the
+    chip runs (module docstring); the names of the convs rewritten (an unnamed one is named
+    after its output), in graph order ([] and ``model`` itself when none is)."""
     spec = effective_spec(chip, "Conv")
     if spec is None:
         return model, []
@@ -69,7 +69,7 @@ def legal_convs(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
     if not candidates:
         return model, []
     rewritten, made = _rewrite(model, candidates, chip)
-    legal = [out for out in candidates if _all_pass(rewritten, made[out], chip)]
+    legal = _passing(rewritten, made, chip)
     if legal != candidates:
         rewritten, made = _rewrite(model, legal, chip) if legal else (model, {})
     return rewritten, [made[out][-1] for out in legal]
@@ -107,15 +107,16 @@ def _size_allowed(m: int, spec) -> int:
     return m
 
 
-def _all_pass(model: onnx.ModelProto, names: list[str], chip: Chip) -> bool:
+def _passing(model: onnx.ModelProto, made: dict[str, list[str]], chip: Chip) -> list[str]:
+    """The convs (by output, in ``made``'s order) every node of whose rewrite the chip runs."""
     from npubuild.split.plan import infer
 
     inferred = infer(model)
     facts = GraphFacts.from_model(inferred)
-    wanted = set(names)
-    nodes = [n for n in inferred.graph.node if n.name in wanted]
-    return len(nodes) == len(wanted) and all(not node_reasons(NodeView(n, facts), chip)
-                                             for n in nodes)
+    nodes = {n.name: n for n in inferred.graph.node}
+    return [out for out, names in made.items()
+            if all(name in nodes and not node_reasons(NodeView(nodes[name], facts), chip)
+                   for name in names)]
 
 
 def _rewrite(model: onnx.ModelProto, outputs: list[str], chip: Chip
