@@ -318,6 +318,9 @@ def _tiled(layer: QLayer, tensors: dict[str, TensorInfo]):
         raise NotTiled("a MatMul of two activations: computed whole between groups")
     if layer.kind == "layernorm":
         raise NotTiled("a layer normalization: whole rows, computed between groups")
+    if layer.kind == "lrn":
+        raise NotTiled("a local response normalization: windows across channels, computed "
+                       "between groups")
     convert = CONVERTERS.get(layer.kind)
     if convert is None:
         raise NotTiled(f"{layer.kind}: changes the tensor layout, runs as a whole-tensor DMA "

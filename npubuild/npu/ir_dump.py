@@ -2,7 +2,7 @@
 
 ``compile/graph_ir_<i>/graph_<i>.json`` lists the layers in dependency order; each is a JSON
 object in the seed's style — ``name``, ``operation`` (``conv``, ``dwconv``, ``group_conv``,
-``fc``, ``add``, ``sub``, ``mul``, ``matmul``, ``layernorm``, ``rescale``, ``concat``, ``max_pool``, ``avg_pool``,
+``fc``, ``add``, ``sub``, ``mul``, ``matmul``, ``layernorm``, ``lrn``, ``rescale``, ``concat``, ``max_pool``, ``avg_pool``,
 ``resize_nearest``, ``resize_bilinear``, ``lut``, ``softmax``, ``reshape``, ``transpose``, ``depth_to_space``, ``slice``,
 ``split``, ``pad``, ``float``), sizes (``input_size``/``output_size`` ``{height, width}`` and
 channel counts for 4-D tensors, ``input_shape``/``output_shape`` otherwise), ``padding``,
@@ -397,6 +397,14 @@ class _Layer:
         p = self.layer.params
         out = {"axis": self.layer.attrs["axis"], "epsilon": self.layer.attrs["epsilon"],
                "epsilon_steps": p["epsilon_steps"]}
+        out.update(_quant("input", self.t(self.layer.inputs[0])))
+        out.update(_quant("output", self.t(self.layer.outputs[0])))
+        return out
+
+    def _lrn(self) -> dict:
+        a, p = self.layer.attrs, self.layer.params
+        out = {k: a[k] for k in ("size", "alpha", "beta", "bias")}
+        out.update(alpha_steps=p["alpha_steps"], input_over_output=p["input_over_output"])
         out.update(_quant("input", self.t(self.layer.inputs[0])))
         out.update(_quant("output", self.t(self.layer.outputs[0])))
         return out

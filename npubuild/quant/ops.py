@@ -489,6 +489,16 @@ def layer_norm(node, ctx) -> FLayer:
                   weights={"scale": gain, "bias": offset})
 
 
+def lrn(node, ctx) -> FLayer:
+    """LRN (AlexNet, GoogLeNet, ZFNet): each value over a power of its channel window's sum of
+    squares, the ``lrn`` kind."""
+    if len(ctx.shape(node.input[0])) != 4:
+        raise Unsupported("LRN of a tensor that is not 4-D")
+    return _layer(node, "lrn", [node.input[0]], attrs={
+        "size": int(attr(node, "size")), "alpha": float(attr(node, "alpha", 1e-4)),
+        "beta": float(attr(node, "beta", 0.75)), "bias": float(attr(node, "bias", 1.0))})
+
+
 def lut(node, ctx) -> FLayer:
     fn = LUT_FUNCTIONS[node.op_type](node, ctx)
     return _layer(node, "lut", [node.input[0]], fn=fn, attrs={"function": node.op_type})
@@ -527,5 +537,5 @@ RULES: dict[str, Callable] = {
     "Identity": identity, "Dropout": identity, "Cast": identity,
     **{op: lut for op in LUT_FUNCTIONS},
     "PRelu": prelu, "LeakyRelu": prelu, "Softmax": softmax, "Max": extremum, "Min": extremum,
-    "LayerNormalization": layer_norm,
+    "LayerNormalization": layer_norm, "LRN": lrn,
 }

@@ -406,6 +406,7 @@ def _fragment(b: _Builder, layer: QLayer, key: str):
 
 
 FRAGMENTS = {"conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "layernorm": _fragment,
+             "lrn": _fragment,
              "rescale": _rescale, "concat": _concat,
              "maxpool": _maxpool, "avgpool": _avgpool, "resize": _resize, "lut": _fragment,
              "softmax": _fragment, "float": _fragment, **{k: _data for k in ("reshape", "transpose", "depth_to_space", "slice", "split",

@@ -49,6 +49,10 @@ layernorm  (LayerNormalization) attrs: axis (the first normalized axis, non-nega
            epsilon; params: input_zp, epsilon_steps (epsilon over the input's squared scale),
            output_zp, qmin, qmax; arrays: gain, offset (Scale and B over the output scale, one
            per normalized element): integer row statistics, the normalization in float64
+lrn        (LRN) attrs: size, alpha, beta, bias; params: input_zp, alpha_steps (alpha / size
+           over the input's squared scale), input_over_output (the input's scale over the
+           output's), output_zp, qmin, qmax: the channel window's sum of squares of
+           ``x - zp`` in exact integers, the normalization in float64
 rescale    (Mul/Div by a scalar constant; PRelu, LeakyRelu) attrs: factor, and for PRelu and
            LeakyRelu function, negative_factor (one, or a list along axis); params: input_zp,
            multiplier, shift, output_zp; arrays: negative_multiplier, negative_shift [1 or
@@ -86,7 +90,7 @@ from npubuild.quant.schemes import QParams
 
 FORMAT = "npubuild.qgraph"
 VERSION = 1
-KINDS = ("conv", "add", "mul", "matmul", "layernorm", "rescale", "concat", "maxpool", "avgpool", "resize", "lut", "softmax",
+KINDS = ("conv", "add", "mul", "matmul", "layernorm", "lrn", "rescale", "concat", "maxpool", "avgpool", "resize", "lut", "softmax",
          "reshape", "transpose", "depth_to_space", "slice", "split", "pad", "float")
 #: Layers that only move integers: the output keeps the input's scale and zero point.
 DATA_MOVEMENT = ("maxpool", "reshape", "transpose", "depth_to_space", "slice", "split", "pad")

@@ -45,7 +45,8 @@ MIN_LUT_SQNR_DB = 30.0
 # A channel spanning at least this fraction of an int8 step is alive (verify's DEAD_SPAN of
 # the tensor's range is a quarter of a 255-step int8 range).
 DEAD_STEP_FRACTION = 0.25
-SHARES_CONCAT_SCALE = {"conv", "lut", "add", "mul", "matmul", "layernorm", "rescale", "avgpool",
+SHARES_CONCAT_SCALE = {"conv", "lut", "add", "mul", "matmul", "layernorm", "lrn", "rescale",
+                       "avgpool",
                        "concat"}
 
 
@@ -509,8 +510,8 @@ def requantizes(layer: QLayer) -> bool:
     """Whether the layer rounds its result onto the output's scale (so has output_zp, qmin...)."""
     if layer.kind == "resize":
         return layer.attrs["mode"] == "linear"
-    return layer.kind in ("conv", "add", "mul", "matmul", "layernorm", "rescale", "concat",
-                          "avgpool")
+    return layer.kind in ("conv", "add", "mul", "matmul", "layernorm", "lrn", "rescale",
+                          "concat", "avgpool")
 
 
 def _qlayer(layer: FLayer, **kw) -> QLayer:
@@ -665,6 +666,20 @@ def _layernorm(q: Quantizer, layer: FLayer) -> QLayer:
                    arrays={"gain": layer.weights["scale"] / y.scale,
                            "offset": layer.weights["bias"] / y.scale,
                            "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+
+
+def _lrn(q: Quantizer, layer: FLayer) -> QLayer:
+    """The channel window's sum of squares of ``x - zp`` in exact integers, the normalization
+    ``(x - zp) · s_x / s_y / (bias + alpha / size · s_x² · sum)^beta`` in float64 (a chip's
+    float unit): both scales are carried in two parameters."""
+    x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
+    a = layer.attrs
+    model = q.fg.node_model(layer)
+    return _qlayer(layer, attrs=dict(a),
+                   params={"input_zp": x.zero_point,
+                           "alpha_steps": a["alpha"] / a["size"] * x.scale * x.scale,
+                           "input_over_output": x.scale / y.scale},
+                   arrays={"model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
 
 
 def _rescale(q: Quantizer, layer: FLayer) -> QLayer:
@@ -839,7 +854,7 @@ def _float(q: Quantizer, layer: FLayer) -> QLayer:
 
 
 BUILDERS: dict[str, Callable[[Quantizer, FLayer], QLayer]] = {
-    "conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "layernorm": _layernorm,
+    "conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "layernorm": _layernorm, "lrn": _lrn,
     "rescale": _rescale,
     "concat": _concat,
     "avgpool": _avgpool, "resize": _resize, "lut": _lut, "softmax": _softmax, "pad": _pad,

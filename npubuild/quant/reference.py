@@ -440,6 +440,25 @@ def layernorm(layer: QLayer, x: np.ndarray) -> np.ndarray:
     return out.astype(schemes.DTYPES[p.get("output_dtype", "int8")]).reshape(x.shape)
 
 
+def lrn(layer: QLayer, x: np.ndarray) -> np.ndarray:
+    """Local response normalization of ``c = x - zp`` across channels: each channel window's
+    ``S = Σc²`` (``size`` channels, ONNX's floor/ceil split around the channel) is an exact
+    int64 sum; only ``c · input_over_output / (bias + alpha_steps · S)^beta`` is float64,
+    rounded once to the output."""
+    p, a = layer.params, layer.attrs
+    c = np.asarray(x, np.int64) - p["input_zp"]
+    before = (a["size"] - 1) // 2
+    squares = np.pad(c * c, ((0, 0), (before, a["size"] - 1 - before), (0, 0), (0, 0)))
+    running = np.concatenate([np.zeros_like(squares[:, :1]), np.cumsum(squares, axis=1)], axis=1)
+    window = running[:, a["size"]:] - running[:, :-a["size"]]
+    base = a["bias"] + p["alpha_steps"] * window.astype(np.float64)
+    values = c * p["input_over_output"] / np.power(base, a["beta"])
+    rounded = (schemes.round_half_up(values) if p.get("rounding", "half_up") == "half_up"
+               else schemes.round_half_even(values))
+    out = np.clip(rounded + p["output_zp"], p["qmin"], p["qmax"])
+    return out.astype(schemes.DTYPES[p.get("output_dtype", "int8")])
+
+
 def rescale(layer: QLayer, x: np.ndarray) -> np.ndarray:
     """``x - zp`` requantized by ``(multiplier, shift)``, or where it is negative by the
     negative side's (PRelu, LeakyRelu: one pair, or one per index of ``attrs.axis``)."""
@@ -627,6 +646,7 @@ KERNELS: dict[str, Kernel] = {
     "mul": lambda l, xs: [mul(l, xs[0], xs[1])],
     "matmul": lambda l, xs: [matmul(l, xs[0], xs[1])],
     "layernorm": lambda l, xs: [layernorm(l, xs[0])],
+    "lrn": lambda l, xs: [lrn(l, xs[0])],
     "rescale": lambda l, xs: [rescale(l, xs[0])],
     "concat": lambda l, xs: [concat(l, xs)],
     "maxpool": lambda l, xs: [maxpool2d(l, xs[0])],

@@ -438,3 +438,20 @@ def test_a_pixel_shuffle_is_a_dma_step_that_moves_its_bytes_bit_exact(mode, tmp_
     jsonschema.validate(doc, schemas.load("npu_ir"))
     entry = next(layer for layer in doc["layers"] if layer["name"] == shuffled)
     assert (entry["operation"], entry["blocksize"], entry["mode"]) == ("depth_to_space", 2, mode)
+
+
+def test_a_local_response_normalization_runs_whole_on_the_npu_between_groups():
+    """The integer ``lrn`` reads windows across channels: a step between groups on the NPU,
+    and the simulator, which runs it from LMEM, equal to the reference bit for bit."""
+    from tests.unit.quant.test_kernels_vs_ort import relu_then
+
+    m = relu_then("LRN", size=5, alpha=1e-4, beta=0.75, bias=1.0)
+    qgraph, _, _ = qhelpers.quantize(m, qhelpers.feeds_for(m))
+    assert [layer.kind for layer in qgraph.layers][-1] == "lrn"
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    name = qgraph.layers[-1].name
+    breaker = layers.breakers[name]
+    assert breaker.executes == "npu" and "local response normalization" in breaker.reason
+    step = next(s for s in estimate(program).steps if s.layer == name)
+    assert step.executes == "npu" and step.compute_cycles > 0
+    simulate_and_compare(qgraph, program_file)

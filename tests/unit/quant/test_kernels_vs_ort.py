@@ -156,6 +156,8 @@ CASES = {
                                   "ax": np.array([2, 3], np.int64), "sp": np.array([-2, 3], np.int64)}, opset=18),
     "pad": lambda: model([helper.make_node("Pad", ["x", "p"], ["y"])], X, {"y": None},
                          {"p": np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64)}),
+    "lrn_alexnet": lambda: relu_then("LRN", size=5, alpha=1e-4, beta=0.75, bias=1.0),
+    "lrn_signed": lambda: unary("LRN", size=3, alpha=0.02, beta=0.5, bias=2.0),
     "softmax_channels": lambda: unary("Softmax", axis=1),
     "softmax_last_axis": lambda: unary("Softmax", axis=-1),
     "softmax_dfl_bins": lambda: model([helper.make_node("Softmax", ["x"], ["y"], axis=1)],
@@ -388,3 +390,11 @@ def test_int16_weights_match_onnxruntime_and_beat_int8_weights(case, scheme):
     assert cc.elements > 0 and cc.ok and cc.max_lsb <= 1, cc.summary()
     _, _, cos8 = check_against_ort(m, feeds, scheme=scheme, int16_tensors=["x", out])
     assert cos16 > 0.99999 and 1 - cos16 < 0.1 * (1 - cos8), (cos8, cos16)
+
+
+def test_local_response_normalization_is_one_integer_layer():
+    """AlexNet's, ZFNet's and GoogLeNet's LRNs ran in float on the CPU ("op LRN is not
+    supported"), two hand-overs of their largest feature maps each."""
+    qg, cc, _ = check_against_ort(relu_then("LRN", size=5, alpha=1e-4, beta=0.75), samples(X))
+    assert [(layer.kind, layer.device) for layer in qg.layers][-1] == ("lrn", "npu")
+    assert cc.ok and cc.max_lsb <= 1, cc.summary()
