@@ -38,11 +38,26 @@ def similarity(reference: np.ndarray, actual: np.ndarray) -> Similarity:
     if ref.shape != act.shape:
         raise ValueError(f"shape mismatch: {np.shape(reference)} vs {np.shape(actual)}")
     ref, act, nonfinite_agree = finite_pairs(ref, act)
-    identical = bool(np.array_equal(np.asarray(reference), np.asarray(actual),
-                                    equal_nan=np.asarray(reference).dtype.kind == "f"))
+    identical = bit_identical(reference, actual)
     if not nonfinite_agree:  # an infinity or NaN the other side lacks: nothing alike
         return Similarity(0.0, 0.0, -float("inf"), float("inf"), float("inf"), False)
     return Similarity(*_finite_similarity(ref, act), identical)
+
+
+def bit_identical(reference, actual) -> bool:
+    """Equal element for element, a NaN equal to a NaN (a float step's Sqrt or Log of a
+    negative value gives NaN on both sides: the same result)."""
+    reference, actual = np.asarray(reference), np.asarray(actual)
+    return bool(np.array_equal(reference, actual, equal_nan=reference.dtype.kind == "f"
+                               and actual.dtype.kind == "f"))
+
+
+def differing(reference: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """Where two same-shaped arrays differ (`bit_identical`'s elements), as a boolean mask."""
+    mask = np.asarray(reference) != np.asarray(actual)
+    if np.asarray(reference).dtype.kind == "f" and np.asarray(actual).dtype.kind == "f":
+        mask &= ~(np.isnan(reference) & np.isnan(actual))
+    return mask
 
 
 def finite_pairs(ref: np.ndarray, act: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:

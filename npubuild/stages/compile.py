@@ -38,6 +38,7 @@ import numpy as np
 
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError, working_on
+from npubuild.metrics import bit_identical, differing
 from npubuild.npu import build_program, conflicts, estimate, gmem_lower_bound, write_timelines
 from npubuild.npu.estimate import Estimate, with_cpu
 from npubuild.npu.from_qgraph import QLayers, layers_from_qgraph, plan_qgraph
@@ -188,7 +189,7 @@ def prove(program: ProgramFile, qgraph: QGraph, samples: Iterable[tuple[str, dic
             raise BuildError(f"{exc} (on {label})", stage=STAGE) from None
         want = run_reference(qgraph, inputs)
         for t in _in_program_order(program.doc, compared):
-            if not np.array_equal(got[t], want[t]):
+            if not bit_identical(want[t], got[t]):
                 raise BuildError(_difference(program.doc, t, got[t], want[t], label),
                                  stage=STAGE)
     return {"bit_exact": True, "samples": labels,
@@ -207,7 +208,7 @@ def _in_program_order(doc: dict, tensors: list[str]) -> list[str]:
 
 def _difference(doc: dict, tensor: str, got: np.ndarray, want: np.ndarray, label: str) -> str:
     """Which group and slice wrote the first differing element, and the numbers."""
-    bad = np.argwhere(got != want)
+    bad = np.argwhere(differing(want, got))
     where = tuple(int(i) for i in bad[0])
     view = doc["tensors"][tensor]["view"]
     n, c, h, _ = np.unravel_index(np.ravel_multi_index(where, got.shape), view)

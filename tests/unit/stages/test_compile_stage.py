@@ -8,6 +8,7 @@ import os
 import jsonschema
 import numpy as np
 import pytest
+from onnx import helper
 
 from npubuild import schemas
 from npubuild.errors import BuildError
@@ -216,3 +217,26 @@ def test_a_zero_element_initializer_builds_through_verify(tmp_path):
     join = next(n for n in support["nodes"] if n["name"].startswith("join"))
     assert join["device"] == "cpu"
     assert join["reasons"] == ["Constant input has no elements: 'empty' has shape [1, 0, 8, 8]"]
+
+
+def test_a_float_step_giving_nan_on_both_sides_is_bit_exact(tmp_path):
+    """A float step inside an NPU program (a Log or Sqrt the chip has no table for) gives NaN
+    for negative values in the simulator and in the integer reference alike; compile's proof
+    compared with `!=`, so basic-pitch's constant-Q Sqrt stopped its build ("simulator nan,
+    reference nan")."""
+    from npubuild.stages.compile import prove
+    from tests.unit.npu.qstacks import compile_qgraph
+    from tests.unit.quant import helpers as qhelpers
+
+    model = qhelpers.model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                            helper.make_node("Log", ["c"], ["y"])],
+                           {"x": [1, 4, 8, 8]}, {"y": None},
+                           {"w": np.abs(np.random.default_rng(2).normal(0, 0.3, (4, 4, 3, 3)))})
+    feeds = [{"x": np.abs(f["x"]) + 0.1} for f in qhelpers.feeds_for(model)]  # calibrated > 0
+    qgraph, _, _ = qhelpers.quantize(model, feeds)
+    assert [layer.kind for layer in qgraph.layers] == ["conv", "float"]
+    assert qgraph.tensors["y"].is_float  # the program's output, as the step computes it
+    _, _, program_file = compile_qgraph(qgraph, load_chip("npu-16m"))
+    x = qgraph.tensors["x"]
+    inputs = {"x": np.random.default_rng(3).integers(-128, 128, x.shape).astype(x.dtype)}
+    assert prove(program_file, qgraph, [("random", inputs)])["bit_exact"]
