@@ -12,7 +12,10 @@ The search, after int8 everywhere fails (read top to bottom):
 
 1. **Reach**: the widest precision each candidate may take (int16 where the chip has it, else
    float; float where every tensor in int16 still fails and the chip may run layers on its
-   CPU). Where nothing reaches the thresholds, the result says so with the best figure.
+   CPU). Where nothing reaches the thresholds, the result says so with the best figure. Where
+   float is needed and the chip has int16, the reach is mixed: float only on the fewest
+   tensors that pass with int16 on every other candidate (phases 2-4 against that base), int16
+   on the rest; the phases below then start from each tensor's own precision.
 2. **Rank** by measured gains (group testing): a block of candidates made wide (the rest
    int8) takes some error off the judged figures; errors from different tensors add (nearly:
    independent noise), so the most useful blocks are halved until single tensors or blocks
@@ -436,22 +439,26 @@ class PrecisionSearch:
                 best = self._choose_methods(plain)
                 if self.ok(best):
                     return self._result(plain, best, {})
-            wide = self._reach()
-            if wide is None:
+            level = self._reach()
+            if level is None:
                 return self._unreachable(plain)
+            # float on every candidate passes where int16 does not: float only on the few
+            # tensors int16 is not enough for, int16 on the rest (the mixed reach)
+            wide = (self._mixed_reach() if level == "float" and "int16" in self.levels
+                    else level)
             ranking = self.ranking = self._rank(wide)
             chosen = self._cover(ranking, wide)
             best = self.score(chosen)
             chosen = self._drop(chosen, ranking)
-            if wide in ("float", WIDE_WEIGHTS) and "int16" in self.levels:
-                chosen = self._demote(chosen, wide)
+            if level in ("float", WIDE_WEIGHTS) and "int16" in self.levels:
+                chosen = self._demote(chosen, level)
             best = self.score(chosen)
             if not self.affordable(best):
                 within = self._within_budget(plain, best, ranking)
                 # only where the budget path misses: it finds hand landmark's 3.0x choice,
                 # float beside w16a16 one at 9.5x
                 mixed = (self._float_beside_wide_weights(plain)
-                         if wide == "float" and not within.reached else None)
+                         if level == "float" and not within.reached else None)
                 return mixed or within
             return self._result(plain, best, chosen, ranking)
         except OutOfTime:
@@ -535,9 +542,28 @@ class PrecisionSearch:
                 return level
         return None
 
-    def _rank(self, wide: str) -> list[dict]:
+    def _mixed_reach(self) -> dict[str, str]:
+        """Each candidate's widest precision where int16 on every candidate misses and float
+        on every candidate passes: float on the fewest tensors that pass with int16 on every
+        other candidate (ranked by what float buys over that base, covered and dropped as the
+        search does over int8), int16 on the rest. Float on every candidate made most of an
+        unrolled recurrent cell float on the CPU (Silero VAD v6: 356 float layers, 609 → 172
+        fps) where int16 misses on a handful of its tensors only."""
+        base = {t: "int16" for t in self.candidates}
+        self.base = base
+        try:
+            ranking = self._rank("float")
+            floats = self._drop(self._cover(ranking, "float"), ranking)
+        finally:
+            self.base = {}
+        reach = {**base, **floats}
+        self.score(reach, "mixed reach: float where int16 is not enough")
+        return reach
+
+    def _rank(self, wide: str | Mapping[str, str]) -> list[dict]:
         """Blocks of candidates (single tensors where it matters), most useful first, each
-        with what it buys when it alone goes ``wide`` (every other candidate int8): the load it
+        with what it buys when it alone goes ``wide`` (one precision, or each tensor's own:
+        the mixed reach; every other candidate int8): the load it
         takes off each judged figure. Where int8 weights are what fails, a tensor kept in float
         buys its layers' float weights too, so the gain is measured, never assumed."""
         plain = self.score({}, "int8 everywhere, worst samples", quick=True).loads
@@ -545,7 +571,7 @@ class PrecisionSearch:
         total = float(need.sum()) or 1.0
 
         def measure(blocks: list[tuple[str, ...]]) -> list[dict]:
-            scores = self.score_all([({t: wide for t in block}, f"rank {len(block)}")
+            scores = self.score_all([({t: _at(wide, t) for t in block}, f"rank {len(block)}")
                                      for block in blocks], quick=True)
             out = []
             for block, scored in zip(blocks, scores):
@@ -578,11 +604,13 @@ class PrecisionSearch:
         order = {t: i for i, t in enumerate(self.candidates)}
         return sorted(done, key=lambda b: (-b["weight"], order[b["tensors"][0]]))
 
-    def _cover(self, ranking: list[dict], wide: str) -> dict[str, str]:
+    def _cover(self, ranking: list[dict], wide: str | Mapping[str, str]) -> dict[str, str]:
         """The shortest passing prefix of ``ranking``: first where the predicted load leaves
         headroom, then doubling, then bisection."""
         plain = self.score({}, quick=True).loads
-        prefix = lambda k: {t: wide for b in ranking[:k] for t in b["tensors"]}  # noqa: E731
+
+        def prefix(k: int) -> dict[str, str]:
+            return {t: _at(wide, t) for b in ranking[:k] for t in b["tensors"]}
         predicted = plain.copy()
         start = len(ranking)
         for k, block in enumerate(ranking):
@@ -834,6 +862,11 @@ class PrecisionSearch:
                             members={t: self.members[t] for t in chosen if t in self.members},
                             method=self.method, tensor_methods=self.methods, scheme=self.scheme,
                             method_scores=dict(getattr(self, "method_scores", {})))
+
+
+def _at(wide: str | Mapping[str, str], tensor: str) -> str:
+    """``tensor``'s precision under ``wide``: one precision for every tensor, or each its own."""
+    return wide if isinstance(wide, str) else wide[tensor]
 
 
 def layer_macs(fg) -> dict[str, int]:

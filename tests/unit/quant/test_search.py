@@ -566,3 +566,67 @@ def test_tensors_whose_gain_needs_them_together_are_ranked_as_one_block():
     assert any({"t100", "t112"} <= set(b["tensors"]) for b in search.ranking[:1])
     # their block of 25 kept whole, then the drop pass's 10 evaluations (halved apart: 118)
     assert len(result.chosen) <= 16
+
+
+def _offsets_search(tmp_path, offsets: list[float]):
+    """The precision search over a chain x → (+ c_i → − c_i) for each offset, c_i a constant
+    0 everywhere but one element (exact in int8): the sum's range reaches the offset, so its
+    steps swamp x (in [-1, 1]) unless the precision is wide enough for it; the difference is
+    x again. Verified as verify does, on the calibration samples."""
+    from onnx import helper, numpy_helper
+
+    shape = [1, 1, 4, 4]
+    nodes, inits, previous = [], [], "x"
+    for i, offset in enumerate(offsets):
+        spike = np.where(np.arange(16).reshape(shape) == i % 16, offset, 0.0)
+        inits.append(numpy_helper.from_array(spike.astype(np.float32), f"c{i}"))
+        nodes += [helper.make_node("Add", [previous, f"c{i}"], [f"a{i:02d}"], name=f"add{i}"),
+                  helper.make_node("Sub", [f"a{i:02d}", f"c{i}"], [f"s{i:02d}"], name=f"sub{i}")]
+        previous = f"s{i:02d}"
+    nodes[-1].output[0] = "y"
+    return _workflow_search(tmp_path, nodes, inits, shape, SearchSpec(max_slowdown=1e9))
+
+
+def _workflow_search(tmp_path, nodes, inits, shape, spec):
+    """The search ``quantization.auto`` builds for one NPU graph of ``nodes`` on a chip with
+    int16, x uniform in [-1, 1], calibrated and verified on the same 3 samples."""
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.workflow import Options, Workflow
+    from npubuild.recipe.model import VerifySpec
+    from npubuild.verify.verdict import SampleJudge
+    from tests.conftest import one_npu_graph_split
+
+    pipeline = SplitPipeline(one_npu_graph_split(tmp_path, nodes, inits, shape))
+    workflow = Workflow(pipeline, Options(QuantConfig(scheme="asymmetric",
+                                                      granularity="per_channel",
+                                                      bias_correction=False), chip_int16=True))
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.uniform(-1.0, 1.0, shape).astype(np.float32)} for _ in range(3)]
+    workflow.calibrate(samples)
+    workflow.quantize()
+    judge = SampleJudge(VerifySpec(), {}, pipeline, samples)
+    return PrecisionSearch(workflow, samples, judge, judge.kept, spec, chip_int16=True,
+                           npu_macs_per_second=1e12)
+
+
+def test_where_int16_everywhere_misses_float_goes_only_where_int16_is_not_enough(tmp_path):
+    """Thirteen sums need int16 (an offset of 300: int8's step is 1.2), one needs float (an
+    offset of 1e6: int16's step is 15): int16 on every candidate misses, float on every
+    candidate passes. The search's reach was then float on every candidate and its demotion
+    (6 evaluations) left 9 tensors in float (Silero VAD v6's unrolled LSTM cell: 356 float
+    layers on the CPU where 4 float tensors and 44 int16 pass); the mixed reach keeps float
+    on the one sum int16 cannot hold, int16 where int16 is enough."""
+    offsets = [300.0] * 12
+    offsets.insert(6, 1e6)
+    search = _offsets_search(tmp_path, offsets)
+    assert not search.score({t: "int16" for t in search.candidates}).passed
+    assert search.score({t: "float" for t in search.candidates}).passed
+    result = search.run()
+    assert result.reached
+    assert [t for t, p in sorted(result.chosen.items()) if p == "float"] == ["a06"]
+    assert {f"a{i:02d}" for i in range(13)} <= set(result.chosen)  # every sum out of int8
+    assert set(result.chosen.values()) == {"int16", "float"}
+    (tmp_path / "again").mkdir()
+    again = _offsets_search(tmp_path / "again", offsets).run()  # deterministic
+    assert (again.chosen, again.evaluations) == (result.chosen, result.evaluations)
