@@ -1,12 +1,16 @@
-"""TFLite custom ops npubuild lowers to ONNX: MediaPipe's segmentation ops.
+"""TFLite custom ops npubuild lowers to ONNX: MediaPipe's segmentation and attention-mesh ops.
 
 MediaPipe models (selfie and hair segmentation, and others built with its converter) use three
-custom ops that TensorFlow Lite's own interpreter and tf2onnx do not know. Each entry of
+custom ops that TensorFlow Lite's own interpreter and tf2onnx do not know; its face mesh with
+attention (``face_landmark_with_attention.tflite``: refined lips, eyes and irises) three more,
+which crop regions of a feature map around landmarks it has just found. Each entry of
 `CUSTOM_OPS` gives, for one op:
 
-- `fields`: its parameters, the leading int32 fields of the C struct MediaPipe stores as the
-  op's custom options (``TfLiteTransposeConvParams`` or ``TfLitePoolParams`` of the builtin op
-  it extends; not a flexbuffer, so tf2onnx cannot read them, and `tflite_graph` rewrites them);
+- `fields`: its parameters. For the segmentation ops, the leading int32 fields of the C struct
+  MediaPipe stores as the op's custom options (``TfLiteTransposeConvParams`` or
+  ``TfLitePoolParams`` of the builtin op it extends; not a flexbuffer, so tf2onnx cannot read
+  them, and `tflite_graph` rewrites them); the attention ops store a flexbuffer map already
+  (`flexbuffer`), which tf2onnx reads as it is, a missing key taking its entry in `defaults`;
 - `lower`: a tf2onnx handler that writes the op as standard ONNX ops (NHWC in and out, as
   tf2onnx's TFLite graph is; its transpose optimizer removes what cancels);
 - `reference`: the op in numpy, written from MediaPipe's kernels
@@ -43,9 +47,13 @@ class CustomOp:
     fields: tuple[str, ...]
     reference: Callable[..., list[np.ndarray]]  # (*inputs, options) -> outputs
     lower: Callable  # (tf2onnx graph, tf2onnx node, options) -> None
+    flexbuffer: bool = False  # options stored as a flexbuffer map (else a C struct)
+    defaults: tuple[tuple[str, object], ...] = ()  # flexbuffer keys that may be missing
 
     def options(self, raw: bytes) -> dict:
         """The options from the op's custom-options bytes; ValueError when they do not fit."""
+        if self.flexbuffer:
+            return self._flexbuffer_options(raw)
         if len(raw) < 4 * len(self.fields):  # later TFLite versions append fields: ignored
             raise ValueError(f"its custom options hold {len(raw)} bytes, expected at least "
                              f"{4 * len(self.fields)} ({', '.join(self.fields)})")
@@ -54,6 +62,21 @@ class CustomOp:
             raise ValueError(f"unknown padding {values['padding']} in its options")
         if values.get("activation", 0) not in ACTIVATION_RANGE:
             raise ValueError(f"unsupported fused activation {values['activation']}")
+        return values
+
+    def _flexbuffer_options(self, raw: bytes) -> dict:
+        from flatbuffers import flexbuffers
+
+        try:
+            stored = flexbuffers.Loads(raw) if raw else {}
+        except Exception as exc:  # flexbuffers raises what the bytes make it raise
+            raise ValueError(f"its custom options are not a flexbuffer map ({exc})") from None
+        if not isinstance(stored, dict):
+            raise ValueError("its custom options are not a flexbuffer map")
+        values = {**dict(self.defaults), **{k: v for k, v in stored.items() if k in self.fields}}
+        missing = [name for name in self.fields if name not in values]
+        if missing:
+            raise ValueError(f"its options lack {', '.join(missing)}")
         return values
 
 
@@ -275,12 +298,204 @@ def _all(ctx, conditions: list[str]) -> str:
     return result
 
 
+# --- the attention mesh's ops (``mediapipe/util/tflite/operations``, version 2) -------------
+
+LANDMARKS_TO_MATRIX_PARAMS = ("left_rotation_idx", "right_rotation_idx", "output_height",
+                              "output_width", "scale_x", "scale_y", "subset_idxs",
+                              "target_rotation_radians")
+
+
+def landmarks_to_transform_matrix(landmarks: np.ndarray, opts: dict) -> list[np.ndarray]:
+    """``Landmarks2TransformMatrix``: from landmarks [1, N, 3], the 4x4 matrix taking a pixel
+    of an ``output_width`` x ``output_height`` crop to the landmarks' frame. The crop is turned
+    so the line from the left to the right rotation landmark lies at
+    ``target_rotation_radians``, is centred on the box of the subset's landmarks in that turned
+    frame, and is ``scale_x``/``scale_y`` times that box."""
+    points = landmarks.reshape(-1, landmarks.shape[-1])[:, :2].astype(np.float64)
+    left, right = points[opts["left_rotation_idx"]], points[opts["right_rotation_idx"]]
+    r = opts["target_rotation_radians"] - np.arctan2(right[1] - left[1], right[0] - left[0])
+    turn = np.array([[np.cos(r), -np.sin(r)], [np.sin(r), np.cos(r)]])
+    subset = points[np.asarray(opts["subset_idxs"], np.int64)] @ turn.T
+    low, high = subset.min(0), subset.max(0)
+    centre = turn.T @ ((low + high) / 2)  # back to the landmarks' frame
+    size = np.array([opts["output_width"], opts["output_height"]], np.float64)
+    scale = np.array([opts["scale_x"], opts["scale_y"]]) * (high - low) / size
+    linear = turn.T * scale  # the rotation by -r, then the scale: R(-r) @ diag(scale)
+    matrix = np.eye(4)
+    matrix[:2, :2] = linear
+    matrix[:2, 3] = centre - linear @ (size / 2)
+    return [matrix[None].astype(np.float32)]
+
+
+def transform_tensor_bilinear(x: np.ndarray, matrix: np.ndarray, opts: dict) -> list[np.ndarray]:
+    """``TransformTensorBilinear``: an ``output_height`` x ``output_width`` crop of x [1, H, W,
+    C], output pixel (px, py) read at the matrix's image of its centre less half a pixel,
+    bilinearly; a pixel whose point falls outside [0, W-1] x [0, H-1] is zero."""
+    _, height, width, channels = x.shape
+    rows = _centred(matrix.reshape(4, 4).astype(np.float64))
+    py, px = np.mgrid[0:opts["output_height"], 0:opts["output_width"]].astype(np.float64)
+    tx = rows[0, 0] * px + rows[0, 1] * py + rows[0, 3]
+    ty = rows[1, 0] * px + rows[1, 1] * py + rows[1, 3]
+    inside = (tx >= 0) & (tx <= width - 1) & (ty >= 0) & (ty <= height - 1)
+    x0, y0 = np.floor(tx).astype(np.int64), np.floor(ty).astype(np.int64)
+    fx, fy = (tx - x0)[..., None], (ty - y0)[..., None]
+    image = x[0].astype(np.float64)
+
+    def read(yy, xx):
+        ok = (yy >= 0) & (yy < height) & (xx >= 0) & (xx < width)
+        value = image[np.clip(yy, 0, height - 1), np.clip(xx, 0, width - 1)]
+        return np.where(ok[..., None], value, 0)
+
+    upper = (1 - fx) * read(y0, x0) + fx * read(y0, x0 + 1)
+    lower = (1 - fx) * read(y0 + 1, x0) + fx * read(y0 + 1, x0 + 1)
+    out = np.where(inside[..., None], fy * lower + (1 - fy) * upper, 0)
+    return [out[None].astype(np.float32).reshape(1, *px.shape, channels)]
+
+
+def _centred(matrix: np.ndarray) -> np.ndarray:
+    """The matrix with MediaPipe's align-corners correction (pixel centres: T -> S T A)."""
+    rows = matrix.copy()
+    rows[:2, 3] += rows[:2, 0] * 0.5 + rows[:2, 1] * 0.5 - 0.5
+    return rows
+
+
+def transform_landmarks(landmarks: np.ndarray, matrix: np.ndarray, opts: dict) -> list[np.ndarray]:
+    """``TransformLandmarks``: each landmark's (x, y) [1, N, 2 or 3] through the matrix's first
+    two rows (z = 0, w = 1); a third coordinate passes unchanged."""
+    rows = matrix.reshape(4, 4).astype(np.float64)
+    xy = landmarks[..., :2].astype(np.float64)
+    moved = xy @ rows[:2, :2].T + rows[:2, 3]
+    return [np.concatenate([moved, landmarks[..., 2:]], -1).astype(np.float32)]
+
+
+def _node(ctx, kind: str, *inputs: str, **attr) -> str:
+    """One ONNX node on tf2onnx's graph; its (first) output."""
+    return ctx.make_node(kind, list(inputs), attr=attr).output[0]
+
+
+def _f32(ctx, *values: float) -> str:
+    return _const(ctx, "f", np.array(values, np.float32))
+
+
+def _i64(ctx, *values: int) -> str:
+    return _const(ctx, "i", np.array(values, np.int64))
+
+
+def _gather(ctx, value: str, indices, axis: int) -> str:
+    return _node(ctx, "Gather", value, _const(ctx, "index", np.asarray(indices, np.int64)),
+                 axis=axis)
+
+
+def _affine_parts(ctx, matrix: str) -> tuple[str, str]:
+    """A [1, 4, 4] matrix's 2x2 part, transposed (for ``points @ it``), and its shift [1, 2]."""
+    rows = _node(ctx, "Reshape", matrix, _i64(ctx, 4, 4))
+    linear = _node(ctx, "Slice", rows, _i64(ctx, 0, 0), _i64(ctx, 2, 2))
+    shift = _node(ctx, "Slice", rows, _i64(ctx, 0, 3), _i64(ctx, 2, 4))
+    return _node(ctx, "Transpose", linear, perm=[1, 0]), _node(ctx, "Transpose", shift, perm=[1, 0])
+
+
+def _box(ctx, values: str) -> tuple[str, str]:
+    """The least and the greatest of a 1-D tensor, each [1]."""
+    return (_node(ctx, "ReduceMin", values, axes=[0], keepdims=1),
+            _node(ctx, "ReduceMax", values, axes=[0], keepdims=1))
+
+
+def lower_landmarks_to_transform_matrix(ctx, node, opts: dict) -> None:
+    """The angle never appears: cos and sin of ``target - atan2(dy, dx)`` from dx and dy
+    normalised (a zero length reads as angle 0, as atan2(0, 0)); ReduceMin/Max give the box."""
+    def op(kind, *values):
+        return _node(ctx, kind, *values)
+
+    shape = _input_shape(ctx, node)
+    points = op("Reshape", node.input[0], _i64(ctx, -1, shape[-1]))
+    x, y = _gather(ctx, points, 0, 1), _gather(ctx, points, 1, 1)  # [N]
+    left, right = opts["left_rotation_idx"], opts["right_rotation_idx"]
+    dx = op("Sub", _gather(ctx, x, [right], 0), _gather(ctx, x, [left], 0))
+    dy = op("Sub", _gather(ctx, y, [right], 0), _gather(ctx, y, [left], 0))
+    length = op("Sqrt", op("Add", op("Mul", dx, dx), op("Mul", dy, dy)))
+    zero = op("Equal", length, _f32(ctx, 0.0))
+    safe = op("Where", zero, _f32(ctx, 1.0), length)
+    cos_a = op("Where", zero, _f32(ctx, 1.0), op("Div", dx, safe))
+    sin_a = op("Where", zero, _f32(ctx, 0.0), op("Div", dy, safe))
+    t = float(opts.get("target_rotation_radians") or 0.0)
+    ct, st = _f32(ctx, np.cos(t)), _f32(ctx, np.sin(t))
+    cos_r = op("Add", op("Mul", ct, cos_a), op("Mul", st, sin_a))  # cos(t - a)
+    sin_r = op("Sub", op("Mul", st, cos_a), op("Mul", ct, sin_a))  # sin(t - a)
+    subset = np.asarray(opts["subset_idxs"], np.int64)
+    sx, sy = _gather(ctx, x, subset, 0), _gather(ctx, y, subset, 0)
+    turned_x = op("Sub", op("Mul", cos_r, sx), op("Mul", sin_r, sy))
+    turned_y = op("Add", op("Mul", sin_r, sx), op("Mul", cos_r, sy))
+    low_x, high_x = _box(ctx, turned_x)
+    low_y, high_y = _box(ctx, turned_y)
+    half = _f32(ctx, 0.5)
+    mx, my = op("Mul", op("Add", low_x, high_x), half), op("Mul", op("Add", low_y, high_y), half)
+    cx = op("Add", op("Mul", cos_r, mx), op("Mul", sin_r, my))  # R(-r) @ middle
+    cy = op("Sub", op("Mul", cos_r, my), op("Mul", sin_r, mx))
+    width, height = opts["output_width"], opts["output_height"]
+    scale_x = op("Mul", op("Sub", high_x, low_x), _f32(ctx, opts["scale_x"] / width))
+    scale_y = op("Mul", op("Sub", high_y, low_y), _f32(ctx, opts["scale_y"] / height))
+    a00, a01 = op("Mul", cos_r, scale_x), op("Mul", sin_r, scale_y)
+    a10, a11 = op("Neg", op("Mul", sin_r, scale_x)), op("Mul", cos_r, scale_y)
+    w2, h2 = _f32(ctx, width / 2), _f32(ctx, height / 2)
+    t0 = op("Sub", cx, op("Add", op("Mul", a00, w2), op("Mul", a01, h2)))
+    t1 = op("Sub", cy, op("Add", op("Mul", a10, w2), op("Mul", a11, h2)))
+    o, i = _f32(ctx, 0.0), _f32(ctx, 1.0)
+    flat = _node(ctx, "Concat", a00, a01, o, t0, a10, a11, o, t1, o, o, i, o, o, o, o, i, axis=0)
+    _replace(ctx, node, [op("Reshape", flat, _i64(ctx, 1, 4, 4))])
+
+
+def lower_transform_tensor_bilinear(ctx, node, opts: dict) -> None:
+    """GridSample (bilinear, align_corners: pixel i at -1 + 2i/(size-1)) at the matrix's image
+    of each output pixel's centre less half a pixel, times a mask of the points inside the input
+    (MediaPipe zeroes a pixel whose point falls outside; GridSample would blend the border in)."""
+    _, height, width, _ = _input_shape(ctx, node)
+    out_h, out_w = opts["output_height"], opts["output_width"]
+    linear, shift = _affine_parts(ctx, node.input[1])
+    py, px = np.mgrid[0:out_h, 0:out_w].astype(np.float32)
+    centres = _const(ctx, "px", np.stack([px.ravel() + 0.5, py.ravel() + 0.5], 1))  # [P, 2]
+    points = _node(ctx, "Add", _node(ctx, "MatMul", centres, linear), shift)
+    points = _node(ctx, "Sub", points, _f32(ctx, 0.5))  # [P, 2] as (x, y)
+    inside = _node(ctx, "And", _node(ctx, "GreaterOrEqual", points, _f32(ctx, 0.0, 0.0)),
+                   _node(ctx, "LessOrEqual", points, _f32(ctx, width - 1, height - 1)))
+    inside = _node(ctx, "Cast", inside, to=1)  # FLOAT
+    inside = _node(ctx, "ReduceMin", inside, axes=[1], keepdims=1)  # [P, 1]: both inside
+    to_grid = _f32(ctx, 2.0 / max(width - 1, 1), 2.0 / max(height - 1, 1))
+    grid = _node(ctx, "Sub", _node(ctx, "Mul", points, to_grid), _f32(ctx, 1.0))
+    grid = _node(ctx, "Reshape", grid, _i64(ctx, 1, out_h, out_w, 2))
+    sampled = _node(ctx, "GridSample", _nchw(ctx, node.input[0]), grid, mode="bilinear",
+                    padding_mode="zeros", align_corners=1)
+    mask = _node(ctx, "Reshape", inside, _i64(ctx, 1, out_h, out_w, 1))
+    _replace(ctx, node, [_node(ctx, "Mul", _nhwc(ctx, sampled), mask)])
+
+
+def lower_transform_landmarks(ctx, node, opts: dict) -> None:
+    """(x, y) @ the matrix's 2x2 part, transposed, plus its shift; a third coordinate as it was."""
+    shape = _input_shape(ctx, node)
+    linear, shift = _affine_parts(ctx, node.input[1])
+    last = _i64(ctx, len(shape) - 1)
+    xy = node.input[0]
+    if shape[-1] > 2:
+        xy = _node(ctx, "Slice", xy, _i64(ctx, 0), _i64(ctx, 2), last)
+    moved = _node(ctx, "Add", _node(ctx, "MatMul", xy, linear), shift)
+    if shape[-1] > 2:
+        rest = _node(ctx, "Slice", node.input[0], _i64(ctx, 2), _i64(ctx, shape[-1]), last)
+        moved = _node(ctx, "Concat", moved, rest, axis=len(shape) - 1)
+    _replace(ctx, node, [moved])
+
+
 CUSTOM_OPS: dict[str, CustomOp] = {op.name: op for op in (
     CustomOp("Convolution2DTransposeBias", TRANSPOSE_CONV_PARAMS, transpose_conv_bias,
              lower_transpose_conv_bias),
     CustomOp("MaxPoolingWithArgmax2D", POOL_PARAMS, max_pool_with_argmax,
              lower_max_pool_with_argmax),
     CustomOp("MaxUnpooling2D", POOL_PARAMS, max_unpooling, lower_max_unpooling),
+    CustomOp("Landmarks2TransformMatrix", LANDMARKS_TO_MATRIX_PARAMS,
+             landmarks_to_transform_matrix, lower_landmarks_to_transform_matrix, flexbuffer=True,
+             defaults=(("target_rotation_radians", 0.0),)),
+    CustomOp("TransformTensorBilinear", ("output_height", "output_width"),
+             transform_tensor_bilinear, lower_transform_tensor_bilinear, flexbuffer=True),
+    CustomOp("TransformLandmarks", (), transform_landmarks, lower_transform_landmarks,
+             flexbuffer=True),
 )}
 _registered = False
 
@@ -302,6 +517,8 @@ def _handler(op: CustomOp):
     so `tflite_graph.with_readable_options` rewrites the C struct into one beforehand."""
 
     def version_1(cls, ctx, node, **kwargs):
-        op.lower(ctx, node, {name: node.get_attr_value(name) for name in op.fields})
+        defaults = dict(op.defaults)
+        op.lower(ctx, node, {name: node.get_attr_value(name, defaults.get(name))
+                             for name in op.fields})
 
     return type(f"Tfl{op.name}", (), {"version_1": classmethod(version_1)})

@@ -14,7 +14,8 @@
   the product by that part's DFT basis: tf2onnx converts no other reader of an RFFT2D.
 - `unsupported_custom_ops` names custom ops npubuild cannot lower, with the cut that avoids them.
 - `with_readable_options` rewrites the C-struct options of the custom ops npubuild lowers
-  (`tflite_custom.CUSTOM_OPS`) as the flexbuffer map tf2onnx reads.
+  (`tflite_custom.CUSTOM_OPS`) as the flexbuffer map tf2onnx reads (and checks those stored as
+  one already).
 - `run` evaluates a model whose custom ops the interpreter lacks: the builtin operators between
   them run in TensorFlow Lite's interpreter, each custom op in its numpy reference.
 
@@ -201,7 +202,9 @@ def with_readable_options(model) -> None:
 
     for op in model.subgraphs[0].operators:
         if is_custom(model, op) and op_type(model, op) in CUSTOM_OPS:
-            options = _options(model, op)
+            options = _options(model, op)  # checked, also where already a flexbuffer map
+            if CUSTOM_OPS[op_type(model, op)].flexbuffer:
+                continue
             op.customOptions = np.frombuffer(bytes(flexbuffers.Dumps(options)), np.uint8)
 
 

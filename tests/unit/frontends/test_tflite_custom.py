@@ -95,7 +95,7 @@ def test_an_unsupported_custom_op_names_itself_and_the_cut_before_it(tmp_path):
     with pytest.raises(UserError) as err:
         tf_frontend.convert(path, "tflite", INPUTS, None)
     message, hint = err.value.message, err.value.hint
-    assert "TransformTensorBilinear (the operator writing 'warped')" in message
+    assert "TransformTensorNearest (the operator writing 'warped')" in message
     assert "Convolution2DTransposeBias" in message  # what it can lower
     assert 'model.outputs: ["side", "relu"]' in hint  # the independent output, and the op's input
 
@@ -132,3 +132,63 @@ def test_a_cut_at_an_inner_input_is_converted_and_run_from_there(tmp_path):
     x = np.random.default_rng(7).normal(0, 1, (1, 8, 8, 4)).astype(np.float32)  # negatives too
     source = tf_frontend.run_source(path, "tflite", {"relu": x}, inputs, None)
     _assert_close(source, list(run(model, {"relu": x}).values()))
+
+
+ATTENTION_INPUTS = [InputSpec(name="x"), InputSpec(name="pts"), InputSpec(name="local")]
+
+
+def _attention_feeds(seed: int, points: int, size: tuple[int, int]) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.normal(0, 1, (1, *size, 4)).astype(np.float32),
+            "pts": np.concatenate([rng.uniform(2, min(size) - 2, (1, points, 2)),
+                                   rng.normal(0, 1, (1, points, 1))], -1).astype(np.float32),
+            "local": rng.uniform(0, 8, (1, 5, 2)).astype(np.float32)}
+
+
+@pytest.mark.parametrize("seed, target, crop, size", [
+    (0, 0.0, (8, 8), (24, 24)), (1, 0.3, (6, 10), (20, 28)), (2, None, (8, 8), (16, 16))])
+def test_attention_mesh_ops_lower_to_their_reference(tmp_path, seed, target, crop, size):
+    """MediaPipe's face mesh with attention (Landmarks2TransformMatrix, TransformTensorBilinear,
+    TransformLandmarks; flexbuffer options, one op with none) converts, and the ONNX model
+    equals the source run, whose custom ops are their numpy references."""
+    path = tflite_models.attention_crop(tmp_path, 12, [0, 3, 5, 7, 9, 11], (2, 8), crop, size,
+                                        target)
+    feeds = _attention_feeds(seed, 12, size)
+    source = tf_frontend.run_source(path, "tflite", feeds, ATTENTION_INPUTS, None)
+    model = tf_frontend.convert(path, "tflite", ATTENTION_INPUTS, None)
+    assert "GridSample" in {n.op_type for n in model.graph.node}
+    assert not {n.op_type for n in model.graph.node} & {f"TFL_{op}" for op in tflite_custom.CUSTOM_OPS}
+    _assert_close(source, list(run(model, feeds).values()), tolerance=1e-4)
+    assert np.count_nonzero(source[1]) > source[1].size // 2  # the crop reads the map
+
+
+def test_attention_references_agree_with_the_geometry_they_describe():
+    """Independent of the formulas: a level pair of rotation landmarks and a subset spanning
+    [4, 12] x [6, 10] give a crop 1.5 times that box around its centre; the bilinear crop of a
+    map linear in x and y is that map at the crop's pixel centres, zero where they fall out;
+    landmarks move by the matrix's first two rows."""
+    points = np.zeros((1, 4, 3), np.float32)
+    points[0, :, :2] = [[4, 6], [12, 6], [4, 10], [12, 10]]
+    opts = {"left_rotation_idx": 0, "right_rotation_idx": 1, "output_height": 4,
+            "output_width": 8, "scale_x": 1.5, "scale_y": 1.5, "subset_idxs": [0, 3, 1, 2],
+            "target_rotation_radians": 0.0}
+    (matrix,) = tflite_custom.landmarks_to_transform_matrix(points, opts)
+    # crop pixel (0, 0) at the box's corner less a quarter: centre (8, 8), extent 12 x 6
+    np.testing.assert_allclose(matrix[0], [[1.5, 0, 0, 2], [0, 1.5, 0, 5], [0, 0, 1, 0],
+                                           [0, 0, 0, 1]], atol=1e-6)
+    yy, xx = np.mgrid[0:16, 0:16].astype(np.float32)
+    ramp = np.stack([xx, yy, xx + 2 * yy, np.ones_like(xx)], -1)[None]
+    (crop,) = tflite_custom.transform_tensor_bilinear(ramp, matrix, opts)
+    py, px = np.mgrid[0:4, 0:8]
+    np.testing.assert_allclose(crop[0, ..., 0], 2 + 1.5 * (px + 0.5) - 0.5, atol=1e-5)
+    np.testing.assert_allclose(crop[0, ..., 1], 5 + 1.5 * (py + 0.5) - 0.5, atol=1e-5)
+    far = matrix.copy()
+    far[0, 0, 3] = 20.0  # every point right of the map: zeros
+    assert not tflite_custom.transform_tensor_bilinear(ramp, far, opts)[0].any()
+    local = np.array([[[0, 0, 7], [8, 4, 9]]], np.float32)
+    (moved,) = tflite_custom.transform_landmarks(local, matrix, {})
+    np.testing.assert_allclose(moved[0], [[2, 5, 7], [14, 11, 9]], atol=1e-6)
+    turned = points[:, [1, 0, 3, 2]]  # right and left swapped: the crop turned by pi
+    (flipped,) = tflite_custom.landmarks_to_transform_matrix(turned, {**opts, "left_rotation_idx": 0,
+                                                                       "right_rotation_idx": 1})
+    np.testing.assert_allclose(flipped[0, :2, :2], [[-1.5, 0], [0, -1.5]], atol=1e-6)

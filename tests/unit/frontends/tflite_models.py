@@ -152,13 +152,42 @@ def pool_unpool(tmp: Path, size: tuple[int, int], kernel: int, stride: int, padd
 
 
 def with_unknown_custom_op(tmp: Path) -> Path:
-    """RELU → a custom op nothing lowers (``TransformTensorBilinear``, as MediaPipe's face mesh
-    with attention has) → LOGISTIC; a second output ``side`` does not depend on it."""
+    """RELU → a custom op nothing lowers (``TransformTensorNearest``, a name no lowering has)
+    → LOGISTIC; a second output ``side`` does not depend on it."""
     g = Graph()
     for name in ("x", "relu", "warped", "y", "side"):
         g.tensor(name, [1, 4, 4, 2])
     g.op("RELU", ["x"], ["relu"])
-    g.op("TransformTensorBilinear", ["relu"], ["warped"], c_struct(0))
+    g.op("TransformTensorNearest", ["relu"], ["warped"], c_struct(0))
     g.op("LOGISTIC", ["warped"], ["y"])
     g.op("TANH", ["x"], ["side"])
     return write(g, ["x"], ["y", "side"], tmp / "unknown_custom.tflite")
+
+
+def attention_crop(tmp: Path, points: int, subset: list[int], rotation: tuple[int, int],
+                   crop: tuple[int, int], size: tuple[int, int], target: float | None = 0.0,
+                   scale: tuple[float, float] = (1.5, 1.5)) -> Path:
+    """The region crop of MediaPipe's face mesh with attention, its three custom ops with
+    their flexbuffer options: landmarks ``pts`` [1, points, 3] → Landmarks2TransformMatrix →
+    TransformTensorBilinear of the feature map ``x`` [1, *size, 4] (a ``crop`` of it) and
+    TransformLandmarks of ``local`` [1, 5, 2] (points found inside the crop) back to ``x``'s
+    frame; ``target=None`` leaves ``target_rotation_radians`` out of the options."""
+    from flatbuffers import flexbuffers
+
+    options = {"left_rotation_idx": rotation[0], "right_rotation_idx": rotation[1],
+               "output_height": crop[0], "output_width": crop[1], "scale_x": scale[0],
+               "scale_y": scale[1], "subset_idxs": subset}
+    if target is not None:
+        options["target_rotation_radians"] = target
+    g = Graph()
+    g.tensor("x", [1, *size, 4])
+    g.tensor("pts", [1, points, 3])
+    g.tensor("local", [1, 5, 2])
+    g.tensor("matrix", [1, 4, 4])
+    g.tensor("crop", [1, *crop, 4])
+    g.tensor("moved", [1, 5, 2])
+    g.op("Landmarks2TransformMatrix", ["pts"], ["matrix"], bytes(flexbuffers.Dumps(options)))
+    g.op("TransformTensorBilinear", ["x", "matrix"], ["crop"],
+         bytes(flexbuffers.Dumps({"output_height": crop[0], "output_width": crop[1]})))
+    g.op("TransformLandmarks", ["local", "matrix"], ["moved"], b"")
+    return write(g, ["x", "pts", "local"], ["matrix", "crop", "moved"], tmp / "attention_crop.tflite")

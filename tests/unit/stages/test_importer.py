@@ -124,7 +124,7 @@ def test_tflite_with_an_unsupported_custom_op_stops_then_imports_cut_before_it(c
     inputs = "    - {name: x, shape: [1, 4, 4, 2]}\n"
     result = run_import(cli, tmp_path, recipe_text(path, inputs))
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "TransformTensorBilinear (the operator writing 'warped')" in result.stderr
+    assert "TransformTensorNearest (the operator writing 'warped')" in result.stderr
     assert 'model.outputs: ["side", "relu"]' in result.stderr
     result = run_import(cli, tmp_path, recipe_text(path, inputs, '["side", "relu"]'))
     assert result.returncode == 0, result.stderr
