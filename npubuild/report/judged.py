@@ -190,7 +190,8 @@ def task_figure(report: dict, verify_spec: dict | None) -> Figure | None:
 
 def task_evidence(task: dict, samples: int | None = None) -> str:
     """What a task figure rests on: "over 2 boxes in 7 images", "over 3 samples" (images for
-    the image tasks; a classifier, a CTC head or a map may read audio or text)."""
+    the image tasks; a classifier, a CTC head or a map may read audio or text); an anchor
+    detector's also counts the anchors only the deployed pipeline keeps."""
     images = task.get("samples", samples)
     noun = "image" if task.get("task") in ("detector", "anchor_detector", "text_detection") else "sample"
     shown = f"{images:,} {noun}{'s' * (images != 1)}" if is_number(images) else ""
@@ -199,7 +200,10 @@ def task_evidence(task: dict, samples: int | None = None) -> str:
         return f"over {n:,} float box{'es' * (n != 1)}" + (f" in {shown}" if shown else "")
     if task.get("task") == "anchor_detector" and is_number(task.get("float_anchors")):
         n = task["float_anchors"]
-        return f"over {n:,} float anchor{'s' * (n != 1)} kept" + (f" in {shown}" if shown else "")
+        added = _anchors_added(task)
+        return (f"over {n:,} float anchor{'s' * (n != 1)} kept"
+                + (f", {added:,} added by the deployed pipeline," if added else "")
+                + (f" in {shown}" if shown else ""))
     if task.get("task") == "text_detection" and is_number(task.get("text_pixels_union")):
         return f"over {task['text_pixels_union']:,} text pixels" + (f" in {shown}" if shown else "")
     if task.get("task") == "classifier" and is_number(task.get("positions")) and is_number(images) \
@@ -210,6 +214,13 @@ def task_evidence(task: dict, samples: int | None = None) -> str:
         return (f"over {n:,} element{'s' * (n != 1)} above {task.get('threshold', 0.5):g}"
                 + (f" in {shown}" if shown else ""))
     return f"over {shown}" if shown else ""
+
+
+def _anchors_added(task: dict) -> int:
+    """Anchors the deployed pipeline keeps that float does not (they lower the agreement too:
+    with none kept in float, they are all it rests on)."""
+    deployed, agreeing = task.get("deployed_anchors"), task.get("agreeing_anchors")
+    return int(deployed - agreeing) if is_number(deployed) and is_number(agreeing) else 0
 
 
 def all_figures(report: dict, verify_spec: dict | None) -> list[Figure]:

@@ -102,6 +102,21 @@ def test_anchor_detector_judges_only_the_anchors_either_side_keeps():
     assert abs(result["min_box_iou"] - 20 / 180) < 1e-12  # 2x10 overlap of two 10x10 boxes
 
 
+def test_the_anchor_task_evidence_counts_the_anchors_the_deployed_pipeline_adds():
+    """Round 10: MediaPipe's full palm detector kept no anchor in float on the verify photos
+    (no hands) and two in the deployed pipeline; the headline read "0.0000 ..., over 0 float
+    anchors kept in 6 images", which reads as nothing judged. It now names what was added."""
+    from npubuild.report.judged import task_evidence
+
+    palm = {"task": "anchor_detector", "samples": 6, "float_anchors": 0, "deployed_anchors": 2,
+            "agreeing_anchors": 0, "agreement": 0.0}
+    assert task_evidence(palm) == "over 0 float anchors kept, 2 added by the deployed pipeline, in 6 images"
+    faces = {**palm, "float_anchors": 10, "deployed_anchors": 10, "agreeing_anchors": 7}
+    assert task_evidence(faces) == "over 10 float anchors kept, 3 added by the deployed pipeline, in 6 images"
+    same = {**palm, "float_anchors": 4, "deployed_anchors": 4, "agreeing_anchors": 4}
+    assert task_evidence(same) == "over 4 float anchors kept in 6 images"  # none added: as before
+
+
 def test_anchor_detector_agrees_where_no_anchor_is_kept():
     box, score = _anchors([-9.0, -7.0], [[0, 0, 1, 1], [0, 0, 1, 1]])
     noisy, _ = _anchors([-9.0, -7.0], [[5, 5, 9, 9], [-3, 1, 2, 2]])
