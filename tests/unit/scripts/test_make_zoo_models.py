@@ -64,3 +64,20 @@ def test_tempo_mel_filters_are_slaney_triangles_of_unit_area_per_mel():
     assert freqs[np.nonzero(weights.sum(axis=0))[0]].max() < 5000
     widths = [np.ptp(freqs[np.nonzero(row)[0]]) for row in weights]
     assert all(row.max() <= 2.0 / w + 1e-9 for row, w in zip(weights, widths))
+
+
+def test_fsmn_features_stack_five_fbank_frames_around_each_and_apply_the_cmvn():
+    """FunASR's low frame rate (m=5, n=1): frame t is fbank frames t-2 .. t+2 side by side (the
+    first and last repeated at the ends), then (x + shift) * scale; Kaldi's framing: 25 ms every
+    10 ms, so 1 s of 16 kHz audio gives 98 frames."""
+    script = load_script()
+    audio = np.random.default_rng(0).normal(0, 0.1, 16000)
+    plain = script.fsmn_features(audio, np.zeros(400), np.ones(400))
+    assert plain.shape == (98, 400) and plain.dtype == np.float32
+    blocks = plain.reshape(98, 5, 80)
+    np.testing.assert_array_equal(blocks[5, 2], blocks[7, 0])  # both are fbank frame 5
+    np.testing.assert_array_equal(blocks[0, 0], blocks[0, 2])  # frame 0 repeated before
+    np.testing.assert_array_equal(blocks[97, 4], blocks[97, 2])  # the last repeated after
+    shift, scale = np.linspace(-1, 1, 400), np.linspace(0.5, 2, 400)
+    np.testing.assert_allclose(script.fsmn_features(audio, shift, scale), (plain + shift) * scale,
+                               rtol=1e-5, atol=1e-4)
