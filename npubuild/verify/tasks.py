@@ -208,7 +208,8 @@ def anchor_detector(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
     their boxes. An anchor agrees when the float model and the deployed pipeline both keep it
     and its two boxes overlap at IoU ≥ 0.5; the agreement is the agreeing anchors over the
     anchors either side keeps, over all samples (thousands of anchors no object is near are
-    left out, as the user's decoder leaves them out; none kept on either side: 1)."""
+    left out, as the user's decoder leaves them out). With no anchor kept on either side in any
+    sample there is nothing to judge: the agreement is undefined (None) and ``note`` says why."""
     kept_float = kept_deployed = kept_both = agreeing = 0
     ious, kept_ref, kept_got = [], [], []
     for box_ref, box_got, score_ref, score_got in zip(box_refs, box_gots, score_refs, score_gots):
@@ -225,7 +226,7 @@ def anchor_detector(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
         kept_both += len(both)
         agreeing += int(np.count_nonzero(iou >= ANCHOR_MATCH_IOU))
     union = kept_float + kept_deployed - kept_both
-    return {"task": "anchor_detector", "samples": len(box_refs), "threshold": threshold,
+    result = {"task": "anchor_detector", "samples": len(box_refs), "threshold": threshold,
             "float_anchors": kept_float, "deployed_anchors": kept_deployed,
             "agreeing_anchors": agreeing,
             "min_box_iou": float(min(ious)) if ious else None,
@@ -233,8 +234,16 @@ def anchor_detector(box_refs: list[np.ndarray], box_gots: list[np.ndarray],
             # every regressor (box and keypoints) of the anchors the float model keeps
             "kept_regressor_cosine": similarity(np.concatenate(kept_ref), np.concatenate(
                 kept_got)).cosine if kept_float else None,
-            "agreement": agreeing / union if union else 1.0,
+            "agreement": agreeing / union if union else None,
             "agreement_is": f"anchors above {threshold:g} with the same box (IoU >= 0.5)"}
+    return result if union else {**result, "note": nothing_kept(threshold, len(box_refs))}
+
+
+def nothing_kept(threshold: float, samples: int) -> str:
+    """Why an anchor task judged nothing: no anchor reaches the threshold on either side."""
+    return (f"neither the float model nor the deployed pipeline keeps an anchor above "
+            f"{threshold:g} in the {samples} sample{'s' * (samples != 1)}: the task judges "
+            f"nothing; give verify data with the objects in them, or another task_threshold")
 
 
 # The graded figure of the anchor task (the precision search's): an anchor's score load is how

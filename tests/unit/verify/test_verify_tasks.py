@@ -117,10 +117,21 @@ def test_the_anchor_task_evidence_counts_the_anchors_the_deployed_pipeline_adds(
     assert task_evidence(same) == "over 4 float anchors kept in 6 images"  # none added: as before
 
 
-def test_anchor_detector_agrees_where_no_anchor_is_kept():
+def test_an_anchor_detector_where_no_anchor_is_kept_judges_nothing():
+    """As a map task over samples where neither side reaches the threshold (round 9): no
+    anchor kept on either side is no evidence of agreement, not a perfect 1.0 (round 10's
+    detectors on photos without hands or faces); a min_task_agreement set on it fails, saying
+    why."""
+    from npubuild.verify.verdict import task_verdict
+
     box, score = _anchors([-9.0, -7.0], [[0, 0, 1, 1], [0, 0, 1, 1]])
     noisy, _ = _anchors([-9.0, -7.0], [[5, 5, 9, 9], [-3, 1, 2, 2]])
-    assert tasks.anchor_detector([box], [noisy], [score], [score])["agreement"] == 1.0
+    result = tasks.anchor_detector([box], [noisy], [score], [score])
+    assert result["agreement"] is None
+    assert "neither the float model nor the deployed pipeline keeps an anchor" in result["note"]
+    assert task_verdict(result, 0.9) == [
+        "task anchor_detector: anchors above 0.5 with the same box (IoU >= 0.5) undefined < "
+        "min_task_agreement 0.9 (" + result["note"] + ")"]
 
 
 def test_verify_judges_an_anchor_detector_task_on_the_outputs_it_finds_by_shape():
