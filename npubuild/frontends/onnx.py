@@ -948,3 +948,41 @@ def _layer_normalization(edit, match) -> list[onnx.NodeProto]:
                                            name=f"{base}/ln_transpose_back",
                                            perm=np.argsort(operands.perm).tolist()))
     return nodes
+
+
+def computed_gemm_biases_as_add(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each Gemm whose C is computed (tf2onnx folds a Keras LSTM cell's recurrent product into
+    the input product's C: ``Gemm(x, W, h·R)``) as the Gemm without C and an Add of C (times
+    beta, when it is not 1): the NPU's fully connected layer takes a constant bias only, so
+    the Gemm ran on the CPU. The same sum in another order: the import proof holds it to the
+    folding tolerance. Unchanged when there is none."""
+    inits = {t.name for t in model.graph.initializer}
+    if not any(n.op_type == "Gemm" and n.domain in ("", "ai.onnx") and len(n.input) > 2
+               and n.input[2] and n.input[2] not in inits for n in model.graph.node):
+        return model
+    model = onnx_io.clone(model)
+    nodes: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        nodes.append(node)
+        if not (node.op_type == "Gemm" and node.domain in ("", "ai.onnx") and len(node.input) > 2
+                and node.input[2] and node.input[2] not in inits):
+            continue
+        base, out, bias = node.name or node.output[0], node.output[0], node.input[2]
+        beta = next((a.f for a in node.attribute if a.name == "beta"), 1.0)
+        kept = [a for a in node.attribute if a.name != "beta"]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        del node.input[2:]
+        node.output[0] = f"{base}/without_c"
+        if beta != 1.0:
+            scale = f"{base}/beta"
+            model.graph.initializer.append(onnx.numpy_helper.from_array(
+                np.array(beta, np.float32), scale))
+            nodes.append(onnx.helper.make_node("Mul", [bias, scale], [f"{base}/c_scaled"],
+                                               name=f"{base}/c_scaled"))
+            bias = f"{base}/c_scaled"
+        nodes.append(onnx.helper.make_node("Add", [node.output[0], bias], [out],
+                                           name=f"{base}/add_c"))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return onnx_io.reinfer_shapes(model)

@@ -8,7 +8,7 @@ arithmetic the fixed shapes make constant is folded; then every constant subgrap
 a layer normalisation written out in primitives becomes one LayerNormalization (opset 17);
 a recurrent layer (LSTM, GRU, RNN) of a static sequence length is unrolled over its steps,
 `npubuild.frontends.recurrent`; a MatMul by a constant left operand becomes the product by a
-constant right one; each 1-D
+constant right one; a Gemm whose C is computed, a Gemm and an Add; each 1-D
 Conv or ConvTranspose becomes the 2-D one of a height-1 image, and each 2-D ConvTranspose a Conv,
 a pixel shuffle and a slice; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
@@ -94,6 +94,7 @@ def _import(ctx: StageContext) -> dict:
                          ("layer_norms", layer_norms),
                          ("softmaxes", softmaxes),
                          ("constant_left_matmuls", constant_left_matmuls),
+                         ("gemm_bias_as_add", gemm_biases_as_add),
                          ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", slice_one_index_gathers),
                          ("conv_transpose_as_conv_and_shuffle", shuffle_conv_transposes)):
         model, figures = rewrite(model, feeds)
@@ -557,6 +558,17 @@ def constant_left_matmuls(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.Mod
     return right, {"matmuls": len([n for n in right.graph.node if n.name.endswith("/as_right")]),
                    **prove_rewrite(model, right, feeds, "a MatMul by a constant left operand "
                                                         "written as its transposed product")}
+
+
+def gemm_biases_as_add(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each Gemm with a computed C as the Gemm and an Add of C
+    (`onnx_frontend.computed_gemm_biases_as_add`), proven within the folding tolerance; the
+    proof's figures, or {} when there is none."""
+    added = onnx_frontend.computed_gemm_biases_as_add(model)
+    if added is model:
+        return model, {}
+    return added, {"gemms": len([n for n in added.graph.node if n.name.endswith("/add_c")]),
+                   **prove_rewrite(model, added, feeds, "a Gemm's computed C written as an Add")}
 
 
 def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

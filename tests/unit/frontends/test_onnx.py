@@ -873,3 +873,30 @@ def test_a_1d_conv_transpose_is_widened_then_written_as_a_conv(kernel, stride, p
     want, got = (ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
                  for m in (model, rewritten))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_gemm_whose_c_is_computed_becomes_a_gemm_and_an_add():
+    """tf2onnx folds a Keras LSTM cell's recurrent product into the input product's C; the
+    NPU's fully connected layer takes a constant bias only, so the Gemm ran on the CPU."""
+    from npubuild.split import check_placement
+    from npubuild.targets import load_chip
+
+    rng = np.random.default_rng(3)
+
+    def f32(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["A", "B", "C"], ["Y"], beta=0.5, alpha=2.0, transB=1)], "g",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("C", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(f32(4, 3), "B")])
+    source = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = onnx_frontend.computed_gemm_biases_as_add(source)
+    gemm = next(n for n in model.graph.node if n.op_type == "Gemm")
+    assert len(gemm.input) == 2 and "Add" in {n.op_type for n in model.graph.node}
+    assert {p.device for p in check_placement(model, load_chip("npu-16m"))} == {"npu"}
+    feeds = {"A": f32(2, 3), "C": f32(2, 4)}
+    np.testing.assert_allclose(onnx_io.run(model, feeds)["Y"], onnx_io.run(source, feeds)["Y"],
+                               rtol=1e-6, atol=1e-6)
