@@ -6,7 +6,8 @@ Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inf
 arithmetic the fixed shapes make constant is folded; then every constant subgraph, up to
 `onnx_frontend.FOLD_MAX_BYTES` per tensor, so the CPU does not compute it on every inference;
 a layer normalisation written out in primitives becomes one LayerNormalization (opset 17);
-a recurrent layer (LSTM, GRU, RNN) of a static sequence length is unrolled over its steps,
+a Loop or Scan whose iterations the constants decide is unrolled over them,
+`npubuild.frontends.loops`; a recurrent layer (LSTM, GRU, RNN) of a static sequence length is unrolled over its steps,
 `npubuild.frontends.recurrent`; a MatMul by a constant left operand becomes the product by a
 constant right one; a Gemm whose C is computed, a Gemm and an Add; each 1-D
 Conv or ConvTranspose becomes the 2-D one of a height-1 image, and each 2-D ConvTranspose a Conv,
@@ -14,7 +15,7 @@ a pixel shuffle and a slice; `npubuild.frontends.onnx`) and the checker runs. Pr
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
-constants, wrote a LayerNormalization, unrolled a recurrent layer, widened a 1-D Conv or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
+constants, wrote a LayerNormalization, unrolled a loop or a recurrent layer, widened a 1-D Conv or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
 ``model.tolerance`` (1e-4) of the scale of the values involved or 4 times the float rounding the
 model shows in ONNX Runtime itself (`proofs.rounding_floor`), whichever is larger; a quantized
 TFLite model op by op, each integer tensor within one
@@ -90,7 +91,8 @@ def _import(ctx: StageContext) -> dict:
     if dequantize.is_quantized(model):
         model, proof["dequantized"] = to_float(model, feeds, outputs)
     # the rewrites for the chip, in order, each proven on the proof inputs (its figures, by key)
-    for key, rewrite in (("constants_folded", fold_constants), ("recurrent", unroll_recurrent),
+    for key, rewrite in (("constants_folded", fold_constants), ("loops", unroll_loops),
+                         ("recurrent", unroll_recurrent),
                          ("layer_norms", layer_norms),
                          ("softmaxes", softmaxes),
                          ("constant_left_matmuls", constant_left_matmuls),
@@ -517,6 +519,23 @@ def unroll_recurrent(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelPro
     figures = {"unrolled": dict(sorted((before - after).items())), **figures}
     return unrolled, {**figures, **prove_rewrite(model, unrolled, feeds, "a recurrent layer "
                                                                          "unrolled over its steps")}
+
+
+def unroll_loops(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each Loop and Scan of a static trip count written out iteration by iteration
+    (`npubuild.frontends.loops`), what follows from constants in them folded, proven within
+    the folding tolerance; the proof's figures (iterations by loop), why any stayed whole (by
+    node), or {}."""
+    from npubuild.frontends import loops
+
+    unrolled, kept, trips = loops.unroll(model)
+    figures = {"kept": kept} if kept else {}
+    if unrolled is model:
+        return model, figures
+    folded = onnx_frontend.fold_constant_subgraphs(unrolled).model
+    figures = {"unrolled": trips, **figures}
+    return folded, {**figures, **prove_rewrite(model, folded, feeds, "a loop unrolled over its "
+                                                                     "iterations")}
 
 
 def layer_norms(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

@@ -465,7 +465,7 @@ def node_reasons(view: NodeView, chip: Chip) -> list[str]:
     """Why the node cannot run on ``chip``'s NPU; an empty list means it can."""
     node = view.node
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-        return [HAS_SUBGRAPH_REASON]
+        return [HAS_SUBGRAPH_REASON + _why_not_unrolled(view)]
     fused = node.domain == FUSED_DOMAIN
     spec = effective_spec(chip, node.op_type, fused) if fused or node.domain in STANDARD_DOMAINS else None
     if spec is None:
@@ -485,9 +485,15 @@ def node_reasons(view: NodeView, chip: Chip) -> list[str]:
 
 
 def _why_not_unrolled(view: NodeView) -> str:
-    """For a recurrent layer, why import left it whole (`npubuild.frontends.recurrent`)."""
-    from npubuild.frontends import recurrent
+    """For a recurrent layer, a Loop or a Scan, why import left it whole
+    (`npubuild.frontends.recurrent`, `npubuild.frontends.loops`)."""
+    from npubuild.frontends import loops, recurrent
 
+    if view.op in loops.LOOP_OPS and view.node.domain in STANDARD_DOMAINS:
+        opset = next((o.version for o in view.facts.opset_imports if o.domain in STANDARD_DOMAINS),
+                     loops.SCAN_INPUTS_OPSET)
+        why = loops.why_kept(view.node, view.facts.value, view.shape, opset)
+        return f" (import unrolls a loop of a static trip count, not this one: {why})" if why else ""
     if view.op not in recurrent.RECURRENT_OPS or view.node.domain not in STANDARD_DOMAINS:
         return ""
     why = recurrent.why_kept(view.op, recurrent.attributes(view.node),
