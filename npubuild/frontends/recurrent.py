@@ -13,9 +13,15 @@ clip; GRU's linear_before_reset; LSTM peepholes); an initial state that is a con
 zeros is no state at all (the first step's recurrent product is left out). The same products
 summed in another order: the import proof holds the result to the folding tolerance.
 
+A ``sequence_lens`` (a Keras mask as tf2onnx maps it, a batch of sentences of several lengths;
+constant or computed) is honoured per step as ONNX Runtime does: a batch entry's state is
+frozen past its length (``h·(1-m) + h'·m`` with the step's mask ``m`` of 0 or 1, exact) and
+its output there is 0; the masks are computed once (``Less`` of the step numbers and the
+lengths, a Cast, on the CPU) and Split into steps; a constant full length needs none.
+
 A layer stays whole (on the CPU; `why_kept` is the reason split gives) when its sequence
-length is not static, ``sequence_lens`` is not the constant full length for every batch
-entry, ``input_forget`` couples the LSTM gates, an activation is not one the spec lists, or
+length is not static, a constant ``sequence_lens`` is not one length per batch entry within
+the steps, ``input_forget`` couples the LSTM gates, an activation is not one the spec lists, or
 steps x gates x directions exceeds `MAX_UNROLLED_GATE_STEPS` (the graph would grow past a size
 a compiler handles in reasonable time: about five nodes per gate and step).
 """
@@ -66,8 +72,10 @@ def why_kept(op: str, attrs: dict, input_shape: list | None, const: Getter,
         return "its weights are not constants"
     if has_input(4):
         lens = const(4)
-        if lens is None or lens.shape != (batch,) or not np.all(lens == steps):
-            return "its sequence_lens is not the constant full length for every batch entry"
+        if lens is not None and (lens.shape != (batch,) or np.any(lens < 1)
+                                 or np.any(lens > steps)):
+            return (f"its sequence_lens {lens.tolist()} is not one length per batch entry "
+                    f"within 1..{steps}")
     if attrs.get("input_forget", 0):
         return "input_forget couples its input and forget gates"
     names = attrs.get("activations") or DEFAULT_ACTIVATIONS[op]
@@ -158,6 +166,12 @@ class _Layer:
             return self.param(name, (self.values[x] @ r).astype(np.float32))
         return self.add("MatMul", [x, self.shared(weight, r)], name)
 
+    def product_by(self, x: str, m: str, name: str) -> str:
+        """``x · m`` element-wise: a constant when both are (a constant initial state)."""
+        if x in self.values and m in self.values:
+            return self.param(name, (self.values[x] * self.values[m]).astype(np.float32))
+        return self.add("Mul", [x, m], name)
+
     def add(self, op: str, inputs: list[str], name: str, **attrs) -> str:
         """One node named ``name`` (under the layer's), its one output named as it is."""
         name = f"{self.base}/unroll/{name}"
@@ -226,14 +240,36 @@ class _Layer:
         if layout:
             x = self.transpose(x, [1, 0, 2], f"{self.base}/unroll/x_seq_major")
         funcs = self.functions(len(dirs))
+        masks = self.masks(steps, batch)
         ys, hs, cs = [], [], []
         for d, reverse in enumerate(dirs):
-            y, h, c = self.direction(d, reverse, x, steps, batch, funcs[d])
+            y, h, c = self.direction(d, reverse, x, steps, batch, funcs[d], masks)
             ys.append(y)
             hs.append(h)
             cs.append(c)
         self.outputs(ys, hs, cs, layout)
         return self.live()
+
+    def masks(self, steps: int, batch: int) -> list[tuple[str, str] | None]:
+        """Per step, the mask ``m`` [1, batch, 1] of the batch entries whose sequence it is in
+        and ``1 - m``, or None where every entry's is (no ``sequence_lens``: every step)."""
+        if not self.has_input(4):
+            return [None] * steps
+        lens = self.const(4)
+        if lens is not None:
+            m = (np.arange(steps)[:, None] < lens[None, :]).astype(np.float32)[:, None, :, None]
+            return [None if m[t].all() else (self.param(f"mask_t{t}", m[t]),
+                                             self.param(f"unmask_t{t}", 1 - m[t]))
+                    for t in range(steps)]
+        rows = self.add("Reshape", [self.node.input[4], self.param(
+            "lens_shape", np.array([1, batch, 1], np.int64))], "lens_rows")
+        order = self.param("step_numbers", np.arange(steps, dtype=np.int64).reshape(steps, 1, 1))
+        lens = self.add("Cast", [rows], "lens_i64", to=onnx.TensorProto.INT64)
+        inside = self.add("Less", [order, lens], "inside")
+        m = self.add("Cast", [inside], "masks", to=onnx.TensorProto.FLOAT)
+        unmask = self.add("Sub", [self.param("one", np.float32(1)), m], "unmasks")
+        return list(zip(self.split(m, [1] * steps, 0, "mask"),
+                        self.split(unmask, [1] * steps, 0, "unmask")))
 
     def live(self) -> list[onnx.NodeProto]:
         """The nodes that lead to an output the layer names, and the params they read: what
@@ -272,7 +308,7 @@ class _Layer:
                         f"{name}{d}")
 
     def direction(self, d: int, reverse: bool, x: str, steps: int, batch: int,
-                  funcs: list) -> tuple[str, str, str | None]:
+                  funcs: list, masks: list) -> tuple[str, str, str | None]:
         hid, gates = self.hidden, GATES[self.op]
         w = self.const(1)[d]  # [G·H, input]
         r = self.const(2)[d]  # [G·H, H]
@@ -295,6 +331,7 @@ class _Layer:
         ys: dict[int, str] = {}
         for t in order:
             step = _Step(self, f"{tag}_t{t}", funcs, self.attrs.get("clip"))
+            before = (h, c)
             if self.op == "LSTM":
                 h, c = step.lstm(xs[t], h, c, r, peep)
             elif self.op == "GRU":
@@ -302,6 +339,11 @@ class _Layer:
             else:
                 h = step.rnn(xs[t], h, r)
             ys[t] = h
+            if masks[t] is not None:  # past its length an entry's state is frozen, its output 0
+                ys[t] = step.add("Mul", [h, masks[t][0]], "y_masked")
+                h = step.frozen(before[0], h, ys[t], masks[t], "h")
+                if c is not None:
+                    c = step.frozen(before[1], c, None, masks[t], "c")
         y = self.add("Concat", [ys[t] for t in range(steps)], f"{tag}_y", axis=0) \
             if steps > 1 else ys[0]
         return y, h, c
@@ -352,6 +394,16 @@ class _Step:
 
     def add(self, op: str, inputs: list[str], name: str, **attrs) -> str:
         return self.layer.add(op, inputs, f"{self.tag}_{name}", **attrs)
+
+    def frozen(self, old: str | None, new: str, masked: str | None, mask: tuple[str, str],
+               name: str) -> str:
+        """``old·(1-m) + new·m`` (``new·m`` when ``masked`` has it, ``old`` None: zeros):
+        one product is 0, so the sum is exact."""
+        masked = masked or self.add("Mul", [new, mask[0]], f"{name}_new")
+        if old is None:
+            return masked
+        kept = self.layer.product_by(old, mask[1], f"{self.tag}_{name}_old")
+        return self.add("Add", [kept, masked], f"{name}_frozen")
 
     def act(self, which: int, x: str, name: str) -> str:
         # clip bounds the gates' inputs; ONNX Runtime leaves the LSTM's output activation be

@@ -35,11 +35,13 @@ def recurrent_model(op: str, direction: str = "forward", layout: int = 0, state:
     inits = [const("W", (dirs, gates * hidden, 3)), const("R", (dirs, gates * hidden, hidden), 0.5)]
     inputs = ["X", "W", "R", "B" if bias else "", "L" if lengths is not None else ""]
     inits += [const("B", (dirs, 2 * gates * hidden))] if bias else []
-    if lengths is not None:
+    if lengths is not None and lengths != "input":
         inits.append(numpy_helper.from_array(np.array(lengths, np.int32), "L"))
     x_shape = [batch, steps, 3] if layout else [steps, batch, 3]
     state_shape = [batch, dirs, hidden] if layout else [dirs, batch, hidden]
     graph_inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)]
+    if lengths == "input":
+        graph_inputs.append(helper.make_tensor_value_info("L", TensorProto.INT32, [batch]))
     for name in ["H0", "C0"][:2 if op == "LSTM" else 1]:
         inputs.append("" if state == "none" else name)
         if state == "input":
@@ -62,10 +64,18 @@ def recurrent_model(op: str, direction: str = "forward", layout: int = 0, state:
         helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8))
 
 
-def feeds_of(model: onnx.ModelProto) -> dict:
+def feeds_of(model: onnx.ModelProto, lengths: list | None = None) -> dict:
+    """Random floats; ``lengths`` for a sequence_lens input ``L`` (default: every length from
+    1 to the steps over the batch)."""
     rng = np.random.default_rng(1)
-    return {v.name: rng.standard_normal(onnx_io.value_shape(v)).astype(np.float32)
-            for v in model.graph.input}
+    feeds = {v.name: rng.standard_normal(onnx_io.value_shape(v)).astype(np.float32)
+             for v in model.graph.input if v.name != "L"}
+    for v in model.graph.input:
+        if v.name == "L":
+            batch = onnx_io.value_shape(v)[0]
+            steps = onnx_io.value_shape(model.graph.input[0])[0]
+            feeds["L"] = np.array(lengths or np.linspace(1, steps, batch).round(), np.int32)
+    return feeds
 
 
 def expected(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
@@ -169,7 +179,7 @@ def _unrolled_same(source: onnx.ModelProto) -> None:
 
 
 @pytest.mark.parametrize("kwargs, reason", [
-    ({"lengths": [5, 3]}, "sequence_lens is not the constant full length"),
+    ({"lengths": [5, 0]}, "its sequence_lens [5, 0] is not one length per batch entry within 1..5"),
     ({"input_forget": 1}, "input_forget couples"),
     ({"activations": ["Sigmoid", "Tanh", "Swish"]},
      "activation Swish is not one of the ONNX spec's"),
@@ -185,6 +195,32 @@ def test_a_recurrent_layer_import_cannot_unroll_stays_whole_and_split_says_why(k
     assert model is source and reason in kept["rnn"]
     (placed,) = check_placement(model, load_chip("npu-16m"))
     assert placed.device == "cpu" and reason in placed.reasons[0], placed.reasons
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("state", ["none", "input", "constant"])
+@pytest.mark.parametrize("lengths", ["input", [5, 3, 1]])
+def test_a_masked_recurrent_layer_unrolls_to_what_its_kernel_computes(op, direction, state,
+                                                                      lengths):
+    """A Keras mask reaches ONNX as sequence_lens (computed from the input, or constant): each
+    batch entry's state is frozen past its length and its output there is 0, as ONNX
+    Runtime's kernel does; the steps, Split and masked, run on the NPU."""
+    from npubuild.split import check_placement
+    from npubuild.targets import load_chip
+
+    reset = {"linear_before_reset": 1} if op == "GRU" else {}
+    source = recurrent_model(op, direction, state=state, lengths=lengths, batch=3, **reset)
+    model, kept = unroll(source)
+    assert not kept and not {n.op_type for n in model.graph.node} & {"LSTM", "GRU", "RNN"}
+    onnx.checker.check_model(model, full_check=True)
+    for feeds in (feeds_of(source), feeds_of(source, [2, 5, 4])):
+        for want, have in zip(expected(source, feeds), onnx_io.run(model, feeds).values(),
+                              strict=True):
+            np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-5)
+    placed = check_placement(model, load_chip("npu-16m"))
+    on_cpu = {n.op_type for n, p in zip(model.graph.node, placed) if p.device == "cpu"}
+    assert on_cpu <= {"Reshape", "Cast", "Less", "Sub", "Split"}, on_cpu  # the masks, once
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
