@@ -35,15 +35,14 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npubuild import onnx_io
+from npubuild.surgery.opsets import make_axes_node, make_slice, make_split
 
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
 STANDARD_DOMAINS = ("", "ai.onnx")
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"],
                        "RNN": ["Tanh"]}
-SLICE_INPUTS_OPSET = 10  # Slice takes starts/ends/axes as inputs from here (before: attributes)
 CLIP_INPUTS_OPSET = 11  # Clip takes min and max as inputs from here (before: attributes)
-SPLIT_INPUT_OPSET = 13  # Split and Unsqueeze take their sizes/axes as inputs from here
 MAX_UNROLLED_GATE_STEPS = 2048  # steps x gates x directions of one layer
 # the spec's activation functions: (alpha default, beta default); None where it takes none
 ACTIVATIONS: dict[str, tuple[float | None, float | None]] = {
@@ -137,6 +136,7 @@ class _Layer:
         self.hidden = self.attrs["hidden_size"]
         self.params: list[onnx.TensorProto] = []
         self.values: dict[str, np.ndarray] = {}  # the params by name
+        self.arguments: dict[tuple, str] = {}  # an op argument's dtype, shape, bytes -> param
         self.nodes: list[onnx.NodeProto] = []
 
     def has_input(self, i: int) -> bool:
@@ -172,6 +172,22 @@ class _Layer:
             return self.param(name, (self.values[x] * self.values[m]).astype(np.float32))
         return self.add("Mul", [x, m], name)
 
+    # what `npubuild.surgery.opsets`' makers ask of an Editor (their names are full names)
+    def add_initializer(self, value: np.ndarray, hint: str) -> str:
+        """A constant argument (Split sizes, Slice starts...): one per distinct value."""
+        value = np.asarray(value)
+        key = (value.dtype.str, value.shape, value.tobytes())
+        if key not in self.arguments:
+            self.params.append(numpy_helper.from_array(value, hint))
+            self.values[hint] = value
+            self.arguments[key] = hint
+        return self.arguments[key]
+
+    def make_node(self, op_type: str, inputs: list[str], outputs: list[str], name_hint: str,
+                  **attrs) -> onnx.NodeProto:
+        self.nodes.append(helper.make_node(op_type, inputs, outputs, name=name_hint, **attrs))
+        return self.nodes[-1]
+
     def add(self, op: str, inputs: list[str], name: str, **attrs) -> str:
         """One node named ``name`` (under the layer's), its one output named as it is."""
         name = f"{self.base}/unroll/{name}"
@@ -182,14 +198,7 @@ class _Layer:
         if len(sizes) == 1:
             return [x]
         outs = [f"{self.base}/unroll/{name}_{i}" for i in range(len(sizes))]
-        split = np.array(sizes, np.int64)
-        if self.opset >= SPLIT_INPUT_OPSET:
-            inputs = [x, self.shared("sizes_" + "_".join(map(str, sizes)), split)]
-            self.nodes.append(helper.make_node("Split", inputs, outs, name=f"{self.base}/unroll/"
-                                               f"{name}", axis=axis))
-        else:
-            self.nodes.append(helper.make_node("Split", [x], outs, axis=axis, split=sizes,
-                                               name=f"{self.base}/unroll/{name}"))
+        make_split(self, x, outs, sizes, axis, f"{self.base}/unroll/{name}")
         return outs
 
     def transpose(self, x: str, perm: list[int], out: str) -> str:
@@ -300,12 +309,9 @@ class _Layer:
                 self.transpose(self.node.input[i], [1, 0, 2], source)
         if self.attrs.get("direction", "forward") != "bidirectional":
             return source
-        if self.opset < SLICE_INPUTS_OPSET:
-            return self.add("Slice", [source], f"{name}{d}", starts=[d], ends=[d + 1], axes=[0])
-        return self.add("Slice", [source, self.param(f"{name}{d}_start", np.array([d], np.int64)),
-                                  self.param(f"{name}{d}_end", np.array([d + 1], np.int64)),
-                                  self.param(f"{name}{d}_axis", np.array([0], np.int64))],
-                        f"{name}{d}")
+        out = f"{self.base}/unroll/{name}{d}"
+        make_slice(self, source, out, [(0, d, d + 1, 1)], out)
+        return out
 
     def direction(self, d: int, reverse: bool, x: str, steps: int, batch: int,
                   funcs: list, masks: list) -> tuple[str, str, str | None]:
@@ -364,10 +370,9 @@ class _Layer:
 
     def unsqueezed(self, x: str, name: str) -> str:
         """``x`` with a directions axis of 1 at axis 1."""
-        if self.opset < SPLIT_INPUT_OPSET:
-            return self.add("Unsqueeze", [x], f"{name}_dirs", axes=[1])
-        axis = self.param(f"{name}_axis", np.array([1], np.int64))
-        return self.add("Unsqueeze", [x, axis], f"{name}_dirs")
+        out = f"{self.base}/unroll/{name}_dirs"
+        make_axes_node(self, "Unsqueeze", [x], [out], [1], out)
+        return out
 
     def joined(self, parts: list[str], axis: int, perm: list[int] | None, out: str,
                name: str) -> None:

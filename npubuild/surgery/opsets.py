@@ -95,6 +95,15 @@ def make_axes_node(ed: Editor, op_type: str, inputs: list[str], outputs: list[st
     return ed.make_node(op_type, inputs[:1], outputs, name_hint, axes=axes, **attrs)
 
 
+def make_split(ed: Editor, data: str, outputs: list[str], sizes: list[int], axis: int,
+               name_hint: str) -> onnx.NodeProto:
+    """Split of ``data`` on ``axis`` into ``sizes``, given where the model's opset wants them."""
+    if ed.opset < 13:
+        return ed.make_node("Split", [data], outputs, name_hint, axis=axis, split=list(sizes))
+    sizes_name = ed.add_initializer(np.array(sizes, np.int64), f"{name_hint}_sizes")
+    return ed.make_node("Split", [data, sizes_name], outputs, name_hint, axis=axis)
+
+
 def split_sizes(ed: Editor, node: onnx.NodeProto, dim: int) -> list[int] | None:
     """The sizes a Split cuts its axis into (equal parts when not given)."""
     sizes = attr(node, "split")
