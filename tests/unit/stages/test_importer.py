@@ -535,3 +535,27 @@ def test_a_recurrent_layer_is_imported_unrolled_and_runs_on_the_npu_in_integers(
     assert support["cpu_nodes"] == 0, support["cpu_ops"]
     report = json.loads(result.stdout)
     assert report["simulator"]["bit_exact"] is True
+
+
+def test_a_loop_of_a_static_trip_count_is_imported_unrolled_and_its_steps_split_onto_the_npu(
+        cli, tmp_path):
+    """nakdimon's masked LSTMs reached ONNX as tf2onnx Loops and ran whole on the CPU: import
+    writes such a loop out iteration by iteration (its mask's Not and Cast once), proves it,
+    and split places every step's products, Gathers now Slices, on npu-16m."""
+    from tests.unit.frontends.test_loops import STEPS, while_model
+
+    source = while_model(masked=True)
+    for output, shape in zip(source.graph.output, [[1, 4], [STEPS, 1, 4]]):  # as tf2onnx does
+        output.CopyFrom(onnx.helper.make_tensor_value_info(output.name, onnx.TensorProto.FLOAT,
+                                                           shape))
+    onnx.save(source, str(tmp_path / "loop.onnx"))
+    text = recipe_text(tmp_path / "loop.onnx", f"    - {{name: X, shape: [{STEPS}, 1, 3]}}\n"
+                       f"    - {{name: M, shape: [{STEPS}, 1, 1]}}\n", name="loop") + \
+        "target: npu-16m\n"
+    result = run_recipe(cli, tmp_path, text, "split", "--json")
+    assert result.returncode == 0, result.stderr
+    proof = built(tmp_path, "loop", "import/import.json")["proof"]
+    assert proof["loops"]["unrolled"] == {"while_loop": STEPS}
+    assert proof["loops"]["max_rel"] < 1e-5
+    support = built(tmp_path, "loop", "split/support.json")
+    assert set(support["cpu_ops"]) <= {"Not", "Cast"}, support["cpu_ops"]
