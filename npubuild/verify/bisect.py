@@ -22,6 +22,7 @@ import numpy as np
 
 from npubuild import onnx_io
 from npubuild.metrics import similarity
+from npubuild.verify.judge import common_part
 
 Values = dict[str, np.ndarray]
 
@@ -87,14 +88,22 @@ def worst(reference: Values, actual: Values, limits: Mapping[str, float] | None 
           ) -> tuple[str | None, float, float]:
     """The tensor furthest below its limit: (name, cosine, cosine − limit); without ``limits``,
     of every tensor both have, against 0 (the lowest cosine). (None, 1, inf) when the two share
-    none of them (a hand-over tensor exists from the split on)."""
+    none of them (a hand-over tensor exists from the split on). A tensor whose shape differs
+    (a decoding loop that stopped at another step) scores the cosine of the part both have,
+    at most 0: verify counts it a miss."""
     names = [n for n in (limits or actual) if n in actual and n in reference]
     if not names:
         return None, 1.0, float("inf")
-    scores = {n: similarity(reference[n], actual[n]).cosine for n in names}
+    scores = {n: _cosine(reference[n], actual[n]) for n in names}
     margin = {n: scores[n] - (limits or {}).get(n, 0.0) for n in names}
     name = min(margin, key=margin.get)
     return name, scores[name], margin[name]
+
+
+def _cosine(reference: np.ndarray, actual: np.ndarray) -> float:
+    if np.shape(reference) == np.shape(actual):
+        return similarity(reference, actual).cosine
+    return min(similarity(*common_part(reference, actual)).cosine, 0.0)
 
 
 def bisect(dirs: Mapping[str, Path], stage_outputs: Mapping[str, Callable[[], Values]],

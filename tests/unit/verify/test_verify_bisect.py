@@ -80,3 +80,17 @@ def test_a_one_value_tensor_is_judged_by_its_error_over_its_range_not_by_its_sig
     assert "at tensor 'flag' (largest error 13.7% of its calibrated range)" in hint
     wide = np.linspace(-1, 1, 16)
     assert tensor_similarity(qgraph, "flag", wide, -wide) == -1.0  # a map keeps its cosine
+
+
+def test_an_output_whose_length_differs_is_the_worst_tensor_not_a_crash():
+    """A decoding loop that stops at another step in int8 gives an output of another length:
+    verify judges it a miss, but the bisection's ranking crashed on it (`ValueError: shape
+    mismatch: (1, 36, 50) vs (1, 32, 50)` on SLANet-plus), hiding the verdict."""
+    from npubuild.verify.bisect import worst
+
+    rng = np.random.default_rng(0)
+    tokens, boxes = rng.random((1, 36, 50)), rng.random((1, 36, 8))
+    reference = {"tokens": tokens, "boxes": boxes}
+    actual = {"tokens": tokens[:, :32], "boxes": boxes + 0.01}
+    name, cosine, margin = worst(reference, actual, {"tokens": 0.99, "boxes": 0.99})
+    assert (name, cosine) == ("tokens", 0.0) and margin == -0.99
