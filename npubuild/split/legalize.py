@@ -33,9 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from npubuild import backends
 from npubuild.surgery.graph import Editor
 from npubuild.surgery.opsets import attr, make_pad, make_reshape, make_slice
 from npubuild.targets.constraints import effective_spec, node_reasons
+from npubuild.targets.fit import lmem_reasons
 from npubuild.targets.model import Chip
 from npubuild.targets.view import GraphFacts, NodeView
 
@@ -108,15 +110,23 @@ def _size_allowed(m: int, spec) -> int:
 
 
 def _passing(model: onnx.ModelProto, made: dict[str, list[str]], chip: Chip) -> list[str]:
-    """The convs (by output, in ``made``'s order) every node of whose rewrite the chip runs."""
+    """The convs (by output, in ``made``'s order) every node of whose rewrite the chip runs,
+    and fits in LMEM with int16 activations too: the precision search may widen the rewrite's
+    tensors, and a stack of many one-channel copies (a constant-Q conv's 18 groups of 15 taps
+    over a 10,973-sample row, all on one lane) that fits in int8 would then stop compile."""
     from npubuild.split.plan import infer
 
     inferred = infer(model)
     facts = GraphFacts.from_model(inferred)
     nodes = {n.name: n for n in inferred.graph.node}
+
+    def runs(name: str) -> bool:
+        view = NodeView(nodes[name], facts)
+        return not node_reasons(view, chip) and not (
+            backends.of(chip).plans_lmem and lmem_reasons(view, chip, act_bytes=2))
+
     return [out for out, names in made.items()
-            if all(name in nodes and not node_reasons(NodeView(nodes[name], facts), chip)
-                   for name in names)]
+            if all(name in nodes and runs(name) for name in names)]
 
 
 def _rewrite(model: onnx.ModelProto, outputs: list[str], chip: Chip

@@ -20,8 +20,10 @@ from npubuild.targets.view import NodeView, is_static
 LMEM_REASON = "Does not fit the NPU's local memory even alone (compile would refuse it)"
 
 
-def lmem_reasons(view: NodeView, chip: Chip) -> list[str]:
-    """The compiler's reason when the node's layer fits LMEM in no slicing, else nothing."""
+def lmem_reasons(view: NodeView, chip: Chip, act_bytes: int = 1) -> list[str]:
+    """The compiler's reason when the node's layer fits LMEM in no slicing, else nothing;
+    with ``act_bytes`` 2, when it would not fit with int16 activations (what the precision
+    search may choose)."""
     from npubuild.npu.from_onnx import Unmodelled, node_layer
     from npubuild.npu.layer_group import fits_alone
 
@@ -32,7 +34,7 @@ def lmem_reasons(view: NodeView, chip: Chip) -> list[str]:
         layer = node_layer(view.node, shapes, consts)
     except (Unmodelled, KeyError, ValueError):  # not a layer the tiler models: nothing to fit
         return []
-    failure = fits_alone(_as_compiled(layer), chip)
+    failure = fits_alone(replace(_as_compiled(layer), act_bytes=act_bytes), chip)
     return [f"{LMEM_REASON}: {failure}"] if failure else []
 
 

@@ -182,3 +182,16 @@ def test_a_conv_the_recipe_forces_to_the_cpu_stays_whole():
     model = conv_model([1, 3, 4, 40], [4, 3, 1, 17], pads=[0, 8, 0, 8])
     placed = {p.name: p for p in check_placement(model, small_chip(), SplitSpec(force_cpu=["conv"]))}
     assert placed["conv"].device == "cpu" and "conv/taps0" not in placed
+
+
+def test_a_rewrite_that_would_not_fit_lmem_in_int16_is_not_made():
+    """basic-pitch's constant-Q conv (1 channel, 256 taps, a 10,973-sample row): its 18 stacked
+    one-channel copies sit on one lane and fit npu-16m's 256 KiB in int8 (208 KB), so the
+    split placed them on the NPU; the precision search then chose int16 for them and compile
+    refused the stack (417 KB), failing a recipe that passed before. The rewrite must fit in
+    int16 too, or the conv stays whole."""
+    model = conv_model([1, 1, 1, 10973], [8, 1, 1, 256], pads=[0, 127, 0, 128])
+    chip = load_chip("npu-16m")
+    assert legal_convs(model, chip) == (model, [])
+    shorter = conv_model([1, 1, 1, 2000], [8, 1, 1, 256], pads=[0, 127, 0, 128])
+    assert legal_convs(shorter, chip)[1] == ["conv"]
