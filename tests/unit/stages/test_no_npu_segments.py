@@ -14,12 +14,13 @@ from onnx import TensorProto, helper
 from tests.conftest import TINY_RECIPE, run_cli, write_recipe
 
 
-def _exp_log_model(path) -> None:
-    """Exp → Log: ops no preset chip runs, so the split has no NPU node under any policy."""
+def _sin_cos_model(path) -> None:
+    """Sin → Cos: ops no preset chip runs, so the split has no NPU node under any policy (Exp
+    and Log were; npu-16m tables Exp now)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8, 8])
-    graph = helper.make_graph([helper.make_node("Exp", ["x"], ["e"], name="exp"),
-                               helper.make_node("Log", ["e"], ["y"], name="log")], "g", [x], [y])
+    graph = helper.make_graph([helper.make_node("Sin", ["x"], ["e"], name="sin"),
+                               helper.make_node("Cos", ["e"], ["y"], name="cos")], "g", [x], [y])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
               str(path))
 
@@ -30,8 +31,8 @@ def test_a_build_without_npu_graphs_passes_verify_and_says_why(tmp_path, case):
     if case == "cpu_only_policy":
         body += "split: {policy: cpu_only}\n"
     else:
-        _exp_log_model(tmp_path / "explog.onnx")
-        body = body.replace(body.split("path: ")[1].splitlines()[0], str(tmp_path / "explog.onnx"))
+        _sin_cos_model(tmp_path / "sincos.onnx")
+        body = body.replace(body.split("path: ")[1].splitlines()[0], str(tmp_path / "sincos.onnx"))
     recipe = write_recipe(tmp_path, body)
     result = run_cli("run", str(recipe), "--json", "--build-dir", str(tmp_path / "build"),
                      "--cache", str(tmp_path / "cache"))
@@ -40,8 +41,8 @@ def test_a_build_without_npu_graphs_passes_verify_and_says_why(tmp_path, case):
     assert report["split"]["npu_segments"] == 0
     if case == "nothing_the_chip_runs":  # says why, counted, where the recipe did not ask for it
         assert report["split"]["note"] == (
-            "the split placed every node on the CPU (1 of 2 nodes: op Exp is not supported by chip "
-            "npu-16m; 1 of 2 nodes: op Log is not supported by chip npu-16m; every node's reasons: "
+            "the split placed every node on the CPU (1 of 2 nodes: op Sin is not supported by chip "
+            "npu-16m; 1 of 2 nodes: op Cos is not supported by chip npu-16m; every node's reasons: "
             "split/support.json)")
         assert "the split placed every node on the CPU" in result.stderr
     else:
