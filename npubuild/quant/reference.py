@@ -48,6 +48,17 @@ def _requant(layer: QLayer, acc, multiplier, shift) -> np.ndarray:
                               p.get("output_dtype", "int8"), p.get("rounding", "half_up"))
 
 
+def _rounded_to_output(layer: QLayer, values: np.ndarray) -> np.ndarray:
+    """Float64 values in output steps (a layer whose normalization is float: `layernorm`,
+    `lrn`) rounded once as the layer's scheme rounds, shifted by the output's zero point and
+    clipped to its range."""
+    p = layer.params
+    rounded = (schemes.round_half_up(values) if p.get("rounding", "half_up") == "half_up"
+               else schemes.round_half_even(values))
+    out = np.clip(rounded + p["output_zp"], p["qmin"], p["qmax"])
+    return out.astype(schemes.DTYPES[p.get("output_dtype", "int8")])
+
+
 def _channel(values: np.ndarray, ndim: int, axis: int = 1) -> np.ndarray:
     shape = [1] * ndim
     shape[axis] = -1
@@ -433,11 +444,8 @@ def layernorm(layer: QLayer, x: np.ndarray) -> np.ndarray:
     spread = (n * s2 - s1 * s1).astype(np.float64) + float(n) * float(n) * p["epsilon_steps"]
     with np.errstate(divide="ignore", invalid="ignore"):
         y = np.where(spread > 0, centred / np.sqrt(spread), 0.0)
-    values = y * layer.arrays["gain"] + layer.arrays["offset"]
-    rounded = (schemes.round_half_up(values) if p.get("rounding", "half_up") == "half_up"
-               else schemes.round_half_even(values))
-    out = np.clip(rounded + p["output_zp"], p["qmin"], p["qmax"])
-    return out.astype(schemes.DTYPES[p.get("output_dtype", "int8")]).reshape(x.shape)
+    return _rounded_to_output(layer, y * layer.arrays["gain"] + layer.arrays["offset"]
+                              ).reshape(x.shape)
 
 
 def lrn(layer: QLayer, x: np.ndarray) -> np.ndarray:
@@ -452,11 +460,7 @@ def lrn(layer: QLayer, x: np.ndarray) -> np.ndarray:
     running = np.concatenate([np.zeros_like(squares[:, :1]), np.cumsum(squares, axis=1)], axis=1)
     window = running[:, a["size"]:] - running[:, :-a["size"]]
     base = a["bias"] + p["alpha_steps"] * window.astype(np.float64)
-    values = c * p["input_over_output"] / np.power(base, a["beta"])
-    rounded = (schemes.round_half_up(values) if p.get("rounding", "half_up") == "half_up"
-               else schemes.round_half_even(values))
-    out = np.clip(rounded + p["output_zp"], p["qmin"], p["qmax"])
-    return out.astype(schemes.DTYPES[p.get("output_dtype", "int8")])
+    return _rounded_to_output(layer, c * p["input_over_output"] / np.power(base, a["beta"]))
 
 
 def rescale(layer: QLayer, x: np.ndarray) -> np.ndarray:
