@@ -514,6 +514,11 @@ def requantizes(layer: QLayer) -> bool:
                           "concat", "avgpool")
 
 
+def _as_array(model) -> np.ndarray:
+    """A layer's float ONNX model as the qgraph stores it (``arrays["model"]``: its bytes)."""
+    return np.frombuffer(model.SerializeToString(), dtype=np.uint8)
+
+
 def _qlayer(layer: FLayer, **kw) -> QLayer:
     return QLayer(layer.name, layer.kind, list(layer.inputs), list(layer.outputs), **kw)
 
@@ -665,7 +670,7 @@ def _layernorm(q: Quantizer, layer: FLayer) -> QLayer:
                            "epsilon_steps": layer.attrs["epsilon"] / (x.scale * x.scale)},
                    arrays={"gain": layer.weights["scale"] / y.scale,
                            "offset": layer.weights["bias"] / y.scale,
-                           "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+                           "model": _as_array(model)})
 
 
 def _lrn(q: Quantizer, layer: FLayer) -> QLayer:
@@ -679,7 +684,7 @@ def _lrn(q: Quantizer, layer: FLayer) -> QLayer:
                    params={"input_zp": x.zero_point,
                            "alpha_steps": a["alpha"] / a["size"] * x.scale * x.scale,
                            "input_over_output": x.scale / y.scale},
-                   arrays={"model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+                   arrays={"model": _as_array(model)})
 
 
 def _rescale(q: Quantizer, layer: FLayer) -> QLayer:
@@ -742,7 +747,7 @@ def _lut(q: Quantizer, layer: FLayer) -> QLayer:
     model = q.fg.node_model(layer)
     return _qlayer(layer, attrs=dict(layer.attrs),
                    arrays={"table": schemes.build_lut(onnx_function(model), x, y),
-                           "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+                           "model": _as_array(model)})
 
 
 SOFTMAX_EXP_BITS = 24  # fewest fraction bits of exp(-d · scale): ORT's float32 softmax agrees to ties
@@ -806,7 +811,7 @@ def _softmax(q: Quantizer, layer: FLayer) -> QLayer:
                    params={"multiplier": multiplier, "shift": shift, "output_zp": y.zero_point,
                            "output_dtype": y.dtype},
                    arrays={"exp_table": table,
-                           "model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+                           "model": _as_array(model)})
 
 
 def onnx_function(model) -> Callable[[np.ndarray], np.ndarray]:
@@ -850,12 +855,12 @@ def _float(q: Quantizer, layer: FLayer) -> QLayer:
                   attrs={"reason": layer.reason},
                   params={"onnx_inputs": list(layer.inputs), "input_params": spec,
                           "output_params": out_spec},
-                  arrays={"model": np.frombuffer(model.SerializeToString(), dtype=np.uint8)})
+                  arrays={"model": _as_array(model)})
 
 
 BUILDERS: dict[str, Callable[[Quantizer, FLayer], QLayer]] = {
-    "conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "layernorm": _layernorm, "lrn": _lrn,
-    "rescale": _rescale,
+    "conv": _conv, "add": _add, "mul": _mul, "matmul": _matmul, "layernorm": _layernorm,
+    "lrn": _lrn, "rescale": _rescale,
     "concat": _concat,
     "avgpool": _avgpool, "resize": _resize, "lut": _lut, "softmax": _softmax, "pad": _pad,
     "float": _float,
