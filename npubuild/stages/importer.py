@@ -10,12 +10,12 @@ a Loop or Scan whose iterations the constants decide is unrolled over them,
 `npubuild.frontends.loops`; a recurrent layer (LSTM, GRU, RNN) of a static sequence length is unrolled over its steps,
 `npubuild.frontends.recurrent`; a MatMul by a constant left operand becomes the product by a
 constant right one; a Gemm whose C is computed, a Gemm and an Add; each 1-D
-Conv or ConvTranspose becomes the 2-D one of a height-1 image, and each 2-D ConvTranspose a Conv,
+Conv, ConvTranspose or pool becomes the 2-D one of a height-1 image, and each 2-D ConvTranspose a Conv,
 a pixel shuffle and a slice; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
-constants, wrote a LayerNormalization, unrolled a loop or a recurrent layer, widened a 1-D Conv or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
+constants, wrote a LayerNormalization, unrolled a loop or a recurrent layer, widened a 1-D Conv or pool or replaced an ``If`` the fixed shapes decide by its branch; TF/TFLite: the source framework, within
 ``model.tolerance`` (1e-4) of the scale of the values involved or 4 times the float rounding the
 model shows in ONNX Runtime itself (`proofs.rounding_floor`), whichever is larger; a quantized
 TFLite model op by op, each integer tensor within one
@@ -592,8 +592,9 @@ def gemm_biases_as_add(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelP
 
 def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
     """Each 1-D Conv or pool as a 2-D one (`onnx_frontend.conv1d_as_2d`; after dequantization,
-    where a quantized source's weights became constants), proven against the model before it on the
-    proof inputs within the folding tolerance; the proof's figures, or {} when there is none."""
+    where a quantized source's weights became constants), proven against the model before it
+    on the proof inputs within the folding tolerance; the proof's figures, or {} when there is
+    none."""
     wide = onnx_frontend.conv1d_as_2d(model)
     if wide is model:
         return model, {}
