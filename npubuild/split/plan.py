@@ -119,10 +119,11 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
     spec = spec or SplitSpec()
     rewritten: list[str] = []
     if spec.policy not in ("cpu_only", "manual"):  # a conv the recipe sends to the CPU stays whole
-        og = build_op_graph(model.graph)
-        forced = Selector(og).all(spec.force_cpu, "force_cpu")
-        model, rewritten = legalize.legal_convs(model, chip,
-                                                keep={og.nodes[i].output[0] for i in forced})
+        keep: set[str] = set()
+        if spec.force_cpu:  # the op graph below is of the rewritten model; this one only selects
+            og = build_op_graph(model.graph)
+            keep = {og.nodes[i].output[0] for i in Selector(og).all(spec.force_cpu, "force_cpu")}
+        model, rewritten = legalize.legal_convs(model, chip, keep=keep)
     inferred = infer(model)
     og = build_op_graph(inferred.graph)
     facts = GraphFacts.from_model(inferred)
