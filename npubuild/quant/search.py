@@ -234,7 +234,9 @@ class PrecisionSearch:
                       ) -> tuple[dict, frozenset[str], dict[str, str], frozenset[str]]:
         """The graph's parameter inputs, the layers the quantizer runs in float, each
         tensor's width and the layers with int16 weights."""
-        base = list(self.workflow.options.overrides)
+        # the recipe's own overrides, not the workflow's current ones: those include the last
+        # choice the caller adopted to confirm it, which every later score would sit on top of
+        base = list(self.workflow.base_overrides)
         resolved = resolve_overrides([*base, *overrides], state.graph.model)
         config = replace(self.workflow.options.config,
                          float_tensors=frozenset(resolved.float_tensors),

@@ -630,3 +630,19 @@ def test_where_int16_everywhere_misses_float_goes_only_where_int16_is_not_enough
     (tmp_path / "again").mkdir()
     again = _offsets_search(tmp_path / "again", offsets).run()  # deterministic
     assert (again.chosen, again.evaluations) == (result.chosen, result.evaluations)
+
+
+def test_a_choice_scores_the_same_after_another_choice_was_adopted_for_confirmation(tmp_path):
+    """The stage adopts each choice to confirm it on the integer reference, then searches
+    again; a choice scored after that is scored on the recipe's overrides alone, as it was
+    before it. It was scored on top of the adopted choice (SwiftF0: fake quantization passed
+    with +0.0099 where the deployed choice, its own tensors only, missed by 0.0097 on the
+    reference, six confirmations in a row)."""
+    offsets = [300.0] * 3
+    search = _offsets_search(tmp_path, offsets)
+    search.workflow.adopt(search._expanded({t: "int16" for t in search.candidates}))
+    adopted_first = search.score({"a00": "int16"}).margin
+    (tmp_path / "fresh").mkdir()
+    fresh = _offsets_search(tmp_path / "fresh", offsets).score({"a00": "int16"}).margin
+    assert adopted_first == fresh
+
