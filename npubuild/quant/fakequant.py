@@ -13,8 +13,10 @@ choice moves the layer to the CPU (a switch input per conv layer), quantized con
 their integers, lookup tables and CPU layers their float fragments between the fake
 quantizations, so one model computes the graph under any choice of int8, int16 and float per
 tensor (`params_feed` turns the quantizer's parameters and placement into the inputs); the
-search's models (`export_graphs`) take the switched weights as inputs too, which
-`FakeQuantPipeline` computes once per state of the switches. It leaves out what the integer
+search's models (`export_graphs`) take the switched weights and the quantized constants as
+inputs too, which `FakeQuantPipeline` computes once per state of the switches, or takes
+from the choice (`choice_inputs`: the biases, weight scales and constants that quantizing
+the graph with the choice gives, so a score is what adopting the choice computes). It leaves out what the integer
 reference adds below
 one step: fixed-point multipliers, the pow2 rounding-tie nudges, integer softmax; the search
 scores with it and confirms its choice on the integer reference.
@@ -37,6 +39,8 @@ from npubuild.quant.schemes import QParams
 PARAMS_SUFFIX = "::fq"
 NPU_SUFFIX = "::npu"
 W16_SUFFIX = "::w16"
+CONSTANT_SUFFIX = "::c"     # a quantized constant's dequantized value (the search's models)
+CHOICE_DELTA_SUFFIX = "::wd"  # a switched weight's delta (integers - real) under one choice
 FLOAT_MAX = float(np.finfo(np.float32).max)
 OFF = np.array([1.0, 0.0, -FLOAT_MAX, FLOAT_MAX, 0.0], np.float32)
 
@@ -54,6 +58,7 @@ class _FakeQuantBuilder(qdq._Builder):
         self.switched: list[str] = []
         self.wide: list[str] = []
         self.weight_inputs: list[SwitchedWeight] = []
+        self.constant_inputs: dict[str, np.ndarray] = {}  # input -> its dequantized value
 
     def weight(self, key: str, layer: QLayer, arrange, scale: np.ndarray, axis: int) -> str:
         """int8 weights on the NPU, the float layer's own on the CPU: ``w + npu · (w_q - w)``
@@ -105,7 +110,14 @@ class _FakeQuantBuilder(qdq._Builder):
         if info.is_float:
             return self.float_name[t]
         if t in self.qgraph.constants:
-            return super().read(t)
+            if not self.weights_as_inputs:
+                return super().read(t)
+            name = f"{t}{CONSTANT_SUFFIX}"
+            if name not in self.constant_inputs:  # dequantized as DequantizeLinear does
+                q = np.asarray(self.qgraph.constants[t]).astype(np.float32)
+                self.constant_inputs[name] = np.asarray(  # a scalar stays an array for ORT
+                    (q - np.float32(info.zero_point)) * np.float32(info.scale), np.float32)
+            return name
         return self.value_of[t]
 
     def write(self, t: str, value: str, nudge=None, clamp=None) -> None:
@@ -172,7 +184,9 @@ def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18,
     computed in it from the switches on every run (``w + npu · (w_q - w)``: on BirdNET's
     classifier graph those Mul and Add nodes were 630 of its 880 ms a run, its convolutions
     19 ms), and a fifth item lists them (`SwitchedWeight`): `FakeQuantPipeline` computes each
-    once per state of its switches, with the same float32 operations."""
+    once per state of its switches, with the same float32 operations. The quantized
+    constants are inputs too (``<tensor>::c``, a sixth item: each name and its dequantized
+    value), so a choice that quantizes them otherwise can feed its own (`choice_inputs`)."""
     ints = [t for t, info in qg.tensors.items() if not info.is_float]
     b = _FakeQuantBuilder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::q" for t in ints},
                           {t: t for t, info in qg.tensors.items() if info.is_float},
@@ -196,11 +210,14 @@ def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18,
                 for n in [*b.switched, *b.wide]]  # inputs still where weights are (unread)
     weights = [helper.make_tensor_value_info(w.name, TensorProto.FLOAT, list(w.real.shape))
                for w in b.weight_inputs]
-    model = qdq._model(b, [value(t) for t in qg.inputs] + params + switches + weights,
-                       [value(t) for t in qg.outputs], b.opset)
+    constants = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(v.shape))
+                 for name, v in b.constant_inputs.items()]
+    model = qdq._model(b, [value(t) for t in qg.inputs] + params + switches + weights
+                       + constants, [value(t) for t in qg.outputs], b.opset)
     out = (model, list(b.parameters), [n[:-len(NPU_SUFFIX)] for n in b.switched],
            [n[:-len(W16_SUFFIX)] for n in b.wide])
-    return (*out, tuple(b.weight_inputs)) if weights_as_inputs else out
+    return ((*out, tuple(b.weight_inputs), tuple(b.constant_inputs.items()))
+            if weights_as_inputs else out)
 
 
 @dataclass(frozen=True, eq=False)
@@ -254,6 +271,8 @@ class Exported:
     layers: tuple[str, ...]    # whose ``<layer>::npu`` switch is an input
     wide: tuple[str, ...] = ()  # whose ``<layer>::w16`` switch is an input
     weights: tuple[SwitchedWeight, ...] = ()  # inputs computed from the switches
+    # the quantized constants as inputs: each name and the value fed unless a choice says
+    constants: tuple[tuple[str, np.ndarray], ...] = ()
 
     def digest(self, hasher) -> None:
         """Feeds ``hasher`` (hashlib) with what the model computes: its bytes, its weights'."""
@@ -262,6 +281,8 @@ class Exported:
             hasher.update(w.name.encode() + b"\0" + w.layer.encode())
             for array in (w.real, w.delta, *([] if w.wide is None else [w.wide])):
                 hasher.update(np.ascontiguousarray(array).tobytes())
+        for name, value in self.constants:
+            hasher.update(name.encode() + b"\0" + np.ascontiguousarray(value).tobytes())
 
 
 def export_graphs(graphs: Mapping[int, tuple]) -> dict[int, Exported]:
@@ -270,10 +291,27 @@ def export_graphs(graphs: Mapping[int, tuple]) -> dict[int, Exported]:
     weights as inputs."""
     out = {}
     for index, (qg, fg, *wide) in graphs.items():
-        model, tensors, layers, switched, weights = export_fake_quant(
+        model, tensors, layers, switched, weights, constants = export_fake_quant(
             qg, fg, wide_weights=wide[0] if wide else None, weights_as_inputs=True)
-        out[index] = Exported(model, tuple(tensors), tuple(layers), tuple(switched), weights)
+        out[index] = Exported(model, tuple(tensors), tuple(layers), tuple(switched), weights,
+                              constants)
     return out
+
+
+def choice_inputs(qg: QGraph, fg: FloatGraph) -> dict[str, np.ndarray]:
+    """What a choice quantizes otherwise than the graph a search model was exported from:
+    ``qg``'s (the graph quantized under the choice) weights and biases (``<weight
+    input>::wd``: its dequantized integers less the float layer's) and quantized constants
+    (``<tensor>::c``). A bias is quantized at
+    its input's scale times its weights', and a weight scale is widened where the bias would
+    not fit that accumulator, so int16 on a conv's input moves both; a constant follows the
+    tensors it shares parameters with. Fed beside `params_feed`'s inputs, they make the
+    search's model compute what the graph adopted with the choice computes (SwiftF0: its
+    fake quantization passed at +0.0028 while the integer reference missed by 0.0152; with
+    them both read -0.0152)."""
+    _, _, _, _, weights, constants = export_fake_quant(qg, fg, weights_as_inputs=True)
+    return {**{f"{w.name}{CHOICE_DELTA_SUFFIX}": w.delta for w in weights},
+            **dict(constants)}
 
 
 class FakeQuantPipeline:
@@ -306,17 +344,25 @@ class FakeQuantPipeline:
         session = self.sessions[graph.index]
         names = [o.name for o in session.get_outputs()]
         params = self._feeds[graph.index]
-        values = session.run(names, {**dict(feeds), **params,
-                                     **self.weight_feeds(graph.index, params)})
+        exported = self.exported[graph.index]
+        constants = {name: params.get(name, value) for name, value in exported.constants}
+        values = session.run(names, {**dict(feeds), **{k: v for k, v in params.items()
+                                                       if not k.endswith(CHOICE_DELTA_SUFFIX)},
+                                     **constants, **self.weight_feeds(graph.index, params)})
         return dict(zip(names, values))
 
     def weight_feeds(self, index: int, params: Mapping[str, np.ndarray]
                      ) -> dict[str, np.ndarray]:
         """Graph ``index``'s switched weights under the switches in ``params``, each computed
-        the first time its layer's switches take those values."""
+        the first time its layer's switches take those values; where ``params`` carries a
+        choice's own integers (``<weight input>::wd``, `choice_inputs`), those on the NPU."""
         out = {}
         for w in self.exported[index].weights:
             npu = params[f"{w.layer}{NPU_SUFFIX}"]
+            delta = params.get(f"{w.name}{CHOICE_DELTA_SUFFIX}")
+            if delta is not None:  # the float32 operations of an export of the choice's graph
+                out[w.name] = SwitchedWeight(w.name, w.layer, w.real, delta).value(npu, None)
+                continue
             w16 = None if w.wide is None else params[f"{w.layer}{W16_SUFFIX}"]
             key = (index, w.name, float(npu), None if w16 is None else float(w16))
             if key not in self._weights:

@@ -246,10 +246,12 @@ class PrecisionSearch:
         q = quantizer.Quantizer(state.fg, state.observer.stats, config, ranges=self.ranges)
         params, cpu = q.tensor_params()
         wide = q.int16_weight_layers() - set(cpu)
-        return (fakequant.params_feed(self.pipeline.tensors(index), params,
-                                      self.pipeline.layers(index), cpu,
-                                      self.pipeline.wide(index), wide), frozenset(cpu),
-                price.dtypes_of(params), wide)
+        # the biases, weight scales and constants the choice moves, as adopting it builds them
+        own = fakequant.choice_inputs(q.run(f"graph_{index}"), state.fg)
+        return ({**fakequant.params_feed(self.pipeline.tensors(index), params,
+                                         self.pipeline.layers(index), cpu,
+                                         self.pipeline.wide(index), wide), **own},
+                frozenset(cpu), price.dtypes_of(params), wide)
 
     def _in_float(self, choice: Mapping[str, str]) -> frozenset[tuple[int, str]]:
         """The (graph, layer) pairs the quantizer runs in float under ``choice``: the layers
