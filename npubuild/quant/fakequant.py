@@ -274,6 +274,11 @@ class Exported:
     # the quantized constants as inputs: each name and the value fed unless a choice says
     constants: tuple[tuple[str, np.ndarray], ...] = ()
 
+    @property
+    def weight_keys(self) -> dict[str, str]:
+        """Each layer with switched weights -> its key in the model (``L<i>``)."""
+        return {w.layer: w.name.rsplit("::", 1)[0] for w in self.weights}
+
     def digest(self, hasher) -> None:
         """Feeds ``hasher`` (hashlib) with what the model computes: its bytes, its weights'."""
         hasher.update(self.model.SerializeToString())
@@ -298,20 +303,30 @@ def export_graphs(graphs: Mapping[int, tuple]) -> dict[int, Exported]:
     return out
 
 
-def choice_inputs(qg: QGraph, fg: FloatGraph) -> dict[str, np.ndarray]:
+def choice_inputs(qg: QGraph, fg: FloatGraph, keys: Mapping[str, str]) -> dict[str, np.ndarray]:
     """What a choice quantizes otherwise than the graph a search model was exported from:
-    ``qg``'s (the graph quantized under the choice) weights and biases (``<weight
-    input>::wd``: its dequantized integers less the float layer's) and quantized constants
-    (``<tensor>::c``). A bias is quantized at
-    its input's scale times its weights', and a weight scale is widened where the bias would
-    not fit that accumulator, so int16 on a conv's input moves both; a constant follows the
-    tensors it shares parameters with. Fed beside `params_feed`'s inputs, they make the
-    search's model compute what the graph adopted with the choice computes (SwiftF0: its
-    fake quantization passed at +0.0028 while the integer reference missed by 0.0152; with
-    them both read -0.0152)."""
-    _, _, _, _, weights, constants = export_fake_quant(qg, fg, weights_as_inputs=True)
-    return {**{f"{w.name}{CHOICE_DELTA_SUFFIX}": w.delta for w in weights},
-            **dict(constants)}
+    the weights and biases of ``qg``'s layers (``<weight input>::wd``: the dequantized
+    integers less the float layer's) and its quantized constants (``<tensor>::c``). ``qg``:
+    the graph quantized under the choice, its conv layers at least (`Quantizer.weighted`);
+    ``keys``: each conv layer's key in the search's model (`Exported.weight_keys`). A bias
+    is quantized at its input's scale times its weights', and a weight scale widens where the
+    bias would not fit that accumulator, so int16 on a conv's input moves both. Fed beside
+    `params_feed`'s inputs, they make the search's model compute what the graph adopted with
+    the choice computes (SwiftF0: its fake quantization passed at +0.0028 while the integer
+    reference missed by 0.0152; with them both read -0.0152)."""
+    ints = [t for t, info in qg.tensors.items() if not info.is_float]
+    b = _FakeQuantBuilder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::q" for t in ints},
+                          {t: t for t, info in qg.tensors.items() if info.is_float},
+                          float_layers={layer.name: layer for layer in fg.layers},
+                          weights_as_inputs=True)
+    for layer in qg.layers:
+        if layer.name in keys:  # the export's own fragment: the same weights, scales, bias
+            b.value_of.update({t: t for t in layer.inputs})  # names only: nothing runs
+            qdq.FRAGMENTS[layer.kind](b, layer, keys[layer.name])
+    for t in qg.constants:
+        b.read(t)
+    return {**{f"{w.name}{CHOICE_DELTA_SUFFIX}": w.delta for w in b.weight_inputs},
+            **b.constant_inputs}
 
 
 class FakeQuantPipeline:

@@ -139,6 +139,16 @@ class Quantizer:
         return QGraph(name, self.config.scheme, self.config.granularity, list(self.fg.inputs),
                       list(self.fg.outputs), tensors, qlayers, dict(self.const_values))
 
+    def weighted(self, name: str) -> QGraph:
+        """`run`'s graph with only its integer conv layers built (every tensor, every
+        constant): the weights, biases and constants a choice of the precision search
+        quantizes (`fakequant.choice_inputs`), without the tables the other layers take."""
+        layers = self._typed_layers()
+        qlayers = [self._build(layer) for layer in layers if layer.kind == "conv"]
+        tensors = {t: self._qtensor(t) for t in self._tensor_names(layers)}
+        return QGraph(name, self.config.scheme, self.config.granularity, list(self.fg.inputs),
+                      list(self.fg.outputs), tensors, qlayers, dict(self.const_values))
+
     def tensor_params(self) -> tuple[dict[str, QParams | None], set[str]]:
         """Every activation's parameters under this configuration (None: it stays float) and
         the layers it places on the CPU, without building a layer: what the precision search

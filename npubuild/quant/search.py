@@ -200,6 +200,7 @@ class PrecisionSearch:
         self.cpu_part_seconds = sum(price.host_seconds(macs) for macs in cpu_graph_macs)
         self.model_macs = sum(cpu_graph_macs) + sum(sum(w.values()) for w in self.work.values())
         self.names = {i: tensor_names(s.graph.model) for i, s in self.states.items()}
+        self.weight_keys = {i: e.weight_keys for i, e in self.pipeline.exported.items()}
         self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # (graph, its own choice, ...)
         self.placed: dict[tuple, frozenset[str]] = {}  # the same key -> its float layers
         self.widths: dict[tuple, dict[str, str]] = {}  # the same key -> its tensors' widths
@@ -247,7 +248,8 @@ class PrecisionSearch:
         params, cpu = q.tensor_params()
         wide = q.int16_weight_layers() - set(cpu)
         # the biases, weight scales and constants the choice moves, as adopting it builds them
-        own = fakequant.choice_inputs(q.run(f"graph_{index}"), state.fg)
+        own = fakequant.choice_inputs(q.weighted(f"graph_{index}"), state.fg,
+                                      self.weight_keys[index])
         return ({**fakequant.params_feed(self.pipeline.tensors(index), params,
                                          self.pipeline.layers(index), cpu,
                                          self.pipeline.wide(index), wide), **own},
