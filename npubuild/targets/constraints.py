@@ -513,8 +513,12 @@ def _body_reasons(view: NodeView, chip: Chip) -> list[str]:
     views = body_views(view)
     if views is None:
         return [f"fused op {view.op}: its function body is missing from the model"]
-    # quantize turns a unary element-wise body into one lookup table, whatever its nodes are
+    # quantize turns a unary element-wise body into one lookup table, whatever its nodes are;
+    # npubuild's compiler runs that table, so there the body's ops need no entry of their own
+    # (a vendor compiler is handed the body inlined, op by op)
     table = integer_kernel.__doc__ if _is_lookup_table(view) else None
+    if table is not None and backends.of(chip).plans_lmem:
+        return []
     return [f"in its body, {op_label(inner.node)}: {reason}"
             for inner in views if inner.op != "Constant" for reason in node_reasons(inner, chip)
             if table is None or not reason.startswith(table)]

@@ -34,7 +34,8 @@ vendor's own support list, whose limits the notes quote.
 {generic}
 - Fused ops (domain `npubuild.fused`): every node of the function body is checked at the fused
   node's real shapes; a fused op the table does not name is accepted only when the chip sets
-  `accept_fused_bodies`.
+  `accept_fused_bodies`. A unary element-wise body (HardSwish, Mish, ...) runs as one lookup
+  table on the chips npubuild compiles for (the simulated ones): its ops need no entry there.
 - {layout_noop}.
 - {lmem}: the compiler's own slicing search, asked of the layer in a group of its own (int8
   activations; a conv's weights as compile stores them), so split never places on the NPU what

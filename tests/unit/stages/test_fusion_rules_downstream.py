@@ -136,6 +136,19 @@ def test_a_fused_model_goes_through_quantize_compile_and_verify(tmp_path, rule, 
     assert report["stages"]["verify"]["status"] == "built", report["stages"]
 
 
+@pytest.mark.parametrize("chip", ["npu-tiny", "npu-strict"])
+def test_a_table_op_whose_body_the_chip_does_not_list_compiles_on_its_npu(tmp_path, chip):
+    """The fused HardSwish with its Div (neither chip lists Div) placed on the NPU as the
+    lookup table quantize makes of it: compile takes it and verify passes."""
+    onnx.save(rule_model("hard_swish"), str(tmp_path / "m.onnx"))
+    recipe = write_recipe(tmp_path, RECIPE.format(rule="hard_swish", model=tmp_path / "m.onnx")
+                          + f"target: {chip}\n")
+    session = api.session_for(recipe, build_root=tmp_path / "build", cache=tmp_path / "cache")
+    report = api.build(session, None)
+    assert report["split"]["cpu_nodes"] == 0, report["split"]
+    assert report["stages"]["verify"]["status"] == "built", report["stages"]
+
+
 @pytest.mark.slow
 def test_pp_ocr_cls_with_hard_swish_goes_through_quantize_compile_and_verify(ppocr_cls):
     """Where class 4 appeared: PP-OCR (opset 12) with hard_swish fused."""

@@ -283,3 +283,17 @@ def test_a_simulated_chip_cannot_claim_a_vendor_kernel(tmp_path):
                                  "  MatMul: {ranks: [2, 3], vendor_kernel: int8}"))
     with pytest.raises(UserError, match="MatMul: vendor_kernel names a vendor toolchain"):
         load(str(path))
+
+
+@pytest.mark.parametrize("chip", ["npu-tiny", "npu-strict"])
+def test_a_listed_table_op_runs_whatever_ops_its_body_is_written_in(chip):
+    """PP-OCR's HardSwish, x * Relu6(x + 3) / 6, fused: its body has a Div, which neither chip
+    lists; quantize makes the whole body one lookup table, so the chip's HardSwish entry is what
+    decides (ppocr-v4-det as written placed its 24 HardSwish on the CPU of both chips)."""
+    from npubuild.fusions.activation import hard_swish
+    from tests.unit.stages.test_fusion_rules_downstream import rule_model
+
+    model, _ = hard_swish(rule_model("hard_swish"))
+    fused = next(n for n in model.graph.node if n.op_type == "HardSwish")
+    assert "Div" in {n.op_type for f in model.functions for n in f.node}
+    assert reasons_of(model, chip, fused.name) == []
