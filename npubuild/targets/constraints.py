@@ -421,11 +421,13 @@ def integer_kernel(node: NodeView, spec: OpSupport) -> str | None:
 
 # ---- layout no-ops ---------------------------------------------------------------------------
 
-#: Ops that only rename the dimensions of a contiguous tensor: on the NPU they move no data.
-LAYOUT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
-LAYOUT_NOOP_NOTE = ("Reshape, Flatten, Squeeze and Unsqueeze between two NPU ops run on the NPU "
-                    "as layout no-ops (they move no data) on every chip, listed in its table or "
-                    "not, when their shapes are static and their shape inputs constant")
+#: Ops that only rename the dimensions of a contiguous tensor (or, Identity, not even that):
+#: on the NPU they move no data.
+LAYOUT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+LAYOUT_NOOP_NOTE = ("Reshape, Flatten, Squeeze, Unsqueeze and Identity between two NPU ops run "
+                    "on the NPU as layout no-ops (they move no data) on every chip, listed in "
+                    "its table or not, when their shapes are static and their shape inputs "
+                    "constant")
 
 
 def layout_noop_reasons(view: NodeView, chip: Chip) -> list[str] | None:

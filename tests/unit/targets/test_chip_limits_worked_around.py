@@ -68,6 +68,19 @@ def test_reshape_family_between_npu_ops_stays_on_the_npu_on_every_chip():
             assert len(plan.segments) == 1
 
 
+def test_an_identity_between_npu_ops_stays_on_the_npu_on_every_chip():
+    """Import's inlined Ifs leave their outputs as Identity nodes (Silero VAD v5's decoder: 16),
+    which neither npu-tiny nor npu-strict lists: each was a CPU hop inside an NPU run."""
+    net = Net()
+    a = net.conv(net.input("x", [1, 8, 4, 4]), 8, 8, k=1, name="a")
+    mid = net.op("Identity", [net.op("Identity", [a], name="first")], name="second")
+    model = net.model([net.conv(mid, 8, 4, k=1, name="b")])
+    for chip in (TINY, STRICT):
+        plan = plan_split(model, chip, SplitSpec())
+        assert all(plan.on_npu), (chip.name, plan.reasons)
+        assert len(plan.segments) == 1
+
+
 def test_a_reshape_at_the_edge_or_forced_to_the_cpu_stays_on_the_cpu():
     net = Net()
     a = net.conv(net.input("x", [1, 8, 2, 2]), 8, 8, k=1, name="a")
