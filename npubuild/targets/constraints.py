@@ -424,10 +424,18 @@ def integer_kernel(node: NodeView, spec: OpSupport) -> str | None:
 #: Ops that only rename the dimensions of a contiguous tensor (or, Identity, not even that):
 #: on the NPU they move no data.
 LAYOUT_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
-LAYOUT_NOOP_NOTE = ("Reshape, Flatten, Squeeze, Unsqueeze and Identity between two NPU ops run "
-                    "on the NPU as layout no-ops (they move no data) on every chip, listed in "
-                    "its table or not, when their shapes are static and their shape inputs "
-                    "constant")
+LAYOUT_NOOP_NOTE = ("Reshape, Flatten, Squeeze, Unsqueeze, Identity and a Cast to the type it "
+                    "reads between two NPU ops run on the NPU as layout no-ops (they move no "
+                    "data) on every chip, listed in its table or not, when their shapes are "
+                    "static and their shape inputs constant")
+
+
+def _moves_no_data(view: NodeView) -> bool:
+    """A layout op, or a Cast to the type it reads (exporters leave float-to-float Casts;
+    quantize lowers one as it lowers an Identity)."""
+    if view.op == "Cast":
+        return bool(view.node.input) and view.attr("to") == view.facts.elem_type(view.input(0))
+    return view.op in LAYOUT_OPS
 
 
 def layout_noop_reasons(view: NodeView, chip: Chip) -> list[str] | None:
@@ -436,7 +444,7 @@ def layout_noop_reasons(view: NodeView, chip: Chip) -> list[str] | None:
     Its table entry (or its absence) and ranks do not matter: between two NPU ops the NPU
     keeps the tensor where it is. Static shapes, constant shape inputs and the chip's dtypes do.
     """
-    if view.op not in LAYOUT_OPS or view.node.domain not in STANDARD_DOMAINS:
+    if not _moves_no_data(view) or view.node.domain not in STANDARD_DOMAINS:
         return None
     spec = OpSupport(dtypes=list(chip.dtypes))
     return [_with_detail(c.reason(spec), detail) for c in CONSTRAINTS

@@ -7,6 +7,7 @@ Reshape-family ops between two NPU ops are layout no-ops on the NPU (on every ch
 from __future__ import annotations
 
 import numpy as np
+from onnx import TensorProto
 
 from npubuild.recipe.model import SplitSpec
 from npubuild.split import plan_split
@@ -69,11 +70,13 @@ def test_reshape_family_between_npu_ops_stays_on_the_npu_on_every_chip():
 
 
 def test_an_identity_between_npu_ops_stays_on_the_npu_on_every_chip():
-    """Import's inlined Ifs leave their outputs as Identity nodes (Silero VAD v5's decoder: 16),
-    which neither npu-tiny nor npu-strict lists: each was a CPU hop inside an NPU run."""
+    """Import's inlined Ifs leave their outputs as Identity nodes (Silero VAD v5's decoder: 16)
+    and exporters leave float-to-float Casts (its STFT: 3), which neither npu-tiny nor
+    npu-strict lists: each was a CPU hop inside an NPU run."""
     net = Net()
     a = net.conv(net.input("x", [1, 8, 4, 4]), 8, 8, k=1, name="a")
     mid = net.op("Identity", [net.op("Identity", [a], name="first")], name="second")
+    mid = net.op("Cast", [mid], name="float_to_float", to=TensorProto.FLOAT)
     model = net.model([net.conv(mid, 8, 4, k=1, name="b")])
     for chip in (TINY, STRICT):
         plan = plan_split(model, chip, SplitSpec())
