@@ -4,7 +4,8 @@
     report = split_model(model, chip, spec, out)  # decide, write, prove
 
 Modules, in the order the work happens: `graph` (index the ONNX graph), `legalize` (convs the
-chip refuses for their kernel or dilation, rewritten as ones it runs), `plan` (support check +
+chip refuses for their stride, kernel, dilation or padding, and pools it refuses for their
+kernel or stride, rewritten as ones it runs), `plan` (support check +
 policy), `partition` (convex segments), `cost` (min_cost), `extract` (submodels),
 `graph_infos` (the AutoSplit file), `outputs` (write + prove), `draw` (segments.svg).
 """

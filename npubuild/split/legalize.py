@@ -1,4 +1,20 @@
-"""Convolutions the chip refuses for their kernel, dilation or padding, written as ones it runs.
+"""Convolutions the chip refuses for their stride, kernel, dilation or padding, and pools it
+refuses for their kernel or stride, written as ones it runs.
+
+A Conv whose stride along an axis exceeds the chip's ``max_stride`` where its windows do not
+overlap (``(K - 1)·d + 1 <= s``: the patch embedding of a ViT or Swin, a 4x4 stride-4 stem, a
+1-D conv hopping by its length) is undone first (`_destride_one`): the axis's blocks of ``s``
+positions moved into channels (per axis a Reshape, a 4-D Transpose and a Reshape) and a conv
+of stride 1 and kernel 1 along it, whose weights sit at the block positions the taps read. A
+stride with overlapping windows (an STFT's or a constant-Q transform's hop) is left whole: the
+same rewrite moved audio front ends (STFT, power, Log) into int8, which the precision search
+could not bring back to the float result.
+
+A MaxPool or AveragePool whose kernel or stride exceeds the chip's along an unpadded axis
+(ShallowTemp's mean over 40 mel bands, stride 40): an unpadded mean of windows that do not
+overlap becomes a depthwise conv of weights ``1/(kh·kw)``, undone as above (`_legal_pools`);
+any other a chain of pools within the limits (`_pool_chain`): kernel and stride ``f`` then
+``k/f`` by ``s/f``, ``f`` a common factor.
 
 A Conv whose kernel is longer along an axis than the chip's ``max_kernel`` (or not among its
 ``kernel_sizes``), whose dilation exceeds ``max_dilation`` or whose padding exceeds ``max_pad``
@@ -58,13 +74,37 @@ class AxisPlan:
 
 def legal_convs(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
                 ) -> tuple[onnx.ModelProto, list[str]]:
-    """``model`` with every Conv the chip refuses for its kernel, dilation or padding (but
-    those whose output is in ``keep``) rewritten as Pads, Slices, a Concat and one Conv the
-    chip runs (module docstring); the names of the convs rewritten (an unnamed one is named
-    after its output), in graph order ([] and ``model`` itself when none is)."""
+    """``model`` with every Conv the chip refuses for its stride, kernel, dilation or padding,
+    and every pool it refuses for its kernel or stride (but those whose output is in
+    ``keep``), rewritten as nodes the chip runs (module docstring); the names of the convs and
+    pools rewritten (an unnamed one is named after its output), in graph order ([] and
+    ``model`` itself when none is). A stride is undone first (`_destrided`), then the taps are
+    cut; a stride's rewrite is kept only where the chip runs all of it, taps included."""
     spec = effective_spec(chip, "Conv")
+    staged, pooled = _legal_pools(model, chip, keep)
     if spec is None:
-        return model, []
+        return staged, pooled
+    strided = _strided_convs(staged, spec, keep)
+    while True:
+        destrided, moved = _destrided(staged, strided, chip)
+        final, tapped = _legal_taps(destrided, chip, keep)
+        producers = {n.output[0]: n.name for n in final.graph.node if n.output}
+        runs = _passing(final, {out: [*names[:-1], producers.get(out, "")]
+                                for out, names in moved.items()}, chip)
+        if runs == strided:
+            break
+        strided = runs
+    names = {names[-1] for names in moved.values()} | set(tapped) | set(pooled)
+    order = {n.name: i for i, n in enumerate(final.graph.node)}
+    names = sorted(names, key=lambda n: order.get(n, len(order)))
+    return (final, names) if names else (model, [])
+
+
+def _legal_taps(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
+                ) -> tuple[onnx.ModelProto, list[str]]:
+    """``model`` with every Conv the chip refuses for its kernel, dilation or padding rewritten
+    as Pads, Slices, a Concat and one Conv the chip runs; the names of the convs rewritten."""
+    spec = effective_spec(chip, "Conv")
     ed = Editor(model, REWRITE)
     candidates = [n.output[0] for n in ed.graph.node
                   if n.output[0] not in keep and _too_big(ed, n, spec)]
@@ -129,6 +169,305 @@ def _passing(model: onnx.ModelProto, made: dict[str, list[str]], chip: Chip) -> 
             if all(name in nodes and runs(name) for name in names)]
 
 
+def _strided_convs(model: onnx.ModelProto, spec, keep) -> list[str]:
+    """The outputs of the 4-D Convs whose stride the chip refuses along some axis where each
+    window fits in its stride (``(K - 1)·d + 1 <= s``: a patch embedding, a 4x4 stride-4
+    stem): `_destride_one` undoes them exactly."""
+    if spec.max_stride is None:
+        return []
+    ed = Editor(model, REWRITE)
+    return [n.output[0] for n in ed.graph.node if n.output[0] not in keep
+            and _destride_axes(ed, n, spec)]
+
+
+def _destride_axes(ed: Editor, node: onnx.NodeProto, spec) -> list[int]:
+    """The spatial axes (of 0 and 1) along which ``node``'s stride exceeds the chip's, when
+    along each of them no window overlaps the next; [] when there is none or one overlaps (an
+    STFT's or a constant-Q transform's hop: left whole, see the module docstring)."""
+    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or not node.output[0]:
+        return []
+    weight = ed.constant(node.input[1]) if len(node.input) > 1 else None
+    if weight is None or weight.ndim != 4 or ed.shape(node.input[0]) is None \
+            or ed.shape(node.output[0]) is None:
+        return []
+    _, _, strides, dilations, _ = _geometry(ed, node, weight)
+    over = [a for a in (0, 1) if strides[a] > spec.max_stride]
+    fits = all((weight.shape[2 + a] - 1) * dilations[a] + 1 <= strides[a] for a in over)
+    return over if fits else []
+
+
+def _destrided(model: onnx.ModelProto, outputs: list[str], chip: Chip
+               ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
+    """``model`` with the strided convs computing ``outputs`` undone (`_destride_one`); per
+    output, the names of the nodes made (the conv last)."""
+    if not outputs:
+        return model, {}
+    ed = Editor(model, REWRITE)
+    ed.freeze_shapes()
+    spec = effective_spec(chip, "Conv")
+    made = {out: _destride_one(ed, ed.producer(out), spec, _pad_limit(chip)) for out in outputs}
+    ed.thaw_shapes()
+    return ed.finish(), made
+
+
+def _pad_limit(chip: Chip) -> int | None:
+    pad_spec = chip.ops.get("Pad")
+    return pad_spec.max_pad if pad_spec is not None and pad_spec.max_pad else None
+
+
+def _destride_one(ed: Editor, conv: onnx.NodeProto, spec, pad_limit: int | None) -> list[str]:
+    """A conv whose windows along the axes of `_destride_axes` do not overlap, as the
+    space-to-depth of those axes and a conv of stride 1 and kernel 1 along them: the input
+    padded by the conv's own pads there and to whole blocks of ``s`` positions (or cut to the
+    last block an output reads), each block moved into channels (per axis a Reshape, a
+    4-D Transpose and a Reshape: channel ``c·s + r`` holds position ``r`` of each block of
+    channel ``c``, so groups stay contiguous), and the weights of tap ``t`` at channel
+    ``c·s + t·d`` (zero at the positions between windows). The same products summed in one
+    accumulator."""
+    weight = ed.constant(conv.input[1])
+    x, y, strides, dilations, pads = _geometry(ed, conv, weight)
+    axes = _destride_axes(ed, conv, spec)
+    made: list[str] = []
+    begin, end, cut = [0, 0], [0, 0], []
+    for a in axes:
+        blocks = y[2 + a] * strides[a]
+        begin[a] = pads[a]
+        end[a] = max(0, blocks - x[2 + a] - pads[a])
+        if x[2 + a] + pads[a] > blocks:  # positions past the last window no output reads
+            cut.append((2 + a, 0, blocks, 1))
+    source = _pad_chain(ed, conv, conv.input[0], begin, end, pad_limit, made)
+    if cut:
+        out = ed.unique_tensor(f"{conv.output[0]}/blocks")
+        made.append(make_slice(ed, source, out, cut, f"{_label(conv)}/blocks").name)
+        source = out
+    n, c, h, w = x[0], x[1], *(y[2 + a] * strides[a] if a in axes else x[2 + a] for a in (0, 1))
+    for a in axes:  # [n, c, h, w] -> [n, c·s, h/s, w] (or w/s)
+        s = strides[a]
+        split, perm, merged = (([n * c, h // s, s, w], [0, 2, 1, 3], [n, c * s, h // s, w])
+                               if a == 0 else
+                               ([n * c, h, w // s, s], [0, 3, 1, 2], [n, c * s, h, w // s]))
+        source = _layout_steps(ed, conv, source, [("split", split), ("moved", perm),
+                                                   ("channels", merged)], f"s2d{a}", made)
+        n, c, h, w = merged
+    o, per_group, kh, kw = weight.shape
+    blocks = [strides[a] if a in axes else 1 for a in (0, 1)]
+    sizes = [1 if a in axes else weight.shape[2 + a] for a in (0, 1)]
+    moved = np.zeros((o, per_group, *blocks, *sizes), weight.dtype)
+    for i, j in itertools.product(range(kh), range(kw)):
+        (ri, ti), (rj, tj) = ((i * dilations[0], 0) if 0 in axes else (0, i),
+                              (j * dilations[1], 0) if 1 in axes else (0, j))
+        moved[:, :, ri, rj, ti, tj] = weight[:, :, i, j]
+    moved = moved.reshape(o, per_group * blocks[0] * blocks[1], *sizes)
+    kept = lambda a, values, one: one if a in axes else values[a]  # noqa: E731
+    attrs = {at.name: onnx.helper.get_attribute_value(at) for at in conv.attribute
+             if at.name not in ("kernel_shape", "dilations", "pads", "auto_pad", "strides")}
+    inputs = [source, ed.add_initializer(np.ascontiguousarray(moved), f"{conv.input[1]}/blocks"),
+              *conv.input[2:]]
+    output, name = conv.output[0], conv.name or conv.output[0]
+    ed.remove(conv)
+    node = ed.make_node(
+        "Conv", inputs, [output], name, kernel_shape=sizes,
+        strides=[kept(a, strides, 1) for a in (0, 1)],
+        dilations=[kept(a, dilations, 1) for a in (0, 1)],
+        pads=[kept(a, pads, 0) for a in (0, 1)] + [kept(a, pads[2:], 0) for a in (0, 1)], **attrs)
+    return [*made, node.name]
+
+
+def _layout_steps(ed: Editor, conv: onnx.NodeProto, source: str, steps, label: str,
+                  made: list[str]) -> str:
+    """``source`` through Reshapes (a shape) and Transposes (a perm), named after ``conv``."""
+    for step, value in steps:
+        out = ed.unique_tensor(f"{conv.output[0]}/{label}_{step}")
+        hint = f"{_label(conv)}/{label}_{step}"
+        if step == "moved":
+            made.append(ed.make_node("Transpose", [source], [out], hint, perm=value).name)
+        else:
+            made.append(make_reshape(ed, source, out, value, hint).name)
+        source = out
+    return source
+
+
+# ---- pools -----------------------------------------------------------------------------------
+
+POOLS = ("MaxPool", "AveragePool")
+
+
+def _legal_pools(model: onnx.ModelProto, chip: Chip, keep) -> tuple[onnx.ModelProto, list[str]]:
+    """``model`` with every pool the chip refuses for its kernel or stride, where
+    `_pool_chain` finds pools within the limits that compute it, rewritten: an unpadded
+    AveragePool whose windows do not overlap as a depthwise Conv of weights ``1/(kh·kw)``
+    undone as a strided conv is (`_destride_one`: every window summed in one accumulator,
+    rounded once; a chain of means rounds each mean, which cost ShallowTemp's worst sample
+    0.9992 -> 0.9907), where the chip runs that; any other as the chain, where the chip runs
+    every pool of it; the names of the pools rewritten."""
+    ed = Editor(model, REWRITE)
+    chains, means = {}, []
+    for node in ed.graph.node:
+        spec = effective_spec(chip, node.op_type) if node.op_type in POOLS else None
+        if spec is None or not node.output[0] or node.output[0] in keep:
+            continue
+        chain = _pool_chain(ed, node, spec)
+        if chain:
+            chains[node.output[0]] = chain
+        if _plain_mean(node) and _refused_pool(ed, node, spec):
+            means.append(node.output[0])
+    if not chains and not means:
+        return model, []
+    as_convs = _means_as_convs(model, means, chip)
+    staged, moved = _destrided(_pools_as_convs(model, as_convs), as_convs, chip)
+    rest = {out: chain for out, chain in chains.items() if out not in as_convs}
+    rewritten, made = _chain_pools(staged, rest)
+    legal = _passing(rewritten, made, chip)
+    if list(rest) != legal:
+        rewritten, made = _chain_pools(staged, {out: rest[out] for out in legal}) \
+            if legal else (staged, {})
+    names = {names[-1] for names in moved.values()} | {made[out][-1] for out in legal}
+    order = {n.name: i for i, n in enumerate(rewritten.graph.node)}
+    return rewritten, sorted(names, key=lambda n: order.get(n, len(order)))
+
+
+def _refused_pool(ed: Editor, node: onnx.NodeProto, spec) -> bool:
+    """A 4-D pool of one output whose kernel or stride the chip refuses along some axis."""
+    x, kernel = ed.shape(node.input[0]), list(attr(node, "kernel_shape") or [])
+    strides = list(attr(node, "strides") or [1, 1])
+    return (x is not None and len(x) == 4 and len(kernel) == 2 and ed.shape(node.output[0])
+            is not None and len([o for o in node.output if o]) == 1
+            and any(not _pool_axis_fits(k, s, spec) for k, s in zip(kernel, strides)))
+
+
+def _plain_mean(node: onnx.NodeProto) -> bool:
+    """An AveragePool of no padding, so every window divides by ``kh·kw``."""
+    return node.op_type == "AveragePool" and not any(_pool_pads(node) or [1]) \
+        and list(attr(node, "dilations") or [1, 1]) == [1, 1]
+
+
+def _means_as_convs(model: onnx.ModelProto, outputs: list[str], chip: Chip) -> list[str]:
+    """Those of ``outputs`` (AveragePools) that, as a depthwise conv undone by `_destride_one`,
+    the chip runs whole."""
+    spec = effective_spec(chip, "Conv")
+    if not outputs or spec is None:
+        return []
+    convs = _pools_as_convs(model, outputs)
+    ed = Editor(convs, REWRITE)
+    outputs = [out for out in outputs if _destride_axes(ed, ed.producer(out), spec)]
+    staged, moved = _destrided(convs, outputs, chip)
+    producers = {n.output[0]: n.name for n in staged.graph.node if n.output}
+    return _passing(staged, {out: [*names[:-1], producers.get(out, "")]
+                             for out, names in moved.items()}, chip)
+
+
+def _pools_as_convs(model: onnx.ModelProto, outputs: list[str]) -> onnx.ModelProto:
+    """``model`` with the AveragePools computing ``outputs`` written as depthwise Convs (the
+    same name and output) of weights ``1/(kh·kw)``."""
+    if not outputs:
+        return model
+    ed = Editor(model, REWRITE)
+    ed.freeze_shapes()
+    for output in outputs:
+        pool = ed.producer(output)
+        kernel = list(attr(pool, "kernel_shape"))
+        channels = ed.shape(pool.input[0])[1]
+        weight = np.full((channels, 1, *kernel), 1.0 / math.prod(kernel), np.float32)
+        inputs = [pool.input[0], ed.add_initializer(weight, f"{output}/mean_weights")]
+        name = pool.name or output
+        ed.remove(pool)
+        ed.make_node("Conv", inputs, [output], name, kernel_shape=kernel, group=channels,
+                     strides=list(attr(pool, "strides") or [1, 1]))
+    ed.thaw_shapes()
+    return ed.finish()
+
+
+def _pool_chain(ed: Editor, node: onnx.NodeProto, spec) -> list[tuple[list[int], list[int]]]:
+    """Pools (kernel, strides) in the chip's limits whose chain computes ``node``, a 4-D pool
+    whose kernel or stride the chip refuses along some axis; [] when there is none.
+
+    Along such an axis (unpadded, undilated) a pool of kernel ``k`` and stride ``s`` is one of
+    kernel and stride ``f`` (``f`` dividing both) followed by one of kernel ``k/f`` and stride
+    ``s/f``: the second pool's windows are the first's outputs over each original window (the
+    first's cut-off tail is past every window), so the max is the max, and the mean the mean
+    of equal-size means (exact but for float rounding). The first pool keeps the other axes'
+    kernel, strides and pads; every later one is 1 along them."""
+    x, y = ed.shape(node.input[0]), ed.shape(node.output[0])
+    kernel = list(attr(node, "kernel_shape") or [])
+    if (x is None or y is None or len(x) != 4 or len(kernel) != 2
+            or len([o for o in node.output if o]) != 1):
+        return []
+    strides = list(attr(node, "strides") or [1, 1])
+    dilations = list(attr(node, "dilations") or [1, 1])
+    pads = _pool_pads(node)
+    over = [a for a in (0, 1) if not _pool_axis_fits(kernel[a], strides[a], spec)]
+    if not over or pads is None or dilations != [1, 1] or any(pads[a] or pads[2 + a] for a in over):
+        return []
+    floor = [(x[2 + a] + pads[a] + pads[2 + a] - (kernel[a] - 1) * dilations[a] - 1)
+             // strides[a] + 1 for a in (0, 1)]
+    if floor != list(y[2:]):  # ceil_mode adding a window
+        return []
+    steps = {a: _factor_steps(kernel[a], strides[a], spec) for a in over}
+    if any(not s for s in steps.values()):
+        return []
+    for a in (0, 1):  # an axis within the limits is pooled by the first pool only
+        steps.setdefault(a, [(kernel[a], strides[a])])
+    length = max(len(s) for s in steps.values())
+    return [([steps[a][i][0] if i < len(steps[a]) else 1 for a in (0, 1)],
+             [steps[a][i][1] if i < len(steps[a]) else 1 for a in (0, 1)])
+            for i in range(length)]
+
+
+def _pool_pads(node: onnx.NodeProto) -> list[int] | None:
+    """The pool's pads; None for SAME padding (its split depends on the input)."""
+    auto = attr(node, "auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        return None
+    return [0] * 4 if auto == "VALID" else list(attr(node, "pads") or [0] * 4)
+
+
+def _pool_axis_fits(k: int, s: int, spec) -> bool:
+    return (k <= _max_kernel(spec) and (spec.kernel_sizes is None or k in spec.kernel_sizes)
+            and (spec.max_stride is None or s <= spec.max_stride))
+
+
+def _factor_steps(k: int, s: int, spec) -> list[tuple[int, int]]:
+    """(kernel, stride) steps within the chip's limits whose chain pools ``k`` by ``s``: the
+    largest common factor first; [] when there is none."""
+    if _pool_axis_fits(k, s, spec):
+        return [(k, s)]
+    for f in range(min(math.gcd(k, s), _max_kernel(spec)), 1, -1):
+        if math.gcd(k, s) % f or not _pool_axis_fits(f, f, spec):
+            continue
+        rest = _factor_steps(k // f, s // f, spec)
+        if rest:
+            return [(f, f), *rest]
+    return []
+
+
+def _chain_pools(model: onnx.ModelProto, chains: dict) -> tuple[onnx.ModelProto, dict]:
+    """``model`` with the pool computing each output of ``chains`` replaced by its chain (the
+    last pool keeps its name and output); per output, the names of the pools made."""
+    ed = Editor(model, REWRITE)
+    ed.freeze_shapes()
+    made = {}
+    for output, chain in chains.items():
+        pool = ed.producer(output)
+        pads = list(attr(pool, "pads") or [0] * 4)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in pool.attribute
+                 if a.name not in ("kernel_shape", "strides", "pads", "auto_pad", "ceil_mode",
+                                   "dilations")}
+        source, names = pool.input[0], []
+        ed.remove(pool)
+        for i, (kernel, strides) in enumerate(chain):
+            last = i == len(chain) - 1
+            out = output if last else ed.unique_tensor(f"{output}/pool{i}")
+            hint = (pool.name or output) if last else f"{_label(pool)}/pool{i}"
+            names.append(ed.make_node(pool.op_type, [source], [out], hint, kernel_shape=kernel,
+                                      strides=strides, pads=pads if i == 0 else [0] * 4,
+                                      **attrs).name)
+            source = out
+        made[output] = names
+    ed.thaw_shapes()
+    return ed.finish(), made
+
+
 def _rewrite(model: onnx.ModelProto, outputs: list[str], chip: Chip
              ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
     """``model`` with the convs computing ``outputs`` rewritten; per output, the names of the
@@ -136,11 +475,9 @@ def _rewrite(model: onnx.ModelProto, outputs: list[str], chip: Chip
     ed = Editor(model, REWRITE)
     ed.freeze_shapes()
     spec = effective_spec(chip, "Conv")
-    pad_spec = chip.ops.get("Pad")
-    pad_limit = pad_spec.max_pad if pad_spec is not None and pad_spec.max_pad else None
     made = {}
     for output in outputs:
-        made[output] = _rewrite_one(ed, ed.producer(output), spec, pad_limit)
+        made[output] = _rewrite_one(ed, ed.producer(output), spec, _pad_limit(chip))
     ed.thaw_shapes()
     return ed.finish(), made
 

@@ -63,7 +63,7 @@ class SplitPlan:
     on_npu: list[bool]
     reasons: list[list[str]]
     segments: list[Segment]
-    legal_convs: list[str] = field(default_factory=list)  # convs `legalize` rewrote for the chip
+    legal_convs: list[str] = field(default_factory=list)  # convs and pools `legalize` rewrote
 
     @property
     def placements(self) -> list[NodePlacement]:
@@ -113,9 +113,10 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None) -> SplitPlan:
     """Decide every node's device and cut the model into segments. Convs the chip refuses for
-    their kernel or dilation are first written as ones it runs, where it runs every node of
-    the rewrite (`legalize.legal_convs`; the plan is about that model), unless the recipe
-    places nodes by hand or forces the conv to the CPU."""
+    their stride, kernel, dilation or padding, and pools it refuses for their kernel or
+    stride, are first written as ones it runs, where it runs every node of the rewrite
+    (`legalize.legal_convs`; the plan is about that model), unless the recipe places nodes by
+    hand or forces the node to the CPU."""
     spec = spec or SplitSpec()
     rewritten: list[str] = []
     if spec.policy not in ("cpu_only", "manual"):  # a conv the recipe sends to the CPU stays whole

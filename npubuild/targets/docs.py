@@ -46,6 +46,14 @@ vendor's own support list, whose limits the notes quote.
   slices stacked into channels and one unpadded Conv of at most `max_kernel` taps, undilated
   where the dilation was too large, proven against the original. It runs on the NPU when every node of that rewrite passes this table (a Pad of more
   than the Pad's `max_pad` is a chain of Pads); otherwise the conv stays whole with its reasons.
+- A Conv refused for its stride (above `max_stride`) whose windows do not overlap along that
+  axis (kernel span <= stride: a patch embedding) is first rewritten the same way as the
+  space-to-depth of that axis (Pads or a Slice to whole blocks, Reshape, Transpose, Reshape)
+  and a conv of stride 1, kernel 1 along it. A MaxPool or AveragePool refused for its kernel
+  or stride along an unpadded axis: an unpadded mean of windows that do not overlap as a
+  depthwise Conv of weights `1/(kh·kw)` rewritten so; any other as a chain of pools within
+  `max_kernel`/`max_stride` whose kernels and strides multiply to it. Each runs on the NPU
+  when every node of it passes this table; otherwise the node stays whole with its reasons.
 """
 
 
