@@ -11,7 +11,8 @@ same rewrite moved audio front ends (STFT, power, Log) into int8, which the prec
 could not bring back to the float result.
 
 A MaxPool or AveragePool whose kernel or stride exceeds the chip's along an unpadded axis
-(ShallowTemp's mean over 40 mel bands, stride 40): an unpadded mean of windows that do not
+(ShallowTemp's mean over 40 mel bands, stride 40): one window over the whole unpadded input
+is the global pool it is; an unpadded mean of windows that do not
 overlap becomes a depthwise conv of weights ``1/(kh·kw)``, undone as above (`_legal_pools`);
 any other a chain of pools within the limits (`_pool_chain`): kernel and stride ``f`` then
 ``k/f`` by ``s/f``, ``f`` a common factor.
@@ -313,6 +314,10 @@ def _legal_pools(model: onnx.ModelProto, chip: Chip, keep) -> tuple[onnx.ModelPr
             means.append(node.output[0])
     if not chains and not means:
         return model, []
+    model, whole = _whole_input_pools(model, [*chains, *(m for m in means if m not in chains)],
+                                      chip)
+    chains = {out: chain for out, chain in chains.items() if out not in whole}
+    means = [out for out in means if out not in whole]
     as_convs = _means_as_convs(model, means, chip)
     staged, moved = _destrided(_pools_as_convs(model, as_convs), as_convs, chip)
     rest = {out: chain for out, chain in chains.items() if out not in as_convs}
@@ -321,9 +326,44 @@ def _legal_pools(model: onnx.ModelProto, chip: Chip, keep) -> tuple[onnx.ModelPr
     if list(rest) != legal:
         rewritten, made = _chain_pools(staged, {out: rest[out] for out in legal}) \
             if legal else (staged, {})
-    names = {names[-1] for names in moved.values()} | {made[out][-1] for out in legal}
+    names = ({names[-1] for names in moved.values()} | {made[out][-1] for out in legal}
+             | set(whole.values()))
     order = {n.name: i for i, n in enumerate(rewritten.graph.node)}
     return rewritten, sorted(names, key=lambda n: order.get(n, len(order)))
+
+
+def _whole_input_pools(model: onnx.ModelProto, outputs: list[str], chip: Chip
+                       ) -> tuple[onnx.ModelProto, dict[str, str]]:
+    """``model`` with those pools of ``outputs`` whose one window is the whole unpadded input
+    (MediaPipe's squeeze-excite means: a 16x16 AveragePool of a 16x16 map) written as the
+    GlobalAveragePool or GlobalMaxPool they are, where the chip runs that; per output
+    rewritten, the pool's name."""
+    ed = Editor(model, REWRITE)
+    whole = [out for out in outputs if _whole_input(ed, ed.producer(out))]
+    if not whole:
+        return model, {}
+    ed.freeze_shapes()
+    names = {}
+    for output in whole:
+        pool = ed.producer(output)
+        name = pool.name or output
+        ed.remove(pool)
+        names[output] = ed.make_node(f"Global{pool.op_type}", [pool.input[0]], [output],
+                                     name).name
+    ed.thaw_shapes()
+    rewritten = ed.finish()
+    legal = _passing(rewritten, {out: [name] for out, name in names.items()}, chip)
+    if legal != whole:
+        return _whole_input_pools(model, legal, chip) if legal else (model, {})
+    return rewritten, names
+
+
+def _whole_input(ed: Editor, node: onnx.NodeProto) -> bool:
+    x, y = ed.shape(node.input[0]), ed.shape(node.output[0])
+    return (x is not None and y is not None and len(x) == 4 and list(y[2:]) == [1, 1]
+            and list(attr(node, "kernel_shape") or []) == list(x[2:])
+            and not any(_pool_pads(node) or [1])
+            and list(attr(node, "dilations") or [1, 1]) == [1, 1])
 
 
 def _refused_pool(ed: Editor, node: onnx.NodeProto, spec) -> bool:

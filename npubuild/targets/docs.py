@@ -50,7 +50,8 @@ vendor's own support list, whose limits the notes quote.
   axis (kernel span <= stride: a patch embedding) is first rewritten the same way as the
   space-to-depth of that axis (Pads or a Slice to whole blocks, Reshape, Transpose, Reshape)
   and a conv of stride 1, kernel 1 along it. A MaxPool or AveragePool refused for its kernel
-  or stride along an unpadded axis: an unpadded mean of windows that do not overlap as a
+  or stride along an unpadded axis: one window over the whole unpadded input as the global
+  pool it is; an unpadded mean of windows that do not overlap as a
   depthwise Conv of weights `1/(kh·kw)` rewritten so; any other as a chain of pools within
   `max_kernel`/`max_stride` whose kernels and strides multiply to it. Each runs on the NPU
   when every node of it passes this table; otherwise the node stays whole with its reasons.

@@ -284,6 +284,19 @@ def test_pool_chain_equals_the_pool_and_runs_on_the_npu(case):
         [(p.name, p.reasons) for p in placed]
 
 
+@pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
+def test_a_pool_of_the_whole_input_is_a_global_pool(op):
+    # MediaPipe selfie segmentation's squeeze-excite means: 16x16 pools of 16x16 maps
+    model = pool_model(op, [1, 3, 16, 16], [16, 16], [16, 16])
+    rewritten, names = legal_convs(model, small_chip())
+    assert names == ["pool"]
+    assert [n.op_type for n in rewritten.graph.node] == [f"Global{op}", "Relu"]
+    x = np.random.default_rng(1).standard_normal([1, 3, 16, 16]).astype(np.float32)
+    np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-6)
+    placed = check_placement(model, small_chip())
+    assert {p.device for p in placed if p.op != "Constant"} == {"npu"}
+
+
 def test_a_mean_is_a_chain_where_the_chip_lacks_transpose():
     model = pool_model("AveragePool", [1, 6, 40, 32], [40, 1], [40, 1])
     chip = small_chip()
