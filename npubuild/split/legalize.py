@@ -11,11 +11,11 @@ same rewrite moved audio front ends (STFT, power, Log) into int8, which the prec
 could not bring back to the float result.
 
 A MaxPool or AveragePool whose kernel or stride exceeds the chip's along an unpadded axis
-(ShallowTemp's mean over 40 mel bands, stride 40): one window over the whole unpadded input
-is the global pool it is; an unpadded mean of windows that do not
+(ShallowTemp's mean over 40 mel bands, stride 40): an unpadded mean of windows that do not
 overlap becomes a depthwise conv of weights ``1/(kh·kw)``, undone as above (`_legal_pools`);
-any other a chain of pools within the limits (`_pool_chain`): kernel and stride ``f`` then
-``k/f`` by ``s/f``, ``f`` a common factor.
+a MaxPool of one window over the whole input a GlobalMaxPool, any other MaxPool a chain of
+pools within the limits (`_pool_chain`): kernel and stride ``f`` then ``k/f`` by ``s/f``,
+``f`` a common factor. Other means stay whole (`_legal_pools` says why).
 
 A Conv whose kernel is longer along an axis than the chip's ``max_kernel`` (or not among its
 ``kernel_sizes``), whose dilation exceeds ``max_dilation`` or whose padding exceeds ``max_pad``
@@ -178,7 +178,32 @@ def _strided_convs(model: onnx.ModelProto, spec, keep) -> list[str]:
         return []
     ed = Editor(model, REWRITE)
     return [n.output[0] for n in ed.graph.node if n.output[0] not in keep
-            and _destride_axes(ed, n, spec)]
+            and _destride_axes(ed, n, spec) and not _squared(ed, n.output[0])]
+
+
+def _squared(ed: Editor, tensor: str) -> bool:
+    """Whether ``tensor`` is squared (``Pow(x, 2)``, ``Mul(x, x)``) after signed data movement
+    and sums (`spectrum.SIGNED`): a transform of an audio front end (basic-pitch's constant-Q
+    convs of 256 taps hopping 256). Its stride stays as it was: on the NPU in int8 the
+    precision search kept basic-pitch passing but slower (991 -> 932 fps NPU alone, worst
+    output 0.9985 -> 0.9969), as the overlapping hops did to Silero VAD v6."""
+    from npubuild.split.spectrum import SIGNED
+
+    seen, todo = set(), [tensor]
+    while todo:
+        name = todo.pop()
+        for node in ed.consumers(name):
+            if node.op_type == "Mul" and len(node.input) == 2 and node.input[0] == node.input[1]:
+                return True
+            if node.op_type == "Pow" and len(node.input) == 2:
+                exponent = ed.constant(node.input[1])
+                if exponent is not None and exponent.size == 1 \
+                        and float(exponent.reshape(-1)[0]) == 2.0:
+                    return True
+            if node.op_type in SIGNED and node.name not in seen:
+                seen.add(node.name)
+                todo += [o for o in node.output if o]
+    return False
 
 
 def _destride_axes(ed: Editor, node: onnx.NodeProto, spec) -> list[int]:
@@ -294,30 +319,31 @@ POOLS = ("MaxPool", "AveragePool")
 
 
 def _legal_pools(model: onnx.ModelProto, chip: Chip, keep) -> tuple[onnx.ModelProto, list[str]]:
-    """``model`` with every pool the chip refuses for its kernel or stride, where
-    `_pool_chain` finds pools within the limits that compute it, rewritten: an unpadded
-    AveragePool whose windows do not overlap as a depthwise Conv of weights ``1/(kh·kw)``
-    undone as a strided conv is (`_destride_one`: every window summed in one accumulator,
-    rounded once; a chain of means rounds each mean, which cost ShallowTemp's worst sample
-    0.9992 -> 0.9907), where the chip runs that; any other as the chain, where the chip runs
-    every pool of it; the names of the pools rewritten."""
+    """``model`` with every pool the chip refuses for its kernel or stride rewritten where the
+    chip runs the rewrite whole: an unpadded AveragePool whose windows do not overlap as a
+    depthwise Conv of weights ``1/(kh·kw)`` undone as a strided conv is (`_destride_one`:
+    every window summed in one accumulator, rounded once); a MaxPool whose one window is the
+    whole input as a GlobalMaxPool, any other as the chain of `_pool_chain` (the max of maxes:
+    exact). Means go no other way: a chain of means rounds each mean in int8 (ShallowTemp's
+    worst sample 0.9992 -> 0.9907); and a mean of the whole input stays whole: a global pool,
+    a chain or the conv sums its thousands of values in another order, which moved selfie
+    segmentation's output 4.2e-5 to 6.2e-5 of its scale, past the split's float proof (1e-5).
+    The names of the pools rewritten."""
     ed = Editor(model, REWRITE)
     chains, means = {}, []
     for node in ed.graph.node:
         spec = effective_spec(chip, node.op_type) if node.op_type in POOLS else None
         if spec is None or not node.output[0] or node.output[0] in keep:
             continue
-        chain = _pool_chain(ed, node, spec)
+        chain = _pool_chain(ed, node, spec) if node.op_type == "MaxPool" else []
         if chain:
             chains[node.output[0]] = chain
-        if _plain_mean(node) and _refused_pool(ed, node, spec):
+        if _plain_mean(node) and _refused_pool(ed, node, spec) and not _whole_input(ed, node):
             means.append(node.output[0])
     if not chains and not means:
         return model, []
-    model, whole = _whole_input_pools(model, [*chains, *(m for m in means if m not in chains)],
-                                      chip)
+    model, whole = _whole_input_pools(model, list(chains), chip)
     chains = {out: chain for out, chain in chains.items() if out not in whole}
-    means = [out for out in means if out not in whole]
     as_convs = _means_as_convs(model, means, chip)
     staged, moved = _destrided(_pools_as_convs(model, as_convs), as_convs, chip)
     rest = {out: chain for out, chain in chains.items() if out not in as_convs}
@@ -334,9 +360,8 @@ def _legal_pools(model: onnx.ModelProto, chip: Chip, keep) -> tuple[onnx.ModelPr
 
 def _whole_input_pools(model: onnx.ModelProto, outputs: list[str], chip: Chip
                        ) -> tuple[onnx.ModelProto, dict[str, str]]:
-    """``model`` with those pools of ``outputs`` whose one window is the whole unpadded input
-    (MediaPipe's squeeze-excite means: a 16x16 AveragePool of a 16x16 map) written as the
-    GlobalAveragePool or GlobalMaxPool they are, where the chip runs that; per output
+    """``model`` with those MaxPools of ``outputs`` whose one window is the whole unpadded
+    input written as the GlobalMaxPool they are, where the chip runs that; per output
     rewritten, the pool's name."""
     ed = Editor(model, REWRITE)
     whole = [out for out in outputs if _whole_input(ed, ed.producer(out))]

@@ -49,12 +49,12 @@ vendor's own support list, whose limits the notes quote.
 - A Conv refused for its stride (above `max_stride`) whose windows do not overlap along that
   axis (kernel span <= stride: a patch embedding) is first rewritten the same way as the
   space-to-depth of that axis (Pads or a Slice to whole blocks, Reshape, Transpose, Reshape)
-  and a conv of stride 1, kernel 1 along it. A MaxPool or AveragePool refused for its kernel
-  or stride along an unpadded axis: one window over the whole unpadded input as the global
-  pool it is; an unpadded mean of windows that do not overlap as a
-  depthwise Conv of weights `1/(kh·kw)` rewritten so; any other as a chain of pools within
-  `max_kernel`/`max_stride` whose kernels and strides multiply to it. Each runs on the NPU
-  when every node of it passes this table; otherwise the node stays whole with its reasons.
+  and a conv of stride 1, kernel 1 along it (not where its output is squared: an audio
+  front end's transform). An unpadded AveragePool refused for its kernel or stride, whose
+  windows do not overlap, as a depthwise Conv of weights `1/(kh·kw)` rewritten so; a MaxPool
+  so refused along an unpadded axis as a GlobalMaxPool (one window over the whole input) or a
+  chain of MaxPools within `max_kernel`/`max_stride`. Each runs on the NPU when every node of
+  it passes this table; otherwise the node stays whole with its reasons.
 """
 
 

@@ -256,10 +256,8 @@ POOL_CASES = {  # op, x shape, kernel, strides, attributes
     "max_8x8": ("MaxPool", [1, 3, 33, 35], [8, 8], [8, 8], {}),
     "avg_kernel_shorter_than_stride": ("AveragePool", [1, 2, 50, 7], [6, 1], [12, 1], {}),
     "max_1d_widened": ("MaxPool", [1, 4, 1, 100], [1, 18], [1, 9], {}),
-    "avg_padded_other_axis": ("AveragePool", [1, 2, 9, 64], [3, 16], [1, 16],
+    "max_padded_other_axis": ("MaxPool", [1, 2, 9, 64], [3, 16], [1, 16],
                               {"pads": [1, 0, 1, 0]}),
-    "avg_padded_other_axis_counted": ("AveragePool", [1, 2, 9, 64], [3, 16], [2, 16],
-                                      {"pads": [1, 0, 1, 0], "count_include_pad": 1}),
     "max_ceil_no_extra_window": ("MaxPool", [1, 2, 24, 24], [12, 12], [12, 12], {"ceil_mode": 1}),
     "avg_prime_as_one_conv": ("AveragePool", [1, 2, 34, 4], [17, 1], [17, 1], {}),
 }
@@ -284,38 +282,36 @@ def test_pool_chain_equals_the_pool_and_runs_on_the_npu(case):
         [(p.name, p.reasons) for p in placed]
 
 
-@pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
-def test_a_pool_of_the_whole_input_is_a_global_pool(op):
-    # MediaPipe selfie segmentation's squeeze-excite means: 16x16 pools of 16x16 maps
-    model = pool_model(op, [1, 3, 16, 16], [16, 16], [16, 16])
+def test_a_max_pool_of_the_whole_input_is_a_global_pool():
+    model = pool_model("MaxPool", [1, 3, 16, 16], [16, 16], [16, 16])
     rewritten, names = legal_convs(model, small_chip())
     assert names == ["pool"]
-    assert [n.op_type for n in rewritten.graph.node] == [f"Global{op}", "Relu"]
+    assert [n.op_type for n in rewritten.graph.node] == ["GlobalMaxPool", "Relu"]
     x = np.random.default_rng(1).standard_normal([1, 3, 16, 16]).astype(np.float32)
     np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-6)
     placed = check_placement(model, small_chip())
     assert {p.device for p in placed if p.op != "Constant"} == {"npu"}
 
 
-def test_a_mean_is_a_chain_where_the_chip_lacks_transpose():
-    model = pool_model("AveragePool", [1, 6, 40, 32], [40, 1], [40, 1])
-    chip = small_chip()
-    chip = chip.model_copy(update={"ops": {k: v for k, v in chip.ops.items() if k != "Transpose"}})
-    rewritten, names = legal_convs(model, chip)
-    assert names == ["pool"]
-    assert [n.op_type for n in rewritten.graph.node] == ["AveragePool"] * 3 + ["Relu"]
-    x = np.random.default_rng(1).standard_normal([1, 6, 40, 32]).astype(np.float32)
-    np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize("op, x_shape, kernel, strides, attrs", [
     ("MaxPool", [1, 2, 34, 4], [17, 1], [17, 1], {}),  # 17 has no factor within 5
     ("MaxPool", [1, 2, 30, 4], [8, 1], [8, 1], {"pads": [2, 0, 2, 0]}),  # padded along it
     ("MaxPool", [1, 2, 30, 4], [8, 1], [8, 1], {"ceil_mode": 1}),  # a partial last window
+    # a mean other than one conv: a chain or a global pool sums in another order (selfie
+    # segmentation's 128x128 means moved its output 6.2e-5 of its scale, past the proof)
+    ("AveragePool", [1, 2, 9, 64], [3, 16], [1, 16], {"pads": [1, 0, 1, 0]}),
+    ("AveragePool", [1, 3, 16, 16], [16, 16], [16, 16], {}),  # a mean of the whole input
 ])
 def test_a_pool_without_an_exact_chain_stays_whole(op, x_shape, kernel, strides, attrs):
     model = pool_model(op, x_shape, kernel, strides, **attrs)
     assert legal_convs(model, small_chip()) == (model, [])
+
+
+def test_a_mean_stays_whole_where_the_chip_lacks_transpose():
+    model = pool_model("AveragePool", [1, 6, 40, 32], [40, 1], [40, 1])
+    chip = small_chip()
+    chip = chip.model_copy(update={"ops": {k: v for k, v in chip.ops.items() if k != "Transpose"}})
+    assert legal_convs(model, chip) == (model, [])
 
 
 def _patch_and_pool_model() -> onnx.ModelProto:
@@ -358,3 +354,19 @@ def test_a_recipe_with_a_patch_embedding_and_a_long_pool_builds_whole_on_the_npu
     assert split["legal_convs"]["max_rel"] <= 1e-5
     assert report["verify"]["passed"] and report["simulator"]["bit_exact"]
     assert report["accuracy"]["outputs"]["y"]["min_sample_cosine"] > 0.99
+
+
+@pytest.mark.parametrize("square", ["Mul", "Pow"])
+def test_a_strided_conv_that_is_squared_stays_whole(square):
+    """basic-pitch's constant-Q convs (256 taps hopping 256, then squared and Log): on the NPU
+    the model passed but ran slower; an audio front end's transform keeps its stride."""
+    model = conv_model([1, 1, 1, 512], [8, 1, 1, 64], strides=[1, 64])
+    relu = model.graph.node[1]
+    if square == "Mul":
+        relu.CopyFrom(helper.make_node("Mul", ["y", "y"], ["z"], name="square"))
+    else:
+        model.graph.initializer.append(numpy_helper.from_array(np.array(2.0, np.float32), "two"))
+        relu.CopyFrom(helper.make_node("Pow", ["y", "two"], ["z"], name="square"))
+    assert legal_convs(model, small_chip()) == (model, [])
+    plain = conv_model([1, 1, 1, 512], [8, 1, 1, 64], strides=[1, 64])
+    assert legal_convs(plain, small_chip())[1] == ["conv"]
