@@ -131,6 +131,12 @@ def _config_for(options: Options, overrides: Sequence[OverrideSpec], model
     return config, resolved.float_nodes
 
 
+def _rounds_to_nearest(key: tuple) -> bool:
+    """Whether the quantization ``Workflow._quantization_key`` names rounds its weights to
+    nearest: what the conv inputs' Gram matrices (read by GPTQ alone) cannot change."""
+    return key[1].weight_rounding != "gptq"
+
+
 class Workflow:
     """One quantize run over a split pipeline: lowered NPU graphs, their observers, results."""
 
@@ -147,6 +153,10 @@ class Workflow:
         # (graph, its config, its float nodes) -> (qgraph, records): a graph the overrides of
         # an adopted choice leave as an earlier quantization had it is not quantized again
         self._quantizations: dict[tuple, tuple] = {}
+        # int16 everywhere's judged values, keyed as `_quantizations` per graph (with the
+        # samples' count and the tensors kept): measured equalisation judges the workflow it
+        # keeps there, and the weight-rounding choice then judged it again (nearest)
+        self._widest: dict[tuple, dict] = {}
 
     def _lowered(self, graph: SubGraph) -> GraphState:
         _, float_nodes = _config_for(self.options, self.options.overrides, graph.model)
@@ -177,6 +187,7 @@ class Workflow:
         if count == 0:
             raise BuildError("no calibration sample was read", stage="quantize")
         self._quantizations.clear()  # quantized from other statistics
+        self._widest.clear()
         return count
 
     def gather_weight_grams(self, samples: Iterable[Mapping[str, np.ndarray]],
@@ -191,6 +202,10 @@ class Workflow:
             return
         self.options = replace(self.options, weight_grams=True)
         observed = [state.observer for state in self.states]
+        # the first pass's statistics stay, and only GPTQ reads the matrices: what was quantized
+        # and judged with nearest rounding holds as it was
+        quantized = {k: v for k, v in self._quantizations.items() if _rounds_to_nearest(k)}
+        widest = {k: v for k, v in self._widest.items() if all(map(_rounds_to_nearest, k))}
         for state in self.states:
             state.observer = state.observer.empty_like(weight_grams=True)
         try:
@@ -199,7 +214,8 @@ class Workflow:
                 for tensor, stats in state.observer.stats.items():
                     if stats.patch_grams:
                         first.stats[tensor].patch_grams = stats.patch_grams
-            self._quantizations.clear()
+            self._quantizations = quantized
+            self._widest = widest
         finally:
             for state, first in zip(self.states, observed):
                 state.observer = first
@@ -221,14 +237,20 @@ class Workflow:
         precision search's confirmations re-quantize only the graphs its choice changed."""
         self._deployed = {}
         for state in self.states:
-            config, float_nodes = _config_for(self.options, self.options.overrides,
-                                              state.graph.model)
-            key = (state.graph.index, config, frozenset(float_nodes))
-            if key not in self._quantizations:
-                quantized = self._quantized(state, self.options.overrides)
-                check.check_quantized(quantized[0])
-                self._quantizations[key] = quantized
-            state.qgraph, state.records = self._quantizations[key]
+            state.qgraph, state.records = self._known_quantization(state, self.options.overrides)
+
+    def _quantization_key(self, state: GraphState, overrides: Sequence[OverrideSpec]) -> tuple:
+        config, float_nodes = _config_for(self.options, overrides, state.graph.model)
+        return (state.graph.index, config, frozenset(float_nodes))
+
+    def _known_quantization(self, state: GraphState, overrides: Sequence[OverrideSpec]):
+        """``state``'s graph quantized with ``overrides`` (once per configuration)."""
+        key = self._quantization_key(state, overrides)
+        if key not in self._quantizations:
+            quantized = self._quantized(state, overrides)
+            check.check_quantized(quantized[0])
+            self._quantizations[key] = quantized
+        return self._quantizations[key]
 
     def use_weight_rounding(self, rounding: str) -> None:
         """Quantize with another weight rounding (`npubuild.quant.rounding`); going back to
@@ -332,13 +354,22 @@ class Workflow:
                               kept: Sequence[str]) -> list[dict[str, np.ndarray]]:
         """``deployed_values`` with every quantized tensor in int16 (the widest integer
         precision, on chips with int16): what the precision search can reach without float."""
-        qgraphs = {}
+        overrides = {}
         for state in self.states:
             wide = sorted(t for t, info in state.qgraph.tensors.items()
                           if not info.is_float and t not in state.qgraph.constants)
-            overrides = [*self.options.overrides, OverrideSpec((), tuple(wide), "int16")]
-            qgraphs[state.graph.index] = self._quantized(state, overrides)[0]
-        return self._run_deployed(qgraphs, samples, kept)[0]
+            overrides[state.graph.index] = [*self.options.overrides,
+                                            OverrideSpec((), tuple(wide), "int16")]
+        key = tuple(self._quantization_key(s, overrides[s.graph.index]) for s in self.states)
+        wanted = frozenset(kept)
+        known = self._widest.get(key)
+        if not (known and known["samples"] == len(samples) and wanted <= known["kept"]):
+            qgraphs = {s.graph.index: self._quantized(s, overrides[s.graph.index])[0]
+                       for s in self.states}
+            known = {"kept": wanted, "samples": len(samples),
+                     "values": self._run_deployed(qgraphs, samples, kept)[0]}
+            self._widest[key] = known
+        return [{t: v for t, v in got.items() if t in wanted} for got in known["values"]]
 
     def _reference_env(self, k: int, state: GraphState, inputs: Mapping[str, np.ndarray]) -> dict:
         """Graph ``state``'s integer tensors on float ``inputs``: the deployed run's own when

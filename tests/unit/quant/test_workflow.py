@@ -118,3 +118,40 @@ def test_an_adopted_choice_quantizes_again_only_the_graphs_it_changes(tmp_path, 
         want_text, want_arrays = _saved(state.qgraph, tmp_path / f"b{i}")
         assert text == want_text and arrays.keys() == want_arrays.keys()
         assert all(np.array_equal(arrays[k], want_arrays[k]) for k in arrays)
+
+
+def test_int16_everywhere_is_judged_once_per_quantization_across_the_gram_pass(tmp_path,
+                                                                               monkeypatch):
+    """Measured equalisation judges the workflow it keeps at int16 everywhere, then the
+    weight-rounding choice gathers GPTQ's Gram matrices and judges nearest rounding there
+    again: the same quantization (only GPTQ reads the matrices), so the same values, now not
+    computed twice; GPTQ's are its own, and new statistics forget them all."""
+    workflow = _conv_workflow(tmp_path)
+    rng = np.random.default_rng(2)
+    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(2)]
+    runs = []
+    original = Workflow._run_deployed
+
+    def counted(self, *args):
+        runs.append(args[-1])
+        return original(self, *args)
+
+    monkeypatch.setattr(Workflow, "_run_deployed", counted)
+    first = workflow.widest_integer_values(samples, ["y"])
+    workflow.gather_weight_grams(samples)
+    again = workflow.widest_integer_values(samples, ["y"])
+    assert len(runs) == 1
+    assert all(np.array_equal(a["y"], b["y"]) for a, b in zip(first, again))
+    (tmp_path / "fresh").mkdir()
+    fresh = _conv_workflow(tmp_path / "fresh")  # the same, judged without the gram pass
+    assert all(np.array_equal(a["y"], b["y"]) for a, b in
+               zip(first, fresh.widest_integer_values(samples, ["y"])))
+    workflow.use_weight_rounding("gptq")
+    workflow.widest_integer_values(samples, ["y"])
+    assert len(runs) == 3  # fresh's, then GPTQ's own
+    workflow.use_weight_rounding("nearest")
+    workflow.widest_integer_values(samples, ["y"])
+    assert len(runs) == 3
+    workflow.calibrate(samples)                             # other statistics: judged again
+    workflow.widest_integer_values(samples, ["y"])
+    assert len(runs) == 4
