@@ -14,7 +14,10 @@ again every time (forced: a cached one would time a restore), each in its own pr
 the tree's directory on PYTHONPATH, and timed as the stage's own ``seconds`` (wall) and the
 process's CPU seconds while it built. ``--baseline-tree`` builds the same with another
 checkout (e.g. main) too, interleaved (baseline plain, plain, baseline search, search), into
-its own build folder, and adds its columns: a before/after in one run on a shared machine.
+its own build folder, and adds its columns: a before/after in one run on a shared machine,
+with whether both trees wrote the same quantize artifacts, plain and searched (every file but
+the stage's manifest.json, which holds the code's hashes): a change meant to cost less moved
+no choice. The summary gives the wall and CPU ratios and the load average.
 Goal (issue 23): search / plain <= 3.
 
 ``--scheduler local:2`` (or a scheduler address) measures the fan-out instead: the quantize
@@ -146,13 +149,14 @@ def quantize_seconds(recipe: Path, chip: str, build_root: Path, cache: Path | No
 
 
 def tree_digest(root: Path) -> str | None:
-    """One hash over every file's name and bytes under ``root`` (None: no such folder)."""
+    """One hash over every file's name and bytes under ``root`` (None: no such folder) but
+    the stage's ``manifest.json``, which holds the code's hashes (two trees differ there)."""
     import hashlib
 
     if not root.is_dir():
         return None
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != "manifest.json"):
         digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
@@ -196,6 +200,10 @@ def measure(recipe: Path, chip: str, work: Path, cache: Path | None,
             row[tag + name] = in_process_of(tree, recipes[search], chip,
                                             work / f"build{tag.strip()}", cache,
                                             compiled=compiled and not tag)
+    if baseline:  # the same quantize artifacts from both trees: no choice moved
+        row["identical"] = all(row[name].get("digest") is not None and row[name].get("digest")
+                               == row["baseline " + name].get("digest")
+                               for name in ("plain", "search"))
     for tag in trees:
         plain, searched = row[tag + "plain"], row[tag + "search"]
         row[tag + "ratio"], row[tag + "cpu ratio"] = (
@@ -257,7 +265,8 @@ def markdown(rows: list[dict]) -> str:
         f"{t}plain quantize s (CPU) | {t}with search s (CPU) | {t}ratio (CPU) | "
         for t in tags) + (
         "int8 passes | search passes | tensors out of int8 | est. slowdown | choices scored |"
-        + (" compiled slowdown |" if rows and "compiled slowdown" in rows[0] else ""))
+        + (" compiled slowdown |" if rows and "compiled slowdown" in rows[0] else "")
+        + (" quantize artifacts identical |" if rows and "identical" in rows[0] else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         p, s = r["plain"], r["search"]
@@ -273,7 +282,8 @@ def markdown(rows: list[dict]) -> str:
                      + " | "
                      f"{s['evaluations'] if s['evaluations'] is not None else '-'} |"
                      + (f" {_or_dash(r['compiled slowdown'])} |" if "compiled slowdown" in r
-                        else ""))
+                        else "")
+                     + (f" {_yes(r['identical'])} |" if "identical" in r else ""))
     return "\n".join(lines)
 
 
@@ -299,8 +309,11 @@ def _yes(value) -> str:
 def summary(rows: list[dict]) -> str:
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
     over = [r["model"] for r in rows if r["ratio"] is not None and r["ratio"] > GOAL]
+    cpu = sorted(r["cpu ratio"] for r in rows if r["cpu ratio"] is not None)
     text = (f"{len(rows)} models; search / plain: median {sorted(ratios)[len(ratios) // 2]:.2f}, "
             f"max {max(ratios):.2f}" if ratios else f"{len(rows)} models; no ratio measured")
+    if cpu:  # the CPU seconds' ratio: what a loaded machine's wall clock blurs
+        text += f" (CPU: median {cpu[len(cpu) // 2]:.2f}, max {cpu[-1]:.2f})"
     return text + (f"; over {GOAL:g}x: {', '.join(over)}" if over else f"; all within {GOAL:g}x")
 
 
@@ -349,6 +362,8 @@ def main(argv: list[str]) -> int:
         print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr)
     print(markdown(rows))
     print(f"\n{summary(rows)}")
+    print(f"load average (1, 5, 15 min) at the end: "
+          f"{', '.join(f'{v:.2f}' for v in os.getloadavg())}; {os.cpu_count()} cores")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows}, indent=2, default=str))
     return 0
