@@ -16,10 +16,10 @@ tensor (`params_feed` turns the quantizer's parameters and placement into the in
 search's models (`export_graphs`) take the switched weights and the quantized constants as
 inputs too, which `FakeQuantPipeline` computes once per state of the switches, or takes
 from the choice (`choice_inputs`: the biases, weight scales and constants that quantizing
-the graph with the choice gives, so a score is what adopting the choice computes). It leaves out what the integer
-reference adds below
-one step: fixed-point multipliers, the pow2 rounding-tie nudges, integer softmax; the search
-scores with it and confirms its choice on the integer reference.
+the graph with the choice gives, so a score is what adopting the choice computes). It leaves
+out what the integer reference adds below one step: fixed-point multipliers, the pow2
+rounding-tie nudges, integer softmax; the search scores with it and confirms its choice on
+the integer reference.
 """
 
 from __future__ import annotations
@@ -187,14 +187,10 @@ def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18,
     once per state of its switches, with the same float32 operations. The quantized
     constants are inputs too (``<tensor>::c``, a sixth item: each name and its dequantized
     value), so a choice that quantizes them otherwise can feed its own (`choice_inputs`)."""
-    ints = [t for t, info in qg.tensors.items() if not info.is_float]
-    b = _FakeQuantBuilder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::q" for t in ints},
-                          {t: t for t, info in qg.tensors.items() if info.is_float},
-                          opset=max(opset, 18),  # Split's num_outputs
-                          float_layers={layer.name: layer for layer in fg.layers},
-                          wide_weights=wide_weights, weights_as_inputs=weights_as_inputs)
-    for t in ints:
-        if t in qg.constants:
+    b = _builder(qg, fg, opset=max(opset, 18),  # Split's num_outputs
+                 wide_weights=wide_weights, weights_as_inputs=weights_as_inputs)
+    for t, info in qg.tensors.items():
+        if not info.is_float and t in qg.constants:
             b.const(f"{t}::q", qg.constants[t])
     for t in qg.inputs:
         if not qg.tensors[t].is_float:
@@ -218,6 +214,15 @@ def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18,
            [n[:-len(W16_SUFFIX)] for n in b.wide])
     return ((*out, tuple(b.weight_inputs), tuple(b.constant_inputs.items()))
             if weights_as_inputs else out)
+
+
+def _builder(qg: QGraph, fg: FloatGraph, **options) -> _FakeQuantBuilder:
+    """The fake-quant builder of ``qg``: integer tensors read and written as ``<t>::q``,
+    float ones by their own names, each CPU layer's float weights from ``fg``."""
+    ints = [t for t, info in qg.tensors.items() if not info.is_float]
+    return _FakeQuantBuilder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::q" for t in ints},
+                             {t: t for t, info in qg.tensors.items() if info.is_float},
+                             float_layers={layer.name: layer for layer in fg.layers}, **options)
 
 
 @dataclass(frozen=True, eq=False)
@@ -314,11 +319,7 @@ def choice_inputs(qg: QGraph, fg: FloatGraph, keys: Mapping[str, str]) -> dict[s
     `params_feed`'s inputs, they make the search's model compute what the graph adopted with
     the choice computes (SwiftF0: its fake quantization passed at +0.0028 while the integer
     reference missed by 0.0152; with them both read -0.0152)."""
-    ints = [t for t, info in qg.tensors.items() if not info.is_float]
-    b = _FakeQuantBuilder(qg, {t: f"{t}::q" for t in ints}, {t: f"{t}::q" for t in ints},
-                          {t: t for t, info in qg.tensors.items() if info.is_float},
-                          float_layers={layer.name: layer for layer in fg.layers},
-                          weights_as_inputs=True)
+    b = _builder(qg, fg, weights_as_inputs=True)
     for layer in qg.layers:
         if layer.name in keys:  # the export's own fragment: the same weights, scales, bias
             b.value_of.update({t: t for t in layer.inputs})  # names only: nothing runs
@@ -340,6 +341,7 @@ class FakeQuantPipeline:
 
         self.exported = dict(exported)
         self.sessions = {i: onnx_io.session(e.model) for i, e in self.exported.items()}
+        self.inputs = {i: {x.name for x in s.get_inputs()} for i, s in self.sessions.items()}
         self._feeds: dict[int, dict[str, np.ndarray]] = {}
         self._last: dict[int, tuple] = {}  # id(sample) -> (sample, its last run's steps)
         # (graph, weight input, its switches) -> its value: computed once per state
@@ -359,11 +361,10 @@ class FakeQuantPipeline:
         session = self.sessions[graph.index]
         names = [o.name for o in session.get_outputs()]
         params = self._feeds[graph.index]
-        exported = self.exported[graph.index]
-        constants = {name: params.get(name, value) for name, value in exported.constants}
-        values = session.run(names, {**dict(feeds), **{k: v for k, v in params.items()
-                                                       if not k.endswith(CHOICE_DELTA_SUFFIX)},
-                                     **constants, **self.weight_feeds(graph.index, params)})
+        inputs = self.inputs[graph.index]  # a choice's own values only where the model reads them
+        values = session.run(names, {**dict(feeds), **dict(self.exported[graph.index].constants),
+                                     **{k: v for k, v in params.items() if k in inputs},
+                                     **self.weight_feeds(graph.index, params)})
         return dict(zip(names, values))
 
     def weight_feeds(self, index: int, params: Mapping[str, np.ndarray]

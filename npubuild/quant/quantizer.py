@@ -133,18 +133,17 @@ class Quantizer:
     ranges: dict[tuple, tuple[float, float]] = field(default_factory=dict)
 
     def run(self, name: str) -> QGraph:
-        layers = self._typed_layers()
-        qlayers = [self._build(layer) for layer in layers]
-        tensors = {t: self._qtensor(t) for t in self._tensor_names(layers)}
-        return QGraph(name, self.config.scheme, self.config.granularity, list(self.fg.inputs),
-                      list(self.fg.outputs), tensors, qlayers, dict(self.const_values))
+        return self._qgraph(name, lambda layer: True)
 
     def weighted(self, name: str) -> QGraph:
         """`run`'s graph with only its integer conv layers built (every tensor, every
         constant): the weights, biases and constants a choice of the precision search
         quantizes (`fakequant.choice_inputs`), without the tables the other layers take."""
+        return self._qgraph(name, lambda layer: layer.kind == "conv")
+
+    def _qgraph(self, name: str, built) -> QGraph:
         layers = self._typed_layers()
-        qlayers = [self._build(layer) for layer in layers if layer.kind == "conv"]
+        qlayers = [self._build(layer) for layer in layers if built(layer)]
         tensors = {t: self._qtensor(t) for t in self._tensor_names(layers)}
         return QGraph(name, self.config.scheme, self.config.granularity, list(self.fg.inputs),
                       list(self.fg.outputs), tensors, qlayers, dict(self.const_values))
