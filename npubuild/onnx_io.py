@@ -27,6 +27,7 @@ MAX_ORT_IR_VERSION = 10
 # and per conversion cost minutes per stage.
 LARGE_ELEMENTS = 4096
 LARGE_SESSION_BYTES = 1 << 24
+STANDARD_DOMAINS = ("", "ai.onnx")  # the default domain, by either name
 RUNTIME_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")  # ops ONNX Runtime implements  # what onnxruntime ≥ 1.16 reads; onnx ≥ 1.15 can write it
 
 
@@ -419,7 +420,7 @@ def convert_version(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
 def _convert_function(function: onnx.FunctionProto, opset: int) -> onnx.FunctionProto:
     from onnx import version_converter
 
-    current = next((o.version for o in function.opset_import if o.domain in ("", "ai.onnx")), None)
+    current = next((o.version for o in function.opset_import if o.domain in STANDARD_DOMAINS), None)
     if current is None or current == opset:
         return function
     body = onnx.helper.make_graph(list(function.node), function.name,

@@ -36,6 +36,7 @@ from npubuild import onnx_io
 from npubuild.errors import BuildError
 from npubuild.metrics import Similarity, similarity
 from npubuild.model_inputs import RecipeInputs
+from npubuild.onnx_io import STANDARD_DOMAINS
 
 if TYPE_CHECKING:
     from npubuild.recipe import LoadedRecipe
@@ -356,7 +357,7 @@ def products_scales(model: onnx.ModelProto, values: Mapping[str, np.ndarray],
     out = {}
     for name in tensors:
         node = producers.get(name)
-        if node is None or node.op_type not in LINEAR or node.domain not in ("", "ai.onnx"):
+        if node is None or node.op_type not in LINEAR or node.domain not in STANDARD_DOMAINS:
             continue
         operands = {i: np.abs(values[i] if i in values else inits[i]) for i in node.input
                     if i and (i in values or i in inits)}

@@ -26,6 +26,7 @@ from npubuild import onnx_io
 from npubuild.atomic import atomic_path, write_json, write_text
 from npubuild.backends import BACKEND_FILE
 from npubuild.errors import BuildError
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.stages import StageContext
 
 STAGE = "compile"
@@ -74,7 +75,7 @@ def vendor_model(model: onnx.ModelProto, ir_version: int = VENDOR_IR) -> onnx.Mo
     model = onnx.inliner.inline_local_functions(without_overloads(model)) if model.functions \
         else model
     del model.functions[:]
-    keep = [o for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    keep = [o for o in model.opset_import if o.domain in STANDARD_DOMAINS]
     del model.opset_import[:]
     model.opset_import.extend(keep)
     model.ir_version = min(model.ir_version, ir_version)
@@ -88,10 +89,10 @@ def without_overloads(model: onnx.ModelProto) -> onnx.ModelProto:
     opset (quantize's opset-13 bodies in an opset-17 model) in place, which no vendor could
     load. The bodies are elementwise ops whose meaning no opset since 13 changed."""
     model = onnx_io.clone(model)
-    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    version = next((o.version for o in model.opset_import if o.domain in STANDARD_DOMAINS), None)
     for f in model.functions:
         for o in f.opset_import:
-            if o.domain in ("", "ai.onnx") and version is not None:
+            if o.domain in STANDARD_DOMAINS and version is not None:
                 o.version = version
     renamed = {(f.domain, f.name, f.overload): f"{f.name}__{f.overload}"
                for f in model.functions if f.overload}

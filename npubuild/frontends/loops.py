@@ -32,7 +32,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npubuild import onnx_io
-from npubuild.frontends.recurrent import MAX_UNROLLED_GATE_STEPS, STANDARD_DOMAINS
+from npubuild.frontends.recurrent import MAX_UNROLLED_GATE_STEPS
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.surgery.graph import Editor
 from npubuild.surgery.opsets import attr, make_axes_node
 

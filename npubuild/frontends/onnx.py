@@ -36,6 +36,7 @@ import onnx
 
 from npubuild import onnx_io
 from npubuild.errors import BuildError, Location, UserError
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.targets.constraints import CONV_OPS
 
 IR_WITHOUT_INITIALIZER_INPUTS = 4
@@ -152,7 +153,7 @@ def check_channels(model: onnx.ModelProto) -> None:
              for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
     types.update({t.name: list(t.dims) for t in model.graph.initializer})
     for node in model.graph.node:
-        if node.op_type not in ("Conv", "ConvTranspose") or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in ("Conv", "ConvTranspose") or node.domain not in STANDARD_DOMAINS:
             continue
         x, w = (types.get(name) for name in node.input[:2])
         if not x or not w or len(x) < 2 or len(w) < 2 or not isinstance(x[1], int):
@@ -322,7 +323,7 @@ def _bytes(ed, name: str) -> int:
 
 def _computable(ed, node: onnx.NodeProto, constant: set[str]) -> bool:
     """Shape arithmetic that reads constants only (a Constant node is one)."""
-    return (node.op_type in SHAPE_OPS and node.domain in ("", "ai.onnx")
+    return (node.op_type in SHAPE_OPS and node.domain in STANDARD_DOMAINS
             and all(not name or name in constant for name in node.input)
             and not any(ed.is_graph_output(o) for o in node.output))
 
@@ -400,7 +401,7 @@ def gather_one_index_as_slice(model: onnx.ModelProto) -> onnx.ModelProto:
     constant_outputs = {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
 
     def index_of(node) -> int | None:
-        if (node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) != 2
+        if (node.op_type != "Gather" or node.domain not in STANDARD_DOMAINS or len(node.input) != 2
                 or node.input[0] in inits or node.input[0] in constant_outputs
                 or node.input[1] not in inits):
             return None
@@ -449,7 +450,7 @@ GLOBAL_POOLS = ("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool")
 def _one_d(node: onnx.NodeProto, inits: dict, ranks: dict) -> bool:
     """Whether ``node`` is a 1-D Conv/ConvTranspose (a rank-3 constant weight), a 1-D window
     pool (one kernel dim, its only output read) or a global pool of a rank-3 tensor."""
-    if node.domain not in ("", "ai.onnx"):
+    if node.domain not in STANDARD_DOMAINS:
         return False
     if node.op_type in CONV_OPS:
         weight = inits.get(node.input[1]) if len(node.input) > 1 else None
@@ -532,7 +533,7 @@ class _TransposeGeometry:
 def _transpose_geometry(node: onnx.NodeProto, inits: dict) -> _TransposeGeometry | None:
     """The geometry of a 2-D ConvTranspose with constant weight and bias, dilations 1 and
     explicit pads (``auto_pad`` NOTSET or VALID, no ``output_shape``), or None."""
-    if (node.op_type != "ConvTranspose" or node.domain not in ("", "ai.onnx")
+    if (node.op_type != "ConvTranspose" or node.domain not in STANDARD_DOMAINS
             or any(t not in inits for t in node.input[1:] if t)
             or len(inits[node.input[1]].dims) != 4):
         return None
@@ -713,7 +714,7 @@ def constant_left_matmuls_as_right(model: onnx.ModelProto) -> onnx.ModelProto:
               for v in [*model.graph.input, *model.graph.value_info, *model.graph.output]}
     plans = {}
     for index, node in enumerate(model.graph.node):
-        if (node.op_type == "MatMul" and node.domain in ("", "ai.onnx")
+        if (node.op_type == "MatMul" and node.domain in STANDARD_DOMAINS
                 and node.input[0] in inits and node.input[1] not in inits):
             plan = _right_product(onnx.numpy_helper.to_array(inits[node.input[0]]),
                                   shapes.get(node.input[1]), shapes.get(node.output[0]))
@@ -957,14 +958,14 @@ def computed_gemm_biases_as_add(model: onnx.ModelProto) -> onnx.ModelProto:
     the Gemm ran on the CPU. The same sum in another order: the import proof holds it to the
     folding tolerance. Unchanged when there is none."""
     inits = {t.name for t in model.graph.initializer}
-    if not any(n.op_type == "Gemm" and n.domain in ("", "ai.onnx") and len(n.input) > 2
+    if not any(n.op_type == "Gemm" and n.domain in STANDARD_DOMAINS and len(n.input) > 2
                and n.input[2] and n.input[2] not in inits for n in model.graph.node):
         return model
     model = onnx_io.clone(model)
     nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
         nodes.append(node)
-        if not (node.op_type == "Gemm" and node.domain in ("", "ai.onnx") and len(node.input) > 2
+        if not (node.op_type == "Gemm" and node.domain in STANDARD_DOMAINS and len(node.input) > 2
                 and node.input[2] and node.input[2] not in inits):
             continue
         base, out, bias = node.name or node.output[0], node.output[0], node.input[2]

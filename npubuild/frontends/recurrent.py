@@ -35,10 +35,10 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npubuild import onnx_io
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.surgery.opsets import make_axes_node, make_slice, make_split
 
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
-STANDARD_DOMAINS = ("", "ai.onnx")
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 DEFAULT_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"],
                        "RNN": ["Tanh"]}

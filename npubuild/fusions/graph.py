@@ -12,6 +12,8 @@ from typing import Iterable
 
 import lazy_loader as lazy
 
+from npubuild.onnx_io import STANDARD_DOMAINS
+
 np = lazy.load("numpy")
 onnx = lazy.load("onnx")
 
@@ -59,9 +61,9 @@ class GraphView:
         if index is None:
             return None
         node = self.nodes[index]
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Constant" and node.domain in STANDARD_DOMAINS:
             return _constant_attr(node)
-        if node.op_type == "ConstantOfShape" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "ConstantOfShape" and node.domain in STANDARD_DOMAINS:
             shape = self.constant(node.input[0])
             value = next((onnx.numpy_helper.to_array(a.t) for a in node.attribute
                           if a.name == "value"), np.zeros(1, np.float32))

@@ -34,6 +34,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from npubuild.onnx_io import STANDARD_DOMAINS
+
 # act(x / s) = act(x) / s per channel for s > 0 (Pad: with zeros; PRelu: a constant slope)
 HOMOGENEOUS = {"Relu", "LeakyRelu", "PRelu", "MaxPool", "Pad"}
 SWEEPS = 16
@@ -119,7 +121,7 @@ def _foldable(bn: onnx.NodeProto, conv: onnx.NodeProto, weights: "_Weights") -> 
     """An inference BN (one output, every parameter an initializer) on an owned Conv's only
     output, read by nothing else and not a graph output."""
     params = list(bn.input[1:5])
-    return (bn.domain in ("", "ai.onnx") and len(bn.output) == 1 and len(params) == 4
+    return (bn.domain in STANDARD_DOMAINS and len(bn.output) == 1 and len(params) == 4
             and all(p in weights.inits for p in params) and weights.owns(conv)
             and weights.readers.get(conv.output[0]) == 1
             and conv.output[0] not in {o.name for o in weights.graph.output}
@@ -270,7 +272,7 @@ class _Weights:
 
     def owns(self, node: onnx.NodeProto) -> bool:
         """A Conv whose weight (and bias) are float initializers only it reads."""
-        if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
+        if node.op_type != "Conv" or node.domain not in STANDARD_DOMAINS or len(node.input) < 2:
             return False
         names = [n for n in node.input[1:3] if n]
         if not all(n in self.inits and self.readers.get(n) == 1 for n in names):

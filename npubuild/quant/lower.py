@@ -24,6 +24,7 @@ import onnx
 
 from npubuild import onnx_io, proofs
 from npubuild.errors import BuildError
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.quant import affine, equalize as cross_layer, ops
 from npubuild.quant.floatgraph import (FLOAT_OVERRIDE, FLayer, FloatGraph, Probe, Unsupported,
                                       fragment_model)
@@ -59,7 +60,7 @@ class Context:
 
 
 def opset_of(model: onnx.ModelProto) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    return next((o.version for o in model.opset_import if o.domain in STANDARD_DOMAINS), 0)
 
 
 def prepare(model: onnx.ModelProto, keep: Iterable[str] = ()) -> onnx.ModelProto:
@@ -103,7 +104,7 @@ def _detach_kept_functions(model: onnx.ModelProto, keep: set[str]) -> None:
 
 def is_unary_elementwise(function: onnx.FunctionProto) -> bool:
     return (len(function.input) == 1 and len(function.output) == 1
-            and all(n.op_type in ELEMENTWISE and n.domain in ("", "ai.onnx") for n in function.node))
+            and all(n.op_type in ELEMENTWISE and n.domain in STANDARD_DOMAINS for n in function.node))
 
 
 class EqualizationNotExact(BuildError):
@@ -217,7 +218,7 @@ class _Walker:
     def _rule(self, node: onnx.NodeProto) -> FLayer:
         if node.name in self.float_nodes:
             return self._float(node, FLOAT_OVERRIDE)
-        rule = ops.RULES.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        rule = ops.RULES.get(node.op_type) if node.domain in STANDARD_DOMAINS else None
         if rule is None:
             return self._float(node, f"no integer kernel for {node.domain + '.' if node.domain else ''}"
                                      f"{node.op_type}")

@@ -36,6 +36,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild import onnx_io
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.quant import schemes
 from npubuild.quant.qgraph import QGraph, QLayer
 
@@ -399,7 +400,7 @@ def _fragment(b: _Builder, layer: QLayer, key: str):
     for f in frag.functions:
         b.functions.setdefault((f.domain, f.name), f)
     for o in frag.opset_import:
-        if o.domain not in ("", "ai.onnx"):
+        if o.domain not in STANDARD_DOMAINS:
             b.opsets[o.domain] = o.version
     for o, t in zip(frag.graph.output, layer.outputs):
         b.write(t, outs[o.name])
@@ -432,7 +433,7 @@ def _at_opset(data: bytes, opset: int) -> onnx.ModelProto:
     ops changed form (ReduceMean's axes became an input), so the converter rewrites them."""
     frag = onnx.ModelProto()
     frag.ParseFromString(data)
-    own = next((o.version for o in frag.opset_import if o.domain in ("", "ai.onnx")), opset)
+    own = next((o.version for o in frag.opset_import if o.domain in STANDARD_DOMAINS), opset)
     if own >= AXES_AS_INPUT or opset < AXES_AS_INPUT:
         return frag  # same operator forms: splices as it is
     return onnx_io.convert_version(frag, opset)  # fused functions' bodies too

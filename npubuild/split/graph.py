@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import onnx
 
 from npubuild.errors import BuildError
-from npubuild.onnx_io import node_uses, outer_refs, subgraphs  # noqa: F401 - used here and by split's modules
+from npubuild.onnx_io import (  # noqa: F401 - used here and by split's modules
+    STANDARD_DOMAINS, node_uses, outer_refs, subgraphs)
 
 #: Ops that only move or select values: no arithmetic, so no rounding in float
 MOVEMENT = frozenset({"Reshape", "Transpose", "Slice", "Squeeze", "Unsqueeze", "Concat", "Split",
@@ -42,7 +43,7 @@ class OpGraph:
 
 
 def is_free_constant(node: onnx.NodeProto, graph_outputs: set[str]) -> bool:
-    return (node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+    return (node.op_type == "Constant" and node.domain in STANDARD_DOMAINS
             and not graph_outputs.intersection(node.output))
 
 

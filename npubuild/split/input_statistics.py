@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from onnx import TensorProto
 
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.split.graph import MOVEMENT, OpGraph
 from npubuild.targets.view import GraphFacts
 
@@ -47,7 +48,7 @@ def self_normalised_inputs(og: OpGraph, facts: GraphFacts) -> list[int]:
     raw = [False] * len(og)
     normalisers = []
     for i, node in enumerate(og.nodes):  # topological order: inputs are decided first
-        op = node.op_type if node.domain in ("", "ai.onnx") else ""
+        op = node.op_type if node.domain in STANDARD_DOMAINS else ""
         read = [t for t in node.input if t and not facts.is_const(t)]
         if not read or not all(t in kind for t in read):
             continue

@@ -51,6 +51,7 @@ import numpy as np
 import onnx
 
 from npubuild import backends
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.surgery.graph import Editor
 from npubuild.surgery.opsets import attr, make_pad, make_reshape, make_slice
 from npubuild.targets.constraints import effective_spec, node_reasons
@@ -119,7 +120,7 @@ def _legal_taps(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
 
 
 def _too_big(ed: Editor, node: onnx.NodeProto, spec) -> bool:
-    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or not node.output[0]:
+    if node.op_type != "Conv" or node.domain not in STANDARD_DOMAINS or not node.output[0]:
         return False
     weight = ed.constant(node.input[1]) if len(node.input) > 1 else None
     x, y = ed.shape(node.input[0]), ed.shape(node.output[0])
@@ -210,7 +211,7 @@ def _destride_axes(ed: Editor, node: onnx.NodeProto, spec) -> list[int]:
     """The spatial axes (of 0 and 1) along which ``node``'s stride exceeds the chip's, when
     along each of them no window overlaps the next; [] when there is none or one overlaps (an
     STFT's or a constant-Q transform's hop: left whole, see the module docstring)."""
-    if node.op_type != "Conv" or node.domain not in ("", "ai.onnx") or not node.output[0]:
+    if node.op_type != "Conv" or node.domain not in STANDARD_DOMAINS or not node.output[0]:
         return []
     weight = ed.constant(node.input[1]) if len(node.input) > 1 else None
     if weight is None or weight.ndim != 4 or ed.shape(node.input[0]) is None \

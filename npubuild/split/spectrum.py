@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.split.graph import MOVEMENT, OpGraph
 from npubuild.targets.view import GraphFacts
 
@@ -108,7 +109,7 @@ def _forward(og: OpGraph, facts: GraphFacts, start: int, to_square: list[bool],
 
 def _op(og: OpGraph, i: int) -> str:
     node = og.nodes[i]
-    return node.op_type if node.domain in ("", "ai.onnx") else ""
+    return node.op_type if node.domain in STANDARD_DOMAINS else ""
 
 
 def _signed(og: OpGraph, facts: GraphFacts, i: int) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import lazy_loader as lazy
 from pydantic import Field
 
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery.graph import Editor, unique_name, subgraph_inputs
 from npubuild.surgery.opsets import attr
@@ -86,7 +87,7 @@ def inline_decided_ifs(ed: Editor) -> int:
     run on the same values."""
     count = 0
     for node in list(ed.graph.node):
-        if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "If" or node.domain not in STANDARD_DOMAINS:
             continue
         cond = ed.constant(node.input[0])
         if cond is None or cond.size != 1:
@@ -151,7 +152,7 @@ def _clamp(index: int, rank: int) -> int:
 
 
 def _foldable(ed: Editor, node: onnx.NodeProto, constant: set[str]) -> bool:
-    if node.domain not in ("", "ai.onnx") or node.op_type in NONDETERMINISTIC:
+    if node.domain not in STANDARD_DOMAINS or node.op_type in NONDETERMINISTIC:
         return False
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
         return False
@@ -258,7 +259,7 @@ def _transposes_of_unit_axes_to_reshapes(ed: Editor) -> bool:
         return False
     found = []  # every shape read before the first edit: an edit forgets them
     for node in ed.graph.node:
-        if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "Transpose" or node.domain not in STANDARD_DOMAINS:
             continue
         perm, shape, out = attr(node, "perm"), ed.shape(node.input[0]), ed.shape(node.output[0])
         if perm is None or shape is None or out is None or list(perm) == sorted(perm):
@@ -281,11 +282,11 @@ def _collapse_reshape_chains(ed: Editor) -> bool:
     0 (a 0 copies a dim of the Reshape's own input); the first one goes if nothing else reads it."""
     changed = False
     for node in ed.graph.node:  # in order: a chain of three reads the first one's input
-        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "Reshape" or node.domain not in STANDARD_DOMAINS:
             continue
         first = ed.producer(node.input[0])
         target = ed.constant(node.input[1]) if len(node.input) > 1 else None
-        if first is None or first.op_type != "Reshape" or first.domain not in ("", "ai.onnx"):
+        if first is None or first.op_type != "Reshape" or first.domain not in STANDARD_DOMAINS:
             continue
         if target is None or np.any(target == 0):
             continue
@@ -310,7 +311,7 @@ def _remove_noops(ed: Editor) -> bool:
 
 def _is_noop(ed: Editor, node: onnx.NodeProto) -> bool:
     op = node.op_type
-    if node.domain not in ("", "ai.onnx") or not node.input:
+    if node.domain not in STANDARD_DOMAINS or not node.input:
         return False
     if op == "Identity":
         return True

@@ -14,6 +14,7 @@ from typing import Any, Literal, Union
 import lazy_loader as lazy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery.graph import Editor, node_label, suggest
 
@@ -218,7 +219,7 @@ def _input(ed: Editor, spec: Union[str, ConstantInput], args: InsertOpArgs) -> s
 
 def _schema(ed: Editor, op_type: str, domain: str):
     """The op's schema at the model's opset; None for custom domains (not checked)."""
-    if domain not in ("", "ai.onnx"):
+    if domain not in STANDARD_DOMAINS:
         return None
     try:
         return onnx.defs.get_schema(op_type, ed.opset, "")

@@ -19,13 +19,13 @@ import lazy_loader as lazy
 
 from npubuild import backends
 from npubuild.fusions import FUSED_DOMAIN
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.targets.model import Chip, OpSupport
 from npubuild.targets.view import NodeView, is_static, show_shape
 
 np = lazy.load("numpy")
 onnx = lazy.load("onnx")
 
-STANDARD_DOMAINS = ("", "ai.onnx")
 
 CONV_OPS = frozenset({"Conv", "ConvTranspose"})
 POOL_OPS = frozenset({"MaxPool", "AveragePool", "LpPool"})

@@ -14,9 +14,9 @@ import inspect
 import textwrap
 from functools import cache
 
+from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.targets.view import NodeView, is_static
 
-STANDARD_DOMAINS = ("", "ai.onnx")
 NO_RULE = ""  # the reason alone says it: the op has no lowering rule at all
 NO_RULE_DOC = "always (no lowering rule for the op)"
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import lazy_loader as lazy
 
+from npubuild.onnx_io import STANDARD_DOMAINS
+
 np = lazy.load("numpy")
 onnx = lazy.load("onnx")
 
@@ -74,7 +76,7 @@ def _dims(tensor_type) -> Shape:
 
 def constant_value(node: onnx.NodeProto) -> onnx.TensorProto | None:
     """The tensor a Constant node produces, or None for any other node."""
-    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or not node.attribute:
+    if node.op_type != "Constant" or node.domain not in STANDARD_DOMAINS or not node.attribute:
         return None
     attr = node.attribute[0]
     value = onnx.helper.get_attribute_value(attr)
