@@ -18,10 +18,8 @@ def _conv_workflow(tmp_path) -> Workflow:
         tmp_path, helper.make_node("Relu", ["c"], ["p"], name="relu")).workflow
 
 
-def test_the_reference_runs_once_for_any_tensors_kept_by_the_first_run(tmp_path, monkeypatch):
-    workflow = _conv_workflow(tmp_path)
-    rng = np.random.default_rng(1)
-    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(2)]
+def _counted_reference_runs(monkeypatch) -> list:
+    """Each run of the integer reference from now on (`Workflow._run_deployed`), listed."""
     runs = []
     original = Workflow._run_deployed
 
@@ -30,6 +28,14 @@ def test_the_reference_runs_once_for_any_tensors_kept_by_the_first_run(tmp_path,
         return original(self, *args)
 
     monkeypatch.setattr(Workflow, "_run_deployed", counted)
+    return runs
+
+
+def test_the_reference_runs_once_for_any_tensors_kept_by_the_first_run(tmp_path, monkeypatch):
+    workflow = _conv_workflow(tmp_path)
+    rng = np.random.default_rng(1)
+    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(2)]
+    runs = _counted_reference_runs(monkeypatch)
     first = workflow.deployed_values(samples, ["y"])
     again = workflow.deployed_values(samples, ["y", "y"])  # the outputs listed twice
     assert len(runs) == 1
@@ -129,14 +135,7 @@ def test_int16_everywhere_is_judged_once_per_quantization_across_the_gram_pass(t
     workflow = _conv_workflow(tmp_path)
     rng = np.random.default_rng(2)
     samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(2)]
-    runs = []
-    original = Workflow._run_deployed
-
-    def counted(self, *args):
-        runs.append(args[-1])
-        return original(self, *args)
-
-    monkeypatch.setattr(Workflow, "_run_deployed", counted)
+    runs = _counted_reference_runs(monkeypatch)
     first = workflow.widest_integer_values(samples, ["y"])
     workflow.gather_weight_grams(samples)
     again = workflow.widest_integer_values(samples, ["y"])
