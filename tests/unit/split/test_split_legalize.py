@@ -32,12 +32,19 @@ def conv_model(x_shape, w_shape, *, strides=None, dilations=None, pads=None, gro
             attrs[key] = value
     conv = helper.make_node("Conv", inputs, ["y"], name=name, **attrs)
     relu = helper.make_node("Relu", ["y"], ["z"], name="relu")
-    graph = helper.make_graph([conv, relu], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return onnx.shape_inference.infer_shapes(model)
+    return onnx.shape_inference.infer_shapes(
+        graph_model([conv, relu], inits, x_shape, ("z", None), opset=opset))
+
+
+def graph_model(nodes, inits, x_shape, output, opset=17) -> onnx.ModelProto:
+    """``nodes`` reading the float input ``x`` of ``x_shape``, giving ``output`` (name, shape
+    or None), at ``opset`` and IR version 8."""
+    name, shape = output
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                         x_shape)],
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
 
 
 def small_chip(max_kernel=5, max_dilation=2, max_pad=3, max_stride=4, **conv):
@@ -163,11 +170,7 @@ def _two_conv_model() -> onnx.ModelProto:
              helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="dilated",
                               dilations=[1, 4], pads=[0, 4, 0, 4]),
              helper.make_node("Relu", ["c2"], ["y"], name="relu2")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                         [1, 2, 4, 48])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 48])],
-                              inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return graph_model(nodes, inits, [1, 2, 4, 48], ("y", [1, 4, 4, 48]))
 
 
 def test_a_recipe_with_a_long_and_a_dilated_conv_builds_whole_on_the_npu(tmp_path):
@@ -243,11 +246,7 @@ def pool_model(op, x_shape, kernel, strides, *, pads=None, **attrs) -> onnx.Mode
     pool = helper.make_node(op, ["x"], ["y"], name="pool", kernel_shape=kernel, strides=strides,
                             **({"pads": pads} if pads else {}), **attrs)
     relu = helper.make_node("Relu", ["y"], ["z"], name="relu")
-    graph = helper.make_graph([pool, relu], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    return onnx.shape_inference.infer_shapes(model)
+    return onnx.shape_inference.infer_shapes(graph_model([pool, relu], [], x_shape, ("z", None)))
 
 
 POOL_CASES = {  # op, x shape, kernel, strides, attributes
@@ -323,11 +322,7 @@ def _patch_and_pool_model() -> onnx.ModelProto:
              helper.make_node("Relu", ["c"], ["r"], name="relu"),
              helper.make_node("AveragePool", ["r"], ["y"], name="mean", kernel_shape=[8, 1],
                               strides=[8, 1])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                         [1, 2, 64, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 1, 4])],
-                              inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return graph_model(nodes, inits, [1, 2, 64, 16], ("y", [1, 6, 1, 4]))
 
 
 def test_a_recipe_with_a_patch_embedding_and_a_long_pool_builds_whole_on_the_npu(tmp_path):
