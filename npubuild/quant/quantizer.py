@@ -131,6 +131,9 @@ class Quantizer:
     # (tensor, method, scheme, dtype) -> calibrated range: the precision search asks for the
     # same ranges under hundreds of choices (kl alone searches thresholds per tensor)
     ranges: dict[tuple, tuple[float, float]] = field(default_factory=dict)
+    # the layers placed and their tensors' parameters chosen, once per quantizer (the
+    # precision search asks a choice's `tensor_params` and then its `weighted` graph)
+    _typed: list[FLayer] | None = field(default=None, init=False, repr=False)
 
     def run(self, name: str) -> QGraph:
         return self._qgraph(name, lambda layer: True)
@@ -186,9 +189,11 @@ class Quantizer:
         return None
 
     def _typed_layers(self) -> list[FLayer]:
-        layers = self._placed_layers()
-        self._choose_params(layers, self._dtypes(layers))
-        return layers
+        if self._typed is None:
+            layers = self._placed_layers()
+            self._choose_params(layers, self._dtypes(layers))
+            self._typed = layers
+        return self._typed
 
     def _placed_layers(self) -> list[FLayer]:
         """Every layer placed; where the chip takes a fully connected layer kept in float only
