@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from npubuild.errors import working_on
-from npubuild.npu.layer_group import CpuLayer, LayerGroups, plan_groups
+from npubuild.npu.layer_group import CpuLayer, GroupFits, LayerGroups, plan_groups
 from npubuild.npu.layers import LayerGraph, LayerSpec, Shape
 from npubuild.quant import reference
 from npubuild.quant.qgraph import QGraph, QLayer
@@ -568,15 +568,16 @@ def unpack_weights(raw: np.ndarray, record: WeightRecord) -> dict[str, np.ndarra
 # ---- groups ---------------------------------------------------------------------------------
 
 def plan_qgraph(layers: QLayers, chip: Chip, *, grouping: bool = True,
-                on_no_fit: str = "error") -> LayerGroups:
-    """Layer groups per run of tiled layers; each breaker between runs stays on its own."""
+                on_no_fit: str = "error", fits: GroupFits | None = None) -> LayerGroups:
+    """Layer groups per run of tiled layers; each breaker between runs stays on its own.
+    ``fits``: group fits kept across plans on ``chip`` (`GroupFits`)."""
     graph, items = layers.graph, []
     for run in layers.segments():
         if run[0].name in layers.breakers:
             items.append(CpuLayer(run[0], layers.breakers[run[0].name].reason))
             continue
         for item in plan_groups(_sub_graph(graph, run), chip, grouping=grouping,
-                                on_no_fit=on_no_fit).items:
+                                on_no_fit=on_no_fit, fits=fits).items:
             items += _aliases(item, layers) or [item]
     return LayerGroups(graph, chip, grouping, tuple(items))
 

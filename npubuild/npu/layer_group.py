@@ -103,25 +103,65 @@ class LayerGroups:
         return [g for g in self.items if isinstance(g, CpuLayer)]
 
 
+class GroupFits:
+    """`fit_group`'s answers for one chip, remembered by what they depend on: where the group
+    starts, its layers (each `LayerSpec` by content), and the tensors it loads and stores.
+
+    A plan asks again for groups it already fitted (the cut search), and the precision search
+    plans one graph once per precision choice it prices, each choice changing a few tensors'
+    widths: most of its groups are the same groups. One instance across those plans (compile
+    makes a fresh one per plan: a remembered answer is the answer `fit_group` gives)."""
+
+    def __init__(self, chip: Chip):
+        self.chip = chip
+        self._layer_ids: dict[LayerSpec, int] = {}
+        self._found: dict[tuple, GroupPlan | NoFit] = {}
+
+    def layer_ids(self, graph: LayerGraph) -> tuple[int, ...]:
+        """A small number per distinct layer of ``graph`` (hashing a layer once per plan,
+        not once per group that holds it)."""
+        return tuple(self._layer_ids.setdefault(layer, len(self._layer_ids))
+                     for layer in graph.layers)
+
+    def fit(self, graph: LayerGraph, ids: tuple[int, ...], start: int, stop: int,
+            walks: WindowWalks, explain: bool) -> GroupPlan | NoFit:
+        group = graph.group(start, stop)
+        key = (start, ids[start:stop], group.inputs, group.outputs, explain)
+        if key not in self._found:
+            self._found[key] = fit_group(group, self.chip, walks, explain=explain)
+        return self._found[key]
+
+
 def plan_groups(graph: LayerGraph, chip: Chip, *, grouping: bool = True,
-                on_no_fit: str = "error", max_group_layers: int = 256) -> LayerGroups:
+                on_no_fit: str = "error", max_group_layers: int = 256,
+                fits: GroupFits | None = None) -> LayerGroups:
     """Groups from the tail towards the head; ``grouping=False`` gives one layer per group.
 
     ``on_no_fit``: ``"error"`` raises a `BuildError` for a layer that fits in no slicing,
     ``"cpu"`` leaves it to the CPU. ``max_group_layers`` bounds the search time on deep models.
+    ``fits``: answers kept from earlier plans on the same chip (`GroupFits`).
     """
-    items: list[GroupItem] = []
+    if fits is None:
+        fits = GroupFits(chip)
+    elif fits.chip is not chip:
+        raise ValueError("GroupFits holds another chip's answers")
+    ids = fits.layer_ids(graph)
     walks = WindowWalks()  # one graph: each layer walked once per group end and H count
+
+    def fit(start: int, stop: int, explain: bool = False) -> GroupPlan | NoFit:
+        return fits.fit(graph, ids, start, stop, walks, explain)
+
+    items: list[GroupItem] = []
     end = len(graph.layers)
     while end > 0:
         start = end - 1
-        found = fit_group(graph.group(start, end), chip, walks)
+        found = fit(start, end, explain=True)
         if isinstance(found, NoFit):
             items.append(_no_fit(graph.layers[start], found, chip, on_no_fit))
             end = start
             continue
         while grouping and start > 0 and end - start < max_group_layers:
-            wider = fit_group(graph.group(start - 1, end), chip, walks, explain=False)
+            wider = fit(start - 1, end)
             if isinstance(wider, NoFit):
                 break
             found, start = wider, start - 1
@@ -129,15 +169,7 @@ def plan_groups(graph: LayerGraph, chip: Chip, *, grouping: bool = True,
         end = start
     items.reverse()
     if grouping:
-        fitted: dict[tuple[int, int], GroupPlan | None] = {}  # the cut search asks again
-
-        def fit(a: int, b: int) -> GroupPlan | None:
-            if (a, b) not in fitted:
-                fitted[a, b] = _fitting(fit_group(graph.group(a, b), chip, walks,
-                                                  explain=False))
-            return fitted[a, b]
-
-        items = refine(items, graph, fit)
+        items = refine(items, graph, lambda a, b: _fitting(fit(a, b)))
     return LayerGroups(graph, chip, grouping, tuple(items))
 
 

@@ -64,15 +64,28 @@ def _wide_weights(layer):
     return replace(layer, arrays=arrays)
 
 
-def npu_seconds(qgraph: QGraph, chip) -> float:
+def npu_seconds(qgraph: QGraph, chip, fits=None) -> float:
     """Compile's estimate of ``qgraph`` on ``chip``: its NPU cycles over the chip's clock
     (grouped as compile groups it; a group that does not fit LMEM runs its layer apart, as
-    ``compile.on_no_fit: cpu`` would, so a price never fails)."""
+    ``compile.on_no_fit: cpu`` would, so a price never fails). ``fits``: the
+    `npubuild.npu.layer_group.GroupFits` of earlier prices on ``chip`` (choices of one graph
+    share most of their groups)."""
     from npubuild.npu import build_program, estimate
     from npubuild.npu.from_qgraph import layers_from_qgraph, plan_qgraph
 
-    program = build_program(plan_qgraph(layers_from_qgraph(qgraph), chip, on_no_fit="cpu"))
+    program = build_program(plan_qgraph(layers_from_qgraph(qgraph), chip, on_no_fit="cpu",
+                                        fits=fits))
     return estimate(program).cycles / (chip.clock_mhz * 1e6)
+
+
+def group_fits(chip):
+    """The `npubuild.npu.layer_group.GroupFits` that `npu_seconds` keeps across the prices
+    of one search on ``chip`` (None without a chip)."""
+    if chip is None:
+        return None
+    from npubuild.npu.layer_group import GroupFits
+
+    return GroupFits(chip)
 
 
 def dtypes_of(params: Mapping[str, object]) -> dict[str, str]:

@@ -7,8 +7,10 @@ it computes at once (`npubuild.npu.h_parts`) agree piece by piece."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,8 +18,8 @@ from npubuild.npu import build_program, estimate, h_parts, plan_dict
 from npubuild.npu.backward_h import Rows, input_rows, window_rows
 from npubuild.npu.buffers import Buffer
 from npubuild.npu.builder import GraphBuilder
-from npubuild.npu.layer_group import plan_groups
-from npubuild.npu.layers import LayerSpec
+from npubuild.npu.layer_group import GroupFits, plan_groups
+from npubuild.npu.layers import LayerGraph, LayerSpec
 from npubuild.npu.lmem import LmemOverflow, allocate, peak_live_bytes
 from npubuild.npu.tiling import (Slicing, TilingRejected, WindowWalks, slice_sizes,
                                  tile_group, tiling_sizes)
@@ -88,6 +90,35 @@ def test_the_fast_planner_chooses_what_the_straightforward_one_does(graph, chip,
     fast_program, slow_program = build_program(fast), build_program(slow)
     assert plan_dict(fast_program, estimate(fast_program)) == \
         plan_dict(slow_program, estimate(slow_program))
+
+
+def _planned(groups) -> dict:
+    program = build_program(groups)
+    return plan_dict(program, estimate(program))
+
+
+@SETTINGS
+@given(chains(), chips(), st.data())
+def test_group_fits_kept_across_plans_give_the_plans_of_fresh_searches(graph, chip, data):
+    """The precision search plans one graph once per precision choice with one `GroupFits`:
+    each choice widens a few layers' activations, and every plan must be the one a fresh
+    search makes (compile's)."""
+    fits = GroupFits(chip)
+    for _ in range(3):
+        wide = data.draw(st.sets(st.integers(0, len(graph.layers) - 1), max_size=3))
+        layers = tuple(replace(layer, act_bytes=2) if i in wide else layer
+                       for i, layer in enumerate(graph.layers))
+        variant = LayerGraph(layers, graph.inputs, graph.outputs, graph.shapes)
+        for g in (variant, graph):
+            assert _planned(plan_groups(g, chip, on_no_fit="cpu", fits=fits)) == \
+                _planned(plan_groups(g, chip, on_no_fit="cpu"))
+
+
+def test_group_fits_refuse_another_chips_plan():
+    graph = GraphBuilder({"x": (1, 8, 8, 8)})
+    y = graph.conv("x", 8, k=3)
+    with pytest.raises(ValueError, match="another chip"):
+        plan_groups(graph.build([y]), load_chip("npu-16m"), fits=GroupFits(load_chip("npu-tiny")))
 
 
 @st.composite
