@@ -201,11 +201,13 @@ class PrecisionSearch:
         self.model_macs = sum(cpu_graph_macs) + sum(sum(w.values()) for w in self.work.values())
         self.names = {i: tensor_names(s.graph.model) for i, s in self.states.items()}
         self.weight_keys = {i: e.weight_keys for i, e in self.pipeline.exported.items()}
-        self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # (graph, its own choice, ...)
+        self.configs: dict[tuple, quantizer.QuantConfig] = {}  # (graph, its own choice, ...) -> config
+        self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # the same key -> its inputs
         self.placed: dict[tuple, frozenset[str]] = {}  # the same key -> its float layers
         self.widths: dict[tuple, dict[str, str]] = {}  # the same key -> its tensors' widths
         self.wide_weights: dict[tuple, frozenset[str]] = {}  # the same key -> W16A16 layers
         self.plans: dict[tuple, float] = {}  # (graph, float layers, widths) -> seconds
+        self.fits = price.group_fits(chip)  # the groups every choice's plan shares
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
         self.base: dict[str, str] = {}  # what every scored choice is made on (`score_all`)
@@ -214,46 +216,60 @@ class PrecisionSearch:
     # ---- scoring ------------------------------------------------------------------------
 
     def _params(self, choice: Mapping[str, str]) -> dict[int, dict[str, np.ndarray]]:
-        """Each NPU graph's parameter inputs under ``choice``."""
-        return {index: self.feeds[key] for index, key in self._graph_keys(choice)}
+        """Each NPU graph's parameter inputs under ``choice`` (made the first time a score
+        needs them: a price needs only the placement and the widths)."""
+        params = {}
+        for index, key in self._graph_keys(choice):
+            if key not in self.feeds:
+                self.feeds[key] = self._graph_feeds(index, self.configs[key])
+            params[index] = self.feeds[key]
+        return params
 
     def _graph_keys(self, choice: Mapping[str, str]):
         """Per NPU graph, the key of its own part of ``choice``; a graph whose own tensors the
-        choice leaves as an earlier one did reuses that one's parameters and placement
-        (computed once per graph)."""
+        choice leaves as an earlier one did reuses that one's placement and widths (computed
+        once per graph)."""
         overrides = self._expanded(choice)
         for index, state in self.states.items():
             own = tuple(sorted({(o.tensors[0], o.precision) for o in overrides
                                 if o.tensors[0] in self.names[index]}))
             key = (index, own, self.method, self.methods, self.scheme)
-            if key not in self.feeds:
-                (self.feeds[key], self.placed[key], self.widths[key],
-                 self.wide_weights[key]) = self._graph_params(index, state, overrides)
+            if key not in self.configs:
+                self.configs[key] = self._graph_config(state, overrides)
+                params, cpu, wide = self._quantizer(index, self.configs[key])[1:]
+                self.placed[key], self.widths[key] = frozenset(cpu), price.dtypes_of(params)
+                self.wide_weights[key] = wide
             yield index, key
 
-    def _graph_params(self, index: int, state, overrides: list[OverrideSpec]
-                      ) -> tuple[dict, frozenset[str], dict[str, str], frozenset[str]]:
-        """The graph's parameter inputs, the layers the quantizer runs in float, each
-        tensor's width and the layers with int16 weights."""
+    def _graph_config(self, state, overrides: list[OverrideSpec]) -> quantizer.QuantConfig:
+        """The quantizer's configuration of one graph under a choice's ``overrides``."""
         # the recipe's own overrides, not the workflow's current ones: those include the last
         # choice the caller adopted to confirm it, which every later score would sit on top of
         base = list(self.workflow.base_overrides)
         resolved = resolve_overrides([*base, *overrides], state.graph.model)
-        config = replace(self.workflow.options.config,
-                         float_tensors=frozenset(resolved.float_tensors),
-                         int16_tensors=frozenset(resolved.int16),
-                         int16_weight_inputs=frozenset(resolved.int16_weights), method=self.method,
-                         tensor_methods=self.methods, scheme=self.scheme)
+        return replace(self.workflow.options.config,
+                       float_tensors=frozenset(resolved.float_tensors),
+                       int16_tensors=frozenset(resolved.int16),
+                       int16_weight_inputs=frozenset(resolved.int16_weights), method=self.method,
+                       tensor_methods=self.methods, scheme=self.scheme)
+
+    def _quantizer(self, index: int, config: quantizer.QuantConfig):
+        """The graph's quantizer under ``config``, its tensors' parameters, the layers it runs
+        in float and the layers with int16 weights."""
+        state = self.states[index]
         q = quantizer.Quantizer(state.fg, state.observer.stats, config, ranges=self.ranges)
         params, cpu = q.tensor_params()
-        wide = q.int16_weight_layers() - set(cpu)
-        # the biases, weight scales and constants the choice moves, as adopting it builds them
-        own = fakequant.choice_inputs(q.weighted(f"graph_{index}"), state.fg,
+        return q, params, cpu, frozenset(q.int16_weight_layers() - set(cpu))
+
+    def _graph_feeds(self, index: int, config: quantizer.QuantConfig) -> dict[str, np.ndarray]:
+        """The graph's parameter inputs under ``config``: its tensors' parameters, and the
+        biases, weight scales and constants the choice moves, as adopting it builds them."""
+        q, params, cpu, wide = self._quantizer(index, config)
+        own = fakequant.choice_inputs(q.weighted(f"graph_{index}"), self.states[index].fg,
                                       self.weight_keys[index])
-        return ({**fakequant.params_feed(self.pipeline.tensors(index), params,
-                                         self.pipeline.layers(index), cpu,
-                                         self.pipeline.wide(index), wide), **own},
-                frozenset(cpu), price.dtypes_of(params), wide)
+        return {**fakequant.params_feed(self.pipeline.tensors(index), params,
+                                        self.pipeline.layers(index), cpu,
+                                        self.pipeline.wide(index), wide), **own}
 
     def _in_float(self, choice: Mapping[str, str]) -> frozenset[tuple[int, str]]:
         """The (graph, layer) pairs the quantizer runs in float under ``choice``: the layers
@@ -273,20 +289,32 @@ class PrecisionSearch:
         chosen = self._seconds(choice)
         return chosen / plain if plain > 0 else (1.0 if chosen <= 0 else math.inf)
 
-    def _seconds(self, choice: Mapping[str, str]) -> float:
+    def _seconds(self, choice: Mapping[str, str], npu: bool = True) -> float:
         """The model's estimated time under ``choice`` (`npubuild.quant.price`): each NPU
         graph as compile estimates it with the choice's widths and float layers, each float
         layer and CPU submodel a run of ONNX Runtime plus its MACs at the host's rate (a chip
-        that runs float layers in float16 on its NPU: their MACs at that rate, no run)."""
+        that runs float layers in float16 on its NPU: their MACs at that rate, no run).
+        ``npu=False``: the float parts alone, no plan (never more than the whole)."""
         total = self.cpu_part_seconds
         run = 0.0 if self.float_on_npu else price.CPU_RUN_SECONDS
         for index, key in self._graph_keys(choice):
             floats = self.placed[key]
-            total += self._npu_seconds(index, floats, self.widths[key],
-                                       self.wide_weights[key]) + sum(
+            total += (self._npu_seconds(index, floats, self.widths[key], self.wide_weights[key])
+                      if npu else 0.0) + sum(
                 price.host_seconds(self.work[index].get(name, 0), self.float_seconds, run)
                 for name in sorted(floats))
         return total
+
+    def _over_budget(self, choice: Mapping[str, str], budget: float) -> bool:
+        """Whether ``choice``'s slowdown exceeds ``budget``; where its float parts alone
+        already do, without planning its NPU graphs (a plan per trial was most of a search
+        that fits a budget: iris landmark's float blocks, each a few layers at ~8 µs a run
+        against an int8 model of tens of µs)."""
+        plain = self._seconds({})
+        floats_alone = self._seconds({**self.base, **choice}, npu=False)
+        if plain > 0 and floats_alone / plain > budget:
+            return True
+        return self.slowdown(choice) > budget
 
     def slower_than_the_cpu_alone(self, choice: Mapping[str, str]) -> str:
         """Where ``choice`` runs float layers on the host between NPU parts and is estimated
@@ -316,7 +344,7 @@ class PrecisionSearch:
             else:
                 self.plans[key] = price.npu_seconds(
                     price.with_choice(self.qgraphs[index], widths, floats, wide_weights),
-                    self.chip)
+                    self.chip, self.fits)
         return self.plans[key]
 
     def priced(self, scored: Scored) -> float:
@@ -815,7 +843,7 @@ class PrecisionSearch:
         while blocks:
             block = blocks.pop(0)
             trial = {**chosen, **{t: precision for t in block}}
-            if self.slowdown(trial) <= budget:
+            if not self._over_budget(trial, budget):
                 chosen = trial
             elif len(block) > 1:
                 blocks[:0] = [block[:len(block) // 2], block[len(block) // 2:]]

@@ -66,6 +66,9 @@ class Synthetic(PrecisionSearch):
         return 1.0 + sum((self.work if p == "float" else self.int16_work).get(t, 0.0)
                          for t, p in choice.items())
 
+    def _over_budget(self, choice, budget):  # no float parts to bound it by: the formula
+        return self.slowdown(choice) > budget
+
 
 def test_a_few_heavy_tensors_among_many_are_found_and_only_they_are_kept():
     cost = {t: 0.001 for t in TENSORS}
@@ -359,6 +362,33 @@ def test_a_choice_is_priced_as_compile_estimates_the_graph_the_stage_builds_with
     for wide in ("p", "c"):  # an int16 softmax input or output: twice the bytes, on the NPU
         assert 1.0 < search.slowdown({wide: "int16"}) < 1 + softmax / plain  # no layer leaves it
     assert search.slowdown({"c": "float"}) > 1 + softmax / plain  # conv1 and the softmax leave it
+
+
+def test_a_trial_whose_float_layers_alone_exceed_the_budget_is_refused_without_a_plan(tmp_path):
+    """Fitting a slowdown budget prices trial after trial, and a plan of the NPU graph was
+    most of that (iris landmark: ~300 plans to fit 3 float tensors into 10x). A trial whose
+    float layers' host runs alone exceed the budget is over it whatever its NPU graphs cost:
+    refused with no plan. Where they do not, the trial is planned and priced as before: the
+    fitted choice is the one the full price decides."""
+    from onnx import helper
+
+    from npubuild.quant.price import CPU_RUN_SECONDS
+
+    search = _conv_middle_conv_search(
+        tmp_path, helper.make_node("Softmax", ["c"], ["p"], name="softmax", axis=1))
+    plain = search._seconds({})
+    planned = len(search.plans)
+    blocks = [["c"], ["p"]]
+    assert search._fitting({}, blocks, "float", 1 + 0.5 * CPU_RUN_SECONDS / plain) == {}
+    assert len(search.plans) == planned  # one host run is over: nothing planned
+    for budget in (search.slowdown({"p": "float"}), search.slowdown({"c": "float"}),
+                   search.slowdown({"c": "float", "p": "float"}), 1e6):
+        fitted = {}
+        for block in blocks:  # the fitting as the full price alone decides it
+            trial = {**fitted, **{t: "float" for t in block}}
+            if search.slowdown(trial) <= budget * (1 + 1e-9):
+                fitted = trial
+        assert search._fitting({}, blocks, "float", budget) == fitted, budget
 
 
 def test_a_choice_slower_than_the_whole_model_on_the_cpu_says_so_and_names_cpu_only(tmp_path):
