@@ -21,6 +21,7 @@ order, so the artifacts are the same bytes as a one-process build's.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -161,13 +162,23 @@ def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, p
         return verdict.judge(ctx.recipe.verify, refs, gots, floats, outputs, handed_over, missing,
                              detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe))
 
-    bench = measured.FixBench(ctx.upstream["split"], ctx.upstream["quantize"], pipeline, samples,
-                              judge, [*outputs, *handed_over])
     spec = ctx.recipe.quantization
-    calibration = list(data.load_samples(calibration_files(ctx.loaded),
-                                         inputs, spec.calibration.samples))
+    calibration = data.load_samples(calibration_files(ctx.loaded), inputs,
+                                    spec.calibration.samples)
+    workflow, graphs = deployed_workflow(ctx, pipeline, calibration)
+    bench = measured.FixBench(workflow, graphs, samples, judge, [*outputs, *handed_over])
+    differences = bench.differences()
+    if differences and spec.weight_rounding is None:
+        # the quantize stage measured GPTQ rounding and kept it: its Gram matrices are a
+        # second pass over the calibration samples, as there
+        workflow.gather_weight_grams(data.load_samples(calibration_files(ctx.loaded), inputs,
+                                                       spec.calibration.samples))
+        workflow.options = replace(workflow.options, config=replace(
+            workflow.options.config, weight_rounding="gptq"))
+        bench = measured.FixBench(workflow, graphs, samples, judge, [*outputs, *handed_over])
+        differences = bench.differences()
     chip = ctx.chip
-    trials = measured.measure(bench, finding["culprits"], failing, fixes, calibration,
+    trials = measured.measure(bench, finding["culprits"], failing, fixes,
                               chip_int16=bool(chip and chip.int16),
                               float_fallback=bool(chip is None or chip.float_fallback))
     search_file = ctx.upstream["quantize"] / "search.json"
@@ -175,7 +186,43 @@ def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, p
     name = f"worst cosine of {', '.join(repr(n) for n in failing)}"
     deployed = measured.figure(judge(gots), failing)
     return measured.with_measured(finding, trials, name, search, deployed,
-                                  spec.auto.enabled)
+                                  spec.auto.enabled, differences)
+
+
+def deployed_workflow(ctx, pipeline, calibration) -> tuple:
+    """The quantize stage's workflow as it deployed, calibrated again on ``calibration`` (the
+    same samples in the same batches: the same statistics) with every tensor's histogram,
+    and the deployed graphs: the recipe's options with what the stage chose on top (the
+    scheme and method calibration.json names, cross-layer equalisation where it was kept,
+    the precision search's overrides and per-tensor methods from search.json)."""
+    from npubuild.quant.qgraph import QGraph
+    from npubuild.quant.workflow import OverrideSpec, Workflow
+    from npubuild.stages.quantize import options
+    from npubuild.verify.fixes import moved_with
+
+    quantize_dir = ctx.upstream["quantize"]
+    deployed = {g.index: QGraph.load(quantize_dir / f"graph_{g.index}.qgraph.json")
+                for g in pipeline.npu_graphs}
+    calibrated = json.loads((quantize_dir / "calibration.json").read_text())
+    search_file = quantize_dir / "search.json"
+    search = json.loads(search_file.read_text()) if search_file.is_file() else {}
+    graph_of = {t: qg for qg in deployed.values() for t in qg.tensors}
+    chosen = tuple(OverrideSpec(tensors=(t,), precision=c["precision"])
+                   for c in search.get("chosen") or [] if c["tensor"] in graph_of
+                   for t in moved_with(graph_of[c["tensor"]], c["tensor"]))
+    recipe = options(ctx.recipe.quantization, ctx.chip)
+    config = replace(recipe.config, scheme=calibrated["scheme"], method=calibrated["method"],
+                     tensor_methods=tuple(sorted(
+                         ((search.get("calibration") or {}).get("per_tensor") or {}).items())))
+    equalized = any("equalization" in g for g in calibrated["graphs"].values())
+    workflow = Workflow(pipeline, replace(recipe, config=config,
+                                          overrides=(*recipe.overrides, *chosen),
+                                          equalize=equalized, histograms=True))
+    workflow.calibrate(calibration)
+    # observed with every histogram (a method trial reads them); the options say which the
+    # quantize stage kept (`FixBench` hands the quantizer those alone)
+    workflow.options = replace(workflow.options, histograms=recipe.histograms)
+    return workflow, deployed
 
 
 def bisect_sample(dirs, pipeline, reference, feeds, limits: dict[str, float], slices=(),

@@ -1,29 +1,36 @@
 """Fixes a failing verify suggests only after measuring them.
 
-When verify fails and the bisection blames quantize, the culprits (the tensors with the
-largest drops) are each tried with the changes a recipe can make — int16 on the tensor (chips
-with int16), the tensor kept in float on the CPU (an override), another calibration method for
-it, and the whole graph in the asymmetric scheme when the recipe fixes another — on every
-verify sample, through the whole split pipeline, judged as verify judges. Each is scored with
-the deployed graphs' fake-quant models (`npubuild.quant.fakequant`: the quantize stage's own
-parameters, one of them changed), so a trial costs one pass of ONNX Runtime over the samples.
-A hint then names a fix with the figure it moved ("int16 on 'x': output 'y' worst-sample
-cosine 0.9160 → 0.9930"), best first; a change that moves nothing is left out, and when no
-single change passes, the hint says so and what the precision search found.
+When verify fails and the bisection blames quantize, the changes a recipe line can make are
+tried — int16 on each culprit (the tensors with the largest drops; chips with int16), each
+culprit kept in float on the CPU (an override), every tensor calibrated with another method,
+the asymmetric scheme where the recipe fixes another — on every verify sample, through the
+whole split pipeline, judged as verify judges. Each is scored as adopting its recipe line
+builds it: the deployed graphs are quantized again with the change (`FixBench`: the quantize
+stage's options and choices, the calibration statistics observed again on the same samples),
+and their fake-quant models (`npubuild.quant.fakequant`) are fed every activation's
+parameters and placement and the conv layers' weights, biases and quantized constants that
+quantization gives (`fakequant.choice_inputs`, as the precision search scores a choice): int16
+on a conv's input quantizes its bias at a 256 times finer accumulator scale, a method or a
+scheme moves every tensor. A trial costs one quantization of the graphs' parameters and conv
+layers and one pass of ONNX Runtime over the samples. A hint then names a fix with the
+figure it moved ("int16 on 'x': output 'y' worst-sample cosine 0.9160 → 0.9930"), best first;
+a change that moves nothing is left out, and when no single change passes, the hint says so
+and what the precision search found. Where quantizing again does not give the deployed graphs
+(`FixBench.differences`), the hint says its figures are that quantization's and where it
+differs. What the quantize stage would decide anew after the change is not replayed: the
+measured cross-layer equalisation and weight rounding stay as deployed.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from npubuild.quant import calibrators, schemes
-from npubuild.quant.qgraph import DATA_MOVEMENT
-from npubuild.quant.schemes import QParams
+from npubuild.quant import calibrate, quantizer
+from npubuild.quant.qgraph import DATA_MOVEMENT, QGraph
+from npubuild.quant.workflow import OverrideSpec
 
 MOVES_DATA = set(DATA_MOVEMENT)
 CULPRITS = 3             # tensors tried, largest drops first
@@ -66,136 +73,162 @@ def figure(verdict, names: Sequence[str]) -> float:
     return float((verdict.task or {}).get("agreement") or 0.0)
 
 
-class FixBench:
-    """The deployed quantization's fake-quant pipeline with one parameter change at a time.
-    ``quantize_dir``: the quantize stage's files; ``judge(gots)``: verify's verdict."""
+@dataclass(frozen=True)
+class Change:
+    """One change as a recipe line makes it: overrides after the deployed ones, or another
+    calibration method or scheme for every tensor (a recipe has no per-tensor method)."""
 
-    def __init__(self, split_dir: Path, quantize_dir: Path, pipeline, samples: list,
+    overrides: tuple[OverrideSpec, ...] = ()
+    method: str | None = None
+    scheme: str | None = None
+
+
+class FixBench:
+    """The deployed quantization's fake-quant pipeline, scoring a change as adopting it
+    builds it: ``workflow`` (`npubuild.quant.workflow.Workflow`) holds the deployed graphs'
+    float graphs, their calibration statistics (observed with every tensor's histogram) and
+    the deployed options (``histograms``: whether the quantize stage kept every one); each
+    change quantizes them again (`Quantizer`: every activation's parameters and placement,
+    and the conv layers' weights, biases and the quantized constants the change moves,
+    `fakequant.choice_inputs`), exactly as the precision search scores a choice.
+    ``deployed``: the quantize stage's graphs (index -> QGraph), which the fake-quant models
+    are exported from; ``judge(gots)``: verify's verdict."""
+
+    def __init__(self, workflow, deployed: Mapping[int, QGraph], samples: list,
                  judge: Callable, kept: Sequence[str]):
         from npubuild.quant.fakequant import FakeQuantPipeline, export_graphs
-        from npubuild.quant.lower import lower
-        from npubuild.quant.qgraph import QGraph
 
-        self.pipeline, self.samples, self.judge, self.kept = pipeline, samples, judge, list(kept)
-        self.qgraphs = {g.index: QGraph.load(quantize_dir / f"graph_{g.index}.qgraph.json")
-                        for g in pipeline.npu_graphs}
-        self.lowered = {g.index: lower(g.model) for g in pipeline.npu_graphs}
-        self.fq = FakeQuantPipeline(split_dir, export_graphs(
-            {i: (qg, self.lowered[i][0]) for i, qg in self.qgraphs.items()}))
-        calibration = json.loads((quantize_dir / "calibration.json").read_text())
-        self.ranges = {t: (r["min"], r["max"]) for g in calibration["graphs"].values()
-                       for t, r in g["tensors"].items() if r.get("count")}
-        self.base = {i: self._deployed(qg) for i, qg in self.qgraphs.items()}
-        self._histograms: dict[str, calibrators.TensorStats] = {}
+        self.workflow, self.samples, self.judge, self.kept = workflow, samples, judge, list(kept)
+        self.qgraphs = dict(deployed)
+        self.states = {s.graph.index: s for s in workflow.states}
+        self.fq = FakeQuantPipeline(workflow.pipeline.split_dir, export_graphs(
+            {i: (qg, self.states[i].fg) for i, qg in self.qgraphs.items()}))
+        self.keys = {i: e.weight_keys for i, e in self.fq.exported.items()}
+        self.ranges: dict = {}   # the quantizers' calibrated ranges, shared (kl searches)
+        self._stats: dict[tuple, dict] = {}
 
-    @staticmethod
-    def _deployed(qg) -> tuple[dict[str, QParams | None], set[str]]:
-        params = {t: None if info.is_float else QParams(info.scale, info.zero_point,
-                                                         info.log2scale, info.dtype)
-                  for t, info in qg.tensors.items()}
-        return params, {layer.name for layer in qg.layers if layer.device == "cpu"}
+    def values(self, change: Change = Change()) -> list[dict]:
+        """Per verify sample, the kept tensors of the graphs quantized with ``change``."""
+        feeds = {i: self._feed(i, change) for i in self.qgraphs}
+        return self.fq.run(self.samples, feeds, self.kept)
 
-    def verdict(self, edit: Callable[[int, dict, set], None] | None = None):
-        """verify's verdict with ``edit(graph, params, cpu_layers)`` applied to copies."""
-        from npubuild.quant.fakequant import params_feed
+    def verdict(self, change: Change = Change()):
+        """verify's verdict on the graphs quantized with ``change``."""
+        return self.judge(self.values(change))
 
-        feeds = {}
-        for index, (params, cpu) in self.base.items():
-            params, cpu = dict(params), set(cpu)
-            if edit is not None:
-                edit(index, params, cpu)
-            feeds[index] = params_feed(self.fq.tensors(index), params, self.fq.layers(index), cpu)
-        return self.judge(self.fq.run(self.samples, feeds, self.kept))
+    def quantizer(self, index: int, change: Change = Change()) -> quantizer.Quantizer:
+        """Graph ``index``'s quantizer as the quantize stage builds it with ``change`` in
+        the recipe (its overrides after the deployed ones, its method or scheme)."""
+        from npubuild.quant.workflow import _config_for
+
+        state, options = self.states[index], self.workflow.options
+        config = options.config
+        if change.method is not None:
+            config = replace(config, method=change.method, tensor_methods=())
+        if change.scheme is not None:
+            config = replace(config, scheme=change.scheme)
+        config, _ = _config_for(replace(options, config=config),
+                                [*options.overrides, *change.overrides], state.graph.model)
+        # a recipe that sets the method keeps histograms only where its method or a table reads them
+        histograms = options.histograms and change.method is None
+        return quantizer.Quantizer(state.fg, self._stats_for(state, config.method, histograms),
+                                   config, ranges=self.ranges)
+
+    def _feed(self, index: int, change: Change) -> dict[str, np.ndarray]:
+        from npubuild.quant import fakequant
+
+        q = self.quantizer(index, change)
+        params, cpu = q.tensor_params()
+        own = fakequant.choice_inputs(q.weighted(f"graph_{index}"), self.states[index].fg,
+                                      self.keys[index])
+        return {**fakequant.params_feed(self.fq.tensors(index), params, self.fq.layers(index),
+                                        cpu), **own}
+
+    def _stats_for(self, state, method: str, histograms: bool) -> dict:
+        """The statistics a calibration with ``method`` (and every histogram if
+        ``histograms``) keeps: the workflow observed every histogram, and a histogram the
+        quantize stage would not have kept must not reach the quantizer (it reads a tensor's
+        typical size from one where there is one: int16 where int8 underflows)."""
+        key = (state.graph.index, method, histograms)
+        if key not in self._stats:
+            kept = calibrate.Observer(state.fg, state.probe, method, every_tensor=True,
+                                      histograms=histograms).stats
+            self._stats[key] = {
+                t: s if t not in kept or kept[t].with_histogram
+                else replace(s, with_histogram=False, hist=None)
+                for t, s in state.observer.stats.items()}
+        return self._stats[key]
+
+    def differences(self) -> list[str]:
+        """Where quantizing again as deployed does not give the deployed graphs (empty:
+        every trial is scored against the deployment itself)."""
+        out = []
+        for index, deployed in self.qgraphs.items():
+            found = first_difference(deployed, self.quantizer(index).run(f"graph_{index}"))
+            if found:
+                out.append(f"graph_{index}: {found}")
+        return out
 
     # ---- the changes ----------------------------------------------------------------------
 
-    def members(self, index: int, tensor: str) -> list[str]:
-        """``tensor`` and the tensors that only move its data (they share its parameters)."""
-        out = [tensor]
-        for layer in self.qgraphs[index].layers:
-            if layer.kind in MOVES_DATA and layer.inputs and layer.inputs[0] in out:
-                out += list(layer.outputs)
-        return out
+    @staticmethod
+    def int16(tensor: str) -> Change:
+        return Change(overrides=(OverrideSpec(tensors=(tensor,), precision="int16"),))
 
-    def int16(self, tensor: str):
-        def edit(index, params, cpu):
-            qg = self.qgraphs[index]
-            for t in self.members(index, tensor):
-                if t in params and params[t] is not None and t in self.ranges:
-                    params[t] = schemes.choose_params(qg.scheme, *self.ranges[t], "int16")
-        return edit
+    @staticmethod
+    def cpu(tensor: str) -> Change:
+        return Change(overrides=(OverrideSpec(tensors=(tensor,), precision="float"),))
 
-    def cpu(self, tensor: str):
-        def edit(index, params, cpu):
-            qg = self.qgraphs[index]
-            moved = set(self.members(index, tensor))
-            cpu.update(layer.name for layer in qg.layers
-                       if moved & (set(layer.inputs) | set(layer.outputs)))
-            for t in moved | only_on_cpu(qg, cpu):
-                if t in params:
-                    params[t] = None
-        return edit
+    @staticmethod
+    def method(method: str) -> Change:
+        return Change(method=method)
 
-    def method(self, tensor: str, method: str, calibration: list):
-        stats = self._histogram(tensor, calibration)
-
-        def edit(index, params, cpu):
-            qg = self.qgraphs[index]
-            if stats is None or params.get(tensor) is None or params[tensor].dtype != "int8":
-                return
-            lo, hi = calibrators.calibrated_range(stats, method, qg.scheme,
-                                                  calibrators.CalibrationOptions())
-            new = schemes.choose_params(qg.scheme, lo, hi, "int8")
-            for t in self.members(index, tensor):
-                if params.get(t) is not None:
-                    params[t] = new
-        return edit
-
-    def asymmetric(self):
-        def edit(index, params, cpu):
-            for t, p in list(params.items()):
-                if p is not None and t in self.ranges:
-                    params[t] = schemes.choose_params("asymmetric", *self.ranges[t], p.dtype)
-        return edit
-
-    def _histogram(self, tensor: str, calibration: list) -> calibrators.TensorStats | None:
-        """The tensor's histogram over the calibration samples (calibration.json keeps only
-        its min and max), through the float pipeline."""
-        if tensor in self._histograms:
-            return self._histograms[tensor]
-        stats = None
-        for index, (fg, probe) in self.lowered.items():
-            if tensor not in probe.output_names and tensor not in fg.inputs:
-                continue
-            stats = calibrators.TensorStats(with_histogram=True)
-            for feeds in calibration:
-                values = self.pipeline.float_values(feeds)
-                inputs = {t: values[t] for t in fg.inputs}
-                value = inputs[tensor] if tensor in inputs else probe.run(inputs, [tensor])[tensor]
-                stats.update(np.asarray(value))
-            break
-        self._histograms[tensor] = stats
-        return stats
+    @staticmethod
+    def asymmetric() -> Change:
+        return Change(scheme="asymmetric")
 
 
-def only_on_cpu(qg, cpu: set[str]) -> set[str]:
-    """Tensors that CPU layers alone make and read: they stay float (the quantizer's rule)."""
-    made = {t: layer.name for layer in qg.layers for t in layer.outputs}
-    read: dict[str, list[str]] = {}
+def moved_with(qg: QGraph, tensor: str) -> list[str]:
+    """``tensor`` and the tensors that only move its data (data movement, a nearest resize):
+    they share its parameters, and the precision search's overrides name them too."""
+    out = [tensor]
     for layer in qg.layers:
-        for t in layer.inputs:
-            read.setdefault(t, []).append(layer.name)
-    return {t for t in qg.tensors if t not in qg.constants
-            and (t not in made or made[t] in cpu) and all(n in cpu for n in read.get(t, []))
-            and (t in made or read.get(t))}
+        moves = layer.kind in MOVES_DATA or (layer.kind == "resize"
+                                             and layer.attrs.get("mode") == "nearest")
+        if moves and layer.inputs and layer.inputs[0] in out:
+            out += [t for t in layer.outputs if t not in out]
+    return out
+
+
+def first_difference(deployed: QGraph, rebuilt: QGraph) -> str | None:
+    """The first tensor or layer whose parameters or integers differ between two
+    quantizations of one graph, in words; None where they agree."""
+    for t, info in deployed.tensors.items():
+        other = rebuilt.tensors.get(t)
+        mine = (info.dtype, info.scale, info.zero_point)
+        if other is None or (other.dtype, other.scale, other.zero_point) != mine:
+            return f"tensor {t!r}"
+    built = {layer.name: layer for layer in rebuilt.layers}
+    for layer in deployed.layers:
+        other = built.get(layer.name)
+        if other is None or other.device != layer.device or other.kind != layer.kind:
+            return f"layer {layer.name!r}"
+        for name, array in layer.arrays.items():
+            if name in other.arrays and not np.array_equal(array, other.arrays[name]):
+                return f"layer {layer.name!r} ({name})"
+    for t, value in deployed.constants.items():
+        if t not in rebuilt.constants or not np.array_equal(value, rebuilt.constants[t]):
+            return f"constant {t!r}"
+    return None
 
 
 def measure(bench: FixBench, culprits: Sequence[str], failing: Sequence[str], recipe_fixes,
-            calibration: list, *, chip_int16: bool, float_fallback: bool) -> list[Trial]:
-    """Every single change tried on ``culprits`` (and the scheme), best first."""
-    base = bench.verdict()
-    before = figure(base, failing)
-    tries: list[tuple[str, str, Callable]] = []
+            *, chip_int16: bool, float_fallback: bool) -> list[Trial]:
+    """Every single change tried: int16 and float on each of ``culprits``, the other
+    calibration methods and the asymmetric scheme on every tensor (what the recipe line
+    does), best first."""
+    before = figure(bench.verdict(), failing)
+    tries: list[tuple[str, str, Change]] = []
     for t in culprits:
         index = next((i for i, qg in bench.qgraphs.items() if t in qg.tensors), None)
         if index is None or bench.qgraphs[index].tensors[t].is_float:
@@ -207,11 +240,11 @@ def measure(bench: FixBench, culprits: Sequence[str], failing: Sequence[str], re
             tries.append((f"{t!r} in float on the CPU", f"quantization.overrides: [{{tensors: "
                                                         f"[{t!r}], precision: float}}]",
                           bench.cpu(t)))
-        for method in METHODS:
-            if method != recipe_fixes.method and bench.qgraphs[index].tensors[t].dtype == "int8":
-                tries.append((f"{t!r} calibrated with {method}",
-                              f"quantization.calibration.method: {method} (chosen per tensor "
-                              "when the method is unset)", bench.method(t, method, calibration)))
+    config = bench.workflow.options.config
+    for method in METHODS:
+        if method != recipe_fixes.method and (method != config.method or config.tensor_methods):
+            tries.append((f"every tensor calibrated with {method}",
+                          f"quantization.calibration.method: {method}", bench.method(method)))
     if recipe_fixes.scheme not in (None, "asymmetric"):
         tries.append(("the asymmetric scheme", "quantization.scheme: asymmetric",
                       bench.asymmetric()))
@@ -223,9 +256,12 @@ def measure(bench: FixBench, culprits: Sequence[str], failing: Sequence[str], re
 
 
 def hint(trials: Sequence[Trial], figure_name: str, search: dict | None,
-         deployed: float | None = None, search_on: bool = True) -> str:
+         deployed: float | None = None, search_on: bool = True,
+         differences: Sequence[str] = ()) -> str:
     """The measured fixes worth trying, best first, and what the precision search found.
-    ``deployed``: the figure verify measured (fake quantization puts it a little apart)."""
+    ``deployed``: the figure verify measured (fake quantization puts it a little apart);
+    ``differences``: where quantizing again did not give the deployed graphs
+    (`FixBench.differences`), said, since the figures are then that quantization's."""
     useful = [tr for tr in trials if tr.gain > MEANINGFUL][:SHOWN]
     parts = [tr.text(figure_name) for tr in useful]
     if not useful:
@@ -237,6 +273,9 @@ def hint(trials: Sequence[Trial], figure_name: str, search: dict | None,
     where = "" if deployed is None or not trials else (
         f" (fake quantization puts the deployed figure at {trials[0].before:.4f}, the "
         f"simulator at {deployed:.4f})")
+    if differences:
+        parts.append(f"these figures are of the graphs quantized again from the calibration "
+                     f"data, which differ from the deployed ones ({', '.join(differences[:3])})")
     return f"measured on the verify samples{where}: " + "; ".join(parts)
 
 
@@ -257,8 +296,9 @@ def search_text(search: dict | None, search_on: bool = True) -> str:
 
 def with_measured(finding: dict, trials: Sequence[Trial], figure_name: str,
                   search: dict | None, deployed: float | None = None,
-                  search_on: bool = True) -> dict:
+                  search_on: bool = True, differences: Sequence[str] = ()) -> dict:
     """The bisection's finding with its suggestion replaced by the measured one."""
-    return {**finding, "suggestion": hint(trials, figure_name, search, deployed, search_on),
+    return {**finding, "suggestion": hint(trials, figure_name, search, deployed, search_on,
+                                          differences),
             "measured": [tr.as_dict() for tr in trials]}
 

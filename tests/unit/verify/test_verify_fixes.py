@@ -1,0 +1,132 @@
+"""verify's measured hints (`npubuild.verify.fixes`): a trial scores what adopting it builds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+SHAPE = [1, 4, 6, 6]
+
+
+def _graph():
+    """conv1 → Mul by a constant → conv2, biases large against their accumulators: int16 on
+    conv2's input quantizes its bias at a 256 times finer scale (and widens its weight scale
+    where the bias would not fit), which parameters alone leave as int8 built them."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 3.0, (4,)).astype(np.float32), "b1"),
+             numpy_helper.from_array(rng.uniform(0.5, 2.0, (1, 4, 1, 1)).astype(np.float32), "k"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.normal(0, 3.0, (4,)).astype(np.float32), "b2")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c", "k"], ["m"], name="mul"),
+             helper.make_node("Conv", ["m", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    return nodes, inits
+
+
+def _quantized(pipeline, samples, config, overrides=(), histograms=False):
+    """The quantize path: a workflow calibrated on ``samples`` and quantized."""
+    from npubuild.quant.workflow import Options, Workflow
+
+    workflow = Workflow(pipeline, Options(config, tuple(overrides), chip_int16=True,
+                                          histograms=histograms))
+    workflow.calibrate(samples)
+    workflow.quantize()
+    return workflow
+
+
+def _adopted_values(workflow, samples, kept):
+    """The fake-quant export of ``workflow``'s own graph, at its own parameters."""
+    from npubuild.quant import fakequant
+    from npubuild.quant.schemes import QParams
+
+    state = workflow.states[0]
+    qg = state.qgraph
+    pipeline = fakequant.FakeQuantPipeline(workflow.pipeline.split_dir,
+                                           fakequant.export_graphs({0: (qg, state.fg)}))
+    params = {t: None if info.is_float else QParams(info.scale, info.zero_point, info.log2scale,
+                                                     info.dtype) for t, info in qg.tensors.items()}
+    cpu = {layer.name for layer in qg.layers if layer.device == "cpu"}
+    feeds = {0: fakequant.params_feed(pipeline.tensors(0), params, pipeline.layers(0), cpu)}
+    return pipeline.run(samples, feeds, kept)
+
+
+@pytest.mark.parametrize("kind", ["int16", "method", "scheme", "float"])
+def test_a_trial_scores_what_adopting_its_recipe_line_builds(tmp_path, kind):
+    """Each trial's values and verdict are those of the graph quantized with the change
+    adopted through the quantize path (its override, method or scheme in the options), to
+    float rounding. The trials used to change only the tensor's scale and zero point in the
+    deployed graph's fake-quant model: int16 on conv2's input kept int8's bias and weight
+    scale, kl kept every other tensor at min/max, and the asymmetric scheme kept the
+    symmetric graph's biases; a hint promised what the user did not get."""
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.workflow import OverrideSpec
+    from npubuild.recipe.model import VerifySpec
+    from npubuild.verify import fixes
+    from npubuild.verify.verdict import SampleJudge
+    from tests.conftest import one_npu_graph_split
+
+    nodes, inits = _graph()
+    pipeline = SplitPipeline(one_npu_graph_split(tmp_path, nodes, inits, SHAPE))
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.uniform(-1.0, 1.0, SHAPE).astype(np.float32)} for _ in range(3)]
+    config = QuantConfig(scheme="symmetric", granularity="per_channel")
+    deployed = _quantized(pipeline, samples, config)
+    judge = SampleJudge(VerifySpec(), {}, pipeline, samples)
+    # verify's bench: the deployment calibrated again with every histogram
+    bench_workflow = _quantized(pipeline, samples, config, histograms=True)
+    bench_workflow.options = deployed.options
+    bench = fixes.FixBench(bench_workflow, deployed.qgraphs(), samples, judge, judge.kept)
+    assert bench.differences() == []
+
+    change, adopted = {
+        "int16": (bench.int16("m"), lambda: _quantized(
+            pipeline, samples, config, [OverrideSpec(tensors=("m",), precision="int16")])),
+        "float": (bench.cpu("m"), lambda: _quantized(
+            pipeline, samples, config, [OverrideSpec(tensors=("m",), precision="float")])),
+        "method": (bench.method("kl"), lambda: _quantized(
+            pipeline, samples, QuantConfig(scheme="symmetric", granularity="per_channel",
+                                           method="kl"))),
+        "scheme": (bench.asymmetric(), lambda: _quantized(
+            pipeline, samples, QuantConfig(scheme="asymmetric", granularity="per_channel"))),
+    }[kind]
+    built = _adopted_values(adopted(), samples, judge.kept)
+    tried = bench.values(change)
+    assert len(tried) == len(built) == len(samples)
+    for mine, theirs in zip(tried, built):
+        assert mine.keys() == theirs.keys()
+        for name in mine:
+            np.testing.assert_allclose(mine[name], theirs[name], rtol=1e-5, atol=1e-5)
+    failing = list(judge.outputs)
+    assert fixes.figure(bench.verdict(change), failing) == pytest.approx(
+        fixes.figure(judge(built), failing), abs=1e-6)
+    # and the change moved the figure: a trial that scored the deployment again proves nothing
+    assert fixes.figure(bench.verdict(change), failing) != pytest.approx(
+        fixes.figure(bench.verdict(), failing), abs=1e-6)
+
+
+def test_a_deployment_quantizing_again_does_not_reproduce_is_named(tmp_path):
+    """Where the graphs quantized again differ from the deployed ones (the stage chose
+    something verify cannot read back), the hint says its figures are of the re-quantized
+    graphs and where they differ."""
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.recipe.model import VerifySpec
+    from npubuild.verify import fixes
+    from npubuild.verify.verdict import SampleJudge
+    from tests.conftest import one_npu_graph_split
+
+    nodes, inits = _graph()
+    pipeline = SplitPipeline(one_npu_graph_split(tmp_path, nodes, inits, SHAPE))
+    samples = [{"x": np.full(SHAPE, v, np.float32)} for v in (-1.0, 0.5, 1.0)]
+    deployed = _quantized(pipeline, samples, QuantConfig(scheme="symmetric"))
+    other = _quantized(pipeline, samples, QuantConfig(scheme="asymmetric"), histograms=True)
+    judge = SampleJudge(VerifySpec(), {}, pipeline, samples)
+    bench = fixes.FixBench(other, deployed.qgraphs(), samples, judge, judge.kept)
+    differences = bench.differences()
+    assert differences and differences[0].startswith("graph_0: tensor ")
+    trial = fixes.Trial("int16 on 'm'", "...", 0.9, 0.95, False)
+    text = fixes.hint([trial], "worst cosine", None, differences=differences)
+    assert "quantized again from the calibration data, which differ from the deployed" in text
