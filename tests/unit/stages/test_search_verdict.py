@@ -91,6 +91,10 @@ def test_out_of_reach_both_fail_with_the_same_lines_and_the_hint_is_measured(roo
     assert f"{best['before']:.4f} → {best['after']:.4f}" in finding["suggestion"]
     useless = [m["change"] for m in finding["measured"] if m["gain"] <= 1e-4]
     assert useless and not any(change + ":" in finding["suggestion"] for change in useless)
+    # verify quantized the graphs again as the stage did: its trials start from the deployment
+    assert "differ from the deployed" not in finding["suggestion"]
     code, report, search = build(root, 1.0, "-unreachable")
     assert code == 1 and not search["passed"] and not report["verify"]["passed"]
     assert search["after"]["failures"] == report["verify"]["failures"]
+    finding = report["verify"]["bisection"]["finding"]
+    assert "differ from the deployed" not in finding.get("suggestion", "")
