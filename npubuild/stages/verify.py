@@ -180,7 +180,8 @@ def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, p
     chip = ctx.chip
     trials = measured.measure(bench, finding["culprits"], failing, fixes,
                               chip_int16=bool(chip and chip.int16),
-                              float_fallback=bool(chip is None or chip.float_fallback))
+                              float_fallback=bool(chip is None or chip.float_fallback),
+                              pinned=measured.pins(spec, workflow.options))
     search_file = ctx.upstream["quantize"] / "search.json"
     search = json.loads(search_file.read_text()) if search_file.is_file() else None
     name = f"worst cosine of {', '.join(repr(n) for n in failing)}"

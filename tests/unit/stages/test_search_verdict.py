@@ -93,6 +93,9 @@ def test_out_of_reach_both_fail_with_the_same_lines_and_the_hint_is_measured(roo
     assert useless and not any(change + ":" in finding["suggestion"] for change in useless)
     # verify quantized the graphs again as the stage did: its trials start from the deployment
     assert "differ from the deployed" not in finding["suggestion"]
+    # and each line holds what the stage measured where the recipe leaves it unset
+    assert best["recipe"].endswith("; quantization.cross_layer_equalization: false; "
+                                   "quantization.weight_rounding: nearest")
     code, report, search = build(root, 1.0, "-unreachable")
     assert code == 1 and not search["passed"] and not report["verify"]["passed"]
     assert search["after"]["failures"] == report["verify"]["failures"]

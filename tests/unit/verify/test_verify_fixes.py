@@ -92,7 +92,8 @@ def test_a_trial_scores_what_adopting_its_recipe_line_builds(tmp_path, kind):
         "scheme": (bench.asymmetric(), lambda: _quantized(
             pipeline, samples, QuantConfig(scheme="asymmetric", granularity="per_channel"))),
     }[kind]
-    built = _adopted_values(adopted(), samples, judge.kept)
+    workflow = adopted()
+    built = _adopted_values(workflow, samples, judge.kept)
     tried = bench.values(change)
     assert len(tried) == len(built) == len(samples)
     for mine, theirs in zip(tried, built):
@@ -105,6 +106,10 @@ def test_a_trial_scores_what_adopting_its_recipe_line_builds(tmp_path, kind):
     # and the change moved the figure: a trial that scored the deployment again proves nothing
     assert fixes.figure(bench.verdict(change), failing) != pytest.approx(
         fixes.figure(bench.verdict(), failing), abs=1e-6)
+    # confirmed on the integer reference, it is the adopted deployment's verdict, bit for bit
+    reference = judge(workflow.deployed_values(samples, judge.kept))
+    assert fixes.figure(bench.reference_verdict(change), failing) == fixes.figure(reference,
+                                                                                 failing)
 
 
 def test_a_deployment_quantizing_again_does_not_reproduce_is_named(tmp_path):
@@ -130,3 +135,24 @@ def test_a_deployment_quantizing_again_does_not_reproduce_is_named(tmp_path):
     trial = fixes.Trial("int16 on 'm'", "...", 0.9, 0.95, False)
     text = fixes.hint([trial], "worst cosine", None, differences=differences)
     assert "quantized again from the calibration data, which differ from the deployed" in text
+
+
+def test_a_recipe_line_pins_what_the_quantize_stage_would_measure_again():
+    """A recipe that leaves cross-layer equalisation and the weight rounding unset has the
+    quantize stage measure them, and a rebuild with the change measures them again: on
+    face-detection (int8 as written) neither was kept, with 'activation_5' in float both
+    were, and the rebuild reached 0.9731 where the trial, holding them as deployed, measured
+    0.9656. Each change's recipe line holds them as the trial did; a setting the recipe
+    makes is its own."""
+    from types import SimpleNamespace
+
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.workflow import Options
+    from npubuild.verify import fixes
+
+    deployed = Options(QuantConfig(weight_rounding="gptq"), equalize=False)
+    unset = SimpleNamespace(cross_layer_equalization=None, weight_rounding=None)
+    assert fixes.pins(unset, deployed) == ["quantization.cross_layer_equalization: false",
+                                           "quantization.weight_rounding: gptq"]
+    written = SimpleNamespace(cross_layer_equalization=True, weight_rounding="nearest")
+    assert fixes.pins(written, deployed) == []
