@@ -264,11 +264,10 @@ def measure(bench: FixBench, culprits: Sequence[str], failing: Sequence[str], re
         if index is None or bench.qgraphs[index].tensors[t].is_float:
             continue
         if chip_int16 and bench.qgraphs[index].tensors[t].dtype != "int16":
-            tries.append((f"int16 on {t!r}", f"quantization.overrides: [{{tensors: [{t!r}], "
-                                             f"precision: int16}}]", bench.int16(t)))
+            tries.append((f"int16 on {t!r}", override_line(t, "int16", recipe_fixes),
+                          bench.int16(t)))
         if float_fallback:
-            tries.append((f"{t!r} in float on the CPU", f"quantization.overrides: [{{tensors: "
-                                                        f"[{t!r}], precision: float}}]",
+            tries.append((f"{t!r} in float on the CPU", override_line(t, "float", recipe_fixes),
                           bench.cpu(t)))
     config = bench.workflow.options.config
     for method in METHODS:
@@ -294,6 +293,15 @@ def measure(bench: FixBench, culprits: Sequence[str], failing: Sequence[str], re
     confirmed = sorted((tr for tr, _ in shown), key=lambda tr: (not tr.passed, -tr.moved,
                                                                  tr.change))
     return confirmed + [tr for tr, _ in trials[len(shown):]]
+
+
+def override_line(tensor: str, precision: str, recipe_fixes) -> str:
+    """The recipe line of one override: the list, or one entry added to the recipe's own
+    (the trial keeps them: a list written instead would drop them)."""
+    entry = f"{{tensors: [{tensor!r}], precision: {precision}}}"
+    if recipe_fixes.overridden:
+        return f"quantization.overrides: {entry} added to the recipe's"
+    return f"quantization.overrides: [{entry}]"
 
 
 def pins(spec, options) -> list[str]:

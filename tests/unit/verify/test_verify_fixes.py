@@ -156,3 +156,17 @@ def test_a_recipe_line_pins_what_the_quantize_stage_would_measure_again():
                                            "quantization.weight_rounding: gptq"]
     written = SimpleNamespace(cross_layer_equalization=True, weight_rounding="nearest")
     assert fixes.pins(written, deployed) == []
+
+
+def test_an_override_line_adds_to_the_recipe_s_overrides_it_was_measured_with():
+    """The trial keeps the recipe's overrides; a line that wrote the list alone would drop
+    them (face-detection with 'activation_5' in float: 'depthwise_conv2d_10' measured beside
+    it, 0.9816, rebuilt beside it 0.9816)."""
+    from npubuild.verify import fixes
+    from npubuild.verify.bisect import RecipeFixes
+
+    assert fixes.override_line("x", "int16", RecipeFixes()) == \
+        "quantization.overrides: [{tensors: ['x'], precision: int16}]"
+    written = RecipeFixes(overridden=frozenset({"a"}))
+    assert fixes.override_line("x", "float", written) == \
+        "quantization.overrides: {tensors: ['x'], precision: float} added to the recipe's"
