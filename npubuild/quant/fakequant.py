@@ -330,6 +330,20 @@ def choice_inputs(qg: QGraph, fg: FloatGraph, keys: Mapping[str, str]) -> dict[s
             **b.constant_inputs}
 
 
+def quantizer_inputs(q, index: int, fg: FloatGraph, pipeline: "FakeQuantPipeline"
+                     ) -> dict[str, np.ndarray]:
+    """Graph ``index``'s inputs in ``pipeline`` as quantizer ``q`` (`npubuild.quant.quantizer.
+    Quantizer`, a choice's or a change's configuration) builds it: every tensor's parameters,
+    each layer's placement and int16 weights (`params_feed`), and the weights, biases and
+    constants it quantizes otherwise than the exported graph (`choice_inputs`). One way for
+    the precision search's choices and verify's measured hints."""
+    params, cpu = q.tensor_params()
+    wide = frozenset(q.int16_weight_layers() - set(cpu))
+    own = choice_inputs(q.weighted(f"graph_{index}"), fg, pipeline.exported[index].weight_keys)
+    return {**params_feed(pipeline.tensors(index), params, pipeline.layers(index), cpu,
+                          pipeline.wide(index), wide), **own}
+
+
 class FakeQuantPipeline:
     """The split pipeline with each NPU graph run as its fake-quant model (CPU submodels in
     ONNX Runtime as deployed): ``run(samples, feeds)`` with each graph's parameter inputs.

@@ -200,7 +200,6 @@ class PrecisionSearch:
         self.cpu_part_seconds = sum(price.host_seconds(macs) for macs in cpu_graph_macs)
         self.model_macs = sum(cpu_graph_macs) + sum(sum(w.values()) for w in self.work.values())
         self.names = {i: tensor_names(s.graph.model) for i, s in self.states.items()}
-        self.weight_keys = {i: e.weight_keys for i, e in self.pipeline.exported.items()}
         self.configs: dict[tuple, quantizer.QuantConfig] = {}  # (graph, its own choice, ...) -> config
         self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # the same key -> its inputs
         self.placed: dict[tuple, frozenset[str]] = {}  # the same key -> its float layers
@@ -262,14 +261,9 @@ class PrecisionSearch:
         return q, params, cpu, frozenset(q.int16_weight_layers() - set(cpu))
 
     def _graph_feeds(self, index: int, config: quantizer.QuantConfig) -> dict[str, np.ndarray]:
-        """The graph's parameter inputs under ``config``: its tensors' parameters, and the
-        biases, weight scales and constants the choice moves, as adopting it builds them."""
-        q, params, cpu, wide = self._quantizer(index, config)
-        own = fakequant.choice_inputs(q.weighted(f"graph_{index}"), self.states[index].fg,
-                                      self.weight_keys[index])
-        return {**fakequant.params_feed(self.pipeline.tensors(index), params,
-                                        self.pipeline.layers(index), cpu,
-                                        self.pipeline.wide(index), wide), **own}
+        """The graph's parameter inputs under ``config``, as adopting the choice builds them."""
+        return fakequant.quantizer_inputs(self._quantizer(index, config)[0], index,
+                                          self.states[index].fg, self.pipeline)
 
     def _in_float(self, choice: Mapping[str, str]) -> frozenset[tuple[int, str]]:
         """The (graph, layer) pairs the quantizer runs in float under ``choice``: the layers

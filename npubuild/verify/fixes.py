@@ -123,7 +123,6 @@ class FixBench:
         self.states = {s.graph.index: s for s in workflow.states}
         self.fq = FakeQuantPipeline(workflow.pipeline.split_dir, export_graphs(
             {i: (qg, self.states[i].fg) for i, qg in self.qgraphs.items()}))
-        self.keys = {i: e.weight_keys for i, e in self.fq.exported.items()}
         self.ranges: dict = {}   # the quantizers' calibrated ranges, shared (kl searches)
         self._stats: dict[tuple, dict] = {}
 
@@ -167,12 +166,8 @@ class FixBench:
     def _feed(self, index: int, change: Change) -> dict[str, np.ndarray]:
         from npubuild.quant import fakequant
 
-        q = self.quantizer(index, change)
-        params, cpu = q.tensor_params()
-        own = fakequant.choice_inputs(q.weighted(f"graph_{index}"), self.states[index].fg,
-                                      self.keys[index])
-        return {**fakequant.params_feed(self.fq.tensors(index), params, self.fq.layers(index),
-                                        cpu), **own}
+        return fakequant.quantizer_inputs(self.quantizer(index, change), index,
+                                          self.states[index].fg, self.fq)
 
     def _stats_for(self, state, method: str, histograms: bool) -> dict:
         """The statistics a calibration with ``method`` (and every histogram if

@@ -61,3 +61,37 @@ def check_against_ort(m, feeds, **kw):
             got = env[name] if t.is_float else (env[name].astype(np.float64) - t.zero_point) * t.scale
             cos.append(metrics.similarity(ref[name], got).cosine)
     return qg, cc, float(np.mean(cos))
+
+
+def biased_conv_mul_conv():
+    """conv1 → Mul by a constant → conv2 on [1, 4, 6, 6], biases large against their
+    accumulators: int16 on conv2's input quantizes its bias at a 256 times finer scale (and
+    widens its weight scale where the bias would not fit), which a tensor's parameters alone
+    leave as int8 built them. (nodes, initializers)."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 3.0, (4,)).astype(np.float32), "b1"),
+             numpy_helper.from_array(rng.uniform(0.5, 2.0, (1, 4, 1, 1)).astype(np.float32), "k"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w2"),
+             numpy_helper.from_array(rng.normal(0, 3.0, (4,)).astype(np.float32), "b2")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c", "k"], ["m"], name="mul"),
+             helper.make_node("Conv", ["m", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    return nodes, inits
+
+
+def adopted_fake_quant_values(workflow, samples, kept):
+    """The fake-quant export of ``workflow``'s own (first) graph run at its own parameters
+    and placement: what a choice or a change adopted computes."""
+    from npubuild.quant import fakequant
+    from npubuild.quant.schemes import QParams
+
+    state = workflow.states[0]
+    qg = state.qgraph
+    pipeline = fakequant.FakeQuantPipeline(workflow.pipeline.split_dir,
+                                           fakequant.export_graphs({0: (qg, state.fg)}))
+    params = {t: None if info.is_float else QParams(info.scale, info.zero_point, info.log2scale,
+                                                     info.dtype) for t, info in qg.tensors.items()}
+    cpu = {layer.name for layer in qg.layers if layer.device == "cpu"}
+    feeds = {0: fakequant.params_feed(pipeline.tensors(0), params, pipeline.layers(0), cpu)}
+    return pipeline.run(samples, feeds, kept)

@@ -684,35 +684,16 @@ def test_a_choice_is_scored_with_the_biases_and_constants_that_adopting_it_build
     choice computes (SwiftF0: +0.0028 in the search, -0.0152 on the integer reference). The
     search's values for a choice are now bit for bit those of a fake-quant model exported
     from the graph quantized with the choice."""
-    from onnx import helper, numpy_helper
+    from tests.unit.quant.helpers import adopted_fake_quant_values, biased_conv_mul_conv
 
-    from npubuild.quant import fakequant
-    from npubuild.quant.schemes import QParams
-
-    rng = np.random.default_rng(1)
+    nodes, inits = biased_conv_mul_conv()
     shape = [1, 4, 6, 6]
-    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w1"),
-             numpy_helper.from_array(rng.normal(0, 3.0, (4,)).astype(np.float32), "b1"),
-             numpy_helper.from_array(rng.uniform(0.5, 2.0, (1, 4, 1, 1)).astype(np.float32), "k"),
-             numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w2"),
-             numpy_helper.from_array(rng.normal(0, 3.0, (4,)).astype(np.float32), "b2")]
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
-             helper.make_node("Mul", ["c", "k"], ["m"], name="mul"),
-             helper.make_node("Conv", ["m", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
     search = _workflow_search(tmp_path, nodes, inits, shape, SearchSpec())
     choice = {t: "int16" for t in search.candidates if t != "y"}
     scored = search.pipeline.run(search.samples, search._params(choice), search.kept)
 
-    workflow = search.workflow
-    workflow.adopt(search._expanded(choice))
-    state = workflow.states[0]
-    adopted = fakequant.FakeQuantPipeline(workflow.pipeline.split_dir,
-                                          fakequant.export_graphs({0: (state.qgraph, state.fg)}))
-    qg = state.qgraph
-    params = {t: None if info.is_float else QParams(info.scale, info.zero_point, info.log2scale,
-                                                     info.dtype) for t, info in qg.tensors.items()}
-    feeds = {0: fakequant.params_feed(adopted.tensors(0), params, adopted.layers(0))}
-    built = adopted.run(search.samples, feeds, search.kept)
+    search.workflow.adopt(search._expanded(choice))
+    built = adopted_fake_quant_values(search.workflow, search.samples, search.kept)
     assert len(scored) == len(built) == len(search.samples)
     for mine, theirs in zip(scored, built):
         assert mine.keys() == theirs.keys()

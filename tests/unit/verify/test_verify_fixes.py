@@ -4,25 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+
+from tests.unit.quant.helpers import adopted_fake_quant_values, biased_conv_mul_conv
 
 SHAPE = [1, 4, 6, 6]
-
-
-def _graph():
-    """conv1 → Mul by a constant → conv2, biases large against their accumulators: int16 on
-    conv2's input quantizes its bias at a 256 times finer scale (and widens its weight scale
-    where the bias would not fit), which parameters alone leave as int8 built them."""
-    rng = np.random.default_rng(1)
-    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w1"),
-             numpy_helper.from_array(rng.normal(0, 3.0, (4,)).astype(np.float32), "b1"),
-             numpy_helper.from_array(rng.uniform(0.5, 2.0, (1, 4, 1, 1)).astype(np.float32), "k"),
-             numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w2"),
-             numpy_helper.from_array(rng.normal(0, 3.0, (4,)).astype(np.float32), "b2")]
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
-             helper.make_node("Mul", ["c", "k"], ["m"], name="mul"),
-             helper.make_node("Conv", ["m", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
-    return nodes, inits
 
 
 def _quantized(pipeline, samples, config, overrides=(), histograms=False):
@@ -34,22 +19,6 @@ def _quantized(pipeline, samples, config, overrides=(), histograms=False):
     workflow.calibrate(samples)
     workflow.quantize()
     return workflow
-
-
-def _adopted_values(workflow, samples, kept):
-    """The fake-quant export of ``workflow``'s own graph, at its own parameters."""
-    from npubuild.quant import fakequant
-    from npubuild.quant.schemes import QParams
-
-    state = workflow.states[0]
-    qg = state.qgraph
-    pipeline = fakequant.FakeQuantPipeline(workflow.pipeline.split_dir,
-                                           fakequant.export_graphs({0: (qg, state.fg)}))
-    params = {t: None if info.is_float else QParams(info.scale, info.zero_point, info.log2scale,
-                                                     info.dtype) for t, info in qg.tensors.items()}
-    cpu = {layer.name for layer in qg.layers if layer.device == "cpu"}
-    feeds = {0: fakequant.params_feed(pipeline.tensors(0), params, pipeline.layers(0), cpu)}
-    return pipeline.run(samples, feeds, kept)
 
 
 @pytest.mark.parametrize("kind", ["int16", "method", "scheme", "float"])
@@ -68,7 +37,7 @@ def test_a_trial_scores_what_adopting_its_recipe_line_builds(tmp_path, kind):
     from npubuild.verify.verdict import SampleJudge
     from tests.conftest import one_npu_graph_split
 
-    nodes, inits = _graph()
+    nodes, inits = biased_conv_mul_conv()
     pipeline = SplitPipeline(one_npu_graph_split(tmp_path, nodes, inits, SHAPE))
     rng = np.random.default_rng(0)
     samples = [{"x": rng.uniform(-1.0, 1.0, SHAPE).astype(np.float32)} for _ in range(3)]
@@ -93,7 +62,7 @@ def test_a_trial_scores_what_adopting_its_recipe_line_builds(tmp_path, kind):
             pipeline, samples, QuantConfig(scheme="asymmetric", granularity="per_channel"))),
     }[kind]
     workflow = adopted()
-    built = _adopted_values(workflow, samples, judge.kept)
+    built = adopted_fake_quant_values(workflow, samples, judge.kept)
     tried = bench.values(change)
     assert len(tried) == len(built) == len(samples)
     for mine, theirs in zip(tried, built):
@@ -123,7 +92,7 @@ def test_a_deployment_quantizing_again_does_not_reproduce_is_named(tmp_path):
     from npubuild.verify.verdict import SampleJudge
     from tests.conftest import one_npu_graph_split
 
-    nodes, inits = _graph()
+    nodes, inits = biased_conv_mul_conv()
     pipeline = SplitPipeline(one_npu_graph_split(tmp_path, nodes, inits, SHAPE))
     samples = [{"x": np.full(SHAPE, v, np.float32)} for v in (-1.0, 0.5, 1.0)]
     deployed = _quantized(pipeline, samples, QuantConfig(scheme="symmetric"))
