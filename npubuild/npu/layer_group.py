@@ -117,6 +117,11 @@ class GroupFits:
         self._layer_ids: dict[LayerSpec, int] = {}
         self._found: dict[tuple, GroupPlan | NoFit] = {}
 
+    @property
+    def computed(self) -> int:
+        """How many fits were computed (not remembered) so far."""
+        return len(self._found)
+
     def layer_ids(self, graph: LayerGraph) -> tuple[int, ...]:
         """A small number per distinct layer of ``graph`` (hashing a layer once per plan,
         not once per group that holds it)."""

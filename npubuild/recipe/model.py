@@ -359,7 +359,10 @@ class AutoPrecisionSpec(Strict):
     enabled: bool = Field(True, description="Search when int8 alone misses verify's thresholds "
                                             "(`auto: false` switches it off).")
     seconds: float = Field(
-        600.0, gt=0, description="Time budget: the search stops with the best choice it found.")
+        600.0, gt=0, description="Time budget: the search stops with the best choice it found. "
+                                 "Counted in its work's estimated seconds on a 2-core machine "
+                                 "(from the model's size), not the wall clock, so a rebuild "
+                                 "anywhere stops at the same choice.")
     min_cosine: float | None = Field(
         None, gt=0, le=1, description="An extra bar beside verify's: every output's cosine "
                                       "over all verify samples and on its worst sample.")

@@ -338,6 +338,7 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
             workflow.adopt(result.overrides(), result.method, result.tensor_methods, result.scheme)
             adopted = key
             confirmed[key] = judge(deployed_values(workflow, samples, judge.kept))
+            search.charge_confirmation(len(samples))
             confirmations.append({"choice": f"{len(result.chosen)} tensor(s)",
                                   "tensors": dict(sorted(result.chosen.items())),
                                   "calibration": result.method, "scheme": result.scheme,
@@ -364,7 +365,7 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
         ctx.log.warning("quantize: %s", slower)
         note = "; ".join(n for n in (note, slower) if n)
     ctx.log.info("quantize: the precision search chose %d tensor(s) (%s), verify's thresholds "
-                 "%s on the integer reference, %d choices scored in %.1f s",
+                 "%s on the integer reference, %d choices scored in an estimated %.1f s of work",
                  len(result.chosen), ", ".join(sorted(set(result.chosen.values()))) or "none",
                  "hold" if verdict.passed else "still miss", result.evaluations, result.seconds)
     return {"passed": verdict.passed, "reached": result.reached,

@@ -598,7 +598,7 @@ def test_tensors_whose_gain_needs_them_together_are_ranked_as_one_block():
     assert len(result.chosen) <= 16
 
 
-def _offsets_search(tmp_path, offsets: list[float]):
+def _offsets_search(tmp_path, offsets: list[float], spec: SearchSpec | None = None):
     """The precision search over a chain x → (+ c_i → − c_i) for each offset, c_i a constant
     0 everywhere but one element (exact in int8): the sum's range reaches the offset, so its
     steps swamp x (in [-1, 1]) unless the precision is wide enough for it; the difference is
@@ -614,7 +614,7 @@ def _offsets_search(tmp_path, offsets: list[float]):
                   helper.make_node("Sub", [f"a{i:02d}", f"c{i}"], [f"s{i:02d}"], name=f"sub{i}")]
         previous = f"s{i:02d}"
     nodes[-1].output[0] = "y"
-    return _workflow_search(tmp_path, nodes, inits, shape, SearchSpec(max_slowdown=1e9))
+    return _workflow_search(tmp_path, nodes, inits, shape, spec or SearchSpec(max_slowdown=1e9))
 
 
 def _workflow_search(tmp_path, nodes, inits, shape, spec):
@@ -660,6 +660,33 @@ def test_where_int16_everywhere_misses_float_goes_only_where_int16_is_not_enough
     (tmp_path / "again").mkdir()
     again = _offsets_search(tmp_path / "again", offsets).run()  # deterministic
     assert (again.chosen, again.evaluations) == (result.chosen, result.evaluations)
+
+
+def test_the_time_budget_stops_the_search_at_the_same_choice_on_a_slower_machine(tmp_path,
+                                                                                  monkeypatch):
+    """`quantization.auto.seconds` counts the search's work as estimated from the model's
+    size (`WorkClock`), not the wall clock, where the stop fell wherever the machine's load
+    put it (iris landmark: stopped at 600 s at a load of 6, ran to its end at a load of 4) and
+    the same recipe built other artifacts. A budget of half the whole search's work stops it
+    midway; on a machine where every read of the wall clock is 1,000 s later it stops at the
+    same choice, after the same steps."""
+    import time
+
+    offsets = [300.0] * 12
+    offsets.insert(6, 1e6)
+    whole_search = _offsets_search(tmp_path, offsets)
+    whole = whole_search.run()
+    spec = SearchSpec(max_slowdown=1e9, seconds=whole_search.clock() / 2)
+    (tmp_path / "budget").mkdir()
+    stopped = _offsets_search(tmp_path / "budget", offsets, spec).run()
+    assert "time budget" in stopped.note and stopped.evaluations < whole.evaluations
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "monotonic", lambda: 1000.0 * next(ticks))
+    monkeypatch.setattr(time, "time", lambda: 1000.0 * next(ticks))
+    (tmp_path / "slower").mkdir()
+    slower = _offsets_search(tmp_path / "slower", offsets, spec).run()
+    assert (slower.chosen, slower.evaluations, slower.steps, slower.note) == \
+        (stopped.chosen, stopped.evaluations, stopped.steps, stopped.note)
 
 
 def test_a_choice_scores_the_same_after_another_choice_was_adopted_for_confirmation(tmp_path):
