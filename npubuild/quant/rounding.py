@@ -152,10 +152,8 @@ def rounded_weights(layer, weight: np.ndarray, scale: np.ndarray,
     if key not in gram.rounded:
         per_group = cout // len(grams)
         flat = weight.reshape(cout, -1)
-        out = np.empty(flat.shape, schemes.DTYPES["int8"])
-        for g, h in enumerate(grams):
-            rows = slice(g * per_group, (g + 1) * per_group)
-            out[rows] = gptq(flat[rows], h, scale[rows])
+        out = grouped_gptq(flat.reshape(len(grams), per_group, -1), grams,
+                           scale.reshape(len(grams), per_group))
         gram.rounded[key] = out.reshape(weight.shape)
     return gram.rounded[key]
 
@@ -180,6 +178,51 @@ def row_blocks(w: np.ndarray) -> list[slice]:
     return [slice(r, r + step) for r in range(0, w.shape[0], step)]
 
 
+def grouped_gptq(weights: np.ndarray, grams: list[np.ndarray], scales: np.ndarray) -> np.ndarray:
+    """`gptq` of each group ``g``'s ``weights[g]`` (rows × K) by its ``grams[g]`` at
+    ``scales[g]``, as int8 (groups × rows × K). A depthwise conv has one row per group and
+    hundreds of groups (PP-OCR's recognisers: 3,085 calls of `gptq` in one searched
+    quantize, mostly on 9 × 9 matrices): groups within one column block (K ≤ `COLUMN_BLOCK`,
+    where `gptq` multiplies no matrices) are rounded together, each stacked factorisation
+    LAPACK's own per matrix and the column sweep element-wise, so every group's integers are
+    the ones `gptq` gives it alone (tests/unit/quant/test_rounding.py)."""
+    groups, k = len(grams), weights.shape[-1]
+    damping = [DAMPING * float(np.diag(h).mean()) if k else 0.0 for h in grams]
+    if groups == 1 or k > COLUMN_BLOCK or not all(d > 0 and np.isfinite(d) for d in damping):
+        return np.stack([gptq(w, h, s) for w, h, s in zip(weights, grams, scales)])
+    try:
+        upper = _inverse_upper_factors(np.stack(grams) + np.asarray(damping)[:, None, None]
+                                       * np.eye(k))
+    except np.linalg.LinAlgError:  # one group's is not positive definite: each on its own
+        return np.stack([gptq(w, h, s) for w, h, s in zip(weights, grams, scales)])
+    q, _ = _rounded_columns(np.array(weights, np.float64).swapaxes(1, 2), upper, scales)
+    return q.swapaxes(1, 2).astype(schemes.DTYPES["int8"])
+
+
+def _inverse_upper_factors(damped: np.ndarray) -> np.ndarray:
+    """Upper Cholesky factors of the inverses of ``damped`` (… × K × K, positive definite):
+    row j carries column j's rounding error onto the later columns."""
+    lower = np.linalg.cholesky(damped)
+    lower_inv = np.linalg.inv(lower)
+    return np.linalg.cholesky(np.swapaxes(lower_inv, -1, -2) @ lower_inv).swapaxes(-1, -2)
+
+
+def _rounded_columns(block: np.ndarray, upper: np.ndarray, scale: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """GPTQ's sweep over one block of columns (``block``: … × B × rows, float64, changed in
+    place; ``upper``: its … × B × B factor; ``scale``: … × rows): each column rounded and its
+    error, scaled, carried onto the block's later columns. Returns the rounded columns and
+    their scaled errors (what the columns after the block take)."""
+    q, errors = np.empty_like(block), np.empty_like(block)
+    for j in range(block.shape[-2]):
+        column = block[..., j, :]
+        q[..., j, :] = np.clip(schemes.round_half_even(column / scale), -WEIGHT_BOUND,
+                               WEIGHT_BOUND)
+        errors[..., j, :] = (column - q[..., j, :] * scale) / upper[..., j, j, None]
+        block[..., j + 1:, :] -= upper[..., j, j + 1:, None] * errors[..., j, None, :]
+    return q, errors
+
+
 def gptq(weight: np.ndarray, gram: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """GPTQ's rounding of ``weight`` (cout × K) at per-row ``scale`` given the inputs' Gram
     matrix ``gram`` (K × K): int8, ``|q| ≤ 127``. Falls back to nearest rounding when the
@@ -190,22 +233,14 @@ def gptq(weight: np.ndarray, gram: np.ndarray, scale: np.ndarray) -> np.ndarray:
     if damping <= 0 or not np.isfinite(damping):
         return nearest(weight, scale)
     try:
-        lower = np.linalg.cholesky(gram + damping * np.eye(k))
-        lower_inv = np.linalg.inv(lower)
-        # upper Cholesky factor of H⁻¹: row j carries column j's error onto the later columns
-        upper = np.linalg.cholesky(lower_inv.T @ lower_inv).T
+        upper = _inverse_upper_factors(gram + damping * np.eye(k))
     except np.linalg.LinAlgError:
         return nearest(weight, scale)
     remaining = np.array(weight, np.float64).T  # K × cout: one input column per row
     q = np.empty_like(remaining)
     for start in range(0, k, COLUMN_BLOCK):
         stop = min(start + COLUMN_BLOCK, k)
-        block, u = remaining[start:stop], upper[start:stop, start:stop]
-        errors = np.empty_like(block)
-        for j in range(stop - start):
-            q[start + j] = np.clip(schemes.round_half_even(block[j] / scale),
-                                   -WEIGHT_BOUND, WEIGHT_BOUND)
-            errors[j] = (block[j] - q[start + j] * scale) / u[j, j]
-            block[j + 1:] -= np.outer(u[j, j + 1:], errors[j])
+        q[start:stop], errors = _rounded_columns(remaining[start:stop],
+                                                 upper[start:stop, start:stop], scale)
         remaining[stop:] -= upper[start:stop, stop:].T @ errors
     return q.T.astype(schemes.DTYPES["int8"])

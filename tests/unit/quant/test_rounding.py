@@ -145,3 +145,34 @@ def test_a_layer_calibrated_on_too_few_patches_keeps_nearest_rounding():
             for _ in range(rounding.MIN_PATCHES_PER_INPUT * 18)]
     gptq, _, _ = quantize(m, many, weight_rounding="gptq")
     assert not np.array_equal(gptq.layers[0].arrays["weight"], nearest.layers[0].arrays["weight"])
+
+
+@pytest.mark.parametrize("k,rows,groups", [(9, 1, 96), (25, 3, 7), (128, 2, 4), (129, 2, 3)])
+def test_groups_rounded_together_get_the_integers_each_gets_alone(k, rows, groups):
+    """A depthwise conv's hundreds of groups are rounded in one stacked sweep: each group's
+    integers are bit for bit what `gptq` gives it alone (stacked LAPACK factorisations per
+    matrix, element-wise column updates), past one column block too (each on its own)."""
+    rng = np.random.default_rng(7)
+    grams = []
+    for _ in range(groups):
+        x = rng.normal(0, 1, (4 * k + 9, k)) @ rng.normal(0, 1, (k, k))
+        grams.append(x.T @ x)
+    weights = rng.normal(0, 0.3, (groups, rows, k))
+    scales = np.abs(weights).max(axis=2) / 127
+    alone = np.stack([rounding.gptq(w, h, s) for w, h, s in zip(weights, grams, scales)])
+    together = rounding.grouped_gptq(weights, grams, scales)
+    assert together.dtype == alone.dtype
+    np.testing.assert_array_equal(together, alone)
+    assert not np.array_equal(alone, np.stack([rounding.nearest(w, s)
+                                               for w, s in zip(weights, scales)]))
+
+
+def test_a_group_never_excited_keeps_nearest_rounding_beside_groups_rounded_together():
+    rng = np.random.default_rng(8)
+    x = rng.normal(0, 1, (50, 9))
+    grams = [x.T @ x, np.zeros((9, 9)), x.T @ x]
+    weights = rng.normal(0, 0.3, (3, 1, 9))
+    scales = np.abs(weights).max(axis=2) / 127
+    together = rounding.grouped_gptq(weights, grams, scales)
+    np.testing.assert_array_equal(together[1], rounding.nearest(weights[1], scales[1]))
+    np.testing.assert_array_equal(together[0], rounding.gptq(weights[0], grams[0], scales[0]))
