@@ -16,11 +16,13 @@ class Observer:
     """Statistics of every activation tensor of one float graph, updated sample by sample."""
 
     def __init__(self, fg: FloatGraph, probe: Probe, method: str, *, every_tensor: bool = False,
-                 histograms: bool = False, weight_grams: bool = False):
+                 histograms: bool = False, weight_grams: bool = False, grams_only: bool = False):
         """``every_tensor``: observe every node output, not only the layers' tensors (so a
         lowering with other float overrides finds its statistics too); ``histograms``: keep
         every tensor's histogram whatever ``method`` needs (methods chosen per tensor later);
-        ``weight_grams``: accumulate each conv layer's input Gram matrix (GPTQ rounding)."""
+        ``weight_grams``: accumulate each conv layer's input Gram matrix (GPTQ rounding);
+        ``grams_only``: observe those matrices' tensors alone, without their histograms or
+        per-channel figures (the second pass that gathers them keeps nothing else)."""
         self.fg, self.probe = fg, probe
         self.tensors = fg.activation_tensors()
         if every_tensor:
@@ -45,17 +47,24 @@ class Observer:
                 for t in layer.outputs:
                     if t in self.stats:
                         self.stats[t].with_histogram = True
+        if grams_only:
+            self.tensors = [t for t in self.tensors if self.stats[t].patch_grams]
+            self.stats = {t: TensorStats(patch_grams=self.stats[t].patch_grams)
+                          for t in self.tensors}
         self._computed = [t for t in self.tensors if t not in fg.inputs]
         self.samples = 0
         self._method, self._every_tensor, self._histograms = method, every_tensor, histograms
-        self._weight_grams = weight_grams
+        self._weight_grams, self._grams_only = weight_grams, grams_only
 
-    def empty_like(self, weight_grams: bool | None = None) -> "Observer":
+    def empty_like(self, weight_grams: bool | None = None,
+                   grams_only: bool | None = None) -> "Observer":
         """A new observer of the same graph and tensors, with nothing observed yet (gathering
-        the conv inputs' Gram matrices if ``weight_grams``, else as this one does)."""
+        the conv inputs' Gram matrices if ``weight_grams``, those alone if ``grams_only``,
+        else as this one does)."""
         grams = self._weight_grams if weight_grams is None else weight_grams
+        alone = self._grams_only if grams_only is None else grams_only
         return Observer(self.fg, self.probe, self._method, every_tensor=self._every_tensor,
-                        histograms=self._histograms, weight_grams=grams)
+                        histograms=self._histograms, weight_grams=grams, grams_only=alone)
 
     def merge(self, stats: Mapping[str, TensorStats], samples: int) -> None:
         """Add the statistics of ``samples`` later samples (e.g. one batch, from a worker)."""

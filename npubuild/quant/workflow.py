@@ -53,6 +53,7 @@ class Options:
     equalize: bool = False   # cross-layer equalisation of conv pairs before calibration
     histograms: bool = False  # keep every tensor's histogram (methods chosen per tensor later)
     weight_grams: bool = False  # gather conv input Gram matrices (GPTQ weight rounding)
+    grams_only: bool = False  # observe those matrices alone (the pass that gathers them late)
 
 
 @dataclass
@@ -163,7 +164,8 @@ class Workflow:
         fg, probe = lower(graph.model, float_nodes=float_nodes, equalize=self.options.equalize)
         observer = calibrate.Observer(fg, probe, self.options.config.method, every_tensor=True,
                                       histograms=self.options.histograms,
-                                      weight_grams=self.options.weight_grams)
+                                      weight_grams=self.options.weight_grams,
+                                      grams_only=self.options.grams_only)
         return GraphState(graph, fg, probe, observer, float_nodes)
 
     # ---- calibration and quantization ---------------------------------------------------
@@ -196,18 +198,21 @@ class Workflow:
                             ) -> None:
         """The conv inputs' Gram matrices (GPTQ rounding) from a second pass over the
         calibration samples, for a build that needs them only once int8 has missed: the
-        first pass's statistics stay as they are. ``mapper`` gives the batch mapper for the
-        options that now ask for the matrices (Dask workers build their graphs from them)."""
+        first pass's statistics stay as they are, so the pass observes the matrices' tensors
+        alone (no histogram, range or channel figure of any tensor: PP-OCRv5 rec's pass
+        spent about half its time on those). ``mapper`` gives the batch mapper for the
+        options that now ask for the matrices alone (Dask workers build their graphs from
+        them)."""
         if self.options.weight_grams:
             return
-        self.options = replace(self.options, weight_grams=True)
+        self.options = replace(self.options, weight_grams=True, grams_only=True)
         observed = [state.observer for state in self.states]
         # the first pass's statistics stay, and only GPTQ reads the matrices: what was quantized
         # and judged with nearest rounding holds as it was
         quantized = {k: v for k, v in self._quantizations.items() if _rounds_to_nearest(k)}
         widest = {k: v for k, v in self._widest.items() if all(map(_rounds_to_nearest, k))}
         for state in self.states:
-            state.observer = state.observer.empty_like(weight_grams=True)
+            state.observer = state.observer.empty_like(weight_grams=True, grams_only=True)
         try:
             self.calibrate(samples, total=total, map_batches=mapper(self))
             for state, first in zip(self.states, observed):
@@ -217,6 +222,7 @@ class Workflow:
             self._quantizations = quantized
             self._widest = widest
         finally:
+            self.options = replace(self.options, grams_only=False)
             for state, first in zip(self.states, observed):
                 state.observer = first
 

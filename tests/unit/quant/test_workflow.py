@@ -154,3 +154,45 @@ def test_int16_everywhere_is_judged_once_per_quantization_across_the_gram_pass(t
     workflow.calibrate(samples)                             # other statistics: judged again
     workflow.widest_integer_values(samples, ["y"])
     assert len(runs) == 4
+
+
+def test_the_late_gram_pass_observes_the_grams_alone_and_gathers_the_same_matrices(
+        tmp_path, monkeypatch):
+    """`Workflow.gather_weight_grams` observes only the tensors a conv's Gram matrix is
+    gathered on (the first pass's histograms, ranges and channel figures stay as they were):
+    its matrices are bit for bit the ones a first pass gathering them too gives, and the
+    statistics it leaves are the first pass's."""
+    import pickle
+    from dataclasses import replace
+
+    from npubuild.quant import calibrators
+
+    workflow = _conv_workflow(tmp_path)
+    rng = np.random.default_rng(3)
+    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(3)]
+    updated = []
+    original = calibrators.TensorStats.update
+
+    def counted(self, x):
+        updated.append(self)
+        return original(self, x)
+
+    before = {t: pickle.dumps(s) for t, s in workflow.states[0].observer.stats.items()}
+    monkeypatch.setattr(calibrators.TensorStats, "update", counted)
+    workflow.gather_weight_grams(samples)
+    monkeypatch.undo()
+    stats = workflow.states[0].observer.stats
+    with_grams = {t for t, s in stats.items() if s.patch_grams}
+    assert with_grams and len(updated) == len(samples) * len(with_grams) < len(samples) * len(stats)
+    assert not workflow.options.grams_only
+    one_pass = Workflow(workflow.pipeline, replace(workflow.options, weight_grams=True))
+    one_pass.calibrate(samples)
+    for t, s in stats.items():
+        want = one_pass.states[0].observer.stats[t].patch_grams
+        assert s.patch_grams.keys() == want.keys()
+        for geometry, gram in s.patch_grams.items():
+            assert gram.patches == want[geometry].patches
+            assert all(np.array_equal(a, b) for a, b in zip(gram.grams, want[geometry].grams))
+        grams, s.patch_grams = s.patch_grams, {}
+        assert pickle.dumps(s) == before[t]  # the first pass's statistics, untouched
+        s.patch_grams = grams
