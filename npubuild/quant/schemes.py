@@ -249,11 +249,28 @@ def fixed_point(real: float, *, bits: int = MAX_MULTIPLIER_BITS,
 
 def fixed_point_array(reals, *, bits: int = MAX_MULTIPLIER_BITS,
                       round_up: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """``fixed_point`` element-wise: int64 multipliers and shifts."""
-    pairs = [fixed_point(r, bits=bits, round_up=round_up) for r in np.ravel(reals)]
+    """``fixed_point`` element-wise: int64 multipliers and shifts, the same integers, on whole
+    arrays (one Python call per output channel was 4 s of PP-OCRv5 rec's searched quantize,
+    1.45 million of them: every quantization the search builds)."""
+    real = np.asarray(reals, dtype=np.float64).ravel()
+    usable = (real != 0) & np.isfinite(real)
+    mantissa, exponent = np.frexp(np.where(usable, np.abs(real), 1.0))
+    exponent = exponent.astype(np.int64)
+    scaled = mantissa * 2.0 ** bits
+    m = (np.ceil(scaled) if round_up else round_half_up(scaled)).astype(np.int64)
+    n = bits - exponent
+    full = m == 1 << bits
+    m, n = np.where(full, m >> 1, m), np.where(full, n - 1, n)
+    while np.any(n > MAX_SHIFT):
+        halved = -(-m // 2) if round_up else round_half_up(m / 2).astype(np.int64)
+        over = n > MAX_SHIFT
+        m, n = np.where(over, halved, m), np.where(over, n - 1, n)
+    power_of_two = mantissa == 0.5  # a pure shift
+    m, n = np.where(power_of_two, 1, m), np.where(power_of_two, 1 - exponent, n)
+    sign = np.where(real < 0, -1, 1)
     shape = np.shape(reals)
-    return (np.array([p[0] for p in pairs], dtype=np.int64).reshape(shape),
-            np.array([p[1] for p in pairs], dtype=np.int64).reshape(shape))
+    return (np.where(usable, sign * m, 0).astype(np.int64).reshape(shape),
+            np.where(usable, n, 0).astype(np.int64).reshape(shape))
 
 
 def shared_shift(reals, *, bits: int = MAX_MULTIPLIER_BITS) -> tuple[np.ndarray, int]:
