@@ -141,21 +141,26 @@ def _patch_grams(x: np.ndarray, geo: Geometry):
 def rounded_weights(layer, weight: np.ndarray, scale: np.ndarray,
                     gram: PatchGram | None) -> np.ndarray:
     """int8 weights of a conv layer at per-output-channel ``scale``: GPTQ where ``gram`` has
-    its calibration patches, else nearest rounding (round half to even, as QuantizeLinear)."""
-    cout = weight.shape[0]
-    scale = np.broadcast_to(np.asarray(scale, np.float64), (cout,))
-    grams = gram.grams if gram is not None else None
-    if (not grams or any(h is None for h in grams)
-            or not gram.enough_patches(int(np.prod(weight.shape[1:])))):
+    its calibration patches, else nearest rounding (round half to even, as QuantizeLinear);
+    kept on ``gram`` per layer and scales either way (the search quantizes a layer again
+    under every choice: one GPTQ can't use was rounded to nearest each time)."""
+    scale = np.broadcast_to(np.asarray(scale, np.float64), (weight.shape[0],))
+    if gram is None:
         return nearest(weight, scale)
     key = (layer.name, scale.tobytes())
     if key not in gram.rounded:
-        per_group = cout // len(grams)
-        flat = weight.reshape(cout, -1)
-        out = grouped_gptq(flat.reshape(len(grams), per_group, -1), grams,
-                           scale.reshape(len(grams), per_group))
-        gram.rounded[key] = out.reshape(weight.shape)
+        gram.rounded[key] = _rounded(weight, scale, gram)
     return gram.rounded[key]
+
+
+def _rounded(weight: np.ndarray, scale: np.ndarray, gram: PatchGram) -> np.ndarray:
+    grams = gram.grams
+    if (not grams or any(h is None for h in grams)
+            or not gram.enough_patches(int(np.prod(weight.shape[1:])))):
+        return nearest(weight, scale)
+    cout, groups = weight.shape[0], len(grams)
+    flat = weight.reshape(groups, cout // groups, -1)
+    return grouped_gptq(flat, grams, scale.reshape(groups, -1)).reshape(weight.shape)
 
 
 BLOCK_ELEMENTS = 1 << 20

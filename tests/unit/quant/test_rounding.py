@@ -176,3 +176,22 @@ def test_a_group_never_excited_keeps_nearest_rounding_beside_groups_rounded_toge
     together = rounding.grouped_gptq(weights, grams, scales)
     np.testing.assert_array_equal(together[1], rounding.nearest(weights[1], scales[1]))
     np.testing.assert_array_equal(together[0], rounding.gptq(weights[0], grams[0], scales[0]))
+
+
+def test_a_layer_gptq_cannot_round_is_rounded_to_nearest_once_per_scale():
+    """The search quantizes every layer again under each choice: a layer whose Gram matrix
+    saw too few patches gets the integers it got the first time (nearest rounding's), not a
+    new rounding; other scales are rounded anew."""
+    class Layer:
+        name = "conv"
+
+    rng = np.random.default_rng(9)
+    w = rng.normal(0, 0.3, (4, 2, 3, 3))
+    scale = np.abs(w).reshape(4, -1).max(axis=1) / 127
+    gram = rounding.PatchGram(rounding.Geometry(False, (3, 3), (1, 1), (1, 1), (0, 0, 0, 0), 1))
+    gram.update(rng.normal(0, 1, (1, 2, 3, 3)))  # one patch: too few for 18 inputs
+    first = rounding.rounded_weights(Layer, w, scale, gram)
+    np.testing.assert_array_equal(first, rounding.nearest(w, scale))
+    assert rounding.rounded_weights(Layer, w, scale.copy(), gram) is first
+    wider = rounding.rounded_weights(Layer, w, scale * 2, gram)
+    np.testing.assert_array_equal(wider, rounding.nearest(w, scale * 2))
