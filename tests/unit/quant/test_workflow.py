@@ -196,3 +196,31 @@ def test_the_late_gram_pass_observes_the_grams_alone_and_gathers_the_same_matric
         grams, s.patch_grams = s.patch_grams, {}
         assert pickle.dumps(s) == before[t]  # the first pass's statistics, untouched
         s.patch_grams = grams
+
+
+def test_the_gram_pass_on_workers_merges_what_it_gathers_in_this_process(tmp_path):
+    """Dask workers build their workflow from the pass's options (`quant.fanout`): that
+    workflow's batches observe the same tensors, and the Gram pass merging them gathers the
+    matrices it gathers in this process."""
+    from dataclasses import replace
+
+    workflow = _conv_workflow(tmp_path)
+    rng = np.random.default_rng(4)
+    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(3)]
+    (tmp_path / "local").mkdir()
+    local = _conv_workflow(tmp_path / "local")
+    local.gather_weight_grams(samples)
+    seen = []
+
+    def on_workers(w: Workflow):
+        worker = Workflow(w.pipeline, replace(w.options))  # as fanout.observe_batch builds it
+        seen.append(w.options.grams_only)
+        return lambda batches: map(worker.observe_batch, batches)
+
+    workflow.gather_weight_grams(samples, mapper=on_workers)
+    assert seen == [True]
+    for t, s in workflow.states[0].observer.stats.items():
+        want = local.states[0].observer.stats[t].patch_grams
+        assert s.patch_grams.keys() == want.keys()
+        for geometry, gram in s.patch_grams.items():
+            assert all(np.array_equal(a, b) for a, b in zip(gram.grams, want[geometry].grams))
