@@ -1,0 +1,108 @@
+"""Maxima the chip has no kernel for, written as the MaxPool it runs (`npubuild.split.maxima`):
+DeepCut's Keras ``Maximum`` (a Max of two tensors) and AttaCut's ``torch.max(stack(...), -1)``
+(a ReduceMax), equal to the original in ONNX Runtime and placed on the NPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npubuild import onnx_io
+from npubuild.split import check_placement, split_model
+from npubuild.split.maxima import legal_maxima
+from npubuild.targets import load_chip
+
+
+def model_of(nodes, inits, x_shape, out_shape, opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, out_shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def maximum_model(operands: int = 2) -> onnx.ModelProto:
+    """DeepCut's shape: [64, 21, 5] branches (scaled copies of the input), their Max, a Relu."""
+    inits = [numpy_helper.from_array(np.float32(0.5 + i), f"s{i}") for i in range(operands)]
+    scaled = [helper.make_node("Mul", ["x", f"s{i}"], [f"b{i}"], name=f"branch{i}")
+              for i in range(operands)]
+    top = helper.make_node("Max", [f"b{i}" for i in range(operands)], ["m"], name="maximum")
+    relu = helper.make_node("Relu", ["m"], ["z"], name="relu")
+    return model_of([*scaled, top, relu], inits, [64, 21, 5], [64, 21, 5])
+
+
+def reduce_max_model(axes, keepdims=0, opset=18, x_shape=(1, 64, 196, 3)) -> onnx.ModelProto:
+    """AttaCut's shape: the maximum over the last axis of three stacked conv branches."""
+    out = [d for i, d in enumerate(x_shape) if i not in [a % len(x_shape) for a in axes]] \
+        if not keepdims else [1 if i in [a % len(x_shape) for a in axes] else d
+                              for i, d in enumerate(x_shape)]
+    inits, inputs, attrs = [], ["x"], {"keepdims": keepdims}
+    if opset >= 18:
+        inits.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
+        inputs.append("axes")
+    else:
+        attrs["axes"] = list(axes)
+    top = helper.make_node("ReduceMax", inputs, ["m"], name="reduce", **attrs)
+    relu = helper.make_node("Relu", ["m"], ["z"], name="relu")
+    return model_of([top, relu], inits, list(x_shape), out, opset=opset)
+
+
+def run(model, x):
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def on_npu(model) -> dict[str, str]:
+    return {p.name: p.device for p in check_placement(model, load_chip("npu-16m"))
+            if p.op != "Constant"}
+
+
+@pytest.mark.parametrize("model", [
+    pytest.param(maximum_model(), id="max_of_two"),
+    pytest.param(maximum_model(3), id="max_of_three"),
+    pytest.param(reduce_max_model([-1]), id="reduce_last_axis_opset18"),
+    pytest.param(reduce_max_model([3], keepdims=1, opset=13), id="reduce_keepdims_opset13"),
+    pytest.param(reduce_max_model([1], x_shape=(1, 4, 10, 6)), id="reduce_channels"),
+])
+def test_a_maximum_is_a_max_pool_equal_to_it_on_the_npu(model):
+    chip = load_chip("npu-16m")
+    maximum = next(n for n in model.graph.node if n.op_type in ("Max", "ReduceMax"))
+    rewritten, names = legal_maxima(model, chip)
+    assert len(names) == 1 and names[0].startswith(f"{maximum.name}/pool")
+    assert "Max" not in {n.op_type for n in rewritten.graph.node}
+    assert "ReduceMax" not in {n.op_type for n in rewritten.graph.node}
+    x = np.random.default_rng(1).standard_normal(
+        [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
+    np.testing.assert_array_equal(run(rewritten, x), run(model, x))
+    assert set(on_npu(model).values()) == {"npu"}, on_npu(model)
+
+
+def test_a_max_with_a_constant_stays_a_table():
+    # one tensor and a constant: the quantizer's lookup table, already on the NPU
+    inits = [numpy_helper.from_array(np.float32(-0.4), "c")]
+    top = helper.make_node("Max", ["x", "c"], ["z"], name="maximum")
+    model = model_of([top], inits, [1, 4, 8, 8], [1, 4, 8, 8])
+    assert legal_maxima(model, load_chip("npu-16m")) == (model, [])
+    assert on_npu(model) == {"maximum": "npu"}
+
+
+def test_a_broadcasting_max_stays_whole():
+    inits = [numpy_helper.from_array(np.float32(2.0), "s")]
+    row = helper.make_node("ReduceMean", ["x"], ["r"], name="row", axes=[3], keepdims=1)
+    top = helper.make_node("Max", ["x", "r"], ["z"], name="maximum")
+    model = model_of([row, top], inits, [1, 4, 8, 8], [1, 4, 8, 8], opset=13)
+    assert legal_maxima(model, load_chip("npu-16m")) == (model, [])
+
+
+def test_split_proves_the_rewrite_and_is_deterministic(tmp_path):
+    model = maximum_model()
+    report = split_model(model, load_chip("npu-16m"), None, tmp_path)
+    assert report["npu_segments"] == 1 and report["cpu_segments"] == 0
+    assert report["legal_convs"]["convs"] == ["maximum/pool"]
+    assert report["legal_convs"]["max_rel"] == 0.0
+    one, _ = legal_maxima(model, load_chip("npu-16m"))
+    two, _ = legal_maxima(onnx_io.clone(model), load_chip("npu-16m"))
+    assert one.SerializeToString() == two.SerializeToString()
