@@ -3,8 +3,9 @@
     plan = plan_split(model, chip, spec)          # decide (no files)
     report = split_model(model, chip, spec, out)  # decide, write, prove
 
-Modules, in the order the work happens: `graph` (index the ONNX graph), `maxima` (a Max of
-tensors or a ReduceMax, which the chip has no kernel for, as a MaxPool), `legalize` (convs the
+Modules, in the order the work happens: `graph` (index the ONNX graph), `reductions` (a Max
+of tensors, a ReduceMax or a ReduceSum, which the chip has no kernel for, as a MaxPool or a
+conv), `legalize` (convs the
 chip refuses for their stride, kernel, dilation or padding, and pools it refuses for their
 kernel or stride, rewritten as ones it runs), `plan` (support check +
 policy), `partition` (convex segments), `cost` (min_cost), `extract` (submodels),

@@ -55,11 +55,12 @@ vendor's own support list, whose limits the notes quote.
   so refused along an unpadded axis as a GlobalMaxPool (one window over the whole input) or a
   chain of MaxPools within `max_kernel`/`max_stride`. Each runs on the NPU when every node of
   it passes this table; otherwise the node stays whole with its reasons.
-- A maximum the chip has no kernel for, a Max of two or more tensors of one shape (Keras'
-  `Maximum`) or a ReduceMax over consecutive axes (`torch.max(x, dim)`), is first written by
-  the split (`npubuild.split.maxima`) as Reshapes, a Concat of the operands (a Max) and one
-  MaxPool along the stacked or reduced axis, and runs on the NPU when every node of that
-  rewrite passes this table.
+- A reduction the chip has no kernel for, a Max of two or more tensors of one shape (Keras'
+  `Maximum`), a ReduceMax (`torch.max(x, dim)`) or a ReduceSum (an attention layer's sum over
+  time; not of the whole tensor) over consecutive axes, is first written by the split (`npubuild.split.reductions`) as
+  Reshapes, a Concat of the operands (a Max) and one MaxPool, or one depthwise Conv of weights
+  1, along the stacked or reduced axis (a kernel too long then cut as above), and runs on the
+  NPU when every node of that rewrite passes this table.
 """
 
 

@@ -1,6 +1,7 @@
-"""Maxima the chip has no kernel for, written as the MaxPool it runs (`npubuild.split.maxima`):
-DeepCut's Keras ``Maximum`` (a Max of two tensors) and AttaCut's ``torch.max(stack(...), -1)``
-(a ReduceMax), equal to the original in ONNX Runtime and placed on the NPU."""
+"""Reductions the chip has no kernel for, written as the MaxPool or conv it runs
+(`npubuild.split.reductions`): DeepCut's Keras ``Maximum`` (a Max of two tensors), AttaCut's
+``torch.max(stack(...), -1)`` (a ReduceMax) and OSKut's attention sum over time (a ReduceSum),
+equal to the original in ONNX Runtime and placed on the NPU."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npubuild import onnx_io
 from npubuild.split import check_placement, split_model
-from npubuild.split.maxima import legal_maxima
+from npubuild.split.reductions import legal_reductions
 from npubuild.targets import load_chip
 
 
@@ -34,18 +35,19 @@ def maximum_model(operands: int = 2) -> onnx.ModelProto:
     return model_of([*scaled, top, relu], inits, [64, 21, 5], [64, 21, 5])
 
 
-def reduce_max_model(axes, keepdims=0, opset=18, x_shape=(1, 64, 196, 3)) -> onnx.ModelProto:
+def reduce_model(axes, keepdims=0, opset=18, x_shape=(1, 64, 196, 3), op="ReduceMax"
+                 ) -> onnx.ModelProto:
     """AttaCut's shape: the maximum over the last axis of three stacked conv branches."""
     out = [d for i, d in enumerate(x_shape) if i not in [a % len(x_shape) for a in axes]] \
         if not keepdims else [1 if i in [a % len(x_shape) for a in axes] else d
                               for i, d in enumerate(x_shape)]
     inits, inputs, attrs = [], ["x"], {"keepdims": keepdims}
-    if opset >= 18:
+    if opset >= 18 or (op == "ReduceSum" and opset >= 13):
         inits.append(numpy_helper.from_array(np.array(axes, np.int64), "axes"))
         inputs.append("axes")
     else:
         attrs["axes"] = list(axes)
-    top = helper.make_node("ReduceMax", inputs, ["m"], name="reduce", **attrs)
+    top = helper.make_node(op, inputs, ["m"], name="reduce", **attrs)
     relu = helper.make_node("Relu", ["m"], ["z"], name="relu")
     return model_of([top, relu], inits, list(x_shape), out, opset=opset)
 
@@ -63,20 +65,26 @@ def on_npu(model) -> dict[str, str]:
 @pytest.mark.parametrize("model", [
     pytest.param(maximum_model(), id="max_of_two"),
     pytest.param(maximum_model(3), id="max_of_three"),
-    pytest.param(reduce_max_model([-1]), id="reduce_last_axis_opset18"),
-    pytest.param(reduce_max_model([3], keepdims=1, opset=13), id="reduce_keepdims_opset13"),
-    pytest.param(reduce_max_model([1], x_shape=(1, 4, 10, 6)), id="reduce_channels"),
+    pytest.param(reduce_model([-1]), id="reduce_last_axis_opset18"),
+    pytest.param(reduce_model([3], keepdims=1, opset=13), id="reduce_keepdims_opset13"),
+    pytest.param(reduce_model([1], x_shape=(1, 4, 10, 6)), id="reduce_channels"),
+    # OSKut's attention: a sum over 21 steps (past max_kernel 15: then cut as a long conv)
+    pytest.param(reduce_model([1], x_shape=(64, 21, 384), op="ReduceSum"), id="sum_over_time"),
+    pytest.param(reduce_model([2, 3], keepdims=1, op="ReduceSum", opset=13), id="sum_keepdims"),
 ])
-def test_a_maximum_is_a_max_pool_equal_to_it_on_the_npu(model):
+def test_a_reduction_is_a_pool_or_conv_equal_to_it_on_the_npu(model):
     chip = load_chip("npu-16m")
-    maximum = next(n for n in model.graph.node if n.op_type in ("Max", "ReduceMax"))
-    rewritten, names = legal_maxima(model, chip)
-    assert len(names) == 1 and names[0].startswith(f"{maximum.name}/pool")
-    assert "Max" not in {n.op_type for n in rewritten.graph.node}
-    assert "ReduceMax" not in {n.op_type for n in rewritten.graph.node}
+    reduction = next(n for n in model.graph.node if n.op_type in ("Max", "ReduceMax", "ReduceSum"))
+    rewritten, names = legal_reductions(model, chip)
+    kind = "sum" if reduction.op_type == "ReduceSum" else "pool"
+    assert names == [f"{reduction.name}/{kind}"]
+    assert not {"Max", "ReduceMax", "ReduceSum"} & {n.op_type for n in rewritten.graph.node}
     x = np.random.default_rng(1).standard_normal(
         [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
-    np.testing.assert_array_equal(run(rewritten, x), run(model, x))
+    if kind == "pool":  # a maximum picks a value: bit-equal
+        np.testing.assert_array_equal(run(rewritten, x), run(model, x))
+    else:  # a sum adds in another order
+        np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-5)
     assert set(on_npu(model).values()) == {"npu"}, on_npu(model)
 
 
@@ -85,8 +93,13 @@ def test_a_max_with_a_constant_stays_a_table():
     inits = [numpy_helper.from_array(np.float32(-0.4), "c")]
     top = helper.make_node("Max", ["x", "c"], ["z"], name="maximum")
     model = model_of([top], inits, [1, 4, 8, 8], [1, 4, 8, 8])
-    assert legal_maxima(model, load_chip("npu-16m")) == (model, [])
+    assert legal_reductions(model, load_chip("npu-16m")) == (model, [])
     assert on_npu(model) == {"maximum": "npu"}
+
+
+def test_a_sum_of_the_whole_tensor_stays_whole():
+    model = reduce_model([0, 1, 2, 3], op="ReduceSum", x_shape=(1, 4, 8, 8))
+    assert legal_reductions(model, load_chip("npu-16m")) == (model, [])
 
 
 def test_a_broadcasting_max_stays_whole():
@@ -94,7 +107,7 @@ def test_a_broadcasting_max_stays_whole():
     row = helper.make_node("ReduceMean", ["x"], ["r"], name="row", axes=[3], keepdims=1)
     top = helper.make_node("Max", ["x", "r"], ["z"], name="maximum")
     model = model_of([row, top], inits, [1, 4, 8, 8], [1, 4, 8, 8], opset=13)
-    assert legal_maxima(model, load_chip("npu-16m")) == (model, [])
+    assert legal_reductions(model, load_chip("npu-16m")) == (model, [])
 
 
 def test_split_proves_the_rewrite_and_is_deterministic(tmp_path):
@@ -103,6 +116,6 @@ def test_split_proves_the_rewrite_and_is_deterministic(tmp_path):
     assert report["npu_segments"] == 1 and report["cpu_segments"] == 0
     assert report["legal_convs"]["convs"] == ["maximum/pool"]
     assert report["legal_convs"]["max_rel"] == 0.0
-    one, _ = legal_maxima(model, load_chip("npu-16m"))
-    two, _ = legal_maxima(onnx_io.clone(model), load_chip("npu-16m"))
+    one, _ = legal_reductions(model, load_chip("npu-16m"))
+    two, _ = legal_reductions(onnx_io.clone(model), load_chip("npu-16m"))
     assert one.SerializeToString() == two.SerializeToString()
