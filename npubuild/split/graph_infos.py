@@ -31,7 +31,11 @@ def build(graphs: list[tuple[str, list[str], list[str]]], shapes: dict[str, list
         if device == "npu":
             entry["context_dir"] = f"graph_ir_{i}"
         entries.append(entry)
-    names = dict.fromkeys([*model_inputs, *(t for _, ins, outs in graphs for t in (*ins, *outs))])
+    # the model's outputs last and in its order (the order a reader lists them in, `Runner`'s
+    # outputs: verify's "first model output"), not the order the segments produce them
+    last = set(model_outputs) - set(model_inputs)
+    names = dict.fromkeys([*model_inputs, *(t for _, ins, outs in graphs for t in (*ins, *outs)
+                                            if t not in last), *model_outputs])
     tensors = {name: {"shape": [int(d) for d in shapes[name]],
                       "attr": "input" if name in model_inputs else
                       "output" if name in model_outputs else "intermediate"}

@@ -278,3 +278,22 @@ def test_an_npu_island_that_only_moves_data_runs_on_the_cpu_with_its_reason(tmp_
     runner_equals_original(model, tmp_path)
     computing = {p.name: p.device for p in check_placement(chain("Sin", "Transpose", "Conv", "Sin"), NPU16)}
     assert computing["n1"] == computing["n2"] == "npu"
+
+
+def test_pipeline_outputs_keep_the_models_order(tmp_path):
+    """The model's first output comes from a later segment than its second (pyfrspell's
+    lemmatiser: `token_logits`, then `code_logits`, which the NPU graph listed first): the
+    pipeline still lists them in the model's order, which `verify.task` reads as "the first
+    model output" when `task_outputs` is not set."""
+    from npubuild.runtime.runner import Runner
+    from tests.unit.split.split_models import Net
+
+    net = Net()
+    x = net.input("x", [1, 4, 8, 8])
+    trunk = net.conv(x, 4, 4, name="trunk")
+    second = net.op("Relu", [trunk], name="second")
+    late = net.conv(net.op("Sin", [trunk], name="cpu_hop"), 4, 4, name="late")
+    model = net.model([late, second])
+    split_model(model, NPU16, None, tmp_path)
+    assert Runner(tmp_path).outputs == [late, second]
+    runner_equals_original(model, tmp_path)
