@@ -56,6 +56,8 @@ def legal_reductions(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozen
     from npubuild.split.legalize import _passing, legal_convs
     from npubuild.split.plan import infer
 
+    if not any(n.op_type in REDUCTIONS for n in model.graph.node):
+        return model, []  # most models: no second shape inference
     inferred = infer(model)
     facts = GraphFacts.from_model(inferred)
     ed = Editor(model, REWRITE)
