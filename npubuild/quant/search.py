@@ -238,7 +238,7 @@ class PrecisionSearch:
             FAKE_QUANT_NODE_SECONDS * sum(len(e.model.graph.node)
                                           for e in self.pipeline.exported.values())
             + self.model_macs / FAKE_QUANT_MACS_PER_SECOND)
-        self.configs: dict[tuple, quantizer.QuantConfig] = {}  # (graph, its own choice, ...) -> config
+        self.configs: dict[tuple, quantizer.QuantConfig] = {}  # (graph, own choice, ...) -> config
         self.feeds: dict[tuple, dict[str, np.ndarray]] = {}  # the same key -> its inputs
         self.placed: dict[tuple, frozenset[str]] = {}  # the same key -> its float layers
         self.widths: dict[tuple, dict[str, str]] = {}  # the same key -> its tensors' widths
