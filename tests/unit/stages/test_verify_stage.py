@@ -35,12 +35,12 @@ verify:
 
 
 def mixed_model() -> onnx.ModelProto:
-    """conv, conv → Max (no integer kernel: CPU) → conv → pool → Gemm → fc_out [1, 10]."""
+    """conv, conv → Min (no integer kernel: CPU) → conv → pool → Gemm → fc_out [1, 10]."""
     net = Net(seed=3)
     x = net.input("x", [1, 3, 16, 16])
     a = net.op("Relu", [net.conv(x, 3, 8, name="conv_a")])
     b = net.op("Relu", [net.conv(x, 3, 8, name="conv_b")])
-    m = net.op("Max", [a, b], name="max")
+    m = net.op("Min", [a, b], name="min")
     c = net.op("GlobalAveragePool", [net.op("Relu", [net.conv(m, 8, 16, name="conv_c")])])
     flat = net.op("Flatten", [c], name="flat")
     w = net.init("fc.w", net.rng.standard_normal((10, 16)).astype(np.float32))
@@ -63,7 +63,7 @@ def test_what_quantize_cannot_lower_is_a_cpu_segment_everywhere(built):
     support = json.loads((root / "build" / "mixed" / "split" / "support.json").read_text())
     text = json.dumps(support)
     assert "The quantizer has no integer kernel for it" in text
-    assert report["split"]["cpu_ops"] == {"Max": 1} and report["split"]["npu_segments"] == 2
+    assert report["split"]["cpu_ops"] == {"Min": 1} and report["split"]["npu_segments"] == 2
     graphs = report["quantization"]["graphs"]
     assert all(g["cpu_layers"] == [] for g in graphs.values())
 
@@ -84,7 +84,7 @@ def test_verify_reports_slices_hand_overs_and_the_task(built):
     verify = report["verify"]
     assert verify["passed"] is True
     assert verify["slices"]["last_five"]["shape"] == [1, 5]
-    assert len(verify["npu_outputs"]) == 2  # the two ReLU outputs the NPU hands to Max
+    assert len(verify["npu_outputs"]) == 2  # the two ReLU outputs the NPU hands to Min
     task = verify["task"]
     assert task["task"] == "classifier" and task["classes"] == 10
     assert 0 <= task["top5_agreement"] <= 1 and task["agreement"] == task["top1_agreement"]
