@@ -96,6 +96,16 @@ def run(model, x):
     return onnx_io.run(model, {"x": x}, ["z"])["z"]
 
 
+def assert_equal_and_on_npu(model, rewritten, chip, x_shape, atol):
+    """``rewritten`` computes ``model``'s output in ONNX Runtime, and the split places every
+    node of ``model`` (rewritten by it) on ``chip``'s NPU."""
+    x = np.random.default_rng(1).standard_normal(x_shape).astype(np.float32)
+    np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=atol)
+    placed = check_placement(model, chip)
+    assert {p.device for p in placed if p.op != "Constant"} == {"npu"}, \
+        [(p.name, p.reasons) for p in placed]
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rewrite_equals_the_conv_and_runs_on_the_npu(case):
     x_shape, w_shape, attrs = CASES[case]
@@ -105,11 +115,7 @@ def test_rewrite_equals_the_conv_and_runs_on_the_npu(case):
     chip = small_chip()
     rewritten, names = legal_convs(model, chip)
     assert names == ["conv"]
-    x = np.random.default_rng(1).standard_normal(x_shape).astype(np.float32)
-    np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-4)
-    placed = check_placement(model, chip)
-    assert {p.device for p in placed if p.op != "Constant"} == {"npu"}, \
-        [(p.name, p.reasons) for p in placed]
+    assert_equal_and_on_npu(model, rewritten, chip, x_shape, atol=1e-4)
 
 
 def test_an_unnamed_conv_is_rewritten_and_named_after_its_output():
@@ -274,11 +280,7 @@ def test_pool_chain_equals_the_pool_and_runs_on_the_npu(case):
     assert [n.op_type for n in rewritten.graph.node if n.op_type in (op, "Conv")] == \
         (["Conv"] if mean else [op] * len([n for n in rewritten.graph.node if n.op_type == op]))
     assert mean or len([n for n in rewritten.graph.node if n.op_type == op]) > 1
-    x = np.random.default_rng(1).standard_normal(x_shape).astype(np.float32)
-    np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-6)
-    placed = check_placement(model, chip)
-    assert {p.device for p in placed if p.op != "Constant"} == {"npu"}, \
-        [(p.name, p.reasons) for p in placed]
+    assert_equal_and_on_npu(model, rewritten, chip, x_shape, atol=1e-6)
 
 
 def test_a_max_pool_of_the_whole_input_is_a_global_pool():
@@ -286,10 +288,7 @@ def test_a_max_pool_of_the_whole_input_is_a_global_pool():
     rewritten, names = legal_convs(model, small_chip())
     assert names == ["pool"]
     assert [n.op_type for n in rewritten.graph.node] == ["GlobalMaxPool", "Relu"]
-    x = np.random.default_rng(1).standard_normal([1, 3, 16, 16]).astype(np.float32)
-    np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-6)
-    placed = check_placement(model, small_chip())
-    assert {p.device for p in placed if p.op != "Constant"} == {"npu"}
+    assert_equal_and_on_npu(model, rewritten, small_chip(), [1, 3, 16, 16], atol=1e-6)
 
 
 @pytest.mark.parametrize("op, x_shape, kernel, strides, attrs", [
