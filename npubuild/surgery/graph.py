@@ -34,12 +34,20 @@ class Editor:
         self._index: tuple[dict, dict] | None = None
         self._shapes: dict[str, tuple[int, list]] | None = None
         self._frozen: dict[str, tuple[int, list]] | None = None
+        # by name, and every name in use: a linear scan per lookup made rewrites quadratic
+        # (an unrolled recurrence has thousands of nodes and initializers)
+        self._inits: dict[str, onnx.TensorProto] | None = None
+        self._names: set[str] | None = None
+        self._node_names: set[str] | None = None
 
     # -- indexes ---------------------------------------------------------------------------
     def touch(self) -> None:
         """Forget the indexes and shapes (call after editing the protos directly)."""
         self._index = None
         self._shapes = None
+        self._inits = None
+        self._names = None
+        self._node_names = None
 
     def _indexes(self) -> tuple[dict, dict]:
         if self._index is None:
@@ -76,12 +84,17 @@ class Editor:
         return tensor in self.output_names
 
     def tensor_names(self) -> set[str]:
-        names = {i.name for i in self.graph.input} | {t.name for t in self.graph.initializer}
-        for node in self.graph.node:
-            names.update(node.input)
-            names.update(node.output)
-        names.discard("")
-        return names
+        return set(self._tensor_names())
+
+    def _tensor_names(self) -> set[str]:
+        if self._names is None:
+            names = {i.name for i in self.graph.input} | {t.name for t in self.graph.initializer}
+            for node in self.graph.node:
+                names.update(node.input)
+                names.update(node.output)
+            names.discard("")
+            self._names = names
+        return self._names
 
     # -- lookup with errors that name what exists ----------------------------------------
     def node(self, name: str, op_type: str | None = None) -> onnx.NodeProto:
@@ -120,10 +133,11 @@ class Editor:
 
     # -- constants ----------------------------------------------------------------------------
     def initializer(self, name: str) -> onnx.TensorProto | None:
-        for tensor in self.graph.initializer:
-            if tensor.name == name:
-                return tensor
-        return None
+        if self._inits is None:
+            self._inits = {}
+            for tensor in self.graph.initializer:
+                self._inits.setdefault(tensor.name, tensor)  # the first, as a scan finds
+        return self._inits.get(name)
 
     def overridable(self, name: str) -> bool:
         """An initializer also listed as a graph input is a default value (IR >= 4)."""
@@ -160,17 +174,27 @@ class Editor:
     def set_initializer(self, name: str, value: np.ndarray) -> None:
         tensor = onnx.numpy_helper.from_array(np.asarray(value), name)
         self.graph.initializer.append(tensor)
+        if self._inits is not None:
+            self._inits.setdefault(name, self.graph.initializer[-1])
+        if self._names is not None:
+            self._names.add(name)
         if self.model.ir_version < 4:  # IR 3 lists every initializer as a graph input
             self.graph.input.append(onnx.helper.make_tensor_value_info(
                 name, tensor.data_type, list(tensor.dims)))
 
     # -- names ---------------------------------------------------------------------------------
     def unique_tensor(self, hint: str) -> str:
-        taken = self.tensor_names()
-        return unique_name(hint, taken)
+        names = self._tensor_names()
+        name = unique_name(hint, names)
+        names.add(name)  # reserved: the caller may write it into a node directly
+        return name
 
     def unique_node(self, hint: str) -> str:
-        return unique_name(hint, {n.name for n in self.graph.node})
+        if self._node_names is None:
+            self._node_names = {n.name for n in self.graph.node}
+        name = unique_name(hint, self._node_names)
+        self._node_names.add(name)
+        return name
 
     # -- nodes ---------------------------------------------------------------------------------
     def make_node(self, op_type: str, inputs: list[str], outputs: list[str], name_hint: str,
@@ -180,7 +204,10 @@ class Editor:
                                      domain=domain or None, **attrs)
         node.doc_string = f"npubuild surgery: {self.rewrite}"
         self.graph.node.append(node)
-        self.touch()
+        self._index = None  # a new node: new producers and consumers, no initializer
+        self._shapes = None
+        if self._names is not None:
+            self._names.update(n for n in (*inputs, *outputs) if n)
         return self.graph.node[-1]  # the graph's own copy, so later edits reach the graph
 
     def remove(self, *nodes: onnx.NodeProto) -> None:
