@@ -391,58 +391,6 @@ def _keep_declared(model: onnx.ModelProto, declared: onnx.ModelProto) -> None:
             ttype.shape.CopyFrom(theirs.shape)
 
 
-def gather_one_index_as_slice(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Each Gather of a computed tensor by one constant index (PyTorch's ``select``: splitting
-    attention's packed q, k and v, picking a time step) as the Slice of that index and, for a
-    scalar index, a Squeeze of the axis: the same elements moved, which the chips run where
-    they run no Gather (the table lookup of an embedding, a Gather of a constant, stays).
-    Unchanged when there is none."""
-    inits = {t.name: t for t in model.graph.initializer}
-    constant_outputs = {n.output[0] for n in model.graph.node if n.op_type == "Constant"}
-
-    def index_of(node) -> int | None:
-        if (node.op_type != "Gather" or node.domain not in STANDARD_DOMAINS or len(node.input) != 2
-                or node.input[0] in inits or node.input[0] in constant_outputs
-                or node.input[1] not in inits):
-            return None
-        index = onnx.numpy_helper.to_array(inits[node.input[1]])
-        return int(index.reshape(-1)[0]) if index.size == 1 and index.ndim <= 1 else None
-
-    if onnx_io.opset_of(model) < 13 or not any(index_of(n) is not None for n in model.graph.node):
-        return model
-    model = onnx_io.clone(model)
-    graph = model.graph
-    shapes = _shapes(graph)
-    nodes: list[onnx.NodeProto] = []
-    for node in graph.node:
-        index = index_of(node)
-        shape = shapes.get(node.input[0]) if index is not None else None  # a node may have no input
-        if index is None or shape is None:
-            nodes.append(node)
-            continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        axis += len(shape) if axis < 0 else 0
-        size = shape[axis]
-        if size is None:
-            nodes.append(node)
-            continue
-        index += size if index < 0 else 0
-        out, scalar = node.output[0], onnx.numpy_helper.to_array(inits[node.input[1]]).ndim == 0
-        base = node.name or out
-        params = {f"{base}/{key}": np.array([value], np.int64)
-                  for key, value in (("start", index), ("end", index + 1), ("axis", axis))}
-        graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in params.items())
-        sliced = f"{out}/slice" if scalar else out
-        nodes.append(onnx.helper.make_node("Slice", [node.input[0], *params], [sliced],
-                                           name=f"{base}/as_slice"))
-        if scalar:
-            nodes.append(onnx.helper.make_node("Squeeze", [sliced, f"{base}/axis"], [out],
-                                               name=f"{base}/squeeze"))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return _infer(model)
-
-
 WINDOW_POOLS = ("MaxPool", "AveragePool", "LpPool")
 GLOBAL_POOLS = ("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool")
 

@@ -11,7 +11,9 @@ a Loop or Scan whose iterations the constants decide is unrolled over them,
 `npubuild.frontends.recurrent`; a MatMul by a constant left operand becomes the product by a
 constant right one; a Gemm whose C is computed, a Gemm and an Add; each 1-D
 Conv, ConvTranspose or pool becomes the 2-D one of a height-1 image, and each 2-D ConvTranspose a Conv,
-a pixel shuffle and a slice; `npubuild.frontends.onnx`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
+a pixel shuffle and a slice; `npubuild.frontends.onnx`; a Gather by constant indices and a
+full reversal of a computed tensor become the Slices and Concat that move the same elements,
+`npubuild.frontends.movement`) and the checker runs. Proof: ONNX Runtime runs the result and its outputs equal the source's on the proof
 inputs (`npubuild.proofs`: the recipe's ``model.inputs[].proof``, else the first calibration
 sample, else seeded random values), saved as ``proof_inputs.npz`` for every later proof (ONNX:
 ONNX Runtime on the original, bit-identical, or within 1e-5 of the scale where import folded
@@ -44,7 +46,7 @@ import onnx
 from npubuild import onnx_io, proofs
 from npubuild.atomic import write_json
 from npubuild.errors import BuildError, UserError, did_you_mean
-from npubuild.frontends import TF_FORMATS, dequantize
+from npubuild.frontends import TF_FORMATS, dequantize, movement
 from npubuild.frontends import onnx as onnx_frontend
 from npubuild.model_inputs import same_input
 from npubuild.recipe import LoadedRecipe
@@ -97,7 +99,7 @@ def _import(ctx: StageContext) -> dict:
                          ("softmaxes", softmaxes),
                          ("constant_left_matmuls", constant_left_matmuls),
                          ("gemm_bias_as_add", gemm_biases_as_add),
-                         ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", slice_one_index_gathers),
+                         ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", constant_moves_as_slices),
                          ("conv_transpose_as_conv_and_shuffle", shuffle_conv_transposes)):
         model, figures = rewrite(model, feeds)
         if figures:
@@ -605,20 +607,20 @@ def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, 
                   "max_rel": proof["max_rel"]}
 
 
-def slice_one_index_gathers(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
-    """Each Gather of a computed tensor by one constant index as a Slice (and Squeeze)
-    (`onnx_frontend.gather_one_index_as_slice`), proven bit-identical on the proof inputs; the
-    proof's figures, or {} when there is none."""
-    sliced = onnx_frontend.gather_one_index_as_slice(model)
+def constant_moves_as_slices(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each Gather by constant indices and each full reversal of a computed tensor as Slices
+    (a Concat, a Squeeze) (`movement.constant_moves_as_slices`), proven bit-identical on the
+    proof inputs; how many of each, or {} when there is none."""
+    sliced, counts = movement.constant_moves_as_slices(model)
     if sliced is model:
         return model, {}
     names = [o.name for o in model.graph.output]
     _, bad = proofs.compare(proofs.run(model, feeds, names), proofs.run(sliced, feeds, names),
                             exact=True)
     if bad:
-        raise BuildError(f"a Gather of one index written as a Slice changes the model: {bad[0]}",
-                         stage="import", hint="report this with the model")
-    return sliced, {"gathers": len([n for n in sliced.graph.node if n.name.endswith("/as_slice")])}
+        raise BuildError(f"a Gather or reversal by constant indices written as Slices changes "
+                         f"the model: {bad[0]}", stage="import", hint="report this with the model")
+    return sliced, counts
 
 
 def shuffle_conv_transposes(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

@@ -259,66 +259,6 @@ def test_1d_pools_become_2d_pools_of_height_one_that_the_quantizer_takes(opset):
     assert onnx_frontend.conv1d_as_2d(model) is model
 
 
-def _select_model() -> onnx.ModelProto:
-    """Attention's packed projections split as PyTorch exports ``select``: a Gather of a
-    computed [3, 8, 1, 4] tensor by the scalar indices 0, 1 and 2 on axis 0, one by the
-    1-element index [-1] on the last axis, beside an embedding (a Gather of a constant table)."""
-    h = onnx.helper
-    rng = np.random.default_rng(0)
-    nodes = [h.make_node("Gather", ["table", "ids"], ["emb"], name="embedding"),
-             h.make_node("Reshape", ["emb", "packed_shape"], ["packed"]),
-             h.make_node("Relu", ["packed"], ["act"])]
-    outputs = []
-    for k in range(3):
-        nodes.append(h.make_node("Gather", ["act", f"k{k}"], [f"part{k}"], axis=0, name=f"select_{k}"))
-        outputs.append(f"part{k}")
-    nodes.append(h.make_node("Gather", ["act", "last"], ["tail"], axis=-1, name="select_last"))
-    outputs.append("tail")
-    inits = [onnx.numpy_helper.from_array(rng.normal(size=(10, 12)).astype(np.float32), "table"),
-             onnx.numpy_helper.from_array(np.array([3, 8, 1, 4], np.int64), "packed_shape"),
-             onnx.numpy_helper.from_array(np.array([-1], np.int64), "last"),
-             *[onnx.numpy_helper.from_array(np.array(k, np.int64), f"k{k}") for k in range(3)]]
-    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("ids", onnx.TensorProto.INT64, [1, 8])],
-                         [h.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outputs],
-                         inits)
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
-    return onnx.shape_inference.infer_shapes(model)
-
-
-def test_a_gather_of_one_constant_index_becomes_a_slice_the_npu_runs():
-    """khmersm's transformer splits its packed q, k, v with torch's ``select`` (Gather of one
-    index): npu-16m runs no Gather, so each cut the attention block into more hand-overs."""
-    from npubuild.split import check_placement
-    from npubuild.targets import load_chip
-
-    source = _select_model()
-    model = onnx_frontend.gather_one_index_as_slice(source)
-    assert [n.op_type for n in model.graph.node].count("Gather") == 1  # the embedding stays
-    feeds = {"ids": np.arange(8, dtype=np.int64).reshape(1, 8)}
-    names = [o.name for o in source.graph.output]
-    expected, got = onnx_io.run(source, feeds, names), onnx_io.run(model, feeds, names)
-    for name in names:
-        assert got[name].shape == expected[name].shape
-        np.testing.assert_array_equal(got[name], expected[name])
-    placed = {p.name: p.device for p in check_placement(model, load_chip("npu-16m"))}
-    assert placed["select_0/as_slice"] == placed["select_0/squeeze"] == "npu"
-    assert placed["select_last/as_slice"] == "npu"
-    assert {p.name: p.device for p in check_placement(source, load_chip("npu-16m"))}["select_0"] == "cpu"
-    assert onnx_frontend.gather_one_index_as_slice(model) is model
-
-
-def test_a_node_without_inputs_beside_a_one_index_gather_is_kept():
-    """A Constant node (no input at all) beside a Gather to rewrite: Silero VAD v5's import
-    stopped with IndexError when the rewrite looked up every node's first input."""
-    source = _select_model()
-    constant = onnx.helper.make_node("Constant", [], ["unused"], name="constant",
-                                     value=onnx.numpy_helper.from_array(np.float32(1.0)))
-    source.graph.node.insert(0, constant)
-    model = onnx_frontend.gather_one_index_as_slice(source)
-    assert model.graph.node[0].op_type == "Constant"
-    assert [n.op_type for n in model.graph.node].count("Gather") == 1
-
-
 def _dft_model() -> onnx.ModelProto:
     """A spectrum as tf2onnx writes a TFLite RFFT: the cos/sin basis computed in the graph
     (CumSum of ones, Mul, Cos, Sin, Concat) and multiplied as the *left* operand of a MatMul

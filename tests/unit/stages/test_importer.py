@@ -346,7 +346,7 @@ def test_validate_checks_a_model_whose_small_initializers_are_external_data(tmp_
 
 
 def test_a_gather_of_one_index_is_imported_as_a_slice_and_proved(cli, tmp_path):
-    from tests.unit.frontends.test_onnx import _select_model
+    from tests.unit.frontends.test_movement import _select_model
 
     onnx.save(_select_model(), str(tmp_path / "select.onnx"))
     result = run_import(cli, tmp_path, recipe_text(tmp_path / "select.onnx"))

@@ -1,0 +1,172 @@
+"""Data movement by constant indices, written as the Slices (and a Concat) the chips run.
+
+The chips run no Gather and no reversal, but they run Slice, Squeeze and Concat. Where the
+indices are constants the same elements move either way, so import rewrites (bit-identical,
+proven by the import stage):
+
+- a Gather of a computed tensor by a constant index (PyTorch's ``select`` splitting attention's
+  packed q, k and v; ``x[:, [2, 1, 0]]`` swapping colour channels): one Slice per run of
+  consecutive ascending indices, a Concat of the runs where there are several, and a Squeeze of
+  the axis for a scalar index;
+- a full reversal along one axis: a ReverseSequence whose constant lengths are all the axis
+  (tf2onnx's ``tf.reverse``, a Keras Bidirectional RNN's backward direction): the Gather of
+  the reversed indices.
+
+Where every reader of such a move is itself a Slice along the moved axis (an unrolled loop
+reading one step of a reversed sequence), each reader takes its own indices of the move
+directly and the move disappears: a reversal read step by step is the same steps in the
+other order. A Slice of negative step (PyTorch's ``flip``) is such a move too, rewritten only
+where its readers take it over (the chips' Slice runs a negative step itself). The table
+lookup of an embedding (a Gather of a constant) stays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from npubuild import onnx_io
+from npubuild.onnx_io import STANDARD_DOMAINS
+from npubuild.surgery.graph import Editor
+from npubuild.surgery.opsets import attr, slice_spec
+
+MIN_GATHER_AS_SLICE_OPSET = 13  # Squeeze takes its axes as an input from here
+
+
+@dataclass(frozen=True)
+class Move:
+    """A node that only picks ``indices`` of its input along ``axis`` (``scalar``: and drops
+    that axis, as a Gather by a 0-d index does)."""
+
+    source: str
+    axis: int
+    indices: tuple[int, ...]
+    scalar: bool = False
+    kind: str = "gathers"  # the figure it counts in: "gathers" or "reversals"
+
+
+def constant_moves_as_slices(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """``model`` with each constant-index move (module doc) written as Slices, a Concat and a
+    Squeeze, and how many of each kind were rewritten; ``model`` itself and {} when there is
+    none."""
+    if onnx_io.opset_of(model) < MIN_GATHER_AS_SLICE_OPSET:
+        return model, {}
+    ed = Editor(model, "constant moves as slices")
+    moves = {id(n): m for n in ed.graph.node if (m := _move(ed, n)) is not None}
+    if not moves:
+        return model, {}
+    rewritten: list[tuple[onnx.NodeProto, Move]] = []
+    counts: dict[str, int] = {}
+    for node in list(ed.graph.node):
+        move = moves.get(id(node))
+        if move is None:
+            continue
+        windows = _windows(ed, node, move)
+        if windows is None and node.op_type == "Slice":
+            continue  # the chips' Slice takes a negative step: only its readers gain
+        counts[move.kind] = counts.get(move.kind, 0) + 1
+        if windows is None:
+            rewritten.append((node, move))
+            continue
+        # read only through Slices of the moved axis: each reader moves its own indices
+        ed.remove(node)
+        for reader, (start, end) in windows:
+            rewritten.append((reader, Move(move.source, move.axis, move.indices[start:end])))
+    ed.remove(*(node for node, _ in rewritten))
+    for node, move in rewritten:
+        _as_slices(ed, move, node.output[0], node.name or node.output[0])
+    return ed.finish(prune=False), dict(sorted(counts.items()))
+
+
+def _move(ed: Editor, node: onnx.NodeProto) -> Move | None:
+    if node.domain not in STANDARD_DOMAINS or not node.input or ed.is_constant(node.input[0]):
+        return None
+    shape = ed.shape(node.input[0])
+    if shape is None:
+        return None
+    if node.op_type == "Gather" and len(node.input) == 2:
+        index = ed.constant(node.input[1])
+        axis = attr(node, "axis", 0) % len(shape)
+        if index is None or index.ndim > 1 or index.size == 0:
+            return None
+        size = shape[axis]
+        flat = [int(i) + size if i < 0 else int(i) for i in index.reshape(-1)]
+        if not all(0 <= i < size for i in flat):
+            return None  # ONNX Runtime's error is the user's, not a rewrite's
+        return Move(node.input[0], axis, tuple(flat), scalar=index.ndim == 0)
+    if node.op_type == "ReverseSequence" and len(node.input) == 2:
+        axis = attr(node, "time_axis", 0) % len(shape)
+        lengths = ed.constant(node.input[1])
+        if lengths is None or not np.all(lengths == shape[axis]):
+            return None
+        return Move(node.input[0], axis, tuple(range(shape[axis] - 1, -1, -1)), kind="reversals")
+    if node.op_type == "Slice":
+        spec = slice_spec(ed, node, len(shape))
+        if spec is None or len(spec) != 1 or spec[0][3] >= 0:
+            return None
+        axis, start, end, step = spec[0]
+        return Move(node.input[0], axis, _picked(start, end, step, shape[axis]), kind="reversals")
+    return None
+
+
+def _picked(start: int, end: int, step: int, size: int) -> tuple[int, ...]:
+    """The indices ONNX's Slice picks along an axis of ``size`` (its clamping, not Python's)."""
+    start, end = (v + size if v < 0 else v for v in (start, end))
+    if step > 0:
+        start, end = min(max(start, 0), size), min(max(end, 0), size)
+    else:
+        start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
+    return tuple(range(start, end, step))
+
+
+def _windows(ed: Editor, node: onnx.NodeProto, move: Move
+             ) -> list[tuple[onnx.NodeProto, tuple[int, int]]] | None:
+    """Each reader of the move with the positions ``[start, end)`` of its output it reads,
+    when every reader is a Slice of the moved axis alone with step 1; else None."""
+    out = node.output[0]
+    readers = ed.consumers(out)
+    if move.scalar or ed.is_graph_output(out) or not readers:
+        return None
+    rank = len(ed.shape(move.source))
+    windows = []
+    for reader in readers:
+        spec = slice_spec(ed, reader, rank) if reader.op_type == "Slice" and \
+            reader.domain in STANDARD_DOMAINS and reader.input[0] == out else None
+        if spec is None or len(spec) != 1 or spec[0][0] != move.axis or spec[0][3] != 1:
+            return None
+        picked = _picked(spec[0][1], spec[0][2], 1, len(move.indices))
+        if not picked:
+            return None
+        windows.append((reader, (picked[0], picked[-1] + 1)))
+    return windows
+
+
+def _runs(indices: tuple[int, ...]) -> list[tuple[int, int]]:
+    """``indices`` as ``[start, end)`` runs of consecutive ascending positions."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
+def _as_slices(ed: Editor, move: Move, out: str, base: str) -> None:
+    """Write ``out`` from ``move.source``: a Slice per run, a Concat of several, a Squeeze for
+    a scalar index."""
+    runs = _runs(move.indices)
+    axis = ed.add_initializer(np.array([move.axis], np.int64), f"{base}/axis")
+    whole = len(runs) == 1 and not move.scalar
+    pieces = [out] if whole else [ed.unique_tensor(f"{out}/slice{k}") for k in range(len(runs))]
+    for k, ((start, end), piece) in enumerate(zip(runs, pieces)):
+        label = "as_slice" if len(runs) == 1 else f"run{k}"
+        bounds = [ed.add_initializer(np.array([v], np.int64), f"{base}/{label}_{key}")
+                  for key, v in (("start", start), ("end", end))]
+        ed.make_node("Slice", [move.source, *bounds, axis], [piece], f"{base}/{label}")
+    if move.scalar:
+        ed.make_node("Squeeze", [pieces[0], axis], [out], f"{base}/squeeze")
+    elif not whole:
+        ed.make_node("Concat", pieces, [out], f"{base}/concat", axis=move.axis)
