@@ -21,9 +21,11 @@ rounding noise decides it). So a tensor is judged by
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from npubuild.metrics import range_errors, rms, similarity
+from npubuild.metrics import Similarity, range_errors, rms, similarity
 from npubuild.verify.limits import Thresholds
 
 QUIET = 0.05
@@ -41,6 +43,21 @@ def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int | N
                "deployed": list(np.shape(gots[mismatched[0]]))} if mismatched else None)
     if mismatched:
         refs, gots = map(list, zip(*(common_part(r, g) for r, g in zip(refs, gots))))
+    out = _finite_float_metrics(refs, gots)
+    if out is None:
+        out = _metrics(refs, gots)
+    rank = np.ndim(refs[0])
+    if (axis is not None and rank >= 2 and -rank <= axis < rank and np.shape(refs[0])[axis] > 1
+            and len({np.shape(r)[axis] for r in refs}) == 1):  # varying along it: no channels
+        out.update(channel_metrics(refs, gots, axis))
+    if shapes:
+        out["shape_mismatch"] = shapes
+    return out
+
+
+def _metrics(refs: list[np.ndarray], gots: list[np.ndarray]) -> dict:
+    """`tensor_metrics`' figures but the channels', spelled as the metrics define them (any
+    dtype, infinities and NaNs); `_finite_float_metrics` computes the same bytes faster."""
     ref = np.concatenate([np.ravel(r) for r in refs])
     got = np.concatenate([np.ravel(g) for g in gots])
     out = similarity(ref, got).as_dict()
@@ -52,13 +69,79 @@ def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int | N
     worst = min(loud, key=loud.get) if loud else None
     out["min_sample_cosine"] = None if worst is None else loud[worst]
     out["worst_sample"], out["samples_judged"] = worst, len(loud)
-    rank = np.ndim(refs[0])
-    if (axis is not None and rank >= 2 and -rank <= axis < rank and np.shape(refs[0])[axis] > 1
-            and len({np.shape(r)[axis] for r in refs}) == 1):  # varying along it: no channels
-        out.update(channel_metrics(refs, gots, axis))
-    if shapes:
-        out["shape_mismatch"] = shapes
     return out
+
+
+def _finite_float_metrics(refs: list[np.ndarray], gots: list[np.ndarray]) -> dict | None:
+    """`_metrics`' figures, the same bytes, where every value is a finite float (None
+    otherwise: `_metrics` then): each product summed once, over the whole tensor and over
+    each sample's slice of it, where `_metrics` converts, subtracts and multiplies the same
+    arrays again per figure and per sample (the precision search judges a long output tens of
+    times: PP-OCRv5 rec's [1, 40, 18385] x 8 samples took 0.85 s a judge). The sums are
+    NumPy's pairwise sums over the same contiguous runs (`metrics.dot`), so the same bits."""
+    if not all(np.asarray(a).dtype.kind == "f" and np.asarray(a).dtype.itemsize <= 8
+               for a in (*refs, *gots)):
+        return None
+    ref = np.concatenate([np.ravel(r) for r in refs]).astype(np.float64, copy=False)
+    got = np.concatenate([np.ravel(g) for g in gots]).astype(np.float64, copy=False)
+    if not ref.size or not (np.isfinite(ref).all() and np.isfinite(got).all()):
+        return None
+    sizes = np.cumsum([0] + [np.size(r) for r in refs])
+    spans = list(zip(sizes[:-1].tolist(), sizes[1:].tolist()))
+
+    def sums(product: np.ndarray) -> tuple[float, list[float]]:
+        return (float(np.sum(product)),
+                [float(np.sum(product[a:b])) for a, b in spans])
+
+    rr, rr_each = sums(ref * ref)
+    gg, gg_each = sums(got * got)
+    rg, rg_each = sums(ref * got)
+    diff = ref - got
+    dd = float(np.sum(diff * diff))
+    err, ref_norm, got_norm = math.sqrt(dd), math.sqrt(rr), math.sqrt(gg)
+    ref_max, ref_min = float(ref.max()), float(ref.min())
+    got_max, got_min = float(got.max()), float(got.min())
+    max_abs = float(np.max(np.abs(diff)))
+    differs = bool(np.any(diff))  # not dd > 0: a tiny difference's square may underflow
+    del diff
+    mid = (ref + got) / 2
+    mid_norm = math.sqrt(float(np.sum(mid * mid)))
+    del mid
+    scale = max(abs(ref_max), abs(ref_min))  # max |ref|: the same float, exactly
+    whole = _cosine(rr, gg, rg)
+    euclid = 1.0 if err == 0 else (1.0 - err / mid_norm if mid_norm else 0.0)
+    sqnr = (float("inf") if err == 0 else
+            (float(10 * np.log10(ref_norm**2 / err**2)) if ref_norm else -float("inf")))
+    max_rel = max_abs / scale if scale else (0.0 if max_abs == 0 else float("inf"))
+    out = Similarity(whole, euclid, sqnr, max_abs, max_rel, not differs).as_dict()
+    if not differs:  # `range_errors`: no difference, no error
+        out["range_error"], out["rms_range_error"] = 0.0, 0.0
+    else:
+        span = ref_max - ref_min
+        if span == 0:
+            span = scale
+        out["range_error"], out["rms_range_error"] = (
+            (_finite(v) for v in (max_abs / span, math.sqrt(dd / ref.size) / span)) if span
+            else (None, None))
+    out["reference_peak"] = _finite(scale)
+    out["deployed_peak"] = _finite(max(abs(got_max), abs(got_min)))
+    whole_rms = math.sqrt(rr / ref.size)
+    loud = {i: _cosine(rr_each[i], gg_each[i], rg_each[i]) for i, (a, b) in enumerate(spans)
+            if b - a > 1 and whole_rms > 0 and math.sqrt(rr_each[i] / (b - a)) >= QUIET * whole_rms}
+    worst = min(loud, key=loud.get) if loud else None
+    out["min_sample_cosine"] = None if worst is None else loud[worst]
+    out["worst_sample"], out["samples_judged"] = worst, len(loud)
+    return out
+
+
+def _cosine(rr: float, gg: float, rg: float) -> float:
+    """`metrics.similarity`'s cosine from the sums of squares and of products."""
+    ref_norm, got_norm = math.sqrt(rr), math.sqrt(gg)
+    if ref_norm == 0 and got_norm == 0:
+        return 1.0
+    if ref_norm == 0 or got_norm == 0:
+        return 0.0
+    return rg / (ref_norm * got_norm)
 
 
 def common_part(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -81,9 +164,11 @@ def channel_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int) -
     spans = ref.max(axis=1) - ref.min(axis=1)
     full = float(ref.max() - ref.min()) if ref.size else 0.0
     judged = np.nonzero(spans >= QUIET * full)[0] if full else np.array([], np.int64)
-    cosines = dict(zip(judged.tolist(), channel_cosines(ref[judged], got[judged]).tolist()))
+    cosines = dict(zip(judged.tolist(), channel_cosines(_rows(ref, judged),
+                                                        _rows(got, judged)).tolist()))
     alive = np.nonzero(spans >= DEAD_SPAN * full)[0] if full else np.array([], np.int64)
-    kept = got[alive].max(axis=1) - got[alive].min(axis=1) if alive.size else np.array([])
+    kept = (_rows(got, alive).max(axis=1) - _rows(got, alive).min(axis=1) if alive.size
+            else np.array([]))
     dead = [int(c) for c, k in zip(alive, kept) if k == 0.0]
     worst = min(cosines, key=cosines.get) if cosines else None
     return {"channel_axis": axis, "channels_judged": len(cosines), "dead_channels": dead[:16],
@@ -92,6 +177,14 @@ def channel_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int) -
             # result over the reference's (0: dead)
             "min_channel_span_ratio": float(np.min(kept / spans[alive])) if alive.size else None,
             "worst_channel": None if worst is None else {"index": worst, "cosine": cosines[worst]}}
+
+
+def _rows(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``matrix[rows]``, without the copy where ``rows`` is every row in order and the matrix
+    is C-ordered already (usually: a copy of a long output's every channel cost as much as
+    their cosines). C order as indexing gives it: row sums follow the memory layout."""
+    return (np.ascontiguousarray(matrix) if np.array_equal(rows, np.arange(len(matrix)))
+            else matrix[rows])
 
 
 def channel_cosines(ref: np.ndarray, got: np.ndarray) -> np.ndarray:

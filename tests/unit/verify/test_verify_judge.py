@@ -159,3 +159,56 @@ def test_an_output_whose_length_depends_on_its_values_is_a_miss_not_a_crash():
     assert min(cosine_margins(m, limits)) == -0.5  # fewer samples differing ranks higher
     same = tensor_metrics(refs, [noisy(r, 0.001) for r in refs])  # lengths agree: judged as ever
     assert "shape_mismatch" not in same and failures("output 'structure'", same, limits) == []
+
+
+def _equal_figures_cases():
+    rng = np.random.default_rng(7)
+    long = rng.standard_normal((1, 3, 20011)).astype(np.float32)  # past NumPy's 8192 blocks
+    yield [long, long * 0.5], [long + 1e-3, long * 0.5 - 2e-3]
+    for dtype in (np.float16, np.float32, np.float64):
+        refs = [rng.standard_normal((1, 5, 37)).astype(dtype) for _ in range(3)]
+        yield refs, [(r + rng.normal(0, 1e-2, r.shape)).astype(dtype) for r in refs]
+        yield refs, [r.copy() for r in refs]                  # identical
+        yield refs, [np.zeros_like(r) for r in refs]          # rounded away
+    quiet = [np.full((2, 4), 3.0, np.float32), np.zeros((2, 4), np.float32)]
+    yield quiet, [q + 0.5 for q in quiet]                     # constant and silent samples
+    yield [np.array([0.5]), np.array([0.2])], [np.array([0.4]), np.array([0.2])]  # one element
+    tiny = np.array([1.0, 2.0, 3.0])
+    yield [tiny], [tiny + 1e-300]  # a difference whose square underflows is still a difference
+
+
+def test_the_fused_figures_are_the_spelled_out_figures_bit_for_bit():
+    """`tensor_metrics` sums each product once over the whole tensor and each sample's slice
+    (the precision search judges a long output tens of times); its figures must be the same
+    bytes as the metrics spelled out per figure and per sample (`_metrics`), or a choice, a
+    margin in search.json or verify's report would move."""
+    import json
+
+    from npubuild.verify.judge import _finite_float_metrics, _metrics
+
+    for refs, gots in _equal_figures_cases():
+        fused = _finite_float_metrics(refs, gots)
+        assert fused is not None
+        assert json.dumps(fused) == json.dumps(_metrics(refs, gots)), (refs[0].shape, refs[0].dtype)
+    nan = [np.array([1.0, np.nan, 2.0])]
+    assert _finite_float_metrics(nan, nan) is None  # infinities and NaNs: the spelled-out path
+    assert _finite_float_metrics([np.arange(4)], [np.arange(4)]) is None  # integers too
+
+
+def test_every_channel_judged_gives_the_figures_indexing_gave():
+    """A channels-last output over several samples is gathered F-ordered; its row sums must
+    follow the layout indexing gives (C order), not the gathered one, or the worst channel's
+    cosine moves in its last bit."""
+    from npubuild.verify.judge import channel_metrics
+
+    rng = np.random.default_rng(3)
+    refs = [rng.standard_normal((2, 6, 54)).astype(np.float32) for _ in range(2)]
+    gots = [(r + rng.normal(0, 1e-2, r.shape)).astype(np.float32) for r in refs]
+    m = channel_metrics(refs, gots, -1)
+    ref = np.concatenate([np.moveaxis(r.astype(np.float64), -1, 0).reshape(54, -1) for r in refs], 1)
+    got = np.concatenate([np.moveaxis(g.astype(np.float64), -1, 0).reshape(54, -1) for g in gots], 1)
+    every = np.arange(54)
+    dots = np.sum(ref[every] * got[every], axis=1)
+    norms = np.sqrt(np.sum(ref[every] ** 2, axis=1)) * np.sqrt(np.sum(got[every] ** 2, axis=1))
+    index = m["worst_channel"]["index"]
+    assert m["worst_channel"]["cosine"] == dots[index] / norms[index]
