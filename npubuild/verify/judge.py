@@ -32,24 +32,28 @@ QUIET = 0.05
 DEAD_SPAN = 1e-3
 
 
-def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int | None = 1) -> dict:
+def tensor_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int | None = 1,
+                   kept: dict | None = None) -> dict:
     """Metrics of one tensor over every sample (``refs``/``gots``: one array per sample).
     Where a sample's deployed shape differs from the reference's (an output whose extent
     depends on its values: a decoding loop that stops on a token stops at another step), the
-    figures are of the part both have, and ``shape_mismatch`` says where they differ."""
+    figures are of the part both have, and ``shape_mismatch`` says where they differ.
+    ``kept``: where the reference's own figures are kept between calls on the same reference
+    arrays (`kept_reference`; the caller's promise: it never changes them in place)."""
     mismatched = [k for k, (r, g) in enumerate(zip(refs, gots)) if np.shape(r) != np.shape(g)]
     shapes = ({"samples": len(mismatched), "of": len(refs), "sample": mismatched[0],
                "reference": list(np.shape(refs[mismatched[0]])),
                "deployed": list(np.shape(gots[mismatched[0]]))} if mismatched else None)
     if mismatched:
         refs, gots = map(list, zip(*(common_part(r, g) for r, g in zip(refs, gots))))
-    out = _finite_float_metrics(refs, gots)
+        kept = None  # parts made for this call
+    out = _finite_float_metrics(refs, gots, kept)
     if out is None:
         out = _metrics(refs, gots)
     rank = np.ndim(refs[0])
     if (axis is not None and rank >= 2 and -rank <= axis < rank and np.shape(refs[0])[axis] > 1
             and len({np.shape(r)[axis] for r in refs}) == 1):  # varying along it: no channels
-        out.update(channel_metrics(refs, gots, axis))
+        out.update(channel_metrics(refs, gots, axis, kept))
     if shapes:
         out["shape_mismatch"] = shapes
     return out
@@ -72,7 +76,8 @@ def _metrics(refs: list[np.ndarray], gots: list[np.ndarray]) -> dict:
     return out
 
 
-def _finite_float_metrics(refs: list[np.ndarray], gots: list[np.ndarray]) -> dict | None:
+def _finite_float_metrics(refs: list[np.ndarray], gots: list[np.ndarray],
+                          kept: dict | None = None) -> dict | None:
     """`_metrics`' figures, the same bytes, where every value is a finite float (None
     otherwise: `_metrics` then): each product summed once, over the whole tensor and over
     each sample's slice of it, where `_metrics` converts, subtracts and multiplies the same
@@ -82,31 +87,47 @@ def _finite_float_metrics(refs: list[np.ndarray], gots: list[np.ndarray]) -> dic
     if not all(np.asarray(a).dtype.kind == "f" and np.asarray(a).dtype.itemsize <= 8
                for a in (*refs, *gots)):
         return None
-    ref = np.concatenate([np.ravel(r) for r in refs]).astype(np.float64, copy=False)
-    got = np.concatenate([np.ravel(g) for g in gots]).astype(np.float64, copy=False)
-    if not ref.size or not (np.isfinite(ref).all() and np.isfinite(got).all()):
+
+    def reference() -> dict:
+        ref = np.concatenate([np.ravel(r) for r in refs], dtype=np.float64)
+        sizes = np.cumsum([0] + [np.size(r) for r in refs])
+        spans = list(zip(sizes[:-1].tolist(), sizes[1:].tolist()))
+        finite = bool(ref.size) and bool(np.isfinite(ref).all())
+        squares = ref * ref if finite else None
+        return {"ref": ref, "spans": spans, "finite": finite,
+                "rr": float(np.sum(squares)) if finite else None,
+                "rr_each": [float(np.sum(squares[a:b])) for a, b in spans] if finite else None,
+                "max": float(ref.max()) if finite else None,
+                "min": float(ref.min()) if finite else None}
+
+    mine = kept_reference(kept, ("whole",), refs, reference)
+    if not mine["finite"]:
         return None
-    sizes = np.cumsum([0] + [np.size(r) for r in refs])
-    spans = list(zip(sizes[:-1].tolist(), sizes[1:].tolist()))
+    ref, spans = mine["ref"], mine["spans"]
+    got = np.concatenate([np.ravel(g) for g in gots], dtype=np.float64)
+    if not np.isfinite(got).all():
+        return None
+    # two scratch arrays for every product (a fresh array per product is a page fault per
+    # page: a third of an element-wise pass's time on a long output)
+    work, diff = np.empty_like(ref), np.empty_like(ref)
 
     def sums(product: np.ndarray) -> tuple[float, list[float]]:
         return (float(np.sum(product)),
                 [float(np.sum(product[a:b])) for a, b in spans])
 
-    rr, rr_each = sums(ref * ref)
-    gg, gg_each = sums(got * got)
-    rg, rg_each = sums(ref * got)
-    diff = ref - got
-    dd = float(np.sum(diff * diff))
+    rr, rr_each = mine["rr"], mine["rr_each"]
+    gg, gg_each = sums(np.multiply(got, got, out=work))
+    rg, rg_each = sums(np.multiply(ref, got, out=work))
+    np.subtract(ref, got, out=diff)
+    dd = float(np.sum(np.multiply(diff, diff, out=work)))
     err, ref_norm, got_norm = math.sqrt(dd), math.sqrt(rr), math.sqrt(gg)
-    ref_max, ref_min = float(ref.max()), float(ref.min())
+    ref_max, ref_min = mine["max"], mine["min"]
     got_max, got_min = float(got.max()), float(got.min())
-    max_abs = float(np.max(np.abs(diff)))
-    differs = bool(np.any(diff))  # not dd > 0: a tiny difference's square may underflow
-    del diff
-    mid = (ref + got) / 2
-    mid_norm = math.sqrt(float(np.sum(mid * mid)))
-    del mid
+    max_abs = float(np.max(np.abs(diff, out=work)))
+    differs = max_abs > 0  # every difference, however small (its square may underflow)
+    mid = np.divide(np.add(ref, got, out=work), 2, out=work)
+    mid_norm = math.sqrt(float(np.sum(np.multiply(mid, mid, out=diff))))
+    del work, diff, mid
     scale = max(abs(ref_max), abs(ref_min))  # max |ref|: the same float, exactly
     whole = _cosine(rr, gg, rg)
     euclid = 1.0 if err == 0 else (1.0 - err / mid_norm if mid_norm else 0.0)
@@ -155,28 +176,57 @@ def common_part(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return ref[box], got[box]
 
 
-def channel_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int) -> dict:
-    """The worst channel's cosine and the dead channels, over every sample."""
-    ref = np.concatenate([np.moveaxis(np.asarray(r, np.float64), axis, 0).reshape(
-        np.shape(r)[axis], -1) for r in refs], axis=1)
+def channel_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int,
+                    kept: dict | None = None) -> dict:
+    """The worst channel's cosine and the dead channels, over every sample (``kept``: as
+    `tensor_metrics`')."""
+    def reference() -> dict:
+        ref = np.concatenate([np.moveaxis(np.asarray(r, np.float64), axis, 0).reshape(
+            np.shape(r)[axis], -1) for r in refs], axis=1)
+        spans = ref.max(axis=1) - ref.min(axis=1)
+        full = float(ref.max() - ref.min()) if ref.size else 0.0
+        judged = np.nonzero(spans >= QUIET * full)[0] if full else np.array([], np.int64)
+        rows = _rows(ref, judged)
+        return {"ref": rows, "spans": spans, "full": full, "judged": judged,
+                "norms": np.sqrt(np.sum(rows * rows, axis=1))}
+
+    mine = kept_reference(kept, ("channels", axis), refs, reference)
+    spans, full, judged = mine["spans"], mine["full"], mine["judged"]
     got = np.concatenate([np.moveaxis(np.asarray(g, np.float64), axis, 0).reshape(
         np.shape(g)[axis], -1) for g in gots], axis=1)
-    spans = ref.max(axis=1) - ref.min(axis=1)
-    full = float(ref.max() - ref.min()) if ref.size else 0.0
-    judged = np.nonzero(spans >= QUIET * full)[0] if full else np.array([], np.int64)
-    cosines = dict(zip(judged.tolist(), channel_cosines(_rows(ref, judged),
-                                                        _rows(got, judged)).tolist()))
+    cosines = dict(zip(judged.tolist(), channel_cosines(mine["ref"], _rows(got, judged),
+                                                        mine["norms"]).tolist()))
     alive = np.nonzero(spans >= DEAD_SPAN * full)[0] if full else np.array([], np.int64)
-    kept = (_rows(got, alive).max(axis=1) - _rows(got, alive).min(axis=1) if alive.size
-            else np.array([]))
-    dead = [int(c) for c, k in zip(alive, kept) if k == 0.0]
+    deployed = (_rows(got, alive).max(axis=1) - _rows(got, alive).min(axis=1) if alive.size
+                else np.array([]))
+    dead = [int(c) for c, k in zip(alive, deployed) if k == 0.0]
     worst = min(cosines, key=cosines.get) if cosines else None
     return {"channel_axis": axis, "channels_judged": len(cosines), "dead_channels": dead[:16],
             "dead_channel_count": len(dead),
             # how close the liveliest-at-risk channel is to dying: its span in the deployed
             # result over the reference's (0: dead)
-            "min_channel_span_ratio": float(np.min(kept / spans[alive])) if alive.size else None,
+            "min_channel_span_ratio": float(np.min(deployed / spans[alive])) if alive.size else None,
             "worst_channel": None if worst is None else {"index": worst, "cosine": cosines[worst]}}
+
+
+KEPT_REFERENCE_BYTES = 256 << 20  # a longer reference's float64 copy is made per call
+
+
+def kept_reference(kept: dict | None, what: tuple, refs: list[np.ndarray], compute) -> dict:
+    """``compute()``: the reference's own figures (its float64 copy, its sums of squares ...),
+    kept in ``kept`` for the next call on the same reference arrays (known by identity: the
+    entry holds them, so no other array takes their ids). A precision search judges tens of
+    choices against one reference: a third of each judge was the reference's side again."""
+    if kept is None:
+        return compute()
+    key = (*what, *map(id, refs))
+    hit = kept.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], refs)):
+        return hit[1]
+    value = compute()
+    if sum(np.size(r) for r in refs) * 8 <= KEPT_REFERENCE_BYTES:
+        kept[key] = (tuple(refs), value)
+    return value
 
 
 def _rows(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -187,11 +237,15 @@ def _rows(matrix: np.ndarray, rows: np.ndarray) -> np.ndarray:
             else matrix[rows])
 
 
-def channel_cosines(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+def channel_cosines(ref: np.ndarray, got: np.ndarray, ref_norm: np.ndarray | None = None
+                    ) -> np.ndarray:
     """Each row's cosine (`npubuild.metrics.similarity`'s, for all rows at once: sums along
-    the contiguous rows, pairwise as NumPy always sums; both zero → 1, one zero → 0)."""
+    the contiguous rows, pairwise as NumPy always sums; both zero → 1, one zero → 0);
+    ``ref_norm``: the reference rows' norms where they are known already."""
     dots = np.sum(ref * got, axis=1)
-    ref_norm, got_norm = np.sqrt(np.sum(ref * ref, axis=1)), np.sqrt(np.sum(got * got, axis=1))
+    if ref_norm is None:
+        ref_norm = np.sqrt(np.sum(ref * ref, axis=1))
+    got_norm = np.sqrt(np.sum(got * got, axis=1))
     with np.errstate(divide="ignore", invalid="ignore"):
         cos = dots / (ref_norm * got_norm)
     return np.where((ref_norm == 0) & (got_norm == 0), 1.0,

@@ -97,18 +97,21 @@ def cut(check, value: np.ndarray) -> np.ndarray:
 def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
           outputs: Sequence[str], handed_over: Sequence[str], missing: Sequence[str] = (),
           *, detect: Callable[[list, list, list], dict] | None = None,
-          judged_only: bool = False, channel_axis: int = 1) -> Verdict:
+          judged_only: bool = False, channel_axis: int = 1,
+          kept: dict | None = None) -> Verdict:
     """verify's verdict (``spec``: the recipe's ``verify`` section) on these samples.
     ``missing``: model outputs the original lacks (compared with the float pipeline);
     ``detect(refs, gots, floats)`` gives the
     detection totals (``box_recall`` ...) when the task is ``detector``; ``judged_only``
     leaves out what no threshold reads (hand-over tensors without ``verify.handover``
     thresholds: the precision search scores hundreds of choices). ``channel_axis``: the model
-    outputs' channel axis (`output_channel_axis`); hand-over tensors are ONNX's NCHW inside."""
-    metrics = output_metrics(refs, gots, floats, missing, channel_axis)
+    outputs' channel axis (`output_channel_axis`); hand-over tensors are ONNX's NCHW inside.
+    ``kept``: the references' own figures kept between calls (`judge.tensor_metrics`)."""
+    metrics = output_metrics(refs, gots, floats, missing, channel_axis, kept)
     if judged_only and Thresholds.of(spec.handover) == Thresholds():
         handed_over = []
-    boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots])
+    boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots],
+                                       kept=kept)
                   for name in handed_over}
     slices = slice_metrics(spec, refs, gots, floats)
     read = anchor_pair(spec, {**floats[0], **refs[0]}, outputs) if spec.task == "anchor_detector" else ()
@@ -147,14 +150,15 @@ def output_channel_axis(recipe) -> int:
 
 
 def output_metrics(refs: list[Values], gots: list[Values], floats: list[Values],
-                   missing: Sequence[str], channel_axis: int = 1) -> dict:
+                   missing: Sequence[str], channel_axis: int = 1,
+                   kept: dict | None = None) -> dict:
     """Per model output, over all samples; outputs the original lacks are compared with the
     float pipeline (the rewritten model) and say so."""
     out = {}
     for name in [*refs[0], *(m for m in missing if m not in refs[0])]:
         source = floats if name in missing else refs
         out[name] = tensor_metrics([r[name] for r in source], [g[name] for g in gots],
-                                   channel_axis)
+                                   channel_axis, kept)
         out[name]["reference"] = "float pipeline (after surgery)" if name in missing else "float original"
     return out
 
@@ -331,6 +335,8 @@ class SampleJudge:
             self.missing = []
             self.refs = [{k: f[k] for k in self.outputs} for f in self.floats]
         self.input_hw, self.judged_only, self.channel_axis = input_hw, judged_only, channel_axis
+        # the references' own figures, kept across judges (its references never change)
+        self.reference_figures: dict = {}
 
     def subset(self, indices: Sequence[int]) -> "SampleJudge":
         """The same judge on some of the samples (their references already computed)."""
@@ -346,4 +352,4 @@ class SampleJudge:
             detect = lambda r, g, f: detection_totals(r, g, f, self.outputs, self.input_hw)[0]  # noqa: E731
         return judge(self.spec, self.refs, gots, self.floats, self.outputs, self.handed_over,
                      self.missing, detect=detect, judged_only=self.judged_only,
-                     channel_axis=self.channel_axis)
+                     channel_axis=self.channel_axis, kept=self.reference_figures)

@@ -212,3 +212,21 @@ def test_every_channel_judged_gives_the_figures_indexing_gave():
     norms = np.sqrt(np.sum(ref[every] ** 2, axis=1)) * np.sqrt(np.sum(got[every] ** 2, axis=1))
     index = m["worst_channel"]["index"]
     assert m["worst_channel"]["cosine"] == dots[index] / norms[index]
+
+
+def test_the_references_figures_kept_between_judges_give_the_same_figures():
+    """A precision search judges tens of choices against one reference: its own figures are
+    kept (``kept``) for the next call on the same arrays, and every figure stays the bytes a
+    call without them gives; other reference arrays are not taken for them."""
+    import json
+
+    rng = np.random.default_rng(5)
+    refs = [rng.standard_normal((1, 4, 300)).astype(np.float32) for _ in range(3)]
+    others = [r * 2 + 1 for r in refs]
+    kept: dict = {}
+    for scale in (1e-3, 1e-2, 1e-1):
+        gots = [(r + rng.normal(0, scale, r.shape)).astype(np.float32) for r in refs]
+        for reference in (refs, others, refs[:2]):
+            expected = json.dumps(tensor_metrics(reference, gots[:len(reference)]))
+            assert json.dumps(tensor_metrics(reference, gots[:len(reference)], kept=kept)) == expected
+    assert len(kept) == 6  # whole tensor and channels, for each of the three references
