@@ -10,9 +10,11 @@ in a Keras 2 (2.2 .. 2.15) configuration stop it where the model itself is plain
   which Keras 2 never wrote ("Could not locate class 'LSTM'").
 
 `load` rewrites the configuration (dropping a removed argument only where its value is what
-Keras 3 computes anyway) and gives the built-in layers by name. Where the meaning changed, it
-stops instead of reading another model: Keras 2's ``hard_sigmoid`` is ``0.2·x + 0.5`` clipped,
-Keras 3's ``relu6(x + 3) / 6``, so a model that names it would compute something else.
+Keras 3 computes anyway) and gives the built-in layers by name. Where a function's meaning
+changed under the same name, the configuration names Keras 2's function instead: Keras 2's
+``hard_sigmoid`` is ``0.2·x + 0.5`` clipped, Keras 3's ``relu6(x + 3) / 6``, and the LSTMs
+and GRUs of Keras up to 2.2 gate with it by default (``recurrent_activation``), so read by name
+they would compute another model.
 """
 
 from __future__ import annotations
@@ -25,14 +27,24 @@ from typing import Any
 
 # Keras 2 arguments that Keras 3 removed, and the one value Keras 3's layers always compute.
 _REMOVED_ARGUMENTS = {"time_major": False}
-# Functions whose Keras 3 definition differs from Keras 2's under the same name.
-_CHANGED_FUNCTIONS = {"hard_sigmoid": "Keras 2's is clip(0.2·x + 0.5, 0, 1), Keras 3's "
-                                      "relu6(x + 3) / 6"}
+
+
+def keras2_hard_sigmoid(x):
+    """Keras 2's ``hard_sigmoid``: clip(0.2·x + 0.5, 0, 1) (Keras 3's is relu6(x + 3) / 6)."""
+    import keras
+
+    return keras.ops.clip(0.2 * x + 0.5, 0.0, 1.0)
+
+
+# Functions whose Keras 3 definition differs from Keras 2's under the same name: the name the
+# rewritten configuration gives Keras 2's function (a custom object `load` provides).
+_CHANGED_FUNCTIONS = {"hard_sigmoid": ("keras2_hard_sigmoid", keras2_hard_sigmoid)}
 
 
 def keras3_config(config: Any) -> tuple[Any, list[str]]:
-    """`config` (a Keras 2 model configuration, as JSON) rewritten for Keras 3, and what in it
-    Keras 3 would compute differently (empty when the rewrite is the same model)."""
+    """`config` (a Keras 2 model configuration, as JSON) rewritten for Keras 3 (a function
+    whose meaning changed named as Keras 2's, `_CHANGED_FUNCTIONS`), and what in it Keras 3
+    would compute differently (empty when the rewrite is the same model)."""
     changed: dict[str, list[str]] = {}  # what changed -> the layers it is in
 
     def visit(node: Any, layer: str) -> Any:
@@ -50,15 +62,37 @@ def keras3_config(config: Any) -> tuple[Any, list[str]]:
                     changed.setdefault(f"{key}={value} (Keras 3 has no {key})", []).append(layer)
                 continue
             if isinstance(value, str) and value in _CHANGED_FUNCTIONS:
-                changed.setdefault(f"{key}={value} ({_CHANGED_FUNCTIONS[value]})",
-                                   []).append(layer)
+                # a string names only Keras 3's built-ins; a custom function is named so
+                rewritten[key] = {"module": "builtins", "class_name": "function",
+                                  "config": _CHANGED_FUNCTIONS[value][0],
+                                  "registered_name": "function"}
+                continue
             rewritten[key] = visit(value, layer)
         return rewritten
 
-    rewritten = visit(config, "")
+    rewritten = visit(_sequential_as_dict(config), "")
     return rewritten, [f"{what} in layer{'s' if len(layers) > 1 else ''} "
                        f"{', '.join(repr(name) for name in layers)}"
                        for what, layers in changed.items()]
+
+
+def _sequential_as_dict(config: Any) -> Any:
+    """A Sequential's configuration as Keras 2.2 onwards write it (``{"name", "layers"}``):
+    Keras 2.0 and 2.1 wrote the list of layers alone, where Keras 3's loader stops ("pop
+    expected at most 1 argument, got 2")."""
+    if not (isinstance(config, dict) and config.get("class_name") == "Sequential" and
+            isinstance(config.get("config"), list)):
+        return config
+    layers = list(config["config"])
+    first = layers[0].get("config", {}) if layers and isinstance(layers[0], dict) else {}
+    if "batch_input_shape" in first:  # an input layer of it: Keras 3 reads it as one more axis
+        first = dict(first)
+        shape = first.pop("batch_input_shape")
+        layers[0] = {**layers[0], "config": first}
+        layers.insert(0, {"class_name": "InputLayer", "config": {
+            "batch_shape": shape, "dtype": first.get("dtype", "float32"),
+            "name": f"{first.get('name', 'layer')}_input"}})
+    return {**config, "config": {"name": "sequential", "layers": layers}}
 
 
 def builtin_layers(keras) -> dict[str, type]:
@@ -93,5 +127,9 @@ def load(path: Path, keras) -> Any:
         shutil.copyfile(path, copy)
         with h5py.File(copy, "r+") as handle:
             handle.attrs["model_config"] = json.dumps(config).encode()
-        return keras.models.load_model(str(copy), compile=False,
-                                       custom_objects=builtin_layers(keras))
+        keras2_functions = dict(_CHANGED_FUNCTIONS.values())
+        # in scope, not only given: a Bidirectional rebuilds its inner layer from its config
+        with keras.saving.custom_object_scope(keras2_functions):
+            return keras.models.load_model(str(copy), compile=False,
+                                           custom_objects={**builtin_layers(keras),
+                                                           **keras2_functions})

@@ -621,8 +621,12 @@ def _keras_inputs(model, path: Path) -> list:
 
 def _keras_output_names(model) -> list[str]:
     """Output names as Keras gives them: dict keys, else the output layers' names."""
-    if isinstance(model.output, dict):
-        return list(model.output)
+    try:
+        output = model.output
+    except AttributeError:  # a Sequential built from its config, never called: `outputs` only
+        output = None
+    if isinstance(output, dict):
+        return list(output)
     names = list(getattr(model, "output_names", None) or [])  # Functional models have them
     if len(names) != len(model.outputs):
         names = [model.layers[-1].name] if len(model.outputs) == 1 else \

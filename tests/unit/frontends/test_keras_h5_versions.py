@@ -1,7 +1,9 @@
-"""An HDF5 model written by Keras 2.1 (shakkala 1.7's diacritizer): Keras 3's loader for legacy
-HDF5 files stops inside itself (a Sequential's configuration is a list there: "pop expected at
-most 1 argument, got 2"), so import names the Keras that wrote the file and what to do, instead
-of "check that model.path is a Keras model"."""
+"""HDF5 models written by Keras 2 (shakkala 1.7's diacritizer, 2.1; russtress 0.1.4's stress
+model, 2.0; nakdimon's, 2.6): Keras 3's loader for legacy HDF5 files stops inside itself (a
+Sequential's configuration is a list there: "pop expected at most 1 argument, got 2"; a wrapped
+LSTM without a module); import reads them from their configuration rewritten for Keras 3, and
+where it cannot, names the Keras that wrote the file and what to do, instead of "check that
+model.path is a Keras model"."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from npubuild.recipe.model import InputSpec
 pytestmark = pytest.mark.slow
 
 
-def _keras_2_1_h5(path, version: str = "2.1.6"):
+def _keras_2_1_h5(path, version: str = "2.1.6", **extra):
     """What Keras 2.1.6 writes for Sequential([Dense(3, input_shape=(4,))]): the layers as a
     list under ``config``, ``batch_input_shape`` on the first layer, the weights per layer."""
     import h5py
@@ -29,7 +31,7 @@ def _keras_2_1_h5(path, version: str = "2.1.6"):
             "scale": 1.0, "mode": "fan_avg", "distribution": "uniform", "seed": None}},
         "bias_initializer": {"class_name": "Zeros", "config": {}},
         "kernel_regularizer": None, "bias_regularizer": None, "activity_regularizer": None,
-        "kernel_constraint": None, "bias_constraint": None}}
+        "kernel_constraint": None, "bias_constraint": None, **extra}}
     with h5py.File(path, "w") as handle:
         handle.attrs["keras_version"] = version.encode()
         handle.attrs["backend"] = b"tensorflow"
@@ -45,12 +47,30 @@ def _keras_2_1_h5(path, version: str = "2.1.6"):
     return path
 
 
-def test_a_keras_2_1_h5_names_the_keras_that_wrote_it(tmp_path):
+def test_a_keras_2_1_sequential_h5_imports_as_its_layers(tmp_path):
+    """Keras 2.0 and 2.1 wrote a Sequential's layers as a bare list, the input shape on the
+    first layer (``batch_input_shape``): Keras 3 stopped ("pop expected at most 1 argument, got
+    2"), and read as a dict it took the shape for one without the batch axis. Import reads the
+    list as a Sequential with an input layer of that shape."""
+    import h5py
+
     path = _keras_2_1_h5(tmp_path / "model.h5")
+    inputs = [InputSpec(name="dense_1_input", shape=[1, 4])]  # as Keras names a Sequential's
+    assert tf_frontend.signature(path, "keras", inputs, None)["inputs"] == ["dense_1_input"]
+    x = np.array([[1.0, -2.0, 0.5, 3.0]], np.float32)
+    (got,) = tf_frontend.run_source(path, "keras", {"dense_1_input": x}, inputs, None)
+    with h5py.File(path, "r") as handle:
+        kernel = handle["model_weights/dense_1/dense_1/kernel:0"][()]
+    np.testing.assert_allclose(got, np.maximum(x @ kernel, 0), rtol=0, atol=1e-6)
+
+
+def test_a_keras_2_1_h5_keras_3_cannot_read_names_the_keras_that_wrote_it(tmp_path):
+    path = _keras_2_1_h5(tmp_path / "model.h5", time_major=True)  # an argument Keras 3 removed
     inputs = [InputSpec(name="x", shape=[1, 4])]
     with pytest.raises(UserError) as caught:
         tf_frontend.signature(path, "keras", inputs, None)
     assert "written by Keras 2.1.6, with Keras 3." in caught.value.message
+    assert "time_major=True" in caught.value.message
     assert "load it with Keras 2.1.6" in caught.value.hint
 
 
@@ -103,12 +123,8 @@ def _keras_2_6_config(recurrent_activation: str) -> dict:
         "output_layers": [["tags", 0, 0]]}}
 
 
-def _keras_2_6_bilstm_h5(path, recurrent_activation: str = "sigmoid"):
-    """A character tagger built as nakdimon 0.1.2's Nakdimon.h5 is (Embedding with
-    mask_zero, a Bidirectional LSTM summed, a Dense head): Keras 3 saves it as HDF5, its
-    configuration is then replaced by the one Keras 2.6 writes. Returns the file and the
-    Keras 3 model (the reference)."""
-    import h5py
+def _bilstm_tagger(recurrent_activation):
+    """The Keras 3 tagger `_keras_2_6_bilstm_h5` writes (the same weights on every call)."""
     import keras
 
     keras.utils.set_random_seed(0)
@@ -116,7 +132,17 @@ def _keras_2_6_bilstm_h5(path, recurrent_activation: str = "sigmoid"):
     embedded = keras.layers.Embedding(5, 4, mask_zero=True, name="embedding")(chars)
     lstm = keras.layers.LSTM(3, return_sequences=True, recurrent_activation=recurrent_activation)
     both = keras.layers.Bidirectional(lstm, merge_mode="sum", name="bidirectional")(embedded)
-    model = keras.Model(chars, keras.layers.Dense(2, name="tags")(both))
+    return keras.Model(chars, keras.layers.Dense(2, name="tags")(both))
+
+
+def _keras_2_6_bilstm_h5(path, recurrent_activation: str = "sigmoid"):
+    """A character tagger built as nakdimon 0.1.2's Nakdimon.h5 is (Embedding with
+    mask_zero, a Bidirectional LSTM summed, a Dense head): Keras 3 saves it as HDF5, its
+    configuration is then replaced by the one Keras 2.6 writes. Returns the file and the
+    Keras 3 model (the reference)."""
+    import h5py
+
+    model = _bilstm_tagger(recurrent_activation)
     model.save(path)
     with h5py.File(path, "r+") as handle:
         handle.attrs["model_config"] = json.dumps(_keras_2_6_config(recurrent_activation)).encode()
@@ -137,15 +163,30 @@ def test_a_keras_2_6_bidirectional_lstm_h5_imports_as_the_same_model(tmp_path):
     np.testing.assert_allclose(got, np.asarray(model(chars)), rtol=0, atol=1e-6)
 
 
-def test_a_keras_2_h5_naming_hard_sigmoid_is_refused_naming_the_layer(tmp_path):
-    """Keras 2's hard_sigmoid is not Keras 3's: reading the file would compute another model."""
+def test_a_keras_2_h5_naming_hard_sigmoid_imports_with_keras_2s_function(tmp_path):
+    """Keras 2's hard_sigmoid (clip(0.2·x + 0.5, 0, 1), the default gate of Keras <= 2.2's LSTMs:
+    russtress 0.1.4, shakkala 1.7) is not Keras 3's relu6(x + 3) / 6: import was refused
+    ("Keras 3 would compute another model"); it now reads the LSTM with Keras 2's function, and
+    computes what a Keras 3 LSTM gated by that function computes (ONNX Runtime too)."""
+    import keras
+    import onnxruntime as ort
+
+    def keras2_gate(x):
+        return keras.ops.clip(0.2 * x + 0.5, 0.0, 1.0)
+
     path, _ = _keras_2_6_bilstm_h5(tmp_path / "tagger.h5", recurrent_activation="hard_sigmoid")
-    with pytest.raises(UserError) as caught:
-        tf_frontend.signature(path, "keras", [InputSpec(name="chars", shape=[1, 6])], None)
-    assert "written by Keras 2.6.0" in caught.value.message
-    assert "recurrent_activation=hard_sigmoid" in caught.value.message
-    assert "in layer 'lstm'" in caught.value.message
-    assert "relu6(x + 3) / 6" in caught.value.message
+    with keras.saving.custom_object_scope({"keras2_gate": keras2_gate}):  # Bidirectional copies it
+        reference = _bilstm_tagger(keras2_gate)
+    inputs = [InputSpec(name="chars", shape=[1, 6])]
+    chars = np.array([[1, 4, 2, 3, 0, 0]], np.int32)
+    (got,) = tf_frontend.run_source(path, "keras", {"chars": chars}, inputs, None)
+    want = np.asarray(reference(chars))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    keras3_gate = _bilstm_tagger("hard_sigmoid")
+    assert np.abs(np.asarray(keras3_gate(chars)) - want).max() > 1e-4  # the two functions differ
+    converted = tf_frontend.convert(path, "keras", inputs, None)
+    session = ort.InferenceSession(converted.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"chars": chars})[0], want, rtol=0, atol=1e-5)
 
 
 def test_a_recurrent_layer_with_dropout_converts_as_the_model_computes_at_inference(tmp_path):
