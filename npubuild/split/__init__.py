@@ -3,7 +3,8 @@
     plan = plan_split(model, chip, spec)          # decide (no files)
     report = split_model(model, chip, spec, out)  # decide, write, prove
 
-Modules, in the order the work happens: `graph` (index the ONNX graph), `reductions` (a Max
+Modules, in the order the work happens: `graph` (index the ONNX graph), `einsum` (a linear
+layer written as an Einsum of a constant weight, as a MatMul or a grouped 1x1 conv), `reductions` (a Max
 of tensors, a ReduceMax or a ReduceSum, which the chip has no kernel for, as a MaxPool or a
 conv), `legalize` (convs the
 chip refuses for their stride, kernel, dilation or padding, and pools it refuses for their

@@ -20,6 +20,7 @@ from npubuild.recipe.model import SplitSpec
 from npubuild.split.cost import elements, island_cost, node_macs
 from npubuild.split.graph import MOVEMENT, OpGraph, build_op_graph
 from npubuild.split import input_statistics, legalize, spectrum
+from npubuild.split.einsum import legal_einsums
 from npubuild.split.reductions import legal_reductions
 from npubuild.split.partition import CPU, NPU, Segment, npu_islands, partition, segment_of
 from npubuild.split.spectrum import log_power_spectra
@@ -115,8 +116,9 @@ def infer(model: onnx.ModelProto) -> onnx.ModelProto:
 def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None) -> SplitPlan:
     """Decide every node's device and cut the model into segments. Convs the chip refuses for
     their stride, kernel, dilation or padding, pools it refuses for their kernel or stride,
-    and reductions it has no kernel for (a Max of tensors, a ReduceMax, a ReduceSum:
-    `reductions.legal_reductions`),
+    reductions it has no kernel for (a Max of tensors, a ReduceMax, a ReduceSum:
+    `reductions.legal_reductions`) and linear layers written as an Einsum
+    (`einsum.legal_einsums`),
     are first written as ones it runs, where it runs every node of the rewrite
     (`legalize.legal_convs`; the plan is about that model), unless the recipe places nodes by
     hand or forces the node to the CPU."""
@@ -127,8 +129,10 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
         if spec.force_cpu:  # the op graph below is of the rewritten model; this one only selects
             og = build_op_graph(model.graph)
             keep = {og.nodes[i].output[0] for i in Selector(og).all(spec.force_cpu, "force_cpu")}
+        model, linear = legal_einsums(model, chip, keep=keep)
         model, reduced = legal_reductions(model, chip, keep=keep)
         model, rewritten = legalize.legal_convs(model, chip, keep=keep)
+        reduced = linear + reduced
         rewritten = reduced + [name for name in rewritten if name not in reduced]
     inferred = infer(model)
     og = build_op_graph(inferred.graph)
