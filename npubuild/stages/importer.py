@@ -99,6 +99,7 @@ def _import(ctx: StageContext) -> dict:
                          ("softmaxes", softmaxes),
                          ("constant_left_matmuls", constant_left_matmuls),
                          ("gemm_bias_as_add", gemm_biases_as_add),
+                         ("affines_into_matmul", affines_into_matmuls),
                          ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", constant_moves_as_slices),
                          ("conv_transpose_as_conv_and_shuffle", shuffle_conv_transposes)):
         model, figures = rewrite(model, feeds)
@@ -590,6 +591,18 @@ def gemm_biases_as_add(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelP
         return model, {}
     return added, {"gemms": len([n for n in added.graph.node if n.name.endswith("/add_c")]),
                    **prove_rewrite(model, added, feeds, "a Gemm's computed C written as an Add")}
+
+
+def affines_into_matmuls(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each per-feature affine between a Relu and a MatMul folded into the MatMul's weights
+    (`onnx_frontend.affines_after_relu_into_matmul`), proven within the folding tolerance; the
+    proof's figures, or {} when there is none."""
+    folded = onnx_frontend.affines_after_relu_into_matmul(model)
+    if folded is model:
+        return model, {}
+    return folded, {"nodes_removed": len(model.graph.node) - len(folded.graph.node),
+                    **prove_rewrite(model, folded, feeds, "a per-feature affine folded into "
+                                                          "the MatMul after it")}
 
 
 def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
