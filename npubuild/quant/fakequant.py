@@ -16,7 +16,8 @@ tensor (`params_feed` turns the quantizer's parameters and placement into the in
 search's models (`export_graphs`) take the switched weights and the quantized constants as
 inputs too, which `FakeQuantPipeline` computes once per state of the switches, or takes
 from the choice (`choice_inputs`: the biases, weight scales and constants that quantizing
-the graph with the choice gives, so a score is what adopting the choice computes). It leaves
+the graph with the choice gives, so a score is what adopting the choice computes; a constant
+the choice leaves no NPU layer to read is its float value, `float_constants`). It leaves
 out what the integer reference adds below one step: fixed-point multipliers, the pow2
 rounding-tie nudges, integer softmax; the search scores with it and confirms its choice on
 the integer reference.
@@ -330,6 +331,20 @@ def choice_inputs(qg: QGraph, fg: FloatGraph, keys: Mapping[str, str]) -> dict[s
             **b.constant_inputs}
 
 
+def float_constants(qg: QGraph, fg: FloatGraph, exported: "Exported") -> dict[str, np.ndarray]:
+    """The exported model's quantized constants that ``qg`` (a choice's graph) does not
+    quantize, each as its float value: the choice runs every layer that reads it in float on
+    the CPU, and a CPU layer reads the float model's constant (an int8 window or BatchNorm
+    scale read by a float layer made "every candidate in float" differ from the float
+    model). A constant that an NPU layer still reads stays quantized for every reader."""
+    out = {}
+    for name, value in exported.constants:
+        t = name[:-len(CONSTANT_SUFFIX)]
+        if t not in qg.constants and t in fg.constants:
+            out[name] = np.asarray(fg.constants[t], np.float32).reshape(value.shape)
+    return out
+
+
 def quantizer_inputs(q, index: int, fg: FloatGraph, pipeline: "FakeQuantPipeline"
                      ) -> dict[str, np.ndarray]:
     """Graph ``index``'s inputs in ``pipeline`` as quantizer ``q`` (`npubuild.quant.quantizer.
@@ -339,7 +354,9 @@ def quantizer_inputs(q, index: int, fg: FloatGraph, pipeline: "FakeQuantPipeline
     the precision search's choices and verify's measured hints."""
     params, cpu = q.tensor_params()
     wide = frozenset(q.int16_weight_layers() - set(cpu))
-    own = choice_inputs(q.weighted(f"graph_{index}"), fg, pipeline.exported[index].weight_keys)
+    qg = q.weighted(f"graph_{index}")
+    own = {**float_constants(qg, fg, pipeline.exported[index]),
+           **choice_inputs(qg, fg, pipeline.exported[index].weight_keys)}
     return {**params_feed(pipeline.tensors(index), params, pipeline.layers(index), cpu,
                           pipeline.wide(index), wide), **own}
 

@@ -339,8 +339,8 @@ class Quantizer:
                 producer[t] = layer
         dtypes = {}
         for t in self._tensor_names(layers):
-            if t in self.fg.constants:
-                dtypes[t] = "int8"
+            if t in self.fg.constants:  # an operand: int16 where chosen, as an activation
+                dtypes[t] = "int16" if t in self.config.int16_tensors else "int8"
                 continue
             made_on_cpu = t not in producer or not _reads_integers(producer[t])
             used_on_cpu = not any(_reads_integers(c) for c in consumers.get(t, []))
@@ -403,7 +403,7 @@ class Quantizer:
         producer = {t: layer for layer in layers for t in layer.outputs}
         for t, dtype in dtypes.items():
             if t in self.fg.constants:
-                self._quantize_constant(t)
+                self._quantize_constant(t, dtype)
                 continue
             stats = self.stats.get(t) or calibrators.TensorStats()
             if dtype == "float32":
@@ -478,10 +478,10 @@ class Quantizer:
             return layer.attrs["mode"] == "nearest"
         return layer.kind in PASS_THROUGH
 
-    def _quantize_constant(self, name: str) -> None:
+    def _quantize_constant(self, name: str, dtype: str = "int8") -> None:
         value = np.asarray(self.fg.constants[name], np.float64)
         p = schemes.choose_params(self.config.scheme, float(value.min(initial=0)),
-                                  float(value.max(initial=0)))
+                                  float(value.max(initial=0)), dtype)
         self.params[name] = p
         self.const_values[name] = schemes.quantize(value, p.scale, p.zero_point, p.dtype)
         self.records[name] = TensorRecord({"min": float(value.min(initial=0)),

@@ -185,6 +185,17 @@ class SearchResult:
                 for t in self.members.get(root, [root])]
 
 
+def held_exactly(qg, fg, t: str) -> bool:
+    """Whether the quantized constant ``t``'s integers give its float value back (to float32's
+    rounding): a scalar such as a hard-swish's 3 and 6, a vector of equal steps. Wider buys
+    nothing there (as candidates, PP-OCRv2's recognizer had 27 more that ran its search out
+    of its time budget)."""
+    info = qg.tensors[t]
+    value = np.asarray(fg.constants[t], np.float64)
+    got = (np.asarray(qg.constants[t], np.float64) - (info.zero_point or 0)) * info.scale
+    return bool(np.all(np.abs(got - value) <= 1e-6 * float(np.max(np.abs(value), initial=0.0))))
+
+
 class PrecisionSearch:
     """Scores choices with fake-quant sessions of ``workflow``'s NPU graphs on ``samples``;
     ``judge(gots)`` is verify's verdict on one list of per-sample values (model outputs and
@@ -471,15 +482,23 @@ class PrecisionSearch:
     # ---- candidates ---------------------------------------------------------------------
 
     def _candidates(self) -> list[str]:
-        """Every quantized activation a layer rounds or a graph takes in, in pipeline order.
-        A tensor that only moves data (reshape, transpose, slice, maxpool ...) shares its
-        source's parameters: it goes with its source (``members``), whatever precision."""
+        """Every quantized activation a layer rounds or a graph takes in, and every quantized
+        constant operand an override can name whose int8 integers do not hold it (a window,
+        a BatchNorm's per-channel scale and offset as Mul/Add constants: int16, or float with
+        its readers on the CPU; the search scores it with the quantizer's own values,
+        `fakequant.quantizer_inputs`), in pipeline order. A tensor that only moves data
+        (reshape, transpose, slice, maxpool ...) shares its source's parameters: it goes with
+        its source (``members``), whatever precision."""
         members: dict[str, list[str]] = {}
         for state in self.workflow.states:
             qg = state.qgraph
             source: dict[str, str] = {}
             for t in qg.inputs:
                 source[t] = t
+            named = self.names[state.graph.index]
+            for layer in qg.layers:
+                source.update((t, t) for t in layer.inputs if t in qg.constants and t in named
+                              and not held_exactly(qg, state.fg, t))
             for layer in qg.layers:
                 moves = layer.kind in MOVES_DATA or (
                     layer.kind == "resize" and layer.attrs.get("mode") == "nearest")
@@ -487,7 +506,7 @@ class PrecisionSearch:
                     source[t] = source.get(layer.inputs[0], layer.inputs[0]) if moves else t
             for t, root in source.items():
                 info = qg.tensors.get(t)
-                if info is None or info.is_float or t in qg.constants:
+                if info is None or info.is_float:
                     continue
                 group = members.setdefault(root, [])
                 if t not in group:

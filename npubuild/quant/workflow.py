@@ -76,9 +76,12 @@ def _no_progress(items, total=None, description=""):
 
 
 def tensor_names(model) -> set[str]:
-    """The tensors a tensor override may name in one submodel: its nodes' outputs and its
-    inputs."""
-    return {o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+    """The tensors a tensor override may name in one submodel: its nodes' outputs, its inputs
+    and its initializers (a constant operand the quantizer quantizes, a window or a
+    BatchNorm's scale as a Mul constant: int16, or float with the layer that reads it on the
+    CPU; a layer's weights are the layer's and no name moves them)."""
+    return ({o for n in model.graph.node for o in n.output} | {i.name for i in model.graph.input}
+            | {t.name for t in model.graph.initializer})
 
 
 WIDE_WEIGHTS = "w16a16"
@@ -101,6 +104,7 @@ def resolve_overrides(overrides: Sequence[OverrideSpec], model) -> Resolved:
     """What ``overrides`` keep out of int8 in one submodel (`Resolved`)."""
     nodes = {n.name: n for n in model.graph.node}
     produced = tensor_names(model)
+    initializers = {t.name for t in model.graph.initializer}
     out = Resolved(set(), set(), set(), set(), [])
     for ov in overrides:
         for name in ov.nodes:
@@ -110,10 +114,13 @@ def resolve_overrides(overrides: Sequence[OverrideSpec], model) -> Resolved:
             if ov.precision == "float":
                 out.float_nodes.add(name)
                 continue
-            touched = [t for t in (*nodes[name].output, *nodes[name].input) if t]
+            # its activations: a node's int16 leaves its constant operands as they were
+            touched = [t for t in (*nodes[name].output, *nodes[name].input)
+                       if t and t not in initializers]
             out.int16.update(touched)
             if ov.precision == WIDE_WEIGHTS:
-                out.int16_weights.update(t for t in nodes[name].input if t in produced)
+                out.int16_weights.update(t for t in nodes[name].input
+                                         if t in produced and t not in initializers)
         for name in ov.tensors:
             if name in produced:
                 out.matched.append(name)

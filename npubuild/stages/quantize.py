@@ -40,7 +40,7 @@ from npubuild.quant.lower import EqualizationNotExact
 from npubuild.quant.pipeline import SplitPipeline
 from npubuild.quant.quantizer import QuantConfig
 from npubuild.quant.search import PrecisionSearch, SearchSpec
-from npubuild.quant.workflow import WIDE_WEIGHTS, Options, OverrideSpec, Workflow
+from npubuild.quant.workflow import WIDE_WEIGHTS, Options, OverrideSpec, Workflow, tensor_names
 from npubuild.split.cost import float_macs_per_second
 from npubuild.stages import StageContext
 from npubuild.stages.files import CALIBRATION_FIELD, calibration_files, verify_files
@@ -56,8 +56,7 @@ def check_override_names(loaded, pipeline: SplitPipeline) -> None:
     for graph in pipeline.graphs:
         model = graph.model
         nodes.update(n.name for n in model.graph.node)
-        tensors.update(o for n in model.graph.node for o in n.output)
-        tensors.update(i.name for i in model.graph.input)
+        tensors.update(tensor_names(model))  # outputs, inputs, constant operands
     for i, override in enumerate(loaded.recipe.quantization.overrides):
         for kind, names, known in (("nodes", override.nodes, nodes), ("tensors", override.tensors, tensors)):
             for j, name in enumerate(names):
@@ -391,18 +390,20 @@ def _searched(ctx, workflow: Workflow, samples: list, judge: SampleJudge, plain,
 
 def weights_bound(search: PrecisionSearch, judge: SampleJudge, samples: list) -> str:
     """Where the search found nothing that passes: every activation in float and only the
-    weights in int8, judged as verify judges; when that misses too, the note says what bounds
-    the model, each claim measured ("" otherwise): int8 weights, where every candidate tensor
-    in float (its layers' weights too) passes; else something no choice of the search reaches
-    (the quantized constants, which every choice keeps in int8). BlazePose's landmark model: its
-    segmentation logits reach 0.905 on the worst sample so, 0.896 with int16 activations
-    everywhere. BirdNET V2.4 with its spectra on the CPU: 4 of 6 top-1 with every activation
-    in float, and 4 of 6 with every candidate in float too: its Hann window, a constant, was
-    the bound."""
+    weights in int8 (the quantized constants that are candidates in float too), judged as
+    verify judges; when that misses too, the note says what bounds the model, each claim
+    measured ("" otherwise): int8 weights, where every candidate tensor in float (its layers'
+    weights too) passes; else something no choice of the search reaches (the quantized
+    constants no choice widens: those lowering made, which no override can name).
+    BlazePose's landmark model: its segmentation logits reach 0.905 on the worst sample so,
+    0.896 with int16 activations everywhere. BirdNET V2.4 with its spectra on the CPU: 4 of 6
+    top-1 with every activation in float, and 4 of 6 with every candidate in float too: its
+    Hann window, a constant, was the bound (constants were no candidates then)."""
     from npubuild.quant import fakequant
 
-    feeds = {i: fakequant.params_feed(search.pipeline.tensors(i), {}, search.pipeline.layers(i),
-                                      wide=search.pipeline.wide(i))
+    feeds = {i: {**fakequant.params_feed(search.pipeline.tensors(i), {},
+                                         search.pipeline.layers(i), wide=search.pipeline.wide(i)),
+                 **_candidate_constants_in_float(search, i)}
              for i in search.states}
     verdict = judge(search.pipeline.run(samples, feeds, judge.kept))
     if verdict.passed:
@@ -426,11 +427,27 @@ def weights_bound(search: PrecisionSearch, judge: SampleJudge, samples: list) ->
             f"verify's thresholds; {_finer_weights(search, floats)}")
 
 
+def _candidate_constants_in_float(search: PrecisionSearch, index: int) -> dict:
+    """Graph ``index``'s quantized constants that are candidates, as their float values (the
+    fake-quant model's ``<t>::c`` inputs): a constant a choice can widen is not a weight."""
+    import numpy as np
+
+    from npubuild.quant import fakequant
+
+    state = search.states[index]
+    return {f"{t}{fakequant.CONSTANT_SUFFIX}": np.asarray(state.fg.constants[t], np.float32
+                                                          ).reshape(np.shape(value))
+            for t, value in state.qgraph.constants.items() if t in search.members}
+
+
 def _fixed_constants(search: PrecisionSearch, shown: int = 3) -> str:
     """The quantized constants of the NPU graphs (operands such as a window or anchors, not a
-    layer's weights), which stay integer whatever the search chooses, largest first."""
+    layer's weights) that are not candidates (no override can name them, or their int8
+    integers hold them exactly), which stay integer whatever the search chooses, largest
+    first."""
     found = sorted(((int(value.size), name) for state in search.states.values()
-                    for name, value in state.qgraph.constants.items()), key=lambda c: (-c[0], c[1]))
+                    for name, value in state.qgraph.constants.items()
+                    if name not in search.members), key=lambda c: (-c[0], c[1]))
     if not found:
         return ""
     names = ", ".join(f"{name} ({size} value{'s' * (size != 1)})" for size, name in found[:shown])

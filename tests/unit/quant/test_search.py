@@ -726,3 +726,54 @@ def test_a_choice_is_scored_with_the_biases_and_constants_that_adopting_it_build
         assert mine.keys() == theirs.keys()
         for name in mine:
             np.testing.assert_array_equal(mine[name], theirs[name])
+
+
+def _scaled_search(tmp_path):
+    """The search over x → Mul by a per-channel scale spanning 0.15 … 100 → Add a per-channel
+    offset → a 1×1 Conv that reads only the three small channels (a BatchNorm left as Mul/Add
+    constants before a head): int8's one step for the scale vector (100 / 127) rounds the
+    small entries to 0, whatever precision the activations have."""
+    from onnx import helper, numpy_helper
+
+    scale = np.array([100.0, 0.15, 0.2, 0.25]).reshape(1, 4, 1, 1)
+    offset = np.array([3.0, 0.01, -0.02, 0.013]).reshape(1, 4, 1, 1)
+    head = np.zeros((4, 4, 1, 1))
+    head[:, 1:, 0, 0] = np.random.default_rng(5).normal(0.0, 1.0, (4, 3))
+    inits = [numpy_helper.from_array(a.astype(np.float32), name)
+             for a, name in ((scale, "scale"), (offset, "offset"), (head, "head_w"))]
+    nodes = [helper.make_node("Mul", ["x", "scale"], ["m"], name="bn_scale"),
+             helper.make_node("Add", ["m", "offset"], ["a"], name="bn_offset"),
+             helper.make_node("Conv", ["a", "head_w"], ["y"], name="head")]
+    return _workflow_search(tmp_path, nodes, inits, [1, 4, 4, 4], SearchSpec(max_slowdown=1e9))
+
+
+def test_every_candidate_in_float_is_the_float_model_with_constant_operands(tmp_path):
+    """Quantized constants are candidates, and the fake-quant model reads a constant whose
+    readers a choice runs in float as the float model's value: "every candidate in float" is
+    the float model within float tolerance (its constants were int8 in every choice, so the
+    float choice of this model missed by 0.157 of cosine)."""
+    from npubuild import onnx_io
+
+    search = _scaled_search(tmp_path)
+    assert {"scale", "offset"} <= set(search.candidates)
+    choice = {t: "float" for t in search.candidates}
+    got = search.pipeline.run(search.samples, search._params(choice), ["y"])
+    float_model = onnx_io.session(search.workflow.pipeline.graphs[0].model)
+    for sample, values in zip(search.samples, got):
+        np.testing.assert_allclose(values["y"], onnx_io.run(float_model, sample)["y"],
+                                   rtol=1e-5, atol=1e-6)
+    assert search.score(choice).margin == pytest.approx(0.01, abs=1e-6)  # cosine 1
+
+
+def test_a_constant_int8_cannot_hold_is_widened_by_the_search(tmp_path):
+    """The scale constant is what limits accuracy: with constants int8 in every choice no
+    precision reached verify's thresholds (every candidate int16 or float: cosine margin
+    -0.157); as a candidate, int16 on it (and on the tensors its product spans) passes, and a
+    constant int8 holds exactly is not one."""
+    search = _scaled_search(tmp_path)
+    result = search.run()
+    assert result.reached
+    assert result.chosen.get("scale") == "int16"
+    assert set(result.chosen.values()) == {"int16"}
+    (tmp_path / "exact").mkdir()  # a spike of 300 among zeros: its int8 integers hold it
+    assert "c0" not in _offsets_search(tmp_path / "exact", [300.0]).candidates
