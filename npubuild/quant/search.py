@@ -490,6 +490,7 @@ class PrecisionSearch:
         (reshape, transpose, slice, maxpool ...) shares its source's parameters: it goes with
         its source (``members``), whatever precision."""
         members: dict[str, list[str]] = {}
+        constants: set[str] = set()
         for state in self.workflow.states:
             qg = state.qgraph
             source: dict[str, str] = {}
@@ -499,6 +500,7 @@ class PrecisionSearch:
             for layer in qg.layers:
                 source.update((t, t) for t in layer.inputs if t in qg.constants and t in named
                               and not held_exactly(qg, state.fg, t))
+            constants.update(t for t in source if t in qg.constants)
             for layer in qg.layers:
                 moves = layer.kind in MOVES_DATA or (
                     layer.kind == "resize" and layer.attrs.get("mode") == "nearest")
@@ -511,8 +513,14 @@ class PrecisionSearch:
                 group = members.setdefault(root, [])
                 if t not in group:
                     group.append(t)
-        self.members = members
+        self.members, self.constants = members, frozenset(constants)
         return list(members)
+
+    def _calibrated_candidates(self) -> list[str]:
+        """The candidates a calibration method applies to: not the quantized constants, whose
+        range is their value (a block of per-tensor methods that named them changed nothing
+        and moved the blocks the method search tries: BirdNET's)."""
+        return [t for t in self.candidates if t not in self.constants]
 
     def _expanded(self, choice: Mapping[str, str]) -> list[OverrideSpec]:
         return [OverrideSpec(tensors=(t,), precision=p) for root, p in sorted(choice.items())
@@ -616,7 +624,7 @@ class PrecisionSearch:
                             m in ("minmax", *ALTERNATIVE_METHODS)), "minmax")
         self.methods = ()
         if self.method != "minmax":
-            tensors = [t for t in self.candidates]
+            tensors = self._calibrated_candidates()
             start, block = 0, max(1, len(tensors) // 2)
             for _ in range(METHOD_EVALUATIONS):
                 if start >= len(tensors) or self.ok(best):

@@ -35,7 +35,7 @@ class Synthetic(PrecisionSearch):
         self.method, self.methods, self.scheme = self.recipe_choice
         self.cache, self.steps = {}, []
         self.members = {t: [t] for t in TENSORS}
-        self.candidates = list(TENSORS)
+        self.candidates, self.constants = list(TENSORS), frozenset()
         self.cost, self.needs_float = cost, set(needs_float)
         self.needs_weights = set(needs_weights)  # gain only with int16 weights (or float)
         self.evaluations = 0
@@ -763,6 +763,9 @@ def test_every_candidate_in_float_is_the_float_model_with_constant_operands(tmp_
         np.testing.assert_allclose(values["y"], onnx_io.run(float_model, sample)["y"],
                                    rtol=1e-5, atol=1e-6)
     assert search.score(choice).margin == pytest.approx(0.01, abs=1e-6)  # cosine 1
+    # a constant's range is its value: no calibration method is tried on it
+    assert search._calibrated_candidates() == [t for t in search.candidates
+                                               if t not in ("scale", "offset")]
 
 
 def test_a_constant_int8_cannot_hold_is_widened_by_the_search(tmp_path):
