@@ -927,6 +927,7 @@ def affines_after_relu_into_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     def sole_use(tensor: str) -> bool:
         return len(consumers.get(tensor, [])) == 1 and tensor not in outputs
 
+    position = {id(n): k for k, n in enumerate(model.graph.node)}  # names may be empty or repeat
     plans = []  # (matmul, scale node or None, shift node or None, scale, shift)
     for mm in model.graph.node:
         if mm.op_type != "MatMul" or mm.domain not in STANDARD_DOMAINS or mm.input[1] not in inits:
@@ -954,17 +955,16 @@ def affines_after_relu_into_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     if not plans:
         return model
     model = onnx_io.clone(model)
-    by_name = {n.name: n for n in model.graph.node}
     inits = {t.name: t for t in model.graph.initializer}
     dropped, added = set(), {}
     for mm, mul, add, scale, shift, source in plans:
-        node = by_name[mm.name]
+        node = model.graph.node[position[id(mm)]]
         weight = onnx.numpy_helper.to_array(inits[node.input[1]]).astype(np.float64)
         folded = weight * (scale[:, None] if scale is not None else 1.0)
         inits[node.input[1]].CopyFrom(onnx.numpy_helper.from_array(
             folded.astype(np.float32), node.input[1]))
         node.input[0] = source
-        dropped |= {n.name for n in (mul, add) if n is not None}
+        dropped |= {position[id(n)] for n in (mul, add) if n is not None}
         if shift is None:
             continue
         offset = shift @ weight  # t·W: the shift meets the weights before they are scaled
@@ -983,15 +983,15 @@ def affines_after_relu_into_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
         shift_name = f"{base}/shift"
         model.graph.initializer.append(onnx.numpy_helper.from_array(
             offset.astype(np.float32), shift_name))
-        added[node.name] = onnx.helper.make_node("Add", [node.output[0], shift_name], [out],
-                                                 name=f"{base}/shift")
+        added[position[id(mm)]] = onnx.helper.make_node("Add", [node.output[0], shift_name],
+                                                        [out], name=f"{base}/shift")
     nodes = []
-    for n in model.graph.node:
-        if n.name in dropped:
+    for k, n in enumerate(model.graph.node):
+        if k in dropped:
             continue
         nodes.append(n)
-        if n.name in added:
-            nodes.append(added[n.name])
+        if k in added:
+            nodes.append(added[k])
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     return onnx_io.reinfer_shapes(model)

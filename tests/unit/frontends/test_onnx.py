@@ -884,6 +884,20 @@ def test_a_batchnorm_after_a_relu_folds_into_the_next_matmul(with_bias):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_an_affine_in_a_graph_of_unnamed_nodes_folds_and_nothing_else_is_dropped():
+    """Exporters may leave node names empty: the fold must not tell nodes apart by name (every
+    unnamed node was taken for the dropped Mul and Add)."""
+    model = _dense_bn_head(with_bias=True)
+    for node in model.graph.node:
+        node.name = ""
+    folded = onnx_frontend.affines_after_relu_into_matmul(model)
+    assert [n.op_type for n in folded.graph.node] == ["MatMul", "Add", "Relu", "MatMul", "Add"]
+    x = np.random.default_rng(1).standard_normal((1, 6)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    got = ort.InferenceSession(folded.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_an_affine_whose_output_is_read_elsewhere_stays():
     model = _dense_bn_head(shared=True)
     assert onnx_frontend.affines_after_relu_into_matmul(model) is model
