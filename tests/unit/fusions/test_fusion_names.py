@@ -24,15 +24,18 @@ def test_a_fresh_process_registers_the_builtin_rules_in_their_listed_order():
     code = ("from npubuild import fusions; names = fusions.load_builtins().names(); "
             "print(names[:len(fusions.BUILTIN_RULES)] == list(fusions.BUILTIN_RULES), "
             "fusions.FUSIONS.known() == names)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert out.stdout.split() == ["True", "True"]
+    assert fresh_python(code) == ["True", "True"]
 
 
 def test_loading_a_recipe_imports_no_fusion_rule():
     code = ("import sys; from npubuild.recipe import load_recipe; "
             "loaded = load_recipe('recipes/yolov8.yaml'); print(loaded.recipe.fusion, "
             "sorted(m for m in sys.modules if m.startswith('npubuild.fusions.')))")
+    assert fresh_python(code) == ["['conv_silu']", "[]"]
+
+
+def fresh_python(code: str) -> list[str]:
+    """The words ``code`` prints, run in a new interpreter of this tree."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert out.stdout.split() == ["['conv_silu']", "[]"]
+    return out.stdout.split()
