@@ -11,6 +11,8 @@ arrives, ``R`` doubles and adjacent bins merge pairwise, which is exact, so memo
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -261,9 +263,26 @@ def kl(stats: TensorStats, scheme: str, options: CalibrationOptions) -> tuple[fl
 def _kl_search(counts: np.ndarray, candidates: range, coarse: int) -> int:
     step = max(1, len(candidates) // coarse)
     grid = list(candidates[::step]) + [candidates[-1]]
-    best = min(grid, key=lambda i: _kl_divergence(counts, i))
+    divergences: dict[int, float] = {}  # the coarse best is among the fine candidates too
+
+    def divergence(i: int) -> float:
+        if i not in divergences:
+            divergences[i] = _kl_divergence(counts, i)
+        return divergences[i]
+
+    best = min(grid, key=divergence)
     fine = range(max(candidates[0], best - step + 1), min(candidates[-1], best + step - 1) + 1)
-    return min([best, *fine], key=lambda i: _kl_divergence(counts, i))
+    return min([best, *fine], key=divergence)
+
+
+@functools.lru_cache(maxsize=None)
+def _kl_chunks(i: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first bin and the length of each of the 128 chunks of ``i`` bins (the same for
+    every tensor's threshold at bin ``i``: read only)."""
+    bounds = np.linspace(0, i, KL_QUANT_BINS + 1).astype(np.int64)
+    starts, lengths = bounds[:-1].copy(), np.diff(bounds)
+    starts.flags.writeable = lengths.flags.writeable = False
+    return starts, lengths
 
 
 def _kl_divergence(counts: np.ndarray, i: int) -> float:
@@ -272,26 +291,28 @@ def _kl_divergence(counts: np.ndarray, i: int) -> float:
     p = counts[:i].copy()
     p[-1] += counts[i:].sum()
     nonzero = p > 0
-    bounds = np.linspace(0, i, KL_QUANT_BINS + 1).astype(np.int64)
-    starts = bounds[:-1]
+    starts, lengths = _kl_chunks(i)
     chunk_sums = np.add.reduceat(counts[:i], starts)
     chunk_nonzero = np.add.reduceat(nonzero.astype(np.float64), starts)
     per_bin = np.divide(chunk_sums, chunk_nonzero, out=np.zeros_like(chunk_sums),
                         where=chunk_nonzero > 0)
-    q = np.repeat(per_bin, np.diff(bounds)) * nonzero
-    if q.sum() == 0:
+    q = np.repeat(per_bin, lengths) * nonzero
+    q_total = q.sum()
+    if q_total == 0:
         return float("inf")
-    pn, qn = _smooth(p / p.sum()), _smooth(q / q.sum())
+    pn, qn = _smooth(p / p.sum()), _smooth(q / q_total)
     if pn is None or qn is None:
         return float("inf")
-    mask = pn > 0
-    return float(np.sum(pn[mask] * np.log(pn[mask] / qn[mask])))
+    # _smooth leaves every bin positive: the sum runs over all of them, as over those > 0
+    return float(np.sum(pn * np.log(pn / qn)))
 
 
 def _smooth(dist: np.ndarray, eps: float = 1e-4) -> np.ndarray | None:
-    """Move ``eps`` into every empty bin, taken evenly from the others (TensorRT's smoothing)."""
+    """Move ``eps`` into every empty bin, taken evenly from the others (TensorRT's smoothing);
+    None where that leaves a bin at or below zero."""
     zeros = dist == 0
-    n_zero, n_nonzero = int(zeros.sum()), int((~zeros).sum())
+    n_zero = int(np.count_nonzero(zeros))
+    n_nonzero = dist.size - n_zero
     if n_nonzero == 0:
         return None
     out = dist + eps * zeros - (eps * n_zero / n_nonzero) * ~zeros
@@ -333,10 +354,19 @@ def _mse_asymmetric(stats: TensorStats, levels: int) -> tuple[float, float]:
     alphas = np.arange(1, MSE_CANDIDATES + 1) / MSE_CANDIDATES
     los, his = lo0 * alphas, hi0 * alphas
     steps = (his - los) / levels
-    below = np.maximum(los[:, None] - centers[None, :], 0.0) ** 2
-    above = np.maximum(centers[None, :] - his[:, None], 0.0) ** 2
+    # A bin no value fell in weighs its error by 0: only the others' errors are computed
+    # (each the same float), the empty bins' products left at the 0 they come to, so each
+    # row sums the same array. Not where an error could overflow (inf · 0 is NaN).
+    reach = abs(lo0) + abs(hi0) + 2 * stats.range  # no centre-to-bound distance exceeds it
+    seen = np.flatnonzero(stats.hist) if math.isfinite(reach * reach) else np.arange(HIST_BINS)
+    at = centers[seen]
+    below = np.maximum(los[:, None] - at[None, :], 0.0) ** 2
+    above = np.maximum(at[None, :] - his[:, None], 0.0) ** 2
     noise = (steps[:, None] ** 2) / 12.0
-    err = _weighted_rows(np.where((below == 0) & (above == 0), noise, below + above), stats.hist)
+    errors = np.where((below == 0) & (above == 0), noise, below + above)
+    weighted = np.zeros((MSE_CANDIDATES, HIST_BINS))
+    weighted[:, seen] = errors * np.asarray(stats.hist, np.float64)[seen][None, :]
+    err = np.sum(weighted, axis=1)  # `_weighted_rows`: pairwise sums along each row
     k = int(np.argmin(err))
     return float(los[k]), float(his[k])
 

@@ -142,3 +142,96 @@ def test_batch_statistics_merge_into_exactly_the_one_pass_histogram(scales, batc
         assert merged.hist is None and merged.pending_zeros == one_pass.pending_zeros
     else:
         assert np.array_equal(merged.hist, one_pass.hist)
+
+
+def _kl_divergence_spelled_out(counts: np.ndarray, i: int) -> float:
+    """KL(P || Q) at threshold bin ``i`` as first written: the reference for the figures the
+    search computes (every chunk's bounds again, the positive bins masked out)."""
+    p = counts[:i].copy()
+    p[-1] += counts[i:].sum()
+    nonzero = p > 0
+    bounds = np.linspace(0, i, 129).astype(np.int64)
+    starts = bounds[:-1]
+    chunk_sums = np.add.reduceat(counts[:i], starts)
+    chunk_nonzero = np.add.reduceat(nonzero.astype(np.float64), starts)
+    per_bin = np.divide(chunk_sums, chunk_nonzero, out=np.zeros_like(chunk_sums),
+                        where=chunk_nonzero > 0)
+    q = np.repeat(per_bin, np.diff(bounds)) * nonzero
+    if q.sum() == 0:
+        return float("inf")
+
+    def smooth(dist, eps=1e-4):
+        zeros = dist == 0
+        n_zero, n_nonzero = int(zeros.sum()), int((~zeros).sum())
+        if n_nonzero == 0:
+            return None
+        out = dist + eps * zeros - (eps * n_zero / n_nonzero) * ~zeros
+        return out if (out > 0).all() else None
+
+    pn, qn = smooth(p / p.sum()), smooth(q / q.sum())
+    if pn is None or qn is None:
+        return float("inf")
+    mask = pn > 0
+    return float(np.sum(pn[mask] * np.log(pn[mask] / qn[mask])))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kl_figures_and_thresholds_are_those_spelled_out(seed):
+    """The KL search keeps each threshold's chunks between tensors and judges a threshold
+    once: every divergence is the same float as the formula spelled out, so the threshold
+    (and the range) is too; histograms with empty runs, a long tail and a single spike."""
+    from npubuild.quant import calibrators
+
+    rng = np.random.default_rng(seed)
+    counts = np.floor(rng.pareto(1.0 + seed / 3, HIST_BINS // 2) * 50)
+    counts[rng.random(counts.size) < 0.2 * seed] = 0.0  # empty bins, none to most
+    counts[-1] += 3.0  # the tail reaches the last bin
+    for i in (128, 129, 300, 511, 777, counts.size):
+        assert calibrators._kl_divergence(counts, i) == _kl_divergence_spelled_out(counts, i)
+    spike = np.zeros(HIST_BINS // 2)
+    spike[700] = 5.0
+    for i in (128, 700, 701):
+        assert calibrators._kl_divergence(spike, i) == _kl_divergence_spelled_out(spike, i)
+
+    candidates = range(128, counts.size + 1)
+    step = max(1, len(candidates) // 48)
+    grid = list(candidates[::step]) + [candidates[-1]]
+    best = min(grid, key=lambda i: _kl_divergence_spelled_out(counts, i))
+    fine = range(max(128, best - step + 1), min(candidates[-1], best + step - 1) + 1)
+    assert calibrators._kl_search(counts, candidates, 48) == min(
+        [best, *fine], key=lambda i: _kl_divergence_spelled_out(counts, i))
+
+
+def _mse_asymmetric_spelled_out(stats, levels: int) -> tuple[float, float]:
+    """The asymmetric MSE range as first written: every bin's error, empty or not."""
+    width = 2 * stats.range / HIST_BINS
+    centers = -stats.range + (np.arange(HIST_BINS) + 0.5) * width
+    lo0, hi0 = min(stats.min, 0.0), max(stats.max, 0.0)
+    alphas = np.arange(1, 129) / 128
+    los, his = lo0 * alphas, hi0 * alphas
+    steps = (his - los) / levels
+    below = np.maximum(los[:, None] - centers[None, :], 0.0) ** 2
+    above = np.maximum(centers[None, :] - his[:, None], 0.0) ** 2
+    noise = (steps[:, None] ** 2) / 12.0
+    errors = np.where((below == 0) & (above == 0), noise, below + above)
+    err = np.sum(errors * np.asarray(stats.hist, np.float64)[None, :], axis=1)
+    k = int(np.argmin(err))
+    return float(los[k]), float(his[k])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_asymmetric_mse_ranges_are_those_spelled_out(seed):
+    """The asymmetric MSE search computes the errors of the bins values fell in (the others
+    weigh 0): the same range, to the bit, as every bin's errors summed; after a ReLU (half
+    the bins empty), on both signs, with outliers, and at int16's levels."""
+    from npubuild.quant import calibrators
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(seed - 4, 1 + seed, 50_000) * 10.0 ** (seed % 4 - 2)
+    if seed % 2:
+        x = np.maximum(x, 0.0)  # a ReLU's output
+    x[:5] = rng.uniform(-30, 90, 5) * 10.0 ** (seed % 4 - 2)  # outliers
+    stats = observed([x.astype(np.float32)])
+    for levels in (255, 65535):
+        assert calibrators._mse_asymmetric(stats, levels) == \
+            _mse_asymmetric_spelled_out(stats, levels)
