@@ -255,6 +255,10 @@ class PrecisionSearch:
         self.widths: dict[tuple, dict[str, str]] = {}  # the same key -> its tensors' widths
         self.wide_weights: dict[tuple, frozenset[str]] = {}  # the same key -> W16A16 layers
         self.plans: dict[tuple, float] = {}  # (graph, float layers, widths) -> seconds
+        # per graph, the quantizer its newest key was placed with (key, quantizer): the
+        # score that made the key builds its inputs from the same one (`_graph_feeds`)
+        # instead of placing and typing every tensor again; one per graph at most
+        self.last_quantizer: dict[int, tuple[tuple, quantizer.Quantizer]] = {}
         self.fits = price.group_fits(chip)  # the groups every choice's plan shares
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
@@ -284,7 +288,7 @@ class PrecisionSearch:
         params = {}
         for index, key in self._graph_keys(choice):
             if key not in self.feeds:
-                self.feeds[key] = self._graph_feeds(index, self.configs[key])
+                self.feeds[key] = self._graph_feeds(index, key)
                 self._charge(WEIGHTS_LAYER_SECONDS * len(self.qgraphs[index].layers))
             params[index] = self.feeds[key]
         return params
@@ -301,9 +305,10 @@ class PrecisionSearch:
             if key not in self.configs:
                 self.configs[key] = self._graph_config(state, overrides)
                 self._charge(QUANTIZER_LAYER_SECONDS * len(self.qgraphs[index].layers))
-                params, cpu, wide = self._quantizer(index, self.configs[key])[1:]
+                q, params, cpu, wide = self._quantizer(index, self.configs[key])
                 self.placed[key], self.widths[key] = frozenset(cpu), price.dtypes_of(params)
                 self.wide_weights[key] = wide
+                self.last_quantizer[index] = (key, q)
             yield index, key
 
     def _graph_config(self, state, overrides: list[OverrideSpec]) -> quantizer.QuantConfig:
@@ -326,10 +331,15 @@ class PrecisionSearch:
         params, cpu = q.tensor_params()
         return q, params, cpu, frozenset(q.int16_weight_layers() - set(cpu))
 
-    def _graph_feeds(self, index: int, config: quantizer.QuantConfig) -> dict[str, np.ndarray]:
-        """The graph's parameter inputs under ``config``, as adopting the choice builds them."""
-        return fakequant.quantizer_inputs(self._quantizer(index, config)[0], index,
-                                          self.states[index].fg, self.pipeline)
+    def _graph_feeds(self, index: int, key: tuple) -> dict[str, np.ndarray]:
+        """The graph's parameter inputs under its configuration ``key``, as adopting the
+        choice builds them: from the quantizer `_graph_keys` placed that key with when it is
+        still the graph's newest (a quantizer's placement and parameters are computed once
+        and only read after: the same inputs as a fresh one's), else from a fresh one."""
+        known_key, q = self.last_quantizer.pop(index, (None, None))
+        if known_key != key:
+            q = self._quantizer(index, self.configs[key])[0]
+        return fakequant.quantizer_inputs(q, index, self.states[index].fg, self.pipeline)
 
     def _in_float(self, choice: Mapping[str, str]) -> frozenset[tuple[int, str]]:
         """The (graph, layer) pairs the quantizer runs in float under ``choice``: the layers
@@ -437,12 +447,40 @@ class PrecisionSearch:
             if self.clock() > self.deadline:
                 raise OutOfTime()
             samples, judge = (self.samples, self.judge) if not quick else self._quick()
-            runs = self.pipeline.run_all(samples, [self._params(c) for _, (c, _) in new],
-                                         self.kept)
+            twins = {key: self._twin(key) for key, _ in new}
+            runs = iter(self.pipeline.run_all(
+                samples, [self._params(c) for key, (c, _) in new if twins[key] is None],
+                self.kept))
+            # charged as run all the same: the budget's clock counts what it always counted
             self._charge(self.run_seconds * len(samples) * len(new))
-            for (key, (choice, step)), values in zip(new, runs):
-                self._record(key, choice, step, judge(values))
+            for key, (choice, step) in new:
+                if twins[key] is not None:
+                    self._record_twin(key, step, twins[key])
+                else:
+                    self._record(key, choice, step, judge(next(runs)))
         return [self.cache[key] for key in keys]
+
+    def _twin(self, key: tuple) -> Scored | None:
+        """The score already judged of ``key``'s choice under the same calibration, quick
+        where ``key`` is not or the reverse, where the quick set is every sample and its
+        judge the search's (two verify samples: the ranking's choices, then the cover's, ran
+        twice); None otherwise (a quick score on a subset judged other samples)."""
+        if not hasattr(self, "_plain_verdict"):  # the quick set is not known yet
+            return None
+        samples, judge = self._quick()
+        if samples is not self.samples or judge is not self.judge:
+            return None
+        return self.cache.get((*key[:-1], not key[-1]))
+
+    def _record_twin(self, key: tuple, step: str, twin: Scored) -> None:
+        """`_record` of ``key`` with its twin's verdict (`_twin`): the same figures, its own
+        step and price."""
+        scored = replace(twin, loads=twin.loads.copy(), failures=list(twin.failures),
+                         slowdown=None)
+        self.cache[key] = scored
+        self.steps.append({"step": step, "tensors": len(key[0]), "passed": scored.passed,
+                           "margin": round(scored.margin, 6)})
+        self.on_score(len(self.steps))
 
     def _record(self, key: tuple, choice: Mapping[str, str], step: str, verdict) -> None:
         if not choice and not key[-1] and not hasattr(self, "_plain_verdict"):

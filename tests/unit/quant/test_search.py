@@ -598,7 +598,8 @@ def test_tensors_whose_gain_needs_them_together_are_ranked_as_one_block():
     assert len(result.chosen) <= 16
 
 
-def _offsets_search(tmp_path, offsets: list[float], spec: SearchSpec | None = None):
+def _offsets_search(tmp_path, offsets: list[float], spec: SearchSpec | None = None,
+                    samples: int = 3):
     """The precision search over a chain x → (+ c_i → − c_i) for each offset, c_i a constant
     0 everywhere but one element (exact in int8): the sum's range reaches the offset, so its
     steps swamp x (in [-1, 1]) unless the precision is wide enough for it; the difference is
@@ -614,12 +615,13 @@ def _offsets_search(tmp_path, offsets: list[float], spec: SearchSpec | None = No
                   helper.make_node("Sub", [f"a{i:02d}", f"c{i}"], [f"s{i:02d}"], name=f"sub{i}")]
         previous = f"s{i:02d}"
     nodes[-1].output[0] = "y"
-    return _workflow_search(tmp_path, nodes, inits, shape, spec or SearchSpec(max_slowdown=1e9))
+    return _workflow_search(tmp_path, nodes, inits, shape, spec or SearchSpec(max_slowdown=1e9),
+                            samples)
 
 
-def _workflow_search(tmp_path, nodes, inits, shape, spec):
+def _workflow_search(tmp_path, nodes, inits, shape, spec, count: int = 3):
     """The search ``quantization.auto`` builds for one NPU graph of ``nodes`` on a chip with
-    int16, x uniform in [-1, 1], calibrated and verified on the same 3 samples."""
+    int16, x uniform in [-1, 1], calibrated and verified on the same ``count`` samples."""
     from npubuild.quant.pipeline import SplitPipeline
     from npubuild.quant.quantizer import QuantConfig
     from npubuild.quant.workflow import Options, Workflow
@@ -632,7 +634,7 @@ def _workflow_search(tmp_path, nodes, inits, shape, spec):
                                                       granularity="per_channel",
                                                       bias_correction=False), chip_int16=True))
     rng = np.random.default_rng(0)
-    samples = [{"x": rng.uniform(-1.0, 1.0, shape).astype(np.float32)} for _ in range(3)]
+    samples = [{"x": rng.uniform(-1.0, 1.0, shape).astype(np.float32)} for _ in range(count)]
     workflow.calibrate(samples)
     workflow.quantize()
     judge = SampleJudge(VerifySpec(), {}, pipeline, samples)
@@ -780,3 +782,100 @@ def test_a_constant_int8_cannot_hold_is_widened_by_the_search(tmp_path):
     assert set(result.chosen.values()) == {"int16"}
     (tmp_path / "exact").mkdir()  # a spike of 300 among zeros: its int8 integers hold it
     assert "c0" not in _offsets_search(tmp_path / "exact", [300.0]).candidates
+
+
+def _same_feeds(mine: dict, theirs: dict) -> None:
+    assert mine.keys() == theirs.keys()
+    for index in mine:
+        assert mine[index].keys() == theirs[index].keys()
+        for name in mine[index]:
+            np.testing.assert_array_equal(mine[index][name], theirs[index][name])
+
+
+def test_a_score_builds_its_inputs_from_the_quantizer_that_placed_its_choice(tmp_path):
+    """A choice's inputs come from the quantizer its placement was computed with (placing and
+    typing every tensor once per choice, not twice): the same arrays as a search that builds
+    them from a fresh quantizer."""
+    offsets = [300.0] * 3
+    search = _offsets_search(tmp_path, offsets)
+    choice = {"a00": "int16", "a02": "float"}
+    made = []
+    real = search._quantizer
+    search._quantizer = lambda *a: made.append(a) or real(*a)
+    reused = search._params(choice)
+    assert len(made) == len(search.states)  # one quantizer per graph and choice
+    (tmp_path / "fresh").mkdir()
+    fresh = _offsets_search(tmp_path / "fresh", offsets)
+    list(fresh._graph_keys(choice))
+    fresh.last_quantizer.clear()  # inputs from a quantizer of their own
+    _same_feeds(reused, fresh._params(choice))
+
+
+def test_a_quantizer_kept_for_another_choice_never_builds_a_choices_inputs(tmp_path):
+    """The quantizer kept is the graph's newest key's: a choice placed (priced) after another
+    replaces it, and the earlier choice's inputs, asked for then, are its own."""
+    offsets = [300.0] * 3
+    search = _offsets_search(tmp_path, offsets)
+    first, later = {"a00": "int16"}, {"a01": "float"}
+    list(search._graph_keys(first))
+    list(search._graph_keys(later))  # priced only: its quantizer is the one kept now
+    (tmp_path / "fresh").mkdir()
+    _same_feeds(search._params(first), _offsets_search(tmp_path / "fresh", offsets)._params(first))
+
+
+def _counting_runs(search) -> list:
+    runs = []
+    real = search.pipeline.run_all
+    search.pipeline.run_all = lambda samples, feeds, kept: (
+        runs.extend(feeds) or real(samples, feeds, kept))
+    return runs
+
+
+def test_where_the_quick_set_is_every_sample_a_choice_runs_once_for_both_scores(tmp_path):
+    """With two verify samples the ranking's quick scores judge every sample: the cover then
+    scored the same choices again, one more run of the pipeline each. The second score is the
+    first one's figures under its own step, as a second run gave them."""
+    offsets = [300.0] * 3
+    search = _offsets_search(tmp_path, offsets, samples=2)
+    search.score({}, "int8 everywhere")
+    runs = _counting_runs(search)
+    quick = search.score({"a00": "int16"}, "rank", quick=True)
+    full = search.score({"a00": "int16"}, "cover")
+    assert len(runs) == 1
+    (tmp_path / "fresh").mkdir()
+    fresh = _offsets_search(tmp_path / "fresh", offsets, samples=2)
+    fresh.score({}, "int8 everywhere")
+    ran = fresh.score_all([({"a00": "int16"}, "rank")], quick=True)[0]
+    fresh.cache.clear()  # scored by a run of its own
+    again = fresh.score({"a00": "int16"}, "cover")
+    for mine, theirs in ((quick, ran), (full, again)):
+        assert (mine.choice, mine.passed, mine.margin, mine.failures, mine.span_ratio,
+                mine.calibration) == (theirs.choice, theirs.passed, theirs.margin,
+                                      theirs.failures, theirs.span_ratio, theirs.calibration)
+        np.testing.assert_array_equal(mine.loads, theirs.loads)
+    assert [s["step"] for s in search.steps] == ["int8 everywhere", "rank", "cover"]
+    assert search.steps[1:] == [{**s, "step": name} for s, name in
+                                zip(search.steps[1:], ("rank", "cover"))]
+
+
+def test_a_quick_score_is_shared_only_for_the_same_choice_calibration_and_samples(tmp_path):
+    """The twin shares the choice, the calibration methods and scheme, and the samples: another
+    method, another choice, or a quick set that is a subset of the samples runs again."""
+    offsets = [300.0] * 3
+    search = _offsets_search(tmp_path, offsets, samples=2)
+    search.score({}, "int8 everywhere")
+    runs = _counting_runs(search)
+    search.score({"a00": "int16"}, quick=True)
+    search.score({"a01": "int16"})
+    search.method = "percentile"
+    search.score({"a00": "int16"})
+    search.scheme = "symmetric"
+    search.score({"a00": "int16"})
+    assert len(runs) == 4
+    (tmp_path / "subset").mkdir()
+    subset = _offsets_search(tmp_path / "subset", offsets, samples=3)
+    subset.score({}, "int8 everywhere")
+    runs = _counting_runs(subset)
+    subset.score({"a00": "int16"}, quick=True)
+    subset.score({"a00": "int16"})
+    assert len(runs) == 2
