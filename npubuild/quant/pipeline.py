@@ -90,7 +90,10 @@ class SplitPipeline:
             if seen is not None:
                 seen[g.index] = (dict(feeds), env)
             return {n: dequantize_tensor(qg, n, env[n]) for n in g.outputs}
-        return Runner(self.split_dir, backends={"npu": backend})
+        # the CPU submodels in the float runner's sessions (one per file, stateless between
+        # runs): a build judges on the integer reference several times (int8, int16 everywhere,
+        # each measured rounding and equalisation, each confirmation), and opened them anew
+        return Runner(self.split_dir, backends={"npu": backend, "cpu": self.runner.backends["cpu"]})
 
     def quantized_outputs(self, feeds: Mapping[str, np.ndarray],
                           qgraphs: Mapping[int, QGraph]) -> dict[str, np.ndarray]:

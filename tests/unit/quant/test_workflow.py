@@ -224,3 +224,29 @@ def test_the_gram_pass_on_workers_merges_what_it_gathers_in_this_process(tmp_pat
         assert s.patch_grams.keys() == want.keys()
         for geometry, gram in s.patch_grams.items():
             assert all(np.array_equal(a, b) for a, b in zip(gram.grams, want[geometry].grams))
+
+
+def test_every_run_of_the_integer_reference_reads_the_cpu_submodels_in_one_session(
+        tmp_path, monkeypatch):
+    """The integer reference's runs (int8, int16 everywhere, each measured choice) run the
+    pipeline's CPU submodels in the float pipeline's sessions, opened once per file: each run
+    opened them anew. The values are those of a pipeline that opens its own."""
+    from npubuild import onnx_io
+
+    workflow = _two_npu_graphs(tmp_path)
+    rng = np.random.default_rng(2)
+    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(2)]
+    workflow.pipeline.float_values(samples[0])  # the float runner's CPU session, opened
+    opened = []
+    real = onnx_io.session
+    monkeypatch.setattr(onnx_io, "session", lambda *a, **k: opened.append(a[0]) or real(*a, **k))
+    first = workflow.deployed_values(samples, ["y"])
+    wide = workflow.widest_integer_values(samples, ["y"])
+    assert opened == []
+
+    monkeypatch.setattr(onnx_io, "session", real)
+    fresh = _two_npu_graphs(tmp_path / "fresh")
+    for mine, theirs in ((first, fresh.deployed_values(samples, ["y"])),
+                         (wide, fresh.widest_integer_values(samples, ["y"]))):
+        for a, b in zip(mine, theirs):
+            np.testing.assert_array_equal(a["y"], b["y"])
