@@ -206,10 +206,14 @@ def grouped_gptq(weights: np.ndarray, grams: list[np.ndarray], scales: np.ndarra
 
 def _inverse_upper_factors(damped: np.ndarray) -> np.ndarray:
     """Upper Cholesky factors of the inverses of ``damped`` (… × K × K, positive definite):
-    row j carries column j's rounding error onto the later columns."""
-    lower = np.linalg.cholesky(damped)
-    lower_inv = np.linalg.inv(lower)
-    return np.linalg.cholesky(np.swapaxes(lower_inv, -1, -2) @ lower_inv).swapaxes(-1, -2)
+    row j carries column j's rounding error onto the later columns. On one BLAS thread:
+    LAPACK's blocked factorisations split their work by the thread count, and from K = 144 on
+    two threads gave other last bits than one, so the integers depended on the machine's
+    cores (and one thread costs less CPU: 98 -> 38 ms at K = 576)."""
+    with reference.one_blas_thread():
+        lower = np.linalg.cholesky(damped)
+        lower_inv = np.linalg.inv(lower)
+        return np.linalg.cholesky(np.swapaxes(lower_inv, -1, -2) @ lower_inv).swapaxes(-1, -2)
 
 
 def _rounded_columns(block: np.ndarray, upper: np.ndarray, scale: np.ndarray

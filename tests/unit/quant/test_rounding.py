@@ -195,3 +195,17 @@ def test_a_layer_gptq_cannot_round_is_rounded_to_nearest_once_per_scale():
     assert rounding.rounded_weights(Layer, w, scale.copy(), gram) is first
     wider = rounding.rounded_weights(Layer, w, scale * 2, gram)
     np.testing.assert_array_equal(wider, rounding.nearest(w, scale * 2))
+
+
+@pytest.mark.parametrize("k", [144, 576])
+def test_gptq_factors_do_not_depend_on_the_blas_thread_count(k):
+    """From K = 144 LAPACK's blocked factorisations on two BLAS threads gave other last bits
+    than on one, so GPTQ's integers could depend on the cores of the machine that built."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    rows = np.random.default_rng(0).standard_normal((4 * k, k))
+    gram = rows.T @ rows + 0.01 * np.eye(k)
+    factors = []
+    for threads in (1, 2):
+        with threadpoolctl.threadpool_limits(threads, "blas"):
+            factors.append(rounding._inverse_upper_factors(gram))
+    np.testing.assert_array_equal(factors[0], factors[1])
