@@ -73,21 +73,35 @@ def finite_pairs(ref: np.ndarray, act: np.ndarray) -> tuple[np.ndarray, np.ndarr
 def _finite_similarity(ref: np.ndarray, act: np.ndarray) -> tuple[float, float, float, float, float]:
     """cosine, euclid, SQNR, max abs and max relative difference of two finite vectors."""
     diff = ref - act
-    err = norm(diff)
-    ref_norm, act_norm = norm(ref), norm(act)
-    if ref_norm == 0 and act_norm == 0:
-        cosine = 1.0
-    elif ref_norm == 0 or act_norm == 0:
-        cosine = 0.0
-    else:
-        cosine = dot(ref, act) / (ref_norm * act_norm)
-    mid = norm((ref + act) / 2)
-    euclid = 1.0 if err == 0 else (1.0 - err / mid if mid else 0.0)
-    sqnr = float("inf") if err == 0 else (float(10 * np.log10(ref_norm**2 / err**2)) if ref_norm else -float("inf"))
     max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    mid = (ref + act) / 2
+    return similarity_from_sums(dot(ref, ref), dot(act, act), dot(ref, act), dot(diff, diff),
+                                dot(mid, mid), max_abs, scale)
+
+
+def similarity_from_sums(rr: float, aa: float, ra: float, dd: float, mid_sq: float,
+                         max_abs: float, scale: float) -> tuple[float, float, float, float, float]:
+    """`_finite_similarity`'s figures from the sums of squares and products (``rr``: Σ ref²,
+    ``aa``: Σ act², ``ra``: Σ ref·act, ``dd``: Σ (ref − act)², ``mid_sq``: Σ ((ref + act)/2)²),
+    the largest difference and the largest |ref|: for a caller that sums them once for many
+    figures (verify's judge)."""
+    err, ref_norm = math.sqrt(dd), math.sqrt(rr)
+    mid = math.sqrt(mid_sq)
+    euclid = 1.0 if err == 0 else (1.0 - err / mid if mid else 0.0)
+    sqnr = float("inf") if err == 0 else (float(10 * np.log10(ref_norm**2 / err**2)) if ref_norm else -float("inf"))
     max_rel = max_abs / scale if scale else (0.0 if max_abs == 0 else float("inf"))
-    return cosine, euclid, sqnr, max_abs, max_rel
+    return cosine_from_sums(rr, aa, ra), euclid, sqnr, max_abs, max_rel
+
+
+def cosine_from_sums(rr: float, aa: float, ra: float) -> float:
+    """The cosine from Σ ref², Σ act² and Σ ref·act (both zero → 1, one zero → 0)."""
+    ref_norm, act_norm = math.sqrt(rr), math.sqrt(aa)
+    if ref_norm == 0 and act_norm == 0:
+        return 1.0
+    if ref_norm == 0 or act_norm == 0:
+        return 0.0
+    return ra / (ref_norm * act_norm)
 
 
 def dot(a: np.ndarray, b: np.ndarray) -> float:
@@ -112,12 +126,20 @@ def range_errors(reference: np.ndarray, actual: np.ndarray) -> tuple[float, floa
     diff = ref - act
     if not diff.size or not np.any(diff):
         return 0.0, 0.0
-    span = float(ref.max() - ref.min())
+    return range_errors_from_sums(float(np.abs(diff).max()), dot(diff, diff), diff.size,
+                                  float(ref.max()), float(ref.min()))
+
+
+def range_errors_from_sums(max_abs: float, dd: float, size: int, ref_max: float,
+                           ref_min: float) -> tuple[float, float]:
+    """`range_errors` of a difference that is not all zero, from its largest value, Σ diff²,
+    its size and the reference's extremes."""
+    span = ref_max - ref_min
     if span == 0:
-        span = float(np.abs(ref).max())
+        span = max(abs(ref_max), abs(ref_min))
     if span == 0:
         return float("inf"), float("inf")
-    return float(np.abs(diff).max()) / span, float(np.sqrt(np.mean(diff**2))) / span
+    return max_abs / span, math.sqrt(dd / size) / span
 
 
 def rms(values: np.ndarray) -> float:

@@ -25,7 +25,8 @@ import math
 
 import numpy as np
 
-from npubuild.metrics import Similarity, range_errors, rms, similarity
+from npubuild.metrics import (Similarity, cosine_from_sums, range_errors,
+                              range_errors_from_sums, rms, similarity, similarity_from_sums)
 from npubuild.verify.limits import Thresholds
 
 QUIET = 0.05
@@ -120,49 +121,28 @@ def _finite_float_metrics(refs: list[np.ndarray], gots: list[np.ndarray],
     rg, rg_each = sums(np.multiply(ref, got, out=work))
     np.subtract(ref, got, out=diff)
     dd = float(np.sum(np.multiply(diff, diff, out=work)))
-    err, ref_norm, got_norm = math.sqrt(dd), math.sqrt(rr), math.sqrt(gg)
     ref_max, ref_min = mine["max"], mine["min"]
     got_max, got_min = float(got.max()), float(got.min())
     max_abs = float(np.max(np.abs(diff, out=work)))
     differs = max_abs > 0  # every difference, however small (its square may underflow)
     mid = np.divide(np.add(ref, got, out=work), 2, out=work)
-    mid_norm = math.sqrt(float(np.sum(np.multiply(mid, mid, out=diff))))
+    mid_sq = float(np.sum(np.multiply(mid, mid, out=diff)))
     del work, diff, mid
     scale = max(abs(ref_max), abs(ref_min))  # max |ref|: the same float, exactly
-    whole = _cosine(rr, gg, rg)
-    euclid = 1.0 if err == 0 else (1.0 - err / mid_norm if mid_norm else 0.0)
-    sqnr = (float("inf") if err == 0 else
-            (float(10 * np.log10(ref_norm**2 / err**2)) if ref_norm else -float("inf")))
-    max_rel = max_abs / scale if scale else (0.0 if max_abs == 0 else float("inf"))
-    out = Similarity(whole, euclid, sqnr, max_abs, max_rel, not differs).as_dict()
-    if not differs:  # `range_errors`: no difference, no error
-        out["range_error"], out["rms_range_error"] = 0.0, 0.0
-    else:
-        span = ref_max - ref_min
-        if span == 0:
-            span = scale
-        out["range_error"], out["rms_range_error"] = (
-            (_finite(v) for v in (max_abs / span, math.sqrt(dd / ref.size) / span)) if span
-            else (None, None))
+    out = Similarity(*similarity_from_sums(rr, gg, rg, dd, mid_sq, max_abs, scale),
+                     not differs).as_dict()
+    out["range_error"], out["rms_range_error"] = (
+        (_finite(v) for v in range_errors_from_sums(max_abs, dd, ref.size, ref_max, ref_min))
+        if differs else (0.0, 0.0))  # `range_errors`: no difference, no error
     out["reference_peak"] = _finite(scale)
     out["deployed_peak"] = _finite(max(abs(got_max), abs(got_min)))
     whole_rms = math.sqrt(rr / ref.size)
-    loud = {i: _cosine(rr_each[i], gg_each[i], rg_each[i]) for i, (a, b) in enumerate(spans)
+    loud = {i: cosine_from_sums(rr_each[i], gg_each[i], rg_each[i]) for i, (a, b) in enumerate(spans)
             if b - a > 1 and whole_rms > 0 and math.sqrt(rr_each[i] / (b - a)) >= QUIET * whole_rms}
     worst = min(loud, key=loud.get) if loud else None
     out["min_sample_cosine"] = None if worst is None else loud[worst]
     out["worst_sample"], out["samples_judged"] = worst, len(loud)
     return out
-
-
-def _cosine(rr: float, gg: float, rg: float) -> float:
-    """`metrics.similarity`'s cosine from the sums of squares and of products."""
-    ref_norm, got_norm = math.sqrt(rr), math.sqrt(gg)
-    if ref_norm == 0 and got_norm == 0:
-        return 1.0
-    if ref_norm == 0 or got_norm == 0:
-        return 0.0
-    return rg / (ref_norm * got_norm)
 
 
 def common_part(ref: np.ndarray, got: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
