@@ -16,6 +16,7 @@ A layer that does not fit even alone is an error naming it and the bytes it need
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Union
@@ -110,16 +111,31 @@ class GroupFits:
     A plan asks again for groups it already fitted (the cut search), and the precision search
     plans one graph once per precision choice it prices, each choice changing a few tensors'
     widths: most of its groups are the same groups. One instance across those plans (compile
-    makes a fresh one per plan: a remembered answer is the answer `fit_group` gives)."""
+    makes a fresh one per plan: a remembered answer is the answer `fit_group` gives).
 
-    def __init__(self, chip: Chip):
+    At most ``keep`` answers are kept, the least recently asked dropped first: a searched
+    quantize asks for tens of thousands of groups (iris landmark: 48,568, 9 KB each), and
+    an answer asked again after it was dropped is computed again, the same answer.
+    `computed` counts each question once however often it was computed, so what the
+    precision search charges its clock for group fits does not depend on ``keep``."""
+
+    KEEP = 4096
+
+    def __init__(self, chip: Chip, keep: int | None = None):
         self.chip = chip
+        self.keep = self.KEEP if keep is None else keep
         self._layer_ids: dict[LayerSpec, int] = {}
-        self._found: dict[tuple, GroupPlan | NoFit] = {}
+        self._found: OrderedDict[tuple, GroupPlan | NoFit] = OrderedDict()
+        self._asked: set[tuple] = set()
 
     @property
     def computed(self) -> int:
-        """How many fits were computed (not remembered) so far."""
+        """How many distinct groups were fitted so far (each counted once)."""
+        return len(self._asked)
+
+    @property
+    def kept(self) -> int:
+        """How many answers are held now (at most ``keep``)."""
         return len(self._found)
 
     def layer_ids(self, graph: LayerGraph) -> tuple[int, ...]:
@@ -132,9 +148,15 @@ class GroupFits:
             walks: WindowWalks, explain: bool) -> GroupPlan | NoFit:
         group = graph.group(start, stop)
         key = (start, ids[start:stop], group.inputs, group.outputs, explain)
-        if key not in self._found:
-            self._found[key] = fit_group(group, self.chip, walks, explain=explain)
-        return self._found[key]
+        found = self._found.get(key)
+        if found is not None:
+            self._found.move_to_end(key)
+            return found
+        found = self._found[key] = fit_group(group, self.chip, walks, explain=explain)
+        self._asked.add(key)
+        if len(self._found) > self.keep:
+            self._found.popitem(last=False)
+        return found
 
 
 def plan_groups(graph: LayerGraph, chip: Chip, *, grouping: bool = True,

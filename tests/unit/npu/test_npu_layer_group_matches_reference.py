@@ -98,12 +98,13 @@ def _planned(groups) -> dict:
 
 
 @SETTINGS
-@given(chains(), chips(), st.data())
-def test_group_fits_kept_across_plans_give_the_plans_of_fresh_searches(graph, chip, data):
+@given(chains(), chips(), st.data(), st.sampled_from([0, 1, 3, GroupFits.KEEP]))
+def test_group_fits_kept_across_plans_give_the_plans_of_fresh_searches(graph, chip, data, keep):
     """The precision search plans one graph once per precision choice with one `GroupFits`:
     each choice widens a few layers' activations, and every plan must be the one a fresh
-    search makes (compile's)."""
-    fits = GroupFits(chip)
+    search makes (compile's), however few answers the instance keeps; and what it counts
+    as computed (the search's clock is charged by it) does not depend on how many it keeps."""
+    fits, unbounded = GroupFits(chip, keep=keep), GroupFits(chip, keep=10**9)
     for _ in range(3):
         wide = data.draw(st.sets(st.integers(0, len(graph.layers) - 1), max_size=3)
                          ) if graph.layers else set()
@@ -113,6 +114,9 @@ def test_group_fits_kept_across_plans_give_the_plans_of_fresh_searches(graph, ch
         for g in (variant, graph):
             assert _planned(plan_groups(g, chip, on_no_fit="cpu", fits=fits)) == \
                 _planned(plan_groups(g, chip, on_no_fit="cpu"))
+            plan_groups(g, chip, on_no_fit="cpu", fits=unbounded)
+            assert fits.computed == unbounded.computed
+            assert fits.kept <= keep
 
 
 def test_group_fits_refuse_another_chips_plan():
