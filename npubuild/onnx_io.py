@@ -7,12 +7,12 @@ an IR version ONNX Runtime reads (onnx 1.23 writes IR 14 by default, onnxruntime
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Mapping
 
 import lazy_loader as lazy
 
+from npubuild import threads
 from npubuild.atomic import atomic_path
 from npubuild.errors import BuildError, Location, UserError
 
@@ -297,12 +297,10 @@ def session(model: onnx.ModelProto | str | Path, optimized: bool = False,
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimized
                                         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     options.log_severity_level = 4
-    options.intra_op_num_threads = max(1, min(2, os.cpu_count() or 1))
-    # No spinning: every session has its own thread pool, and a build holds many at once (one
-    # per CPU layer of the integer reference, per segment, per probe), whose spinning threads
-    # fight for the cores. benchmarks/sessions.py, 2 quiet cores: YOLOv8n-320's 241 nodes in
-    # one-node sessions 1,648 -> 28 ms a pass; the whole model alone 17 -> 21 ms.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    # Threads and spinning: npubuild.threads' policy (a build holds many sessions at once, one
+    # per CPU layer of the integer reference, per segment, per probe, often beside another
+    # build); ``spinning`` opens one as a deployment runs it (≤ 2 threads, spinning).
+    threads.apply_to_session(options, deployed=spinning)
     weights: dict[str, np.ndarray] = {}
     if isinstance(model, (str, Path)):
         source = str(model)

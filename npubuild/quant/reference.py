@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from contextlib import nullcontext
 from functools import lru_cache
 from typing import Callable, Mapping, Sequence
 
@@ -38,6 +37,7 @@ from numpy.lib.stride_tricks import as_strided
 from npubuild.errors import BuildError, working_on
 from npubuild.quant import schemes
 from npubuild.quant.qgraph import QGraph, QLayer
+from npubuild.threads import one_blas_thread
 
 Kernel = Callable[[QLayer, Sequence[np.ndarray]], list[np.ndarray]]
 
@@ -288,23 +288,6 @@ def _exact_chunks(w_abs: np.ndarray, row_max: float, x_max: float,
         fits = (prefix[:, cuts[-1] + 1:] - base).max(axis=0) < limit  # runs of 1, 2, ...
         cuts.append(k if fits.all() else cuts[-1] + int(np.argmin(fits)))  # fits[0] holds
     return cuts
-
-
-@lru_cache(maxsize=1)
-def _blas_controller():
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # a dependency; without it BLAS keeps its own thread count
-        return None
-    return ThreadpoolController()
-
-
-def one_blas_thread():
-    """BLAS on one thread for the duration: a layer's GEMM is at most a few tens of MMACs, and
-    OpenBLAS's extra threads spin while they wait — on 2 shared cores one YOLOv8n-320
-    simulator run measured 0.8 s of CPU with 2 BLAS threads and 0.16 s with one."""
-    controller = _blas_controller()
-    return controller.limit(limits=1, user_api="blas") if controller else nullcontext()
 
 
 def _depthwise(x: np.ndarray, weight: np.ndarray, attrs: dict, group: int,
