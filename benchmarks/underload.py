@@ -57,9 +57,11 @@ def child_env(tree: Path, env: dict[str, str]) -> dict[str, str]:
 
 
 def timed(args: list[str], env: dict[str, str]) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds, exit code) of one child process."""
+    """(wall seconds, CPU seconds, exit code) of one child process, run in its tree (``-m``
+    puts the working directory first on sys.path, before PYTHONPATH)."""
     started = time.perf_counter()
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(args, env=env, cwd=env["PYTHONPATH"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -82,7 +84,7 @@ class Competitor:
         else:  # a shell loop: the twin starts again whenever it ends
             loop = f"while true; do {' '.join(self.twin)} >/dev/null 2>&1; done"
             self.procs = [subprocess.Popen(["bash", "-c", loop], env=self.env,
-                                           start_new_session=True)]
+                                           cwd=self.env["PYTHONPATH"], start_new_session=True)]
         time.sleep(1.0)  # the competitor running before the measured build starts
         return self
 
