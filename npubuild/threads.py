@@ -1,5 +1,6 @@
 """How many threads a build's numeric libraries run on: the one policy, for ONNX Runtime's
-sessions (`onnx_io.session`) and numpy's BLAS (every stage, `engine.session`).
+sessions (`onnx_io.session`) and numpy's BLAS (`one_blas_thread`, where the integer reference
+and GPTQ multiply).
 
 A build shares its machine (the zoo builds two recipes at once, a user builds beside an IDE,
 CI beside other jobs) and holds dozens of ONNX Runtime sessions, each with its own pool, plus
@@ -14,11 +15,10 @@ before the caller can go on, cost far more wall time under load than the load ex
   machine's core count and not a setting: ONNX Runtime's float kernels give other last bits
   on another thread count (YOLOv8n-320's calibration ranges on 1 thread against 2), and a
   recipe must give the same bytes in any process on any machine.
-- BLAS: one thread while a stage runs. A build's GEMMs are a layer's (a few tens of MMACs at
-  most), OpenBLAS's threads spin while they wait (on a loaded machine the caller waits for
-  its second thread to be scheduled), and LAPACK's blocked factorisations give other last
-  bits on other thread counts (`quant.rounding`): one is the fast and the deterministic
-  choice. The same bytes as two: the quantize stage's files of five zoo models hashed.
+- BLAS: one thread where the integer reference and GPTQ call it (`one_blas_thread`): LAPACK's
+  blocked factorisations give other last bits on other thread counts (`quant.rounding`). Not
+  for a whole stage: tried, and YOLOv8n-320's quantize beside two busy loops took 7.9 s of CPU
+  against main's 5.5 (two runs each, docs/scaling.md).
 """
 
 from __future__ import annotations

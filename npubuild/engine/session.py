@@ -33,7 +33,6 @@ from npubuild.engine.staleness import is_current, why_not_current
 from npubuild.errors import BuildError, NpubuildError, did_you_mean
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import PIPELINE, STAGES, Stage, StageContext, no_progress, upto
-from npubuild.threads import one_blas_thread
 from npubuild.timings import MEASURED_ESTIMATE_KEYS, without_measurements
 
 log = logging.getLogger("npubuild")
@@ -319,8 +318,7 @@ class BuildSession:
                            sources=self._sources(stage) if self.scheduler else {},
                            logs=self.paths.logs)
         try:
-            with one_blas_thread():  # npubuild.threads: a build's GEMMs are small; no spinning pool
-                report = stage.function()(ctx) or {}
+            report = stage.function()(ctx) or {}
         except BuildError as exc:
             if exc.stage:
                 raise

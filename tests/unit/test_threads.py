@@ -1,6 +1,5 @@
 """npubuild.threads: the one thread policy, applied where sessions open and stages run."""
 
-import numpy as np
 import onnx
 import pytest
 from onnx import helper
@@ -33,35 +32,3 @@ def test_a_deployment_timing_spins_on_at_most_two_threads(monkeypatch):
     assert _options(onnx_io.session(_tiny(), spinning=True)) == (1, "1")
     monkeypatch.setattr("os.cpu_count", lambda: 64)
     assert _options(onnx_io.session(_tiny(), spinning=True)) == (threads.DEPLOYED_THREADS, "1")
-
-
-def _blas_threads() -> list[int]:
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-    np.ones((2, 2)) @ np.ones((2, 2))  # BLAS loaded
-    return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
-
-
-def test_a_stage_runs_on_one_blas_thread(tmp_path, monkeypatch):
-    from npubuild.engine import session as engine_session
-
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-    seen = []
-
-    class Stage:
-        name, needs, uses_chip = "import", (), False
-
-        @staticmethod
-        def function():
-            return lambda ctx: seen.append(_blas_threads()) or {}
-
-    with threadpoolctl.threadpool_limits(2, "blas"):
-        if not any(n == 2 for n in _blas_threads()):
-            pytest.skip("no BLAS with two threads here")
-        build = engine_session.BuildSession.__new__(engine_session.BuildSession)
-        build.paths = type("P", (), {"stage_dir": lambda self, s: tmp_path / s,
-                                     "logs": tmp_path / "logs"})()
-        build.loaded, build.chip, build.progress, build.scheduler = None, None, None, None
-        parts = type("K", (), {"key": "k", "as_dict": lambda self: {}})()
-        build._build(Stage, parts, tmp_path / "scratch")
-        assert seen == [[1] * len(seen[0])]
-        assert 2 in _blas_threads()  # as it was, after the stage
