@@ -554,7 +554,7 @@ def conv_transpose_as_conv_and_shuffle(model: onnx.ModelProto) -> onnx.ModelProt
     replaced: set[str] = set()
     for node in graph.node:
         geometry = _transpose_geometry(node, inits)
-        size = shapes.get(node.input[0], [])[2:]
+        size = shapes.get(node.input[0], [])[2:] if geometry else []  # a Constant has no input
         plans = ([_phase_plan(geometry.kernel[i], geometry.stride[i], geometry.pads_begin[i],
                               geometry.pads_end[i], geometry.output_padding[i], size[i])
                   for i in range(2)] if geometry and len(size) == 2 and None not in size else [])

@@ -775,6 +775,26 @@ def test_an_overlapping_conv_transpose_keeps_only_the_blocks_its_pads_leave():
     assert (starts, ends) == ([1, 1], [15, 19])
 
 
+def test_a_conv_transpose_beside_a_node_without_inputs_is_rewritten():
+    """A Constant node reads nothing (GTCRN's streaming export has dozens beside its
+    ConvTransposes): the rewrite looked up its first input's shape and stopped the import."""
+    import onnxruntime as ort
+
+    model = _conv_transpose((4, 4), (2, 2), (1, 1, 1, 1), (0, 0), 1)
+    h = onnx.helper
+    model.graph.node.insert(0, h.make_node("Constant", [], ["one"], name="one",
+                                           value=onnx.numpy_helper.from_array(
+                                               np.ones((1,), np.float32))))
+    model.graph.node.append(h.make_node("Mul", ["y", "one"], ["z"], name="scale"))
+    model.graph.output[0].name = "z"
+    rewritten = onnx_frontend.conv_transpose_as_conv_and_shuffle(model)
+    assert "ConvTranspose" not in [n.op_type for n in rewritten.graph.node]
+    x = np.random.default_rng(8).normal(size=(1, 4, 7, 9)).astype(np.float32)
+    want, got = (ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+                 for m in (model, rewritten))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_conv_transpose_with_dilations_or_an_output_shape_stays():
     for attrs in ({"dilations": [2, 2]}, {"output_shape": [32, 32]}):
         model = _upsampling_model(**attrs)
