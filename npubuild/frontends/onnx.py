@@ -37,6 +37,7 @@ import onnx
 from npubuild import onnx_io
 from npubuild.errors import BuildError, Location, UserError
 from npubuild.onnx_io import STANDARD_DOMAINS
+from npubuild.surgery.graph import unique_name
 from npubuild.targets.constraints import CONV_OPS
 
 IR_WITHOUT_INITIALIZER_INPUTS = 4
@@ -192,6 +193,76 @@ def normalise_ir(model: onnx.ModelProto) -> onnx.ModelProto:
     model.graph.input.extend(keep)
     model.ir_version = max(model.ir_version, IR_WITHOUT_INITIALIZER_INPUTS)
     return model
+
+
+# ONNX Runtime's optimizer fuses a Conv and the activation after it into its contrib op
+# com.microsoft FusedConv and a model saved after it (``optimized_model_filepath``) keeps it.
+# Its ``activation`` is one of these standard ops; ``activation_params`` are their attributes
+# in this order (Clip's bounds are inputs from opset 11).
+FUSED_ACTIVATIONS = {"Relu": (), "Tanh": (), "Sigmoid": (), "LeakyRelu": ("alpha",),
+                     "HardSigmoid": ("alpha", "beta"), "Clip": ("min", "max")}
+CLIP_BOUNDS_AS_INPUTS_OPSET = 11
+
+
+def _fused_activation(node: onnx.NodeProto) -> str | None:
+    """The activation of a com.microsoft FusedConv that `runtime_fused_ops_as_standard` writes
+    out, else None."""
+    if node.domain != "com.microsoft" or node.op_type != "FusedConv":
+        return None
+    activation = next((onnx.helper.get_attribute_value(a).decode() for a in node.attribute
+                       if a.name == "activation"), None)
+    return activation if activation in FUSED_ACTIVATIONS else None
+
+
+def runtime_fused_ops_as_standard(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Each com.microsoft ``FusedConv`` as the standard ops it fuses: ``Conv(X, W, B)``, the
+    ``Add`` of its fourth input Z where it has one, then its activation: the ops ONNX Runtime
+    fuses back into the same kernel. Shape inference stops at a contrib op (onnx has no schema
+    for it) and no chip runs one, so a model saved by ONNX Runtime's optimizer had no shapes
+    past its first FusedConv and ran each on the CPU. The model (unchanged when it has none)
+    and how many were written out."""
+    if not any(_fused_activation(n) for n in model.graph.node):
+        return model, 0
+    model = onnx_io.clone(model)
+    clip_inputs = onnx_io.opset_of(model) >= CLIP_BOUNDS_AS_INPUTS_OPSET
+    taken = {n.name for n in model.graph.node}
+    nodes: list[onnx.NodeProto] = []
+    count = 0
+
+    def make(op: str, inputs: list[str], output: str, name: str, **attrs) -> None:
+        name = unique_name(name, taken)
+        taken.add(name)
+        nodes.append(onnx.helper.make_node(op, inputs, [output], name=name, **attrs))
+
+    for node in model.graph.node:
+        activation = _fused_activation(node)
+        if activation is None:
+            nodes.append(node)
+            continue
+        count += 1
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute
+                 if a.name not in ("activation", "activation_params")}
+        params = next((list(onnx.helper.get_attribute_value(a)) for a in node.attribute
+                       if a.name == "activation_params"), [])
+        base, out = node.name or node.output[0], node.output[0]
+        make("Conv", list(node.input[:3]), f"{out}/conv", f"{base}/conv", **attrs)
+        last = f"{out}/conv"
+        if len(node.input) > 3 and node.input[3]:  # the sum ORT fused in before the activation
+            make("Add", [last, node.input[3]], f"{out}/sum", f"{base}/sum")
+            last = f"{out}/sum"
+        act_attrs = dict(zip(FUSED_ACTIVATIONS[activation], params))
+        inputs = [last]
+        if activation == "Clip" and clip_inputs:
+            for bound in ("min", "max"):
+                inputs.append(f"{base}/clip_{bound}" if bound in act_attrs else "")
+                if bound in act_attrs:
+                    model.graph.initializer.append(onnx.numpy_helper.from_array(
+                        np.array(act_attrs[bound], np.float32), inputs[-1]))
+            act_attrs = {}
+        make(activation, inputs, out, f"{base}/{activation.lower()}", **act_attrs)
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return model, count
 
 
 def resolve_shapes(model: onnx.ModelProto, declared: onnx.ModelProto) -> onnx.ModelProto:

