@@ -834,6 +834,53 @@ def _right_product(basis: np.ndarray, frames: list | None, out: list | None
 LAYER_NORMALIZATION_OPSET = 17  # LayerNormalization arrived in the default domain at opset 17
 
 
+def merge_duplicate_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """Each node that computes what an earlier node computes (the same op, domain, inputs and
+    attributes; no subgraph, not random) dropped, its readers reading the earlier node's
+    outputs: tf2onnx writes a layer normalisation's ``x - mean`` twice (DTLN's instant layer
+    norm), and the patterns that write a layer normalisation as one op need the one centred
+    tensor to be both squared and divided. The same ops on the same values, so the outputs do
+    not change. A node whose output is a graph output stays. The model (unchanged when there
+    is none) and how many nodes were dropped."""
+    from npubuild.surgery.folding import NONDETERMINISTIC
+
+    def key(node: onnx.NodeProto, inputs: list[str]) -> tuple | None:
+        if node.op_type in NONDETERMINISTIC or any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                for a in node.attribute):
+            return None
+        return (node.domain, node.op_type, tuple(inputs), len(node.output),
+                tuple(sorted(a.SerializeToString(deterministic=True) for a in node.attribute)))
+
+    outputs = {o.name for o in model.graph.output}
+    seen: dict[tuple, list[str]] = {}
+    renamed: dict[str, str] = {}
+    dropped: set[int] = set()
+    for index, node in enumerate(model.graph.node):
+        inputs = [renamed.get(i, i) for i in node.input]
+        signature = key(node, inputs)
+        earlier = seen.get(signature) if signature else None
+        if earlier is not None and not outputs & set(node.output):
+            renamed.update((mine, theirs) for mine, theirs in zip(node.output, earlier) if mine)
+            dropped.add(index)
+        elif signature:
+            seen[signature] = list(node.output)
+    if not dropped:
+        return model, 0
+    model = onnx_io.clone(model)
+    kept = []
+    for index, node in enumerate(model.graph.node):
+        if index not in dropped:
+            node.input[:] = [renamed.get(i, i) for i in node.input]
+            kept.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    stale = [v for v in model.graph.value_info if v.name in renamed]
+    for value in stale:
+        model.graph.value_info.remove(value)
+    return model, len(dropped)
+
+
 def layer_norms_as_op(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     """Each layer normalisation written out in primitives (``fusions.layer_norm``'s patterns:
     mean, centre, square, mean, epsilon, square root, divide, then a constant scale and bias)

@@ -98,6 +98,7 @@ def _import(ctx: StageContext) -> dict:
     # the rewrites for the chip, in order, each proven on the proof inputs (its figures, by key)
     for key, rewrite in (("constants_folded", fold_constants), ("loops", unroll_loops),
                          ("recurrent", unroll_recurrent),
+                         ("duplicates_merged", merge_duplicates),
                          ("layer_norms", layer_norms),
                          ("softmaxes", softmaxes),
                          ("constant_left_matmuls", constant_left_matmuls),
@@ -542,6 +543,23 @@ def unroll_loops(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, 
     figures = {"unrolled": trips, **figures}
     return folded, {**figures, **prove_rewrite(model, folded, feeds, "a loop unrolled over its "
                                                                      "iterations")}
+
+
+def merge_duplicates(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each node that repeats an earlier one's computation dropped for it
+    (`onnx_frontend.merge_duplicate_nodes`), before the patterns that need one tensor read
+    twice (a layer normalisation's centred input), proven bit-identical on the proof inputs;
+    how many, or {} when there is none."""
+    merged, count = onnx_frontend.merge_duplicate_nodes(model)
+    if not count:
+        return model, {}
+    names = [o.name for o in model.graph.output]
+    _, bad = proofs.compare(proofs.run(model, feeds, names), proofs.run(merged, feeds, names),
+                            exact=True)
+    if bad:
+        raise BuildError(f"merging nodes that compute the same changes the model: {bad[0]}",
+                         stage="import", hint="report this with the model")
+    return merged, {"nodes": count}
 
 
 def layer_norms(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

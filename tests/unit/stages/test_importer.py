@@ -331,6 +331,18 @@ def test_a_model_saved_by_onnx_runtimes_optimizer_imports_with_its_shapes(cli, t
     assert [d.dim_value for d in model.graph.output[0].type.tensor_type.shape.dim] == [1, 4, 40]
 
 
+def test_a_layer_norm_whose_centring_is_written_twice_imports_as_one_op(cli, tmp_path):
+    from tests.unit.frontends.test_onnx import _instant_layer_norm_model
+
+    onnx.save(_instant_layer_norm_model(), str(tmp_path / "ln.onnx"))
+    result = run_import(cli, tmp_path, recipe_text(tmp_path / "ln.onnx"))
+    assert result.returncode == 0, result.stderr
+    proof = json.loads(result.stdout)["import"]["proof"]
+    assert proof["duplicates_merged"] == {"nodes": 1} and proof["layer_norms"]["layer_norms"] == 1
+    model = onnx.load(str(tmp_path / "b" / "imp" / "import" / "model.onnx"))
+    assert [n.op_type for n in model.graph.node] == ["LayerNormalization"]
+
+
 def test_1d_pools_are_imported_as_2d_pools_and_built_whole_on_the_npu(tmp_path):
     """A 1-D CNN's MaxPool1d, AvgPool1d and global max/average over time ran on the CPU between
     NPU segments (magika's byte-axis max): widened at import, the whole model is one NPU graph
