@@ -30,9 +30,9 @@ import onnx
 from npubuild import onnx_io
 from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.surgery.graph import Editor
-from npubuild.surgery.opsets import attr, slice_spec
+from npubuild.surgery.opsets import attr, make_axes_node, make_reshape, slice_spec
 
-MIN_GATHER_AS_SLICE_OPSET = 13  # Squeeze takes its axes as an input from here
+MIN_GATHER_AS_SLICE_OPSET = 10  # Slice takes its starts and ends as inputs from here
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class Move:
     indices: tuple[int, ...]
     scalar: bool = False
     kind: str = "gathers"  # the figure it counts in: "gathers" or "reversals"
+    index_shape: tuple[int, ...] | None = None  # a Gather's index of 2 or more axes: its shape
 
 
 def constant_moves_as_slices(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
@@ -89,13 +90,14 @@ def _move(ed: Editor, node: onnx.NodeProto) -> Move | None:
     if node.op_type == "Gather" and len(node.input) == 2:
         index = ed.constant(node.input[1])
         axis = attr(node, "axis", 0) % len(shape)
-        if index is None or index.ndim > 1 or index.size == 0:
+        if index is None or index.size == 0:
             return None
         size = shape[axis]
         flat = [int(i) + size if i < 0 else int(i) for i in index.reshape(-1)]
         if not all(0 <= i < size for i in flat):
             return None  # ONNX Runtime's error is the user's, not a rewrite's
-        return Move(node.input[0], axis, tuple(flat), scalar=index.ndim == 0)
+        return Move(node.input[0], axis, tuple(flat), scalar=index.ndim == 0,
+                    index_shape=tuple(index.shape) if index.ndim > 1 else None)
     if node.op_type == "ReverseSequence" and len(node.input) == 2:
         axis = attr(node, "time_axis", 0) % len(shape)
         lengths = ed.constant(node.input[1])
@@ -127,7 +129,7 @@ def _windows(ed: Editor, node: onnx.NodeProto, move: Move
     when every reader is a Slice of the moved axis alone with step 1; else None."""
     out = node.output[0]
     readers = ed.consumers(out)
-    if move.scalar or ed.is_graph_output(out) or not readers:
+    if move.scalar or move.index_shape or ed.is_graph_output(out) or not readers:
         return None
     rank = len(ed.shape(move.source))
     windows = []
@@ -156,7 +158,16 @@ def _runs(indices: tuple[int, ...]) -> list[tuple[int, int]]:
 
 def _as_slices(ed: Editor, move: Move, out: str, base: str) -> None:
     """Write ``out`` from ``move.source``: a Slice per run, a Concat of several, a Squeeze for
-    a scalar index."""
+    a scalar index, a Reshape for an index of several axes (the Gather by it is the Gather by
+    the flattened index, its axis then split into the index's: an unfold's windows, GTCRN's
+    ``[3, 129]`` of overlapping runs)."""
+    if move.index_shape:
+        shape = list(ed.shape(move.source))
+        flat = ed.unique_tensor(f"{out}/flat")
+        _as_slices(ed, Move(move.source, move.axis, move.indices), flat, base)
+        make_reshape(ed, flat, out, [*shape[:move.axis], *move.index_shape,
+                                     *shape[move.axis + 1:]], f"{base}/index_axes")
+        return
     runs = _runs(move.indices)
     axis = ed.add_initializer(np.array([move.axis], np.int64), f"{base}/axis")
     whole = len(runs) == 1 and not move.scalar
@@ -167,6 +178,6 @@ def _as_slices(ed: Editor, move: Move, out: str, base: str) -> None:
                   for key, v in (("start", start), ("end", end))]
         ed.make_node("Slice", [move.source, *bounds, axis], [piece], f"{base}/{label}")
     if move.scalar:
-        ed.make_node("Squeeze", [pieces[0], axis], [out], f"{base}/squeeze")
+        make_axes_node(ed, "Squeeze", [pieces[0]], [out], [move.axis], f"{base}/squeeze")
     elif not whole:
         ed.make_node("Concat", pieces, [out], f"{base}/concat", axis=move.axis)

