@@ -547,11 +547,13 @@ class _TransposeGeometry:
     pads_end: tuple[int, int]
     output_padding: tuple[int, int]
     group: int
+    dilation: tuple[int, int] = (1, 1)  # other than 1 only at stride 1 (`_dilated_as_conv`)
 
 
 def _transpose_geometry(node: onnx.NodeProto, inits: dict) -> _TransposeGeometry | None:
-    """The geometry of a 2-D ConvTranspose with constant weight and bias, dilations 1 and
-    explicit pads (``auto_pad`` NOTSET or VALID, no ``output_shape``), or None."""
+    """The geometry of a 2-D ConvTranspose with constant weight and bias, dilations 1 (or any
+    at stride 1) and explicit pads (``auto_pad`` NOTSET or VALID, no ``output_shape``), or
+    None."""
     if (node.op_type != "ConvTranspose" or node.domain not in STANDARD_DOMAINS
             or any(t not in inits for t in node.input[1:] if t)
             or len(inits[node.input[1]].dims) != 4):
@@ -560,12 +562,14 @@ def _transpose_geometry(node: onnx.NodeProto, inits: dict) -> _TransposeGeometry
     kernel = tuple(a.get("kernel_shape", inits[node.input[1]].dims[2:]))
     stride = tuple(a.get("strides", [1, 1]))
     pads = list(a.get("pads", [0, 0, 0, 0]))
+    dilation = tuple(a.get("dilations", [1, 1]))
     if (len(kernel) != 2 or len(stride) != 2 or len(pads) != 4 or a.get("output_shape")
-            or set(a.get("dilations", [1])) != {1}
+            or len(dilation) != 2 or (dilation != (1, 1) and stride != (1, 1))
             or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID")):
         return None
     return _TransposeGeometry(kernel, stride, tuple(pads[:2]), tuple(pads[2:]),
-                              tuple(a.get("output_padding", [0, 0])), int(a.get("group", 1)))
+                              tuple(a.get("output_padding", [0, 0])), int(a.get("group", 1)),
+                              dilation)
 
 
 @dataclass(frozen=True)
@@ -625,6 +629,12 @@ def conv_transpose_as_conv_and_shuffle(model: onnx.ModelProto) -> onnx.ModelProt
     replaced: set[str] = set()
     for node in graph.node:
         geometry = _transpose_geometry(node, inits)
+        if geometry and geometry.dilation != (1, 1):
+            conv = _dilated_as_conv(node, geometry, inits, graph)
+            nodes.append(conv or node)
+            if conv:
+                replaced.update(t for t in node.input[1:] if t)
+            continue
         size = shapes.get(node.input[0], [])[2:] if geometry else []  # a Constant has no input
         plans = ([_phase_plan(geometry.kernel[i], geometry.stride[i], geometry.pads_begin[i],
                               geometry.pads_end[i], geometry.output_padding[i], size[i])
@@ -638,6 +648,31 @@ def conv_transpose_as_conv_and_shuffle(model: onnx.ModelProto) -> onnx.ModelProt
     graph.node.extend(nodes)
     prune(model, replaced)  # the ConvTransposes' own weights, unless something else reads them
     return _infer(model)
+
+
+def _dilated_as_conv(node: onnx.NodeProto, geometry: _TransposeGeometry, inits: dict,
+                     graph: onnx.GraphProto) -> onnx.NodeProto | None:
+    """A ConvTranspose of stride 1 and dilation ``d`` as the Conv of the same dilation with
+    the kernel flipped and its channels regrouped (`_phase_weights` at stride 1), padded by
+    ``d·(K-1) - pad`` at each end (GTCRN's decoder: depthwise, dilations 2 and 5 along time);
+    None where a pad exceeds ``d·(K-1)`` (the output would be a crop of the Conv's)."""
+    pads = [d * (k - 1) - p for d, k, p in zip(geometry.dilation * 2, geometry.kernel * 2,
+                                               geometry.pads_begin + geometry.pads_end)]
+    if min(pads) < 0:
+        return None
+    weight = onnx.numpy_helper.to_array(inits[node.input[1]])
+    base = node.name or node.output[0]
+    inputs = [node.input[0], f"{base}/as_conv_weight"]
+    graph.initializer.append(onnx.numpy_helper.from_array(
+        _phase_weights(weight, (1, 1), geometry.kernel, geometry.group), inputs[1]))
+    if len(node.input) > 2 and node.input[2]:
+        inputs.append(node.input[2])
+    attrs = {"kernel_shape": list(geometry.kernel), "dilations": list(geometry.dilation),
+             "pads": pads}
+    if geometry.group != 1:
+        attrs["group"] = geometry.group
+    return onnx.helper.make_node("Conv", inputs, [node.output[0]], name=f"{base}/as_conv",
+                                 **attrs)
 
 
 def _shapes(graph: onnx.GraphProto) -> dict[str, list[int | None]]:

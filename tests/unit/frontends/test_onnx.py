@@ -902,6 +902,34 @@ def test_a_conv_transpose_beside_a_node_without_inputs_is_rewritten():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dilation, pads, group", [
+    ((5, 1), (10, 1, 10, 1), 4),  # GTCRN's decoder: depthwise, dilated along time, "same" size
+    ((2, 3), (1, 0, 2, 3), 1),
+])
+def test_a_dilated_conv_transpose_of_stride_1_is_written_as_a_dilated_conv(dilation, pads, group):
+    """Stride 1: the transpose is the Conv of the same dilation with the kernel flipped and
+    padded by d·(K-1) - pad; GTCRN's two ran on the CPU ("no integer kernel")."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(14)
+    h = onnx.helper
+    graph = h.make_graph(
+        [h.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="up", kernel_shape=[3, 3],
+                     dilations=list(dilation), pads=list(pads), group=group)], "g",
+        [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 11, 9])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(rng.normal(size=(4, 4 // group, 3, 3)).astype(np.float32), "w"),
+         onnx.numpy_helper.from_array(rng.normal(size=4).astype(np.float32), "b")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    rewritten = onnx_frontend.conv_transpose_as_conv_and_shuffle(model)
+    assert [n.op_type for n in rewritten.graph.node] == ["Conv"]
+    x = rng.normal(size=(1, 4, 11, 9)).astype(np.float32)
+    want, got = (ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+                 for m in (model, rewritten))
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_a_conv_transpose_with_dilations_or_an_output_shape_stays():
     for attrs in ({"dilations": [2, 2]}, {"output_shape": [32, 32]}):
         model = _upsampling_model(**attrs)
