@@ -12,6 +12,11 @@ proven by the import stage):
   (tf2onnx's ``tf.reverse``, a Keras Bidirectional RNN's backward direction): the Gather of
   the reversed indices.
 
+- a ScatterND of constant indices that writes one block of consecutive positions along one
+  axis, whole along the others, in order (a streaming model's cache update, ``cache[0] = x``
+  or ``buf[:, :, :2] = x``, as PyTorch exports index assignment: GTCRN's 18): the Concat of
+  the data's Slices before and after the block with the updates between them.
+
 Where every reader of such a move is itself a Slice along the moved axis (an unrolled loop
 reading one step of a reversed sequence), each reader takes its own indices of the move
 directly and the move disappears: a reversal read step by step is the same steps in the
@@ -30,7 +35,7 @@ import onnx
 from npubuild import onnx_io
 from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.surgery.graph import Editor
-from npubuild.surgery.opsets import attr, make_axes_node, make_reshape, slice_spec
+from npubuild.surgery.opsets import attr, make_axes_node, make_reshape, make_slice, slice_spec
 
 MIN_GATHER_AS_SLICE_OPSET = 10  # Slice takes its starts and ends as inputs from here
 
@@ -56,7 +61,9 @@ def constant_moves_as_slices(model: onnx.ModelProto) -> tuple[onnx.ModelProto, d
         return model, {}
     ed = Editor(model, "constant moves as slices")
     moves = {id(n): m for n in ed.graph.node if (m := _move(ed, n)) is not None}
-    if not moves:
+    scatters = {n.output[0]: b for n in ed.graph.node  # by output: removing moves the nodes
+                if (b := _scattered_block(ed, n)) is not None}
+    if not moves and not scatters:
         return model, {}
     rewritten: list[tuple[onnx.NodeProto, Move]] = []
     counts: dict[str, int] = {}
@@ -78,7 +85,67 @@ def constant_moves_as_slices(model: onnx.ModelProto) -> tuple[onnx.ModelProto, d
     ed.remove(*(node for node, _ in rewritten))
     for node, move in rewritten:
         _as_slices(ed, move, node.output[0], node.name or node.output[0])
+    for out, block in scatters.items():
+        found = next(n for n in ed.graph.node if n.output and n.output[0] == out)
+        node = onnx.NodeProto()
+        node.CopyFrom(found)  # removing it from the graph invalidates it
+        ed.remove(found)
+        _block_as_concat(ed, node, block)
+        counts["scatters"] = counts.get("scatters", 0) + 1
     return ed.finish(prune=False), dict(sorted(counts.items()))
+
+
+def _scattered_block(ed: Editor, node: onnx.NodeProto) -> tuple[int, int, int] | None:
+    """``(axis, start, end)`` when ``node`` is a ScatterND (no reduction) of constant indices
+    that writes positions ``[start, end)`` of ``axis`` and every position of the other indexed
+    axes, the updates in the data's order; else None."""
+    if (node.op_type != "ScatterND" or node.domain not in STANDARD_DOMAINS
+            or len(node.input) != 3 or attr(node, "reduction", b"none") not in (b"none", "none")):
+        return None
+    shape, index = ed.shape(node.input[0]), ed.constant(node.input[1])
+    if shape is None or index is None or index.ndim < 1 or not 0 < index.shape[-1] <= len(shape):
+        return None
+    depth = index.shape[-1]
+    points = index.reshape(-1, depth).astype(np.int64) % np.array(shape[:depth], np.int64)
+    if len(points) == 0:
+        return None
+    lows, highs = points.min(0), points.max(0) + 1
+    partial = [k for k in range(depth) if (lows[k], highs[k]) != (0, shape[k])]
+    if len(partial) > 1:
+        return None
+    axis = partial[0] if partial else 0
+    box = [range(lows[k], highs[k]) for k in range(depth)]
+    grid = np.stack(np.meshgrid(*box, indexing="ij"), -1).reshape(-1, depth)
+    if grid.shape != points.shape or not np.array_equal(grid, points):
+        return None  # not every position of the block once, in order
+    return axis, int(lows[axis]), int(highs[axis])
+
+
+def _block_as_concat(ed: Editor, node: onnx.NodeProto, block: tuple[int, int, int]) -> None:
+    """The ScatterND ``node`` of `_scattered_block` as the Concat along its axis of the data
+    before the block, the updates (Reshaped to the block where their shape differs) and the
+    data after it."""
+    axis, start, end = block
+    data, _, updates = node.input
+    shape, out = ed.shape(data), node.output[0]
+    base = node.name or out
+    block_shape = [*shape[:axis], end - start, *shape[axis + 1:]]
+    if ed.shape(updates) != block_shape:
+        reshaped = ed.unique_tensor(f"{out}/block")
+        make_reshape(ed, updates, reshaped, block_shape, f"{base}/as_block")
+        updates = reshaped
+    pieces = []
+    for label, (lo, hi) in (("before", (0, start)), ("after", (end, shape[axis]))):
+        if hi > lo:
+            piece = ed.unique_tensor(f"{out}/{label}")
+            make_slice(ed, data, piece, [(axis, lo, hi, 1)], f"{base}/{label}")
+            pieces.append((label, piece))
+    parts = [p for label, p in pieces if label == "before"] + [updates] + \
+        [p for label, p in pieces if label == "after"]
+    if len(parts) == 1:
+        ed.make_node("Identity", parts, [out], f"{base}/whole")
+    else:
+        ed.make_node("Concat", parts, [out], f"{base}/concat", axis=axis)
 
 
 def _move(ed: Editor, node: onnx.NodeProto) -> Move | None:

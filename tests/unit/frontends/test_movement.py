@@ -207,6 +207,56 @@ def test_a_gather_by_an_index_of_several_axes_becomes_slices_and_a_reshape(opset
     assert set(_placed(model).values()) == {"npu"}
 
 
+def _cache_update_model(indices: np.ndarray | None = None) -> onnx.ModelProto:
+    """GTCRN's streaming caches as PyTorch exports index assignment (ScatterND, opset 11):
+    ``cache[0] = new`` on a [2, 1, 4, 5] cache, then ``buf[:, :, 1:3] = upd`` on the result
+    (``indices``: that second write's, default the block's)."""
+    h = onnx.helper
+    grid = np.stack(np.meshgrid(range(1), range(2), range(1, 3), indexing="ij"), -1)
+    inits = {"first": np.array([[0]], np.int64),
+             "block": grid.astype(np.int64) if indices is None else indices}
+    nodes = [h.make_node("Relu", ["new"], ["act"], name="act"),
+             h.make_node("ScatterND", ["cache", "first", "act"], ["kept"], name="cache_update"),
+             h.make_node("Reshape", ["kept", "as_buf"], ["buf"], name="as_buf"),
+             h.make_node("ScatterND", ["buf", "block", "upd"], ["y"], name="block_update")]
+    inits["as_buf"] = np.array([1, 2, 4, 5], np.int64)
+    graph = h.make_graph(nodes, "g", [
+        h.make_tensor_value_info("cache", onnx.TensorProto.FLOAT, [2, 1, 4, 5]),
+        h.make_tensor_value_info("new", onnx.TensorProto.FLOAT, [1, 1, 4, 5]),
+        h.make_tensor_value_info("upd", onnx.TensorProto.FLOAT, [1, 2, 2, 5])],
+        [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 11)], ir_version=6)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def _cache_feeds() -> dict:
+    rng = np.random.default_rng(5)
+    return {name: rng.normal(size=shape).astype(np.float32) for name, shape in
+            (("cache", (2, 1, 4, 5)), ("new", (1, 1, 4, 5)), ("upd", (1, 2, 2, 5)))}
+
+
+def test_a_scatter_of_one_block_becomes_a_concat_of_slices_and_the_updates():
+    """A cache update ran on the CPU (npu-16m has no ScatterND), a hand-over each way."""
+    source = _cache_update_model()
+    model, counts = movement.constant_moves_as_slices(source)
+    assert counts == {"scatters": 2}
+    assert "ScatterND" not in [n.op_type for n in model.graph.node]
+    assert_same_values(model, source, _cache_feeds())
+    assert _placed(source)["cache_update"] == "cpu"
+    assert {_placed(model)[n.name] for n in model.graph.node if n.op_type == "Concat"} == {"npu"}
+
+
+def test_a_scatter_out_of_order_or_of_scattered_positions_stays():
+    swapped = np.stack(np.meshgrid(range(1), range(2), range(1, 3), indexing="ij"), -1)[:, ::-1]
+    for indices in (np.ascontiguousarray(swapped).astype(np.int64),
+                    np.array([[[[0, 0, 0]], [[0, 1, 3]]]] * 1, np.int64).reshape(1, 2, 1, 3)):
+        source = _cache_update_model(indices)
+        model, counts = movement.constant_moves_as_slices(source)
+        assert counts == {"scatters": 1}  # the cache update only
+        assert [n.name for n in model.graph.node if n.op_type == "ScatterND"] == ["block_update"]
+
+
 @pytest.mark.parametrize("op, kw", [
     ("ReverseSequence", {"lengths": [3]}),  # a shorter sequence keeps its tail: not a reversal
     ("Gather", {"indices": [0, 7]}),  # out of range: ONNX Runtime's error stays the user's
