@@ -8,7 +8,10 @@ Three nodes reach the split without an NPU kernel:
 - ``ReduceMax`` over some axes (PyTorch's ``torch.max(torch.stack([a, b, c], -1), -1)``:
   AttaCut's maximum of three conv branches), not in the chip's table at all.
 - ``ReduceSum`` over some axes (a Keras attention layer's weighted sum over time: OSKut's),
-  not in the table either.
+  not in the table either; and ``ReduceMean`` over axes the quantizer has no kernel for (only
+  H and W of a 4-D tensor: GTCRN's temporal attention averages its subbands over the last
+  axis of a [1, 8, 1, 33] tensor), the same Conv with weights ``1/W`` (one value per channel:
+  exact in int8 as 1 is).
 
 Each is a pool along one axis of a 4-D view of the data. A ``Max`` of ``k`` tensors of one
 shape ``S`` (no constant, no broadcast): each Reshaped to ``[1, C, 1, H]`` (``C`` the product
@@ -44,7 +47,8 @@ from npubuild.targets.model import Chip
 from npubuild.targets.view import GraphFacts, NodeView
 
 REWRITE = "legal_reductions"
-REDUCTIONS = ("Max", "ReduceMax", "ReduceSum")
+REDUCTIONS = ("Max", "ReduceMax", "ReduceSum", "ReduceMean")
+SUMS = {"ReduceSum": "sum", "ReduceMean": "mean"}  # a depthwise Conv of weights 1 (1/W for a mean)
 
 
 def legal_reductions(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
@@ -107,7 +111,7 @@ def _view(ed: Editor, node: onnx.NodeProto) -> list[int] | None:
         return None
     view = [1, math.prod(shape[:axes[0]]), math.prod(shape[axes[0]:axes[-1] + 1]),
             math.prod(shape[axes[-1] + 1:])]
-    if node.op_type == "ReduceSum" and view[1] == view[3] == 1:
+    if node.op_type in SUMS and view[1] == view[3] == 1:
         return None  # the whole tensor: see the module docstring
     return view
 
@@ -137,10 +141,12 @@ def _rewrite(model: onnx.ModelProto, views: dict[str, list[int]]
             names.append(ed.make_node("Concat", viewed, [stacked], f"{label}/stack",
                                       axis=2).name)
         reduced = ed.unique_tensor(f"{output}/reduced")
-        if node.op_type == "ReduceSum":
-            ones = ed.add_initializer(np.ones((view[1], 1, window, 1), np.float32),
+        if node.op_type in SUMS:
+            weight = 1.0 if node.op_type == "ReduceSum" else 1.0 / window
+            ones = ed.add_initializer(np.full((view[1], 1, window, 1), weight, np.float32),
                                       f"{output}/ones")
-            names.append(ed.make_node("Conv", [stacked, ones], [reduced], f"{label}/sum",
+            names.append(ed.make_node("Conv", [stacked, ones], [reduced],
+                                      f"{label}/{SUMS[node.op_type]}",
                                       kernel_shape=[window, 1], group=view[1]).name)
         else:
             names.append(ed.make_node("MaxPool", [stacked], [reduced], f"{label}/pool",

@@ -56,10 +56,11 @@ vendor's own support list, whose limits the notes quote.
   chain of MaxPools within `max_kernel`/`max_stride`. Each runs on the NPU when every node of
   it passes this table; otherwise the node stays whole with its reasons.
 - A reduction the chip has no kernel for, a Max of two or more tensors of one shape (Keras'
-  `Maximum`), a ReduceMax (`torch.max(x, dim)`) or a ReduceSum (an attention layer's sum over
-  time; not of the whole tensor) over consecutive axes, is first written by the split (`npubuild.split.reductions`) as
+  `Maximum`), a ReduceMax (`torch.max(x, dim)`), a ReduceSum (an attention layer's sum over
+  time) or a ReduceMean (but over H and W of a 4-D tensor, which the quantizer computes) over
+  consecutive axes (a sum or a mean: not of the whole tensor) is first written by the split (`npubuild.split.reductions`) as
   Reshapes, a Concat of the operands (a Max) and one MaxPool, or one depthwise Conv of weights
-  1, along the stacked or reduced axis (a kernel too long then cut as above), and runs on the
+  1 (1/W for a mean), along the stacked or reduced axis (a kernel too long then cut as above), and runs on the
   NPU when every node of that rewrite passes this table.
 """
 

@@ -71,14 +71,18 @@ def on_npu(model) -> dict[str, str]:
     # OSKut's attention: a sum over 21 steps (past max_kernel 15: then cut as a long conv)
     pytest.param(reduce_model([1], x_shape=(64, 21, 384), op="ReduceSum"), id="sum_over_time"),
     pytest.param(reduce_model([2, 3], keepdims=1, op="ReduceSum", opset=13), id="sum_keepdims"),
+    # GTCRN's temporal attention: the mean energy of 33 subbands (opset 11: axes attribute)
+    pytest.param(reduce_model([-1], x_shape=(1, 8, 1, 33), op="ReduceMean", opset=11),
+                 id="mean_over_the_last_axis"),
 ])
 def test_a_reduction_is_a_pool_or_conv_equal_to_it_on_the_npu(model):
     chip = load_chip("npu-16m")
-    reduction = next(n for n in model.graph.node if n.op_type in ("Max", "ReduceMax", "ReduceSum"))
+    ops = ("Max", "ReduceMax", "ReduceSum", "ReduceMean")
+    reduction = next(n for n in model.graph.node if n.op_type in ops)
     rewritten, names = legal_reductions(model, chip)
-    kind = "sum" if reduction.op_type == "ReduceSum" else "pool"
+    kind = {"ReduceSum": "sum", "ReduceMean": "mean"}.get(reduction.op_type, "pool")
     assert names == [f"{reduction.name}/{kind}"]
-    assert not {"Max", "ReduceMax", "ReduceSum"} & {n.op_type for n in rewritten.graph.node}
+    assert not set(ops) & {n.op_type for n in rewritten.graph.node}
     x = np.random.default_rng(1).standard_normal(
         [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]).astype(np.float32)
     if kind == "pool":  # a maximum picks a value: bit-equal
@@ -86,6 +90,13 @@ def test_a_reduction_is_a_pool_or_conv_equal_to_it_on_the_npu(model):
     else:  # a sum adds in another order
         np.testing.assert_allclose(run(rewritten, x), run(model, x), rtol=1e-5, atol=1e-5)
     assert set(on_npu(model).values()) == {"npu"}, on_npu(model)
+
+
+def test_a_mean_of_the_whole_tensor_or_over_h_and_w_is_left_to_its_kernel():
+    whole = reduce_model([0, 1, 2], op="ReduceMean", x_shape=(1, 8, 33), opset=11)
+    assert legal_reductions(whole, load_chip("npu-16m")) == (whole, [])
+    pooled = reduce_model([2, 3], keepdims=1, op="ReduceMean", x_shape=(1, 4, 8, 8), opset=11)
+    assert legal_reductions(pooled, load_chip("npu-16m")) == (pooled, [])  # the quantizer's
 
 
 def test_a_max_with_a_constant_stays_a_table():
@@ -107,7 +118,9 @@ def test_a_broadcasting_max_stays_whole():
     row = helper.make_node("ReduceMean", ["x"], ["r"], name="row", axes=[3], keepdims=1)
     top = helper.make_node("Max", ["x", "r"], ["z"], name="maximum")
     model = model_of([row, top], inits, [1, 4, 8, 8], [1, 4, 8, 8], opset=13)
-    assert legal_reductions(model, load_chip("npu-16m")) == (model, [])
+    rewritten, names = legal_reductions(model, load_chip("npu-16m"))
+    assert names == ["row/mean"]  # the mean over one axis of four is a conv; the Max stays
+    assert [n.name for n in rewritten.graph.node if n.op_type == "Max"] == ["maximum"]
 
 
 def test_split_proves_the_rewrite_and_is_deterministic(tmp_path):
