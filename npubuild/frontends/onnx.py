@@ -875,8 +875,9 @@ def merge_duplicate_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]
     outputs: tf2onnx writes a layer normalisation's ``x - mean`` twice (DTLN's instant layer
     norm), and the patterns that write a layer normalisation as one op need the one centred
     tensor to be both squared and divided. The same ops on the same values, so the outputs do
-    not change. A node whose output is a graph output stays. The model (unchanged when there
-    is none) and how many nodes were dropped."""
+    not change. A node whose output is a graph output, or read by name inside a subgraph (an
+    If's or a Loop's body), stays. The model (unchanged when there is none) and how many nodes
+    were dropped."""
     from npubuild.surgery.folding import NONDETERMINISTIC
 
     def key(node: onnx.NodeProto, inputs: list[str]) -> tuple | None:
@@ -887,7 +888,9 @@ def merge_duplicate_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]
         return (node.domain, node.op_type, tuple(inputs), len(node.output),
                 tuple(sorted(a.SerializeToString(deterministic=True) for a in node.attribute)))
 
-    outputs = {o.name for o in model.graph.output}
+    kept_names = {o.name for o in model.graph.output}  # what must keep its writer
+    kept_names |= {name for node in model.graph.node for sub in onnx_io.subgraphs(node)
+                for name in onnx_io.outer_refs(sub)}
     seen: dict[tuple, list[str]] = {}
     renamed: dict[str, str] = {}
     dropped: set[int] = set()
@@ -895,7 +898,7 @@ def merge_duplicate_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]
         inputs = [renamed.get(i, i) for i in node.input]
         signature = key(node, inputs)
         earlier = seen.get(signature) if signature else None
-        if earlier is not None and not outputs & set(node.output):
+        if earlier is not None and not kept_names & set(node.output):
             renamed.update((mine, theirs) for mine, theirs in zip(node.output, earlier) if mine)
             dropped.add(index)
         elif signature:

