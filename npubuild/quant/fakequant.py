@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from npubuild import onnx_io
 from npubuild.quant import qdq
 from npubuild.quant.floatgraph import FLayer, FloatGraph
 from npubuild.quant.qgraph import QGraph, QLayer
@@ -367,7 +368,6 @@ class FakeQuantPipeline:
     ``exported``: `export_graphs`'s models."""
 
     def __init__(self, split_dir, exported: Mapping[int, Exported]):
-        from npubuild import onnx_io
         from npubuild.runtime.runner import Runner
 
         self.exported = dict(exported)
@@ -533,19 +533,6 @@ def _digest(items) -> bytes:
     return h.digest()
 
 
-def _reads(node) -> list[str]:
-    """The names ``node`` reads: its inputs and, in its subgraphs (an If's branches), the
-    outer values they use."""
-    names = [n for n in node.input if n]
-    for attr in node.attribute:
-        for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-            made = {i.name for i in g.initializer} | {i.name for i in g.input}
-            for inner in g.node:
-                names.extend(n for n in _reads(inner) if n not in made)
-                made.update(inner.output)
-    return names
-
-
 def model_parts(exported: Exported):
     """``exported``'s model cut into parts of about equal node counts (`NODES_PER_PART`, at
     most `MAX_PARTS`; one part for a small model): per part its model, the names it reads
@@ -576,7 +563,7 @@ def model_parts(exported: Exported):
             v.name, v.type.tensor_type.elem_type, None) for v in inferred
             if v.type.HasField("tensor_type")}, **types}
     weights = {w.name: w for w in exported.weights}
-    reads = [_reads(n) for n in nodes]
+    reads = [onnx_io.node_uses(n) for n in nodes]  # a body's outer values too
     made_in = {out: k for k, n in enumerate(nodes) for out in n.output}
     parts = []
     for a, b in zip(bounds, bounds[1:]):
