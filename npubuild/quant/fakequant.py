@@ -533,6 +533,47 @@ def _digest(items) -> bytes:
     return h.digest()
 
 
+def _branch_types(node) -> list | None:
+    """An If's outputs typed as both its branches declare them (each a tensor of one element
+    type); None for any other node, or an If whose branches leave a type open or differ."""
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+        return None
+    branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+    declared = [[o.type.tensor_type.elem_type if o.type.HasField("tensor_type") else 0
+                 for o in branches[b].output] for b in ("then_branch", "else_branch")
+                if b in branches]
+    if len(declared) != 2 or declared[0] != declared[1] or len(declared[0]) != len(node.output) \
+            or not all(declared[0]):
+        return None
+    return [helper.make_tensor_value_info(out, elem, None)
+            for out, elem in zip(node.output, declared[0]) if out]
+
+
+def _inferred_types(model: onnx.ModelProto) -> list:
+    """The value types ONNX infers for ``model``, each If that its branches type (a tensor's
+    switch: fake quantization or the float value) taken out and its outputs given as inputs
+    of those types: ONNX infers each branch with its own copy of every outer value's type,
+    quadratic in the switches of a large model (GTCRN's 26,342 nodes, 5,361 Ifs: 89 s alone,
+    most of its quantize stage). What is inferred is the same: an If's outputs have the
+    types its branches declare, whose inference does not reach the outer graph."""
+    graph = model.graph
+    kept, stubs = [], []
+    for node in graph.node:
+        typed = _branch_types(node)
+        if typed is None:
+            kept.append(node)
+        else:
+            stubs.extend(typed)
+    if not stubs:
+        return list(onnx.shape_inference.infer_shapes(model).graph.value_info)
+    flat = helper.make_graph(kept, graph.name, [*graph.input, *stubs], list(graph.output),
+                             list(graph.initializer), value_info=list(graph.value_info))
+    typed_model = helper.make_model(flat, opset_imports=list(model.opset_import),
+                                    functions=list(model.functions))
+    typed_model.ir_version = model.ir_version
+    return [*onnx.shape_inference.infer_shapes(typed_model).graph.value_info, *stubs]
+
+
 def model_parts(exported: Exported):
     """``exported``'s model cut into parts of about equal node counts (`NODES_PER_PART`, at
     most `MAX_PARTS`; one part for a small model): per part its model, the names it reads
@@ -556,7 +597,7 @@ def model_parts(exported: Exported):
     types = {v.name: v for v in [*graph.value_info, *graph.input, *graph.output]}
     if count > 1:  # a value a fragment makes that is not float (a shape) crosses with its type
         try:
-            inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
+            inferred = _inferred_types(model)
         except Exception:  # noqa: BLE001  (no types inferred: float, what fake quantization gives)
             inferred = []
         types = {**{v.name: helper.make_tensor_value_info(

@@ -176,3 +176,49 @@ def test_a_graph_run_in_parts_reruns_only_the_parts_after_a_changed_parameter(tm
         assert calls["weight_feeds"] - weighed == 1  # the switched weights: once a run
         want = whole.run(feeds, choice, ["y"])
         assert all(np.array_equal(g["y"], w["y"]) for g, w in zip(got, want))
+
+
+def test_a_model_cut_into_parts_types_its_crossings_without_inferring_the_switches(
+        tmp_path, monkeypatch):
+    """`fakequant.model_parts` types the values crossing its cuts from ONNX's inference with
+    each switch's If taken out (its outputs typed as its branches declare them): ONNX infers
+    each If branch with a copy of every outer value's type, quadratic in a large model's
+    switches (GTCRN: 26,342 nodes, 5,361 Ifs, 89 s of inference). The parts' types are those
+    the whole model's inference gives."""
+    import onnx
+    from onnx import numpy_helper
+
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.workflow import Options, Workflow
+    from tests.conftest import one_npu_graph_split
+
+    rng = np.random.default_rng(7)
+    shape, convs = [1, 3, 5, 5], 6
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (3, 3, 3, 3)).astype(np.float32),
+                                     f"w{i}") for i in range(convs)]
+    names = ["x", *(f"r{i}" for i in range(convs - 1)), "y"]
+    nodes = [helper.make_node("Conv", [names[i], f"w{i}"], [names[i + 1]], name=f"conv{i}",
+                              pads=[1, 1, 1, 1]) for i in range(convs)]
+    split = one_npu_graph_split(tmp_path, nodes, inits, shape)
+    workflow = Workflow(SplitPipeline(split), Options(QuantConfig(scheme="asymmetric")))
+    workflow.calibrate([{"x": rng.normal(0, 1, shape).astype(np.float32)}])
+    workflow.quantize()
+    state = workflow.states[0]
+    exported = fakequant.export_graphs({0: (state.qgraph, state.fg)})[0]
+    whole = onnx.shape_inference.infer_shapes(exported.model).graph
+    want = {v.name: v.type.tensor_type.elem_type
+            for v in [*whole.value_info, *whole.input, *whole.output]}
+    given = []
+    infer = onnx.shape_inference.infer_shapes
+
+    def recorded(model, *args, **kwargs):
+        given.append(model)
+        return infer(model, *args, **kwargs)
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", recorded)
+    monkeypatch.setattr(fakequant, "NODES_PER_PART", 8)
+    parts = fakequant.model_parts(exported)
+    assert len(parts) > 1 and given
+    assert not any(n.op_type == "If" for m in given for n in m.graph.node)
+    crossing = [v for m, *_ in parts for v in [*m.graph.input, *m.graph.output]]
+    assert crossing and all(v.type.tensor_type.elem_type == want[v.name] for v in crossing)
