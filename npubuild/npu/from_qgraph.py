@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import prod
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -572,15 +572,11 @@ def plan_qgraph(layers: QLayers, chip: Chip, *, grouping: bool = True,
     """Layer groups per run of tiled layers; each breaker between runs stays on its own.
     ``fits``: group fits kept across plans on ``chip`` (`GroupFits`)."""
     graph, items = layers.graph, []
-    readers: dict[str, list[str]] = {}  # tensor -> the layers reading it (once, not per run)
-    for spec in graph.layers:
-        for t in spec.inputs:
-            readers.setdefault(t, []).append(spec.name)
     for run in layers.segments():
         if run[0].name in layers.breakers:
             items.append(CpuLayer(run[0], layers.breakers[run[0].name].reason))
             continue
-        for item in plan_groups(_sub_graph(graph, run, readers), chip, grouping=grouping,
+        for item in plan_groups(_sub_graph(graph, run), chip, grouping=grouping,
                                 on_no_fit=on_no_fit, fits=fits).items:
             items += _aliases(item, layers) or [item]
     return LayerGroups(graph, chip, grouping, tuple(items))
@@ -597,14 +593,14 @@ def _aliases(item, layers: QLayers) -> list[CpuLayer]:
                      LONE_RESHAPE) for spec in group.layers]
 
 
-def _sub_graph(graph: LayerGraph, run: list[LayerSpec],
-               readers: Mapping[str, list[str]]) -> LayerGraph:
+def _sub_graph(graph: LayerGraph, run: list[LayerSpec]) -> LayerGraph:
     """``run`` as a graph: its inputs, and its outputs the graph returns or a layer outside it
-    reads (``readers``: each tensor's reading layers; a scan of the whole graph per run was
-    quadratic, GTCRN's 4,590 layers priced per choice)."""
+    reads (the graph's `consumers`, indexed once per plan: a scan of the whole graph per run
+    was quadratic, GTCRN's 4,590 layers priced per choice)."""
     names = {spec.name for spec in run}
     produced = {t for spec in run for t in spec.outputs}
     inputs = dict.fromkeys(t for spec in run for t in spec.inputs if t not in produced)
     outputs = [t for t in dict.fromkeys(t for spec in run for t in spec.outputs)
-               if t in graph.outputs or any(r not in names for r in readers.get(t, ()))]
+               if t in graph.outputs
+               or any(graph.layers[c].name not in names for c in graph.consumers.get(t, ()))]
     return LayerGraph(tuple(run), tuple(inputs), tuple(outputs), graph.shapes)

@@ -113,6 +113,16 @@ def lane_bytes(n: int, c: int, rows: int, w: int, elem_bytes: int, lanes: int) -
     return n * ceil(c / lanes) * rows * w * elem_bytes
 
 
+def first_widths(layers) -> dict[str, int]:
+    """Each tensor ``layers`` touch at the width (`LayerSpec.act_bytes`) of the first layer
+    that touches it, in one pass."""
+    widths: dict[str, int] = {}
+    for layer in layers:
+        for t in layer.inputs + layer.outputs:
+            widths.setdefault(t, layer.act_bytes)
+    return widths
+
+
 @dataclass(frozen=True)
 class LayerGraph:
     """NPU layers in topological order plus the tensors entering and leaving them."""
@@ -135,6 +145,11 @@ class LayerGraph:
     @cached_property
     def producer(self) -> dict[str, int]:
         return {t: i for i, layer in enumerate(self.layers) for t in layer.outputs}
+
+    @cached_property
+    def elem_bytes(self) -> dict[str, int]:
+        """Bytes per element of every tensor a layer touches: the first such layer's width."""
+        return first_widths(self.layers)
 
     @cached_property
     def consumers(self) -> dict[str, list[int]]:
@@ -181,11 +196,7 @@ class Group:
     @cached_property
     def elem_bytes(self) -> dict[str, int]:
         """Bytes per element of every activation tensor the group touches."""
-        sizes: dict[str, int] = {}
-        for layer in self.layers:
-            for t in layer.inputs + layer.outputs:
-                sizes.setdefault(t, layer.act_bytes)
-        return sizes
+        return first_widths(self.layers)
 
     def __len__(self) -> int:
         return len(self.layers)

@@ -154,9 +154,8 @@ def gmem_layout(groups: LayerGroups) -> GmemLayout:
                 aliases[item.layer.outputs[0]] = item.layer.inputs[0]
         else:
             crossing += list(item.group.inputs + item.group.outputs)
-    widths = tensor_widths(graph)  # once: a scan per tensor was quadratic (GTCRN's 4,590)
-    for t in dict.fromkeys(crossing):
-        size = graph.tensor_bytes(t, widths.get(t, 1))
+    for t in dict.fromkeys(crossing):  # widths from the graph's index (a scan each: quadratic)
+        size = graph.tensor_bytes(t, tensor_elem_bytes(graph, t))
         source = aliases.get(t)
         if source in tensors and tensors[source][1] == size:
             tensors[t] = tensors[source]
@@ -178,19 +177,7 @@ def _gmem_align(size: int) -> int:
 
 def tensor_elem_bytes(graph: LayerGraph, tensor: str) -> int:
     """Bytes per element of a tensor in GMEM: the width of the first layer touching it."""
-    for layer in graph.layers:
-        if tensor in layer.inputs or tensor in layer.outputs:
-            return layer.act_bytes
-    return 1
-
-
-def tensor_widths(graph: LayerGraph) -> dict[str, int]:
-    """`tensor_elem_bytes` of every tensor a layer touches, in one pass over the layers."""
-    widths: dict[str, int] = {}
-    for layer in graph.layers:
-        for tensor in (*layer.inputs, *layer.outputs):
-            widths.setdefault(tensor, layer.act_bytes)
-    return widths
+    return graph.elem_bytes.get(tensor, 1)
 
 
 def _slice_program(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout,

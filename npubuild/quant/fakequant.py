@@ -469,13 +469,9 @@ class FakeQuantPipeline:
         graph whose inputs changed are the sample's last run's (a choice in the last
         segments of a 40-segment pipeline reruns those). A sample is known by identity, so a
         subset of the samples (the search's worst ones) reuses their runs too."""
-        import hashlib
-
         self._feeds = dict(feeds)
         self._run_weights: dict[int, dict[str, np.ndarray]] = {}  # `weight_feeds` of this run
-        prints = {i: hashlib.blake2b(b"".join(np.ascontiguousarray(v).tobytes() for _, v in
-                                              sorted(f.items())), digest_size=16).digest()
-                  for i, f in feeds.items()}
+        prints = {i: _digest(sorted(f.items())) for i, f in feeds.items()}
         self._part_prints = {i: [_digest(sorted((k, f[k]) for k in part.keys if k in f))
                                  for part in self.parts[i]]
                              for i, f in feeds.items() if i in self.parts}
@@ -536,7 +532,7 @@ def _digest(items) -> bytes:
 def _branch_types(node) -> list | None:
     """An If's outputs typed as both its branches declare them (each a tensor of one element
     type); None for any other node, or an If whose branches leave a type open or differ."""
-    if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+    if node.op_type != "If" or node.domain not in onnx_io.STANDARD_DOMAINS:
         return None
     branches = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
     declared = [[o.type.tensor_type.elem_type if o.type.HasField("tensor_type") else 0
