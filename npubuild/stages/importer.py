@@ -103,6 +103,7 @@ def _import(ctx: StageContext) -> dict:
                          ("softmaxes", softmaxes),
                          ("constant_left_matmuls", constant_left_matmuls),
                          ("gemm_bias_as_add", gemm_biases_as_add),
+                         ("products_hoisted", hoist_products),
                          ("affines_into_matmul", affines_into_matmuls),
                          ("conv1d_as_2d", widen_conv1d), ("gather_as_slice", constant_moves_as_slices),
                          ("conv_transpose_as_conv_and_shuffle", shuffle_conv_transposes)):
@@ -560,6 +561,20 @@ def merge_duplicates(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelPro
         raise BuildError(f"merging nodes that compute the same changes the model: {bad[0]}",
                          stage="import", hint="report this with the model")
     return merged, {"nodes": count}
+
+
+def hoist_products(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Products by one constant weight of moved parts of one tensor (an unrolled recurrence's
+    per-step input product) computed once over the tensor, then moved
+    (`npubuild.frontends.products`), proven within the folding tolerance; how many products
+    became how many, the proof's figures, or {} when there is none."""
+    from npubuild.frontends import products
+
+    hoisted, counts = products.hoisted_over_moves(model)
+    if hoisted is model:
+        return model, {}
+    return hoisted, {**counts, **prove_rewrite(model, hoisted, feeds, "products by one weight "
+                                                                       "computed once")}
 
 
 def layer_norms(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

@@ -585,5 +585,10 @@ def test_a_loop_of_a_static_trip_count_is_imported_unrolled_and_its_steps_split_
     proof = built(tmp_path, "loop", "import/import.json")["proof"]
     assert proof["loops"]["unrolled"] == {"while_loop": STEPS}
     assert proof["loops"]["max_rel"] < 1e-5
+    # every step's input product by the one weight W: one product of the whole sequence
+    assert proof["products_hoisted"]["products"] == STEPS
+    assert proof["products_hoisted"]["hoisted"] == 1
+    imported = onnx.load(str(tmp_path / "b" / "loop" / "import" / "model.onnx"))
+    assert sum(n.op_type == "MatMul" and "W" in n.input for n in imported.graph.node) == 1
     support = built(tmp_path, "loop", "split/support.json")
     assert set(support["cpu_ops"]) <= {"Not", "Cast"}, support["cpu_ops"]
