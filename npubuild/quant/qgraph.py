@@ -17,6 +17,10 @@ as two files beside each other, ``graph_<i>.qgraph.json`` (structure and paramet
                  "arrays": {"weight": {"key": "L0.weight", "dtype": "int8", "shape": [...]}, ...},
                  "source_nodes": [ONNX node names]}]}
 
+Equal arrays are stored once: a layer's ``key`` names the first layer's array of the same
+dtype, shape and bytes (an unrolled recurrence's steps share their weights), and the arrays a
+loaded graph holds are read-only.
+
 Real value of a tensor: ``(q - zero_point) · scale``; ``log2scale`` is set for pow2 graphs
 (``scale == 2^-log2scale``). Float tensors (``dtype: float32``) only touch ``cpu`` layers.
 Every layer that rounds (conv, add, mul, rescale, concat, avgpool, resize linear) computes
@@ -76,6 +80,7 @@ float      device cpu: arrays: model (a serialized one-node ONNX model, float in
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,13 +186,13 @@ class QGraph:
 
     def _document(self, arrays: dict[str, np.ndarray]) -> dict:
         layers = []
+        stored: dict[bytes, str] = {}  # content -> the key it went under first
         for i, layer in enumerate(self.layers):
             refs = {}
             for key, value in layer.arrays.items():
-                npz_key = f"L{i}.{key}"
-                arrays[npz_key] = np.asarray(value)
-                refs[key] = {"key": npz_key, "dtype": str(arrays[npz_key].dtype),
-                             "shape": list(arrays[npz_key].shape)}
+                value = np.asarray(value)
+                npz_key = _stored_once(arrays, stored, f"L{i}.{key}", value)
+                refs[key] = {"key": npz_key, "dtype": str(value.dtype), "shape": list(value.shape)}
             layers.append({"name": layer.name, "kind": layer.kind, "device": layer.device,
                            "inputs": layer.inputs, "outputs": layer.outputs,
                            "attrs": layer.attrs, "params": layer.params, "arrays": refs,
@@ -211,6 +216,8 @@ class QGraph:
             raise BuildError(f"{json_path} is not a {FORMAT} v{VERSION} file")
         with np.load(npz_path_for(json_path), allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
+        for value in arrays.values():  # layers may share one (`_stored_once`): none writes it
+            value.flags.writeable = False
         tensors = {n: QTensor(n, **t) for n, t in doc["tensors"].items()}
         layers = [QLayer(name=d["name"], kind=d["kind"], inputs=d["inputs"], outputs=d["outputs"],
                          attrs=d["attrs"], params=d["params"], source_nodes=d["source_nodes"],
@@ -220,6 +227,19 @@ class QGraph:
         constants = {n: arrays[k] for n, k in doc["constants"].items()}
         return cls(doc["name"], doc["scheme"], doc["granularity"], doc["inputs"], doc["outputs"],
                    tensors, layers, constants)
+
+
+def _stored_once(arrays: dict[str, np.ndarray], stored: dict[bytes, str], key: str,
+                 value: np.ndarray) -> str:
+    """The key ``value`` is stored under in ``arrays``: ``key``, or the key of an equal array
+    stored before. The layers of an unrolled recurrence each hold the same recurrent weights
+    (nakdimon: 256 copies of four 400x1600 weights, 375 MB of a 27 MB model's file)."""
+    digest = hashlib.sha256(f"{value.dtype.str}{value.shape}".encode())
+    digest.update(np.ascontiguousarray(value).view(np.uint8))
+    first = stored.setdefault(digest.digest(), key)
+    if first == key:
+        arrays[key] = value
+    return first
 
 
 def npz_path_for(json_path: Path) -> Path:

@@ -48,3 +48,32 @@ def test_wrong_format_is_refused(tmp_path):
     path.write_text(json.dumps({"format": "something else"}))
     with pytest.raises(BuildError, match="not a npubuild.qgraph"):
         QGraph.load(path)
+
+
+def test_layers_sharing_one_weight_store_it_once_and_load_it_read_only(tmp_path):
+    """An unrolled recurrence's steps each hold the same recurrent weights (nakdimon: 256
+    copies of four 400x1600 weights): the file keeps one, and the graph runs as before."""
+    from onnx import helper
+
+    from tests.unit.quant.helpers import model
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((4, 4, 1, 1)).astype(np.float32)
+    m = model([helper.make_node("Conv", ["x", "W"], ["h"]),
+               helper.make_node("Conv", ["h", "W"], ["y"])],
+              {"x": [1, 4, 3, 3]}, {"y": [1, 4, 3, 3]}, {"W": weight})
+    feeds = feeds_for(m)
+    qg, _, _ = quantize(m, feeds, scheme="symmetric")
+    first, second = (layer.arrays["weight"] for layer in qg.layers)
+    assert np.array_equal(first, second)
+    json_path, npz_path = qg.save(tmp_path / "graph_0.qgraph.json")
+    doc = json.loads(json_path.read_text())
+    keys = [layer["arrays"]["weight"]["key"] for layer in doc["layers"]]
+    assert keys == ["L0.weight", "L0.weight"]
+    with np.load(npz_path, allow_pickle=False) as npz:
+        assert "L1.weight" not in npz.files
+    loaded = QGraph.load(json_path)
+    assert not loaded.layers[1].arrays["weight"].flags.writeable
+    a = run_reference(qg, quantize_inputs(qg, feeds[0]))
+    b = run_reference(loaded, quantize_inputs(loaded, feeds[0]))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
