@@ -46,9 +46,24 @@ class Context:
 
     def __init__(self, constants: dict[str, np.ndarray], shapes: dict[str, list[int]], opset: int):
         self.constants, self.shapes, self.opset = constants, shapes, opset
+        self._fc_weights: dict[tuple, np.ndarray] = {}
 
     def const(self, name: str) -> np.ndarray | None:
         return self.constants.get(name)
+
+    def fc_weight(self, name: str, transposed: bool, alpha: float) -> np.ndarray:
+        """Constant ``name`` as a fully connected layer's float64 weight [out, in, 1, 1]
+        (``transposed``: stored [out, in] already; times ``alpha``), one read-only array per
+        constant: an unrolled recurrence's steps read the same weights (nakdimon: 256 layers,
+        1.1 GB of copies)."""
+        key = (name, transposed, alpha)
+        if key not in self._fc_weights:
+            value = self.constants[name]
+            w = np.asarray((value if transposed else value.T) * alpha, np.float64)  # as Gemm rounds
+            w = w.reshape(w.shape[0], w.shape[1], 1, 1)
+            w.flags.writeable = False
+            self._fc_weights[key] = w
+        return self._fc_weights[key]
 
     def shape(self, name: str) -> list[int]:
         return self.shapes[name]

@@ -204,7 +204,7 @@ def gemm(node, ctx) -> FLayer:
     b = ctx.const(node.input[1])
     if b is None or attr(node, "transA", 0):
         raise Unsupported("Gemm needs a constant B and transA = 0")
-    w = (b.T if not attr(node, "transB", 0) else b) * attr(node, "alpha", 1.0)
+    w = ctx.fc_weight(node.input[1], bool(attr(node, "transB", 0)), attr(node, "alpha", 1.0))
     c = ctx.const(node.input[2]) if len(node.input) > 2 and node.input[2] else np.zeros(1)
     if c is None:
         raise Unsupported("Gemm C is not constant")
@@ -218,18 +218,18 @@ def matmul(node, ctx) -> FLayer:
     MatMul does."""
     a, b = (ctx.const(i) for i in node.input[:2])
     if b is not None and a is None and b.ndim == 2:
-        return _fc(node, node.input[0], b.T, np.zeros(b.shape[1]))
+        return _fc(node, node.input[0], ctx.fc_weight(node.input[1], False, 1.0),
+                   np.zeros(b.shape[1]))
     if a is None and b is None:
         return _layer(node, "matmul", [node.input[0], node.input[1]])
     raise Unsupported("MatMul takes two activations or a constant 2-D right operand")
 
 
 def _fc(node, x, w, bias) -> FLayer:
-    w = np.asarray(w, np.float64)
+    """``w``: [out, in, 1, 1] float64 (`lower.Context.fc_weight`)."""
     return _layer(node, "conv", [x], attrs={"fc": True, "group": 1, "kernel": [1, 1],
                                             "stride": [1, 1], "dilation": [1, 1], "pads": [0, 0, 0, 0]},
-                  weights={"weight": w.reshape(w.shape[0], w.shape[1], 1, 1),
-                           "bias": np.asarray(bias, np.float64)})
+                  weights={"weight": w, "bias": np.asarray(bias, np.float64)})
 
 
 def batchnorm(node, ctx) -> FLayer:
