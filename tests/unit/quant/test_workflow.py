@@ -32,6 +32,8 @@ def _counted_reference_runs(monkeypatch) -> list:
 
 
 def test_the_reference_runs_once_for_any_tensors_kept_by_the_first_run(tmp_path, monkeypatch):
+    from npubuild.quant.workflow import OverrideSpec
+
     workflow = _conv_workflow(tmp_path)
     rng = np.random.default_rng(1)
     samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(2)]
@@ -40,9 +42,18 @@ def test_the_reference_runs_once_for_any_tensors_kept_by_the_first_run(tmp_path,
     again = workflow.deployed_values(samples, ["y", "y"])  # the outputs listed twice
     assert len(runs) == 1
     assert all(np.array_equal(a["y"], b["y"]) for a, b in zip(first, again))
-    workflow.quantize()                                     # a new quantization: runs again
-    fresh = workflow.deployed_values(samples, ["y"])
+    # the same quantization again (a search that keeps int8 adopts the recipe's own): known
+    workflow.quantize()
+    workflow.adopt([])
+    assert all(np.array_equal(a["y"], b["y"])
+               for a, b in zip(first, workflow.deployed_values(samples, ["y"])))
+    assert len(runs) == 1
+    workflow.adopt([OverrideSpec(tensors=("p",), precision="int16")])  # another: runs again
+    workflow.deployed_values(samples, ["y"])
     assert len(runs) == 2
+    workflow.adopt([])                                      # and back: a graph changed again
+    fresh = workflow.deployed_values(samples, ["y"])
+    assert len(runs) == 3
     assert all(np.array_equal(a["y"], b["y"]) for a, b in zip(first, fresh))
 
 
