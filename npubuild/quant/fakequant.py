@@ -378,12 +378,8 @@ class FakeQuantPipeline:
         self.inputs = {i: {n for part in parts for n in part.inputs}
                        for i, parts in self.parts.items()}
         self.part_runs = 0  # parts run by ONNX Runtime (the rest came from an earlier run)
-        # (graph, sample) -> (its inputs' print, per part (print of it and all before, values))
-        self._within: dict[tuple, tuple] = {}
-        # the same, of the first run (int8 everywhere: a ranked block differs from it from
-        # its own first tensor on, from the block run before it from that block's first)
-        self._first: dict[tuple, tuple] = {}
-        self._sample = None
+        self.kept = KeptParts(KEPT_BYTES)  # every run's part values, by what decides them
+        self._seen: set[tuple] = set()  # (graph, its inputs' print) run before
         self._part_prints: dict[int, list[bytes]] = {}  # graph -> each part's feeds' print
         self._feeds: dict[int, dict[str, np.ndarray]] = {}
         self._last: dict[int, tuple] = {}  # id(sample) -> (sample, its last run's steps)
@@ -402,9 +398,9 @@ class FakeQuantPipeline:
 
     def _npu(self, graph, feeds):
         """Graph ``graph``'s fake-quant outputs on ``feeds``: its parts in order, the first
-        ones taken from the kept run of this sample (the last, or the first: whichever
-        computed more of them on the same inputs and parameters; ONNX Runtime runs each node
-        alone, optimisations off, so a part's values are the whole model's bit for bit)."""
+        ones taken from any earlier run that computed them on the same inputs and parameters
+        (`KeptParts`; ONNX Runtime runs each node alone, optimisations off, so a part's values
+        are the whole model's bit for bit)."""
         params = self._feeds[graph.index]
         inputs = self.inputs[graph.index]  # a choice's own values only where the model reads them
         if graph.index not in self._run_weights:  # once per run, not per sample
@@ -412,31 +408,25 @@ class FakeQuantPipeline:
         given = {**dict(feeds), **dict(self.exported[graph.index].constants),
                  **{k: v for k, v in params.items() if k in inputs},
                  **self._run_weights[graph.index]}
-        start = _digest(sorted(feeds.items()))
-        chains, chain = [], start
+        # each part's print: the graph's inputs and every parameter up to and with it
+        chains, chain = [], (start := _digest(sorted(feeds.items())))
         for own in self._part_prints[graph.index]:
             chain = _digest([("", chain), ("", own)])
-            chains.append(chain)
-
-        def matched(run) -> int:  # how many first parts a kept run computed the same
-            if run is None or run[0] != start:
-                return 0
-            return next((k for k, (c, _) in enumerate(run[1]) if c != chains[k]), len(run[1]))
-        where = (graph.index, self._sample)
-        kept = max((self._within.get(where), self._first.get(where)), key=matched)
-        reused = matched(kept)
-        done, values = [], given
+            chains.append((graph.index, chain))
+        reused = self.kept.taken(chains)
+        first = (graph.index, start) not in self._seen  # a sample's first run (int8 everywhere)
+        self._seen.add((graph.index, start))
+        values = given
         for k, part in enumerate(self.parts[graph.index]):
-            if k < reused:
-                got = kept[1][k][1]
+            if k < len(reused):
+                got = reused[k]
             else:
                 got = dict(zip(part.outputs, part.session.run(
                     list(part.outputs), {n: values[n] for n in part.inputs})))
                 self.part_runs += 1
+                if first or k < len(chains) - 1:  # a last part again: the whole graph again
+                    self.kept.keep(chains[k], got, first)
             values = {**values, **got}
-            done.append((chains[k], got))
-        self._within[where] = (start, done)
-        self._first.setdefault(where, (start, done))
         return {n: values[n] for n in graph.outputs}
 
     def weight_feeds(self, index: int, params: Mapping[str, np.ndarray]
@@ -471,14 +461,16 @@ class FakeQuantPipeline:
         subset of the samples (the search's worst ones) reuses their runs too."""
         self._feeds = dict(feeds)
         self._run_weights: dict[int, dict[str, np.ndarray]] = {}  # `weight_feeds` of this run
-        prints = {i: _digest(sorted(f.items())) for i, f in feeds.items()}
-        self._part_prints = {i: [_digest(sorted((k, f[k]) for k in part.keys if k in f))
+        # each input hashed once (a choice's feeds carry every conv's weights: CRAFT's VGG16
+        # hashed twice a run was 5 % of its searched quantize), its print then combined
+        items = {i: {k: _digest([(k, v)]) for k, v in f.items()} for i, f in feeds.items()}
+        prints = {i: _digest(sorted(own.items())) for i, own in items.items()}
+        self._part_prints = {i: [_digest(sorted((k, own[k]) for k in part.keys if k in own))
                                  for part in self.parts[i]]
-                             for i, f in feeds.items() if i in self.parts}
+                             for i, own in items.items() if i in self.parts}
         wanted = set(kept)
         out = []
         for sample in samples:
-            self._sample = id(sample)  # `_npu`'s parts are kept per sample too
             known = self._last.get(id(sample))
             last = known[1] if known is not None and known[0] is sample else []
             values = self.runner._checked_feeds(dict(sample))
@@ -500,6 +492,61 @@ class FakeQuantPipeline:
 # VGG16-BN U-Net graph: the ranking's blocks in pipeline order rerun the backbone before them).
 NODES_PER_PART = 24
 MAX_PARTS = 4
+
+
+# The part values kept across runs (`KeptParts`), in bytes: past it the least recently used
+# are dropped and computed again when a choice needs them (the same bits). CRAFT at 240x320
+# (one VGG16-BN U-Net graph in 4 parts, six verify samples) reached it: its first run's
+# values 152 MB, 290 later parts' kept, 314 dropped; the process's peak RSS 9.6 -> 11.7 GB.
+KEPT_BYTES = 2 << 30
+
+
+class KeptParts:
+    """Each part's values of every run, by the print of what decides them (the graph's inputs
+    and the parameters of that part and every part before it), within ``budget`` bytes: a
+    choice reruns a graph from its first part no earlier run computed alike. Where the budget
+    is reached the least recently used values go first, the first run's (int8 everywhere,
+    from which the ranking's blocks each differ from their own first tensor on) last; a
+    value past the budget alone is not kept."""
+
+    def __init__(self, budget: int):
+        from collections import OrderedDict
+
+        self.budget = budget
+        self.values: OrderedDict = OrderedDict()  # print -> (values, bytes), oldest first
+        self.first: dict = {}                      # the first run's prints -> (values, bytes)
+        self.bytes = 0
+        self.peak = 0  # the most bytes kept at once
+        self.dropped = 0  # values dropped or not kept for the budget (computed again if needed)
+
+    def taken(self, prints: Sequence) -> list[dict]:
+        """The kept values of the longest run of ``prints`` from the first, in order."""
+        out = []
+        for key in prints:
+            if key in self.values:
+                self.values.move_to_end(key)
+                out.append(self.values[key][0])
+            elif key in self.first:
+                out.append(self.first[key][0])
+            else:
+                break
+        return out
+
+    def keep(self, key, values: dict, first: bool = False) -> None:
+        """Keeps ``values`` under ``key``; ``first``: of a sample's first run, never dropped."""
+        size = sum(np.asarray(v).nbytes for v in values.values())
+        if key in self.values or key in self.first:
+            return
+        while self.values and self.bytes + size > self.budget:
+            _, (_, dropped) = self.values.popitem(last=False)
+            self.bytes -= dropped
+            self.dropped += 1
+        if self.bytes + size > self.budget:  # the first runs' values fill the budget
+            self.dropped += 1
+            return
+        (self.first if first else self.values)[key] = (values, size)
+        self.bytes += size
+        self.peak = max(self.peak, self.bytes)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 the parameters fed in, one switched off passes through untouched, whatever its values."""
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import helper
 
 from npubuild import onnx_io
@@ -112,7 +114,7 @@ def test_switched_weights_fed_as_inputs_give_the_in_model_switching_bit_for_bit(
 def test_a_graph_run_in_parts_reruns_only_the_parts_after_a_changed_parameter(tmp_path,
                                                                                monkeypatch):
     """A large fake-quant model runs in parts (`fakequant.model_parts`), each part's values
-    kept per sample (of the last run and the first): a choice reruns the parts from the first
+    kept (`fakequant.KeptParts`): a choice reruns the parts from the first
     one whose parameters differ from the kept run's, and every output equals the whole
     model's run bit for bit, whichever choices came before (CRAFT's one-graph U-Net: the
     ranking's blocks in pipeline order reran its whole backbone for each block); the
@@ -165,7 +167,7 @@ def test_a_graph_run_in_parts_reruns_only_the_parts_after_a_changed_parameter(tm
     def off(*names):
         return {0: {**base, **{f"{t}{fakequant.PARAMS_SUFFIX}": fakequant.OFF for t in names}}}
 
-    # each run reuses the parts before its first change from the last run or the first
+    # each run reuses the parts before its first change from an earlier run
     for choice, reruns in ((off(), len(parts)), (off(tensors[-1]), 1),
                            (off(tensors[-2]), 1), (off(tensors[0]), len(parts)),
                            (off(tensors[0], tensors[-1]), 1), (off(tensors[-1]), 1),
@@ -176,6 +178,96 @@ def test_a_graph_run_in_parts_reruns_only_the_parts_after_a_changed_parameter(tm
         assert calls["weight_feeds"] - weighed == 1  # the switched weights: once a run
         want = whole.run(feeds, choice, ["y"])
         assert all(np.array_equal(g["y"], w["y"]) for g, w in zip(got, want))
+
+
+def _eight_convs(tmp_path, monkeypatch, budget=None):
+    """Eight Conv → Relu pairs as one NPU graph's fake-quant model, run whole and in parts
+    (`fakequant.MAX_PARTS`, at most ``budget`` bytes of part values kept), with int8
+    everywhere's inputs, its tensors and two samples."""
+    from onnx import numpy_helper
+
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig, Quantizer, wide_weight_values
+    from npubuild.quant.workflow import Options, Workflow
+    from tests.conftest import one_npu_graph_split
+
+    rng = np.random.default_rng(5)
+    shape, convs = [1, 4, 6, 6], 8
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32),
+                                     f"w{i}") for i in range(convs)]
+    names = ["x", *(f"r{i}" for i in range(convs - 1)), "y"]
+    nodes = []
+    for i in range(convs):
+        nodes += [helper.make_node("Conv", [names[i], f"w{i}"], [f"c{i}"], name=f"conv{i}",
+                                   pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [names[i + 1]], name=f"relu{i}")]
+    split = one_npu_graph_split(tmp_path, nodes, inits, shape)
+    workflow = Workflow(SplitPipeline(split), Options(QuantConfig(scheme="asymmetric",
+                                                                  granularity="per_channel"),
+                                                      chip_int16=True))
+    feeds = [{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(2)]
+    workflow.calibrate(feeds)
+    workflow.quantize()
+    state = workflow.states[0]
+    config = workflow.options.config
+    exported = fakequant.export_graphs({0: (state.qgraph, state.fg, wide_weight_values(
+        state.fg, state.observer.stats, config, state.qgraph))})
+    with monkeypatch.context() as m:
+        m.setattr(fakequant, "NODES_PER_PART", 10 ** 6)
+        whole = fakequant.FakeQuantPipeline(split, exported)
+        m.setattr(fakequant, "NODES_PER_PART", 8)
+        if budget is not None:
+            m.setattr(fakequant, "KEPT_BYTES", budget)
+        parted = fakequant.FakeQuantPipeline(split, exported)
+    base = fakequant.quantizer_inputs(Quantizer(state.fg, state.observer.stats, config), 0,
+                                      state.fg, whole)
+    return whole, parted, base, whole.tensors(0), feeds
+
+
+def test_a_choice_reuses_the_parts_of_any_earlier_run_that_computed_them_alike(
+        tmp_path, monkeypatch):
+    """A choice reruns a graph from its first part no earlier run computed on the same
+    inputs and parameters, not only the last run or the first (int8 everywhere): the budget
+    path's and the mixed reach's choices share their early parts with runs scored long
+    before. Every output equals the whole model's bit for bit."""
+    whole, parted, base, tensors, feeds = _eight_convs(tmp_path, monkeypatch)
+    parts = len(parted.parts[0])
+
+    def off(*names):
+        return {0: {**base, **{f"{t}{fakequant.PARAMS_SUFFIX}": fakequant.OFF for t in names}}}
+
+    middle = tensors[len(tensors) // 2]
+    after = parts - next(k for k, part in enumerate(parted.parts[0])  # from middle's part on
+                         if f"{middle}{fakequant.PARAMS_SUFFIX}" in part.keys)
+    assert 1 < after < parts
+    for choice, reruns in ((off(), parts), (off(tensors[0]), parts), (off(middle), after),
+                           (off(tensors[0], tensors[-1]), 1),  # the second run's but the last
+                           (off(tensors[0], middle), after)):
+        runs = parted.part_runs
+        got = parted.run(feeds, choice, ["y"])
+        assert parted.part_runs - runs == reruns * len(feeds)
+        want = whole.run(feeds, choice, ["y"])
+        assert all(np.array_equal(g["y"], w["y"]) for g, w in zip(got, want))
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(choices=st.lists(st.sets(st.integers(0, 40), max_size=3), min_size=1, max_size=8),
+       budget=st.sampled_from([0, 3000, 20000, 2 << 30]))
+def test_kept_part_values_stay_within_their_budget_and_give_the_whole_models_bits(
+        tmp_path_factory, monkeypatch, choices, budget):
+    """Whatever the choices and the byte budget of the kept part values
+    (`fakequant.KEPT_BYTES`): what is kept never exceeds the budget, a value past it is
+    computed again, and every output equals the whole model's bit for bit."""
+    tmp_path = tmp_path_factory.mktemp("parts")
+    whole, parted, base, tensors, feeds = _eight_convs(tmp_path, monkeypatch, budget)
+    for picked in [set(), *choices]:
+        choice = {0: {**base, **{f"{tensors[i % len(tensors)]}{fakequant.PARAMS_SUFFIX}":
+                                 fakequant.OFF for i in picked}}}
+        got = parted.run(feeds, choice, ["y"])
+        want = whole.run(feeds, choice, ["y"])
+        assert all(np.array_equal(g["y"], w["y"]) for g, w in zip(got, want))
+        assert parted.kept.bytes <= budget and parted.kept.peak <= budget
 
 
 def test_a_model_cut_into_parts_types_its_crossings_without_inferring_the_switches(
