@@ -17,6 +17,12 @@ proven by the import stage):
   or ``buf[:, :, :2] = x``, as PyTorch exports index assignment: GTCRN's 18): the Concat of
   the data's Slices before and after the block with the updates between them.
 
+- a Split that cuts a Concat, read by it alone (through one Transpose at most), back into
+  exactly the Concat's parts (an end-to-end YOLO head's boxes [1, 4, N] and class scores
+  [1, 3, N], joined, transposed and split again for its TopK): each part (transposed). Joined,
+  the two share one tensor and, on the chips, one int8 scale: isbnx's boxes span 0 .. 1,280
+  pixels, so one step is 5 and every score in 0 .. 1 rounded to 0.
+
 Where every reader of such a move is itself a Slice along the moved axis (an unrolled loop
 reading one step of a reversed sequence), each reader takes its own indices of the move
 directly and the move disappears: a reversal read step by step is the same steps in the
@@ -35,7 +41,8 @@ import onnx
 from npubuild import onnx_io
 from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.surgery.graph import Editor
-from npubuild.surgery.opsets import attr, make_axes_node, make_reshape, make_slice, slice_spec
+from npubuild.surgery.opsets import (attr, make_axes_node, make_reshape, make_slice, slice_spec,
+                                     split_sizes)
 
 MIN_GATHER_AS_SLICE_OPSET = 10  # Slice takes its starts and ends as inputs from here
 # A Gather by an index of several axes is a Slice per run of its flattened index: an unfold
@@ -69,7 +76,8 @@ def constant_moves_as_slices(model: onnx.ModelProto) -> tuple[onnx.ModelProto, d
     moves = {id(n): m for n in ed.graph.node if (m := _move(ed, n)) is not None}
     scatters = {n.output[0]: b for n in ed.graph.node  # by output: removing moves the nodes
                 if (b := _scattered_block(ed, n)) is not None}
-    if not moves and not scatters:
+    undone = [u for n in ed.graph.node if (u := _undone_concat(ed, n)) is not None]
+    if not moves and not scatters and not undone:
         return model, {}
     rewritten: list[tuple[onnx.NodeProto, Move]] = []
     counts: dict[str, int] = {}
@@ -98,7 +106,66 @@ def constant_moves_as_slices(model: onnx.ModelProto) -> tuple[onnx.ModelProto, d
         ed.remove(found)
         _block_as_concat(ed, node, block)
         counts["scatters"] = counts.get("scatters", 0) + 1
+    for cut in undone:  # by tensor names: removing nodes invalidates the nodes held
+        ed.remove(*(ed.producer(t) for t in (cut.outputs[0], *cut.between)))
+        _parts_for_split(ed, cut)
+        counts["concat_splits"] = counts.get("concat_splits", 0) + 1
     return ed.finish(prune=False), dict(sorted(counts.items()))
+
+
+@dataclass(frozen=True)
+class UndoneConcat:
+    """A Split that cuts a Concat back into its ``parts``: its ``outputs``, the outputs of the
+    Concat and of the Transpose between (``between``) and that Transpose's ``perm``."""
+
+    name: str
+    outputs: tuple[str, ...]
+    between: tuple[str, ...]
+    parts: tuple[str, ...]
+    perm: tuple[int, ...] | None
+
+
+def _undone_concat(ed: Editor, split: onnx.NodeProto) -> UndoneConcat | None:
+    """Where ``split`` cuts a Concat, read by nothing else (through one Transpose at most),
+    back into exactly its parts (module doc); else None."""
+    if split.op_type != "Split" or split.domain not in STANDARD_DOMAINS:
+        return None
+    node, transpose, perm = ed.producer(split.input[0]), None, None
+    if node is not None and node.op_type == "Transpose" and node.domain in STANDARD_DOMAINS:
+        transpose, perm = node, list(attr(node, "perm") or [])
+        node = ed.producer(node.input[0]) if perm and _read_once(ed, node) else None
+    if node is None or node.op_type != "Concat" or node.domain not in STANDARD_DOMAINS \
+            or not _read_once(ed, node) or not all(node.input):
+        return None
+    shape, parts = ed.shape(node.output[0]), [ed.shape(p) for p in node.input]
+    if shape is None or any(p is None or len(p) != len(shape) for p in parts):
+        return None
+    axis, split_axis = attr(node, "axis") % len(shape), attr(split, "axis", 0) % len(shape)
+    if (perm[split_axis] if perm else split_axis) != axis or len(split.output) != len(parts):
+        return None
+    if split_sizes(ed, split, shape[axis]) != [p[axis] for p in parts]:
+        return None
+    between = (node.output[0], *((transpose.output[0],) if transpose is not None else ()))
+    return UndoneConcat(split.name or split.output[0], tuple(split.output), between,
+                        tuple(node.input), tuple(perm) if perm else None)
+
+
+def _read_once(ed: Editor, node: onnx.NodeProto) -> bool:
+    return len(ed.consumers(node.output[0])) == 1 and not ed.is_graph_output(node.output[0])
+
+
+def _parts_for_split(ed: Editor, cut: UndoneConcat) -> None:
+    """Each of the Split's outputs computed from its part: transposed as the whole was, or the
+    part itself (its readers read it; a graph output gets an Identity)."""
+    for part, out in zip(cut.parts, cut.outputs):
+        if not out:
+            continue
+        if cut.perm:
+            ed.make_node("Transpose", [part], [out], f"{cut.name}/part", perm=list(cut.perm))
+        elif ed.is_graph_output(out):
+            ed.make_node("Identity", [part], [out], f"{cut.name}/part")
+        else:
+            ed.replace_uses(out, part)
 
 
 def _scattered_block(ed: Editor, node: onnx.NodeProto) -> tuple[int, int, int] | None:

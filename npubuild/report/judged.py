@@ -131,10 +131,14 @@ LIMIT_PREFIX = {"outputs": "verify", "handover": "verify.handover", "slices": "v
 def tensor_figures(report: dict, verify_spec: dict | None) -> Iterator[tuple[str, str, list[Figure]]]:
     """Per tensor verify judged or reported: (group, name, figures); group is ``outputs``,
     ``handover`` (tensors an NPU submodel hands over) or ``slices``."""
-    from npubuild.verify.limits import output_limits
+    from npubuild.verify.limits import output_limits, selection_limits
 
     outputs, handover, slices = _limits(verify_spec)
     task = (report.get("accuracy") or {}).get("task") or (report.get("verify") or {}).get("task") or {}
+    # outputs selected from hand-over tensors by an index (`npubuild.split.selection`)
+    selected = ((report.get("verify") or {}).get("selected")
+                or (report.get("accuracy") or {}).get("selected") or {})
+    selecting = {t for tensors in selected.values() for t in tensors}
     task_reads = {task.get("boxes"), task.get("scores")} - {None} if isinstance(task, dict) else set()
     for group, section, field in GROUPS:
         items = (report.get(section) or {}).get(field) or {}
@@ -146,6 +150,10 @@ def tensor_figures(report: dict, verify_spec: dict | None) -> Iterator[tuple[str
             prefix, limits = LIMIT_PREFIX[group], outputs if group == "outputs" else handover
             if group == "outputs" and name in task_reads:
                 limits = output_limits(_Spec(verify_spec), task_reads=True)
+            if group == "outputs" and name in selected:
+                limits = output_limits(_Spec(verify_spec), selected=True)
+            if group == "handover" and name in selecting:
+                prefix, limits = "verify", selection_limits(_Spec(verify_spec))
             if group == "slices":
                 index, limits = slices.get(name, (None, None))
                 prefix = f"{prefix}[{index}]"

@@ -658,8 +658,9 @@ def widen_conv1d(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, 
 
 def constant_moves_as_slices(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
     """Each Gather by constant indices and each full reversal of a computed tensor as Slices
-    (a Concat, a Squeeze) (`movement.constant_moves_as_slices`), proven bit-identical on the
-    proof inputs; how many of each, or {} when there is none."""
+    (a Concat, a Squeeze), each Split of a Concat back into its parts as the parts
+    (`movement.constant_moves_as_slices`), proven bit-identical on the proof inputs; how many
+    of each, or {} when there is none."""
     sliced, counts = movement.constant_moves_as_slices(model)
     if sliced is model:
         return model, {}
@@ -667,8 +668,9 @@ def constant_moves_as_slices(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.
     _, bad = proofs.compare(proofs.run(model, feeds, names), proofs.run(sliced, feeds, names),
                             exact=True)
     if bad:
-        raise BuildError(f"a Gather or reversal by constant indices written as Slices changes "
-                         f"the model: {bad[0]}", stage="import", hint="report this with the model")
+        raise BuildError(f"a Gather or reversal by constant indices written as Slices (or a "
+                         f"Split of a Concat as its parts) changes the model: {bad[0]}",
+                         stage="import", hint="report this with the model")
     return sliced, counts
 
 

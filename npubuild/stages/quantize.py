@@ -207,7 +207,8 @@ def run(ctx: StageContext) -> dict:
             "int8_verdict": {"passed": verdict.passed, "failures": verdict.failures[:8]},
             **({"search": _search_summary(search)} if search is not None else {})},
         "accuracy": {"outputs": outputs, "data": "verify" if ctx.recipe.verify.data else "calibration",
-                     "samples": len(compare)},
+                     "samples": len(compare),
+                     **({"selected": judge.selected} if judge.selected else {})},
     }
 
 

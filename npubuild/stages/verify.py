@@ -33,7 +33,7 @@ from npubuild.stages.files import calibration_files, verify_files
 from npubuild.verify import readings, verdict
 from npubuild.verify.bisect import RecipeFixes
 from npubuild.verify.coverage import unseen_values
-from npubuild.verify.samples import Observed, SampleRun, npu_handovers
+from npubuild.verify.samples import Observed, SampleRun, npu_handovers, npu_selections
 
 NO_NPU_NOTE = ("no NPU graph: the deployed pipeline is the CPU submodels alone (ONNX Runtime), "
                "checked against the float original")
@@ -115,7 +115,7 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
     (`npubuild.quant.data.Source`) and ``samples`` are the verify samples, one of each per
     entry of ``refs``."""
     spec = ctx.recipe.verify
-    handed_over = npu_handovers(pipeline)
+    handed_over, selected = npu_handovers(pipeline), npu_selections(pipeline)
     verdict.check_names(ctx.loaded, spec, pipeline.outputs,
                         {**{t: floats[0][t] for t in handed_over}, **refs[0]})
 
@@ -124,12 +124,14 @@ def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline,
 
     def judged(spec):
         return verdict.judge(spec, refs, gots, floats, pipeline.outputs, handed_over, missing,
-                             detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe))
+                             detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe),
+                             selected=selected)
 
     found = judged(spec)
     result = {"samples": len(refs), "data": [s.label(ctx.loaded.spelled) for s in sources],
               "outputs": found.outputs, "npu_outputs": found.npu_outputs,
-              "npu_graphs": len(pipeline.npu_graphs), "slices": found.slices}
+              "npu_graphs": len(pipeline.npu_graphs), "slices": found.slices,
+              **({"selected": selected} if selected else {})}
     if not pipeline.npu_graphs:
         result["note"] = NO_NPU_NOTE
     if found.detections is not None:
@@ -156,11 +158,13 @@ def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, p
 
     hw = input_hw(inputs[0]) if len(inputs[0].shape or []) == 4 else None
     outputs, handed_over = pipeline.outputs, npu_handovers(pipeline)
+    selected = npu_selections(pipeline)
 
     def judge(gots):
         detect = (lambda r, g, f: verdict.detection_totals(r, g, f, outputs, hw)[0]) if hw else None
         return verdict.judge(ctx.recipe.verify, refs, gots, floats, outputs, handed_over, missing,
-                             detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe))
+                             detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe),
+                             selected=selected)
 
     spec = ctx.recipe.quantization
     calibration = data.load_samples(calibration_files(ctx.loaded), inputs,

@@ -30,12 +30,16 @@ class Thresholds:
         return self.min_cosine if self.min_sample_cosine is None else self.min_sample_cosine
 
 
-def output_limits(spec, task_reads: bool = False) -> Thresholds:
+def output_limits(spec, task_reads: bool = False, selected: bool = False) -> Thresholds:
     """A model output's thresholds; ``task_reads``: an output the ``anchor_detector`` task
     judges (its box regressors and scores) with ``min_task_agreement`` set: its cosines are
     reported, not judged, since a user decodes only the anchors the task compares (thousands
     of anchors no object is near carry regressors nobody reads). Without the task's bar the
-    cosines stay judged, so the outputs are never left unjudged."""
+    cosines stay judged, so the outputs are never left unjudged. ``selected``: an output a CPU
+    part selects from NPU hand-over tensors by an index it chose (`npubuild.split.selection`):
+    reported, its thresholds judged on those tensors (`selection_limits`)."""
+    if selected:
+        return Thresholds(dead_channels=False)
     limits = Thresholds.of(spec)
     if task_reads and spec.task == "anchor_detector" and spec.min_task_agreement is not None:
         return replace(limits, min_cosine=None, min_sample_cosine=None)
@@ -50,3 +54,9 @@ def slice_limits(spec, check) -> Thresholds:
 def handover_limits(spec) -> Thresholds:
     """Hand-over tensors: verify.handover only (dead channels reported, failed when asked)."""
     return Thresholds.of(spec.handover, dead_channels=False)
+
+
+def selection_limits(spec) -> Thresholds:
+    """A hand-over tensor a model output is selected from: the outputs' thresholds (a dead
+    channel, along the anchors such a tensor lists, reported only unless asked)."""
+    return Thresholds.of(spec, dead_channels=False)

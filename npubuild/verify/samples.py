@@ -27,6 +27,15 @@ def npu_handovers(pipeline) -> list[str]:
     return [t for g in pipeline.npu_graphs for t in g.outputs if t not in pipeline.outputs]
 
 
+def npu_selections(pipeline) -> dict[str, list[str]]:
+    """Model outputs a CPU submodel selects from NPU hand-over tensors by an index it chose
+    (`npubuild.split.selection`): judged on those tensors."""
+    from npubuild.split.selection import selected_outputs
+
+    return selected_outputs([g.model.graph for g in pipeline.graphs if not g.is_npu],
+                            pipeline.outputs, npu_handovers(pipeline))
+
+
 class SampleRun:
     """The three pipelines of a build's ``import``, ``surgery``, ``split`` and ``compile``
     artifacts (``dirs``: stage → its directory), ready to run sample after sample."""

@@ -13,13 +13,13 @@ missed, one line each.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from npubuild.verify.judge import Thresholds, tensor_metrics
 from npubuild.verify.judge import failures as failures_of
-from npubuild.verify.limits import handover_limits, output_limits, slice_limits
+from npubuild.verify.limits import handover_limits, output_limits, selection_limits, slice_limits
 
 Values = dict[str, np.ndarray]
 
@@ -98,7 +98,8 @@ def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
           outputs: Sequence[str], handed_over: Sequence[str], missing: Sequence[str] = (),
           *, detect: Callable[[list, list, list], dict] | None = None,
           judged_only: bool = False, channel_axis: int = 1,
-          kept: dict | None = None) -> Verdict:
+          kept: dict | None = None, selected: Mapping[str, Sequence[str]] | None = None
+          ) -> Verdict:
     """verify's verdict (``spec``: the recipe's ``verify`` section) on these samples.
     ``missing``: model outputs the original lacks (compared with the float pipeline);
     ``detect(refs, gots, floats)`` gives the
@@ -106,18 +107,26 @@ def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
     leaves out what no threshold reads (hand-over tensors without ``verify.handover``
     thresholds: the precision search scores hundreds of choices). ``channel_axis``: the model
     outputs' channel axis (`output_channel_axis`); hand-over tensors are ONNX's NCHW inside.
-    ``kept``: the references' own figures kept between calls (`judge.tensor_metrics`)."""
+    ``kept``: the references' own figures kept between calls (`judge.tensor_metrics`).
+    ``selected``: model outputs a CPU part selects from hand-over tensors by an index it chose
+    (`npubuild.split.selection`: a TopK's rows): each output's figures are reported and those
+    hand-over tensors are judged with its thresholds instead."""
+    selected = dict(selected or {})
+    selecting = {t for tensors in selected.values() for t in tensors}
     metrics = output_metrics(refs, gots, floats, missing, channel_axis, kept)
     if judged_only and Thresholds.of(spec.handover) == Thresholds():
-        handed_over = []
+        handed_over = [t for t in handed_over if t in selecting]
     boundaries = {name: tensor_metrics([f[name] for f in floats], [g[name] for g in gots],
                                        kept=kept)
                   for name in handed_over}
     slices = slice_metrics(spec, refs, gots, floats)
     read = anchor_pair(spec, {**floats[0], **refs[0]}, outputs) if spec.task == "anchor_detector" else ()
-    checks = ([(name, f"output {name!r}", m, output_limits(spec, name in (read or ())), "")
+    checks = ([(name, f"output {name!r}", m, output_limits(spec, name in (read or ()),
+                                                            name in selected), "")
                for name, m in metrics.items()]
-              + [(name, f"NPU output {name!r}", m, handover_limits(spec), "against the float pipeline")
+              + [(name, f"NPU output {name!r}" + selected_from(name, selected), m,
+                  selection_limits(spec) if name in selecting else handover_limits(spec),
+                  "against the float pipeline")
                  for name, m in boundaries.items()]
               + [(c.label, f"slice {c.label!r}", slices[c.label], slice_limits(spec, c), "")
                  for c in spec.slices])
@@ -140,6 +149,14 @@ def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
     return Verdict(metrics, boundaries, slices, task, detections, failures,
                    [(name, m, limits) for name, _, m, limits, _ in checks], failed,
                    spec.min_task_agreement, grades)
+
+
+def selected_from(tensor: str, selected: Mapping[str, Sequence[str]]) -> str:
+    """The label's note on a hand-over tensor judged for the outputs selected from it."""
+    readers = [output for output, tensors in selected.items() if tensor in tensors]
+    if not readers:
+        return ""
+    return f" (what {', '.join(map(repr, readers))} {'selects' if len(readers) == 1 else 'select'} from)"
 
 
 def output_channel_axis(recipe) -> int:
@@ -317,10 +334,11 @@ class SampleJudge:
                  judged_only: bool = True, channel_axis: int = 1):
         from npubuild import onnx_io
         from npubuild.verify.reference import FloatReference, original_inputs, original_names
-        from npubuild.verify.samples import npu_handovers
+        from npubuild.verify.samples import npu_handovers, npu_selections
 
         self.spec, self.outputs = spec, list(pipeline.outputs)
         self.handed_over = npu_handovers(pipeline)
+        self.selected = npu_selections(pipeline)
         self.kept = [*self.outputs, *self.handed_over]
         self.floats = [{k: v for k, v in pipeline.float_values(feeds).items() if k in self.kept}
                        for feeds in samples]
@@ -352,4 +370,5 @@ class SampleJudge:
             detect = lambda r, g, f: detection_totals(r, g, f, self.outputs, self.input_hw)[0]  # noqa: E731
         return judge(self.spec, self.refs, gots, self.floats, self.outputs, self.handed_over,
                      self.missing, detect=detect, judged_only=self.judged_only,
-                     channel_axis=self.channel_axis, kept=self.reference_figures)
+                     channel_axis=self.channel_axis, kept=self.reference_figures,
+                     selected=self.selected)

@@ -286,3 +286,43 @@ def test_the_rewrite_names_its_nodes_the_same_way_every_time():
     assert first.SerializeToString() == second.SerializeToString()
     assert [n.name for n in first.graph.node if n.op_type == "Slice"][:2] == ["reverse/run0",
                                                                               "reverse/run1"]
+
+
+def _concat_split_model(sizes=(4, 3)) -> onnx.ModelProto:
+    """isbnx's end-to-end YOLO head: boxes [1, 4, 6] (0 .. 1280) and class scores [1, 3, 6]
+    (0 .. 1) joined on axis 1, transposed to [1, 6, 7] and split on the last axis by ``sizes``."""
+    h = onnx.helper
+    nodes = [h.make_node("Mul", ["x", "scale"], ["boxes"]),
+             h.make_node("Sigmoid", ["y"], ["scores"]),
+             h.make_node("Concat", ["boxes", "scores"], ["joined"], axis=1),
+             h.make_node("Transpose", ["joined"], ["rows"], perm=[0, 2, 1]),
+             h.make_node("Split", ["rows", "sizes"], ["b", "s"], axis=-1, name="split"),
+             h.make_node("ReduceMax", ["s"], ["best"], axes=[2], keepdims=0)]
+    f = onnx.TensorProto.FLOAT
+    graph = h.make_graph(nodes, "head", [h.make_tensor_value_info("x", f, [1, 4, 6]),
+                                         h.make_tensor_value_info("y", f, [1, 3, 6])],
+                         [h.make_tensor_value_info("b", f, None),
+                          h.make_tensor_value_info("best", f, None)],
+                         [onnx.numpy_helper.from_array(np.float32(1280.0), "scale"),
+                          onnx.numpy_helper.from_array(np.array(sizes, np.int64), "sizes")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_a_split_of_a_concat_back_into_its_parts_reads_the_parts():
+    """Joined, boxes and scores share one tensor and so one int8 scale on the chips (a step of
+    5 pixels rounds every score to 0); split again into the same parts, each is its own."""
+    source = _concat_split_model()
+    model, counts = movement.constant_moves_as_slices(source)
+    assert counts == {"concat_splits": 1}
+    ops = [n.op_type for n in model.graph.node]
+    assert "Concat" not in ops and "Split" not in ops and ops.count("Transpose") == 2
+    rng = np.random.default_rng(0)
+    assert_same_values(model, source, {"x": rng.uniform(0, 1, (1, 4, 6)).astype(np.float32),
+                                       "y": rng.normal(0, 3, (1, 3, 6)).astype(np.float32)})
+
+
+def test_a_split_into_other_sizes_than_the_concat_parts_stays():
+    source = _concat_split_model(sizes=(5, 2))
+    model, counts = movement.constant_moves_as_slices(source)
+    assert counts == {} and model is source

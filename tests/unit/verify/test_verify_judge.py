@@ -230,3 +230,43 @@ def test_the_references_figures_kept_between_judges_give_the_same_figures():
             expected = json.dumps(tensor_metrics(reference, gots[:len(reference)]))
             assert json.dumps(tensor_metrics(reference, gots[:len(reference)], kept=kept)) == expected
     assert len(kept) == 6  # whole tensor and channels, for each of the three references
+
+
+def test_an_output_selected_by_an_index_is_judged_on_the_npu_tensors_it_selects_from():
+    """isbnx's end-to-end YOLO: output0 is the top rows by score of the NPU's boxes and scores;
+    near-ties swap rows under any change (cosine 0.89 at 1e-4 of noise), so output0 is
+    reported and the hand-over tensors it is selected from are judged with its min_cosine."""
+    from npubuild.recipe.model import VerifySpec
+    from npubuild.verify.verdict import judge
+
+    boxes = [RNG.uniform(0, 1280, (1, 64, 4)) for _ in range(3)]
+    refs = [{"output0": b[:, :8]} for b in boxes]
+    shuffled = [{"output0": b[:, [1, 0, 3, 2, 5, 4, 7, 6]]} for b in boxes]  # rows swapped
+    floats = [{"boxes": b} for b in boxes]
+    spec = VerifySpec(min_cosine=0.99)
+    close = [{**s, "boxes": noisy(b, 0.5)} for s, b in zip(shuffled, boxes)]
+    unselected = judge(spec, refs, close, floats, ["output0"], ["boxes"], judged_only=True)
+    assert not unselected.passed  # today's verdict: the swapped rows fail output0
+    verdict = judge(spec, refs, close, floats, ["output0"], ["boxes"], judged_only=True,
+                    selected={"output0": ["boxes"]})
+    assert verdict.passed and verdict.outputs["output0"]["cosine"] < 0.99  # reported
+    assert verdict.npu_outputs["boxes"]["cosine"] > 0.99
+    far = [{**s, "boxes": noisy(b, 400.0)} for s, b in zip(shuffled, boxes)]
+    failed = judge(spec, refs, far, floats, ["output0"], ["boxes"], judged_only=True,
+                   selected={"output0": ["boxes"]})
+    assert failed.failures[0].startswith(
+        "NPU output 'boxes' (what 'output0' selects from): cosine ")
+    assert failed.failures[0].endswith("over all samples (against the float pipeline)")
+
+
+def test_the_report_holds_a_selected_output_reported_and_its_hand_overs_judged():
+    """The report page and the run's headline read the same limits verify judged with."""
+    from npubuild.report.judged import tensor_figures
+
+    report = {"accuracy": {"outputs": {"output0": {"cosine": 0.89, "min_sample_cosine": 0.85}}},
+              "verify": {"npu_outputs": {"boxes": {"cosine": 0.999, "min_sample_cosine": 0.998}},
+                         "selected": {"output0": ["boxes"]}}}
+    figures = {name: figs for _, name, figs in tensor_figures(report, {"min_cosine": 0.99})}
+    assert [f.limit for f in figures["output0"]] == [None, None]
+    assert [(f.limit, f.limit_name, f.ok) for f in figures["boxes"]] == [
+        (0.99, "verify.min_cosine", True), (0.99, "verify.min_cosine", True)]
