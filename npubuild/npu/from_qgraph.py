@@ -154,31 +154,33 @@ def view_axis(axis: int, rank: int) -> int:
 
 
 def _tensor_infos(qgraph: QGraph) -> dict[str, TensorInfo]:
-    infos = {}
-    for name, t in qgraph.tensors.items():
-        shape = tuple(t.shape) if t.shape or name not in qgraph.constants else \
-            qgraph.constants[name].shape
-        infos[name] = TensorInfo(name, tuple(shape), view4(shape), t.dtype, t.scale,
-                                 int(t.zero_point or 0), t.log2scale, name in qgraph.constants)
-    return infos
+    return {name: _tensor_info(qgraph, name, t) for name, t in qgraph.tensors.items()}
+
+
+def _tensor_info(qgraph: QGraph, name: str, t) -> TensorInfo:
+    shape = tuple(t.shape) if t.shape or name not in qgraph.constants else \
+        qgraph.constants[name].shape
+    return TensorInfo(name, tuple(shape), view4(shape), t.dtype, t.scale,
+                      int(t.zero_point or 0), t.log2scale, name in qgraph.constants)
 
 
 # ---- the conversion -----------------------------------------------------------------------
 
-def layers_from_qgraph(qgraph: QGraph) -> QLayers:
-    """Every layer of ``qgraph`` as a `LayerSpec`; the ones the tiler cannot slice as breakers."""
-    tensors = _tensor_infos(qgraph)
+def layers_from_qgraph(qgraph: QGraph, memo: LayerMemo | None = None) -> QLayers:
+    """Every layer of ``qgraph`` as a `LayerSpec`; the ones the tiler cannot slice as breakers.
+    ``memo``: each layer's conversion kept across graphs that share layer objects
+    (`LayerMemo`: the precision search prices one graph under hundreds of choices)."""
+    tensors = _tensor_infos(qgraph) if memo is None else memo.infos(qgraph)
     specs, kernels, weights, breakers = [], {}, {}, {}
     for layer in qgraph.layers:
-        try:
-            with working_on(node=(layer.source_nodes or [layer.name])[0],
-                            tensor=layer.outputs[0] if layer.outputs else None):
-                spec, kernel, record = _tiled(layer, tensors)
-        except NotTiled as exc:
-            executes = _executes(layer)
-            record = conv_record(layer) if layer.kind == "conv" else None
-            spec, kernel = _breaker_spec(layer, tensors, executes, record), layer
-            breakers[layer.name] = Breaker(layer.name, executes, str(exc))
+        converted = memo.get(layer, tensors) if memo is not None else None
+        if converted is None:
+            converted = _converted(layer, tensors)
+            if memo is not None:
+                memo.put(layer, tensors, converted)
+        spec, kernel, record, breaker = converted
+        if breaker is not None:
+            breakers[layer.name] = breaker
         specs.append(spec)
         kernels[layer.name] = kernel
         if record is not None:
@@ -195,6 +197,59 @@ def layers_from_qgraph(qgraph: QGraph) -> QLayers:
     graph = LayerGraph(tuple(specs), tuple(inputs), tuple(qgraph.outputs), shapes,
                        constants=frozenset(t for t in inputs if tensors[t].constant))
     return QLayers(qgraph, graph, kernels, tensors, weights, breakers)
+
+
+def _converted(layer: QLayer, tensors: dict[str, TensorInfo]):
+    """One layer as the tiler sees it: (spec, kernel, weight record, breaker or None)."""
+    try:
+        with working_on(node=(layer.source_nodes or [layer.name])[0],
+                        tensor=layer.outputs[0] if layer.outputs else None):
+            spec, kernel, record = _tiled(layer, tensors)
+        return spec, kernel, record, None
+    except NotTiled as exc:
+        executes = _executes(layer)
+        record = conv_record(layer) if layer.kind == "conv" else None
+        spec = _breaker_spec(layer, tensors, executes, record)
+        return spec, layer, record, Breaker(layer.name, executes, str(exc))
+
+
+class LayerMemo:
+    """`layers_from_qgraph`'s conversions by layer object and the `TensorInfo` of the
+    layer's own tensors (what a conversion reads: its inputs' and outputs' shapes, widths and
+    parameters), for graphs that share their unchanged layer objects (`price.GraphPricer`: a
+    choice changes a few tensors' widths and moves a few layers to the CPU; the other 4,000
+    of GTCRN's layers were converted again per price). Holds each layer it keys, so no other
+    object takes its id while the entry lives. ``converted`` counts the conversions made."""
+
+    def __init__(self):
+        self._found: dict[int, tuple[QLayer, tuple, tuple]] = {}
+        self._infos_of: dict[int, tuple[object, TensorInfo]] = {}  # id(QTensor) -> its info
+        self.converted = 0
+
+    def infos(self, qgraph: QGraph) -> dict[str, TensorInfo]:
+        """`_tensor_infos` of ``qgraph``, each kept by its `QTensor` object (a graph's
+        constants and tensor names stay; the memo serves one graph's variants)."""
+        infos = {}
+        for name, t in qgraph.tensors.items():
+            found = self._infos_of.get(id(t))
+            if found is None or found[0] is not t:
+                found = self._infos_of[id(t)] = (t, _tensor_info(qgraph, name, t))
+            infos[name] = found[1]
+        return infos
+
+    @staticmethod
+    def _infos(layer: QLayer, tensors: dict[str, TensorInfo]) -> tuple:
+        return tuple(tensors[t] for t in (*layer.inputs, *layer.outputs))
+
+    def get(self, layer: QLayer, tensors: dict[str, TensorInfo]):
+        found = self._found.get(id(layer))
+        if found is None or found[0] is not layer or found[1] != self._infos(layer, tensors):
+            return None
+        return found[2]
+
+    def put(self, layer: QLayer, tensors: dict[str, TensorInfo], converted: tuple) -> None:
+        self._found[id(layer)] = (layer, self._infos(layer, tensors), converted)
+        self.converted += 1
 
 
 LONE_RESHAPE = ("reshape with no tiled layer beside it: its output is an alias of its input in "

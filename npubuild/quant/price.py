@@ -24,6 +24,8 @@ the user would have taken.
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from dataclasses import replace
 from typing import Mapping
 
@@ -76,6 +78,153 @@ def npu_seconds(qgraph: QGraph, chip, fits=None) -> float:
     program = build_program(plan_qgraph(layers_from_qgraph(qgraph), chip, on_no_fit="cpu",
                                         fits=fits))
     return estimate(program).cycles / (chip.clock_mhz * 1e6)
+
+
+RUN_ITEMS_KEPT = 2048
+"""How many planned items (groups) a `GraphPricer` keeps in the runs it remembers."""
+
+
+class GraphPricer:
+    """`npu_seconds` of one NPU graph under the precision search's choices, each price costing
+    what its choice changes (GTCRN: 4,590 layers, ~1,100 runs between breakers; a price was a
+    whole conversion, plan, program and estimate, ~2 s a trial, and the budget fit tries
+    hundreds). The same figure as `npu_seconds` of `with_choice`'s graph, by construction:
+
+    - tensors and layers a choice leaves as they are stay the same objects across prices, and
+      each layer's conversion is kept by the layer and its tensors (`LayerMemo`);
+    - each run of tiled layers between breakers is planned once per content (its layers, what
+      it reads and writes): `plan_groups` of a run reads nothing else;
+    - estimate's cycles are its groups' then its CPU steps' (`estimate.estimate`, summed in
+      that order); a group's cycles come from its plan alone (GMEM addresses do not count), so
+      each planned group is estimated once; a CPU step's are estimated per price (what it
+      reads and writes depends on the GMEM layout of the whole plan).
+
+    ``work`` counts what the prices did (layers converted, runs planned, groups estimated):
+    what a test of a price's cost reads."""
+
+    def __init__(self, qgraph: QGraph, chip, fits=None):
+        from npubuild.npu.from_qgraph import LayerMemo
+
+        self.qgraph, self.chip = qgraph, chip
+        self.fits = fits if fits is not None else group_fits(chip)
+        self.memo = LayerMemo()
+        self._tensors: dict[tuple[str, str], object] = {}  # (tensor, width) -> its QTensor
+        self._layers: dict[tuple[str, str], object] = {}  # (layer, how) -> the layer moved
+        # a run's content -> its planned items, the most recently asked runs holding at most
+        # ``keep`` items: one plan's worth (GTCRN's: 1,134 groups) beside what `GroupFits`
+        # holds (4,096 kept beside its own lifted iris landmark's search from 671 to 1,231 MiB
+        # of peak RSS: its one run differs per trial); a dropped run is planned again, the
+        # same answer
+        self._runs: OrderedDict[tuple, tuple] = OrderedDict()
+        self.keep, self._held = RUN_ITEMS_KEPT, 0
+        # id(plan) -> (a weak reference to it, its cycles), dropped with the plan
+        self._group_cycles: dict[int, tuple[weakref.ref, int]] = {}
+        self.runs_planned = self.groups_estimated = 0
+
+    @property
+    def work(self) -> dict[str, int]:
+        return {"layers_converted": self.memo.converted, "runs_planned": self.runs_planned,
+                "groups_estimated": self.groups_estimated}
+
+    def seconds(self, dtypes: Mapping[str, str], cpu_layers: frozenset[str],
+                int16_weights: frozenset[str] = frozenset()) -> float:
+        """`npu_seconds(with_choice(qgraph, dtypes, cpu_layers, int16_weights), chip)`."""
+        from npubuild.npu.estimate import _step_estimate
+        from npubuild.npu.from_qgraph import layers_from_qgraph
+        from npubuild.npu.layer_group import CpuLayer, LayerGroups
+        from npubuild.npu.program import CpuStep, Program, gmem_layout
+
+        layers = layers_from_qgraph(self._with_choice(dtypes, cpu_layers, int16_weights),
+                                    self.memo)
+        groups = LayerGroups(layers.graph, self.chip, True, tuple(
+            item for run in layers.segments() for item in self._planned(layers, run)))
+        gmem = gmem_layout(groups)
+        program = Program(self.chip, groups.graph, True, gmem, ())  # what a CPU step reads
+        in_groups, in_steps = [], []
+        for index, item in enumerate(groups.items):
+            if isinstance(item, CpuLayer):
+                in_steps.append(_step_estimate(CpuStep(index, item.layer, item.reason),
+                                               program).cycles)
+            else:
+                in_groups.append(self._cycles(item, groups, gmem))
+        return sum(in_groups + in_steps) / (self.chip.clock_mhz * 1e6)
+
+    def _with_choice(self, dtypes: Mapping[str, str], cpu_layers: frozenset[str],
+                     int16_weights: frozenset[str]) -> QGraph:
+        """`with_choice`'s graph, built of the objects earlier prices made for the same
+        tensor widths and layer moves."""
+        tensors = {}
+        for name, info in self.qgraph.tensors.items():
+            dtype = dtypes.get(name, info.dtype)
+            if dtype != info.dtype:
+                key = (name, dtype)
+                if key not in self._tensors:
+                    self._tensors[key] = replace(info, dtype=dtype)
+                info = self._tensors[key]
+            tensors[name] = info
+        layers = []
+        for layer in self.qgraph.layers:
+            how = ("cpu" if layer.name in cpu_layers and layer.device != "cpu" else
+                   "wide" if layer.name in int16_weights and layer.kind == "conv" else None)
+            if how is not None:
+                key = (layer.name, how)
+                if key not in self._layers:
+                    self._layers[key] = (replace(layer, device="cpu", kind="float")
+                                         if how == "cpu" else _wide_weights(layer))
+                layer = self._layers[key]
+            layers.append(layer)
+        return replace(self.qgraph, tensors=tensors, layers=layers)
+
+    def _planned(self, layers, run) -> tuple:
+        """`plan_qgraph`'s items of one run of ``layers`` (a breaker alone, or tiled layers),
+        planned once per content."""
+        from npubuild.npu.from_qgraph import _aliases, _sub_graph
+        from npubuild.npu.layer_group import CpuLayer, plan_groups
+
+        if run[0].name in layers.breakers:
+            return (CpuLayer(run[0], layers.breakers[run[0].name].reason),)
+        # the run's layers are its key: a choice changes widths and devices, never which
+        # tensors a layer reads and writes nor their shapes, so the layers (by name) fix what
+        # the run reads and what its readers outside it need
+        key = tuple(run)
+        found = self._runs.get(key)
+        if found is not None:
+            self._runs.move_to_end(key)
+            return found
+        items = []
+        sub = _sub_graph(layers.graph, run)
+        for item in plan_groups(sub, self.chip, on_no_fit="cpu", fits=self.fits).items:
+            items += _aliases(item, layers) or [item]
+        found = self._runs[key] = tuple(items)
+        self.runs_planned += 1
+        self._held += len(found)
+        while self._held > self.keep and len(self._runs) > 1:
+            self._held -= len(self._runs.popitem(last=False)[1])
+        return found
+
+    def _cycles(self, plan, groups, gmem) -> int:
+        """A planned group's cycles as `estimate` counts them (kept per plan object)."""
+        from npubuild.npu.estimate import _group_estimate
+        from npubuild.npu.program import GroupProgram, _slice_program
+
+        key = id(plan)
+        found = self._group_cycles.get(key)
+        if found is not None and found[0]() is plan:
+            return found[1]
+        slices = tuple(_slice_program(plan, piece, gmem, self.chip.lanes)
+                       for piece in plan.tiling.slices)
+        layers = {layer.name: layer for layer in plan.group.layers}  # all it reads
+        cycles = _group_estimate(GroupProgram(0, plan, slices), self.chip, layers,
+                                 groups.graph.constants).cycles
+        memo = self._group_cycles
+
+        def forget(ref, key=key):  # the plan is gone: its id may be another's next
+            if memo.get(key, (None,))[0] is ref:
+                del memo[key]
+
+        memo[key] = (weakref.ref(plan, forget), cycles)
+        self.groups_estimated += 1
+        return cycles
 
 
 def group_fits(chip):

@@ -260,6 +260,7 @@ class PrecisionSearch:
         # instead of placing and typing every tensor again; one per graph at most
         self.last_quantizer: dict[int, tuple[tuple, quantizer.Quantizer]] = {}
         self.fits = price.group_fits(chip)  # the groups every choice's plan shares
+        self.pricers: dict[int, price.GraphPricer] = {}  # per graph: prices what a choice changes
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
         self.base: dict[str, str] = {}  # what every scored choice is made on (`score_all`)
@@ -413,9 +414,10 @@ class PrecisionSearch:
                     macs for name, macs in self.work[index].items() if name not in floats)
             else:
                 fitted = self.fits.computed
-                self.plans[key] = price.npu_seconds(
-                    price.with_choice(self.qgraphs[index], widths, floats, wide_weights),
-                    self.chip, self.fits)
+                if index not in self.pricers:
+                    self.pricers[index] = price.GraphPricer(self.qgraphs[index], self.chip,
+                                                            self.fits)
+                self.plans[key] = self.pricers[index].seconds(widths, floats, wide_weights)
                 self._charge(GROUP_FIT_SECONDS * (self.fits.computed - fitted)
                              + PLAN_LAYER_SECONDS * len(self.qgraphs[index].layers))
         return self.plans[key]

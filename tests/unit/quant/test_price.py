@@ -1,0 +1,111 @@
+"""`price.GraphPricer`: a choice's price is `npu_seconds` of the graph with the choice applied,
+and costs what the choice changes (the precision search prices one graph hundreds of times:
+GTCRN's 4,590 layers were converted, planned and estimated whole per trial)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+BLOCKS = 6
+
+
+def _quantized(tmp_path):
+    """A chain of blocks (Conv, Add of the block's input, Sigmoid, a transpose there and back:
+    runs of tiled layers between breakers), quantized as the stage quantizes it; its QGraph."""
+    from onnx import helper, numpy_helper
+
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.workflow import Options, Workflow
+    from tests.conftest import one_npu_graph_split
+
+    rng = np.random.default_rng(0)
+    shape = [1, 4, 8, 8]
+    inits, nodes, x = [], [], "x"
+    for i in range(BLOCKS):
+        inits.append(numpy_helper.from_array(
+            rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), f"w{i}"))
+        last = i == BLOCKS - 1
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}",
+                                   pads=[1, 1, 1, 1]),
+                  helper.make_node("Add", [f"c{i}", x], [f"a{i}"], name=f"add{i}"),
+                  helper.make_node("Sigmoid", [f"a{i}"], [f"s{i}"], name=f"sig{i}"),
+                  helper.make_node("Transpose", [f"s{i}"], [f"t{i}"], name=f"tr{i}",
+                                   perm=[0, 1, 3, 2]),
+                  helper.make_node("Transpose", [f"t{i}"], ["y" if last else f"b{i}"],
+                                   name=f"back{i}", perm=[0, 1, 3, 2])]
+        x = f"b{i}"
+    split = one_npu_graph_split(tmp_path, nodes, inits, shape)
+    workflow = Workflow(SplitPipeline(split), Options(QuantConfig(scheme="asymmetric"),
+                                                      chip_int16=True))
+    workflow.calibrate([{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(3)])
+    workflow.quantize()
+    return workflow.states[0].qgraph
+
+
+_QGRAPH = {}
+
+
+def _qgraph(tmp_path_factory):
+    if "g" not in _QGRAPH:
+        _QGRAPH["g"] = _quantized(tmp_path_factory.mktemp("price"))
+    return _QGRAPH["g"]
+
+
+def _choice(qgraph, draw_bits):
+    """A choice from bits: int16 on some activations, some layers on the CPU, int16 weights
+    on some convs."""
+    tensors = [t for t, info in qgraph.tensors.items() if not info.is_float
+               and t not in qgraph.constants]
+    layers = [layer.name for layer in qgraph.layers]
+    convs = [layer.name for layer in qgraph.layers if layer.kind == "conv"]
+    wide, cpu, weights = draw_bits
+    return ({t: "int16" for t, b in zip(tensors, wide) if b},
+            frozenset(n for n, b in zip(layers, cpu) if b),
+            frozenset(n for n, b in zip(convs, weights) if b))
+
+
+bits = st.tuples(st.lists(st.booleans(), min_size=40, max_size=40),
+                 st.lists(st.sampled_from([False, False, False, True]), min_size=40, max_size=40),
+                 st.lists(st.booleans(), min_size=BLOCKS, max_size=BLOCKS))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(bits, min_size=1, max_size=6))
+def test_a_price_from_what_the_choice_changes_equals_the_whole_price(tmp_path_factory, trials):
+    """Each of a sequence of random choices, priced by one pricer (its memo of layers, runs
+    and groups carried from the earlier ones), costs exactly what a fresh conversion, plan,
+    program and estimate of the graph with the choice find."""
+    from npubuild.quant import price
+    from npubuild.targets import load_chip
+
+    qgraph, chip = _qgraph(tmp_path_factory), load_chip("npu-16m")
+    pricer = price.GraphPricer(qgraph, chip)
+    for draw in trials:
+        dtypes, cpu, weights = _choice(qgraph, draw)
+        whole = price.npu_seconds(price.with_choice(qgraph, dtypes, cpu, weights), chip)
+        assert pricer.seconds(dtypes, cpu, weights) == whole
+
+
+def test_a_price_converts_plans_and_estimates_only_what_the_choice_changes(tmp_path_factory):
+    """After int8 everywhere is priced, one more int16 tensor converts the layers that read or
+    write it again, plans the one run that holds them and estimates that run's groups, not
+    the graph's other runs; the same choice again does no work at all."""
+    from npubuild.quant import price
+    from npubuild.targets import load_chip
+
+    qgraph, chip = _qgraph(tmp_path_factory), load_chip("npu-16m")
+    pricer = price.GraphPricer(qgraph, chip)
+    pricer.seconds({}, frozenset())
+    first = dict(pricer.work)
+    assert first["layers_converted"] == len(qgraph.layers) and first["runs_planned"] > 2
+    touching = [layer for layer in qgraph.layers if "a2" in (*layer.inputs, *layer.outputs)]
+    pricer.seconds({"a2": "int16"}, frozenset())
+    work = pricer.work
+    assert work["layers_converted"] - first["layers_converted"] == len(touching)
+    assert work["runs_planned"] - first["runs_planned"] == 1
+    assert 1 <= work["groups_estimated"] - first["groups_estimated"] <= 2
+    pricer.seconds({"a2": "int16"}, frozenset())
+    assert pricer.work == work
