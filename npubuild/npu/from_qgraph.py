@@ -33,7 +33,8 @@ copied to every lane.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Any
 
@@ -189,6 +190,9 @@ def layers_from_qgraph(qgraph: QGraph, memo: LayerMemo | None = None) -> QLayers
         layer = qgraph.layers[i]
         specs[i], kernels[layer.name] = _breaker_spec(layer, tensors, "dma", None), layer
         breakers[layer.name] = Breaker(layer.name, "dma", LONE_RESHAPE)
+    keys = weight_keys(specs, kernels, weights, memo)
+    specs = [replace(spec, weight_key=keys[spec.name]) if spec.name in keys else spec
+             for spec in specs]
     produced = {t for layer in qgraph.layers for t in layer.outputs}
     read = dict.fromkeys(t for layer in qgraph.layers for t in layer.inputs)
     inputs = [t for t in qgraph.inputs if t in read] + [
@@ -213,17 +217,58 @@ def _converted(layer: QLayer, tensors: dict[str, TensorInfo]):
         return spec, layer, record, Breaker(layer.name, executes, str(exc))
 
 
+def weight_keys(specs: list[LayerSpec], kernels: dict[str, QLayer],
+                records: dict[str, WeightRecord], memo: LayerMemo | None = None
+                ) -> dict[str, str]:
+    """Each layer whose weights GMEM holds as the same bytes as another layer's (the same
+    record layout and the same values: `pack_weights` makes the same bytes) → the first such
+    layer's name (`LayerSpec.weight_key`). Only layers whose record layout and size another
+    layer has too are hashed, each once (with ``memo``, once across graphs)."""
+    by_layout: dict[tuple, list[str]] = {}
+    for spec in specs:
+        if spec.weight_bytes and spec.name in records:
+            by_layout.setdefault((records[spec.name], spec.weight_bytes), []).append(spec.name)
+    keys: dict[str, str] = {}
+    for names in by_layout.values():
+        if len(names) < 2:
+            continue
+        by_digest: dict[bytes, list[str]] = {}
+        for name in names:  # graph order: the first of a digest owns it
+            digest = (memo.digest(kernels[name], records[name]) if memo is not None
+                      else weight_digest(kernels[name], records[name]))
+            by_digest.setdefault(digest, []).append(name)
+        for same in by_digest.values():
+            if len(same) > 1:
+                keys.update(dict.fromkeys(same, same[0]))
+    return keys
+
+
+def weight_digest(kernel: QLayer, record: WeightRecord) -> bytes:
+    """A digest of the bytes `pack_weights` makes of ``kernel``'s weights, from each record
+    field's values in its stored type (no record interleaving: the arrays are hashed where
+    they are, an int8 weight without a copy)."""
+    digest = hashlib.blake2b(repr(record).encode(), digest_size=20)
+    for name, stored, _, _ in record.fields:
+        values = np.ascontiguousarray(np.asarray(kernel.arrays[name]).astype(stored, copy=False))
+        digest.update(values.nbytes.to_bytes(8, "little"))
+        digest.update(values.data)
+    return digest.digest()
+
+
 class LayerMemo:
     """`layers_from_qgraph`'s conversions by layer object and the `TensorInfo` of the
     layer's own tensors (what a conversion reads: its inputs' and outputs' shapes, widths and
     parameters), for graphs that share their unchanged layer objects (`price.GraphPricer`: a
     choice changes a few tensors' widths and moves a few layers to the CPU; the other 4,000
     of GTCRN's layers were converted again per price). Holds each layer it keys, so no other
-    object takes its id while the entry lives. ``converted`` counts the conversions made."""
+    object takes its id while the entry lives. ``converted`` counts the conversions made,
+    ``hashed`` the weights hashed (`weight_keys`)."""
 
     def __init__(self):
         self._found: dict[int, tuple[QLayer, tuple, tuple]] = {}
         self._infos_of: dict[int, tuple[object, TensorInfo]] = {}  # id(QTensor) -> its info
+        self._digests: dict[int, tuple[QLayer, WeightRecord, bytes]] = {}  # id(kernel) ->
+        self.hashed = 0
         self.converted = 0
 
     def infos(self, qgraph: QGraph) -> dict[str, TensorInfo]:
@@ -250,6 +295,15 @@ class LayerMemo:
     def put(self, layer: QLayer, tensors: dict[str, TensorInfo], converted: tuple) -> None:
         self._found[id(layer)] = (layer, self._infos(layer, tensors), converted)
         self.converted += 1
+
+    def digest(self, kernel: QLayer, record: WeightRecord) -> bytes:
+        """`weight_digest`, kept by the kernel object and its record (a converted layer's
+        kernel and record stay the same objects while its conversion is kept)."""
+        found = self._digests.get(id(kernel))
+        if found is None or found[0] is not kernel or found[1] != record:
+            found = self._digests[id(kernel)] = (kernel, record, weight_digest(kernel, record))
+            self.hashed += 1
+        return found[2]
 
 
 LONE_RESHAPE = ("reshape with no tiled layer beside it: its output is an alias of its input in "

@@ -42,6 +42,10 @@ class LayerSpec:
     (per window element for pools) otherwise. ``scratch_elem_bytes`` > 0 means the layer needs a
     scratch buffer of its output slice's shape at that many bytes per element (e.g. int16
     intermediates). ``attrs`` carries op details the tiler ignores (W geometry, mode, group...).
+    ``weight_key``: the name of the first layer (in graph order) whose weights GMEM holds as
+    the same bytes as this one's, when another layer has them too (this layer's own name if it
+    is that first one); empty when no other layer has them. An unrolled recurrence's steps
+    share their recurrent weight this way: GMEM holds it once (`npubuild.npu.program`).
     """
 
     name: str
@@ -61,6 +65,7 @@ class LayerSpec:
     act_bytes: int = 1
     scratch_elem_bytes: int = 0
     attrs: tuple[tuple[str, Any], ...] = ()
+    weight_key: str = ""
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -78,6 +83,11 @@ class LayerSpec:
         ``w16a16`` (16-bit weights too); a quantized graph records the wide ones in ``attrs``
         (`npubuild.npu.from_qgraph`), and the estimate runs them at the chip's rate for it."""
         return self.attr("precision", "int8")
+
+    @property
+    def weights_id(self) -> str:
+        """What names the layer's weights in GMEM: its `weight_key`, or its own name."""
+        return self.weight_key or self.name
 
     @property
     def c_out(self) -> int:
@@ -172,7 +182,9 @@ class LayerGraph:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(layer.weight_bytes for layer in self.layers)
+        """The weights' bytes in GMEM: layers sharing their weights (`LayerSpec.weight_key`)
+        count them once."""
+        return sum({layer.weights_id: layer.weight_bytes for layer in self.layers}.values())
 
     def tensor_bytes(self, tensor: str, elem_bytes: int = 1) -> int:
         n, c, h, w = self.shapes[tensor]

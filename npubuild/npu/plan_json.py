@@ -60,6 +60,8 @@ def write_plan(path: str | Path, program: Program, estimate: Estimate | None = N
 
 def layer_dict(layer: LayerSpec) -> dict:
     data = _plain(asdict(layer))
+    if not data["weight_key"]:  # (weights of its own: plan.json as it was)
+        del data["weight_key"]
     data["attrs"] = {k: _plain(v) for k, v in layer.attrs}
     return data
 

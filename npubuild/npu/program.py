@@ -4,7 +4,8 @@ A group's slices run one after another on the group's timestep table (`buffers.s
 within a timestep the loads, the compute step and the stores touch disjoint LMEM (the allocator
 guarantees it), so any order is correct. Layout contracts, also written into ``plan.json``:
 
-- GMEM holds every weight (per layer, output channel major, as the quantizer lays it out) and
+- GMEM holds every weight (per layer, output channel major, as the quantizer lays it out; layers
+  whose weights are the same bytes share one offset) and
   every tensor that crosses a group border, NCHW, ``act_bytes`` per element, at ``gmem`` offsets.
 - LMEM: a buffer of ``batch × channels × rows × W`` puts element (n, c, r, w) in lane
   ``c % lanes`` at per-lane byte ``addr + (((n - n0) · ceil(C/lanes) + (c - c0) // lanes) · R
@@ -136,15 +137,20 @@ def build_program(groups: LayerGroups) -> Program:
 
 
 def gmem_layout(groups: LayerGroups) -> GmemLayout:
-    """Weights first, then every tensor that crosses a group (or CPU layer) border. A reshape
+    """Weights first, then every tensor that crosses a group (or CPU layer) border. Layers
+    whose weights are the same bytes (one `LayerSpec.weight_key`) share the first one's offset:
+    GMEM holds an unrolled recurrence's weight once, not once per step. A reshape
     between groups reinterprets C-order bytes: its output is its input's GMEM slot (an alias),
     so it moves no data."""
     graph, offset = groups.graph, 0
-    weights, tensors = {}, {}
+    weights, tensors, slots = {}, {}, {}
     for layer in graph.layers:
         if layer.weight_bytes:
-            weights[layer.name] = (offset, layer.weight_bytes)
-            offset += _gmem_align(layer.weight_bytes)
+            slot = slots.get(layer.weights_id)
+            if slot is None or slot[1] != layer.weight_bytes:  # (the same bytes: same size)
+                slot = slots[layer.weights_id] = (offset, layer.weight_bytes)
+                offset += _gmem_align(layer.weight_bytes)
+            weights[layer.name] = slot
     crossing = list(graph.inputs)
     aliases = {}
     for item in groups.items:

@@ -19,7 +19,8 @@
   NPU groups also carry ``elem_bytes`` (LMEM bytes per element of each tensor); CPU/DMA items
   (group breakers) carry ``kind``, ``executes`` (dma | cpu | npu), ``inputs`` and ``outputs``;
 - ``gmem_image``: the initial GMEM bytes — every weight record and every quantized constant
-  at its GMEM offset (activations start unwritten);
+  at its GMEM offset (activations start unwritten); layers whose weights are the same bytes
+  share one offset (``gmem.weights``), so the image holds them once;
 - ``k<j>.<name>``: the kernel arrays not stored in GMEM weight records (pooling tables, the
   ONNX node of a ``float`` layer).
 
@@ -105,9 +106,14 @@ def _kernels(layers: QLayers, arrays: dict[str, np.ndarray], whole: set[str]) ->
 
 
 def gmem_image(program: Program, layers: QLayers) -> np.ndarray:
-    """Weights and constants at their GMEM offsets; the image ends after the last of them."""
+    """Weights and constants at their GMEM offsets; the image ends after the last of them.
+    Weights several layers share (one offset) are packed once, by the first of them."""
     pieces: list[tuple[int, bytes]] = []
+    packed: set[int] = set()
     for name, (offset, size) in program.gmem.weights.items():
+        if offset in packed:
+            continue
+        packed.add(offset)
         data = layers.weight_bytes(name)
         if len(data) != size:
             raise BuildError(f"layer {name!r}: {len(data)} weight bytes packed, the plan "

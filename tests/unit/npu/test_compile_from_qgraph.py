@@ -9,8 +9,8 @@ import pytest
 
 from npubuild import schemas
 from npubuild.npu import Rows, build_program, estimate, gmem_lower_bound, input_rows
-from npubuild.npu.from_qgraph import (conv_record, layers_from_qgraph, pack_weights, plan_qgraph,
-                                      unpack_weights, view4, view_axis)
+from npubuild.npu.from_qgraph import (LayerMemo, conv_record, layers_from_qgraph, pack_weights,
+                                      plan_qgraph, unpack_weights, view4, view_axis)
 from npubuild.npu.ir_dump import dump_ir
 from npubuild.npu.program import CpuStep, GroupProgram
 from npubuild.quant.reference import resize_input_rows
@@ -455,3 +455,54 @@ def test_a_local_response_normalization_runs_whole_on_the_npu_between_groups():
     step = next(s for s in estimate(program).steps if s.layer == name)
     assert step.executes == "npu" and step.compute_cycles > 0
     simulate_and_compare(qgraph, program_file)
+
+
+def _shared_weights(fc: bool = False):
+    """Two layers reading ``x`` with one weight initializer (same values, bias and
+    requantization: their GMEM records are the same bytes) and a third with weights of its own
+    of the same layout; convs, or fully connected layers (group breakers, as an unrolled
+    recurrence's steps are)."""
+    s = Stack((1, 8, 8, 8))
+    x = s.reshape("x", [1, 8 * 8 * 8]) if fc else "x"
+    layer = (lambda: s.gemm(x, 16)) if fc else (lambda: s.conv(x, 8, 3))
+    a, b, c = layer(), layer(), layer()
+    first = s.nodes[-3]
+    s.nodes[-2].input[1:] = first.input[1:]  # b reads a's weight and bias
+    return s.model([s.binary(s.binary(a, b), c)]), (a, b, c)
+
+
+@pytest.mark.parametrize("fc", [False, True])
+@pytest.mark.parametrize("grouping", [True, False])
+def test_layers_whose_weights_are_the_same_bytes_share_one_gmem_offset_bit_exact(fc, grouping):
+    model, (a, b, c) = _shared_weights(fc)
+    qgraph = quantize(model)
+    layers, program, program_file = compile_qgraph(qgraph, TINY, grouping=grouping)
+    assert layers.weight_bytes(a) == layers.weight_bytes(b) != layers.weight_bytes(c)
+    specs = {s.name: s for s in layers.graph.layers}
+    assert (specs[a].weight_key, specs[b].weight_key, specs[c].weight_key) == (a, a, "")
+    size = specs[a].weight_bytes
+    assert program.gmem.weights[b] == program.gmem.weights[a] == (0, size)
+    assert program.gmem.weights[c][0] >= size  # its own offset, after the shared one
+    image = program_file.arrays["gmem_image"]
+    assert image.size == program.gmem.weights[c][0] + size  # the shared weights once
+    assert image[:size].tobytes() == layers.weight_bytes(b)
+    assert program_file.doc["layers"][b]["weight_key"] == a
+    assert "weight_key" not in program_file.doc["layers"][c]
+    assert layers.graph.weight_bytes == 2 * size  # each distinct weight once
+    io = sum(layers.graph.tensor_bytes(t) for t in (*layers.graph.inputs, *layers.graph.outputs))
+    assert gmem_lower_bound(layers.graph) == 2 * size + io
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_weight_keys_hash_only_layouts_two_layers_have_and_a_memo_hashes_them_once():
+    model, (a, b, c) = _shared_weights()
+    qgraph = quantize(model)
+    memo = LayerMemo()
+    first = layers_from_qgraph(qgraph, memo)
+    again = layers_from_qgraph(qgraph, memo)
+    assert [s.weight_key for s in again.graph.layers] == \
+        [s.weight_key for s in first.graph.layers]
+    assert memo.hashed == 3  # a, b and c share a record layout; hashed once for both graphs
+    alone = LayerMemo()  # a conv and a fully connected layer: no layout twice, nothing hashed
+    layers_from_qgraph(quantize(_classifier(), "symmetric", granularity="per_channel"), alone)
+    assert alone.hashed == 0
