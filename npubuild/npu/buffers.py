@@ -7,7 +7,8 @@ its first reader runs, a layer's weights one timestep before the layer (seed 001
 ``[T5, T5]`` becomes ``[T2, T5]``), and a group output is stored the timestep after it is made.
 
 Buffer kinds: ``activation`` (freed after its last reader, or after its store), ``weight``
-(freed after its layer unless N, H or C is sliced; then resident: ``end = inf``, loaded by the
+(freed after its layer — after the last layer of the group with the same weights, which read
+them from this one buffer, loaded once — unless N, H or C is sliced; then resident: ``end = inf``, loaded by the
 first slice only and kept for every slice; a C-sliced layer has two, alternating between its C
 slices, so the next slice's weights load while this one computes) and ``scratch`` (a layer's intermediate, freed when
 the layer is done). Ids are assigned breadth-first over the group's layers: a layer's new inputs,
@@ -69,10 +70,19 @@ def schedule(group: Group) -> Schedule:
     compute = {layer.name: k + 1 for k, layer in enumerate(group.layers)}
     readers = _readers(group)
     loads = {t: compute[readers[t][0]] - 1 for t in group.inputs}
-    weight_loads = {l.name: compute[l.name] - 1 for l in group.layers if l.weight_bytes}
+    weight_loads = {name: compute[name] - 1 for name in weight_owners(group).values()}
     producer = {t: l.name for l in group.layers for t in l.outputs}
     stores = {t: compute[producer[t]] + 1 for t in group.outputs}
     return Schedule(len(group) + 2, compute, loads, weight_loads, stores)
+
+
+def weight_owners(group: Group) -> dict[str, str]:
+    """Each layer with weights → the layer whose weight buffer it reads: itself, or the first
+    layer of the group (in compute order) with the same weights (`LayerSpec.weight_key`),
+    which loads them once for all of them."""
+    first: dict[str, str] = {}
+    return {l.name: first.setdefault(l.weights_id, l.name) for l in group.layers
+            if l.weight_bytes}
 
 
 def _readers(group: Group) -> dict[str, list[str]]:
@@ -118,6 +128,8 @@ def group_buffers(tiling: GroupTiling | SliceSizes, lanes: int) -> tuple[Buffer,
         buffers.append(Buffer(len(buffers), kind, name, start, end, size, layer))
 
     seen: set[str] = set()
+    owners = weight_owners(group)
+    last_use = {owners[name]: plan.compute[name] for name in owners}  # (compute order)
     for layer in bfs_order(group):
         step = plan.compute[layer.name]
         for t in layer.inputs:
@@ -125,10 +137,10 @@ def group_buffers(tiling: GroupTiling | SliceSizes, lanes: int) -> tuple[Buffer,
                 seen.add(t)
                 add("activation", t, plan.loads[t], _last_read(plan, readers[t]),
                     _activation_size(tiling, t, lanes))
-        if layer.weight_bytes:
+        if layer.weight_bytes and owners[layer.name] == layer.name:
             size = _weight_size(tiling, layer, lanes)
-            add("weight", f"{layer.name}/weight", step - 1, INF if resident else step, size,
-                layer.name)
+            add("weight", f"{layer.name}/weight", step - 1,
+                INF if resident else last_use[layer.name], size, layer.name)
             if tiling.slicing.c > 1:  # double-buffered: the next C slice's weights stream in
                 add("weight", f"{layer.name}/weight.next", step - 1, INF, size, layer.name)
         if layer.scratch_elem_bytes:

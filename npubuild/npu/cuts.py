@@ -23,8 +23,10 @@ PASSES = 3
 
 def group_traffic(tiling: GroupTiling) -> int:
     """GMEM bytes a tiled group moves: every slice's input rows (halos included) and stores,
-    and its weights once (resident across N/H slices, one part per C slice)."""
-    group, total = tiling.group, sum(layer.weight_bytes for layer in tiling.group.layers)
+    and its weights once (resident across N/H slices, one part per C slice; layers with the
+    same weights load them once)."""
+    group = tiling.group
+    total = sum({layer.weights_id: layer.weight_bytes for layer in group.layers}.values())
     for piece in tiling.slices:
         for t in group.inputs:
             total += _rows_bytes(tiling, piece, t, piece.window.rows[t].size)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Union
 
 from npubuild.npu.backward_h import Rows
+from npubuild.npu.buffers import weight_owners
 from npubuild.npu.layer_group import CpuLayer, GroupPlan, LayerGroups
 from npubuild.npu.layers import LayerGraph, LayerSpec
 from npubuild.npu.tiling import SliceWindow
@@ -202,7 +203,7 @@ def _slice_program(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout,
                   if at == t and piece.index == 0]
         if t in by_step and piece.window.layers[by_step[t].name].out_rows.size:
             steps.append(_compute(plan, piece, by_step[t]))
-            if upcoming is not None and by_step[t].weight_bytes:
+            if upcoming is not None and by_step[t].name in plan.schedule.weight_loads:
                 steps.append(_weight_load(plan, upcoming, gmem, by_step[t].name, at=t))
         steps += [_store(plan, piece, gmem, name) for name, at in plan.schedule.stores.items()
                   if at == t]
@@ -232,8 +233,10 @@ def _chunk(plan: GroupPlan, piece: SliceWindow) -> int:
 
 
 def _weight_buffer(plan: GroupPlan, piece: SliceWindow, layer: str):
-    """Even C slices use ``<layer>/weight``, odd ones ``<layer>/weight.next``."""
-    return plan.buffer(f"{layer}/weight" + (".next" if _chunk(plan, piece) % 2 else ""))
+    """Even C slices use ``<layer>/weight``, odd ones ``<layer>/weight.next``; a layer whose
+    weights an earlier layer of the group has (`buffers.weight_owners`) reads that one's."""
+    owner = weight_owners(plan.group)[layer]
+    return plan.buffer(f"{owner}/weight" + (".next" if _chunk(plan, piece) % 2 else ""))
 
 
 def _activation_bytes(plan: GroupPlan, piece: SliceWindow, tensor: str, rows: Rows) -> int:

@@ -457,12 +457,12 @@ def test_a_local_response_normalization_runs_whole_on_the_npu_between_groups():
     simulate_and_compare(qgraph, program_file)
 
 
-def _shared_weights(fc: bool = False):
+def _shared_weights(fc: bool = False, shape=(1, 8, 8, 8)):
     """Two layers reading ``x`` with one weight initializer (same values, bias and
     requantization: their GMEM records are the same bytes) and a third with weights of its own
     of the same layout; convs, or fully connected layers (group breakers, as an unrolled
     recurrence's steps are)."""
-    s = Stack((1, 8, 8, 8))
+    s = Stack(shape)
     x = s.reshape("x", [1, 8 * 8 * 8]) if fc else "x"
     layer = (lambda: s.gemm(x, 16)) if fc else (lambda: s.conv(x, 8, 3))
     a, b, c = layer(), layer(), layer()
@@ -506,3 +506,30 @@ def test_weight_keys_hash_only_layouts_two_layers_have_and_a_memo_hashes_them_on
     alone = LayerMemo()  # a conv and a fully connected layer: no layout twice, nothing hashed
     layers_from_qgraph(quantize(_classifier(), "symmetric", granularity="per_channel"), alone)
     assert alone.hashed == 0
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8, 8), (1, 8, 96, 128)])  # whole; H-sliced, resident
+def test_a_group_loads_the_weights_its_layers_share_once_into_one_lmem_buffer(shape):
+    model, (a, b, c) = _shared_weights(shape=shape)
+    qgraph = quantize(model)
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    (group,) = [g for g in program.npu_groups if b in g.plan.group.names]
+    assert a in group.plan.group.names and c in group.plan.group.names
+    weights = [buf for buf in group.plan.buffers if buf.kind == "weight"]
+    assert sorted(buf.layer for buf in weights) == sorted([a, c])  # b reads a's buffer
+    shared = group.plan.buffer(f"{a}/weight")
+    compute = group.plan.schedule.compute
+    assert shared.resident or shared.end == max(compute[a], compute[b])
+    assert list(group.plan.schedule.weight_loads) == [n for n in group.plan.group.names
+                                                      if n in (a, c)]
+    offset, size = program.gmem.weights[a]
+    loads = [s for piece in group.slices for s in piece.steps
+             if getattr(s, "rows", 0) is None and s.op == "load"]
+    assert [s.gmem for s in loads].count(offset) == 1
+    steps = {s.layer: s for piece in group.slices[:1] for s in piece.steps if s.op == "compute"}
+    assert steps[b].weight["buffer"] == steps[a].weight["buffer"] == shared.id
+    (estimated,) = [g for g in estimate(program).groups if g.index == group.index]
+    assert estimated.weight_read == 2 * size  # a's (b's) and c's, once each
+    if shape[2] > 8:
+        assert group.plan.slicing.h > 1
+    simulate_and_compare(qgraph, program_file)
