@@ -29,6 +29,7 @@ integer math and ONNX Runtime's can round differently:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +60,7 @@ class _Builder:
     ties: bool = True                              # nudge exact ties upwards (see the module doc)
     prequant: dict = field(default_factory=dict)  # integer tensor → float value QuantizeLinear reads
     _dq_done: set = field(default_factory=set)
+    _weights: dict = field(default_factory=dict)  # a weight's content -> its initializer
 
     def const(self, name: str, value) -> str:
         self.inits.append(numpy_helper.from_array(np.asarray(value), name))
@@ -211,8 +213,15 @@ def _conv(b: _Builder, layer: QLayer, key: str):
 
 
 def _dq_weight(b: _Builder, key: str, w: np.ndarray, scale: np.ndarray, axis: int) -> str:
-    """int8 (or a W16A16 layer's int16) weights, dequantized per channel along ``axis``."""
-    return b.node("DequantizeLinear", [b.const(f"{key}::w", w), b.const(f"{key}::ws", scale),
+    """int8 (or a W16A16 layer's int16) weights, dequantized per channel along ``axis``; equal
+    weights are one initializer (an unrolled recurrence's steps read the same ones: nakdimon's
+    QDQ model held 256 copies of four 400x1600 weights)."""
+    w = np.ascontiguousarray(w)
+    digest = hashlib.sha256(f"{w.dtype.str}{w.shape}".encode())
+    digest.update(w.view(np.uint8))
+    if digest.digest() not in b._weights:
+        b._weights[digest.digest()] = b.const(f"{key}::w", w)
+    return b.node("DequantizeLinear", [b._weights[digest.digest()], b.const(f"{key}::ws", scale),
                                        b.const(f"{key}::wz", np.zeros(scale.size, w.dtype))],
                   [f"{key}::weight"], axis=axis)
 

@@ -35,3 +35,26 @@ def test_without_ties_the_export_writes_no_float_op_between_a_layer_and_its_quan
     assert ops_into(plain, "y") == ["Conv"]
     assert [n.op_type for n in nudged.graph.node if n.output[0] != "y::nudged"] == \
         [n.op_type for n in plain.graph.node]
+
+
+def test_layers_sharing_one_weight_read_one_initializer_and_compute_the_same():
+    """An unrolled recurrence's steps read the same weights: nakdimon's QDQ model held 256
+    copies of four 400x1600 weights (184 MB)."""
+    from npubuild import onnx_io
+    from npubuild.quant.reference import quantize_inputs, run_reference
+
+    weight = rng.normal(0, 0.3, (4, 4, 1, 1))
+    m = model([helper.make_node("Conv", ["x", "w"], ["h"]),
+               helper.make_node("Conv", ["h", "w"], ["y"])],
+              {"x": [1, 4, 3, 3]}, {"y": None}, {"w": weight})
+    feeds = feeds_for(m)
+    qg, _, _ = quantize(m, feeds, scheme="symmetric")
+    qdq = export_qdq(qg)
+    weights = [t.name for t in qdq.graph.initializer if t.name.endswith("::w")]
+    assert len(weights) == 1
+    readers = [n for n in qdq.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in weights]
+    assert len(readers) == 2
+    got = onnx_io.run(qdq, feeds[0])["y"]
+    reference = run_reference(qg, quantize_inputs(qg, feeds[0]))
+    want = (reference["y"].astype(np.float64) - qg.tensors["y"].zero_point) * qg.tensors["y"].scale
+    np.testing.assert_allclose(got, want, atol=qg.tensors["y"].scale * 1.01)
