@@ -119,43 +119,9 @@ def test_a_graph_run_in_parts_reruns_only_the_parts_after_a_changed_parameter(tm
     model's run bit for bit, whichever choices came before (CRAFT's one-graph U-Net: the
     ranking's blocks in pipeline order reran its whole backbone for each block); the
     switched weights are computed once per run, not per sample."""
-    from onnx import numpy_helper
-
-    from npubuild.quant.pipeline import SplitPipeline
-    from npubuild.quant.quantizer import QuantConfig, Quantizer, wide_weight_values
-    from npubuild.quant.workflow import Options, Workflow
-    from tests.conftest import one_npu_graph_split
-
-    rng = np.random.default_rng(5)
-    shape, convs = [1, 4, 6, 6], 8
-    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32),
-                                     f"w{i}") for i in range(convs)]
-    names = ["x", *(f"r{i}" for i in range(convs - 1)), "y"]
-    nodes = []
-    for i in range(convs):
-        nodes += [helper.make_node("Conv", [names[i], f"w{i}"], [f"c{i}"], name=f"conv{i}",
-                                   pads=[1, 1, 1, 1]),
-                  helper.make_node("Relu", [f"c{i}"], [names[i + 1]], name=f"relu{i}")]
-    split = one_npu_graph_split(tmp_path, nodes, inits, shape)
-    workflow = Workflow(SplitPipeline(split), Options(QuantConfig(scheme="asymmetric",
-                                                                  granularity="per_channel"),
-                                                      chip_int16=True))
-    feeds = [{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(2)]
-    workflow.calibrate(feeds)
-    workflow.quantize()
-    state = workflow.states[0]
-    config = workflow.options.config
-    exported = fakequant.export_graphs({0: (state.qgraph, state.fg, wide_weight_values(
-        state.fg, state.observer.stats, config, state.qgraph))})
-    monkeypatch.setattr(fakequant, "NODES_PER_PART", 10 ** 6)
-    whole = fakequant.FakeQuantPipeline(split, exported)
-    monkeypatch.setattr(fakequant, "NODES_PER_PART", 8)
-    parted = fakequant.FakeQuantPipeline(split, exported)
+    whole, parted, base, tensors, feeds = _eight_convs(tmp_path, monkeypatch)
     parts = parted.parts[0]
     assert len(whole.parts[0]) == 1 and len(parts) == fakequant.MAX_PARTS
-    base = fakequant.quantizer_inputs(Quantizer(state.fg, state.observer.stats, config), 0,
-                                      state.fg, whole)
-    tensors = whole.tensors(0)
     calls = {"weight_feeds": 0}
     weight_feeds = parted.weight_feeds
 
