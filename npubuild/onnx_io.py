@@ -8,7 +8,7 @@ an IR version ONNX Runtime reads (onnx 1.23 writes IR 14 by default, onnxruntime
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import Collection, Iterable, Mapping
 
 import lazy_loader as lazy
 
@@ -487,6 +487,23 @@ def outer_refs(graph: onnx.GraphProto) -> set[str]:
         for sub in subgraphs(node):
             used |= outer_refs(sub)
     return used - defined
+
+
+def upstream(tensors: Iterable[str], producers: Mapping[str, onnx.NodeProto],
+             stop: Collection[str] = ()) -> set[str]:
+    """``tensors`` and every tensor they are computed from through ``producers`` (name ->
+    node); a name in ``stop`` is reached but not walked past."""
+    seen: set[str] = set()
+    todo = list(tensors)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = producers.get(name)
+        if node is not None and name not in stop:
+            todo.extend(i for i in node.input if i)
+    return seen
 
 
 def node_uses(node: onnx.NodeProto) -> list[str]:

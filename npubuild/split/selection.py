@@ -19,6 +19,9 @@ from typing import Collection, Iterable, Sequence
 
 import onnx
 
+from npubuild import onnx_io
+from npubuild.onnx_io import STANDARD_DOMAINS
+
 # The outputs of these ops that are indices chosen by comparing values (a TopK's values are
 # the sorted inputs themselves, continuous in them: not an index). A TopK ranks many
 # candidates, most of them near-ties (isbnx: 300 of 33,600 anchors, most scoring 0.00). An
@@ -51,20 +54,12 @@ def selected_outputs(cpu_graphs: Iterable[onnx.GraphProto], outputs: Sequence[st
 
 def _ancestry(tensor: str, producers: dict, handed: set[str]) -> tuple[set[str], bool]:
     """(hand-over tensors among ``tensor``'s ancestors, whether an index output is one)."""
-    boundary, chosen, seen, stack = set(), False, set(), [tensor]
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        if name in handed:
-            boundary.add(name)
-            continue
-        node = producers.get(name)
-        if node is None:
-            continue
-        index = INDEX_OUTPUTS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        if index is not None and index < len(node.output) and node.output[index] == name:
-            chosen = True
-        stack.extend(i for i in node.input if i)
-    return boundary, chosen
+    reached = onnx_io.upstream([tensor], producers, stop=handed)
+    return reached & handed, any(_is_index_output(producers.get(name), name)
+                                 for name in reached - handed)
+
+
+def _is_index_output(node: onnx.NodeProto | None, name: str) -> bool:
+    index = INDEX_OUTPUTS.get(node.op_type) if node is not None \
+        and node.domain in STANDARD_DOMAINS else None
+    return index is not None and index < len(node.output) and node.output[index] == name

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from npubuild import proofs
+from npubuild import onnx_io, proofs
 from npubuild.errors import BuildError
 from npubuild.onnx_io import load_model
 from npubuild.split import SelectorError, split_model
@@ -66,13 +66,5 @@ def why_all_cpu(nodes: list[dict], deciding: list[str] = ()) -> str:
 def deciding_inputs(model) -> list[str]:
     """The model inputs an If's condition is computed from (in graph input order)."""
     producers = {o: n for n in model.graph.node for o in n.output}
-    inputs = [v.name for v in model.graph.input]
-    seen, todo = set(), [n.input[0] for n in model.graph.node if n.op_type == "If"]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        if name in producers:
-            todo.extend(i for i in producers[name].input if i)
-    return [name for name in inputs if name in seen]
+    seen = onnx_io.upstream([n.input[0] for n in model.graph.node if n.op_type == "If"], producers)
+    return [v.name for v in model.graph.input if v.name in seen]
