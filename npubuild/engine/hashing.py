@@ -47,6 +47,16 @@ def sha256_data(data: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def sha256_array(value) -> bytes:
+    """Digest of an array's content: its dtype, shape and bytes (equal arrays, equal digest)."""
+    import numpy as np
+
+    value = np.ascontiguousarray(value)
+    digest = hashlib.sha256(f"{value.dtype.str}{value.shape}".encode())
+    digest.update(value.view(np.uint8))
+    return digest.digest()
+
+
 def stat_key(st: os.stat_result) -> list[int]:
     """What must be unchanged for a remembered hash to stand (see the module docstring)."""
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]

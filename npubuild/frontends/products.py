@@ -21,12 +21,12 @@ folding tolerance.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
+from npubuild.engine.hashing import sha256_array
 from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.surgery.graph import Editor
 from npubuild.surgery.opsets import attr, axes_of, slice_spec
@@ -114,10 +114,7 @@ def _digest(ed: Editor, name: str, digests: dict[str, str]) -> str:
     if not name:
         return ""
     if name not in digests:
-        value = np.ascontiguousarray(ed.constant(name))
-        digest = hashlib.sha256(f"{value.dtype.str}{value.shape}".encode())
-        digest.update(value.view(np.uint8))
-        digests[name] = digest.hexdigest()
+        digests[name] = sha256_array(ed.constant(name)).hex()
     return digests[name]
 
 

@@ -29,7 +29,6 @@ integer math and ONNX Runtime's can round differently:
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +36,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from npubuild import onnx_io
+from npubuild.engine.hashing import sha256_array
 from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.quant import schemes
 from npubuild.quant.qgraph import QGraph, QLayer
@@ -216,12 +216,10 @@ def _dq_weight(b: _Builder, key: str, w: np.ndarray, scale: np.ndarray, axis: in
     """int8 (or a W16A16 layer's int16) weights, dequantized per channel along ``axis``; equal
     weights are one initializer (an unrolled recurrence's steps read the same ones: nakdimon's
     QDQ model held 256 copies of four 400x1600 weights)."""
-    w = np.ascontiguousarray(w)
-    digest = hashlib.sha256(f"{w.dtype.str}{w.shape}".encode())
-    digest.update(w.view(np.uint8))
-    if digest.digest() not in b._weights:
-        b._weights[digest.digest()] = b.const(f"{key}::w", w)
-    return b.node("DequantizeLinear", [b._weights[digest.digest()], b.const(f"{key}::ws", scale),
+    digest = sha256_array(w)
+    if digest not in b._weights:
+        b._weights[digest] = b.const(f"{key}::w", w)
+    return b.node("DequantizeLinear", [b._weights[digest], b.const(f"{key}::ws", scale),
                                        b.const(f"{key}::wz", np.zeros(scale.size, w.dtype))],
                   [f"{key}::weight"], axis=axis)
 

@@ -80,7 +80,6 @@ float      device cpu: arrays: model (a serialized one-node ONNX model, float in
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +88,7 @@ from typing import Any
 import numpy as np
 
 from npubuild.atomic import atomic_path, write_json
+from npubuild.engine.hashing import sha256_array
 from npubuild.errors import BuildError
 from npubuild.quant import schemes
 from npubuild.quant.schemes import QParams
@@ -234,9 +234,7 @@ def _stored_once(arrays: dict[str, np.ndarray], stored: dict[bytes, str], key: s
     """The key ``value`` is stored under in ``arrays``: ``key``, or the key of an equal array
     stored before. The layers of an unrolled recurrence each hold the same recurrent weights
     (nakdimon: 256 copies of four 400x1600 weights, 375 MB of a 27 MB model's file)."""
-    digest = hashlib.sha256(f"{value.dtype.str}{value.shape}".encode())
-    digest.update(np.ascontiguousarray(value).view(np.uint8))
-    first = stored.setdefault(digest.digest(), key)
+    first = stored.setdefault(sha256_array(value), key)
     if first == key:
         arrays[key] = value
     return first
