@@ -536,11 +536,19 @@ def unroll_loops(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, 
     node), or {}."""
     from npubuild.frontends import loops
 
-    unrolled, kept, trips = loops.unroll(model)
+    # Again after each fold, until no loop unrolls: tf2onnx's stacked Keras RNNs (chars2vec)
+    # read the next loop's trip count from the Shape of the previous loop's scan output, which
+    # is static only once that loop is written out and its Shape folded.
+    folded, kept, trips = model, {}, {}
+    while True:
+        unrolled, kept, unrolled_now = loops.unroll(folded)
+        if unrolled is folded:
+            break
+        folded = onnx_frontend.fold_constant_subgraphs(unrolled).model
+        trips.update(unrolled_now)
     figures = {"kept": kept} if kept else {}
-    if unrolled is model:
+    if not trips:
         return model, figures
-    folded = onnx_frontend.fold_constant_subgraphs(unrolled).model
     figures = {"unrolled": trips, **figures}
     return folded, {**figures, **prove_rewrite(model, folded, feeds, "a loop unrolled over its "
                                                                      "iterations")}

@@ -208,3 +208,50 @@ def test_a_loop_import_cannot_unroll_stays_whole_and_split_says_why(source, reas
     assert model is source and not trips and reason in kept["while_loop"]
     (placed,) = check_placement(model, load_chip("npu-16m"))
     assert placed.device == "cpu" and reason in placed.reasons[0], placed.reasons
+
+
+def stacked_while_model() -> onnx.ModelProto:
+    """tf2onnx's two stacked Keras LSTMs (chars2vec's en_300): `while_model`'s loop, then a
+    second Loop over its scanned-out states whose trip count is their first dim as tf2onnx
+    reads it (Shape, Slice, Squeeze, Cast): a constant only once the first loop is unrolled."""
+    first = while_model()
+    axis = numpy_helper.from_array(np.array([0], np.int64), "s_axis")
+    one = numpy_helper.from_array(np.array([1], np.int64), "s_one")
+    body = helper.make_graph(
+        [helper.make_node("Gather", ["hs", "b2_iter"], ["b2_row"], axis=0),
+         helper.make_node("Squeeze", ["b2_row", "b2_axis"], ["b2_x"]),
+         helper.make_node("Add", ["b2_acc", "b2_x"], ["b2_acc_new"]),
+         helper.make_node("Identity", ["b2_cond_in"], ["b2_cond_out"])], "body2",
+        [helper.make_tensor_value_info("b2_iter", TensorProto.INT64, []),
+         helper.make_tensor_value_info("b2_cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("b2_acc", TensorProto.FLOAT, [1, HIDDEN])],
+        [helper.make_tensor_value_info("b2_cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("b2_acc_new", TensorProto.FLOAT, [1, HIDDEN])],
+        [numpy_helper.from_array(np.array([0], np.int64), "b2_axis")])
+    graph = first.graph
+    graph.node.extend([
+        helper.make_node("Shape", ["hs"], ["hs_shape"]),
+        helper.make_node("Slice", ["hs_shape", "s_axis", "s_one", "s_axis"], ["hs_steps1"]),
+        helper.make_node("Squeeze", ["hs_steps1", "s_axis"], ["hs_steps"]),
+        helper.make_node("Cast", ["hs_steps"], ["trips2"], to=TensorProto.INT64),
+        helper.make_node("Loop", ["trips2", "go", "h0"], ["total"], name="while_loop_2",
+                         body=body)])
+    graph.initializer.extend([axis, one])
+    del graph.output[:]
+    graph.output.append(helper.make_tensor_value_info("total", TensorProto.FLOAT, None))
+    return first
+
+
+def test_a_loop_whose_trip_count_reads_an_earlier_loop_s_output_unrolls_after_it():
+    """chars2vec's second LSTM (a Loop over the first one's states, its trip count their
+    Shape) stayed whole on the CPU, "its trip count is not a constant", though the first
+    loop's unrolling made that Shape static."""
+    from npubuild.stages.importer import unroll_loops
+
+    source = stacked_while_model()
+    model, figures = unroll_loops(source, feeds_of(source))
+    assert figures["unrolled"] == {"while_loop": STEPS, "while_loop_2": STEPS}, figures
+    assert "kept" not in figures and "Loop" not in {n.op_type for n in model.graph.node}
+    feeds = feeds_of(source)
+    np.testing.assert_allclose(onnx_io.run(model, feeds)["total"],
+                               onnx_io.run(source, feeds)["total"], rtol=1e-6, atol=1e-6)
