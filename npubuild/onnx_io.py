@@ -381,15 +381,27 @@ def reinfer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelPr
     """A copy with stale shapes forgotten (value_info, symbolic output dims, what control-flow
     bodies declare) and inferred again from the inputs (type-checked, with data propagation so
     shape computations fold; ``strict``: a node whose inference fails is an error, not a tensor
-    left without a shape)."""
+    left without a shape). An output inference cannot shape keeps the rank it declared, its
+    dims unknown: the checker refuses a graph output with no shape at all (a Loop kept whole
+    whose body's shapes inference cannot follow)."""
     model = clone(model)
     del model.graph.value_info[:]
     forget_body_shapes(model.graph)
+    declared = {}
     for out in model.graph.output:
         if out.type.HasField("tensor_type"):
+            if out.type.tensor_type.HasField("shape"):
+                declared[out.name] = len(out.type.tensor_type.shape.dim)
             out.type.tensor_type.ClearField("shape")
-    return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=strict,
-                                             data_prop=True)
+    inferred = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=strict,
+                                                 data_prop=True)
+    for out in inferred.graph.output:
+        tensor = out.type.tensor_type
+        if out.type.HasField("tensor_type") and not tensor.HasField("shape") \
+                and out.name in declared:
+            tensor.shape.CopyFrom(onnx.TensorShapeProto(
+                dim=[onnx.TensorShapeProto.Dimension()] * declared[out.name]))
+    return inferred
 
 
 def fix_input_shapes(model: onnx.ModelProto, shapes: Mapping[str, list[int]]) -> onnx.ModelProto:

@@ -191,3 +191,22 @@ def test_skeleton_of_a_model_with_external_data_holds_its_small_initializers(tmp
     np.testing.assert_array_equal(numpy_helper.to_array(light.graph.initializer[0]), 0.5)
     assert "w" in [i.name for i in light.graph.input]
     onnx.checker.check_model(light)  # from any directory: nothing left to read
+
+
+def test_an_output_inference_cannot_shape_keeps_its_declared_rank():
+    """chars2vec's second LSTM Loop, kept whole, left its output of no inferable rank: shapes
+    inferred again cleared what it declared ([unk, 300]), and the checker then refused the
+    graph output with no shape at all ("Field 'shape' of 'type' is required but missing"), so
+    surgery stopped on "an invalid model" that import had written."""
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "s"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("s", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    inferred = onnx_io.reinfer_shapes(model)
+    onnx.checker.check_model(inferred)
+    (dims,) = [o.type.tensor_type.shape.dim for o in inferred.graph.output]
+    assert len(dims) == 2 and not any(d.HasField("dim_value") or d.HasField("dim_param")
+                                      for d in dims)
