@@ -475,6 +475,24 @@ def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return out
 
 
+def rename_outer_reads(graph: onnx.GraphProto, names: Mapping[str, str]) -> None:
+    """In a nested body, the outer names it reads renamed as ``names`` says (the names it
+    defines itself kept), through its own nested bodies: what a rename or a bypass of the outer
+    graph must do too, or a body goes on reading a tensor no node produces any more."""
+    defined = ({v.name for v in graph.input} | {t.name for t in graph.initializer}
+               | {o for n in graph.node for o in n.output})
+    inner = {k: v for k, v in names.items() if k not in defined}
+    if not inner:
+        return
+    for node in graph.node:
+        node.input[:] = [inner.get(i, i) for i in node.input]
+        for sub in subgraphs(node):
+            rename_outer_reads(sub, inner)
+    for output in graph.output:
+        if output.name in inner:
+            output.name = inner[output.name]
+
+
 def forget_body_shapes(graph: onnx.GraphProto) -> None:
     """Clear the shapes every If, Loop or Scan body in ``graph`` declares (its value_info, its
     outputs' shapes), at any depth; their types stay, so inference still checks them. Exporters

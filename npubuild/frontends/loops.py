@@ -340,7 +340,7 @@ class _Unroller:
             copy.name = prefix + (node.name or node.output[0])
             copy.input[:] = [names.get(i, i) for i in node.input]
             for sub in onnx_io.subgraphs(copy):
-                _rename_refs(sub, names)
+                onnx_io.rename_outer_reads(sub, names)
             for o in node.output:
                 if o:
                     names[o] = prefix + o
@@ -408,17 +408,3 @@ def hoist_over_moves(out: _Writer) -> None:
             changed = True
         if not changed:
             return
-
-
-def _rename_refs(graph: onnx.GraphProto, names: dict[str, str]) -> None:
-    """In a nested body, the outer names it reads renamed as ``names`` says (its own kept)."""
-    defined = ({v.name for v in graph.input} | {t.name for t in graph.initializer}
-               | {o for n in graph.node for o in n.output})
-    inner = {k: v for k, v in names.items() if k not in defined}
-    for node in graph.node:
-        node.input[:] = [inner.get(i, i) for i in node.input]
-        for sub in onnx_io.subgraphs(node):
-            _rename_refs(sub, inner)
-    for output in graph.output:
-        if output.name in inner:
-            output.name = inner[output.name]

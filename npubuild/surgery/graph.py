@@ -219,7 +219,8 @@ class Editor:
 
     def replace_uses(self, old: str, new: str, *, graph_outputs: bool = False,
                      only: Iterable[onnx.NodeProto] | None = None) -> None:
-        """Make consumers of ``old`` read ``new`` (all, or ``only`` those nodes)."""
+        """Make consumers of ``old`` read ``new`` (all, or ``only`` those nodes), the bodies of
+        their If, Loop and Scan nodes too."""
         allowed = None if only is None else {id(n) for n in only}
         for node in self.graph.node:
             if allowed is not None and id(node) not in allowed:
@@ -227,6 +228,8 @@ class Editor:
             for i, name in enumerate(node.input):
                 if name == old:
                     node.input[i] = new
+            for body in onnx_io.subgraphs(node):
+                onnx_io.rename_outer_reads(body, {old: new})
         if graph_outputs:
             for out in self.graph.output:
                 if out.name == old:
@@ -234,7 +237,8 @@ class Editor:
         self.touch()
 
     def rename(self, old: str, new: str, *, graph_output: bool = True) -> None:
-        """Rename a tensor everywhere: producer, consumers, graph inputs/outputs, initializers.
+        """Rename a tensor everywhere: producer, consumers (the bodies that read it too), graph
+        inputs/outputs, initializers.
 
         With ``graph_output=False`` a graph output of that name keeps it (a new node will
         produce it)."""
@@ -243,6 +247,8 @@ class Editor:
                 for i, name in enumerate(field):
                     if name == old:
                         field[i] = new
+            for body in onnx_io.subgraphs(node):
+                onnx_io.rename_outer_reads(body, {old: new})
         groups = [self.graph.input, self.graph.value_info]
         groups += [self.graph.output] if graph_output else []
         for group in groups:

@@ -217,6 +217,25 @@ def test_fold_constants_keeps_a_folded_value_a_subgraph_reads(tiny):
     assert "c2" in {t.name for t in folded.graph.initializer}
 
 
+def test_fold_constants_removes_a_noop_a_subgraph_reads_and_the_subgraph_reads_its_input(tiny):
+    # chars2vec's second LSTM Loop, kept whole, read the outer Transpose of a Transpose that
+    # folding removed: its body still named the removed output ("Nodes in a graph must be
+    # topologically sorted ... is not output of any previous nodes")
+    then = helper.make_graph([helper.make_node("Neg", ["outer"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", onnx.TensorProto.FLOAT, [2])])
+    other = helper.make_graph([helper.make_node("Abs", ["outer"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, [2])])
+    model = tiny.model([helper.make_node("Relu", ["x"], ["r"], name="relu"),
+                        helper.make_node("Identity", ["r"], ["outer"], name="noop"),
+                        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+                        helper.make_node("Greater", ["s", "zero"], ["cond"]),
+                        helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)],
+                       {"x": [2]}, ["y"], {"zero": np.array(0, np.float32)})
+    folded, _ = tiny.check("fold_constants", model)
+    assert "Identity" not in tiny.ops(folded)
+    onnx.checker.check_model(folded, full_check=True)
+
+
 def test_fold_constants_replaces_an_if_on_a_constant_by_the_branch_it_takes(tiny):
     # Silero VAD's decoder (an LSTM and convs) sits in an If whose condition is a constant:
     # kept as control flow the split can only run it on the CPU
