@@ -451,11 +451,16 @@ def _first_unknown(model: onnx.ModelProto) -> str | None:
 
 
 def _keep_declared(model: onnx.ModelProto, declared: onnx.ModelProto) -> None:
-    """Outputs without an inferred shape take the shape the source declares (if it does)."""
+    """Outputs without an inferred shape take the shape the source declares (if it does); so
+    do those inference left with their rank alone (`onnx_io.reinfer_shapes` keeps the rank an
+    output declared, its dims unknown, where inference finds none)."""
     source = {o.name: o for o in declared.graph.output}
     for out in model.graph.output:
         ttype = out.type.tensor_type
-        if ttype.HasField("shape") or out.name not in source:
+        known = ttype.HasField("shape") and (
+            not ttype.shape.dim
+            or any(d.HasField("dim_value") or d.HasField("dim_param") for d in ttype.shape.dim))
+        if known or out.name not in source:
             continue
         theirs = source[out.name].type.tensor_type
         if theirs.HasField("shape"):
