@@ -6,6 +6,7 @@ when nothing the chip allows does."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -55,7 +56,8 @@ class Synthetic(PrecisionSearch):
                           or (t in self.needs_weights and choice.get(t) == "int16"))
         scored = Scored(key[0], load <= 1.0, 0.01 * (1.0 - load), np.array([load]), [],
                         slowdown=self.slowdown(choice),
-                        calibration=(self.method, self.methods, self.scheme))
+                        calibration=(self.method, self.methods, self.scheme),
+                        scales=np.array([100.0]))  # one judged cosine, its bar 0.99
         self.cache[key] = scored
         return scored
 
@@ -269,6 +271,39 @@ def test_the_time_budget_never_keeps_a_choice_over_the_slowdown_budget():
     result = search.run()
     assert "time budget" in result.note and not result.reached
     assert search.slowdown(result.chosen) <= 2.0
+
+
+def test_int8_within_the_bars_but_short_of_the_demanded_margin_keeps_only_what_buys_it():
+    # int8 passes verify's bar (load 0.72, cosine 0.9928) but the caller demands 0.005 above
+    # it (the integer reference missed by more than fake quantization): t150 alone buys it;
+    # a ranking that counted gains only above the bar took most of the blocks (the ISBN
+    # detector: 239 of 246)
+    cost = {t: 0.002 for t in TENSORS}
+    cost["t150"] = 0.3
+    search = Synthetic(cost)
+    result = search.run(margin=0.005)
+    assert result.reached and result.chosen == {"t150": "int16"}
+
+
+class LighterOnTheWorstSamples(Synthetic):
+    """The quick samples (int8's worst by the recipe's calibration) carry half the error every
+    sample does: they pass where every sample misses."""
+
+    def score(self, choice, step="", quick=False):
+        scored = super().score(choice, step)
+        if not quick:
+            return scored
+        load = 0.5 * float(scored.loads[0])
+        return replace(scored, passed=load <= 1.0, margin=0.01 * (1.0 - load),
+                       loads=np.array([load]))
+
+
+def test_blocks_are_ranked_on_every_sample_where_the_worst_samples_pass():
+    cost = {t: 0.002 for t in TENSORS}
+    cost["t40"] = 0.9  # every sample: load 1.32; the quick samples: 0.66, within the bar
+    search = LighterOnTheWorstSamples(cost)
+    result = search.run()
+    assert result.reached and result.chosen == {"t40": "int16"}
 
 
 class TaskOnly(Synthetic):
