@@ -141,9 +141,16 @@ class Quantizer:
     # (tensor, method, scheme, dtype) -> calibrated range: the precision search asks for the
     # same ranges under hundreds of choices (kl alone searches thresholds per tensor)
     ranges: dict[tuple, tuple[float, float]] = field(default_factory=dict)
+    # what the quantizers of one float graph and its statistics share besides ranges (the
+    # precision search's, per graph): each layer's placement, each constant's integers, each
+    # tensor's parameters, keyed by what they are computed from (a name of this graph and the
+    # choices that bear on it), so a choice costs a look-up where it leaves a tensor alone
+    # (GTCRN: 4,300 layers, 5,000 tensors, one quantizer per budget trial)
+    memo: dict[tuple, object] = field(default_factory=dict)
     # the layers placed and their tensors' parameters chosen, once per quantizer (the
     # precision search asks a choice's `tensor_params` and then its `weighted` graph)
     _typed: list[FLayer] | None = field(default=None, init=False, repr=False)
+    _names: list[str] | None = field(default=None, init=False, repr=False)
 
     def run(self, name: str) -> QGraph:
         return self._qgraph(name, lambda layer: True)
@@ -157,7 +164,7 @@ class Quantizer:
     def _qgraph(self, name: str, built) -> QGraph:
         layers = self._typed_layers()
         qlayers = [self._build(layer) for layer in layers if built(layer)]
-        tensors = {t: self._qtensor(t) for t in self._tensor_names(layers)}
+        tensors = {t: self._qtensor(t) for t in self._names}
         return QGraph(name, self.config.scheme, self.config.granularity, list(self.fg.inputs),
                       list(self.fg.outputs), tensors, qlayers, dict(self.const_values))
 
@@ -166,8 +173,7 @@ class Quantizer:
         the layers it places on the CPU, without building a layer: what the precision search
         feeds its fake-quant model."""
         layers = self._typed_layers()
-        return ({t: self.params.get(t) for t in self._tensor_names(layers)
-                 if t not in self.fg.constants},
+        return ({t: self.params.get(t) for t in self._names if t not in self.fg.constants},
                 {layer.name for layer in layers
                  if (layer.kind == "float" and layer.attrs.get("vendor_kernel") != "int8")
                  or self.kernel_refusal(layer)})
@@ -201,6 +207,7 @@ class Quantizer:
     def _typed_layers(self) -> list[FLayer]:
         if self._typed is None:
             layers = self._placed_layers()
+            self._names = self._tensor_names(layers)
             self._choose_params(layers, self._dtypes(layers))
             self._typed = layers
         return self._typed
@@ -211,8 +218,17 @@ class Quantizer:
         integer kernel for in float16 (`QuantConfig.vendor_kernels`), those outputs are kept
         in float too, and so on through the layers that read them."""
         floats = set(self.config.float_tensors)
+        # a layer's placement reads of the float tensors only whether it touches one
+        placed = self._table("placed", self.config.vendor_kernels, self.config.fc_integer_ranks)
         while True:
-            layers = [self._placed(layer, floats) for layer in self.fg.layers]
+            layers = []
+            for layer in self.fg.layers:
+                key = (layer.name, not (floats.isdisjoint(layer.inputs)
+                                        and floats.isdisjoint(layer.outputs)))
+                found = placed.get(key)
+                if found is None:
+                    found = placed[key] = self._placed(layer, floats)
+                layers.append(found)
             more = {t for layer in layers if self._float_output(layer) for t in layer.outputs} - floats
             if not more:
                 return layers
@@ -231,13 +247,26 @@ class Quantizer:
         return bool(layer.attrs.get("fc")) or not FC_OPS.isdisjoint(
             self._op_types.get(n) for n in layer.source_nodes)
 
-    @cached_property
-    def _nodes(self) -> dict:
-        return {n.name: n for n in self.fg.model.graph.node}
+    def _table(self, *key) -> dict:
+        """One table of `memo` (what it holds and the choices its entries depend on)."""
+        table = self.memo.get(key)
+        if table is None:
+            table = self.memo[key] = {}
+        return table
 
-    @cached_property
+    @property
+    def _nodes(self) -> dict:
+        table = self._table("nodes")
+        if not table:
+            table.update((n.name, n) for n in self.fg.model.graph.node)
+        return table
+
+    @property
     def _op_types(self) -> dict[str, str]:
-        return {name: n.op_type for name, n in self._nodes.items()}
+        table = self._table("op types")
+        if not table:
+            table.update((name, n.op_type) for name, n in self._nodes.items())
+        return table
 
     def _fc_rank_refused(self, layer: FLayer) -> int | None:
         """The input rank of a fully connected layer the chip takes in int8 only at other
@@ -250,14 +279,19 @@ class Quantizer:
 
     def calibrated(self, t: str, dtype: str = "int8") -> tuple[float, float]:
         """``t``'s range for ``dtype``: graph outputs keep min/max, the others their method's."""
-        stats = self.stats.get(t) or calibrators.TensorStats()
-        method = "minmax" if t in self.fg.outputs else self.config.method_of(t)
-        key = (t, method, self.config.scheme, dtype, self.config.percentile)
+        key = self._range_key(t, dtype)
         if key not in self.ranges:
+            stats = self.stats.get(t) or calibrators.TensorStats()
+            method = key[1]
             self.ranges[key] = calibrators.calibrated_range(
                 stats, method, self.config.scheme,
                 calibrators.CalibrationOptions(self.config.percentile, dtype))
         return self.ranges[key]
+
+    def _range_key(self, t: str, dtype: str = "int8") -> tuple:
+        """What ``t``'s calibrated range for ``dtype`` is computed from, beside its statistics."""
+        method = "minmax" if t in self.fg.outputs else self.config.method_of(t)
+        return (t, method, self.config.scheme, dtype, self.config.percentile)
 
     # ---- placement and types ----------------------------------------------------------
 
@@ -340,31 +374,47 @@ class Quantizer:
         return span is not None and bool(np.any((span >= DEAD_STEP_FRACTION * step) & (span < step)))
 
     def _dtypes(self, layers: list[FLayer]) -> dict[str, str]:
-        consumers: dict[str, list[FLayer]] = {}
+        uses: dict[str, int] = {}
+        read_as_integers: set[str] = set()
         producer: dict[str, FLayer] = {}
         for layer in layers:
+            integer = _reads_integers(layer)
             for t in layer.inputs:
-                consumers.setdefault(t, []).append(layer)
+                uses[t] = uses.get(t, 0) + 1
+                if integer:
+                    read_as_integers.add(t)
             for t in layer.outputs:
                 producer[t] = layer
+        cfg, constants = self.config, self.fg.constants
+        # each a function of the tensor's statistics and range key alone, asked per choice
+        underflows = self._table("underflows")
         dtypes = {}
-        for t in self._tensor_names(layers):
-            if t in self.fg.constants:  # an operand: int16 where chosen, as an activation
-                dtypes[t] = "int16" if t in self.config.int16_tensors else "int8"
+        for t in self._names:
+            if t in constants:  # an operand: int16 where chosen, as an activation
+                dtypes[t] = "int16" if t in cfg.int16_tensors else "int8"
                 continue
             made_on_cpu = t not in producer or not _reads_integers(producer[t])
-            used_on_cpu = not any(_reads_integers(c) for c in consumers.get(t, []))
-            if made_on_cpu and used_on_cpu:
+            if made_on_cpu and t not in read_as_integers:
                 dtypes[t] = "float32"
-            else:
-                wide = t in self.config.int16_tensors or t in self.config.int16_weight_inputs or (
-                    self.config.int16_underflow and self._underflows(t))
-                dtypes[t] = "int16" if wide else "int8"
-        if self.config.int16_underflow:
+                continue
+            wide = t in cfg.int16_tensors or t in cfg.int16_weight_inputs
+            if not wide and cfg.int16_underflow:
+                key = self._range_key(t)
+                wide = underflows.get(key)
+                if wide is None:
+                    wide = underflows[key] = self._underflows(t)
+            dtypes[t] = "int16" if wide else "int8"
+        if cfg.int16_underflow:
+            sqnr = self._table("lut input sqnr")
             for layer in layers:
-                if layer.kind == "lut" and self._lut_input_sqnr_db(layer) < MIN_LUT_SQNR_DB:
+                if layer.kind != "lut":
+                    continue
+                key = (layer.name, self._range_key(layer.inputs[0]))
+                db = sqnr.get(key)
+                if db is None:
+                    db = sqnr[key] = self._lut_input_sqnr_db(layer)
+                if db < MIN_LUT_SQNR_DB:
                     dtypes[layer.inputs[0]] = "int16"
-        uses = {t: len(c) for t, c in consumers.items()}
         for layer in reversed(layers):  # data movement keeps its input's type: int16 goes upstream
             if layer.kind == "float" or not any(dtypes.get(t) == "int16" for t in layer.outputs):
                 continue
@@ -411,21 +461,29 @@ class Quantizer:
     def _choose_params(self, layers: list[FLayer], dtypes: dict[str, str]) -> None:
         cfg = self.config
         producer = {t: layer for layer in layers for t in layer.outputs}
+        constants = self._table("constants", cfg.scheme)
+        chosen = self._table("params", cfg.method)
         for t, dtype in dtypes.items():
             if t in self.fg.constants:
-                self._quantize_constant(t, dtype)
+                found = constants.get((t, dtype))
+                if found is None:
+                    found = constants[(t, dtype)] = self._quantized_constant(t, dtype)
+                self.params[t], self.const_values[t], self.records[t] = found
                 continue
-            stats = self.stats.get(t) or calibrators.TensorStats()
             if dtype == "float32":
+                stats = self.stats.get(t) or calibrators.TensorStats()
                 self.records[t] = TensorRecord(stats.as_dict(), None, None)
                 continue
-            lo, hi = self.calibrated(t, dtype)
-            if dtype != "int8":
-                lo, hi = self._reachable(producer.get(t), stats, lo, hi, dtypes)
-            self.params[t] = _chosen_params(cfg.scheme, lo, hi, dtype)
-            source = ("graph output: min/max" if t in self.fg.outputs else "calibrated"
-                      if cfg.method_of(t) == cfg.method else f"calibrated ({cfg.method_of(t)})")
-            self.records[t] = TensorRecord(stats.as_dict(), (lo, hi), self.params[t], source)
+            # an int8 tensor's parameters read its range alone; a wider one's, what its
+            # producer can output too (`_reachable`: its kind as placed, a table's input range)
+            src = producer.get(t) if dtype != "int8" else None
+            key = (self._range_key(t, dtype), None if src is None else (
+                src.name, src.kind, self._range_key(src.inputs[0], dtypes.get(
+                    src.inputs[0], "int8")) if src.kind == "lut" else None))
+            found = chosen.get(key)
+            if found is None:
+                found = chosen[key] = self._chosen(t, dtype, src, dtypes)
+            self.params[t], self.records[t] = found
         self._share_concat_params(layers)
         for layer in layers:
             if layer.kind == "float" or not self._passes_through(layer):
@@ -436,6 +494,19 @@ class Quantizer:
                 record = self.records[out]
                 self.records[out] = TensorRecord(record.stats, record.range, src,
                                                  f"shared with {layer.inputs[0]} ({layer.kind})")
+
+    def _chosen(self, t: str, dtype: str, producer: FLayer | None, dtypes: dict[str, str]
+                ) -> tuple[QParams, TensorRecord]:
+        """An integer activation's parameters and its record."""
+        cfg = self.config
+        stats = self.stats.get(t) or calibrators.TensorStats()
+        lo, hi = self.calibrated(t, dtype)
+        if dtype != "int8":
+            lo, hi = self._reachable(producer, stats, lo, hi, dtypes)
+        params = _chosen_params(cfg.scheme, lo, hi, dtype)
+        source = ("graph output: min/max" if t in self.fg.outputs else "calibrated"
+                  if cfg.method_of(t) == cfg.method else f"calibrated ({cfg.method_of(t)})")
+        return params, TensorRecord(stats.as_dict(), (lo, hi), params, source)
 
     def _reachable(self, layer: FLayer | None, stats, lo: float, hi: float,
                    dtypes: dict[str, str]) -> tuple[float, float]:
@@ -488,16 +559,20 @@ class Quantizer:
             return layer.attrs["mode"] == "nearest"
         return layer.kind in PASS_THROUGH
 
-    def _quantize_constant(self, name: str, dtype: str = "int8") -> None:
+    def _quantized_constant(self, name: str, dtype: str = "int8"
+                            ) -> tuple[QParams, np.ndarray, TensorRecord]:
+        """A constant operand's parameters, integers and record (read only once made: the
+        quantizers of one graph share them)."""
         value = np.asarray(self.fg.constants[name], np.float64)
         p = schemes.choose_params(self.config.scheme, float(value.min(initial=0)),
                                   float(value.max(initial=0)), dtype)
-        self.params[name] = p
-        self.const_values[name] = schemes.quantize(value, p.scale, p.zero_point, p.dtype)
-        self.records[name] = TensorRecord({"min": float(value.min(initial=0)),
-                                           "max": float(value.max(initial=0)), "count": value.size},
-                                          (float(value.min(initial=0)), float(value.max(initial=0))),
-                                          p, "constant")
+        values = schemes.quantize(value, p.scale, p.zero_point, p.dtype)
+        if isinstance(values, np.ndarray):  # a 0-d constant quantizes to a numpy scalar
+            values.flags.writeable = False
+        return p, values, TensorRecord({"min": float(value.min(initial=0)),
+                                        "max": float(value.max(initial=0)), "count": value.size},
+                                       (float(value.min(initial=0)), float(value.max(initial=0))),
+                                       p, "constant")
 
     def _qtensor(self, t: str) -> QTensor:
         shape = list(self.fg.shapes.get(t, []))

@@ -237,6 +237,7 @@ class PrecisionSearch:
                 s.fg, s.observer.stats, config, s.qgraph)] if chip_int16 else []))
              for i, s in self.states.items()}))  # int16 weights measured where the chip has them
         self.ranges: dict = {}
+        self.memos: dict[int, dict] = {}  # per graph, what its quantizers share (`Quantizer.memo`)
         self.work = {i: layer_macs(s.fg) for i, s in self.states.items()}
         # the time model (`npubuild.quant.price`): compile's estimate of each NPU graph on
         # ``chip`` (without one, its MACs at ``npu_macs_per_second``); float parts on the host
@@ -332,7 +333,8 @@ class PrecisionSearch:
         """The graph's quantizer under ``config``, its tensors' parameters, the layers it runs
         in float and the layers with int16 weights."""
         state = self.states[index]
-        q = quantizer.Quantizer(state.fg, state.observer.stats, config, ranges=self.ranges)
+        q = quantizer.Quantizer(state.fg, state.observer.stats, config, ranges=self.ranges,
+                                memo=self.memos.setdefault(index, {}))
         params, cpu = q.tensor_params()
         return q, params, cpu, frozenset(q.int16_weight_layers() - set(cpu))
 
