@@ -986,6 +986,8 @@ class PrecisionSearch:
         budget = budget * (1 + 1e-9)
         blocks = [list(b) for b in blocks if b]
         while blocks:
+            if self.clock() > self.deadline:  # a fit prices thousands of trials, scoring none
+                raise OutOfTime()
             block = blocks.pop(0)
             trial = {**chosen, **{t: precision for t in block}}
             if not self._over_budget(trial, budget):

@@ -214,6 +214,28 @@ def test_the_time_budget_stops_the_search_with_the_best_passing_choice():
     assert result.reached == search.cache[(tuple(sorted(result.chosen.items())), "minmax", ())].passed
 
 
+def test_the_time_budget_stops_a_budget_fit_between_its_trials():
+    """Fitting a slowdown budget prices trial after trial and scores none (GTCRN: 3,443
+    candidates, blocks halved down to single tensors, each trial a plan of 4,300 layers): the
+    search's clock stops it there too, not at the score after the whole fit."""
+    from npubuild.quant.search import OutOfTime, WorkClock
+
+    clock = WorkClock()
+    search = Synthetic({t: 0.0 for t in TENSORS}, clock=clock, seconds=10.0,
+                       work={t: 1.0 for t in TENSORS})
+    priced = []
+
+    def over_budget(choice, budget):  # each trial charged a second of work
+        clock.charge(1.0)
+        priced.append(choice)
+        return search.slowdown(choice) > budget
+
+    search._over_budget = over_budget
+    with pytest.raises(OutOfTime):
+        search._fitting({}, [[t] for t in TENSORS], "float", 1.5)
+    assert len(priced) == 11  # the trial that passed the deadline, then none
+
+
 def test_a_choice_kept_at_the_time_budget_says_which_bar_it_falls_short_of():
     """BlazePose's landmark model stopped at the time budget with a choice that met verify's
     thresholds but not the margin the search demands above them, and the note said "before
