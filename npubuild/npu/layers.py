@@ -210,5 +210,12 @@ class Group:
         """Bytes per element of every activation tensor the group touches."""
         return first_widths(self.layers)
 
+    @cached_property
+    def batches(self) -> tuple[int, ...]:
+        """The batches (N of the 4-D view) of the tensors the group touches, each once,
+        ascending. A layer's tensors share one (the tiler's rules); layers that share no tensor
+        may not (GTCRN: [1, 33, 8] GRU states beside [33, 1, 8] ones)."""
+        return tuple(sorted({self.shapes[t][0] for t in self.elem_bytes}))
+
     def __len__(self) -> int:
         return len(self.layers)

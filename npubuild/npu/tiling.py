@@ -7,7 +7,9 @@ of what its outputs' consumers need, and backward-H gives the rows it reads from
 layer may read a sub-range of a buffer; every compute step records the rows it reads, the rows
 the buffer holds and the effective paddings.
 
-N slices split the batch; every N slice sees the same H windows. C slices exist only for a group
+N slices split the batch; every N slice sees the same H windows. Every tensor of a group has
+the same batch (N of its view): layers of another batch next to them (GTCRN's [1, 33, 8] and
+[33, 1, 8] GRU states, joined side by side) reject every slicing, so they start another group. C slices exist only for a group
 of one layer whose weights alone do not fit (TPU-MLIR runs such layers on their own too): a
 ``conv`` computes a range of output channels from all input channels, a channel-wise layer reads
 and writes the same range. Slices run C-major, then N, then H, so a C slice's weights load once.
@@ -179,6 +181,9 @@ def tile_group(group: Group, slicing: Slicing, *, enforce_overlap: bool = True,
 
 
 def _check_limits(group: Group, slicing: Slicing) -> None:
+    if len(group.batches) > 1:  # a slice's batch range is one for every tensor it moves
+        raise TilingRejected(f"its tensors have batches {', '.join(map(str, group.batches))}: "
+                             "a slice loads, computes and stores one batch range")
     batch = min(group.shapes[t][0] for t in group.outputs)
     height = min(group.shapes[t][2] for t in group.outputs)
     if slicing.n > batch:

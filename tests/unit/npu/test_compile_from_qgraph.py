@@ -533,3 +533,25 @@ def test_a_group_loads_the_weights_its_layers_share_once_into_one_lmem_buffer(sh
     if shape[2] > 8:
         assert group.plan.slicing.h > 1
     simulate_and_compare(qgraph, program_file)
+
+
+@pytest.mark.parametrize("first", ["one", "many"])
+def test_layers_of_different_batches_side_by_side_run_in_groups_of_one_batch_bit_exact(first):
+    """GTCRN's DPGRNN: two GRUs' hidden states [1, 33, 8] joined on their last axis (a view of
+    batch 1) next to a [33, 1, 8] pair joined the same way (batch 33), unrelated layers the
+    group search met side by side. A slice's batch range is the group's, so one group of both
+    stored a batch-1 tensor from a 33-item buffer (the simulator's store crashed) or the other
+    way round."""
+    s = Stack((1, 33, 8))
+    many = s.reshape("x", [33, 1, 8])  # moves N: a step between groups
+    branches = {"one": "x", "many": many}
+    order = [first, "many" if first == "one" else "one"]
+    acts = {k: s.unary(branches[k], "Sigmoid") for k in order}
+    joined = [s.concat([acts[k], branches[k]], axis=2) for k in order]
+    qgraph = quantize(s.model(joined))
+    layers, program, pf = compile_qgraph(qgraph, TINY)
+    simulate_and_compare(qgraph, pf)
+    for group in (g.plan.group for g in program.npu_groups):
+        batches = {group.shapes[t][0] for layer in group.layers
+                   for t in layer.inputs + layer.outputs}
+        assert len(batches) == 1, f"group {group.names} mixes batches {sorted(batches)}"
