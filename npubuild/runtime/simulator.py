@@ -23,7 +23,8 @@ written by the buffer's current instance — a halo row never loaded, a buffer a
 overwrote, a weight clobbered — is a `SimulatorFault` naming the group, slice, step, tensor,
 buffer and who wrote the byte instead. So is a write that reaches into another buffer live at the
 same timestep (an allocation overlap), a step outside its buffer's lifetime, an address that is
-not its buffer's, or a write past the buffer's end. A wrong allocation or halo fails loudly;
+not its buffer's, a write past the buffer's end, or a load or store of a range outside its
+tensor in GMEM. A wrong allocation or halo fails loudly;
 anything subtler shows as a bit difference from the integer reference.
 """
 
@@ -374,10 +375,20 @@ class Simulator:
 
     # ---- DMA ----------------------------------------------------------------------------------
 
+    def _gmem_block(self, step: dict) -> tuple[slice, slice, slice]:
+        """The step's batch, channel and row ranges, checked against its tensor's view: numpy
+        would clip a range past the end (a short copy) or fail to broadcast, naming nothing."""
+        t, view = step["tensor"], self.tensors[step["tensor"]]["view"]
+        ranges = (step["batch"], step["channels"], step["rows"])
+        for axis, (lo, hi), size in zip("NCH", ranges, view):
+            if not 0 <= lo <= hi <= size:
+                raise self._fault(f"{step['op']}s {axis} [{lo}, {hi}) of {t!r}, outside its "
+                                  f"view {tuple(view)}", t)
+        return tuple(slice(lo, hi) for lo, hi in ranges)
+
     def _load(self, step: dict) -> None:
         t = step["tensor"]
-        (b0, b1), (c0, c1), (r0, r1) = step["batch"], step["channels"], step["rows"]
-        block = self._gmem_view(t)[b0:b1, c0:c1, r0:r1].astype(self.tensors[t]["dtype"])
+        block = self._gmem_view(t)[self._gmem_block(step)].astype(self.tensors[t]["dtype"])
         self._write_rows(step, step["timestep"], block, step["rows"])
         self.stats.loads += 1
         self.stats.dma_bytes += step["bytes"]
@@ -385,8 +396,7 @@ class Simulator:
     def _store(self, step: dict) -> None:
         t = step["tensor"]
         value = self._read_rows(step, step["timestep"], step["rows"])
-        (b0, b1), (c0, c1), (r0, r1) = step["batch"], step["channels"], step["rows"]
-        self._gmem_view(t)[b0:b1, c0:c1, r0:r1] = value
+        self._gmem_view(t)[self._gmem_block(step)] = value
         self.stats.stores += 1
         self.stats.dma_bytes += step["bytes"]
 

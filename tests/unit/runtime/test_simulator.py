@@ -105,6 +105,21 @@ def test_a_step_outside_its_buffers_lifetime_is_caught(sliced):
         Simulator(ProgramFile(doc, pf.arrays)).run(int_inputs(qgraph))
 
 
+@pytest.mark.parametrize("op", ["load", "store"])
+def test_a_dma_step_beyond_its_tensors_batch_is_a_fault_naming_it_not_a_clipped_copy(sliced, op):
+    """GTCRN's group of two batches stored [0, 33) of a batch-1 tensor: numpy clipped or failed
+    to broadcast (a ValueError with no group or slice) instead of the simulator saying so."""
+    qgraph, layers, groups = sliced
+    pf = _file(layers, groups)
+    doc = copy.deepcopy(pf.doc)
+    group = next(g for g in doc["groups"] if g["device"] == "npu")
+    step = next(st for st in group["slices"][0]["steps"] if st["op"] == op)
+    step["batch"] = [1, 2]  # one item, as the buffer holds, but the tensor has only item 0
+    with pytest.raises(SimulatorFault, match=r"N \[1, 2\) of .* outside") as fault:
+        Simulator(ProgramFile(doc, pf.arrays)).run(int_inputs(qgraph))
+    assert fault.value.group == group["index"] and fault.value.tensor == step["tensor"]
+
+
 def test_it_runs_the_program_file_alone(sliced, tmp_path, monkeypatch):
     qgraph, layers, groups = sliced
     path = write_program(tmp_path / "program.npz", build_program(groups), layers)
