@@ -112,6 +112,9 @@ def input_rows(layer: LayerSpec, out: Rows, index: int = 0) -> Needed:
     if layer.op in ("conv", "dwconv", "pool", "pad"):
         return window_rows(out, layer.kernel_h, layer.stride_h, layer.pad_top, layer.dilation_h,
                            height)
+    if layer.op == "fc" or (layer.op == "split" and layer.attr("axis") == 2):  # (each
+        # output feature reads the whole vector; a split along H: layer_group.reads_whole_input)
+        return Needed(Rows(0, height) if out.size else Rows(0, 0), 0, 0)
     if layer.op == "concat" and layer.attr("axis") == 2:  # joined along H: this input's part
         start = sum(shape[2] for shape in layer.in_shapes[:index])
         lo, hi = max(out.start, start), min(out.stop, start + height)

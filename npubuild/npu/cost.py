@@ -49,7 +49,7 @@ def compute_cycles(layer: LayerSpec, out: tuple[int, int, int, int], macs: int,
     if array is None:
         return ceil(macs / (chip.lanes * chip.macs_per_cycle_per_lane * rate))
     weights = layer.attr("weights")
-    if layer.op == "move" and weights is not None:  # a fully connected layer run whole
+    if layer.op in ("move", "fc") and weights is not None:  # a fully connected layer
         cout, depth = weights
         return ceil(fully_connected_cycles(array, prod(out) // max(1, cout), cout, depth) / rate)
     if layer.op in FREE_OPS:

@@ -9,7 +9,8 @@ view is a reshape of the C-order data, so a tensor's GMEM bytes are the same whi
 reads them.
 
 A layer is *tiled* (it joins layer groups and runs from LMEM, sliced along N/H/C) when the tiler
-can map its output rows to input rows: conv (not fully connected) and pools on 4-D tensors,
+can map its output rows to input rows: conv and pools on 4-D tensors, a fully connected layer
+on one vector (its output rows read every input row: a group holding it is not sliced along H),
 resize (exact per-row input spans), element-wise add/mul/rescale/lut whose operands broadcast
 the same way in the view, concat/split/slice/pad that do not act along N or H (a concat or a
 constant pad along H too), softmax along C or W, and reshapes that keep N and C and regroup
@@ -20,7 +21,8 @@ whole-tensor step on GMEM, and the tensors crossing it go through GMEM. Breakers
 - ``dma``: data movement (reshape, transpose, slice/split/pad along N or H, a concat that only
   copies): a GMEM → GMEM copy by the DMA engine, costing its bytes in the estimate;
 - ``cpu``: ``float`` layers (no integer kernel), dequantized → ONNX node → quantized;
-- ``npu``: integer arithmetic the tiler cannot slice (a fully connected layer, a concat along H
+- ``npu``: integer arithmetic the tiler cannot slice (a fully connected layer on more than one
+  vector, or one whose weights fit LMEM in no group (`layer_group`), a concat along H
   that requantizes an input, a rank mix in a broadcast): computed whole by the integer kernel
   from GMEM, its traffic counted like a DMA step (its compute cycles are not modelled).
 
@@ -193,6 +195,7 @@ def layers_from_qgraph(qgraph: QGraph, memo: LayerMemo | None = None) -> QLayers
     keys = weight_keys(specs, kernels, weights, memo)
     specs = [replace(spec, weight_key=keys[spec.name]) if spec.name in keys else spec
              for spec in specs]
+    specs = breakers_first(specs, breakers)
     produced = {t for layer in qgraph.layers for t in layer.outputs}
     read = dict.fromkeys(t for layer in qgraph.layers for t in layer.inputs)
     inputs = [t for t in qgraph.inputs if t in read] + [
@@ -201,6 +204,29 @@ def layers_from_qgraph(qgraph: QGraph, memo: LayerMemo | None = None) -> QLayers
     graph = LayerGraph(tuple(specs), tuple(inputs), tuple(qgraph.outputs), shapes,
                        constants=frozenset(t for t in inputs if tensors[t].constant))
     return QLayers(qgraph, graph, kernels, tensors, weights, breakers)
+
+
+def breakers_first(specs: list[LayerSpec], breakers) -> list[LayerSpec]:
+    """The layers in an order where a breaker that reads nothing the run of tiled layers
+    before it makes runs before that run, so the run goes on past it: an unrolled
+    recurrence takes each step's slice of a tensor computed for every step at once (the
+    input projection, the mask) between groups, which cut the steps into groups of one step
+    each; before the steps, they leave the steps one run, whose groups keep the weights the
+    steps share in LMEM. (A topological order still: what the breaker reads comes before the
+    run, what reads it after.)"""
+    order: list[LayerSpec] = []
+    run: list[LayerSpec] = []
+    made: set[str] = set()  # what the run makes
+    for spec in specs:
+        if spec.name not in breakers:
+            run.append(spec)
+            made.update(spec.outputs)
+        elif made.isdisjoint(spec.inputs):
+            order.append(spec)
+        else:
+            order += run + [spec]
+            run, made = [], set()
+    return order + run
 
 
 def _converted(layer: QLayer, tensors: dict[str, TensorInfo]):
@@ -473,7 +499,7 @@ def _window(layer: QLayer) -> dict:
 
 def _conv(layer: QLayer, tensors):
     if layer.attrs.get("fc"):
-        raise NotTiled("a fully connected layer: computed whole between groups")
+        return _fully_connected(layer, tensors)
     _need_4d(layer, tensors)
     w = layer.arrays["weight"]
     cout, cin_g, kh, kw = w.shape
@@ -485,6 +511,23 @@ def _conv(layer: QLayer, tensors):
     extra = dict(_window(layer), op=op, weight_bytes=cout * record.bytes,
                  macs=n * cout * ho * wo * cin_g * kh * kw,
                  attrs=(("group", group), ("kernel", tuple(layer.attrs["kernel"]))))
+    return layer, extra, record
+
+
+def _fully_connected(layer: QLayer, tensors):
+    """A fully connected layer on one vector (a rank ≤ 3 input of one row: its view is one
+    channel, the features along H) joins layer groups as an ``fc``: in a group its weights stay
+    in LMEM across the layers that share them (an unrolled recurrence's steps,
+    `LayerSpec.weight_key`) instead of coming from GMEM at every step. On more vectors (their
+    view spreads them over channels, each needing every weight) it runs whole between groups."""
+    x, y = tensors[layer.inputs[0]], tensors[layer.outputs[0]]
+    if len(x.shape) > 3 or len(y.shape) > 3 or x.view[:2] != (1, 1) or y.view[:2] != (1, 1):
+        raise NotTiled("a fully connected layer: computed whole between groups")
+    record = conv_record(layer)
+    weight = layer.arrays["weight"]
+    cout, depth = weight.shape[0], weight.size // weight.shape[0]
+    extra = dict(op="fc", weight_bytes=cout * record.bytes, macs=cout * depth,
+                 attrs=(("weights", (cout, depth)),))
     return layer, extra, record
 
 
@@ -592,8 +635,11 @@ def _concat(layer: QLayer, tensors):
 
 
 def _split(layer: QLayer, tensors):
-    (axis,) = _view_axes(layer, tensors, [layer.attrs["axis"]])
-    return _kernel(layer, axis=axis), {"op": "split"}, None
+    """Along C or W each output keeps the rows it is given; along H (an LSTM cell's four gates
+    out of one vector) every output reads the whole input, as a fully connected layer does."""
+    (axis,) = _view_axes(layer, tensors, [layer.attrs["axis"]], allow_h=True)
+    extra = {"op": "split", "attrs": (("axis", axis),)} if axis == 2 else {"op": "split"}
+    return _kernel(layer, axis=axis), extra, None
 
 
 def _slice(layer: QLayer, tensors):

@@ -71,6 +71,8 @@ def input_rows(layer: LayerSpec, out: Parts, index: int) -> Parts:
     if layer.op in ("conv", "dwconv", "pool", "pad"):
         return window_rows(out, layer.kernel_h, layer.stride_h, layer.pad_top, layer.dilation_h,
                            height)
+    if layer.op == "fc" or (layer.op == "split" and layer.attr("axis") == 2):
+        return np.zeros_like(lo), np.where(empty, 0, height)
     if layer.op == "concat" and layer.attr("axis") == 2:
         start = sum(shape[2] for shape in layer.in_shapes[:index])
         a, b = np.maximum(lo, start), np.minimum(hi, start + height)

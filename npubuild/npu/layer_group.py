@@ -11,13 +11,15 @@ the smallest N, then bisects H between 2 and the largest count the overlap rule 
 close to monotone in H), then tries a few more H counts if fragmentation defeats the allocator.
 
 A layer that does not fit even alone is an error naming it and the bytes it needs, or with
-``on_no_fit="cpu"`` becomes a `CpuLayer` that breaks the groups around it.
+``on_no_fit="cpu"`` becomes a `CpuLayer` that breaks the groups around it; a fully connected
+layer (``fc``) or a split along H that does not fit alone runs whole from GMEM between groups
+(`whole_step`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable, Union
 
@@ -225,11 +227,27 @@ def no_fit_message(layer: LayerSpec, why: NoFit, chip: Chip) -> str:
 
 def _no_fit(layer: LayerSpec, why: NoFit, chip: Chip, on_no_fit: str) -> CpuLayer:
     message = no_fit_message(layer, why, chip)
+    if reads_whole_input(layer):  # too big for LMEM: whole from GMEM, as before such layers
+        return CpuLayer(whole_step(layer), message)  # joined groups
     if on_no_fit == "cpu":
         return CpuLayer(layer, message)
     raise BuildError(message, stage="compile",
                      hint="use a chip with more LMEM, or set compile.on_no_fit: cpu to run "
                           "this layer on the CPU")
+
+
+def reads_whole_input(layer: LayerSpec) -> bool:
+    """A fully connected layer (``fc``) or a split along H: each output row reads every input
+    row (`backward_h.input_rows`), so such a layer runs in a group that is not H-sliced."""
+    return layer.op == "fc" or (layer.op == "split" and layer.attr("axis") == 2)
+
+
+def whole_step(layer: LayerSpec) -> LayerSpec:
+    """A layer that reads its whole input (`reads_whole_input`) as a step between groups,
+    as it ran before it could join one: the NPU computes a fully connected layer whole from
+    GMEM, the DMA engine moves a split's parts (group breakers)."""
+    executes = "npu" if layer.op == "fc" else "dma"
+    return replace(layer, op="move", attrs=layer.attrs + (("executes", executes),))
 
 
 def fit_group(group: Group, chip: Chip, walks: WindowWalks | None = None, *,

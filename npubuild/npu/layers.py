@@ -25,7 +25,7 @@ Shape = tuple[int, int, int, int]
 #: Op families the tiler knows. Channel-wise ones can be sliced along C (input channel =
 #: output channel); ``conv`` can be sliced along output channels (every slice reads all inputs).
 OPS = ("conv", "dwconv", "pool", "add", "eltwise", "lut", "concat", "split", "resize", "move",
-       "pad", "reshape", "softmax")
+       "pad", "reshape", "softmax", "fc")
 CHANNELWISE_OPS = frozenset({"dwconv", "pool", "add", "eltwise", "lut", "resize", "move"})
 C_SLICEABLE_OPS = CHANNELWISE_OPS | {"conv"}
 
@@ -37,7 +37,10 @@ class LayerSpec:
     ``kernel_h``/``stride_h``/``pad_top``/``pad_bottom``/``dilation_h`` describe H for ``conv``,
     ``dwconv``, ``pool`` and ``pad`` (a window of one row); ``scale_h`` is a ``resize``'s
     integer nearest-neighbour factor; a ``concat`` with ``axis`` 2 joins along H, a ``reshape``
-    regroups H x W (N and C kept).
+    regroups H x W (N and C kept). An ``fc`` (a fully connected layer on a vector: one
+    channel, its features along H) reads every input row for any output row, so a group holding
+    one is never sliced along H; its weights are one record per output feature
+    (``attrs["weights"]`` = (features, depth)), spread over the lanes as a conv's are.
     ``macs`` counts multiply-accumulates for convolutions and one operation per output element
     (per window element for pools) otherwise. ``scratch_elem_bytes`` > 0 means the layer needs a
     scratch buffer of its output slice's shape at that many bytes per element (e.g. int16
@@ -97,14 +100,20 @@ class LayerSpec:
     def h_out(self) -> int:
         return self.out_shapes[0][2]
 
+    @property
+    def weight_channels(self) -> int:
+        """How many output channels the weights hold, one record each: a fully connected
+        layer's (``fc``: its output features, which its view holds along H) or ``c_out``."""
+        return self.attr("weights")[0] if self.op == "fc" else self.c_out
+
     def weight_bytes_per_lane(self, lanes: int, c_out: int | None = None) -> int:
         """Weight bytes one lane holds when the layer computes ``c_out`` output channels."""
         if not self.weight_bytes:
             return 0
         if self.op == "lut":
             return self.weight_bytes
-        c = self.c_out if c_out is None else c_out
-        return ceil(ceil(c / lanes) * self.weight_bytes / self.c_out)
+        c = self.weight_channels if c_out is None else c_out
+        return ceil(ceil(c / lanes) * self.weight_bytes / self.weight_channels)
 
     @property
     def c_sliceable(self) -> bool:

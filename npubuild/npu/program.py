@@ -266,8 +266,8 @@ def _weight_load(plan: GroupPlan, piece: SliceWindow, gmem: GmemLayout, layer_na
     default the schedule's)."""
     layer = next(l for l in plan.group.layers if l.name == layer_name)
     buf = _weight_buffer(plan, piece, layer_name)
-    chans = piece.channels or Rows(0, layer.c_out)
-    size = layer.weight_bytes * chans.size // layer.c_out
+    chans = piece.channels or Rows(0, layer.weight_channels)
+    size = layer.weight_bytes * chans.size // layer.weight_channels
     timestep = plan.schedule.weight_loads[layer_name] if at is None else at
     return Dma("load", timestep, buf.name, buf.id,
                plan.placement.addresses[buf.id], gmem.weights[layer_name][0], None, chans,
@@ -288,7 +288,7 @@ def _compute(plan: GroupPlan, piece: SliceWindow, layer: LayerSpec) -> Compute:
     if layer.weight_bytes:
         buf = _weight_buffer(plan, piece, layer.name)
         weight = {"buffer": buf.id, "addr": plan.placement.addresses[buf.id],
-                  "channels": piece.channels or Rows(0, layer.c_out)}
+                  "channels": piece.channels or Rows(0, layer.weight_channels)}
     if layer.scratch_elem_bytes:
         buf = plan.buffer(f"{layer.name}/scratch")
         scratch = {"buffer": buf.id, "addr": plan.placement.addresses[buf.id]}

@@ -446,7 +446,10 @@ class Simulator:
         if step["weight"] is not None:
             arrays = {**layer.arrays, **self._read_weights(step["weight"], ts, step["layer"])}
             layer = _with(layer, arrays, self.program.doc["layers"][step["layer"]])
-        outs = _run_kernel(layer, xs, step)
+        if layer.attrs.get("fc"):
+            outs = [self._fully_connected(layer, xs[0], step)]
+        else:
+            outs = _run_kernel(layer, xs, step)
         for op, value in zip(step["outputs"], outs):
             want = (op["batch"][1] - op["batch"][0], op["channels"][1] - op["channels"][0],
                     op["rows"][1] - op["rows"][0], self.tensors[op["tensor"]]["view"][3])
@@ -457,6 +460,14 @@ class Simulator:
         if step["scratch"] is not None:
             self._scratch(step, outs[0])
         self.stats.computes += 1
+
+    def _fully_connected(self, layer: QLayer, x: np.ndarray, step: dict) -> np.ndarray:
+        """A fully connected layer in a group: its vector (one channel, the features along H
+        of the view; the step reads them all) in its real shape, the output rows written."""
+        x = x.reshape(self.tensors[step["inputs"][0]["tensor"]]["shape"])
+        out = step["outputs"][0]
+        y = reference.conv2d(layer, x).reshape(self.tensors[out["tensor"]]["view"])
+        return y[:, :, out["rows"][0]:out["rows"][1]]
 
     def _scratch(self, step: dict, value: np.ndarray) -> None:
         """The layer's intermediate (stood for by its result, widened) fills its scratch."""

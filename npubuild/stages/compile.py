@@ -244,10 +244,11 @@ def graph_report(c: Compiled) -> tuple[dict, dict]:
         breakers.setdefault(b.executes, []).append(b.layer)
     stepped = [g.layer for g in c.program.groups
                if g.device == "cpu" and g.layer.name not in c.layers.breakers]
-    for layer in stepped:  # reshapes the plan left alone: aliases (`plan_qgraph`)
-        if layer.attr("executes") == "dma":
-            breakers.setdefault("dma", []).append(layer.name)
-    cpu_fallback = [layer.name for layer in stepped if layer.attr("executes") != "dma"]
+    for layer in stepped:  # reshapes the plan left alone: aliases (`plan_qgraph`); fully
+        if layer.attr("executes") in ("dma", "npu"):  # connected layers LMEM cannot hold
+            breakers.setdefault(layer.attr("executes"), []).append(layer.name)
+    cpu_fallback = [layer.name for layer in stepped
+                    if layer.attr("executes") not in ("dma", "npu")]
     summary = {
         "layers": len(c.layers.graph.layers), "tiled_layers": len(c.layers.graph.layers)
         - len(c.layers.breakers) - len(stepped), "groups": len(groups),

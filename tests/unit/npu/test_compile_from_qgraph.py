@@ -214,19 +214,49 @@ def _classifier():
     return s.model([s.gemm(flat, 10)])
 
 
-def test_a_fully_connected_layer_counts_its_weights_and_macs_and_reads_them_from_gmem():
+def test_a_fully_connected_layer_on_one_vector_runs_in_a_group_from_lmem():
+    """Its view is one channel with the features along H: it joins a group (never H-sliced:
+    every output row reads every input row), its weights one record per output feature,
+    spread over the lanes, loaded from GMEM into LMEM, where the simulator reads them."""
     qgraph = quantize(_classifier(), "symmetric", granularity="per_channel")
     layers, program, program_file = compile_qgraph(qgraph, TINY)
     fc = next(layer for layer in qgraph.layers if layer.attrs.get("fc"))
     spec = next(s for s in layers.graph.layers if s.name == fc.name)
     record = layers.weights[fc.name]
+    assert (spec.op, spec.weight_channels, spec.in_shapes[0]) == ("fc", 10, (1, 1, 2048, 1))
     assert spec.weight_bytes == 10 * record.bytes and spec.macs == 10 * 32 * 8 * 8
+    assert spec.weight_bytes_per_lane(TINY.lanes) == 2 * record.bytes  # 10 records on 8 lanes
+    assert input_rows(spec, Rows(3, 4)).rows == Rows(0, 2048)
     assert program.gmem.weights[fc.name][1] == spec.weight_bytes
     assert "weight" not in program_file.doc["kernels"][fc.name]["arrays"]  # read from GMEM
-    step = next(s for s in estimate(program).steps if s.layer == fc.name)
-    assert step.executes == "npu" and step.gmem_read == 32 * 8 * 8 + spec.weight_bytes
-    assert step.compute_cycles == -(-spec.macs // (TINY.lanes * TINY.macs_per_cycle_per_lane))
+    (group,) = [g for g in program.npu_groups if fc.name in g.plan.group.names]
+    assert group.plan.buffer(f"{fc.name}/weight").size == 2 * record.bytes
+    (load,) = [s for p in group.slices for s in p.steps if s.op == "load" and s.rows is None]
+    assert (load.channels, load.bytes) == (Rows(0, 10), spec.weight_bytes)
+    (step,) = [s for p in group.slices for s in p.steps if s.op == "compute"
+               and s.layer == fc.name]
+    assert step.macs == spec.macs
+    assert not any(s.layer == fc.name for s in estimate(program).steps)
     assert gmem_lower_bound(layers.graph) >= spec.weight_bytes + 16 * 8 * 8
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_a_fully_connected_layer_lmem_cannot_hold_runs_whole_from_gmem_between_groups():
+    """128 records of 2,057 bytes on npu-tiny's 8 lanes: 33 KB per lane, LMEM has 32 KB. The
+    NPU computes it whole from GMEM, as every fully connected layer ran before (and with
+    ``on_no_fit: error`` too: it is not a layer the NPU cannot run)."""
+    s = Stack((1, 2048))
+    qgraph = quantize(s.model([s.gemm("x", 128)]), "symmetric", granularity="per_channel")
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    (fc,) = qgraph.layers
+    spec = layers.graph.layers[0]
+    assert spec.op == "fc" and spec.weight_bytes_per_lane(TINY.lanes) > TINY.lmem_bytes_per_lane
+    (item,) = program.groups
+    assert isinstance(item, CpuStep) and item.layer.op == "move"
+    assert program_file.doc["groups"][0]["executes"] == "npu"
+    step = next(s for s in estimate(program).steps if s.layer == fc.name)
+    assert step.executes == "npu" and step.gmem_read == 2048 + spec.weight_bytes
+    assert step.compute_cycles == -(-spec.macs // (TINY.lanes * TINY.macs_per_cycle_per_lane))
     simulate_and_compare(qgraph, program_file)
 
 
@@ -555,3 +585,112 @@ def test_layers_of_different_batches_side_by_side_run_in_groups_of_one_batch_bit
         batches = {group.shapes[t][0] for layer in group.layers
                    for t in layer.inputs + layer.outputs}
         assert len(batches) == 1, f"group {group.names} mixes batches {sorted(batches)}"
+
+
+def _recurrence(steps: int = 4, width: int = 64, shared: bool = True):
+    """An unrolled recurrence as import makes one: ``steps`` fully connected layers on one
+    vector, each after a tanh of the last, all reading one weight initializer (the recurrent
+    kernel; a tanh's output scale is fixed, so each step's requantization is the same too)."""
+    s = Stack((1, width))
+    h, first, layers = "x", None, []
+    for _ in range(steps):
+        layers.append(s.gemm(h, width))
+        if first is None:
+            first = s.nodes[-1]
+        elif shared:
+            s.nodes[-1].input[1:] = first.input[1:]
+        h = s.unary(layers[-1], "Tanh")
+    return s.model([h]), layers
+
+
+def test_an_unrolled_recurrence_keeps_its_shared_weight_in_lmem_across_its_steps_bit_exact():
+    """Fully connected layers on one vector join layer groups: the steps of a recurrence that
+    share their weights (`LayerSpec.weight_key`) read one LMEM buffer, loaded from GMEM once
+    for all of them, where each step ran between groups and read them from GMEM again."""
+    model, steps = _recurrence()
+    qgraph = quantize(model, bias_correction=False)  # (corrected, each step's bias differs)
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    specs = {s.name: s for s in layers.graph.layers}
+    assert {specs[n].op for n in steps} == {"fc"} and not layers.breakers
+    first, *shared = steps  # the first step reads x, at a scale of its own
+    assert [specs[n].weight_key for n in steps] == ["", *[shared[0]] * len(shared)]
+    (group,) = program.npu_groups
+    assert set(steps) <= set(group.plan.group.names)
+    weights = {b.layer: b for b in group.plan.buffers if b.kind == "weight" and b.layer in steps}
+    assert sorted(weights) == sorted([first, shared[0]])
+    compute = group.plan.schedule.compute
+    kept = weights[shared[0]]
+    assert (kept.start, kept.end) == (compute[shared[0]] - 1, compute[shared[-1]])
+    size = specs[first].weight_bytes
+    (estimated,) = estimate(program).groups
+    tables = {s.weights_id: s.weight_bytes for s in layers.graph.layers if s.op == "lut"}
+    assert estimated.weight_read == 2 * size + sum(tables.values())  # each distinct once
+
+    assert gmem_lower_bound(layers.graph) <= estimate(program).gmem_bytes
+    simulate_and_compare(qgraph, program_file)
+
+
+def _lstm_like(steps: int = 3, width: int = 16):
+    """An unrolled recurrence as Keras' LSTM imports: the input projection of every step at
+    once ([T, 4·width]), then per step its row of it (a slice along N: a step between groups),
+    plus a fully connected layer of the last state, split along H into gates."""
+    s = Stack((steps, 1, 4 * width))
+    h, first, fcs = None, None, []
+    for t in range(steps):
+        name = s._name("Slice")
+        starts, ends = s._const(f"{name}_s", [t]), s._const(f"{name}_e", [t + 1])
+        axes = s._const(f"{name}_a", [0])
+        s.nodes.append(helper.make_node("Slice", ["x", starts, ends, axes], [name], name=name))
+        s.shapes[name] = (1, 1, 4 * width)
+        row = s.reshape(name, [1, 4 * width])
+        if h is not None:
+            fcs.append(s.gemm(h, 4 * width))
+            if first is None:
+                first = s.nodes[-1]
+            else:
+                s.nodes[-1].input[1:] = first.input[1:]
+            row = s.binary(row, fcs[-1])
+        name = s._name("Split")
+        gates = [f"{name}_{i}" for i in range(4)]
+        sizes = s._const(f"{name}_sizes", np.array([width] * 4, np.int64))
+        s.nodes.append(helper.make_node("Split", [row, sizes], gates, name=name, axis=1))
+        for g in gates:
+            s.shapes[g] = (1, width)
+        i, f, g, o = (s.unary(gates[0]), s.unary(gates[1]), s.unary(gates[2], "Tanh"),
+                      s.unary(gates[3]))
+        h = s.binary(o, s.unary(s.binary(i, g, "Mul"), "Tanh"), "Mul")
+    return s.model([h]), fcs
+
+
+def test_the_steps_of_an_unrolled_lstm_run_as_one_group_whose_shared_weight_loads_once():
+    """Each step's row of the input projection (a slice along N, between groups) is taken
+    before the steps (`breakers_first`), and the gates' split along H joins the group: the
+    steps are one group, which loads the recurrent weight once."""
+    model, fcs = _lstm_like()
+    qgraph = quantize(model, bias_correction=False)
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    specs = {s.name: s for s in layers.graph.layers}
+    assert {s.op for s in specs.values() if s.attr("kind") == "split"} == {"split"}
+    slices = [s.name for s in layers.graph.layers if s.name in layers.breakers]
+    assert slices and layers.graph.layers[:len(slices)] == tuple(specs[n] for n in slices)
+    groups = [g for g in program.npu_groups if set(fcs) & set(g.plan.group.names)]
+    assert len(groups) == 1 and set(fcs) <= set(groups[0].plan.group.names)
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_a_split_along_h_lmem_cannot_hold_whole_moves_between_groups_as_before():
+    """A split along H joins groups unsliced; one whose vector LMEM cannot hold even alone
+    (40,000 rows, npu-tiny's 32 KB per lane) is the DMA step between groups it was."""
+    s = Stack((1, 40000))
+    sizes = s._const("sizes", np.array([10000] * 4, np.int64))
+    parts = [f"part{i}" for i in range(4)]
+    s.nodes.append(helper.make_node("Split", ["x", sizes], parts, name="split", axis=1))
+    for p in parts:
+        s.shapes[p] = (1, 10000)
+    qgraph = quantize(s.model([s.binary(s.binary(parts[0], parts[1]), parts[2])]))
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    spec = next(x for x in layers.graph.layers if x.attr("kind") == "split")
+    assert (spec.op, spec.attr("axis")) == ("split", 2)
+    (step,) = [g for g in program.groups if isinstance(g, CpuStep)]
+    assert step.layer.name == spec.name and step.layer.attr("executes") == "dma"
+    simulate_and_compare(qgraph, program_file)
