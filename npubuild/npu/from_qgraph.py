@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from npubuild.errors import working_on
-from npubuild.npu.layer_group import CpuLayer, GroupFits, LayerGroups, plan_groups
+from npubuild.npu.layer_group import (CpuLayer, GroupFits, LayerGroups, plan_groups,
+                                      reads_whole_input, whole_step)
 from npubuild.npu.layers import LayerGraph, LayerSpec, Shape
 from npubuild.quant import reference
 from npubuild.quant.qgraph import QGraph, QLayer
@@ -737,11 +738,19 @@ def plan_qgraph(layers: QLayers, chip: Chip, *, grouping: bool = True,
     return LayerGroups(graph, chip, grouping, tuple(items))
 
 
+LONE_WHOLE = ("alone in a group: computed whole between groups, where its loads overlap its "
+              "compute (a group's timesteps would run them one after the other)")
+
+
 def _aliases(item, layers: QLayers) -> list[CpuLayer]:
     """A group of nothing but reshapes (the search left them apart from the layers beside
     them, or there are none) as GMEM aliases between groups: in a group of their own they
-    would load and store their tensor for nothing. Empty for any other group."""
+    would load and store their tensor for nothing. A fully connected layer or a split along H
+    alone in a group as the step between groups it was: the same bytes, fewer cycles. Empty for
+    any other group."""
     group = getattr(item, "group", None)
+    if group is not None and len(group) == 1 and reads_whole_input(group.layers[0]):
+        return [CpuLayer(whole_step(group.layers[0]), LONE_WHOLE)]
     if group is None or any(spec.op != "reshape" for spec in group.layers):
         return []
     return [CpuLayer(_breaker_spec(layers.kernels[spec.name], layers.tensors, "dma", None),
