@@ -48,21 +48,32 @@ def cut_widths(graph: LayerGraph, start: int, stop: int) -> dict[int, int]:
     for i, layer in enumerate(graph.layers[start:stop], start):
         for t in layer.inputs:
             last_read[t] = i
-    widths = {}
+    # a tensor crosses the cuts after it is made and up to its last read: add its bytes where
+    # that range starts and take them off past its end (one sweep, not one scan per cut)
+    change = [0] * (stop + 1)
+    for t, i in last_read.items():
+        first = max(made_at.get(t, -1) + 1, start + 1)
+        if first <= i:
+            change[first] += graph.tensor_bytes(t)
+            change[i + 1] -= graph.tensor_bytes(t)
+    widths, width = {}, 0
     for k in range(start + 1, stop):
-        crossing = {t for t, i in last_read.items() if i >= k and made_at.get(t, -1) < k}
-        widths[k] = sum(graph.tensor_bytes(t) for t in crossing)
+        width += change[k]
+        widths[k] = width
     return widths
 
 
-def refine(items: list, graph: LayerGraph, fit: Callable) -> list:
+def refine(items: list, graph: LayerGraph, fit: Callable,
+           monotone: Callable = lambda a, b: False) -> list:
     """``items`` (groups in order; anything else stays put) with each cut between two
     neighbouring groups moved to where their traffic is least. ``fit(start, stop)`` returns
-    the fitting plan of ``graph.group(start, stop)`` or None."""
+    the fitting plan of ``graph.group(start, stop)`` or None; ``monotone(a, b)``: whether the
+    earlier of two neighbouring groups may be taken to fit up to a point as it reaches into
+    the later (then its reach is found only at the cuts tried, `_lazy_candidates`)."""
     for _ in range(PASSES):
         changed = False
         for k in range(len(items) - 1):
-            better = _better_cut(items[k], items[k + 1], graph, fit)
+            better = _better_cut(items[k], items[k + 1], graph, fit, monotone)
             if better is not None:
                 items[k], items[k + 1] = better
                 changed = True
@@ -71,7 +82,7 @@ def refine(items: list, graph: LayerGraph, fit: Callable) -> list:
     return items
 
 
-def _better_cut(a, b, graph: LayerGraph, fit: Callable):
+def _better_cut(a, b, graph: LayerGraph, fit: Callable, monotone: Callable):
     """Move the cut later (the tail-to-head search left the later group as long as it fits):
     up to where the earlier group still fits, to the narrowest cuts first."""
     if not (hasattr(a, "tiling") and hasattr(b, "tiling")):
@@ -81,17 +92,43 @@ def _better_cut(a, b, graph: LayerGraph, fit: Callable):
     if start + len(a.group) != cut or stop - cut < 2:
         return None
     widths = cut_widths(graph, start, stop)
-    reach = _last(cut + 1, stop - 1, lambda k: fit(start, k) is not None)
+    narrower = [k for k in range(cut + 1, stop) if widths[k] < widths[cut]]
+    if not narrower:  # no cut to try: no need to know how far the earlier group reaches
+        return None
+    narrower.sort(key=lambda k: (widths[k], k))
+    if monotone(a, b):
+        candidates = _lazy_candidates(narrower, lambda k: fit(start, k))
+    else:
+        reach = _last(cut + 1, stop - 1, lambda k: fit(start, k) is not None)
+        candidates = [(k, fit(start, k)) for k in narrower if k <= reach][:CANDIDATES]
     best, best_cost = None, group_traffic(a.tiling) + group_traffic(b.tiling)
-    for k in sorted((k for k in range(cut + 1, reach + 1) if widths[k] < widths[cut]),
-                    key=lambda k: (widths[k], k))[:CANDIDATES]:
-        first, second = fit(start, k), fit(k, stop)
+    for k, first in candidates:
+        second = fit(k, stop)
         if first is None or second is None:
             continue
         cost = group_traffic(first.tiling) + group_traffic(second.tiling)
         if cost < best_cost:
             best, best_cost = (first, second), cost
     return best
+
+
+def _lazy_candidates(cuts: list[int], fit_to: Callable) -> list:
+    """The first `CANDIDATES` of ``cuts`` (narrowest first) up to which the earlier group
+    fits, with its plans, when its fits hold up to a point: a cut past one that failed fails
+    unasked. The cuts `_last`'s bisection would admit, without its fits of the longest
+    groups (an unrolled recurrence's groups reach hundreds of layers into the next)."""
+    found, fails_at = [], None
+    for k in cuts:
+        if len(found) == CANDIDATES:
+            break
+        if fails_at is not None and k >= fails_at:
+            continue
+        first = fit_to(k)
+        if first is None:
+            fails_at = k
+        else:
+            found.append((k, first))
+    return found
 
 
 def _last(lo: int, hi: int, ok: Callable[[int], bool]) -> int:

@@ -189,17 +189,58 @@ def plan_groups(graph: LayerGraph, chip: Chip, *, grouping: bool = True,
             items.append(_no_fit(graph.layers[start], found, chip, on_no_fit))
             end = start
             continue
-        while grouping and start > 0 and end - start < max_group_layers:
-            wider = fit(start - 1, end)
-            if isinstance(wider, NoFit):
-                break
-            found, start = wider, start - 1
+        if grouping:
+            found, start = _grow(found, start, end, max(0, end - max_group_layers), fit)
         items.append(found)
         end = start
     items.reverse()
     if grouping:
-        items = refine(items, graph, lambda a, b: _fitting(fit(a, b)))
+        items = refine(items, graph, lambda a, b: _fitting(fit(a, b)),
+                       lambda a, b: _holds_whole_reader(a) or _holds_whole_reader(b))
     return LayerGroups(graph, chip, grouping, tuple(items))
+
+
+def _holds_whole_reader(plan: GroupPlan) -> bool:
+    """Whether a group holds a layer that reads its whole input (`reads_whole_input`): such
+    a group is never H-sliced, so whether it fits depends on what it holds, taken to grow
+    with it (the searches for such groups, hundreds of layers long, assume so)."""
+    return any(map(reads_whole_input, plan.group.layers))
+
+
+def _grow(found: GroupPlan, start: int, end: int, head: int,
+          fit: Callable[[int, int], GroupPlan | NoFit]) -> tuple[GroupPlan, int]:
+    """The group ending at ``end`` grown towards ``head`` one layer at a time while it fits,
+    from ``found`` (the group from ``start``). Once it holds a layer that reads its whole
+    input (`reads_whole_input`: an unrolled recurrence's steps, groups of hundreds of
+    layers) it grows by doubling steps, then bisects back to the first start that fails:
+    each fit costs its group's length, so one layer at a time would cost the square of it.
+    The first doubling step is one layer, so a group that stops there is the same group."""
+    step, whole = 1, _holds_whole_reader(found)
+    while start > head:
+        wider_start = max(head, start - step)
+        wider = fit(wider_start, end)
+        if isinstance(wider, NoFit):
+            if start - wider_start == 1:
+                break
+            return _bisect_start(found, start, wider_start, end, fit)
+        whole = whole or any(map(reads_whole_input, wider.group.layers[:start - wider_start]))
+        found, start = wider, wider_start
+        step = 2 * step if whole else 1
+    return found, start
+
+
+def _bisect_start(found: GroupPlan, fits_from: int, fails_from: int, end: int,
+                  fit: Callable[[int, int], GroupPlan | NoFit]) -> tuple[GroupPlan, int]:
+    """The group ending at ``end`` from the earliest start between ``fails_from`` (its group
+    does not fit) and ``fits_from`` (``found`` fits), assuming fits hold up to a point."""
+    while fits_from - fails_from > 1:
+        mid = (fits_from + fails_from) // 2
+        wider = fit(mid, end)
+        if isinstance(wider, NoFit):
+            fails_from = mid
+        else:
+            found, fits_from = wider, mid
+    return found, fits_from
 
 
 def _fitting(found: GroupPlan | NoFit) -> GroupPlan | None:

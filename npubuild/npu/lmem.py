@@ -11,7 +11,7 @@ Addresses and sizes are bytes per lane; every lane uses the same addresses.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from npubuild.npu.buffers import Buffer
 
@@ -139,16 +139,17 @@ def _lowest_fit(busy: list[tuple[int, int]], size: int, capacity: int, bank: int
     return lowest, lowest
 
 
-def _gaps(busy: list[tuple[int, int]], capacity: int) -> list[tuple[int, int]]:
-    """Free address ranges between the (sorted) busy ones."""
-    gaps, reach = [], 0
+def _gaps(busy: list[tuple[int, int]], capacity: int) -> Iterator[tuple[int, int]]:
+    """Free address ranges between the (sorted) busy ones, lowest first (lazily: the first
+    that fits ends the search, and a long group's buffers see hundreds of busy ranges)."""
+    reach = 0
     for lo, hi in busy:
         if lo > reach:
-            gaps.append((reach, lo))
-        reach = max(reach, hi)
+            yield reach, lo
+        if hi > reach:
+            reach = hi
     if reach < capacity:
-        gaps.append((reach, capacity))
-    return gaps
+        yield reach, capacity
 
 
 def peak_live_bytes(buffers: Sequence[Buffer], timesteps: int, alignment: int = ALIGN) -> int:

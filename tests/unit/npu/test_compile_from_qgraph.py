@@ -13,6 +13,7 @@ from npubuild.npu.from_qgraph import (LONE_WHOLE, LayerMemo, conv_record, layers
                                       pack_weights, plan_qgraph, unpack_weights, view4,
                                       view_axis)
 from npubuild.npu.ir_dump import dump_ir
+from npubuild.npu.layer_group import GroupFits, plan_groups
 from npubuild.npu.program import CpuStep, GroupProgram
 from npubuild.quant.reference import resize_input_rows
 from npubuild.targets import load_chip
@@ -712,3 +713,18 @@ def test_a_split_along_h_lmem_cannot_hold_whole_moves_between_groups_as_before()
     (step,) = [g for g in program.groups if isinstance(g, CpuStep)]
     assert step.layer.name == spec.name and step.layer.attr("executes") == "dma"
     simulate_and_compare(qgraph, program_file)
+
+
+def test_a_recurrence_of_many_steps_grows_its_group_in_doubling_steps():
+    """A group holding a fully connected layer is never H-sliced: it is taken to fit up to a
+    point as it grows, so the search doubles its steps and bisects back instead of refitting
+    the whole group once per layer (hundreds of layers in an unrolled recurrence: the square
+    of that in group fits). The same single group, from a few fits."""
+    model, steps = _recurrence(steps=40, width=16)
+    qgraph = quantize(model, bias_correction=False)
+    layers = layers_from_qgraph(qgraph)
+    fits = GroupFits(TINY)
+    planned = plan_groups(layers.graph, TINY, fits=fits)
+    (group,) = planned.npu_groups
+    assert len(group.group) == len(layers.graph.layers) == 80
+    assert fits.computed <= 2 * 7 + 1  # one layer, doublings to 80, a bisection: not 80 fits
