@@ -100,7 +100,8 @@ def _better_cut(a, b, graph: LayerGraph, fit: Callable, monotone: Callable):
         candidates = _lazy_candidates(narrower, lambda k: fit(start, k))
     else:
         reach = _last(cut + 1, stop - 1, lambda k: fit(start, k) is not None)
-        candidates = [(k, fit(start, k)) for k in narrower if k <= reach][:CANDIDATES]
+        tried = [k for k in narrower if k <= reach][:CANDIDATES]  # fitted only these
+        candidates = [(k, fit(start, k)) for k in tried]
     best, best_cost = None, group_traffic(a.tiling) + group_traffic(b.tiling)
     for k, first in candidates:
         second = fit(k, stop)
