@@ -46,7 +46,15 @@ def load(name: str) -> dict:
 
 
 def validate(data: dict, name: str) -> None:
-    """Validate ``data`` against the shipped schema ``name`` (raises jsonschema's error)."""
-    import jsonschema
+    """Validate ``data`` against the shipped schema ``name`` (raises
+    ``jsonschema_rs.ValidationError``). jsonschema-rs, not jsonschema: compile validates every
+    IR document it writes, and jsonschema took 14 s of CPU on nakdimon's (7,677 layers, 41 MB),
+    jsonschema-rs 0.03 s; the tests check the documents with jsonschema too."""
+    _validator(name).validate(data)
 
-    jsonschema.validate(data, load(name))
+
+@lru_cache(maxsize=None)
+def _validator(name: str):
+    import jsonschema_rs
+
+    return jsonschema_rs.validator_for(load(name))

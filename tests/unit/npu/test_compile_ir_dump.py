@@ -3,6 +3,7 @@
 import json
 
 import jsonschema
+import jsonschema_rs
 import numpy as np
 import pytest
 
@@ -95,6 +96,16 @@ def test_the_schema_rejects_a_conv_without_its_shifts(dumped):
     del broken["layers"][0]["output_shift"]
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, schemas.load("npu_ir"))
+
+
+def test_compiles_validator_accepts_and_rejects_what_the_reference_validator_does(dumped):
+    # dump_ir validates with jsonschema-rs (`schemas.validate`); jsonschema is the reference
+    *_, doc = dumped
+    schemas.validate(doc, "npu_ir")
+    broken = json.loads(json.dumps(doc))
+    del broken["layers"][0]["output_shift"]
+    with pytest.raises(jsonschema_rs.ValidationError, match=r'instance\["layers"\]\[0\]'):
+        schemas.validate(broken, "npu_ir")
 
 
 def _long_names(model, prefix):
