@@ -32,15 +32,15 @@ quantization:
 """
 
 
-def score_map_model() -> onnx.ModelProto:
+def score_map_model(rare_prior: float = -9.0) -> onnx.ModelProto:
     """conv → Relu → conv → Sigmoid: two score channels, one of a class seen everywhere
-    (scores near 0.9) and one of a class seen nowhere (scores near 1e-4): on the tensor's one
-    int8 scale, the second rounds to a constant (a dead channel)."""
+    (scores near 0.9) and one of a class seen nowhere (scores near 1e-4; ``rare_prior``: its
+    logit's offset): on the tensor's one int8 scale, the second rounds to a constant."""
     net = Net(seed=5)
     x = net.input("x", [1, 3, 16, 16])
     h = net.op("Relu", [net.conv(x, 3, 8, name="features")])
     logits = net.conv(h, 8, 2, name="head")
-    shifted = net.op("Add", [logits, net.init("prior", np.array([2.0, -9.0], np.float32).reshape(1, 2, 1, 1))])
+    shifted = net.op("Add", [logits, net.init("prior", np.array([2.0, rare_prior], np.float32).reshape(1, 2, 1, 1))])
     return net.model([net.op("Sigmoid", [shifted], name="scores")])
 
 
@@ -101,3 +101,17 @@ def test_out_of_reach_both_fail_with_the_same_lines_and_the_hint_is_measured(roo
     assert search["after"]["failures"] == report["verify"]["failures"]
     finding = report["verify"]["bisection"]["finding"]
     assert "differ from the deployed" not in finding.get("suggestion", "")
+
+
+def test_a_channel_fake_quantization_sees_dead_too_is_demanded_alive_not_half_its_span(
+        tmp_path):
+    # int8 loses the rare class's channel (its scores near 1e-3, enough to count as a channel)
+    # on the reference and in fake quantization alike: the search sees that loss itself, so it
+    # demands verify's bar (no dead channel), not half of every channel's span, which put
+    # nearly every tensor in int16 (chars2vec: 371 of 389)
+    onnx.save(score_map_model(rare_prior=-7.0), tmp_path / "m.onnx")
+    code, report, search = build(tmp_path, 0.9, "-dead")
+    assert any("dead channel" in line
+               for line in report["quantization"]["int8_verdict"]["failures"])
+    assert search["demanded"]["channel_span"] == 0.0
+    assert search["passed"] and report["verify"]["passed"] and code == 0
