@@ -9,10 +9,11 @@ the buffer holds and the effective paddings.
 
 N slices split the batch; every N slice sees the same H windows. Every tensor of a group has
 the same batch (N of its view): layers of another batch next to them (GTCRN's [1, 33, 8] and
-[33, 1, 8] GRU states, joined side by side) reject every slicing, so they start another group. C slices exist only for a group
-of one layer whose weights alone do not fit (TPU-MLIR runs such layers on their own too): a
-``conv`` computes a range of output channels from all input channels, a channel-wise layer reads
-and writes the same range. Slices run C-major, then N, then H, so a C slice's weights load once.
+[33, 1, 8] GRU states, joined side by side) reject every slicing, so they start another group.
+C slices exist only for a group of one layer whose weights alone do not fit (TPU-MLIR runs such
+layers on their own too): a ``conv`` computes a range of output channels from all input
+channels, a channel-wise layer reads and writes the same range. Slices run C-major, then N,
+then H, so a C slice's weights load once.
 """
 
 from __future__ import annotations

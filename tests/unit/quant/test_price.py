@@ -117,7 +117,7 @@ def test_widths_come_in_name_order_so_the_searchs_price_key_sorts_in_one_pass():
     from npubuild.quant.price import dtypes_of
     from npubuild.quant.schemes import choose_params
 
-    p8, p16 = choose_params("symmetric", -1.0, 1.0, "int8"), choose_params("symmetric", -1.0, 1.0, "int16")
+    p8, p16 = (choose_params("symmetric", -1.0, 1.0, dtype) for dtype in ("int8", "int16"))
     widths = dtypes_of({"z": p8, "a": None, "m/1": p16, "m/0": p8})
     assert widths == {"a": "float32", "m/0": "int8", "m/1": "int16", "z": "int8"}
     assert list(widths.items()) == sorted(widths.items())

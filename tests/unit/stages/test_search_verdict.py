@@ -40,7 +40,8 @@ def score_map_model(rare_prior: float = -9.0) -> onnx.ModelProto:
     x = net.input("x", [1, 3, 16, 16])
     h = net.op("Relu", [net.conv(x, 3, 8, name="features")])
     logits = net.conv(h, 8, 2, name="head")
-    shifted = net.op("Add", [logits, net.init("prior", np.array([2.0, rare_prior], np.float32).reshape(1, 2, 1, 1))])
+    prior = np.array([2.0, rare_prior], np.float32).reshape(1, 2, 1, 1)
+    shifted = net.op("Add", [logits, net.init("prior", prior)])
     return net.model([net.op("Sigmoid", [shifted], name="scores")])
 
 
