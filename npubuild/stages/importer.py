@@ -6,6 +6,9 @@ Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inf
 arithmetic the fixed shapes make constant is folded; then every constant subgraph, up to
 `onnx_frontend.FOLD_MAX_BYTES` per tensor, so the CPU does not compute it on every inference;
 a layer normalisation written out in primitives becomes one LayerNormalization (opset 17);
+an attention mask's huge negative constant (finfo.min, -1e9, -10000) that reaches only Softmax
+inputs is written as -256, so the masked scores quantize, `npubuild.frontends.masks` (kept as
+written where the proof fails);
 a Loop or Scan whose iterations the constants decide is unrolled over them,
 `npubuild.frontends.loops`; a recurrent layer (LSTM, GRU, RNN) of a static sequence length is unrolled over its steps,
 `npubuild.frontends.recurrent`; a MatMul by a constant left operand becomes the product by a
@@ -100,7 +103,7 @@ def _import(ctx: StageContext) -> dict:
                          ("recurrent", unroll_recurrent),
                          ("duplicates_merged", merge_duplicates),
                          ("layer_norms", layer_norms),
-                         ("softmaxes", softmaxes),
+                         ("softmaxes", softmaxes), ("masks_bounded", bounded_masks),
                          ("constant_left_matmuls", constant_left_matmuls),
                          ("gemm_bias_as_add", gemm_biases_as_add),
                          ("products_hoisted", hoist_products),
@@ -501,15 +504,23 @@ def prove_rewrite(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict, 
     """``after`` against ``before`` on the proof inputs, within the folding tolerance of the
     scale of the values: whether it is bit-identical and the largest relative difference; a
     `BuildError` naming ``what`` when it differs more."""
+    figures, bad = compare_rewrite(before, after, feeds)
+    if bad:
+        raise BuildError(f"{what} changes the model: {bad[0]}", stage="import",
+                         hint="report this with the model")
+    return figures
+
+
+def compare_rewrite(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict):
+    """``after`` against ``before`` on the proof inputs: the figures `prove_rewrite` returns,
+    and the differences past the folding tolerance (empty when it holds)."""
     names = [o.name for o in before.graph.output]
     expected = proofs.run(before, feeds, names)
     got, scales = proofs.run_with_scales(after, feeds, names)
     sims, bad = proofs.compare(expected, got, tolerance=FOLDED_TOLERANCE, scales=scales)
-    if bad:
-        raise BuildError(f"{what} changes the model: {bad[0]}", stage="import",
-                         hint="report this with the model")
-    return {"bit_identical": all(np.array_equal(expected[n], got[n], equal_nan=True) for n in names),
-            "max_rel": max((s.max_rel for s in sims.values()), default=0.0)}
+    return ({"bit_identical": all(np.array_equal(expected[n], got[n], equal_nan=True)
+                                  for n in names),
+             "max_rel": max((s.max_rel for s in sims.values()), default=0.0)}, bad)
 
 
 def unroll_recurrent(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
@@ -612,6 +623,23 @@ def softmaxes(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dic
                                                      "Softmax")
     return rewritten, {"softmaxes": sum(n.op_type == "Softmax" for n in rewritten.graph.node)
                        - sum(n.op_type == "Softmax" for n in model.graph.node), **figures}
+
+
+def bounded_masks(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each huge negative constant of an additive attention mask written as -256
+    (`npubuild.frontends.masks`), proven within the folding tolerance; how many constants,
+    the proof's figures, why the model was kept as it was (the proof failed: a row the proof
+    inputs mask whole, or scores spread past the bound), or {} when there is none."""
+    from npubuild.frontends import masks
+
+    bounded, count = masks.bounded_masks(model)
+    if not count:
+        return model, {}
+    figures, bad = compare_rewrite(model, bounded, feeds)
+    if bad:  # equal only where each row keeps a position: the export's own values stay
+        return model, {"kept": f"{count} mask constant(s) kept: bounded at "
+                               f"-{masks.MASK_BOUND:g}, the model differs: {bad[0]}"}
+    return bounded, {"constants": count, "bound": -masks.MASK_BOUND, **figures}
 
 
 def constant_left_matmuls(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

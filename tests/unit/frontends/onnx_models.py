@@ -180,3 +180,75 @@ def old_ir_conv_bn() -> onnx.ModelProto:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
                               inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)], ir_version=3)
+
+
+FINFO_MIN = float(np.finfo(np.float32).min)
+
+
+def masked_attention(mask: str = "sub_mul", neg: float = FINFO_MIN, tokens: int = 8,
+                     width: int = 16, heads: int = 2, seed: int = 0) -> onnx.ModelProto:
+    """One self-attention of ``heads`` heads over ``x`` [1, tokens, width] with the padding mask
+    ``attention_mask`` [1, tokens] (int64, 1 on the tokens) added to the scores before the
+    Softmax, as exports write it (``mask``):
+
+    - ``sub_mul``: Hugging Face's ``(1 - Cast(Unsqueeze(Unsqueeze(mask)))) · neg`` [1, 1, 1, T];
+    - ``where_bias``: ``Where(Cast(mask, bool), 0, neg)``, the bias added;
+    - ``masked_fill``: ``Where(Not(Cast(mask, bool)), neg, scores)``, the scores replaced;
+    - ``causal``: ``sub_mul`` plus a constant causal bias [T, T] of 0 and ``neg``;
+    - ``scaled_after``: ``sub_mul`` added before the 1/sqrt(d) scale (a Mul between the mask
+      and the Softmax: not a mask this rewrite may bound).
+    """
+    rng = np.random.default_rng(seed)
+    d = width // heads
+    weights = [numpy_helper.from_array((rng.normal(size=(width, width)) / np.sqrt(width) * 3)
+                                       .astype(np.float32), name) for name in ("wq", "wk", "wv")]
+    floats = {"one": np.float32(1.0), "neg": np.float32(neg), "zero": np.float32(0.0),
+              "scale": np.float32(1 / np.sqrt(d))}
+    nodes = [_const(name, value) for name, value in floats.items()] + [
+        _const("heads_shape", np.array([1, tokens, heads, d], np.int64)),
+        _const("out_shape", np.array([1, tokens, width], np.int64)),
+        _const("ax1", np.array([1], np.int64)), _const("ax2", np.array([2], np.int64))]
+    for name in ("q", "k", "v"):
+        nodes += [helper.make_node("MatMul", ["x", "w" + name], [name + "_flat"]),
+                  helper.make_node("Reshape", [name + "_flat", "heads_shape"], [name + "_heads"])]
+    nodes += [helper.make_node("Transpose", ["q_heads"], ["q"], perm=[0, 2, 1, 3]),
+              helper.make_node("Transpose", ["k_heads"], ["kt"], perm=[0, 2, 3, 1]),
+              helper.make_node("Transpose", ["v_heads"], ["v"], perm=[0, 2, 1, 3]),
+              helper.make_node("MatMul", ["q", "kt"], ["qk"])]
+    bias_chain = [helper.make_node("Unsqueeze", ["attention_mask", "ax1"], ["m3"]),
+                  helper.make_node("Unsqueeze", ["m3", "ax2"], ["m4"]),
+                  helper.make_node("Cast", ["m4"], ["m4f"], to=TensorProto.FLOAT),
+                  helper.make_node("Sub", ["one", "m4f"], ["dropped"]),
+                  helper.make_node("Mul", ["dropped", "neg"], ["bias"])]
+    if mask in ("sub_mul", "causal"):
+        nodes += [helper.make_node("Mul", ["qk", "scale"], ["scores"]), *bias_chain,
+                  helper.make_node("Add", ["scores", "bias"], ["masked"])]
+        if mask == "causal":
+            causal = np.triu(np.full((tokens, tokens), neg, np.float32), 1)
+            nodes += [_const("causal_bias", causal),
+                      helper.make_node("Add", ["masked", "causal_bias"], ["masked_causal"])]
+    elif mask == "scaled_after":
+        nodes += [*bias_chain, helper.make_node("Add", ["qk", "bias"], ["unscaled"]),
+                  helper.make_node("Mul", ["unscaled", "scale"], ["masked"])]
+    else:
+        nodes += [helper.make_node("Mul", ["qk", "scale"], ["scores"]),
+                  helper.make_node("Unsqueeze", ["attention_mask", "ax1"], ["m3"]),
+                  helper.make_node("Unsqueeze", ["m3", "ax2"], ["m4"]),
+                  helper.make_node("Cast", ["m4"], ["kept"], to=TensorProto.BOOL)]
+        if mask == "where_bias":
+            nodes += [helper.make_node("Where", ["kept", "zero", "neg"], ["bias"]),
+                      helper.make_node("Add", ["scores", "bias"], ["masked"])]
+        else:
+            nodes += [helper.make_node("Not", ["kept"], ["dropped"]),
+                      helper.make_node("Where", ["dropped", "neg", "scores"], ["masked"])]
+    softmax_input = "masked_causal" if mask == "causal" else "masked"
+    nodes += [helper.make_node("Softmax", [softmax_input], ["weights"], axis=-1),
+              helper.make_node("MatMul", ["weights", "v"], ["context"]),
+              helper.make_node("Transpose", ["context"], ["context_t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["context_t", "out_shape"], ["y"])]
+    graph = helper.make_graph(
+        nodes, f"masked_attention_{mask}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, width]),
+         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, tokens])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, width])], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

@@ -592,3 +592,27 @@ def test_a_loop_of_a_static_trip_count_is_imported_unrolled_and_its_steps_split_
     assert sum(n.op_type == "MatMul" and "W" in n.input for n in imported.graph.node) == 1
     support = built(tmp_path, "loop", "split/support.json")
     assert set(support["cpu_ops"]) <= {"Not", "Cast"}, support["cpu_ops"]
+
+
+def test_an_attention_mask_of_finfo_min_is_bounded_at_import_and_its_scores_quantize(cli, tmp_path):
+    """paraphrase-MiniLM-L3-v2 masks attention with (1 - mask) · finfo(float32).min: the sum
+    of scores and mask spanned 3.4e38 and quantize kept it in float on the CPU, one per layer.
+    Import writes the constant as -256, proven (bit-identical on the proof inputs), and the
+    masked scores are integers on the NPU."""
+    onnx.save(onnx_models.masked_attention("sub_mul"), str(tmp_path / "attention.onnx"))
+    rng = np.random.default_rng(3)
+    for i in range(8):
+        length = 3 + i % 6
+        np.savez(tmp_path / f"s_{i}.npz", x=rng.normal(size=(1, 8, 16)).astype(np.float32),
+                 attention_mask=np.array([[1] * length + [0] * (8 - length)], np.int64))
+    text = (recipe_text(tmp_path / "attention.onnx", "    - {name: x, shape: [1, 8, 16]}\n"
+                        "    - {name: attention_mask, shape: [1, 8]}\n", name="att")
+            + "target: npu-16m\nquantization:\n  calibration: {data: 's_[0-3].npz', samples: 4}\n"
+            "verify:\n  data: 's_[4-7].npz'\n  samples: 4\n  min_cosine: 0.99\n")
+    result = run_recipe(cli, tmp_path, text, "--json")
+    assert result.returncode == 0, result.stderr
+    calibration = built(tmp_path, "att", "quantize/calibration.json")["graphs"]
+    (tensors,) = [g["tensors"] for g in calibration.values() if "masked" in g["tensors"]]
+    assert tensors["masked"]["dtype"] in ("int8", "int16"), tensors["masked"]
+    proof = built(tmp_path, "att", "import/import.json")["proof"]["masks_bounded"]
+    assert proof["constants"] == 1 and proof["bound"] == -256 and proof["bit_identical"]
