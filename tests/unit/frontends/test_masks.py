@@ -72,3 +72,16 @@ def test_a_small_negative_constant_is_no_mask():
     """-100 already quantizes next to the scores (and may be a real bias): left as written."""
     source = masked_attention("sub_mul", -100.0)
     assert masks.bounded_masks(source) == (source, 0)
+
+
+def test_import_keeps_the_exported_constant_where_its_proof_inputs_mask_a_row_whole():
+    """The proof inputs decide: a sample with nothing kept (finfo.min: each position 1/n;
+    bounded: as if unmasked) fails the proof, and import hands on the model as written,
+    saying why."""
+    from npubuild.stages import importer
+
+    source = masked_attention("sub_mul")
+    model, figures = importer.bounded_masks(source, feeds([0] * TOKENS))
+    assert model is source and "kept" in figures
+    model, figures = importer.bounded_masks(source, feeds([1] * 5 + [0] * 3))
+    assert model is not source and figures["constants"] == 1 and figures["bit_identical"]
