@@ -13,9 +13,11 @@ can map its output rows to input rows: conv and pools on 4-D tensors, a fully co
 on one vector (its output rows read every input row: a group holding it is not sliced along H),
 resize (exact per-row input spans), element-wise add/mul/rescale/lut whose operands broadcast
 the same way in the view, concat/split/slice/pad that do not act along N or H (a concat or a
-constant pad along H too), softmax along C or W, and reshapes that keep N and C and regroup
+constant pad along H too), softmax along C or W, reshapes that keep N and C and regroup
 H x W — unless no tiled layer other than a reshape is beside them: such a reshape is an alias
-in GMEM. Every other layer is a **group breaker**: the layer list is cut around it, it runs between groups as a
+in GMEM — and chains of reshapes and transposes that permute the channels and keep every row
+(a channel shuffle: one ``channel_permute`` layer, `fold_channel_permutations`). Every other
+layer is a **group breaker**: the layer list is cut around it, it runs between groups as a
 whole-tensor step on GMEM, and the tensors crossing it go through GMEM. Breakers execute as
 
 - ``dma``: data movement (reshape, transpose, slice/split/pad along N or H, a concat that only
@@ -51,7 +53,8 @@ from npubuild.quant.qgraph import QGraph, QLayer
 from npubuild.targets.model import Chip
 
 ELEMENTWISE = {"add": "add", "mul": "eltwise", "rescale": "eltwise", "lut": "lut"}
-MOVES = ("reshape", "transpose", "depth_to_space", "slice", "split", "pad")  # no arithmetic: a DMA can do them
+MOVES = ("reshape", "transpose", "depth_to_space", "slice", "split", "pad",
+         "channel_permute")  # no arithmetic: a DMA can do them
 SPATIAL = ("conv", "maxpool", "avgpool")
 
 
@@ -175,6 +178,7 @@ def layers_from_qgraph(qgraph: QGraph, memo: LayerMemo | None = None) -> QLayers
     ``memo``: each layer's conversion kept across graphs that share layer objects
     (`LayerMemo`: the precision search prices one graph under hundreds of choices)."""
     tensors = _tensor_infos(qgraph) if memo is None else memo.infos(qgraph)
+    qgraph = fold_channel_permutations(qgraph, tensors, memo)
     specs, kernels, weights, breakers = [], {}, {}, {}
     for layer in qgraph.layers:
         converted = memo.get(layer, tensors) if memo is not None else None
@@ -295,6 +299,7 @@ class LayerMemo:
         self._found: dict[int, tuple[QLayer, tuple, tuple]] = {}
         self._infos_of: dict[int, tuple[object, TensorInfo]] = {}  # id(QTensor) -> its info
         self._digests: dict[int, tuple[QLayer, WeightRecord, bytes]] = {}  # id(kernel) ->
+        self._permutes: dict[tuple[int, ...], tuple] = {}  # ids of a chain's layers ->
         self.hashed = 0
         self.converted = 0
 
@@ -322,6 +327,18 @@ class LayerMemo:
     def put(self, layer: QLayer, tensors: dict[str, TensorInfo], converted: tuple) -> None:
         self._found[id(layer)] = (layer, self._infos(layer, tensors), converted)
         self.converted += 1
+
+    def permute_layer(self, members: list[QLayer], tensors: dict[str, TensorInfo]):
+        """`permute_layer`, kept by the members' layer objects and their tensors' infos (the
+        same layer object each time, so its conversion is kept too)."""
+        key = tuple(id(layer) for layer in members)
+        infos = (tensors[members[0].inputs[0]], tensors[members[-1].outputs[0]])
+        found = self._permutes.get(key)
+        if found is None or found[1] != infos or any(
+                a is not b for a, b in zip(found[0], members)):
+            found = self._permutes[key] = (tuple(members), infos,
+                                           permute_layer(members, tensors))
+        return found[2]
 
     def digest(self, kernel: QLayer, record: WeightRecord) -> bytes:
         """`weight_digest`, kept by the kernel object and its record (a converted layer's
@@ -687,10 +704,143 @@ def _softmax(layer: QLayer, tensors):
     return _kernel(layer, axis=axis), {"op": "softmax", "scratch_elem_bytes": e_bytes}, None
 
 
+def _channel_permute(layer: QLayer, tensors):
+    """A permutation of the view's channels (`fold_channel_permutations`): output row r of
+    every channel is input row r of another, so H slices need their own rows only; every
+    output channel may read any input channel, so it is never sliced along C."""
+    return layer, {"op": "permute"}, None
+
+
 CONVERTERS = {"conv": _conv, "maxpool": _pool, "avgpool": _pool, "resize": _resize,
               "add": _elementwise, "mul": _elementwise, "rescale": _elementwise,
               "lut": _elementwise, "concat": _concat, "split": _split, "slice": _slice,
-              "pad": _pad, "softmax": _softmax, "reshape": _reshape}
+              "pad": _pad, "softmax": _softmax, "reshape": _reshape,
+              "channel_permute": _channel_permute}
+
+
+# ---- channel permutations ------------------------------------------------------------------
+
+PERMUTING = ("reshape", "transpose")
+"""Data movement whose chains may compose to a permutation of the channels (ShuffleNet's
+channel shuffle: Reshape to (N, g, C/g, H, W), a Transpose of the two channel axes, Reshape)."""
+
+
+def fold_channel_permutations(qgraph: QGraph, tensors: dict[str, TensorInfo],
+                              memo: LayerMemo | None = None) -> QGraph:
+    """``qgraph`` with each data movement that permutes the channels of its input's 4-D view
+    and keeps N, H and W as one ``channel_permute`` layer named after its last layer. The class
+    is found by running the movement on element indices (`channel_order`), whatever its
+    spelling: a chain of reshapes and transposes (ShuffleNet's channel shuffle), each reading
+    the one before and read by nothing else; or slices of one tensor that only a concat along
+    the channels reads, which moves them unchanged (import writes a Gather by constant channel
+    indices so). Apart, a reshape or transpose across channels is a whole-tensor DMA step
+    between groups, and a slice per channel a tensor and a layer each in the group; as one
+    layer it keeps rows, so it is tiled (`_channel_permute`). The same graph object when there
+    is none."""
+    consumers, producers = qgraph.consumers(), qgraph.producers()
+    outputs, folded, fused = set(qgraph.outputs), {}, set()
+
+    def found(members: list[QLayer]) -> bool:
+        permute = (permute_layer(members, tensors) if memo is None
+                   else memo.permute_layer(members, tensors))
+        if permute is not None:
+            fused.update(member.name for member in members)
+            folded[permute.name] = permute
+        return permute is not None
+
+    for layer in qgraph.layers:
+        if layer.name in fused:
+            continue
+        if layer.kind == "concat" and layer.device == "npu":
+            slices = _gathered_slices(layer, producers, consumers, outputs, tensors)
+            if slices:
+                found([*slices, layer])
+            continue
+        if not _permuting(layer):
+            continue
+        chain = [layer]
+        while True:
+            out = chain[-1].outputs[0]
+            readers = consumers.get(out, [])
+            if out in outputs or len(readers) != 1 or not _permuting(readers[0]):
+                break
+            chain.append(readers[0])
+        for stop in range(len(chain), 1, -1):  # the longest prefix that permutes channels
+            if found(chain[:stop]):
+                break
+    if not folded:
+        return qgraph
+    layers = [folded.get(layer.name, layer) for layer in qgraph.layers
+              if layer.name not in fused or layer.name in folded]
+    return replace(qgraph, layers=layers)
+
+
+def _permuting(layer: QLayer) -> bool:
+    return layer.kind in PERMUTING and layer.device == "npu" and len(layer.outputs) == 1
+
+
+def _gathered_slices(concat: QLayer, producers, consumers, outputs,
+                     tensors: dict[str, TensorInfo]) -> list[QLayer]:
+    """The slices (one per input, in order) of one tensor that ``concat`` joins unchanged
+    (no requantization) when nothing else reads them; empty otherwise."""
+    p, out = concat.params, tensors[concat.outputs[0]]
+    if not all(m == 1 and n == 0 and zp == p.get("output_zp", 0) for m, n, zp in
+               zip(p["multipliers"], p["shifts"], p["input_zps"])):
+        return []
+    slices = [producers.get(t) for t in concat.inputs]
+    if not all(s is not None and s.kind == "slice" and s.device == "npu" for s in slices):
+        return []
+    if len({s.inputs[0] for s in slices}) != 1 or any(
+            t in outputs or tensors[t].dtype != out.dtype
+            or {c.name for c in consumers.get(t, [])} != {concat.name} for t in concat.inputs):
+        return []
+    return slices
+
+
+def channel_order(members: list[QLayer], tensors: dict[str, TensorInfo]
+                  ) -> tuple[int, ...] | None:
+    """The input channel of each output channel of the 4-D view when ``members`` permute the
+    channels of their input's view and keep N, H and W, the tensors of rank 4 or less; None
+    otherwise, or for the identity. ``members``: a chain of reshapes and transposes, each
+    reading the one before; or slices of one tensor, then the concat that joins them (its
+    inputs in order)."""
+    first, last = tensors[members[0].inputs[0]], tensors[members[-1].outputs[0]]
+    if (first.view != last.view or max(len(first.shape), len(last.shape)) > 4
+            or all(layer.kind == "reshape" for layer in members)):  # reshapes keep the order
+        return None
+    n, c, h, w = first.view
+    if c < 2:
+        return None
+    index = np.arange(n * c * h * w).reshape(first.shape)
+    if members[-1].kind == "concat":  # its inputs pass unchanged (`_gathered_slices`)
+        index = np.concatenate([reference.run_layer(s, [index])[0] for s in members[:-1]],
+                               axis=members[-1].attrs["axis"])
+    else:
+        for layer in members:
+            index = reference.run_layer(layer, [index])[0]
+    if index.size != n * c * h * w:
+        return None
+    moved = np.asarray(index).reshape(first.view)
+    order = moved[0, :, 0, 0] // (h * w)
+    if (order.max() >= c or (order == np.arange(c)).all()
+            or not (np.sort(order) == np.arange(c)).all() or not np.array_equal(
+                moved, np.arange(n * c * h * w).reshape(first.view)[:, order])):
+        return None
+    return tuple(int(i) for i in order)
+
+
+def permute_layer(members: list[QLayer], tensors: dict[str, TensorInfo]) -> QLayer | None:
+    """``members`` as one ``channel_permute`` layer when they permute channels
+    (`channel_order`; the integer reference runs it on the real shapes), else None."""
+    order = channel_order(members, tensors)
+    if order is None:
+        return None
+    last = members[-1]
+    out = tensors[last.outputs[0]]
+    nodes = dict.fromkeys(node for layer in members for node in layer.source_nodes)
+    return QLayer(last.name, "channel_permute", [members[0].inputs[0]], list(last.outputs),
+                  {"order": list(order), "view": list(out.view), "shape": list(out.shape)},
+                  {}, {}, list(nodes), "npu")
 
 
 # ---- weights in GMEM / LMEM ---------------------------------------------------------------

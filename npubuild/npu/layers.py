@@ -25,7 +25,7 @@ Shape = tuple[int, int, int, int]
 #: Op families the tiler knows. Channel-wise ones can be sliced along C (input channel =
 #: output channel); ``conv`` can be sliced along output channels (every slice reads all inputs).
 OPS = ("conv", "dwconv", "pool", "add", "eltwise", "lut", "concat", "split", "resize", "move",
-       "pad", "reshape", "softmax", "fc")
+       "pad", "reshape", "softmax", "fc", "permute")
 CHANNELWISE_OPS = frozenset({"dwconv", "pool", "add", "eltwise", "lut", "resize", "move"})
 C_SLICEABLE_OPS = CHANNELWISE_OPS | {"conv"}
 
@@ -39,7 +39,8 @@ class LayerSpec:
     integer nearest-neighbour factor; a ``concat`` with ``axis`` 2 joins along H, a ``reshape``
     regroups H x W (N and C kept). An ``fc`` (a fully connected layer on a vector: one
     channel, its features along H) reads every input row for any output row, so a group holding
-    one is never sliced along H; its weights are one record per output feature
+    one is never sliced along H; a ``permute`` reorders the channels, each output row the
+    same input row (never sliced along C); an ``fc``'s weights are one record per output feature
     (``attrs["weights"]`` = (features, depth)), spread over the lanes as a conv's are.
     ``macs`` counts multiply-accumulates for convolutions and one operation per output element
     (per window element for pools) otherwise. ``scratch_elem_bytes`` > 0 means the layer needs a

@@ -627,6 +627,15 @@ def depth_to_space(layer: QLayer, x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(blocks.reshape(n, c // bs ** 2, h * bs, w * bs))
 
 
+def channel_permute(layer: QLayer, x: np.ndarray) -> np.ndarray:
+    """A permutation of the channels of the 4-D view (``attrs``: ``order``, the input channel
+    of each output channel; ``view``; ``shape``, the output's): the NPU compiler's one layer
+    for a chain of reshapes and transposes that does this (a channel shuffle,
+    `npubuild.npu.from_qgraph.fold_channel_permutations`)."""
+    view = np.reshape(x, layer.attrs["view"])
+    return np.take(view, layer.attrs["order"], axis=1).reshape(layer.attrs["shape"])
+
+
 KERNELS: dict[str, Kernel] = {
     "conv": lambda l, xs: [conv2d(l, xs[0])],
     "add": lambda l, xs: [add(l, xs[0], xs[1])],
@@ -644,6 +653,7 @@ KERNELS: dict[str, Kernel] = {
     "reshape": lambda l, xs: [np.reshape(xs[0], l.attrs["shape"])],
     "transpose": lambda l, xs: [np.ascontiguousarray(np.transpose(xs[0], l.attrs["perm"]))],
     "depth_to_space": lambda l, xs: [depth_to_space(l, xs[0])],
+    "channel_permute": lambda l, xs: [channel_permute(l, xs[0])],
     "slice": lambda l, xs: [_slice(l, xs[0])],
     "split": lambda l, xs: _split(l, xs[0]),
     "pad": lambda l, xs: [_pad_nd(l, xs[0])],

@@ -539,6 +539,8 @@ def _run_kernel(layer: QLayer, xs: list[np.ndarray], step: dict) -> list[np.ndar
         pads = list(layer.attrs["pads"])
         pads[2], pads[6] = step["pad_top"], step["pad_bottom"]
         return reference.run_layer(_with_attrs(layer, pads=pads), xs)
+    if kind == "channel_permute":  # the block's channels (all of them) in their new order
+        return [np.take(xs[0], layer.attrs["order"], axis=1)]
     if kind == "reshape":  # H x W regrouped: the output rows' pixels, out of the rows read
         (a, b), r0 = step["outputs"][0]["rows"], step["inputs"][0]["rows"][0]
         x = xs[0]

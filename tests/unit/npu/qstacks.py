@@ -105,6 +105,43 @@ class Stack:
         self.shapes[name] = tuple(shape)
         return name
 
+    def transpose(self, x: str, perm: list[int]) -> str:
+        name = self._name("Transpose")
+        self.nodes.append(helper.make_node("Transpose", [x], [name], name=name, perm=perm))
+        self.shapes[name] = tuple(self.shapes[x][p] for p in perm)
+        return name
+
+    def channel_shuffle(self, x: str, groups: int, spelling: str = "rank5") -> str:
+        """ShuffleNet's channel shuffle, spelled as ShuffleNet does (``rank5``: Reshape to
+        (N, g, C/g, H, W), Transpose of the two channel axes, Reshape back) or another way
+        to the same permutation (``rank4``: the pixels flattened, (N, g, C/g, H·W);
+        ``gather``: a Gather by the channel order as import writes it, a Slice per run of
+        consecutive channels and a Concat)."""
+        n, c, h, w = self.shapes[x]
+        if spelling == "gather":
+            order = [(i % groups) * (c // groups) + i // groups for i in range(c)]
+            runs = [[order[0]]]
+            for i in order[1:]:
+                runs[-1].append(i) if i == runs[-1][-1] + 1 else runs.append([i])
+            return self.concat([self.slice(x, run[0], run[-1] + 1) for run in runs])
+        if spelling == "rank5":
+            grouped = self.reshape(x, [n, groups, c // groups, h, w])
+            swapped = self.transpose(grouped, [0, 2, 1, 3, 4])
+        else:
+            grouped = self.reshape(x, [n, groups, c // groups, h * w])
+            swapped = self.transpose(grouped, [0, 2, 1, 3])
+        return self.reshape(swapped, [n, c, h, w])
+
+    def slice(self, x: str, start: int, end: int, axis: int = 1) -> str:
+        name = self._name("Slice")
+        bounds = [self._const(f"{name}_{k}", np.array([v], np.int64))
+                  for k, v in (("starts", start), ("ends", end), ("axes", axis))]
+        self.nodes.append(helper.make_node("Slice", [x, *bounds], [name], name=name))
+        shape = list(self.shapes[x])
+        shape[axis] = end - start
+        self.shapes[name] = tuple(shape)
+        return name
+
     def pad(self, x: str, pads: list[int], value: float = 0.0) -> str:
         """A constant Pad (ONNX order: begins of every axis, then ends)."""
         name = self._name("Pad")
@@ -179,7 +216,8 @@ def simulate_and_compare(qgraph, program_file: ProgramFile, inputs=None) -> dict
 def stacks(draw) -> tuple[Stack, list[str]]:
     """Random conv/pool/add/concat/resize/lut stacks on [1, C, H, 128] inputs (big enough that
     npu-tiny slices H most of the time), with the tiled layout layers too (H pads, spatial
-    reshapes, concats along H, channel softmax) and a reshape across channels (a breaker)."""
+    reshapes, concats along H, channel softmax, channel shuffles) and a reshape across
+    channels (a breaker)."""
     c = draw(st.sampled_from([8, 16, 16]))
     stack = Stack((1, c, draw(st.integers(48, 128)), 128), seed=draw(st.integers(0, 99)))
     cur, seen = "x", ["x"]
@@ -187,7 +225,7 @@ def stacks(draw) -> tuple[Stack, list[str]]:
         n, c, h, w = stack.shapes[cur]
         kind = draw(st.sampled_from(["conv", "conv", "dwconv", "maxpool", "avgpool", "add",
                                      "concat", "resize", "lut", "reshape", "hpad", "hconcat",
-                                     "softmax", "shuffle"]))
+                                     "softmax", "shuffle", "channel_shuffle"]))
         if kind in ("conv", "dwconv"):
             k = draw(st.sampled_from([1, 3, 5]))
             s = draw(st.sampled_from([1, 1, 2])) if h >= 16 else 1
@@ -214,6 +252,11 @@ def stacks(draw) -> tuple[Stack, list[str]]:
             cur = stack.reshape(cur, [n, c, h * 2, w // 2])
         elif kind == "shuffle" and c % 2 == 0 and w % 2 == 0:  # across channels: a breaker
             cur = stack.reshape(cur, [n, c // 2, h, w * 2])
+        elif kind == "channel_shuffle":  # ShuffleNet's, or another spelling of it: tiled
+            groups = draw(st.sampled_from([g for g in (2, 4) if c % g == 0] or [1]))
+            spelling = draw(st.sampled_from(["rank5", "rank4", "gather"]))
+            cur = (stack.channel_shuffle(cur, groups, spelling) if groups > 1
+                   else stack.unary(cur, "Relu"))
         elif kind == "hpad":  # Keras' ZeroPadding2D: a window of one row along H
             top, bottom = draw(st.integers(0, 2)), draw(st.integers(0, 2))
             cur = stack.pad(cur, [0, 0, top, 0, 0, 0, bottom, draw(st.integers(0, 1))])

@@ -728,3 +728,88 @@ def test_a_recurrence_of_many_steps_grows_its_group_in_doubling_steps():
     (group,) = planned.npu_groups
     assert len(group.group) == len(layers.graph.layers) == 80
     assert fits.computed <= 2 * 7 + 1  # one layer, doublings to 80, a bisection: not 80 fits
+
+
+def _shuffled(spelling: str = "rank5", shape=(1, 24, 96, 96), groups: int = 3):
+    """ShuffleNet's unit in miniature: a conv, a channel shuffle, a conv."""
+    s = Stack(shape)
+    a = s.conv("x", shape[1], 3)
+    b = s.channel_shuffle(a, groups, spelling)
+    return s, b, s.model([s.conv(b, 8, 3)])
+
+
+@pytest.mark.parametrize("spelling", ["rank5", "rank4", "gather"])
+def test_a_channel_shuffle_is_one_tiled_permutation_of_the_channels_bit_exact(spelling):
+    """Reshape, Transpose, Reshape that permute the channels and keep every row (however they
+    are spelled; or a Gather by the channel order, as import writes it: a Slice per run and a
+    Concat) fold into one ``permute`` layer in the convs' group: before, each reshape and
+    transpose was a whole-tensor DMA step between groups (the convs three groups), each slice
+    a layer and a tensor of its own in the group."""
+    s, shuffled, model = _shuffled(spelling)
+    qgraph = quantize(model)
+    layers = layers_from_qgraph(qgraph)
+    assert not layers.breakers
+    spec = next(spec for spec in layers.graph.layers if spec.name == shuffled)
+    assert spec.op == "permute" and not spec.c_sliceable
+    assert [spec.op for spec in layers.graph.layers] == ["conv", "permute", "conv"]
+    c = s.shapes[shuffled][1]
+    assert layers.kernels[shuffled].attrs["order"] == [
+        (i % 3) * (c // 3) + i // 3 for i in range(c)]  # ShuffleNet's order
+    for chip in (TINY, load_chip("npu-16m")):
+        _, program, program_file = compile_qgraph(qgraph, chip)
+        assert len(program.groups) == 1 and isinstance(program.groups[0], GroupProgram)
+        simulate_and_compare(qgraph, program_file)
+    assert program.groups[0].plan.slicing.h == 1  # npu-16m holds it whole; npu-tiny slices H
+    _, program, program_file = compile_qgraph(qgraph, TINY)
+    assert program.groups[0].plan.slicing.h > 1
+    _, _, program_file = compile_qgraph(qgraph, TINY, grouping=False)  # a group of its own
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_a_channel_shuffle_lmem_cannot_hold_a_row_of_runs_whole_between_groups_bit_exact():
+    """One row of every channel is what a permutation needs in LMEM; on npu-tiny a
+    4,096-pixel-wide row of 64 channels is more than a lane holds, so with ``on_no_fit: cpu``
+    the folded shuffle runs whole between groups (the integer reference's kernel), exact."""
+    s = Stack((1, 64, 2, 4096))
+    shuffled = s.channel_shuffle("x", 4)
+    qgraph = quantize(s.model([s.unary(shuffled, "Relu")]))
+    layers, program, program_file = compile_qgraph(qgraph, TINY, on_no_fit="cpu")
+    assert layers.kernels[shuffled].kind == "channel_permute"
+    assert [g.layer.name for g in program.groups if isinstance(g, CpuStep)] == [shuffled]
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_reshapes_and_transposes_that_do_not_permute_channels_stay_steps_between_groups():
+    """H and W swapped, channels regrouped into rows, a shuffle whose middle tensor another
+    layer reads, or the first half of the channels twice: not one permutation of the
+    channels that keeps rows."""
+    s = Stack((1, 8, 16, 16))
+    a = s.conv("x", 8, 3)
+    swapped = s.transpose(s.reshape(a, [1, 2, 4, 16, 16]), [0, 1, 2, 4, 3])
+    back = s.reshape(swapped, [1, 8, 16, 16])
+    rows = s.reshape(s.transpose(s.reshape(back, [1, 2, 4, 16, 16]), [0, 2, 1, 3, 4]),
+                     [1, 4, 32, 16])
+    grouped = s.reshape(s.conv(rows, 8, 3), [1, 2, 4, 32, 16])
+    shared = s.transpose(grouped, [0, 2, 1, 3, 4])
+    half = s.slice(a, 0, 4)
+    twice = s.concat([half, half])
+    qgraph = quantize(s.model([s.reshape(shared, [1, 8, 32, 16]), grouped, twice]))
+    layers = layers_from_qgraph(qgraph)
+    assert not any(spec.op == "permute" for spec in layers.graph.layers)
+    assert {swapped, back, rows, shared} <= set(layers.breakers)
+    assert layers.kernels[twice].kind == "concat"
+    _, _, program_file = compile_qgraph(qgraph, TINY)
+    simulate_and_compare(qgraph, program_file)
+
+
+def test_a_permutation_that_mixes_the_batch_with_the_channels_is_not_a_channel_permutation():
+    """N and C swapped keep the view's shape, but not each channel's batch: a breaker."""
+    s = Stack((2, 2, 8, 8))
+    a = s.conv("x", 2, 3)
+    swapped = s.transpose(s.reshape(a, [2, 2, 1, 8, 8]), [1, 0, 2, 3, 4])
+    back = s.reshape(swapped, [2, 2, 8, 8])
+    qgraph = quantize(s.model([s.conv(back, 2, 3)]))
+    layers = layers_from_qgraph(qgraph)
+    assert back in layers.breakers and layers.kernels[back].kind == "reshape"
+    _, _, program_file = compile_qgraph(qgraph, TINY)
+    simulate_and_compare(qgraph, program_file)
