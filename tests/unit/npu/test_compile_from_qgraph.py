@@ -813,3 +813,27 @@ def test_a_permutation_that_mixes_the_batch_with_the_channels_is_not_a_channel_p
     assert back in layers.breakers and layers.kernels[back].kind == "reshape"
     _, _, program_file = compile_qgraph(qgraph, TINY)
     simulate_and_compare(qgraph, program_file)
+
+
+def test_a_gather_by_the_channel_order_as_import_writes_it_is_one_tiled_permutation():
+    """Import writes a Gather of constant channel indices as Slices and a Concat
+    (`movement.constant_moves_as_slices`); a shuffle so written is one ``permute``, exact."""
+    from npubuild.frontends.movement import constant_moves_as_slices
+
+    s = Stack((1, 12, 16, 10))
+    a = s.conv("x", 12, 3)
+    order = [(i % 3) * 4 + i // 3 for i in range(12)]
+    gathered = s._name("Gather")
+    s.nodes.append(helper.make_node("Gather", [a, s._const(f"{gathered}_i", np.array(order))],
+                                    [gathered], name=gathered, axis=1))
+    s.shapes[gathered] = s.shapes[a]
+    model, _ = constant_moves_as_slices(s.model([s.conv(gathered, 8, 3)]))
+    assert "Gather" not in {node.op_type for node in model.graph.node}
+    qgraph = quantize(model)
+    layers = layers_from_qgraph(qgraph)
+    assert [spec.op for spec in layers.graph.layers] == ["conv", "permute", "conv"]
+    assert next(k for k in layers.kernels.values() if k.kind == "channel_permute"
+                ).attrs["order"] == order
+    _, program, program_file = compile_qgraph(qgraph, TINY)
+    assert len(program.groups) == 1
+    simulate_and_compare(qgraph, program_file)
