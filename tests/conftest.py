@@ -185,21 +185,24 @@ def ppocr_cls(tmp_path_factory, shared_cache):
     return ppocr_cls_build(tmp_path_factory, shared_cache, "npu_first")
 
 
-def one_npu_graph_split(directory: Path, nodes: list, initializers: list, shape: list[int]) -> Path:
-    """A split directory holding one NPU graph from ``x`` to ``y`` (float, ``shape`` both) made
-    of ``nodes``: what the quantize stage reads, for tests of quantization on a tiny model."""
+def one_npu_graph_split(directory: Path, nodes: list, initializers: list, shape: list[int],
+                        out_shape: list[int] | None = None) -> Path:
+    """A split directory holding one NPU graph from ``x`` to ``y`` (float, ``shape`` both, or
+    ``out_shape`` for ``y``) made of ``nodes``: what the quantize stage reads, for tests of
+    quantization on a tiny model."""
     import onnx
     from onnx import helper
 
     from npubuild.split import graph_infos
 
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, shape)],
-                              [helper.make_tensor_value_info("y", 1, shape)], initializers)
+                              [helper.make_tensor_value_info("y", 1, out_shape or shape)],
+                              initializers)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     split = directory / "split"
     split.mkdir()
     onnx.save(model, split / "graph_0.onnx")
     graph_infos.write(split / "graph_infos.json", graph_infos.build(
-        [("npu", ["x"], ["y"])], {"x": shape, "y": shape}, ["x"], ["y"]))
+        [("npu", ["x"], ["y"])], {"x": shape, "y": out_shape or shape}, ["x"], ["y"]))
     return split

@@ -46,6 +46,11 @@ class TensorStats:
     # sample): how far the extremes move from sample to sample (`wide_range`).
     sample_max_low: float = float("inf")
     sample_min_high: float = float("-inf")
+    # The smallest and the largest per-sample median |x| (`lower_median_abs`): a power
+    # spectrum whose quietest sample sits under a step of the range its loudest needs
+    # (`npubuild.quant.quantizer.Quantizer.quiet_in_int16`).
+    sample_typical_low: float = float("inf")
+    sample_typical_high: float = 0.0
     # Zeros seen before the first non-zero value: the histogram's range is then chosen by the
     # first non-zero value alone, so it depends only on the largest |x|, never on which sample
     # came first, and statistics of sample batches merge into exactly the one-pass result.
@@ -64,6 +69,9 @@ class TensorStats:
         self.sample_min_high = max(self.sample_min_high, lo)
         self.count += x.size
         self.sum_abs += float(np.abs(x).sum(dtype=np.float64))
+        typical = lower_median_abs(x)
+        self.sample_typical_low = min(self.sample_typical_low, typical)
+        self.sample_typical_high = max(self.sample_typical_high, typical)
         if self.with_histogram:
             self._add_to_histogram(x.ravel(), max(-lo, hi))
         if self.channel_axis is not None:
@@ -126,6 +134,8 @@ class TensorStats:
         self.min, self.max = min(self.min, later.min), max(self.max, later.max)
         self.sample_max_low = min(self.sample_max_low, later.sample_max_low)
         self.sample_min_high = max(self.sample_min_high, later.sample_min_high)
+        self.sample_typical_low = min(self.sample_typical_low, later.sample_typical_low)
+        self.sample_typical_high = max(self.sample_typical_high, later.sample_typical_high)
         self.count += later.count
         for geometry, gram in later.patch_grams.items():
             self.patch_grams.setdefault(geometry, type(gram)(geometry)).merge(gram)
@@ -179,6 +189,24 @@ class TensorStats:
 
     def as_dict(self) -> dict:
         return {"min": self.min, "max": self.max, "count": self.count}
+
+
+MEDIAN_VALUES = 1 << 16  # a sample's median |x| is read on at most about this many values
+
+
+def lower_median_abs(x: np.ndarray) -> float:
+    """The lower median of ``|x|`` over its non-zero values (0 where there are none): a ReLU's
+    zeros would put the median of a sample at 0 or just above it by chance. Over an evenly
+    strided subset of at most about ``MEDIAN_VALUES`` values (a typical value, not an
+    extreme: a feature map of millions costs a pass over tens of thousands) and by a
+    partition, not a sort."""
+    flat = np.ravel(x)
+    values = np.abs(flat[::max(1, -(-flat.size // MEDIAN_VALUES))])
+    values = values[values > 0]
+    if not values.size:
+        return 0.0
+    middle = (values.size - 1) // 2
+    return float(np.partition(values, middle)[middle])
 
 
 def _doubled(hist: np.ndarray) -> np.ndarray:

@@ -365,6 +365,21 @@ class Quantizer:
         return stats.typical_abs < MIN_TYPICAL_STEPS * step or (
             t in self.fg.outputs and self._kills_channels(stats, step))
 
+    def quiet_in_int16(self, t: str) -> bool:
+        """Whether int16 parameters from ``t``'s calibrated range leave the typical value of
+        its quietest calibration sample (its median |x|) under ``MIN_TYPICAL_STEPS`` steps
+        where its loudest sample's is not: a range across samples wider than int16 holds (a
+        power spectrum 500 times quieter in amplitude is 250,000 times smaller; GTCRN's
+        quietest verify frame had 79 % of its power bins under one int16 step, and a Sqrt or
+        Log after it turns those into noise). Float is then the precision that holds both;
+        the precision search tries it first (`npubuild.quant.search`)."""
+        stats = self.stats.get(t)
+        if stats is None or not stats.count or stats.sample_typical_high <= 0:
+            return False
+        lo, hi = self.calibrated(t, "int16")
+        step = float(np.max(_chosen_params(self.config.scheme, lo, hi, "int16").scale))
+        return stats.sample_typical_low < MIN_TYPICAL_STEPS * step <= stats.sample_typical_high
+
     @staticmethod
     def _kills_channels(stats, step: float) -> bool:
         """Whether an output has a channel that varies by more than a quarter of an int8 step

@@ -137,6 +137,8 @@ def test_batch_statistics_merge_into_exactly_the_one_pass_histogram(scales, batc
     assert (merged.min, merged.max, merged.count) == (one_pass.min, one_pass.max, one_pass.count)
     assert ((merged.sample_max_low, merged.sample_min_high)
             == (one_pass.sample_max_low, one_pass.sample_min_high))
+    assert ((merged.sample_typical_low, merged.sample_typical_high)
+            == (one_pass.sample_typical_low, one_pass.sample_typical_high))
     assert merged.range == one_pass.range
     if one_pass.hist is None:
         assert merged.hist is None and merged.pending_zeros == one_pass.pending_zeros

@@ -272,3 +272,28 @@ def test_int16_headroom_stops_where_the_function_does():
            for t in ("x", "s", "r")}
     assert top["x"] > 12.0                            # the input reaches past 7 (to 13)
     assert 0.99 < top["s"] <= 1.0 + 1e-4 and 5.99 < top["r"] <= 6.0 + 1e-3
+
+
+def test_a_tensor_int16_holds_on_loud_samples_but_not_on_a_quiet_one_is_quiet_in_int16():
+    """``Quantizer.quiet_in_int16``: the quietest calibration sample's median |x| under two
+    int16 steps of the range the loudest sample needs, the loudest's over. A square of
+    Gaussian noise (a power spectrum's bins) at amplitudes 1 and 1/500 is; the same at 1 and
+    1/2 is not, nor a ReLU's output (its zeros are no sample's typical value)."""
+    from npubuild.quant import calibrate, quantizer
+
+    m = model([helper.make_node("Mul", ["x", "x"], ["power"]),
+               helper.make_node("Relu", ["x"], ["h"]),
+               helper.make_node("Add", ["power", "h"], ["y"])], {"x": [1, 4, 16, 16]},
+              {"y": None})
+    rng = np.random.default_rng(0)
+
+    def named(loudness):
+        feeds = [{"x": (a * rng.standard_normal((1, 4, 16, 16))).astype(np.float32)}
+                 for a in loudness]
+        _, fg, probe = quantize(m, feeds, scheme="asymmetric")
+        stats = calibrate.observe(fg, probe, feeds, "minmax")
+        q = quantizer.Quantizer(fg, stats, quantizer.QuantConfig(scheme="asymmetric"))
+        return {t for t in ("power", "h") if q.quiet_in_int16(t)}
+
+    assert named((1.0, 1.0 / 500, 0.5)) == {"power"}
+    assert named((1.0, 0.5, 0.7)) == set()

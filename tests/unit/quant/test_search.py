@@ -64,6 +64,9 @@ class Synthetic(PrecisionSearch):
     def score_all(self, choices, quick=False):
         return [self.score(choice, step, quick) for choice, step in choices]
 
+    def _quiet_in_int16(self):  # no calibration statistics name a tensor
+        return []
+
     def slowdown(self, choice):
         return 1.0 + sum((self.work if p == "float" else self.int16_work).get(t, 0.0)
                          for t, p in choice.items())
@@ -972,3 +975,87 @@ def test_the_time_budget_keeps_no_choice_only_the_quick_samples_passed():
             assert key in search.cache and search.cache[key].passed, seconds
         if key in search.cache:
             assert result.after == search.cache[key].margin, seconds
+
+
+def _spectrum_search(tmp_path, calibration_loudness, verify_loudness):
+    """The search over an audio front end on one NPU graph: a 64-point STFT as two strided
+    convs (real, imaginary; square-root Hann window), the power ``re² + im²`` (+ 1e-8), its
+    Sqrt, a log-magnitude (+ 1e-3) and a 1x1 conv mixing the 33 bins: 256 samples of a few
+    tones in noise, peak-normalised to each loudness. Calibrated on ``calibration_loudness``,
+    verified on ``verify_loudness`` (the log-magnitude is loud on every sample: each is judged)."""
+    from onnx import helper, numpy_helper
+
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.workflow import Options, Workflow
+    from npubuild.recipe.model import VerifySpec
+    from npubuild.verify.verdict import SampleJudge
+    from tests.conftest import one_npu_graph_split
+
+    points, hop, bins, length = 64, 32, 33, 256
+    n, k = np.arange(points), np.arange(bins)[:, None]
+    window = np.hanning(points) ** 0.5
+    kernel = {"re": np.cos(2 * np.pi * k * n / points) * window,
+              "im": -np.sin(2 * np.pi * k * n / points) * window}
+    mixing = np.random.default_rng(1).standard_normal((bins, bins, 1, 1)) / np.sqrt(bins)
+    inits = [numpy_helper.from_array(kernel[p].reshape(bins, 1, 1, points).astype(np.float32),
+                                     f"w_{p}") for p in ("re", "im")]
+    inits += [numpy_helper.from_array(mixing.astype(np.float32), "w_mix"),
+              numpy_helper.from_array(np.float32(1e-8), "eps"),
+              numpy_helper.from_array(np.float32(1e-3), "floor")]
+    nodes = [helper.make_node("Conv", ["x", "w_re"], ["re"], strides=[1, hop], name="stft_re"),
+             helper.make_node("Conv", ["x", "w_im"], ["im"], strides=[1, hop], name="stft_im"),
+             helper.make_node("Mul", ["re", "re"], ["re2"], name="re2"),
+             helper.make_node("Mul", ["im", "im"], ["im2"], name="im2"),
+             helper.make_node("Add", ["re2", "im2"], ["power"], name="power"),
+             helper.make_node("Add", ["power", "eps"], ["power_eps"], name="power_eps"),
+             helper.make_node("Sqrt", ["power_eps"], ["mag"], name="mag"),
+             helper.make_node("Add", ["mag", "floor"], ["mag_floor"], name="mag_floor"),
+             helper.make_node("Log", ["mag_floor"], ["logmag"], name="logmag"),
+             helper.make_node("Conv", ["logmag", "w_mix"], ["y"], name="mix")]
+    shape = [1, 1, 1, length]
+    split = one_npu_graph_split(tmp_path, nodes, inits, shape,
+                                [1, bins, 1, (length - points) // hop + 1])
+    rng = np.random.default_rng(0)
+
+    def sound(loudness: float) -> dict:
+        t = np.arange(length) / 16000
+        x = sum(rng.uniform(0.2, 1) * np.sin(2 * np.pi * f * t + rng.uniform(0, 6))
+                for f in rng.uniform(100, 4000, 5)) + 0.05 * rng.standard_normal(length)
+        return {"x": (loudness * x / np.abs(x).max()).astype(np.float32).reshape(shape)}
+
+    calibration = [sound(a) for a in calibration_loudness]
+    verify = [sound(a) for a in verify_loudness]
+    pipeline = SplitPipeline(split)
+    workflow = Workflow(pipeline, Options(QuantConfig(scheme="asymmetric",
+                                                      granularity="per_channel",
+                                                      bias_correction=False), chip_int16=True))
+    workflow.calibrate(calibration)
+    workflow.quantize()
+    judge = SampleJudge(VerifySpec(), {}, pipeline, verify)
+    return PrecisionSearch(workflow, verify, judge, judge.kept, SearchSpec(), chip_int16=True,
+                           npu_macs_per_second=1e12)
+
+
+def test_a_power_spectrum_a_quiet_sample_leaves_under_int16_steps_goes_float_alone(tmp_path):
+    """A verify frame 500 times quieter than the loudest (GTCRN's sample 07; calibration's
+    quietest is 20 times): its power spectrum is 250,000 times smaller, under one int16 step
+    of the range the loud frames need, so int16 everywhere misses and float everywhere
+    passes. Calibration's per-sample medians name the power tensors (the quietest sample's
+    under two int16 steps, the loudest's not); float on them beside int16 everywhere is the
+    mixed reach, one score. The ranking found them before by scoring blocks, halving,
+    covering and dropping over the int16 base (50 scores in all here; GTCRN's mixed reach
+    28 scores of its 4,590-layer graph, now 1)."""
+    search = _spectrum_search(tmp_path, (1.0, 0.6, 0.3, 0.05), (0.9, 1.0 / 500, 0.4))
+    assert not search.score({t: "int16" for t in search.candidates}).passed
+    assert search.score({t: "float" for t in search.candidates}).passed
+    result = search.run()
+    assert result.reached
+    floats = {t for t, p in result.chosen.items() if p == "float"}
+    assert floats and floats <= {"re2", "im2", "power", "power_eps"}  # the convs on the NPU
+    assert result.evaluations < 40
+    steps = [s["step"] for s in result.steps]
+    assert "mixed reach: float where a quiet sample underflows int16" in steps
+    assert not any(s.startswith("mixed reach: float where int16") for s in steps)
+    assert search._quiet_in_int16() == ["re2", "im2", "power", "power_eps"]
+
