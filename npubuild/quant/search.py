@@ -17,7 +17,8 @@ The search, after int8 everywhere fails (read top to bottom):
    tensors that pass with int16 on every other candidate (phases 2-4 against that base), int16
    on the rest; the phases below then start from each tensor's own precision. The tensors
    whose quietest calibration sample int16 cannot hold where their loudest it can (a power
-   spectrum, `Quantizer.quiet_in_int16`) are tried in float first: one score where they pass.
+   spectrum, `Quantizer.quiet_in_int16`) are tried in float first: where they pass, only
+   the drop pass runs over them (no ranking).
 2. **Rank** by measured gains (group testing): a block of candidates made wide (the rest
    int8) takes some error off the judged figures; errors from different tensors add (nearly:
    independent noise), so the most useful blocks are halved until single tensors or blocks
@@ -717,12 +718,19 @@ class PrecisionSearch:
         unrolled recurrent cell float on the CPU (Silero VAD v6: 356 float layers, 609 → 172
         fps) where int16 misses on a handful of its tensors only."""
         base = {t: "int16" for t in self.candidates}
-        quiet = {t: "float" for t in self._quiet_in_int16()}
-        if quiet:  # one score where calibration already names them (a quiet power spectrum)
-            reach = {**base, **quiet}
-            if self.ok(self.score(reach, "mixed reach: float where a quiet sample underflows "
-                                         "int16")):
-                return reach
+        quiet = self._quiet_in_int16()
+        # where calibration already names them (a quiet power spectrum): one score, then the
+        # drop pass over them (the latest in the graph first), no ranking
+        if quiet and self.ok(self.score({**base, **{t: "float" for t in quiet}},
+                                        "mixed reach: float where a quiet sample underflows "
+                                        "int16")):
+            self.base = base
+            try:
+                floats = self._drop({t: "float" for t in quiet},
+                                    [{"tensors": (t,), "weight": 1.0} for t in quiet])
+            finally:
+                self.base = {}
+            return {**base, **floats}
         self.base = base
         try:
             ranking = self._rank("float")
@@ -740,7 +748,7 @@ class PrecisionSearch:
         frame 500 times quieter than calibration's loudest): int16 everywhere missed, float
         everywhere passed, and the ranking, cover and drop that found such tensors among
         3,443 candidates scored 28 choices of a 4,590-layer graph (124 s of the time budget's
-        600 s of work); one here."""
+        600 s of work)."""
         quiet: set[str] = set()
         for state in self.states.values():
             q = quantizer.Quantizer(state.fg, state.observer.stats,

@@ -1042,10 +1042,10 @@ def test_a_power_spectrum_a_quiet_sample_leaves_under_int16_steps_goes_float_alo
     quietest is 20 times): its power spectrum is 250,000 times smaller, under one int16 step
     of the range the loud frames need, so int16 everywhere misses and float everywhere
     passes. Calibration's per-sample medians name the power tensors (the quietest sample's
-    under two int16 steps, the loudest's not); float on them beside int16 everywhere is the
-    mixed reach, one score. The ranking found them before by scoring blocks, halving,
-    covering and dropping over the int16 base (50 scores in all here; GTCRN's mixed reach
-    28 scores of its 4,590-layer graph, now 1)."""
+    under two int16 steps, the loudest's not); float on them beside int16 everywhere passes,
+    and the drop pass alone keeps the fewest of them (no ranking). The ranking found them
+    before by scoring blocks, halving, covering and dropping over the int16 base (50 scores
+    in all here; GTCRN's mixed reach alone 28 scores of its 4,590-layer graph)."""
     search = _spectrum_search(tmp_path, (1.0, 0.6, 0.3, 0.05), (0.9, 1.0 / 500, 0.4))
     assert not search.score({t: "int16" for t in search.candidates}).passed
     assert search.score({t: "float" for t in search.candidates}).passed
@@ -1055,7 +1055,8 @@ def test_a_power_spectrum_a_quiet_sample_leaves_under_int16_steps_goes_float_alo
     assert floats and floats <= {"re2", "im2", "power", "power_eps"}  # the convs on the NPU
     assert result.evaluations < 40
     steps = [s["step"] for s in result.steps]
-    assert "mixed reach: float where a quiet sample underflows int16" in steps
+    reach = steps.index("mixed reach: float where a quiet sample underflows int16")
+    assert steps[reach + 1] == "drop"  # the fewest of them: GTCRN kept 4 float tensors of 6
     assert not any(s.startswith("mixed reach: float where int16") for s in steps)
     assert search._quiet_in_int16() == ["re2", "im2", "power", "power_eps"]
 
