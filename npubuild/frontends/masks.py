@@ -10,7 +10,7 @@ spans 3.4e38, which no int8 or int16 scale can share with scores that need hundr
 quantizer kept those Adds in float on the CPU (paraphrase-MiniLM-L3-v2: three, one per layer).
 
 `bounded_masks` writes each such constant (each value 0 or below ``-MASK_BOUND``, at least one
-of the latter) with ``-MASK_BOUND`` for those values, where it is the NEG operand of a Mul or
+of the latter) with minus its bound for those values, where it is the NEG operand of a Mul or
 Where or the bias of an Add, and what that node computes reaches nothing but Softmax inputs:
 through data movement (Reshape, Unsqueeze, Squeeze, Expand, Transpose, Flatten, Identity, a Cast
 between float types), further Adds (a causal bias plus a padding bias, position biases), a
@@ -20,28 +20,39 @@ Mul/Sub/Cast/Unsqueeze path as its fused Attention's mask input, whose kernel ma
 (``mask_filter_value``) whatever constant the export wrote: the value is the export's choice,
 not the model's.
 
-``MASK_BOUND`` is 256 (a power of two, exact in float16 and bfloat16 too): float32's ``exp``
-is 0 below -104, so a masked score still gets exactly 0 wherever the row's kept scores lie
-within 152 of its maximum (attention scores span tens), and the rewritten model is equal to the
-original there. The masked sum then spans 256 plus the scores, which int16 resolves to a few
-thousandths. A row with no position kept differs: there ``finfo.min`` swamps every score and
-the export gives each position 1/n, while the bounded mask shifts all scores alike and the
-row attends as if unmasked (as ONNX Runtime's Attention kernel with its -10000 and Hugging
-Face's SDPA path, `_unmask_unattended`, do). Import proves the result on its proof inputs and
-keeps the model as it was where that proof fails.
+The bound is as small as the scores allow (`derived_bounds`), since the masked sum spans the
+bound plus the scores and its int8 step is that over 255: at -256 about one logit, too coarse
+for the kept scores. On the proof inputs, per constant, it is the smallest power of two (exact
+in float16 and bfloat16 too) that puts every score it masks ``MASKED_MARGIN`` (16) below the
+largest kept score of its Softmax row, at least 16 and at most ``MASK_BOUND`` (256; 256 where
+it masks nothing on the proof inputs, which then say nothing of the scores): a masked
+weight is then at most exp(-16) = 1.1e-7 of the largest kept one, about float32's rounding of
+1, where the export's constant gave exactly 0. Import proves the result within the folding
+tolerance, not bit for bit, and falls back to -256 where that fails (float32's ``exp`` is 0
+below -104: exactly 0 wherever the kept scores lie within 152 of the row's maximum).
+paraphrase-MiniLM-L3-v2: 32 on each of its 12 samples (on its proof input a masked score lies
+at most 14.8 above its row's kept maximum; the proof differs by 6e-8 of the scale). A row with
+no position kept differs: there ``finfo.min`` swamps every score and the export gives each
+position 1/n, while the bounded mask shifts all scores alike and the row attends as if
+unmasked (as ONNX Runtime's Attention kernel with its -10000 and Hugging Face's SDPA path,
+`_unmask_unattended`, do); such a row gets ``MASK_BOUND``, the proof fails and import keeps the
+model as it was.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
 
+from npubuild import onnx_io
 from npubuild.fusions.graph import GraphView, attribute
 from npubuild.surgery.graph import Editor
 
-MASK_BOUND = 256.0
+MASK_BOUND = 256.0  # the largest bound, and the least magnitude of a mask constant's values
+MASKED_MARGIN = 16.0  # how far below its row's largest kept score a masked score must lie
 
 # ops a mask's values pass through unchanged on their way to the Softmax, and the inputs that
 # carry them (None: any)
@@ -52,10 +63,11 @@ FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProt
                onnx.TensorProto.DOUBLE}
 
 
-def bounded_masks(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+def bounded_masks(model: onnx.ModelProto, bounds: Mapping[str, float] | None = None
+                  ) -> tuple[onnx.ModelProto, int]:
     """The model with each huge negative mask constant that reaches only Softmax inputs written
-    as ``-MASK_BOUND`` (see the module docstring), and how many constants it wrote; the model
-    itself when there is none."""
+    as ``-bounds[name]`` (``-MASK_BOUND`` where ``bounds`` names none; see the module
+    docstring), and how many constants it wrote; the model itself when there is none."""
     if not any(n.op_type == "Softmax" for n in model.graph.node):
         return model, 0
     view = GraphView(model)
@@ -64,11 +76,86 @@ def bounded_masks(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
         return model, 0
     edit = Editor(model, "bounded_masks")
     for constant, places in uses.items():
-        bounded = edit.add_initializer(bound(view.constant(constant)), constant + "/bounded")
+        limit = (bounds or {}).get(constant, MASK_BOUND)
+        bounded = edit.add_initializer(bound(view.constant(constant), limit),
+                                       constant + "/bounded")
         for index, slot in places:
             edit.graph.node[index].input[slot] = bounded
     edit.touch()
     return edit.finish(), len(uses)
+
+
+def derived_bounds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Per mask constant (by name, in graph order): the smallest power of two that, on
+    ``feeds``, puts every score it masks at least ``MASKED_MARGIN`` below the largest kept
+    score of its Softmax row; at least ``MASKED_MARGIN``, at most ``MASK_BOUND``. The scores
+    are the Softmax inputs with every mask constant written as 0; a position is masked by a
+    constant where writing that one as 0 raises the Softmax input by more than half
+    ``MASK_BOUND``; a row's largest kept score is its largest Softmax input as exported. A
+    constant that masks no position of ``feeds`` gets ``MASK_BOUND`` (nothing to size it by),
+    as does one with a row masked whole (which the proof then refuses). {} where the model has
+    no such mask."""
+    if not any(n.op_type == "Softmax" for n in model.graph.node):
+        return {}
+    view = GraphView(model)
+    uses = mask_uses(view)
+    if not uses:
+        return {}
+    reached = {c: sorted({name for index, _ in places
+                          for name in softmax_inputs(view, view.nodes[index].output[0]) or ()})
+               for c, places in uses.items()}
+    inputs = sorted({name for names in reached.values() for name in names})
+
+    def softmax_inputs_of(rewritten: onnx.ModelProto, names: list[str]) -> dict:
+        return onnx_io.run(onnx_io.with_outputs(rewritten, names), feeds, names)
+
+    exported = softmax_inputs_of(model, inputs)
+    scores = softmax_inputs_of(bounded_masks(model, dict.fromkeys(uses, 0.0))[0], inputs)
+    rows = softmax_rows(model)
+    bounds = {}
+    for constant, names in reached.items():
+        alone = scores if len(uses) == 1 else \
+            softmax_inputs_of(bounded_masks(model, {constant: 0.0})[0], names)
+        spread = max((masked_spread(*(rows[n](v[n]) for v in (exported, alone, scores)))
+                      for n in names), default=-np.inf)
+        if spread == -np.inf:  # it masks nothing here: no scores to size it by
+            bounds[constant] = MASK_BOUND
+            continue
+        needed = max(spread + MASKED_MARGIN, MASKED_MARGIN)
+        bounds[constant] = float(min(2.0 ** np.ceil(np.log2(needed)), MASK_BOUND))
+    return bounds
+
+
+def masked_spread(exported: np.ndarray, alone: np.ndarray, scores: np.ndarray) -> float:
+    """The largest (masked score - its row's largest exported value) over the Softmax rows
+    (the last axis) where this mask masks a position (``alone``: the Softmax input with this
+    mask written as 0, ``scores``: with every mask written as 0); -inf where none does."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        masked = alone - exported > MASK_BOUND / 2
+        masking = masked.any(axis=-1)
+        if not masking.any():
+            return -np.inf
+        top = np.where(masked, scores, -np.inf).max(axis=-1) - exported.max(axis=-1)
+        return float(np.nan_to_num(top[masking], nan=np.inf).max())
+
+
+def softmax_rows(model: onnx.ModelProto) -> dict:
+    """Per Softmax input: a function giving its values as float64 rows [rows, positions], one
+    per normalisation (opset 13 on: along ``axis``, default -1; before: the values flattened
+    from ``axis`` on, default 1)."""
+    coerced = onnx_io.opset_of(model) < 13
+    rows = {}
+    for node in model.graph.node:
+        if node.op_type != "Softmax":
+            continue
+        axis = attribute(node, "axis", 1 if coerced else -1)
+        if coerced:
+            rows[node.input[0]] = lambda v, a=axis: np.asarray(v, np.float64).reshape(
+                int(np.prod(np.shape(v)[:a])), -1)
+        else:
+            rows[node.input[0]] = lambda v, a=axis: np.moveaxis(
+                np.asarray(v, np.float64), a, -1).reshape(-1, np.shape(v)[a])
+    return rows
 
 
 def mask_uses(view: GraphView) -> dict[str, list[tuple[int, int]]]:
@@ -82,7 +169,7 @@ def mask_uses(view: GraphView) -> dict[str, list[tuple[int, int]]]:
         for slot in slots:
             name = node.input[slot] if slot < len(node.input) else ""
             if name and is_mask_constant(view.constant(name)) and \
-                    reaches_only_softmax(view, node.output[0]):
+                    softmax_inputs(view, node.output[0]) is not None:
                 uses[name].append((index, slot))
     return dict(uses)
 
@@ -96,16 +183,18 @@ def is_mask_constant(value: np.ndarray | None) -> bool:
     return bool(masked.any()) and bool(np.all(masked | (value == 0)))
 
 
-def bound(value: np.ndarray) -> np.ndarray:
-    """``value`` with every entry below ``-MASK_BOUND`` written as ``-MASK_BOUND``, in its
-    dtype."""
-    return np.maximum(value, -MASK_BOUND).astype(value.dtype)
+def bound(value: np.ndarray, limit: float = MASK_BOUND) -> np.ndarray:
+    """``value`` (each entry 0 or below ``-MASK_BOUND``) with every entry below ``-limit``
+    written as ``-limit``, in its dtype."""
+    return np.maximum(value, -limit).astype(value.dtype)
 
 
-def reaches_only_softmax(view: GraphView, tensor: str) -> bool:
-    """Whether every path from ``tensor`` ends at a Softmax's input through ops that pass its
-    values on unchanged (`PASSING`), never at a graph output or another op."""
+def softmax_inputs(view: GraphView, tensor: str) -> list[str] | None:
+    """The Softmax inputs (in graph order) where every path from ``tensor`` ends through ops
+    that pass its values on unchanged (`PASSING`); None where one reaches a graph output or
+    another op."""
     seen: set[str] = set()
+    ends: set[str] = set()
     pending = [tensor]
     while pending:
         name = pending.pop()
@@ -113,17 +202,18 @@ def reaches_only_softmax(view: GraphView, tensor: str) -> bool:
             continue
         seen.add(name)
         if name in view.outputs or not view.consumers.get(name):
-            return False
+            return None
         for index in view.consumers[name]:
             node = view.nodes[index]
             if node.domain not in ("", "ai.onnx") or has_subgraphs(node):
-                return False
+                return None
             if node.op_type == "Softmax" and list(node.input) == [name]:
+                ends.add(name)
                 continue
             if not passes_on(node, name):
-                return False
+                return None
             pending.append(node.output[0])
-    return True
+    return [n.input[0] for n in view.nodes if n.op_type == "Softmax" and n.input[0] in ends]
 
 
 def passes_on(node: onnx.NodeProto, name: str) -> bool:

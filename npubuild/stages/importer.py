@@ -7,8 +7,9 @@ arithmetic the fixed shapes make constant is folded; then every constant subgrap
 `onnx_frontend.FOLD_MAX_BYTES` per tensor, so the CPU does not compute it on every inference;
 a layer normalisation written out in primitives becomes one LayerNormalization (opset 17);
 an attention mask's huge negative constant (finfo.min, -1e9, -10000) that reaches only Softmax
-inputs is written as -256, so the masked scores quantize, `npubuild.frontends.masks` (kept as
-written where the proof fails);
+inputs is written as the smallest power of two (16 to 256) that keeps each score it masks 16
+below its row's largest kept score on the proof inputs, so the masked scores quantize,
+`npubuild.frontends.masks` (kept as written where the proof fails);
 a Loop or Scan whose iterations the constants decide is unrolled over them,
 `npubuild.frontends.loops`; a recurrent layer (LSTM, GRU, RNN) of a static sequence length is unrolled over its steps,
 `npubuild.frontends.recurrent`; a MatMul by a constant left operand becomes the product by a
@@ -626,20 +627,28 @@ def softmaxes(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dic
 
 
 def bounded_masks(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
-    """Each huge negative constant of an additive attention mask written as -256
-    (`npubuild.frontends.masks`), proven within the folding tolerance; how many constants,
-    the proof's figures, why the model was kept as it was (the proof failed: a row the proof
-    inputs mask whole, or scores spread past the bound), or {} when there is none."""
+    """Each huge negative constant of an additive attention mask written as minus the bound
+    derived from the scores it masks on the proof inputs (`npubuild.frontends.masks`), proven
+    within the folding tolerance (where that fails, -256 for every one); how many constants,
+    their bounds, the proof's figures, why the model was kept as it was (the proof failed: a
+    row the proof inputs mask whole, or scores spread past the bound), or {} when there is
+    none."""
     from npubuild.frontends import masks
 
-    bounded, count = masks.bounded_masks(model)
-    if not count:
+    derived = masks.derived_bounds(model, feeds)
+    if not derived:
         return model, {}
-    figures, bad = compare_rewrite(model, bounded, feeds)
-    if bad:  # equal only where each row keeps a position: the export's own values stay
-        return model, {"kept": f"{count} mask constant(s) kept: bounded at "
-                               f"-{masks.MASK_BOUND:g}, the model differs: {bad[0]}"}
-    return bounded, {"constants": count, "bound": -masks.MASK_BOUND, **figures}
+    bad, largest = [], dict.fromkeys(derived, masks.MASK_BOUND)
+    for bounds in [derived] + ([largest] if largest != derived else []):
+        bounded, count = masks.bounded_masks(model, bounds)
+        figures, bad = compare_rewrite(model, bounded, feeds)
+        if not bad:
+            return bounded, {"constants": count,
+                             "bounds": {name: -value for name, value in bounds.items()},
+                             **figures}
+    # equal only where each row keeps a position: the export's own values stay
+    return model, {"kept": f"{len(derived)} mask constant(s) kept: bounded at "
+                           f"-{masks.MASK_BOUND:g}, the model differs: {bad[0]}"}
 
 
 def constant_left_matmuls(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:

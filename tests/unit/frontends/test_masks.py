@@ -85,3 +85,67 @@ def test_import_keeps_the_exported_constant_where_its_proof_inputs_mask_a_row_wh
     assert model is source and "kept" in figures
     model, figures = importer.bounded_masks(source, feeds([1] * 5 + [0] * 3))
     assert model is not source and figures["constants"] == 1 and figures["bit_identical"]
+
+
+def scaled_feeds(scale: float) -> dict:
+    """Five tokens kept of eight, ``x`` scaled: the scores (products of two projections of x)
+    span scale² as much."""
+    return {"x": feeds([1] * 5 + [0] * 3)["x"] * np.float32(scale),
+            "attention_mask": np.array([[1] * 5 + [0] * 3], np.int64)}
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 3.0])
+def test_the_bound_is_the_least_power_of_two_that_keeps_each_masked_score_16_below_its_row(scale):
+    """The bound is derived from the scores the mask joins on the given inputs: the smallest
+    power of two (16 to 256) at least 16 above the largest (masked score - its row's largest
+    kept score), so the masked sum spans as little as the proof allows (an int8 step of
+    [-256 - s, s] is about 1 logit). Scores that span little get a small bound, scores that
+    span much a large one, and the attention stays within the import proof's tolerance."""
+    source = masked_attention("sub_mul")
+    inputs = scaled_feeds(scale)
+    scores = onnx_io.run(onnx_io.with_outputs(source, ["scores"]), inputs, ["scores"])["scores"]
+    kept = inputs["attention_mask"][0] == 1
+    spread = float((scores[..., ~kept].max(-1) - scores[..., kept].max(-1)).max())
+    expected = min(2.0 ** np.ceil(np.log2(max(spread + 16, 16))), masks.MASK_BOUND)
+    assert masks.derived_bounds(source, inputs) == {"neg": expected}
+    bounded, _ = masks.bounded_masks(source, {"neg": expected})
+    y, got = (onnx_io.run(m, inputs)["y"] for m in (source, bounded))
+    assert np.abs(got - y).max() <= 1e-5 * np.abs(y).max()
+
+
+def test_scores_that_span_little_get_a_small_bound_and_scores_that_span_much_a_large_one():
+    source = masked_attention("sub_mul")
+    assert masks.derived_bounds(source, scaled_feeds(0.3)) == {"neg": 32.0}
+    assert masks.derived_bounds(source, scaled_feeds(3.0)) == {"neg": 128.0}
+
+
+def test_a_masked_fill_bound_needs_only_the_kept_scores():
+    """Where(masked, NEG, scores) replaces the masked scores: each becomes -bound whatever it
+    was, so the least bound (16) keeps it below every row whose kept maximum is above 0."""
+    inputs = scaled_feeds(3.0)
+    assert masks.derived_bounds(masked_attention("masked_fill"), inputs) == {"neg": 16.0}
+
+
+def test_each_of_two_masks_gets_its_own_bound_from_the_positions_it_masks():
+    """A padding mask and a causal bias: each is derived from the positions it masks (written
+    as 0 alone, it raises them), both at most ``MASK_BOUND``."""
+    bounds = masks.derived_bounds(masked_attention("causal"), scaled_feeds(1.0))
+    assert list(bounds) == ["neg", "causal_bias"]
+    assert all(16 <= b <= masks.MASK_BOUND and np.log2(b) % 1 == 0 for b in bounds.values())
+
+
+def test_a_row_masked_whole_gets_the_largest_bound():
+    source = masked_attention("sub_mul")
+    assert masks.derived_bounds(source, feeds([0] * TOKENS)) == {"neg": masks.MASK_BOUND}
+
+
+@pytest.mark.parametrize("mask", ["sub_mul", "masked_fill"])
+def test_a_mask_that_masks_nothing_on_the_proof_inputs_keeps_the_largest_bound(mask):
+    """Every token kept (khmer-segmenter's package feeds its mask all true): the inputs say
+    nothing of the scores a mask would meet, so it keeps ``MASK_BOUND``, not the least bound."""
+    source = masked_attention(mask)
+    assert masks.derived_bounds(source, feeds([1] * TOKENS)) == {"neg": masks.MASK_BOUND}
+
+
+def test_a_model_without_a_mask_derives_no_bound():
+    assert masks.derived_bounds(masked_attention("scaled_after"), feeds([1] * 5 + [0] * 3)) == {}
