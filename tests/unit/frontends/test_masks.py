@@ -149,3 +149,13 @@ def test_a_mask_that_masks_nothing_on_the_proof_inputs_keeps_the_largest_bound(m
 
 def test_a_model_without_a_mask_derives_no_bound():
     assert masks.derived_bounds(masked_attention("scaled_after"), feeds([1] * 5 + [0] * 3)) == {}
+
+
+def test_import_falls_back_to_the_largest_bound_where_the_derived_one_fails_the_proof(monkeypatch):
+    """Many masked positions near their row's maximum can add up past the proof's tolerance at
+    the derived bound; import then proves -256 before it keeps the export's constant."""
+    from npubuild.stages import importer
+
+    monkeypatch.setattr(masks, "derived_bounds", lambda model, feeds: {"neg": 1.0})
+    model, figures = importer.bounded_masks(masked_attention("sub_mul"), feeds([1] * 5 + [0] * 3))
+    assert figures["bounds"] == {"neg": -masks.MASK_BOUND} and figures["bit_identical"]
