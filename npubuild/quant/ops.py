@@ -138,6 +138,7 @@ LUT_FUNCTIONS: dict[str, Callable] = {
     "Exp": lambda n, c: np.exp,
     "Abs": lambda n, c: np.abs,
     "Sqrt": lambda n, c: (lambda x: np.sqrt(np.maximum(x, 0.0))),
+    "Reciprocal": lambda n, c: _reciprocal,
     "Clip": _clip_fn,
     "Pow": _power,
 }
@@ -270,10 +271,23 @@ def mul(node, ctx) -> FLayer:
     return _layer(node, "mul", [a, b])
 
 
+def _reciprocal(x):
+    with np.errstate(divide="ignore"):
+        return 1.0 / np.asarray(x, np.float64)
+
+
 def div(node, ctx) -> FLayer:
+    """By a constant: a rescale (a scalar) or a product by its reciprocal. A constant of one
+    value over a tensor (T5's RMS norm: ``1 / Sqrt(mean(x²) + eps)``) is a function of that
+    tensor alone, so a table, as Reciprocal is; a tensor over a tensor has no kernel."""
     c = ctx.const(node.input[1])
     if c is None:
-        raise Unsupported("division by a tensor that is not constant")
+        k = _scalar(ctx.const(node.input[0]))
+        if k is None or ctx.shape(node.input[1]) != ctx.shape(node.output[0]):
+            raise Unsupported("division by a tensor that is not constant (of anything but a "
+                              "constant of one value, which is a table)")
+        return _layer(node, "lut", [node.input[1]], fn=lambda x, k=k: k * _reciprocal(x),
+                      attrs={"function": node.op_type})
     k = _scalar(c)
     if k is not None and ctx.shape(node.input[0]) == ctx.shape(node.output[0]):
         return _layer(node, "rescale", [node.input[0]], attrs={"factor": 1.0 / k})

@@ -398,3 +398,32 @@ def test_local_response_normalization_is_one_integer_layer():
     qg, cc, _ = check_against_ort(relu_then("LRN", size=5, alpha=1e-4, beta=0.75), samples(X))
     assert [(layer.kind, layer.device) for layer in qg.layers][-1] == ("lrn", "npu")
     assert cc.ok and cc.max_lsb <= 1, cc.summary()
+
+
+def rms_norm(shape, divide):
+    """T5's RMS norm as PyTorch exports it: ``x · (1 / Sqrt(mean(x²) + eps)) · g``, the
+    reciprocal written ``Div(1, s)`` (``divide="Div"``) or ``Reciprocal(s)``."""
+    inverse = (helper.make_node("Div", ["one", "s"], ["r"]) if divide == "Div" else
+               helper.make_node("Reciprocal", ["s"], ["r"]))
+    nodes = [helper.make_node("Pow", ["x", "two"], ["p"]),
+             helper.make_node("ReduceMean", ["p"], ["m"], axes=[-1], keepdims=1),  # opset 13
+             helper.make_node("Add", ["m", "eps"], ["v"]),
+             helper.make_node("Sqrt", ["v"], ["s"]), inverse,
+             helper.make_node("Mul", ["x", "r"], ["n"]),
+             helper.make_node("Mul", ["g", "n"], ["y"])]
+    inits = {"two": np.float32(2.0), "eps": np.float32(1e-6),
+             "one": np.float32(1.0), "g": rng.normal(1, 0.3, shape[-1:])}
+    return model(nodes, {"x": shape}, {"y": None}, inits)
+
+
+@pytest.mark.parametrize("divide", ["Div", "Reciprocal"])
+def test_a_reciprocal_of_a_tensor_is_one_integer_table(divide):
+    """T5's RMS norms (traceforge's flan-t5-small titler) divide a constant 1 by the root
+    mean square: "division by a tensor that is not constant" kept each Div on the CPU, 17
+    round trips between 18 NPU segments in the encoder. A constant over one tensor is a
+    function of that tensor alone: a lookup table, as the chip table's Div note says."""
+    shape = [1, 12, 32]
+    qg, cc, cos = check_against_ort(rms_norm(shape, divide), samples({"x": shape}))
+    (table,) = [layer for layer in qg.layers if layer.attrs.get("function") == divide]
+    assert (table.kind, table.device) == ("lut", "npu")
+    assert cc.ok and cc.max_lsb <= 1 and cos > 0.99
