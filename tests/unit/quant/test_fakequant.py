@@ -280,3 +280,27 @@ def test_a_model_cut_into_parts_types_its_crossings_without_inferring_the_switch
     assert not any(n.op_type == "If" for m in given for n in m.graph.node)
     crossing = [v for m, *_ in parts for v in [*m.graph.input, *m.graph.output]]
     assert crossing and all(v.type.tensor_type.elem_type == want[v.name] for v in crossing)
+
+
+def test_a_scalar_tensor_stays_a_scalar():
+    """madmom's online beat tracker squeezes its one activation of one frame to a scalar: its
+    parameters, split from one vector, are of shape [1], so the fake quantization broadcast
+    the scalar to [1] and the precision search read "shape [1] deployed where the reference
+    has []" for every choice (margin -1), int16 everywhere included."""
+    m = model([helper.make_node("Conv", ["x", "w", "b"], ["c"]),
+               helper.make_node("Sigmoid", ["c"], ["s"]),
+               helper.make_node("Squeeze", ["s"], ["y"])],
+              {"x": [1, 2, 1, 1]}, {"y": []},
+              {"w": RNG.normal(0, 0.5, (1, 2, 1, 1)), "b": RNG.normal(0, 0.1, 1)})
+    feeds = samples({"x": [1, 2, 1, 1]}, n=4)
+    fg, probe = lower(m)
+    stats = calibrate.observe(fg, probe, feeds, "minmax")
+    config = quantizer.QuantConfig(scheme="asymmetric", granularity="per_tensor", method="minmax")
+    qg = quantizer.Quantizer(fg, stats, config).run("g")
+    params, cpu = quantizer.Quantizer(fg, stats, config).tensor_params()
+    exported, tensors, layers, _ = fakequant.export_fake_quant(qg, fg)
+    session = onnx_io.session(exported)
+    for feed in feeds:
+        run = {**feed, **fakequant.params_feed(tensors, params, layers, cpu)}
+        y = session.run(["y"], run)[0]
+        assert y.shape == () and onnx_io.run(onnx_io.session(m), feed)["y"].shape == ()
