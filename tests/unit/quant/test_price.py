@@ -121,3 +121,23 @@ def test_widths_come_in_name_order_so_the_searchs_price_key_sorts_in_one_pass():
     widths = dtypes_of({"z": p8, "a": None, "m/1": p16, "m/0": p8})
     assert widths == {"a": "float32", "m/0": "int8", "m/1": "int16", "z": "int8"}
     assert list(widths.items()) == sorted(widths.items())
+
+
+def test_a_table_whose_input_the_choice_widens_is_priced_at_its_int16_size(tmp_path_factory):
+    """An int16 input's lookup table has 65,536 entries where int8's has 256, and compile
+    reads it whole from GMEM for every frame: the price kept the int8 table, so madmom's
+    online beat tracker (16 Sigmoid and Tanh tables on int16 inputs) was priced at 1.005x
+    int8's time and compiled at 51x (29,937 fps where int8 ran 1,538,462); tables of zeros
+    were then priced as one table shared by all (4.1x)."""
+    from npubuild.quant import price
+
+    qgraph = _qgraph(tmp_path_factory)
+    tables = [layer for layer in qgraph.layers if layer.name in ("sig0", "sig1")]
+    wide = {t: "int16" for layer in tables for t in (layer.inputs[0], layer.outputs[0])}
+    for graph in (price.with_choice(qgraph, wide, frozenset()),
+                  price.GraphPricer(qgraph, None)._with_choice(wide, frozenset(), frozenset())):
+        priced = [layer.arrays["table"] for layer in graph.layers if layer.name in ("sig0", "sig1")]
+        assert [(t.shape, t.dtype) for t in priced] == [((65536,), np.int16)] * 2
+        # compile stores equal weights once: two tables must not be priced as one
+        assert not np.array_equal(priced[0], priced[1])
+    assert tables[0].arrays["table"].shape == (256,)  # the graph itself is not changed
