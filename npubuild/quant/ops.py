@@ -284,8 +284,7 @@ def div(node, ctx) -> FLayer:
     if c is None:
         k = _scalar(ctx.const(node.input[0]))
         if k is None or ctx.shape(node.input[1]) != ctx.shape(node.output[0]):
-            raise Unsupported("division by a tensor that is not constant (of anything but a "
-                              "constant of one value, which is a table)")
+            raise Unsupported("division by a tensor that is not constant")
         return _layer(node, "lut", [node.input[1]], fn=lambda x, k=k: k * _reciprocal(x),
                       attrs={"function": node.op_type})
     k = _scalar(c)
