@@ -155,7 +155,7 @@ class _FakeQuantBuilder(qdq._Builder):
         p = f"{t}{PARAMS_SUFFIX}"
         scale, zp, lo, hi, on = self.node("Split", [p], [f"{p}:{i}:{k}" for i in range(5)],
                                           axis=0, num_outputs=5)
-        if not self.qgraph.tensors[t].shape:  # a scalar: parameters of shape [1] broadcast it to [1]
+        if not self.qgraph.tensors[t].shape:  # a scalar: parameters of shape [1] make it [1]
             scale, zp, lo, hi = (self.node("Squeeze", [v], [f"{v}:0"]) for v in (scale, zp, lo, hi))
         d, r, z, c, u, y, x = (f"{t}::{step}{k}" for step in "drzcuyx")
         quantized = _branch(f"{t}::fq{k}", y, [
