@@ -13,7 +13,8 @@ quantizer kept those Adds in float on the CPU (paraphrase-MiniLM-L3-v2: three, o
 of the latter) with minus its bound for those values, where it is the NEG operand of a Mul or
 Where or the bias of an Add, and what that node computes reaches nothing but Softmax inputs:
 through data movement (Reshape, Unsqueeze, Squeeze, Expand, Transpose, Flatten, Identity, a Cast
-between float types), further Adds (a causal bias plus a padding bias, position biases), a
+between float types, the selection and joining ops Slice, Gather, Tile and Concat: T5's encoder
+adds its mask to the position bias through a Slice), further Adds (a causal bias plus a padding bias, position biases), a
 Where's value branch, or a Max (exports that clamp the sum at finfo.min). No Mul or Div may lie
 between: a scale would shrink the bound. ONNX Runtime's transformer optimizer reads the same
 Mul/Sub/Cast/Unsqueeze path as its fused Attention's mask input, whose kernel masks with -10000
@@ -57,8 +58,8 @@ MASKED_MARGIN = 16.0  # how far below its row's largest kept score a masked scor
 # ops a mask's values pass through unchanged on their way to the Softmax, and the inputs that
 # carry them (None: any)
 PASSING = {"Reshape": (0,), "Unsqueeze": (0,), "Squeeze": (0,), "Expand": (0,), "Transpose": (0,),
-           "Flatten": (0,), "Identity": (0,), "Cast": (0,), "Add": (0, 1), "Max": None,
-           "Where": (1, 2)}
+           "Flatten": (0,), "Identity": (0,), "Cast": (0,), "Slice": (0,), "Gather": (0,),
+           "Tile": (0,), "Concat": None, "Add": (0, 1), "Max": None, "Where": (1, 2)}
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
                onnx.TensorProto.DOUBLE}
 

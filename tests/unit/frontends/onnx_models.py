@@ -196,7 +196,9 @@ def masked_attention(mask: str = "sub_mul", neg: float = FINFO_MIN, tokens: int 
     - ``masked_fill``: ``Where(Not(Cast(mask, bool)), neg, scores)``, the scores replaced;
     - ``causal``: ``sub_mul`` plus a constant causal bias [T, T] of 0 and ``neg``;
     - ``scaled_after``: ``sub_mul`` added before the 1/sqrt(d) scale (a Mul between the mask
-      and the Softmax: not a mask this rewrite may bound).
+      and the Softmax: not a mask this rewrite may bound);
+    - ``sliced``: ``sub_mul``'s bias cut by Slices along the key positions and joined again by
+      a Concat (T5's encoder adds its mask to the position bias through a Slice).
     """
     rng = np.random.default_rng(seed)
     d = width // heads
@@ -227,6 +229,15 @@ def masked_attention(mask: str = "sub_mul", neg: float = FINFO_MIN, tokens: int 
             causal = np.triu(np.full((tokens, tokens), neg, np.float32), 1)
             nodes += [_const("causal_bias", causal),
                       helper.make_node("Add", ["masked", "causal_bias"], ["masked_causal"])]
+    elif mask == "sliced":
+        half = tokens // 2
+        nodes += [helper.make_node("Mul", ["qk", "scale"], ["scores"]), *bias_chain,
+                  *(_const(name, np.array([at], np.int64))
+                    for name, at in (("at0", 0), ("at_half", half), ("at_end", tokens), ("ax3", 3))),
+                  helper.make_node("Slice", ["bias", "at0", "at_half", "ax3"], ["bias_front"]),
+                  helper.make_node("Slice", ["bias", "at_half", "at_end", "ax3"], ["bias_back"]),
+                  helper.make_node("Concat", ["bias_front", "bias_back"], ["bias_joined"], axis=3),
+                  helper.make_node("Add", ["scores", "bias_joined"], ["masked"])]
     elif mask == "scaled_after":
         nodes += [*bias_chain, helper.make_node("Add", ["qk", "bias"], ["unscaled"]),
                   helper.make_node("Mul", ["unscaled", "scale"], ["masked"])]

@@ -32,6 +32,7 @@ def constants(model: onnx.ModelProto) -> list[np.ndarray]:
     ("where_bias", -np.inf, 1),
     ("masked_fill", -1e9, 1),           # Where(not mask, NEG, scores)
     ("causal", FINFO_MIN, 2),           # the padding bias and a constant causal bias
+    ("sliced", FINFO_MIN, 1),           # through Slices and a Concat (T5's encoder: a Slice)
 ])
 def test_a_huge_negative_mask_is_bounded_and_the_attention_is_bit_identical(mask, neg, count):
     source = masked_attention(mask, neg)
