@@ -18,6 +18,10 @@
   export: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add) as one ONNX
   LayerNormalization, the op chips run whole (the model goes to opset 17 where it is older);
   means over axes that are not the trailing ones are normalised between two Transposes.
+- `rms_norms_as_op`: an RMS normalisation written out in primitives (T5's: Pow, ReduceMean over
+  the last axis, Add, Sqrt, Div(1, ·), Mul, Mul by the weight) as one ONNX RMSNormalization,
+  the op chips run whole with exact integer sums (the model goes to opset 23 where it is
+  older).
 - `softmaxes_as_op`: a softmax written out in primitives (ReduceMax, Sub, Exp, ReduceSum, Div)
   as one ONNX Softmax.
 - `check_source`: the source as ONNX's checker sees it (structure, types, strict shape
@@ -872,6 +876,7 @@ def _right_product(basis: np.ndarray, frames: list | None, out: list | None
 
 
 LAYER_NORMALIZATION_OPSET = 17  # LayerNormalization arrived in the default domain at opset 17
+RMS_NORMALIZATION_OPSET = 23  # RMSNormalization arrived in the default domain at opset 23
 
 
 def merge_duplicate_nodes(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
@@ -950,6 +955,71 @@ def layer_norms_as_op(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | No
     rewritten, report = apply_rule(model, "layer_norm_as_op", LAYER_NORM, _layer_normalization,
                                    _layer_norm_operands)
     return (_infer(rewritten) if report.fired else model), None
+
+
+def rms_norms_as_op(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
+    """Each RMS normalisation written out in primitives (``fusions.layer_norm.RMS_NORM``: x²,
+    its mean over the last axis, epsilon, square root, divide, then a constant scale) as one
+    ONNX ``RMSNormalization``, so a chip that has the op runs it whole: the primitives quantize
+    x² and its mean (T5's reach 3.5e10 and span 0 .. 1.1e8), the op sums the squares of the
+    integers exactly. A model older than opset 23 is converted to 23 first (only when it has
+    one). The same arithmetic in float: the import proof holds it to the folding tolerance.
+    Returns the model (unchanged when there is none) and why a found one stayed written out,
+    or None."""
+    from npubuild.fusions.graph import GraphView
+    from npubuild.fusions.layer_norm import RMS_NORM
+    from npubuild.fusions.rules import apply_rule
+    from npubuild.fusions.pattern import find_matches
+
+    if not any(n.op_type == "ReduceMean" for n in model.graph.node):
+        return model, None
+    if onnx_io.opset_of(model) < RMS_NORMALIZATION_OPSET:
+        if not find_matches(GraphView(model), RMS_NORM, _rms_norm_operands)[0]:
+            return model, None  # convert only a model that has one
+        try:
+            model = _infer(onnx_io.convert_version(model, RMS_NORMALIZATION_OPSET))
+        except Exception as exc:  # the converter refuses some old models: keep them as they are
+            return model, (f"converting the model to opset {RMS_NORMALIZATION_OPSET} for "
+                           f"RMSNormalization failed: {one_line(exc, 200)}")
+    rewritten, report = apply_rule(model, "rms_norm_as_op", RMS_NORM, _rms_normalization,
+                                   _rms_norm_operands)
+    return (_infer(rewritten) if report.fired else model), None
+
+
+def _rms_norm_operands(view, match) -> _LayerNormOperands | str:
+    """The match as RMSNormalization's operands (axis -1, epsilon, the scale over the last
+    axis: ones where there is none), or why it cannot be one: a float32 input of static shape."""
+    from npubuild.fusions.layer_norm import describe_rms
+
+    fused = describe_rms(view, match)
+    if isinstance(fused, str):
+        return fused
+    shape = view.shape(match.inputs["x"])
+    if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+        return "the input's shape is not static"
+    graph = view.model.graph
+    if not any(v.name == match.inputs["x"] and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+               for v in (*graph.value_info, *graph.input, *graph.output)):
+        return "the input is not float32"
+    scale = np.ones(shape[-1:], np.float32)
+    if "scale" in match.consts:
+        value = view.constant(match.consts["scale"])
+        if value is None or value.dtype != np.float32:
+            return "the scale is not a float32 constant"
+        try:
+            scale = np.ascontiguousarray(np.broadcast_to(np.ravel(value), shape[-1:]))
+        except ValueError:
+            return f"the scale {list(value.shape)} does not broadcast to {shape[-1:]}"
+    return _LayerNormOperands(-1, fused.attrs["epsilon"], scale, None)
+
+
+def _rms_normalization(edit, match) -> list[onnx.NodeProto]:
+    operands: _LayerNormOperands = match.info
+    root = edit.node(match.root)
+    base = root.name or root.output[0]
+    return [onnx.helper.make_node(
+        "RMSNormalization", [match.inputs["x"], edit.initializer(operands.scale, f"{base}/rms_scale")],
+        [root.output[0]], name=f"{base}/rms_norm", axis=-1, epsilon=operands.epsilon)]
 
 
 def softmaxes_as_op(model: onnx.ModelProto) -> onnx.ModelProto:

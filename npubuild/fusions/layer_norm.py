@@ -17,6 +17,13 @@ the kept shape (and an Expand to it, as jax2tf writes ``broadcast_in_dim``). The
 overloads: ``Affine`` (scale and bias), ``Scale``, ``Plain``, with ``MulSquare`` appended when
 d² is written d * d, ``Reciprocal`` when the division is, ``Folded`` for Keras's form and
 ``Pooled`` when the means are GlobalAveragePools.
+
+``RMS_NORM``: the RMS normalisation T5 exports (no mean subtracted), which import writes as one
+ONNX ``RMSNormalization`` (`frontends.onnx.rms_norms_as_op`)::
+
+    y = x · (1 / Sqrt(ReduceMean(x²) + epsilon)) [· scale]   (x² as Pow(x, 2) or x · x; the
+                                                                division as Div(1, ·),
+                                                                Reciprocal or Div(x, ·))
 """
 
 from __future__ import annotations
@@ -200,3 +207,48 @@ def layer_norm(model):
         report.near_misses.insert(0, f"import already wrote {written} layer norm(s) as "
                                      "ONNX LayerNormalization, which chips run whole")
     return fused, report
+
+
+def _rms_norm(square: str, divide: str, scaled: bool):
+    """y = x / sqrt(mean(x²) + epsilon) [· scale] over the last axis, as T5 writes its layer
+    norm (and Llama-style exports): x² as Pow(x, 2) or x · x; the division as Div(x, ·), or a
+    product by Reciprocal(·) or Div(1, ·)."""
+    ops = [(Op("Pow", ("x", Lit(2.0)), id="square", expose=None) if square == "Pow" else
+            Op("Mul", ("x", "x"), id="square", expose=None)),
+           reduction("ReduceMean", "square", "var", "var_axes", **_KEEPDIMS),
+           Op("Add", ("var", Const("epsilon")), id="add", expose=None),
+           Op("Sqrt", ("add",), id="std", expose=None)]
+    if divide == "Div":
+        ops.append(Op("Div", ("x", "std"), id="norm", expose=None))
+    else:
+        ops.append(Op("Reciprocal", ("std",), id="inverse", expose=None) if divide == "Reciprocal"
+                   else Op("Div", (Lit(1.0), "std"), id="inverse", expose=None))
+        ops.append(Op("Mul", ("x", "inverse"), id="norm", expose=None))
+    if scaled:
+        ops.append(Op("Mul", ("norm", Const("scale")), id="scaled", expose=None))
+    tag = ("RmsScale" if scaled else "RmsPlain") + ("" if square == "Pow" else "MulSquare") + (
+        "" if divide == "Div" else divide)
+    return pattern(*ops, tag=tag)
+
+
+#: RMS normalisation (no mean subtracted), longest forms first so the scale joins the match.
+RMS_NORM = tuple(_rms_norm(square, divide, scaled) for scaled in (True, False)
+                 for square in ("Pow", "Mul") for divide in ("Div", "Reciprocal", "One"))
+
+
+def describe_rms(view: GraphView, match: Match) -> Fused | str:
+    """An RMS-norm match's overload and attributes (``axis`` -1, ``epsilon``), or why it is not
+    one: the mean must reduce the last axis only, epsilon be a scalar and the scale vary only
+    along the last axis."""
+    shape = view.shape(match.inputs["x"]) or []
+    axes = _axes(view, match, "var", "var_axes")
+    if not shape or axes is None or [a - len(shape) if a >= 0 else a for a in axes] != [-1]:
+        return f"the mean reduces axes {axes}, not the last axis of a rank-{len(shape)} input"
+    epsilon = view.constant(match.consts["epsilon"])
+    if np.size(epsilon) != 1:
+        return "epsilon is not a scalar"
+    if "scale" in match.consts:
+        scale = view.constant(match.consts["scale"])
+        if scale.ndim > len(shape) or any(d != 1 for d in scale.shape[:-1]):
+            return f"the scale {list(scale.shape)} varies along axes before the last"
+    return Fused(match.pattern.tag, {"axis": -1, "epsilon": float(np.ravel(epsilon)[0])})

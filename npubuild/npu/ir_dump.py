@@ -397,6 +397,8 @@ class _Layer:
         p = self.layer.params
         out = {"axis": self.layer.attrs["axis"], "epsilon": self.layer.attrs["epsilon"],
                "epsilon_steps": p["epsilon_steps"]}
+        if self.layer.attrs.get("rms"):  # no mean subtracted
+            out["rms"] = True
         out.update(_quant("input", self.t(self.layer.inputs[0])))
         out.update(_quant("output", self.t(self.layer.outputs[0])))
         return out

@@ -191,7 +191,7 @@ def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18,
     once per state of its switches, with the same float32 operations. The quantized
     constants are inputs too (``<tensor>::c``, a sixth item: each name and its dequantized
     value), so a choice that quantizes them otherwise can feed its own (`choice_inputs`)."""
-    b = _builder(qg, fg, opset=max(opset, 18),  # Split's num_outputs
+    b = _builder(qg, fg, opset=max(opset, 18, qdq.fragments_opset(qg)),  # Split's num_outputs
                  wide_weights=wide_weights, weights_as_inputs=weights_as_inputs)
     for t, info in qg.tensors.items():
         if not info.is_float and t in qg.constants:

@@ -482,7 +482,7 @@ def layer_norm(node, ctx) -> FLayer:
     """LayerNormalization over the trailing axes from ``axis``, with a constant Scale (and B):
     the ``layernorm`` kind. Its Mean and InvStdDev outputs (training) have no kernel."""
     if any(node.output[1:]):
-        raise Unsupported("LayerNormalization's Mean or InvStdDev output is read")
+        raise Unsupported("LayerNormalization with its Mean or InvStdDev output read")
     shape = ctx.shape(node.input[0])
     if shape is None or not all(isinstance(d, int) for d in shape):
         raise Unsupported("LayerNormalization of a tensor without a static shape")
@@ -500,6 +500,17 @@ def layer_norm(node, ctx) -> FLayer:
     return _layer(node, "layernorm", [node.input[0]],
                   attrs={"axis": axis, "epsilon": float(attr(node, "epsilon", 1e-5))},
                   weights={"scale": gain, "bias": offset})
+
+
+def rms_norm(node, ctx) -> FLayer:
+    """RMSNormalization over the trailing axes from ``axis`` with a constant Scale: the
+    ``layernorm`` kind with ``rms`` (no mean subtracted; the row's sum of squares exact)."""
+    shape = ctx.shape(node.input[0])
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        raise Unsupported("RMSNormalization of a tensor without a static shape")
+    layer = layer_norm(node, ctx)
+    layer.attrs["rms"] = True
+    return layer
 
 
 def lrn(node, ctx) -> FLayer:
@@ -550,5 +561,5 @@ RULES: dict[str, Callable] = {
     "Identity": identity, "Dropout": identity, "Cast": identity,
     **{op: lut for op in LUT_FUNCTIONS},
     "PRelu": prelu, "LeakyRelu": prelu, "Softmax": softmax, "Max": extremum, "Min": extremum,
-    "LayerNormalization": layer_norm, "LRN": lrn,
+    "LayerNormalization": layer_norm, "RMSNormalization": rms_norm, "LRN": lrn,
 }

@@ -44,6 +44,7 @@ from npubuild.quant.qgraph import QGraph, QLayer
 ONNX_INT = {"int8": TensorProto.INT8, "int16": TensorProto.INT16}
 INT64_MIN = -(2 ** 63)
 AXES_AS_INPUT = 18  # opset where the Reduce* ops' axes attribute became an input
+RMS_NORMALIZATION_OPSET = 23  # an rms layernorm's fragment is one RMSNormalization
 
 
 @dataclass
@@ -446,10 +447,16 @@ def _at_opset(data: bytes, opset: int) -> onnx.ModelProto:
     return onnx_io.convert_version(frag, opset)  # fused functions' bodies too
 
 
+def fragments_opset(qg: QGraph) -> int:
+    """The default-domain opset the layers' float fragments need at least: 23 where a
+    ``layernorm`` is an RMSNormalization (the op arrived at 23), else 13."""
+    return RMS_NORMALIZATION_OPSET if any(layer.attrs.get("rms") for layer in qg.layers) else 13
+
+
 def _opset(qg: QGraph, base: int) -> int:
     uses_int16 = any(t.dtype == "int16" for t in qg.tensors.values()) or any(
         layer.kind == "conv" and layer.arrays["weight"].dtype == np.int16 for layer in qg.layers)
-    return max(base, 21 if uses_int16 else 13)
+    return max(base, 21 if uses_int16 else 13, fragments_opset(qg))
 
 
 def export_qdq(qg: QGraph, *, opset: int = 17, ties: bool = True) -> onnx.ModelProto:

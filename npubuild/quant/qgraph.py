@@ -49,9 +49,10 @@ mul        params: input_zps, multiplier, shift, output_zp, qmin, qmax
 matmul     (MatMul of two activations, batch dimensions broadcast) attrs: factor (a folded
            scalar Mul/Div, absent for 1); params: input_zps, multiplier, shift, output_zp,
            qmin, qmax: ``(a - zp_a) @ (b - zp_b)`` requantized
-layernorm  (LayerNormalization) attrs: axis (the first normalized axis, non-negative),
-           epsilon; params: input_zp, epsilon_steps (epsilon over the input's squared scale),
-           output_zp, qmin, qmax; arrays: gain, offset (Scale and B over the output scale, one
+layernorm  (LayerNormalization; an RMS norm written in primitives, with rms) attrs: axis
+           (the first normalized axis, non-negative), epsilon, rms (true: no mean subtracted,
+           the row over the root of its mean square plus epsilon); params: input_zp,
+           epsilon_steps (epsilon over the input's squared scale), output_zp, qmin, qmax; arrays: gain, offset (Scale and B over the output scale, one
            per normalized element): integer row statistics, the normalization in float64
 lrn        (LRN) attrs: size, alpha, beta, bias; params: input_zp, alpha_steps (alpha / size
            over the input's squared scale), input_over_output (the input's scale over the

@@ -412,7 +412,9 @@ def layernorm(layer: QLayer, x: np.ndarray) -> np.ndarray:
     values ``n·c - S1`` and ``n²·variance = n·S2 - S1²`` are exact integers; only the
     normalization ``(n·c - S1) / sqrt(n·S2 - S1² + n²·epsilon_steps)`` and the per-element
     ``gain``/``offset`` are float64 (correctly rounded IEEE operations, the same on any
-    machine), rounded once to the output."""
+    machine), rounded once to the output. With ``rms`` (an RMS norm: no mean subtracted) the
+    row is ``n·c / sqrt(n·S2 + n²·epsilon_steps)``, i.e. ``c / sqrt(S2/n + epsilon_steps)``,
+    from the same exact ``S2``."""
     p = layer.params
     axis = layer.attrs["axis"]
     lead, n = x.shape[:axis], int(np.prod(x.shape[axis:], dtype=np.int64))
@@ -423,6 +425,8 @@ def layernorm(layer: QLayer, x: np.ndarray) -> np.ndarray:
                          f"{span:g} overflow the int64 sums")
     s1 = c.sum(axis=-1, keepdims=True)
     s2 = np.einsum("...i,...i->...", c, c)[..., None]
+    if layer.attrs.get("rms"):
+        s1 = np.zeros_like(s1)
     centred = (n * c - s1).astype(np.float64)
     spread = (n * s2 - s1 * s1).astype(np.float64) + float(n) * float(n) * p["epsilon_steps"]
     with np.errstate(divide="ignore", invalid="ignore"):

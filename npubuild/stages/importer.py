@@ -5,7 +5,8 @@ sources go through tf2onnx (`npubuild.frontends.tensorflow`, imported only when 
 Recipe shapes fix dynamic dims, ``model.outputs`` cuts the graph, shapes are inferred (shape
 arithmetic the fixed shapes make constant is folded; then every constant subgraph, up to
 `onnx_frontend.FOLD_MAX_BYTES` per tensor, so the CPU does not compute it on every inference;
-a layer normalisation written out in primitives becomes one LayerNormalization (opset 17);
+a layer normalisation written out in primitives becomes one LayerNormalization (opset 17),
+an RMS normalisation (T5's) one RMSNormalization (opset 23);
 an attention mask's huge negative constant (finfo.min, -1e9, -10000) that reaches only Softmax
 inputs is written as the smallest power of two (16 to 256) that keeps each score it masks 16
 below its row's largest kept score on the proof inputs, so the masked scores quantize,
@@ -103,7 +104,7 @@ def _import(ctx: StageContext) -> dict:
     for key, rewrite in (("constants_folded", fold_constants), ("loops", unroll_loops),
                          ("recurrent", unroll_recurrent),
                          ("duplicates_merged", merge_duplicates),
-                         ("layer_norms", layer_norms),
+                         ("layer_norms", layer_norms), ("rms_norms", rms_norms),
                          ("softmaxes", softmaxes), ("masks_bounded", bounded_masks),
                          ("constant_left_matmuls", constant_left_matmuls),
                          ("gemm_bias_as_add", gemm_biases_as_add),
@@ -611,6 +612,23 @@ def layer_norms(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, d
     return normalised, {"layer_norms": sum(n.op_type == "LayerNormalization"
                                            for n in normalised.graph.node)
                         - sum(n.op_type == "LayerNormalization" for n in model.graph.node),
+                        "opset": onnx_io.opset_of(normalised), **figures}
+
+
+def rms_norms(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
+    """Each RMS normalisation written out in primitives as one RMSNormalization
+    (`onnx_frontend.rms_norms_as_op`), proven within the folding tolerance; the proof's figures
+    (how many, the opset the model went to), why they stayed written out, or {}."""
+    normalised, kept = onnx_frontend.rms_norms_as_op(model)
+    if kept:
+        return model, {"kept": kept}
+    if normalised is model:
+        return model, {}
+    figures = prove_rewrite(model, normalised, feeds, "an RMS normalisation written out in "
+                                                      "primitives as RMSNormalization")
+    return normalised, {"rms_norms": sum(n.op_type == "RMSNormalization"
+                                         for n in normalised.graph.node)
+                        - sum(n.op_type == "RMSNormalization" for n in model.graph.node),
                         "opset": onnx_io.opset_of(normalised), **figures}
 
 

@@ -412,6 +412,30 @@ def test_a_layer_normalization_runs_whole_on_the_npu_between_groups():
     simulate_and_compare(qgraph, program_file)
 
 
+@pytest.mark.parametrize("int16", [False, True])
+def test_an_rms_norm_runs_whole_on_the_npu_and_the_simulator_is_bit_exact(
+        int16, tmp_path):
+    """T5's RMS norm, one RMSNormalization from import, is one ``layernorm`` with ``rms``: a
+    step between groups, the simulator equal to the reference bit for bit (int8, and an int16
+    input like T5's residual stream), and the schema-valid IR says ``rms``."""
+    from tests.unit.quant.test_kernels_vs_ort import as_one_op, outlier_rows, rms_norm
+
+    shape = [1, 12, 64]
+    m = as_one_op(rms_norm(shape, "Div"))
+    qgraph, _, _ = qhelpers.quantize(m, outlier_rows(shape), scheme="pow2_symmetric",
+                                     int16_tensors=frozenset({"x"} if int16 else ()))
+    assert [(layer.kind, layer.attrs.get("rms")) for layer in qgraph.layers] == [("layernorm", True)]
+    layers, program, program_file = compile_qgraph(qgraph, TINY)
+    (name, breaker), = layers.breakers.items()
+    assert breaker.executes == "npu" and "layer normalization" in breaker.reason
+    values = simulate_and_compare(qgraph, program_file)
+    qgraph.name = "graph_0"  # the IR's graph naming
+    doc = json.loads(dump_ir(qgraph, tmp_path, values, "seeded random int8").read_text())
+    jsonschema.validate(doc, schemas.load("npu_ir"))
+    (entry,) = doc["layers"]
+    assert (entry["operation"], entry["rms"]) == ("layernorm", True)
+
+
 @pytest.mark.parametrize("scheme", ["pow2_symmetric", "asymmetric"])
 def test_int16_weights_are_stored_as_int16_records_and_the_simulator_stays_bit_exact(scheme):
     """W16A16 (int16 weights and input, an int64 bias) through npu-tiny's slicing: the

@@ -304,3 +304,18 @@ def test_a_scalar_tensor_stays_a_scalar():
         run = {**feed, **fakequant.params_feed(tensors, params, layers, cpu)}
         y = session.run(["y"], run)[0]
         assert y.shape == () and onnx_io.run(onnx_io.session(m), feed)["y"].shape == ()
+
+
+def test_an_rms_normalization_exports_at_its_opset_and_switched_off_is_the_float_model():
+    """T5's RMS norms import as RMSNormalization (opset 23): the fake-quant model was written
+    at opset 18 and ONNX Runtime refused it ("No Op registered for RMSNormalization with
+    domain_version of 18"), stopping the encoder's quantize stage."""
+    from tests.unit.quant.test_kernels_vs_ort import as_one_op, rms_norm
+
+    m = as_one_op(rms_norm([1, 2, 5, 5], "Div"))
+    session, tensors, layers, params, _, qg, feeds = fake_quant_session(m)
+    assert [layer.kind for layer in qg.layers] == ["layernorm"]
+    for feed in feeds:
+        off = fakequant.params_feed(tensors, {}, layers, set(layers))
+        np.testing.assert_allclose(session.run(["y"], {**feed, **off})[0],
+                                   onnx_io.run(onnx_io.session(m), feed)["y"], rtol=1e-6, atol=1e-6)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
+from npubuild import onnx_io
 from npubuild.quant import quantizer
 from tests.unit.quant.helpers import check_against_ort, feeds_for, model, samples
 
@@ -400,20 +401,28 @@ def test_local_response_normalization_is_one_integer_layer():
     assert cc.ok and cc.max_lsb <= 1, cc.summary()
 
 
-def rms_norm(shape, divide):
+def rms_norm(shape, divide, axis=-1, square="Pow", gain=None):
     """T5's RMS norm as PyTorch exports it: ``x · (1 / Sqrt(mean(x²) + eps)) · g``, the
-    reciprocal written ``Div(1, s)`` (``divide="Div"``) or ``Reciprocal(s)``."""
-    inverse = (helper.make_node("Div", ["one", "s"], ["r"]) if divide == "Div" else
-               helper.make_node("Reciprocal", ["s"], ["r"]))
-    nodes = [helper.make_node("Pow", ["x", "two"], ["p"]),
-             helper.make_node("ReduceMean", ["p"], ["m"], axes=[-1], keepdims=1),  # opset 13
+    reciprocal written ``Div(1, s)`` (``divide="Div"``), ``Reciprocal(s)``, or ``x`` divided
+    by the root (``divide="Over"``); ``square="Mul"`` writes x² as ``x · x``; the mean over
+    ``axis`` (not the last: not an RMS norm, its primitives stay); ``gain`` False: no scale."""
+    inverse = {"Div": [helper.make_node("Div", ["one", "s"], ["r"])],
+               "Reciprocal": [helper.make_node("Reciprocal", ["s"], ["r"])], "Over": []}[divide]
+    normed = (helper.make_node("Div", ["x", "s"], ["n"]) if divide == "Over" else
+              helper.make_node("Mul", ["x", "r"], ["n"]))
+    nodes = [helper.make_node("Pow", ["x", "two"], ["p"]) if square == "Pow" else
+             helper.make_node("Mul", ["x", "x"], ["p"]),
+             helper.make_node("ReduceMean", ["p"], ["m"], axes=[axis], keepdims=1),  # opset 17
              helper.make_node("Add", ["m", "eps"], ["v"]),
-             helper.make_node("Sqrt", ["v"], ["s"]), inverse,
-             helper.make_node("Mul", ["x", "r"], ["n"]),
-             helper.make_node("Mul", ["g", "n"], ["y"])]
-    inits = {"two": np.float32(2.0), "eps": np.float32(1e-6),
-             "one": np.float32(1.0), "g": rng.normal(1, 0.3, shape[-1:])}
-    return model(nodes, {"x": shape}, {"y": None}, inits)
+             helper.make_node("Sqrt", ["v"], ["s"]), *inverse, normed]
+    inits = {"two": np.float32(2.0), "eps": np.float32(1e-6), "one": np.float32(1.0)}
+    if gain is not False:
+        nodes.append(helper.make_node("Mul", ["g", "n"], ["y"]))
+        inits["g"] = rng.normal(1, 0.3, shape[-1:]) if gain is None else gain
+    else:
+        nodes[-1].output[0] = "y"
+    return model(nodes, {"x": shape}, {"y": None},
+                 {k: v for k, v in inits.items() if any(k in n.input for n in nodes)})
 
 
 @pytest.mark.parametrize("divide", ["Div", "Reciprocal"])
@@ -421,9 +430,82 @@ def test_a_reciprocal_of_a_tensor_is_one_integer_table(divide):
     """T5's RMS norms (traceforge's flan-t5-small titler) divide a constant 1 by the root
     mean square: "division by a tensor that is not constant" kept each Div on the CPU, 17
     round trips between 18 NPU segments in the encoder. A constant over one tensor is a
-    function of that tensor alone: a lookup table, as the chip table's Div note says."""
+    function of that tensor alone: a lookup table, as the chip table's Div note says. (Import
+    writes the whole norm as one RMSNormalization, below; these are its primitives.)"""
     shape = [1, 12, 32]
     qg, cc, cos = check_against_ort(rms_norm(shape, divide), samples({"x": shape}))
     (table,) = [layer for layer in qg.layers if layer.attrs.get("function") == divide]
     assert (table.kind, table.device) == ("lut", "npu")
     assert cc.ok and cc.max_lsb <= 1 and cos > 0.99
+
+
+def outlier_rows(shape, value=300.0, channels=(5, 17, 40)):
+    """Samples like T5's residual stream: rows of magnitudes 0.5 to 4, and in three of them a
+    few channels 300 times larger, so x² and its row means span six decades."""
+    out = samples({"x": shape}, low=-1.0, high=1.0)
+    for feed in out:
+        feed["x"][0] *= np.resize(np.float32([0.5, 1, 2, 4]), shape[1])[:, None]
+        for row in range(3):
+            feed["x"][0, row, list(channels)] *= value
+    return out
+
+
+def as_one_op(graph):
+    """``graph`` as import writes it: its RMS norm in primitives as one RMSNormalization."""
+    from npubuild.frontends.onnx import rms_norms_as_op
+
+    op, kept = rms_norms_as_op(graph)
+    assert kept is None
+    return op
+
+
+@pytest.mark.parametrize("square", ["Pow", "Mul"])
+@pytest.mark.parametrize("divide", ["Div", "Reciprocal", "Over"])
+def test_an_rms_norm_in_primitives_is_one_rms_normalization_and_one_integer_layer(divide, square):
+    """T5's layer norm is an RMS norm in primitives: x² (3.5e10 in the encoder's block 7) and
+    its row means (0..1.1e8) were each quantized per tensor, so the rows of ordinary
+    magnitude read a mean of 0 and the encoder verified at cosine 0.057. Import writes it as
+    one RMSNormalization (opset 23; the same values as ONNX Runtime's float primitives), which
+    is one ``layernorm`` layer with ``rms``: the squares summed exactly in integers."""
+    shape = [1, 12, 64]
+    gain = rng.normal(1, 0.3, shape[-1:]).astype(np.float32)
+    gain[[5, 17, 40]] = 0.02  # T5's outlier channels carry small weights
+    graph = rms_norm(shape, divide, square=square, gain=gain)
+    op = as_one_op(graph)
+    assert [n.op_type for n in op.graph.node] == ["RMSNormalization"]
+    assert onnx_io.opset_of(op) == 23
+    feeds = outlier_rows(shape)
+    for feed in feeds:
+        want, got = (onnx_io.run(onnx_io.session(m), feed)["y"] for m in (graph, op))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    qg, cc, cos = check_against_ort(op, feeds, int16_tensors=frozenset({"x"}))
+    assert [(layer.kind, layer.device) for layer in qg.layers] == [("layernorm", "npu")]
+    assert qg.layers[0].attrs["rms"]
+    assert cc.ok and cc.max_lsb <= 1, cc.summary()
+    assert cos > 0.999
+
+
+def test_rms_norm_primitives_miss_where_the_one_layer_passes():
+    """The seven primitives of the same norm, the input int16 too, quantize x² and its mean:
+    0.892 (0.899 with every tensor int16) where the one layer above reads 0.9998."""
+    shape = [1, 12, 64]
+    _, _, cos = check_against_ort(rms_norm(shape, "Div"), outlier_rows(shape),
+                                  int16_tensors=frozenset({"x"}))
+    assert cos < 0.95
+
+
+def test_an_rms_norm_without_a_scale_and_its_near_misses():
+    """No scale: one op all the same (a scale of ones). A mean over an axis that is not the
+    last, or a square that also feeds another node, is not an RMS norm of the rows: the
+    primitives stay."""
+    shape = [1, 12, 32]
+    op = as_one_op(rms_norm(shape, "Div", gain=False))
+    assert [n.op_type for n in op.graph.node] == ["RMSNormalization"]
+    qg, cc, cos = check_against_ort(op, samples({"x": shape}))
+    assert [layer.kind for layer in qg.layers] == ["layernorm"] and cos > 0.99
+    across = rms_norm(shape, "Div", axis=1)
+    assert as_one_op(across) is across
+    shared = rms_norm(shape, "Div")
+    shared.graph.node.append(helper.make_node("Add", ["p", "y"], ["z"]))
+    shared.graph.output.append(helper.make_tensor_value_info("z", 1, None))
+    assert "RMSNormalization" not in [n.op_type for n in as_one_op(shared).graph.node]

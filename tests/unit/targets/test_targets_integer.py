@@ -26,6 +26,14 @@ def c(*shape, value=None):
         np.random.default_rng(len(shape)).uniform(0.5, 1.5, shape).astype(F)
 
 
+def rms_normalization() -> onnx.ModelProto:
+    """RMSNormalization (opset 23) over the last axis with a constant Scale."""
+    net = Net()
+    out = net.op("RMSNormalization", [net.input("x0", [1, 6, 8]), net.init("c1", c(8))], name="n",
+                 axis=-1, epsilon=1e-6)
+    return net.model([out], opset=23)
+
+
 def split_two() -> onnx.ModelProto:
     net = Net()
     a, b = net.op("Split", [net.input("x0", X), net.init("c1", np.array([1, 3]))], name="n",
@@ -120,6 +128,7 @@ MODELS = {
     "Softsign": [one("Softsign", [X])],
     "InstanceNormalization": [one("InstanceNormalization", [X, [4], [4]], {1: c(4), 2: c(4)})],
     "LRN": [one("LRN", [X], size=3)],
+    "RMSNormalization": [rms_normalization()],
     "ReduceSum": [one("ReduceSum", [X, [2]], {1: np.array([2, 3])}, keepdims=1)],
     "ReduceMax": [one("ReduceMax", [X], axes=[2, 3], keepdims=1)],
     "ConvAct": [fused("conv_act", chain("Conv", "Relu"))],
