@@ -938,23 +938,10 @@ def layer_norms_as_op(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | No
     17 first (only when it has one). The same arithmetic in float: the import proof holds it to
     the folding tolerance. Returns the model (unchanged when there is none) and why a found
     layer normalisation stayed written out, or None."""
-    from npubuild.fusions.graph import GraphView
     from npubuild.fusions.layer_norm import LAYER_NORM
-    from npubuild.fusions.pattern import find_matches
 
-    if onnx_io.opset_of(model) < LAYER_NORMALIZATION_OPSET:
-        if not find_matches(GraphView(model), LAYER_NORM, _layer_norm_operands)[0]:
-            return model, None  # convert only a model that has one
-        try:
-            model = _infer(onnx_io.convert_version(model, LAYER_NORMALIZATION_OPSET))
-        except Exception as exc:  # the converter refuses some old models: keep them as they are
-            return model, (f"converting the model to opset {LAYER_NORMALIZATION_OPSET} for "
-                           f"LayerNormalization failed: {one_line(exc, 200)}")
-    from npubuild.fusions.rules import apply_rule
-
-    rewritten, report = apply_rule(model, "layer_norm_as_op", LAYER_NORM, _layer_normalization,
-                                   _layer_norm_operands)
-    return (_infer(rewritten) if report.fired else model), None
+    return _norms_as_op(model, "layer_norm_as_op", LAYER_NORM, _layer_norm_operands,
+                        _layer_normalization, "LayerNormalization", LAYER_NORMALIZATION_OPSET)
 
 
 def rms_norms_as_op(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
@@ -966,23 +953,32 @@ def rms_norms_as_op(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None
     one). The same arithmetic in float: the import proof holds it to the folding tolerance.
     Returns the model (unchanged when there is none) and why a found one stayed written out,
     or None."""
-    from npubuild.fusions.graph import GraphView
     from npubuild.fusions.layer_norm import RMS_NORM
-    from npubuild.fusions.rules import apply_rule
-    from npubuild.fusions.pattern import find_matches
 
     if not any(n.op_type == "ReduceMean" for n in model.graph.node):
         return model, None
-    if onnx_io.opset_of(model) < RMS_NORMALIZATION_OPSET:
-        if not find_matches(GraphView(model), RMS_NORM, _rms_norm_operands)[0]:
+    return _norms_as_op(model, "rms_norm_as_op", RMS_NORM, _rms_norm_operands,
+                        _rms_normalization, "RMSNormalization", RMS_NORMALIZATION_OPSET)
+
+
+def _norms_as_op(model: onnx.ModelProto, rule: str, pattern, operands, build, op_type: str,
+                 opset: int) -> tuple[onnx.ModelProto, str | None]:
+    """``pattern``'s matches (``operands``: the match as the op's operands, or why not) written
+    by ``build`` as one ``op_type`` each, the model first converted to ``opset`` where it is
+    older and has a match; the model and why a match stayed written out, or None."""
+    from npubuild.fusions.graph import GraphView
+    from npubuild.fusions.pattern import find_matches
+    from npubuild.fusions.rules import apply_rule
+
+    if onnx_io.opset_of(model) < opset:
+        if not find_matches(GraphView(model), pattern, operands)[0]:
             return model, None  # convert only a model that has one
         try:
-            model = _infer(onnx_io.convert_version(model, RMS_NORMALIZATION_OPSET))
+            model = _infer(onnx_io.convert_version(model, opset))
         except Exception as exc:  # the converter refuses some old models: keep them as they are
-            return model, (f"converting the model to opset {RMS_NORMALIZATION_OPSET} for "
-                           f"RMSNormalization failed: {one_line(exc, 200)}")
-    rewritten, report = apply_rule(model, "rms_norm_as_op", RMS_NORM, _rms_normalization,
-                                   _rms_norm_operands)
+            return model, (f"converting the model to opset {opset} for {op_type} failed: "
+                           f"{one_line(exc, 200)}")
+    rewritten, report = apply_rule(model, rule, pattern, build, operands)
     return (_infer(rewritten) if report.fired else model), None
 
 

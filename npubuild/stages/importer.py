@@ -602,33 +602,32 @@ def layer_norms(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, d
     """Each layer normalisation written out in primitives as one LayerNormalization
     (`onnx_frontend.layer_norms_as_op`), proven within the folding tolerance; the proof's
     figures (how many, the opset the model went to), why they stayed written out, or {}."""
-    normalised, kept = onnx_frontend.layer_norms_as_op(model)
-    if kept:
-        return model, {"kept": kept}
-    if normalised is model:
-        return model, {}
-    figures = prove_rewrite(model, normalised, feeds, "a layer normalisation written out in "
-                                                      "primitives as LayerNormalization")
-    return normalised, {"layer_norms": sum(n.op_type == "LayerNormalization"
-                                           for n in normalised.graph.node)
-                        - sum(n.op_type == "LayerNormalization" for n in model.graph.node),
-                        "opset": onnx_io.opset_of(normalised), **figures}
+    return proven_norms(model, feeds, onnx_frontend.layer_norms_as_op, "LayerNormalization",
+                        "layer_norms", "a layer normalisation")
 
 
 def rms_norms(model: onnx.ModelProto, feeds: dict) -> tuple[onnx.ModelProto, dict]:
     """Each RMS normalisation written out in primitives as one RMSNormalization
     (`onnx_frontend.rms_norms_as_op`), proven within the folding tolerance; the proof's figures
     (how many, the opset the model went to), why they stayed written out, or {}."""
-    normalised, kept = onnx_frontend.rms_norms_as_op(model)
+    return proven_norms(model, feeds, onnx_frontend.rms_norms_as_op, "RMSNormalization",
+                        "rms_norms", "an RMS normalisation")
+
+
+def proven_norms(model: onnx.ModelProto, feeds: dict, as_op, op_type: str, key: str,
+                 what: str) -> tuple[onnx.ModelProto, dict]:
+    """``as_op``'s model (normalisations written out in primitives as one ``op_type`` each),
+    proven within the folding tolerance; its figures under ``key`` (how many), the opset, the
+    proof's figures; why they stayed written out; or {}."""
+    normalised, kept = as_op(model)
     if kept:
         return model, {"kept": kept}
     if normalised is model:
         return model, {}
-    figures = prove_rewrite(model, normalised, feeds, "an RMS normalisation written out in "
-                                                      "primitives as RMSNormalization")
-    return normalised, {"rms_norms": sum(n.op_type == "RMSNormalization"
-                                         for n in normalised.graph.node)
-                        - sum(n.op_type == "RMSNormalization" for n in model.graph.node),
+    figures = prove_rewrite(model, normalised, feeds, f"{what} written out in primitives as "
+                                                      f"{op_type}")
+    return normalised, {key: sum(n.op_type == op_type for n in normalised.graph.node)
+                        - sum(n.op_type == op_type for n in model.graph.node),
                         "opset": onnx_io.opset_of(normalised), **figures}
 
 
