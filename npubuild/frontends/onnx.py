@@ -982,6 +982,18 @@ def _norms_as_op(model: onnx.ModelProto, rule: str, pattern, operands, build, op
     return (_infer(rewritten) if report.fired else model), None
 
 
+def _static_float32_shape(view, name: str) -> list[int] | str:
+    """A normalisation input's static shape, or why it has none: not static, not float32."""
+    shape = view.shape(name)
+    if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+        return "the input's shape is not static"
+    graph = view.model.graph
+    if not any(v.name == name and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+               for v in (*graph.value_info, *graph.input, *graph.output)):
+        return "the input is not float32"
+    return shape
+
+
 def _rms_norm_operands(view, match) -> _LayerNormOperands | str:
     """The match as RMSNormalization's operands (axis -1, epsilon, the scale over the last
     axis: ones where there is none), or why it cannot be one: a float32 input of static shape."""
@@ -990,13 +1002,9 @@ def _rms_norm_operands(view, match) -> _LayerNormOperands | str:
     fused = describe_rms(view, match)
     if isinstance(fused, str):
         return fused
-    shape = view.shape(match.inputs["x"])
-    if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
-        return "the input's shape is not static"
-    graph = view.model.graph
-    if not any(v.name == match.inputs["x"] and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-               for v in (*graph.value_info, *graph.input, *graph.output)):
-        return "the input is not float32"
+    shape = _static_float32_shape(view, match.inputs["x"])
+    if isinstance(shape, str):
+        return shape
     scale = np.ones(shape[-1:], np.float32)
     if "scale" in match.consts:
         value = view.constant(match.consts["scale"])
@@ -1068,13 +1076,9 @@ def _layer_norm_operands(view, match) -> _LayerNormOperands | str:
     fused = describe(view, match, any_axes=True)
     if isinstance(fused, str):
         return fused
-    shape = view.shape(match.inputs["x"])
-    if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
-        return "the input's shape is not static"
-    graph = view.model.graph
-    if not any(v.name == match.inputs["x"] and v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-               for v in (*graph.value_info, *graph.input, *graph.output)):
-        return "the input is not float32"
+    shape = _static_float32_shape(view, match.inputs["x"])
+    if isinstance(shape, str):
+        return shape
     perm = fused.attrs.get("perm")
     shape = [shape[k] for k in perm] if perm else list(shape)
     axis = fused.attrs["axis"] + len(shape)
