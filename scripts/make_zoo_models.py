@@ -1169,6 +1169,15 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     tmp.replace(path)
 
 
+def write_sample_sets(out: Path, sets: dict[str, list[dict[str, np.ndarray]]]) -> Path:
+    """Each set's samples as ``<out>/<set>_<i:02d>.npz`` (the unseen rounds' data layout)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, samples in sets.items():
+        for i, sample in enumerate(samples):
+            _write_npz(out / f"{name}_{i:02d}.npz", sample)
+    return out
+
+
 def _write_npy(path: Path, array: np.ndarray) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
     np.save(tmp, array)

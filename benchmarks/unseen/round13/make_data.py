@@ -97,15 +97,10 @@ def gtcrn_samples() -> list[dict]:
 
 
 def main(argv: list[str]) -> Path:
-    out = Path(argv[0]) if argv else OUT
-    out.mkdir(parents=True, exist_ok=True)
     first, second = dtln_samples()
-    sets = {"dtln1": first, "dtln2": second, "gtcrn": gtcrn_samples(),
-            "marblenet": zoo.marblenet_samples(SAMPLES)}
-    for name, samples in sets.items():
-        for i, sample in enumerate(samples):
-            zoo._write_npz(out / f"{name}_{i:02d}.npz", sample)
-    return out
+    return zoo.write_sample_sets(Path(argv[0]) if argv else OUT, {
+        "dtln1": first, "dtln2": second, "gtcrn": gtcrn_samples(),
+        "marblenet": zoo.marblenet_samples(SAMPLES)})
 
 
 if __name__ == "__main__":

@@ -149,12 +149,8 @@ def isbnx_samples() -> list[dict]:
 
 
 def main(argv: list[str]) -> Path:
-    out = Path(argv[0]) if argv else OUT
-    out.mkdir(parents=True, exist_ok=True)
-    for name, items in {**samples(), "isbn": isbnx_samples()}.items():
-        for i, sample in enumerate(items):
-            zoo._write_npz(out / f"{name}_{i:02d}.npz", sample)
-    return out
+    return zoo.write_sample_sets(Path(argv[0]) if argv else OUT,
+                                 {**samples(), "isbn": isbnx_samples()})
 
 
 if __name__ == "__main__":

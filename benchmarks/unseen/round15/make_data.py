@@ -28,7 +28,6 @@ Pillow, pip and setuptools. The data are byte-identical from run to run.
 from __future__ import annotations
 
 import codecs
-import importlib.util
 import json
 import pickle
 import re
@@ -42,6 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_zoo_models as zoo  # noqa: E402  (the npz writer)
+from npubuild.recipe.paths import package_dir  # noqa: E402  (finds a package without importing it)
 
 OUT = Path(__file__).resolve().parent / "data"
 SAMPLES = 12
@@ -51,11 +51,6 @@ LAUNCHERS = [("pip", "_vendor/distlib/" + n) for n in
              ("t32.exe", "t64.exe", "t64-arm.exe", "w32.exe", "w64.exe", "w64-arm.exe")] + \
             [("setuptools", n) for n in
              ("cli-32.exe", "cli-64.exe", "cli-arm64.exe", "gui-32.exe", "gui-64.exe", "gui-arm64.exe")]
-
-
-def package_dir(name: str) -> Path:
-    """A package's folder, found without importing it (setuptools' import patches distutils)."""
-    return Path(importlib.util.find_spec(name).submodule_search_locations[0])
 
 
 def zen_lines() -> list[str]:
@@ -130,14 +125,8 @@ def malviz_samples() -> list[dict]:
 
 
 def main(argv: list[str]) -> Path:
-    out = Path(argv[0]) if argv else OUT
-    out.mkdir(parents=True, exist_ok=True)
-    sets = {"minilm": minilm_samples(), "chars2vec": chars2vec_samples(),
-            "malviz": malviz_samples()}
-    for name, items in sets.items():
-        for i, sample in enumerate(items):
-            zoo._write_npz(out / f"{name}_{i:02d}.npz", sample)
-    return out
+    return zoo.write_sample_sets(Path(argv[0]) if argv else OUT, {
+        "minilm": minilm_samples(), "chars2vec": chars2vec_samples(), "malviz": malviz_samples()})
 
 
 if __name__ == "__main__":

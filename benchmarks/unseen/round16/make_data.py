@@ -32,7 +32,6 @@ byte-identical from run to run.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -41,6 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "scripts"))
 import make_zoo_models as zoo  # noqa: E402  (the npz writer)
+from npubuild.recipe.paths import package_dir  # noqa: E402  (finds a package without importing it)
 
 OUT = Path(__file__).resolve().parent / "data"
 SAMPLES = 12
@@ -64,10 +64,6 @@ STEPS = [
     "Reverted the last commit because it broke the Windows build on CI",
     "Read the stack trace and traced the crash to a None returned by parse_header",
 ]
-
-
-def package_dir(name: str) -> Path:
-    return Path(importlib.util.find_spec(name).submodule_search_locations[0])
 
 
 def span_dir() -> Path:
@@ -163,14 +159,9 @@ def beat_inputs() -> list[dict]:
 
 
 def main(argv: list[str]) -> Path:
-    out = Path(argv[0]) if argv else OUT
-    out.mkdir(parents=True, exist_ok=True)
     encoded = encoder_inputs()
-    sets = {"t5enc": encoded, "t5dec": decoder_inputs(encoded), "beats": beat_inputs()}
-    for name, items in sets.items():
-        for i, sample in enumerate(items):
-            zoo._write_npz(out / f"{name}_{i:02d}.npz", sample)
-    return out
+    return zoo.write_sample_sets(Path(argv[0]) if argv else OUT, {
+        "t5enc": encoded, "t5dec": decoder_inputs(encoded), "beats": beat_inputs()})
 
 
 if __name__ == "__main__":
