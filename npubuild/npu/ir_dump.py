@@ -12,7 +12,9 @@ channel counts for 4-D tensors, ``input_shape``/``output_shape`` otherwise), ``p
 ``previous_layer`` (``"input"`` for a graph input, ``"constant"`` for a quantized constant) and
 ``next_layer`` (``"endpoint"`` for a graph output). ``tensors`` names the layer's files (a
 ``softmax``'s ``exp_table`` is read at ``min(max − x, length − 1)``: an int16 input's table ends
-at its first 0, an int8 input's has all 256 entries).
+at its first 0, an int8 input's has all 256 entries; a ``lut``'s ``table`` covers the input
+integers ``table_lo`` to ``table_hi``, where its output changes: an input is clamped to them and
+reads entry ``x − table_lo``).
 
 Tensor files follow the seed's layouts: conv weight HWCiCo, depthwise weight HWC, bias C,
 feature maps HWC (NHWC when the batch is larger than one; tensors that are not 4-D keep their
@@ -33,6 +35,7 @@ import numpy as np
 from npubuild import schemas
 from npubuild.atomic import atomic_path, write_bytes, write_json
 from npubuild.filenames import safe_stem
+from npubuild.quant import schemes
 from npubuild.quant.qgraph import QGraph, QLayer, QTensor
 
 FORMAT = "npubuild.ir"
@@ -388,7 +391,10 @@ class _Layer:
         return out
 
     def _lut(self) -> dict:
-        out = {"function": self.layer.attrs.get("function")}
+        x = self.t(self.layer.inputs[0])
+        lo = int(self.layer.params.get("table_lo", schemes.qrange(x.dtype)[0]))
+        out = {"function": self.layer.attrs.get("function"), "table_lo": lo,
+               "table_hi": lo + int(self.layer.arrays["table"].size) - 1}
         out.update(_quant("input", self.t(self.layer.inputs[0])))
         out.update(_quant("output", self.t(self.layer.outputs[0])))
         return out

@@ -30,8 +30,11 @@ from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
+import onnx
 
+from npubuild.quant import schemes
 from npubuild.quant.qgraph import QGraph
+from npubuild.quant.quantizer import onnx_function
 from npubuild.split.cost import CPU_MACS_PER_SECOND
 
 CPU_RUN_SECONDS = 8e-6
@@ -45,17 +48,20 @@ def host_seconds(macs: int, float_seconds_per_mac: float = 1.0 / CPU_MACS_PER_SE
 
 
 def with_choice(qgraph: QGraph, dtypes: Mapping[str, str], cpu_layers: frozenset[str],
-                int16_weights: frozenset[str] = frozenset()) -> QGraph:
+                int16_weights: frozenset[str] = frozenset(),
+                tables: Mapping[str, int] | None = None) -> QGraph:
     """``qgraph`` with each tensor of ``dtypes`` at that width, the ``cpu_layers`` run by the
-    host and the ``int16_weights`` conv layers holding int16 weights (twice the weight bytes in
-    GMEM, LMEM and DMA; a copy: the graph itself is not changed)."""
+    host, the ``int16_weights`` conv layers holding int16 weights (twice the weight bytes in
+    GMEM, LMEM and DMA) and each table of ``tables`` (`TableSpans`) holding that many entries
+    (a copy: the graph itself is not changed)."""
     tensors = {name: (replace(info, dtype=dtypes[name])
                       if name in dtypes and dtypes[name] != info.dtype else info)
                for name, info in qgraph.tensors.items()}
     layers = [replace(layer, device="cpu", kind="float")
               if layer.name in cpu_layers and layer.device != "cpu"
               else _wide_weights(layer) if layer.name in int16_weights and layer.kind == "conv"
-              else _sized_table(layer, tensors) or layer for layer in qgraph.layers]
+              else _sized_table(layer, qgraph.tensors, tensors, tables or {}) or layer
+              for layer in qgraph.layers]
     return replace(qgraph, tensors=tensors, layers=layers)
 
 
@@ -66,28 +72,80 @@ def _wide_weights(layer):
     return replace(layer, arrays=arrays)
 
 
-def _table_form(layer, tensors) -> tuple[int, str] | None:
+def _table_form(layer, own, tensors, tables: Mapping[str, int]) -> tuple[int, str] | None:
     """A lookup table's entries and entry type under ``tensors``' widths, where they differ
-    from the table the layer holds (None: the same, or no table)."""
+    from the table the layer holds (None: the same, or no table). Its entries are the span
+    ``tables`` gives it (`TableSpans`: the table built for the choice's parameters, over the
+    input integers where its output changes); without one, the table's own where its input
+    keeps its width (``own``: the graph's tensors), else every integer of the new width
+    (65,536 for int16: the most it can hold)."""
     if layer.kind != "lut" or "table" not in layer.arrays:
         return None
-    entries = 2 ** (16 if tensors[layer.inputs[0]].dtype == "int16" else 8)
-    dtype = "int16" if tensors[layer.outputs[0]].dtype == "int16" else "int8"
     table = layer.arrays["table"]
+    x = layer.inputs[0]
+    entries = tables.get(layer.name)
+    if entries is None:
+        entries = (table.size if tensors[x].dtype == own[x].dtype
+                   else 2 ** (16 if tensors[x].dtype == "int16" else 8))
+    dtype = "int16" if tensors[layer.outputs[0]].dtype == "int16" else "int8"
     return None if (table.size, str(table.dtype)) == (entries, dtype) else (entries, dtype)
 
 
-def _sized_table(layer, tensors):
-    """A table layer as the choice's widths build it, for its price: one entry per input
-    integer (65,536 for an int16 input, read whole from GMEM every frame), of the output's
+def _sized_table(layer, own, tensors, tables: Mapping[str, int]):
+    """A table layer as the choice's widths build it, for its price: `_table_form`'s entries
+    (an int16 input's table over its span, read whole from GMEM every frame), of the output's
     type. Its values repeat the table the layer holds: compile stores equal weights once, so
     tables of one value (zeros) would be priced as one table for every layer (madmom: 2.7 µs
     where compile said 33.4). None: it stays as it is."""
-    form = _table_form(layer, tensors)
+    form = _table_form(layer, own, tensors, tables)
     if form is None:
         return None
     table = np.resize(layer.arrays["table"], form[0]).astype(form[1])
     return replace(layer, arrays={**layer.arrays, "table": table})
+
+
+def table_params(qgraph: QGraph, params: Mapping[str, object]) -> tuple:
+    """``(layer, input QParams, output QParams)`` of each lookup table of ``qgraph`` whose
+    input or output the quantizer's ``params`` (None: float) give another width than the
+    graph's: the tables a choice builds again, in layer order (what `TableSpans` sizes)."""
+    found = []
+    for layer in qgraph.layers:
+        if layer.kind != "lut" or "model" not in layer.arrays:
+            continue
+        x, y = params.get(layer.inputs[0]), params.get(layer.outputs[0])
+        if x is None or y is None:  # float: the layer leaves the integer kernels
+            continue
+        if (x.dtype, y.dtype) != (qgraph.tensors[layer.inputs[0]].dtype,
+                                  qgraph.tensors[layer.outputs[0]].dtype):
+            found.append((layer.name, x, y))
+    return tuple(found)
+
+
+class TableSpans:
+    """The entries of ``qgraph``'s lookup tables built for other parameters (`table_params`),
+    as the quantizer builds and stores them (`schemes.build_lut` of the layer's own float
+    fragment, then `schemes.trim_lut`): a saturating function of an int16 input holds only
+    the span where its output changes (madmom's LSTM gates: tanh of a cell state of ±200 is
+    ±1 past ±6, not 65,536 entries). Each (layer, parameters) is built once."""
+
+    def __init__(self, qgraph: QGraph):
+        self.layers = {layer.name: layer for layer in qgraph.layers if layer.kind == "lut"}
+        self._functions: dict[str, object] = {}
+        self._entries: dict[tuple, int] = {}
+
+    def __call__(self, tables: tuple) -> dict[str, int]:
+        """``table_params``' tables → their entries, by layer name."""
+        return {name: self.entries(name, x, y) for name, x, y in tables}
+
+    def entries(self, name: str, x, y) -> int:
+        key = (name, x, y)
+        if key not in self._entries:
+            if name not in self._functions:
+                model = onnx.load_from_string(self.layers[name].arrays["model"].tobytes())
+                self._functions[name] = onnx_function(model)
+            first, last = schemes.table_span(schemes.build_lut(self._functions[name], x, y))
+            self._entries[key] = last - first + 1
+        return self._entries[key]
 
 
 def npu_seconds(qgraph: QGraph, chip, fits=None) -> float:
@@ -151,15 +209,17 @@ class GraphPricer:
                 "groups_estimated": self.groups_estimated}
 
     def seconds(self, dtypes: Mapping[str, str], cpu_layers: frozenset[str],
-                int16_weights: frozenset[str] = frozenset()) -> float:
-        """`npu_seconds(with_choice(qgraph, dtypes, cpu_layers, int16_weights), chip)`."""
+                int16_weights: frozenset[str] = frozenset(),
+                tables: Mapping[str, int] | None = None) -> float:
+        """`npu_seconds(with_choice(qgraph, dtypes, cpu_layers, int16_weights, tables),
+        chip)`."""
         from npubuild.npu.estimate import _step_estimate
         from npubuild.npu.from_qgraph import layers_from_qgraph
         from npubuild.npu.layer_group import CpuLayer, LayerGroups
         from npubuild.npu.program import CpuStep, Program, gmem_layout
 
-        layers = layers_from_qgraph(self._with_choice(dtypes, cpu_layers, int16_weights),
-                                    self.memo)
+        layers = layers_from_qgraph(self._with_choice(dtypes, cpu_layers, int16_weights,
+                                                      tables or {}), self.memo)
         groups = LayerGroups(layers.graph, self.chip, True, tuple(
             item for run in layers.segments() for item in self._planned(layers, run)))
         gmem = gmem_layout(groups)
@@ -174,7 +234,7 @@ class GraphPricer:
         return sum(in_groups + in_steps) / (self.chip.clock_mhz * 1e6)
 
     def _with_choice(self, dtypes: Mapping[str, str], cpu_layers: frozenset[str],
-                     int16_weights: frozenset[str]) -> QGraph:
+                     int16_weights: frozenset[str], tables: Mapping[str, int]) -> QGraph:
         """`with_choice`'s graph, built of the objects earlier prices made for the same
         tensor widths and layer moves."""
         tensors = {}
@@ -190,13 +250,14 @@ class GraphPricer:
         for layer in self.qgraph.layers:
             how = ("cpu" if layer.name in cpu_layers and layer.device != "cpu" else
                    "wide" if layer.name in int16_weights and layer.kind == "conv" else
-                   _table_form(layer, tensors))
+                   _table_form(layer, self.qgraph.tensors, tensors, tables))
             if how is not None:
                 key = (layer.name, how)
                 if key not in self._layers:
                     self._layers[key] = (replace(layer, device="cpu", kind="float")
                                          if how == "cpu" else _wide_weights(layer)
-                                         if how == "wide" else _sized_table(layer, tensors))
+                                         if how == "wide" else
+                                         _sized_table(layer, self.qgraph.tensors, tensors, tables))
                 layer = self._layers[key]
             layers.append(layer)
         return replace(self.qgraph, tensors=tensors, layers=layers)

@@ -69,7 +69,9 @@ avgpool    attrs: kernel, stride, pads, count_include_pad, global; params: input
            pow2 also input_pre_ls
 resize     attrs: mode nearest|linear, coordinate_transformation_mode, nearest_mode,
            output_size [H, W]; linear params: input_zp, output_zp, multiplier, shift
-lut        attrs: function; arrays: table (2^bits entries, index q - qmin)
+lut        attrs: function; params: table_lo; arrays: table (the input integers from
+           table_lo on where the output changes: y = table[clamp(q, lo, lo + size - 1)
+           - lo], `schemes.trim_lut`), model (the float fragment it was built from)
 reshape    attrs: shape          transpose  attrs: perm
 depth_to_space  attrs: blocksize, mode (CRD | DCR): ONNX DepthToSpace of a 4-D tensor
 slice      attrs: starts, ends, axes, steps      split  attrs: axis, sizes

@@ -859,9 +859,9 @@ def _resize(q: Quantizer, layer: FLayer) -> QLayer:
 def _lut(q: Quantizer, layer: FLayer) -> QLayer:
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
     model = q.fg.node_model(layer)
-    return _qlayer(layer, attrs=dict(layer.attrs),
-                   arrays={"table": schemes.build_lut(onnx_function(model), x, y),
-                           "model": _as_array(model)})
+    lo, table = schemes.trim_lut(schemes.build_lut(onnx_function(model), x, y), x.qmin)
+    return _qlayer(layer, attrs=dict(layer.attrs), params={"table_lo": lo},
+                   arrays={"table": table, "model": _as_array(model)})
 
 
 SOFTMAX_EXP_BITS = 24  # fewest fraction bits of exp(-d · scale): ORT's float32 softmax agrees to ties

@@ -476,8 +476,10 @@ def concat(layer: QLayer, xs: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def lut(layer: QLayer, x: np.ndarray) -> np.ndarray:
-    """``table[x - qmin]`` (the table covers every input integer)."""
-    return layer.arrays["table"][np.asarray(x, np.int64) - int(np.iinfo(x.dtype).min)]
+    """``table[clamp(x, lo, hi) - lo]``: the table over its span of input integers from
+    ``params.table_lo`` (`schemes.trim_lut`; absent: from the input's qmin, every integer)."""
+    lo = layer.params.get("table_lo", int(np.iinfo(x.dtype).min))
+    return schemes.lookup(layer.arrays["table"], int(lo), x)
 
 
 def softmax(layer: QLayer, x: np.ndarray) -> np.ndarray:

@@ -64,8 +64,12 @@ Per-op integer definitions (computed by ``npubuild.quant.reference``):
   ties of a non-negative window sum round up as the exact quotient would).
 - resize linear: ``acc = Σ w_i·(x_i - zp_x)`` with integer weights of ``RESIZE_FRAC_BITS`` bits
   per axis, factor ``s_x / (2^(2·bits)·s_y)``.
-- lut: ``y = table[q - qmin]``, ``table[i] = clamp(rint(f((i + qmin - zp_x)·s_x)/s_y) + zp_y)``
-  in float32 as the QDQ model computes it (Sigmoid, SiLU, Tanh, HardSwish, Elu, ...).
+- lut: ``y = T[q - qmin]``, ``T[i] = clamp(rint(f((i + qmin - zp_x)·s_x)/s_y) + zp_y)``
+  in float32 as the QDQ model computes it (Sigmoid, SiLU, Tanh, HardSwish, Elu, ...), stored
+  and run over its span only (``trim_lut``): ``y = table[clamp(q, lo, hi) - lo]`` where ``[lo,
+  hi]`` are the input integers past which ``T`` repeats its end values, the same ``y`` for
+  every ``q`` (an int16 input's table is 65,536 entries, most of them a saturating function's
+  end values).
 - maxpool, reshape, transpose, depth_to_space, slice, split, pad, resize nearest: data
   movement, output parameters equal to the input's, no arithmetic (pads hold ``zp``; maxpool
   pads hold qmin).
@@ -386,6 +390,34 @@ def build_lut(fn, src: QParams, dst: QParams) -> np.ndarray:
     ratio = np.nan_to_num(ratio, nan=0.0, posinf=2.0**40, neginf=-2.0**40)
     out = np.rint(np.clip(ratio, -2.0**40, 2.0**40)) + dst.zero_point
     return np.clip(out, dst.qmin, dst.qmax).astype(DTYPES[dst.dtype])
+
+
+def table_span(table: np.ndarray) -> tuple[int, int]:
+    """The entries ``[first, last]`` of ``table`` a lookup needs: the entries before ``first``
+    all equal it and those after ``last`` all equal it (a saturating function's runs of its end
+    values: tanh of an int16 input at scale 200/32767 is ±1 at the output's scale past ±6,
+    63,600 of its 65,536 entries), read from the table's values alone."""
+    table = np.asarray(table).reshape(-1)
+    changes = np.flatnonzero(table[1:] != table[:-1])  # entry i differs from entry i + 1
+    if changes.size == 0:
+        return 0, 0
+    return int(changes[0]), int(changes[-1]) + 1
+
+
+def trim_lut(table: np.ndarray, qmin: int) -> tuple[int, np.ndarray]:
+    """``table`` (entry ``i``: the output for input integer ``qmin + i``) as it is stored and
+    run: the lowest input integer ``lo`` of its span (`table_span`) and the span's entries
+    (`lookup` clamps an input to the span first: the same values as the whole table)."""
+    first, last = table_span(table)
+    return qmin + first, np.ascontiguousarray(np.asarray(table).reshape(-1)[first:last + 1])
+
+
+def lookup(table: np.ndarray, lo: int, x: np.ndarray) -> np.ndarray:
+    """``table[clamp(x, lo, lo + size - 1) - lo]``: a table over the input integers from
+    ``lo`` (`trim_lut`; an untrimmed table's ``lo`` is its input's ``qmin``)."""
+    index = np.clip(np.asarray(x, np.int64), lo, lo + table.size - 1)
+    index -= lo
+    return table[index]
 
 
 def clamp_bounds(activation: str, lo: float | None, hi: float | None,

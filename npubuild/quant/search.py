@@ -262,6 +262,7 @@ class PrecisionSearch:
         self.placed: dict[tuple, frozenset[str]] = {}  # the same key -> its float layers
         self.widths: dict[tuple, dict[str, str]] = {}  # the same key -> its tensors' widths
         self.wide_weights: dict[tuple, frozenset[str]] = {}  # the same key -> W16A16 layers
+        self.tables: dict[tuple, tuple] = {}  # the same key -> the tables built again for it
         self.plans: dict[tuple, float] = {}  # (graph, float layers, widths) -> seconds
         # per graph, the quantizer its newest key was placed with (key, quantizer): the
         # score that made the key builds its inputs from the same one (`_graph_feeds`)
@@ -269,6 +270,7 @@ class PrecisionSearch:
         self.last_quantizer: dict[int, tuple[tuple, quantizer.Quantizer]] = {}
         self.fits = price.group_fits(chip)  # the groups every choice's plan shares
         self.pricers: dict[int, price.GraphPricer] = {}  # per graph: prices what a choice changes
+        self.spans: dict[int, price.TableSpans] = {}  # per graph: its tables' entries, built again
         self.cache: dict[tuple, Scored] = {}
         self.steps: list[dict] = []
         self.base: dict[str, str] = {}  # what every scored choice is made on (`score_all`)
@@ -317,6 +319,7 @@ class PrecisionSearch:
                 q, params, cpu, wide = self._quantizer(index, self.configs[key])
                 self.placed[key], self.widths[key] = frozenset(cpu), price.dtypes_of(params)
                 self.wide_weights[key] = wide
+                self.tables[key] = price.table_params(self.qgraphs[index], params)
                 self.last_quantizer[index] = (key, q)
             yield index, key
 
@@ -379,7 +382,8 @@ class PrecisionSearch:
         run = 0.0 if self.float_on_npu else price.CPU_RUN_SECONDS
         for index, key in self._graph_keys(choice):
             floats = self.placed[key]
-            total += (self._npu_seconds(index, floats, self.widths[key], self.wide_weights[key])
+            total += (self._npu_seconds(index, floats, self.widths[key], self.wide_weights[key],
+                                        self.tables[key])
                       if npu else 0.0) + sum(
                 price.host_seconds(self.work[index].get(name, 0), self.float_seconds, run)
                 for name in sorted(floats))
@@ -414,9 +418,10 @@ class PrecisionSearch:
                 f"(split.policy: cpu_only runs it there, at float's accuracy)")
 
     def _npu_seconds(self, index: int, floats: frozenset[str], widths: Mapping[str, str],
-                     wide_weights: frozenset[str] = frozenset()) -> float:
-        """One NPU graph's time under a choice (cached: one plan per distinct choice)."""
-        key = (index, floats, tuple(sorted(widths.items())), wide_weights)
+                     wide_weights: frozenset[str] = frozenset(), tables: tuple = ()) -> float:
+        """One NPU graph's time under a choice (cached: one plan per distinct choice); its
+        ``tables`` (`price.table_params`) at the entries they are built with."""
+        key = (index, floats, tuple(sorted(widths.items())), wide_weights, tables)
         if key not in self.plans:
             if self.chip is None:  # no chip to plan for: the NPU's MACs at its rate
                 self.plans[key] = self.npu_mac_seconds * sum(
@@ -426,7 +431,9 @@ class PrecisionSearch:
                 if index not in self.pricers:
                     self.pricers[index] = price.GraphPricer(self.qgraphs[index], self.chip,
                                                             self.fits)
-                self.plans[key] = self.pricers[index].seconds(widths, floats, wide_weights)
+                    self.spans[index] = price.TableSpans(self.qgraphs[index])
+                self.plans[key] = self.pricers[index].seconds(
+                    widths, floats, wide_weights, self.spans[index](tables))
                 self._charge(GROUP_FIT_SECONDS * (self.fits.computed - fitted)
                              + PLAN_LAYER_SECONDS * len(self.qgraphs[index].layers))
         return self.plans[key]

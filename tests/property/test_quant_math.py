@@ -163,6 +163,49 @@ def test_lut_is_the_function_within_one_step(name, s_in, s_out, zp_in, zp_out, d
     assert np.all(np.abs(table.astype(np.int64) - np.clip(exact, -128, 127)) <= 1)
 
 
+@FAST
+@given(name=st.sampled_from(sorted(FUNCTIONS)), s_in=st.floats(1e-4, 0.5), s_out=st.floats(1e-4, 0.5),
+       zp_in=st.integers(-20, 20), zp_out=st.integers(-20, 20),
+       dtypes=st.sampled_from([("int8", "int8"), ("int16", "int16"), ("int16", "int8"),
+                               ("int8", "int16")]),
+       seed=st.integers(0, 2 ** 16))
+def test_a_table_over_its_span_reads_what_the_whole_table_reads(name, s_in, s_out, zp_in, zp_out,
+                                                                dtypes, seed):
+    """A table is stored and run over its span (`schemes.trim_lut`: the input integers past
+    which it repeats its end values) with the input clamped to it first: every input integer,
+    the extremes and random ones, reads the whole table's entry, and the span is tight (its
+    end entries differ from their inner neighbours unless it is one entry)."""
+    src = QParams(s_in, zp_in, None, dtypes[0])
+    dst = QParams(s_out, zp_out, None, dtypes[1])
+    full = schemes.build_lut(FUNCTIONS[name], src, dst)
+    lo, table = schemes.trim_lut(full, src.qmin)
+    assert table.dtype == full.dtype and 1 <= table.size <= full.size
+    rng = np.random.default_rng(seed)
+    q = np.concatenate([[src.qmin, src.qmin + 1, src.qmax - 1, src.qmax, lo - 1, lo,
+                         lo + table.size - 1, lo + table.size],
+                        rng.integers(src.qmin, src.qmax + 1, 4096)])
+    q = np.clip(q, src.qmin, src.qmax).astype(schemes.DTYPES[src.dtype])
+    assert np.array_equal(schemes.lookup(table, lo, q), full[q.astype(np.int64) - src.qmin])
+    every = np.arange(src.qmin, src.qmax + 1)
+    assert np.array_equal(schemes.lookup(table, lo, every), full)
+    if table.size > 1:
+        assert table[0] != table[1] and table[-1] != table[-2]
+
+
+def test_a_saturating_int16_table_keeps_only_where_its_output_changes():
+    """tanh of a cell state of ±200 at int16 (madmom's LSTM): past ±6 every output is ±1 at
+    the output's scale, so the table keeps 1,933 of its 65,536 entries; sigmoid, which
+    saturates past ±11, 3,636; the identity keeps them all."""
+    src = QParams(200 / 32767, 0, None, "int16")
+    dst = QParams(1 / 32767, 0, None, "int16")
+    for fn, most in ((np.tanh, 2000), (FUNCTIONS["sigmoid"], 3700)):
+        first, last = schemes.table_span(schemes.build_lut(fn, src, dst))
+        assert last - first + 1 < most
+    first, last = schemes.table_span(schemes.build_lut(lambda x: x, src, QParams(
+        200 / 32767, 0, None, "int16")))
+    assert (first, last) == (0, 65535)
+
+
 # ---- kernels: exactness and H-slicing ----------------------------------------------------------
 
 def _naive_conv(x, w, bias, zp, pads, stride, dilation, group):

@@ -861,3 +861,49 @@ def test_a_gather_by_the_channel_order_as_import_writes_it_is_one_tiled_permutat
     _, program, program_file = compile_qgraph(qgraph, TINY)
     assert len(program.groups) == 1
     simulate_and_compare(qgraph, program_file)
+
+
+def test_an_int16_table_runs_over_its_span_on_the_chip_bit_exact(tmp_path):
+    """Tanh and Sigmoid of an int16 input reaching ±40 (an LSTM's cell state): each table is
+    stored over the input integers where its output changes, with ``table_lo`` (a few
+    thousand entries of 65,536: on npu-tiny's 32 KB lanes the whole int16 table could not be
+    held). The reference reads what the whole table reads, the simulator (the span copied to
+    every lane from its GMEM record) equals the reference bit for bit, and the IR dump names
+    the span it covers."""
+    from npubuild.quant import reference, schemes
+    from npubuild.quant.quantizer import onnx_function
+    from npubuild.quant.reference import run_reference
+    from tests.unit.npu.qstacks import int_inputs
+    import onnx
+
+    s = Stack((1, 8, 6, 16))
+    a = s.binary(s.conv("x", 8, 3), s._const("gain", np.float32(20.0)), "Mul")
+    t, g = s.unary(a, "Tanh"), s.unary(a, "Sigmoid")
+    qgraph = quantize(s.model([s.binary(t, g, "Mul")]), scheme="asymmetric",
+                      int16_tensors=frozenset({a, t, g}))
+    tables = [layer for layer in qgraph.layers if layer.kind == "lut"]
+    assert len(tables) == 2 and qgraph.tensors[a].dtype == "int16"
+    inputs = int_inputs(qgraph)
+    env = run_reference(qgraph, inputs)
+    for layer in tables:
+        table, lo = layer.arrays["table"], layer.params["table_lo"]
+        assert table.dtype == np.int16 and table.size < 65536 // 4
+        x, y = (qgraph.tensors[n].params for n in (layer.inputs[0], layer.outputs[0]))
+        whole = schemes.build_lut(onnx_function(onnx.load_from_string(
+            layer.arrays["model"].tobytes())), x, y)
+        assert np.array_equal(schemes.trim_lut(whole, x.qmin)[1], table)
+        q = env[layer.inputs[0]].astype(np.int64)
+        assert q.min() < lo or q.max() > lo + table.size - 1  # the clamp is exercised
+        assert np.array_equal(env[layer.outputs[0]], whole[q - x.qmin])
+        edges = np.array([x.qmin, x.qmax, lo - 1, lo, lo + table.size - 1, lo + table.size])
+        edges = np.clip(edges, x.qmin, x.qmax).astype(np.int16)
+        assert np.array_equal(reference.lut(layer, edges), whole[edges.astype(np.int64) - x.qmin])
+    _, _, program_file = compile_qgraph(qgraph, TINY)
+    simulate_and_compare(qgraph, program_file, inputs)
+    doc = json.loads(dump_ir(qgraph, tmp_path / "ir", env, "sample").read_text())
+    for layer in tables:
+        entry = next(e for e in doc["layers"] if e["name"] == layer.name)
+        assert entry["table_lo"] == layer.params["table_lo"]
+        assert entry["table_hi"] - entry["table_lo"] + 1 == layer.arrays["table"].size
+        saved = np.load(tmp_path / "ir" / entry["tensors"]["table"])
+        assert np.array_equal(saved, layer.arrays["table"])

@@ -124,7 +124,8 @@ def test_widths_come_in_name_order_so_the_searchs_price_key_sorts_in_one_pass():
 
 
 def test_a_table_whose_input_the_choice_widens_is_priced_at_its_int16_size(tmp_path_factory):
-    """An int16 input's lookup table has 65,536 entries where int8's has 256, and compile
+    """An int16 input's lookup table has up to 65,536 entries where int8's has 256 (without
+    the choice's parameters to build it, the price takes them all), and compile
     reads it whole from GMEM for every frame: the price kept the int8 table, so madmom's
     online beat tracker (16 Sigmoid and Tanh tables on int16 inputs) was priced at 1.005x
     int8's time and compiled at 51x (29,937 fps where int8 ran 1,538,462); tables of zeros
@@ -135,9 +136,75 @@ def test_a_table_whose_input_the_choice_widens_is_priced_at_its_int16_size(tmp_p
     tables = [layer for layer in qgraph.layers if layer.name in ("sig0", "sig1")]
     wide = {t: "int16" for layer in tables for t in (layer.inputs[0], layer.outputs[0])}
     for graph in (price.with_choice(qgraph, wide, frozenset()),
-                  price.GraphPricer(qgraph, None)._with_choice(wide, frozenset(), frozenset())):
+                  price.GraphPricer(qgraph, None)._with_choice(wide, frozenset(), frozenset(),
+                                                               {})):
         priced = [layer.arrays["table"] for layer in graph.layers if layer.name in ("sig0", "sig1")]
         assert [(t.shape, t.dtype) for t in priced] == [((65536,), np.int16)] * 2
         # compile stores equal weights once: two tables must not be priced as one
         assert not np.array_equal(priced[0], priced[1])
-    assert tables[0].arrays["table"].shape == (256,)  # the graph itself is not changed
+    assert tables[0].arrays["table"].size <= 256  # the graph itself is not changed
+
+
+def _saturating(tmp_path):
+    """x → Conv (a gain of ~25: its outputs reach ±60) → Tanh → Conv, quantized in int8 as
+    the stage quantizes it; its workflow (the search's float graph, statistics and config)."""
+    from onnx import helper, numpy_helper
+
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.workflow import Options, Workflow
+    from tests.conftest import one_npu_graph_split
+
+    rng = np.random.default_rng(1)
+    shape = [1, 4, 8, 8]
+    inits = [numpy_helper.from_array(rng.normal(0, 8, (4, 4, 3, 3)).astype(np.float32), "w0"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 1, 1)).astype(np.float32), "w1")]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+             helper.make_node("Tanh", ["c0"], ["t0"], name="tanh0"),
+             helper.make_node("Conv", ["t0", "w1"], ["y"], name="conv1")]
+    split = one_npu_graph_split(tmp_path, nodes, inits, shape)
+    workflow = Workflow(SplitPipeline(split), Options(QuantConfig(scheme="symmetric"),
+                                                      chip_int16=True))
+    workflow.calibrate([{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(3)])
+    workflow.quantize()
+    return workflow
+
+
+def test_a_saturating_int16_table_is_priced_at_its_span(tmp_path):
+    """A Tanh whose input the choice makes int16 is built and stored over the input integers
+    where its output changes (`schemes.trim_lut`): the price sizes it from the choice's own
+    parameters (`TableSpans`, the layer's float fragment), to the entry, and prices the graph
+    exactly as compile estimates the graph quantized with that choice. (It was priced at
+    65,536 entries read every frame, most of them ±1: madmom's LSTM gates at 51x int8.)"""
+    from dataclasses import replace
+
+    from npubuild.quant import price
+    from npubuild.quant.quantizer import Quantizer
+    from npubuild.quant.workflow import _config_for
+    from npubuild.targets import load_chip
+
+    workflow = _saturating(tmp_path)
+    state, chip = workflow.states[0], load_chip("npu-16m")
+    qgraph = state.qgraph
+    config, _ = _config_for(workflow.options, [], state.graph.model)
+    wide = replace(config, int16_tensors=frozenset({"c0", "t0"}))
+    q = Quantizer(state.fg, state.observer.stats, wide)
+    params, cpu = q.tensor_params()
+    built = q.run(qgraph.name)
+    table = next(layer for layer in built.layers if layer.name == "tanh0").arrays["table"]
+    assert table.dtype == np.int16 and table.size < 65536 // 4
+
+    tables = price.table_params(qgraph, params)
+    assert [name for name, _, _ in tables] == ["tanh0"]
+    entries = price.TableSpans(qgraph)(tables)
+    assert entries == {"tanh0": table.size}
+    widths = price.dtypes_of(params)
+    chosen = price.with_choice(qgraph, widths, frozenset(cpu), frozenset(), entries)
+    priced = next(layer for layer in chosen.layers if layer.name == "tanh0").arrays["table"]
+    assert (priced.size, priced.dtype) == (table.size, table.dtype)
+    compiled = price.npu_seconds(built, chip)
+    assert price.npu_seconds(chosen, chip) == compiled
+    assert price.GraphPricer(qgraph, chip).seconds(widths, frozenset(cpu), frozenset(),
+                                                   entries) == compiled
+    # the whole int16 table, as it was priced, costs more than the span
+    assert price.npu_seconds(price.with_choice(qgraph, widths, frozenset(cpu)), chip) > compiled
