@@ -186,10 +186,10 @@ def ppocr_cls(tmp_path_factory, shared_cache):
 
 
 def one_npu_graph_split(directory: Path, nodes: list, initializers: list, shape: list[int],
-                        out_shape: list[int] | None = None) -> Path:
+                        out_shape: list[int] | None = None, opset: int = 17) -> Path:
     """A split directory holding one NPU graph from ``x`` to ``y`` (float, ``shape`` both, or
-    ``out_shape`` for ``y``) made of ``nodes``: what the quantize stage reads, for tests of
-    quantization on a tiny model."""
+    ``out_shape`` for ``y``) made of ``nodes`` (ONNX ``opset``): what the quantize stage reads,
+    for tests of quantization on a tiny model."""
     import onnx
     from onnx import helper
 
@@ -198,8 +198,8 @@ def one_npu_graph_split(directory: Path, nodes: list, initializers: list, shape:
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, shape)],
                               [helper.make_tensor_value_info("y", 1, out_shape or shape)],
                               initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8 if opset <= 17 else 10
     split = directory / "split"
     split.mkdir()
     onnx.save(model, split / "graph_0.onnx")

@@ -34,6 +34,10 @@ PASS_THROUGH = set(DATA_MOVEMENT)
 # A tensor whose calibrated mean |x| is below this many int8 steps underflows int8 (its typical
 # value rounds to a step or two); with ``int16_underflow`` it becomes int16.
 MIN_TYPICAL_STEPS = 2.0
+# A tensor whose loudest calibration sample's typical value (median |x|) is under this many
+# int16 steps has its range set by a few values thousands of times larger (a transformer's
+# residual stream with outlier channels): int16 holds most of its values in 4 bits or fewer.
+COARSE_TYPICAL_STEPS = 16.0
 # A graph-output concat whose inputs' ranges differ by more than this factor would lose more
 # than 4 bits of its smallest input on one shared scale (YOLO's boxes in pixels beside scores
 # in [0, 1]): its inputs keep their own scales and the host joins them.
@@ -379,6 +383,23 @@ class Quantizer:
         lo, hi = self.calibrated(t, "int16")
         step = float(np.max(_chosen_params(self.config.scheme, lo, hi, "int16").scale))
         return stats.sample_typical_low < MIN_TYPICAL_STEPS * step <= stats.sample_typical_high
+
+    def coarse_in_int16(self, t: str) -> bool:
+        """Whether int16 parameters from ``t``'s calibrated range leave the typical value of
+        even its loudest calibration sample (its median |x|) under ``COARSE_TYPICAL_STEPS``
+        steps: a range set by a few values thousands of times the typical one. A transformer's
+        residual stream is the case (LLM.int8's finding in T5, OPT, BLOOM: a few channels
+        reach 1e5 where most values sit under 50; flan-t5's encoder, block 7: an int16 step of
+        6 where the median |x| is 45), and the norm after it weighs the outlier channels down,
+        so its output is made of what int16 held in a few bits: int16 on every tensor missed,
+        float on the residual stream alone passed. Float is then the precision that holds it;
+        the precision search tries it (`npubuild.quant.search`)."""
+        stats = self.stats.get(t)
+        if stats is None or not stats.count or stats.sample_typical_high <= 0:
+            return False
+        lo, hi = self.calibrated(t, "int16")
+        step = float(np.max(_chosen_params(self.config.scheme, lo, hi, "int16").scale))
+        return stats.sample_typical_high < COARSE_TYPICAL_STEPS * step
 
     @staticmethod
     def _kills_channels(stats, step: float) -> bool:

@@ -18,7 +18,11 @@ The search, after int8 everywhere fails (read top to bottom):
    on the rest; the phases below then start from each tensor's own precision. The tensors
    whose quietest calibration sample int16 cannot hold where their loudest it can (a power
    spectrum, `Quantizer.quiet_in_int16`) are tried in float first: where they pass, only
-   the drop pass runs over them (no ranking).
+   the drop pass runs over them (no ranking). Then those whose typical value int16 holds in
+   a few steps on every sample, their range set by a few outlier channels (a transformer's
+   residual stream, `Quantizer.coarse_in_int16`): the same, the costliest on the CPU
+   dropped first (the ranking's blocks mix them with norms and matrix products that cost
+   far more on the CPU and buy nothing).
 2. **Rank** by measured gains (group testing): a block of candidates made wide (the rest
    int8) takes some error off the judged figures; errors from different tensors add (nearly:
    independent noise), so the most useful blocks are halved until single tensors or blocks
@@ -725,16 +729,24 @@ class PrecisionSearch:
         unrolled recurrent cell float on the CPU (Silero VAD v6: 356 float layers, 609 → 172
         fps) where int16 misses on a handful of its tensors only."""
         base = {t: "int16" for t in self.candidates}
-        quiet = self._quiet_in_int16()
-        # where calibration already names them (a quiet power spectrum): one score, then the
-        # drop pass over them (the latest in the graph first), no ranking
-        if quiet and self.ok(self.score({**base, **{t: "float" for t in quiet}},
-                                        "mixed reach: float where a quiet sample underflows "
-                                        "int16")):
+        # where calibration already names them: one score, then the drop pass over them, no
+        # ranking. A quiet power spectrum's tensors: the latest in the graph dropped first; a
+        # residual stream's (its typical value a few int16 steps): the costliest on the CPU
+        # first (flan-t5's encoder: its 27 such tensors in float 29x int8's time, of which
+        # the 13 residual Adds alone pass, at 2.1x)
+        for named, why, order in (
+                (self._quiet_in_int16(), "a quiet sample underflows int16", None),
+                (self._coarse_in_int16(), "the typical value is a few int16 steps",
+                 self._float_cost)):
+            if not (named and self.ok(self.score({**base, **{t: "float" for t in named}},
+                                                 f"mixed reach: float where {why}"))):
+                continue
+            if order is not None:
+                named = sorted(named, key=lambda t: (order(base, t), named.index(t)))
             self.base = base
             try:
-                floats = self._drop({t: "float" for t in quiet},
-                                    [{"tensors": (t,), "weight": 1.0} for t in quiet])
+                floats = self._drop({t: "float" for t in named},
+                                    [{"tensors": (t,), "weight": 1.0} for t in named])
             finally:
                 self.base = {}
             return {**base, **floats}
@@ -756,15 +768,31 @@ class PrecisionSearch:
         everywhere passed, and the ranking, cover and drop that found such tensors among
         3,443 candidates scored 28 choices of a 4,590-layer graph (124 s of the time budget's
         600 s of work)."""
-        quiet: set[str] = set()
+        return self._named_by_calibration("quiet_in_int16")
+
+    def _coarse_in_int16(self) -> list[str]:
+        """The candidates whose loudest calibration sample's typical value int16 holds in a
+        few steps (`Quantizer.coarse_in_int16`: a range set by a few outlier channels, as a
+        transformer's residual stream), in candidate order; no score."""
+        return self._named_by_calibration("coarse_in_int16")
+
+    def _named_by_calibration(self, test: str) -> list[str]:
+        """The candidates one of whose tensors the quantizer's ``test`` names from the
+        calibration statistics, in candidate order."""
+        named: set[str] = set()
         for state in self.states.values():
             q = quantizer.Quantizer(state.fg, state.observer.stats,
                                     replace(self.workflow.options.config, scheme=self.scheme),
                                     ranges=self.ranges)
-            quiet.update(t for t in state.qgraph.tensors
-                         if t not in state.qgraph.constants and q.quiet_in_int16(t))
+            named.update(t for t in state.qgraph.tensors
+                         if t not in state.qgraph.constants and getattr(q, test)(t))
         return [root for root in self.candidates
-                if any(t in quiet for t in self.members.get(root, [root]))]
+                if any(t in named for t in self.members.get(root, [root]))]
+
+    def _float_cost(self, base: Mapping[str, str], t: str) -> float:
+        """The float parts' estimated seconds with ``t`` in float on top of ``base`` (no
+        plan: what the layers it moves off the NPU cost on the host)."""
+        return self._seconds({**base, t: "float"}, npu=False)
 
     def _rank(self, wide: str | Mapping[str, str]) -> list[dict]:
         """Blocks of candidates (single tensors where it matters), most useful first, each

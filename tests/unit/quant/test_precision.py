@@ -299,3 +299,31 @@ def test_a_tensor_int16_holds_on_loud_samples_but_not_on_a_quiet_one_is_quiet_in
 
     assert named((1.0, 1.0 / 500, 0.5)) == {"power"}
     assert named((1.0, 0.5, 0.7)) == set()
+
+
+def test_a_tensor_whose_few_loud_channels_set_its_range_is_coarse_in_int16():
+    """``Quantizer.coarse_in_int16``: the loudest calibration sample's median |x| under 16
+    int16 steps. A stream of 64 channels one of which is 30,000 times louder (a transformer's
+    residual stream with an outlier channel; flan-t5's reach 1e5 where half its values sit
+    under 50) is, on every sample alike (no quiet sample: `quiet_in_int16` does not name
+    it); the same stream with that channel 30 times louder is not, nor a ReLU's output."""
+    from npubuild.quant import calibrate, quantizer
+
+    rng = np.random.default_rng(0)
+
+    def named(loud):
+        gain = np.ones(64, np.float32)
+        gain[5] = loud
+        m = model([helper.make_node("Mul", ["x", "gain"], ["stream"]),
+                   helper.make_node("Relu", ["x"], ["h"]),
+                   helper.make_node("Add", ["stream", "h"], ["y"])], {"x": [1, 16, 64]},
+                  {"y": None}, {"gain": gain})
+        feeds = [{"x": rng.standard_normal((1, 16, 64)).astype(np.float32)} for _ in range(4)]
+        _, fg, probe = quantize(m, feeds, scheme="asymmetric")
+        stats = calibrate.observe(fg, probe, feeds, "minmax")
+        q = quantizer.Quantizer(fg, stats, quantizer.QuantConfig(scheme="asymmetric"))
+        return ({t for t in ("stream", "h") if q.coarse_in_int16(t)},
+                {t for t in ("stream", "h") if q.quiet_in_int16(t)})
+
+    assert named(30000.0) == ({"stream"}, set())
+    assert named(30.0) == (set(), set())

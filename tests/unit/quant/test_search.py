@@ -67,6 +67,9 @@ class Synthetic(PrecisionSearch):
     def _quiet_in_int16(self):  # no calibration statistics name a tensor
         return []
 
+    def _coarse_in_int16(self):
+        return []
+
     def slowdown(self, choice):
         return 1.0 + sum((self.work if p == "float" else self.int16_work).get(t, 0.0)
                          for t, p in choice.items())
@@ -1060,3 +1063,88 @@ def test_a_power_spectrum_a_quiet_sample_leaves_under_int16_steps_goes_float_alo
     assert not any(s.startswith("mixed reach: float where int16") for s in steps)
     assert search._quiet_in_int16() == ["re2", "im2", "power", "power_eps"]
 
+
+
+def _outlier_stream_search(tmp_path, max_slowdown: float):
+    """The search over a tiny pre-norm transformer on one NPU graph, T5's shape: 8 blocks over
+    a residual stream of 32 channels, 16 tokens, each block an RMS norm, a linear layer (the
+    attention's stand-in) and a residual Add, then an RMS norm, a ReLU FFN of 64 units and a
+    residual Add; a final RMS norm. The first FFN's output layer writes one channel 30,000
+    times louder than the rest into the stream (T5's outlier channels, LLM.int8's finding),
+    which every norm's scale weighs down (1e-3 on that channel): the stream's range is set by
+    that channel, its other 31 carry what the norms pass on."""
+    from onnx import helper, numpy_helper
+
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.workflow import Options, Workflow
+    from npubuild.recipe.model import VerifySpec
+    from npubuild.verify.verdict import SampleJudge
+    from tests.conftest import one_npu_graph_split
+
+    tokens, width, hidden, outlier = 16, 32, 64, 5
+    rng = np.random.default_rng(0)
+    scale = np.ones(width, np.float32)
+    scale[outlier] = 1e-3
+    inits, nodes, stream = [numpy_helper.from_array(scale, "scale")], [], "x"
+
+    def linear(name, x, rows, cols, loud=1.0):
+        w = rng.standard_normal((rows, cols)) / np.sqrt(rows)
+        w[:, outlier] *= loud if cols == width else 1.0
+        inits.append(numpy_helper.from_array(w.astype(np.float32), f"w_{name}"))
+        return helper.make_node("MatMul", [x, f"w_{name}"], [name], name=name)
+
+    for b in range(8):
+        nodes += [helper.make_node("RMSNormalization", [stream, "scale"], [f"n{b}a"], axis=-1,
+                                   name=f"n{b}a"),
+                  linear(f"a{b}", f"n{b}a", width, width),
+                  helper.make_node("Add", [stream, f"a{b}"], [f"r{b}a"], name=f"r{b}a"),
+                  helper.make_node("RMSNormalization", [f"r{b}a", "scale"], [f"n{b}f"],
+                                   axis=-1, name=f"n{b}f"),
+                  linear(f"h{b}", f"n{b}f", width, hidden),
+                  helper.make_node("Relu", [f"h{b}"], [f"g{b}"], name=f"g{b}"),
+                  linear(f"f{b}", f"g{b}", hidden, width, 30000.0 if b == 0 else 1.0),
+                  helper.make_node("Add", [f"r{b}a", f"f{b}"], [f"r{b}f"], name=f"r{b}f")]
+        stream = f"r{b}f"
+    nodes.append(helper.make_node("RMSNormalization", [stream, "scale"], ["y"], axis=-1,
+                                  name="final"))
+    split = one_npu_graph_split(tmp_path, nodes, inits, [1, tokens, width], opset=23)
+    samples = [{"x": rng.standard_normal((1, tokens, width)).astype(np.float32)}
+               for _ in range(10)]
+    pipeline = SplitPipeline(split)
+    workflow = Workflow(pipeline, Options(QuantConfig(scheme="asymmetric",
+                                                      granularity="per_channel",
+                                                      bias_correction=False), chip_int16=True))
+    workflow.calibrate(samples[:6])
+    workflow.quantize()
+    judge = SampleJudge(VerifySpec(), {}, pipeline, samples[6:])
+    return PrecisionSearch(workflow, samples[6:], judge, judge.kept,
+                           SearchSpec(max_slowdown=max_slowdown), chip_int16=True,
+                           npu_macs_per_second=1e10)
+
+
+def test_a_residual_stream_with_an_outlier_channel_goes_float_alone_within_budget(tmp_path):
+    """T5's encoder (flan-t5-small, 8 blocks): a few channels of its residual stream reach
+    1e5 where half its values sit under 50, so int16 holds the stream in a few steps and
+    every norm's output, made of the quiet channels, in a few bits: int16 everywhere missed
+    (0.9806), float on every candidate passed. The ranking over the int16 base (blocks of
+    candidates in graph order) kept 51 float tensors, norms and matrix products among them,
+    priced at 72.9x int8's time, so int8 stayed (0.0443); float on the residual stream alone
+    passes at 2.3x. Calibration names the stream (`Quantizer.coarse_in_int16`: its loudest
+    sample's median |x| under 16 int16 steps): float on it beside int16 everywhere passes,
+    and the drop pass runs over it, the costliest on the CPU first. Here: before, the ranking
+    kept 39 float tensors (7.6x, over this budget of 6: int8 stayed); now the stream and the
+    FFN output that writes the loud channel, 4.7x."""
+    search = _outlier_stream_search(tmp_path, max_slowdown=6.0)
+    assert not search.score({t: "int16" for t in search.candidates}).passed
+    assert search.score({t: "float" for t in search.candidates}).passed
+    stream = ["f0"] + [f"r{b}{part}" for b in range(8) for part in "af"][1:]
+    assert search._coarse_in_int16() == stream  # x and r0a, before the loud channel, are not
+    result = search.run()
+    assert result.reached
+    floats = {t for t, p in result.chosen.items() if p == "float"}
+    assert floats and floats <= set(stream)  # every norm and matrix product on the NPU
+    assert search.priced(search.score(result.chosen)) <= 6.0
+    steps = [s["step"] for s in result.steps]
+    reach = steps.index("mixed reach: float where the typical value is a few int16 steps")
+    assert steps[reach + 1] == "drop"
