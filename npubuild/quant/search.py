@@ -732,17 +732,18 @@ class PrecisionSearch:
         # where calibration already names them: one score, then the drop pass over them, no
         # ranking. A quiet power spectrum's tensors: the latest in the graph dropped first; a
         # residual stream's (its typical value a few int16 steps): the costliest on the CPU
-        # first (flan-t5's encoder: its 27 such tensors in float 29x int8's time, of which
-        # the 13 residual Adds alone pass, at 2.1x)
-        for named, why, order in (
-                (self._quiet_in_int16(), "a quiet sample underflows int16", None),
-                (self._coarse_in_int16(), "the typical value is a few int16 steps",
-                 self._float_cost)):
+        # first (flan-t5's encoder: its 32 such tensors in float 29x int8's time, where its
+        # 17 residual Adds alone pass at 2.3x)
+        for name, why, costly_first in (
+                (self._quiet_in_int16, "a quiet sample underflows int16", False),
+                (self._coarse_in_int16, "the typical value is a few int16 steps", True)):
+            named = name()
             if not (named and self.ok(self.score({**base, **{t: "float" for t in named}},
                                                  f"mixed reach: float where {why}"))):
                 continue
-            if order is not None:
-                named = sorted(named, key=lambda t: (order(base, t), named.index(t)))
+            if costly_first:
+                cost = self._float_costs(named)
+                named = [t for _, _, t in sorted((cost[t], k, t) for k, t in enumerate(named))]
             self.base = base
             try:
                 floats = self._drop({t: "float" for t in named},
@@ -789,10 +790,21 @@ class PrecisionSearch:
         return [root for root in self.candidates
                 if any(t in named for t in self.members.get(root, [root]))]
 
-    def _float_cost(self, base: Mapping[str, str], t: str) -> float:
-        """The float parts' estimated seconds with ``t`` in float on top of ``base`` (no
-        plan: what the layers it moves off the NPU cost on the host)."""
-        return self._seconds({**base, t: "float"}, npu=False)
+    def _float_costs(self, roots: Sequence[str]) -> dict[str, float]:
+        """Per candidate, what float on it alone costs on the host, estimated from the graph
+        without placing it (a placement per tensor is a quantizer per tensor: hundreds of
+        named tensors on a graph of thousands of layers): a run plus the MACs of every layer
+        that reads or writes it or a tensor moving its data (`quantizer.moved_by_float`)."""
+        run = 0.0 if self.float_on_npu else price.CPU_RUN_SECONDS
+        touching: dict[str, float] = {}
+        for index, state in self.states.items():
+            for layer in state.fg.layers:
+                seconds = price.host_seconds(self.work[index].get(layer.name, 0),
+                                             self.float_seconds, run)
+                for t in dict.fromkeys([*layer.inputs, *layer.outputs]):
+                    touching[t] = touching.get(t, 0.0) + seconds
+        return {root: sum(touching.get(t, 0.0) for t in self.members.get(root, [root]))
+                for root in roots}
 
     def _rank(self, wide: str | Mapping[str, str]) -> list[dict]:
         """Blocks of candidates (single tensors where it matters), most useful first, each
