@@ -75,7 +75,7 @@ def _check(path: Path, names: dict[str, Path]) -> tuple[dict, list[NpubuildError
     """Load and check one recipe (`npubuild.validation`); one `name:` per recipe file among
     those given, and a build folder another recipe file owns is a warning (`run` refuses it)."""
     from npubuild.engine.owner import same_file
-    from npubuild.recipe import load_recipe
+    from npubuild.recipe import load_recipe, paths
     from npubuild.validation import validate
 
     loaded = load_recipe(path)
@@ -92,7 +92,7 @@ def _check(path: Path, names: dict[str, Path]) -> tuple[dict, list[NpubuildError
             "this recipe there", "name", hint="give it another `name:`, or build it elsewhere "
                                              "(--build-dir DIR)"))
     entry = {"recipe": str(path), "name": name, "valid": True,
-             "model": str(loaded.model_path), "format": loaded.model_format,
+             "model": str(paths.original(loaded.model_path)), "format": loaded.model_format,
              "target": loaded.chip().name, "surgery_steps": len(loaded.recipe.surgery),
              "fusion_rules": len(loaded.recipe.fusion), **found.signature.as_dict(),
              "warnings": [error_object(w, EXIT_OK) for w in found.warnings],

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from npubuild.engine.hashing import HashCache, sha256_data
-from npubuild.recipe.paths import spelled
+from npubuild.recipe.paths import original, spelled
 
 if TYPE_CHECKING:
     from npubuild.recipe import LoadedRecipe
@@ -77,7 +77,7 @@ def file_label(path: Path, base_dir: Path) -> str:
     (`paths.spelled`: inside the recipe's folder or an installed package); a file outside both
     keeps its absolute path, which names it wherever the recipe is copied to."""
     label = spelled(path, base_dir)
-    return str(Path(path).resolve()) if label.startswith("../") else label
+    return str(original(path).resolve()) if label.startswith("../") else label
 
 
 # The libraries behind every stage's artifacts, and the distributions that may provide each

