@@ -32,7 +32,6 @@ The data are byte-identical from run to run.
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
 from pathlib import Path
@@ -41,7 +40,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "scripts"))
-import make_zoo_models as zoo  # noqa: E402  (espeak, the background, the npz writer)
+import make_zoo_models as zoo  # noqa: E402  (espeak, the background, the sets' writer)
+from npubuild.recipe.paths import package_dir  # noqa: E402  (finds a package without importing it)
 
 OUT = Path(__file__).resolve().parent / "data"
 SAMPLES = 12
@@ -73,10 +73,7 @@ PHOTOS = [("chelsea.png", 0.9), ("coffee.png", 1.0), ("astronaut.png", 1.0), ("r
 
 
 def mltk_root() -> Path:
-    module = sys.modules.get("mltk")
-    if module is not None:  # registered bare below
-        return Path(module.__path__[0])
-    return Path(importlib.util.find_spec("mltk").submodule_search_locations[0])
+    return package_dir("mltk")  # looked up once: before `mltk_modules` registers it bare
 
 
 def mltk_modules():
@@ -147,7 +144,7 @@ def spoken_inputs(model: str, words: list, name: str, shape: tuple, seed: int) -
 
 def cifar_inputs() -> list[dict]:
     from PIL import Image
-    folder = Path(importlib.util.find_spec("skimage").submodule_search_locations[0]) / "data"
+    folder = package_dir("skimage") / "data"
     samples = []
     for name, fraction in PHOTOS:
         image = Image.open(folder / name).convert("RGB")
@@ -160,17 +157,11 @@ def cifar_inputs() -> list[dict]:
 
 
 def main(argv: list[str]) -> Path:
-    out = Path(argv[0]) if argv else OUT
-    out.mkdir(parents=True, exist_ok=True)
-    sets = {"speech": spoken_inputs(MICRO_SPEECH_MODEL, WORDS, "input_1_int8",
-                                    (1, 49, 40, 1), 1700),
-            "cifar": cifar_inputs(),
-            "onoff": spoken_inputs(ON_OFF_MODEL, ON_OFF, "serving_default_input_1:0", (1, 98, 1, 104),
-                                   1720)}
-    for name, items in sets.items():
-        for i, sample in enumerate(items):
-            zoo._write_npz(out / f"{name}_{i:02d}.npz", sample)
-    return out
+    return zoo.write_sample_sets(Path(argv[0]) if argv else OUT, {
+        "speech": spoken_inputs(MICRO_SPEECH_MODEL, WORDS, "input_1_int8", (1, 49, 40, 1), 1700),
+        "cifar": cifar_inputs(),
+        "onoff": spoken_inputs(ON_OFF_MODEL, ON_OFF, "serving_default_input_1:0", (1, 98, 1, 104),
+                               1720)})
 
 
 if __name__ == "__main__":
