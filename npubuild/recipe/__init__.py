@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -101,7 +100,7 @@ class LoadedRecipe:
     @property
     def model_format(self) -> str:
         spec = self.recipe.model
-        if spec.format != "keras":  # a .keras file is a zip archive; any other model is not
+        if spec.format != "keras":  # a Keras 3 file is a zip archive, whatever its name
             self._not_an_archive()
         if spec.format:
             return spec.format
@@ -116,18 +115,16 @@ class LoadedRecipe:
 
     @cached_property
     def _archive_models(self) -> list[str] | None:
-        """The model files inside the model's path when that is a zip archive (other than a
-        Keras ``.keras``, itself a zip archive), else None."""
+        """The model files inside the model's path when that is an archive (`paths.is_archive`:
+        a zip or tar file not named like a model), else None."""
         path = self.model_path
-        if path.suffix.lower() == ".keras" or not path.is_file() or not zipfile.is_zipfile(path):
-            return None
-        return paths.zip_models(path)
+        return paths.archive_models(path) if paths.is_archive(path) else None
 
     def _not_an_archive(self) -> None:
         models = self._archive_models
         if models is None:
             return
-        raise self.error(f"{self.model_path.name!r} is a zip archive, not a model", "model", "path",
+        raise self.error(f"{self.model_path.name!r} is an archive, not a model", "model", "path",
                          hint=(f"name the model inside it as a path through the archive: "
                                f"{self.recipe.model.path}/{models[-1]}"
                                + (f" (its model files: {', '.join(models)})"

