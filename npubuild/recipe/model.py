@@ -155,7 +155,7 @@ class ModelSpec(Strict):
 
     path: str = Field(description="Model file: .onnx, frozen .pb, SavedModel dir, .keras/.h5/.hdf5, "
                                   ".tflite; relative to the recipe or pkg:<package>/<path>; a file "
-                                  "inside a zip archive as a path through it "
+                                  "inside a zip or tar archive as a path through it "
                                   "(pkg:mltk/models/x.mltk.zip/x.tflite).")
     format: ModelFormat | None = Field(None, description="Default: from the file name.")
     inputs: list[InputSpec] = Field(default_factory=list)
