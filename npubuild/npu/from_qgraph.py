@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, replace
 from math import prod
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -739,6 +739,7 @@ def fold_channel_permutations(qgraph: QGraph, tensors: dict[str, TensorInfo],
     is none."""
     consumers, producers = qgraph.consumers(), qgraph.producers()
     outputs, folded, fused = set(qgraph.outputs), {}, set()
+    layers = qgraph.layers
 
     def found(members: list[QLayer]) -> bool:
         permute = (permute_layer(members, tensors) if memo is None
@@ -748,31 +749,50 @@ def fold_channel_permutations(qgraph: QGraph, tensors: dict[str, TensorInfo],
             folded[permute.name] = permute
         return permute is not None
 
-    for layer in qgraph.layers:
-        if layer.name in fused:
-            continue
+    for layer in layers:
         if layer.kind == "concat" and layer.device == "npu":
             slices = _gathered_slices(layer, producers, consumers, outputs, tensors)
             if slices:
                 found([*slices, layer])
-            continue
-        if not _permuting(layer):
-            continue
-        chain = [layer]
-        while True:
-            out = chain[-1].outputs[0]
-            readers = consumers.get(out, [])
-            if out in outputs or len(readers) != 1 or not _permuting(readers[0]):
-                break
-            chain.append(readers[0])
-        for stop in range(len(chain), 1, -1):  # the longest prefix that permutes channels
-            if found(chain[:stop]):
-                break
+    index = {layer.name: i for i, layer in enumerate(layers)}
+
+    def only_reader(i: int) -> int | None:
+        out = layers[i].outputs[0]
+        readers = consumers.get(out, [])
+        return None if out in outputs or len(readers) != 1 else index[readers[0].name]
+
+    permutation_chains(len(layers), only_reader, lambda i: _permuting(layers[i]),
+                       lambda chain: found([layers[i] for i in chain]))
     if not folded:
         return qgraph
-    layers = [folded.get(layer.name, layer) for layer in qgraph.layers
+    layers = [folded.get(layer.name, layer) for layer in layers
               if layer.name not in fused or layer.name in folded]
     return replace(qgraph, layers=layers)
+
+
+def permutation_chains(size: int, only_reader: Callable[[int], int | None],
+                       permuting: Callable[[int], bool],
+                       permutes: Callable[[list[int]], bool]) -> list[list[int]]:
+    """The chains of data movement that permute channels, of items ``0 .. size - 1`` in
+    topological order: from each item not yet in a chain that is ``permuting`` (a reshape or a
+    transpose), the items each the only reader of the one before (``only_reader``: None where
+    the chain ends: no reader, several, or a graph output), their longest prefix of two or more
+    that ``permutes``. The one search compile folds by (`fold_channel_permutations`) and split
+    places by (`npubuild.split.shuffles`)."""
+    chains: list[list[int]] = []
+    taken: set[int] = set()
+    for i in range(size):
+        if i in taken or not permuting(i):
+            continue
+        chain = [i]
+        while (j := only_reader(chain[-1])) is not None and permuting(j):
+            chain.append(j)
+        for stop in range(len(chain), 1, -1):  # the longest prefix that permutes channels
+            if permutes(chain[:stop]):
+                chains.append(chain[:stop])
+                taken.update(chain[:stop])
+                break
+    return chains
 
 
 def _permuting(layer: QLayer) -> bool:
@@ -800,31 +820,47 @@ def _gathered_slices(concat: QLayer, producers, consumers, outputs,
 def channel_order(members: list[QLayer], tensors: dict[str, TensorInfo]
                   ) -> tuple[int, ...] | None:
     """The input channel of each output channel of the 4-D view when ``members`` permute the
-    channels of their input's view and keep N, H and W, the tensors of rank 4 or less; None
+    channels of their input's view and keep N, H and W (`moved_channel_order`); None
     otherwise, or for the identity. ``members``: a chain of reshapes and transposes, each
     reading the one before; or slices of one tensor, then the concat that joins them (its
     inputs in order)."""
-    first, last = tensors[members[0].inputs[0]], tensors[members[-1].outputs[0]]
-    if (first.view != last.view or max(len(first.shape), len(last.shape)) > 4
-            or all(layer.kind == "reshape" for layer in members)):  # reshapes keep the order
+    if all(layer.kind == "reshape" for layer in members):  # reshapes keep the order
         return None
-    n, c, h, w = first.view
-    if c < 2:
-        return None
-    index = np.arange(n * c * h * w).reshape(first.shape)
-    if members[-1].kind == "concat":  # its inputs pass unchanged (`_gathered_slices`)
-        index = np.concatenate([reference.run_layer(s, [index])[0] for s in members[:-1]],
-                               axis=members[-1].attrs["axis"])
-    else:
+
+    def move(index: np.ndarray) -> np.ndarray:
+        if members[-1].kind == "concat":  # its inputs pass unchanged (`_gathered_slices`)
+            return np.concatenate([reference.run_layer(s, [index])[0] for s in members[:-1]],
+                                  axis=members[-1].attrs["axis"])
         for layer in members:
             index = reference.run_layer(layer, [index])[0]
+        return index
+
+    return moved_channel_order(tensors[members[0].inputs[0]].shape,
+                               tensors[members[-1].outputs[0]].shape, move)
+
+
+def moved_channel_order(first: Shape | tuple[int, ...], last: Shape | tuple[int, ...],
+                        move: Callable[[np.ndarray], np.ndarray]) -> tuple[int, ...] | None:
+    """The input channel of each output channel of the 4-D view when ``move`` (data movement
+    from a tensor of shape ``first`` to one of shape ``last``, both of rank 4 or less) permutes
+    the channels of the input's view and keeps N, H and W; None otherwise, or for the
+    identity. Found by moving element indices, whatever the spelling: the one test of a
+    channel permutation, for compile (`channel_order`) and for split
+    (`npubuild.split.shuffles`)."""
+    view = view4(first)
+    if view != view4(last) or max(len(first), len(last)) > 4:
+        return None
+    n, c, h, w = view
+    if c < 2:
+        return None
+    index = move(np.arange(n * c * h * w).reshape(first))
     if index.size != n * c * h * w:
         return None
-    moved = np.asarray(index).reshape(first.view)
+    moved = np.asarray(index).reshape(view)
     order = moved[0, :, 0, 0] // (h * w)
     if (order.max() >= c or (order == np.arange(c)).all()
             or not (np.sort(order) == np.arange(c)).all() or not np.array_equal(
-                moved, np.arange(n * c * h * w).reshape(first.view)[:, order])):
+                moved, np.arange(n * c * h * w).reshape(view)[:, order])):
         return None
     return tuple(int(i) for i in order)
 

@@ -12,8 +12,9 @@ close to monotone in H), then tries a few more H counts if fragmentation defeats
 
 A layer that does not fit even alone is an error naming it and the bytes it needs, or with
 ``on_no_fit="cpu"`` becomes a `CpuLayer` that breaks the groups around it; a fully connected
-layer (``fc``) or a split along H that does not fit alone runs whole from GMEM between groups
-(`whole_step`).
+layer (``fc``), a split along H or a channel permutation (``permute``: a row of every channel
+more than a lane holds) that does not fit alone runs whole from GMEM between groups
+(`whole_step`: the NPU computes the first, the DMA engine moves the others).
 """
 
 from __future__ import annotations
@@ -268,8 +269,8 @@ def no_fit_message(layer: LayerSpec, why: NoFit, chip: Chip) -> str:
 
 def _no_fit(layer: LayerSpec, why: NoFit, chip: Chip, on_no_fit: str) -> CpuLayer:
     message = no_fit_message(layer, why, chip)
-    if reads_whole_input(layer):  # too big for LMEM: whole from GMEM, as before such layers
-        return CpuLayer(whole_step(layer), message)  # joined groups
+    if reads_whole_input(layer) or layer.op == "permute":  # too big for LMEM: whole from GMEM,
+        return CpuLayer(whole_step(layer), message)  # as before such layers joined groups
     if on_no_fit == "cpu":
         return CpuLayer(layer, message)
     raise BuildError(message, stage="compile",
@@ -284,9 +285,10 @@ def reads_whole_input(layer: LayerSpec) -> bool:
 
 
 def whole_step(layer: LayerSpec) -> LayerSpec:
-    """A layer that reads its whole input (`reads_whole_input`) as a step between groups,
-    as it ran before it could join one: the NPU computes a fully connected layer whole from
-    GMEM, the DMA engine moves a split's parts (group breakers)."""
+    """A layer that reads its whole input (`reads_whole_input`), or a channel permutation, as a
+    step between groups, as it ran before it could join one: the NPU computes a fully
+    connected layer whole from GMEM, the DMA engine moves a split's parts and a permutation's
+    channels (a strided copy; group breakers)."""
     executes = "npu" if layer.op == "fc" else "dma"
     return replace(layer, op="move", attrs=layer.attrs + (("executes", executes),))
 

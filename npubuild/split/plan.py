@@ -19,7 +19,7 @@ from npubuild.recipe.load import dotted
 from npubuild.recipe.model import SplitSpec
 from npubuild.split.cost import elements, island_cost, node_macs
 from npubuild.split.graph import MOVEMENT, OpGraph, build_op_graph
-from npubuild.split import input_statistics, legalize, spectrum
+from npubuild.split import input_statistics, legalize, shuffles, spectrum
 from npubuild.split.einsum import legal_einsums
 from npubuild.split.reductions import legal_reductions
 from npubuild.split.partition import CPU, NPU, Segment, npu_islands, partition, segment_of
@@ -138,6 +138,8 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
     og = build_op_graph(inferred.graph)
     facts = GraphFacts.from_model(inferred)
     on_npu, reasons, pinned = _initial(og, facts, chip, spec)
+    if spec.policy != "cpu_only":
+        _channel_permutations_on_npu(og, facts, chip, on_npu, reasons, pinned)
     _log_power_spectra_on_cpu(og, facts, on_npu, reasons, pinned)
     _self_normalised_inputs_on_cpu(og, facts, on_npu, reasons, pinned)
     if spec.policy != "cpu_only":
@@ -185,6 +187,20 @@ def _initial(og: OpGraph, facts: GraphFacts, chip: Chip, spec: SplitSpec):
         on_npu.append(device == NPU)
         reasons.append(why)
     return on_npu, reasons, pinned
+
+
+def _channel_permutations_on_npu(og: OpGraph, facts: GraphFacts, chip: Chip,
+                                 on_npu: list[bool], reasons: list[list[str]],
+                                 pinned: set[int]) -> None:
+    """Chains of Reshapes and Transposes that permute the channels (a channel shuffle) go to
+    the NPU of a chip npubuild compiles for, whatever its table says of their ops and ranks:
+    compile runs each as one channel permutation (`shuffles`). A chain the recipe forced or
+    placed, any node of it, stays where the recipe put it."""
+    for chain in shuffles.channel_permutations(og, facts, chip):
+        if any(i in pinned or _forced(reasons[i]) for i in chain):
+            continue
+        for i in chain:
+            on_npu[i], reasons[i] = True, []
 
 
 def _layout_noops_between_npu_ops(og: OpGraph, facts: GraphFacts, chip: Chip,

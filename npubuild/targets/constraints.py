@@ -430,7 +430,7 @@ LAYOUT_NOOP_NOTE = ("Reshape, Flatten, Squeeze, Unsqueeze, Identity and a Cast t
                     "static and their shape inputs constant")
 
 
-def _moves_no_data(view: NodeView) -> bool:
+def moves_no_data(view: NodeView) -> bool:
     """A layout op, or a Cast to the type it reads (exporters leave float-to-float Casts;
     quantize lowers one as it lowers an Identity)."""
     if view.op == "Cast":
@@ -444,8 +444,15 @@ def layout_noop_reasons(view: NodeView, chip: Chip) -> list[str] | None:
     Its table entry (or its absence) and ranks do not matter: between two NPU ops the NPU
     keeps the tensor where it is. Static shapes, constant shape inputs and the chip's dtypes do.
     """
-    if not _moves_no_data(view) or view.node.domain not in STANDARD_DOMAINS:
+    if not moves_no_data(view) or view.node.domain not in STANDARD_DOMAINS:
         return None
+    return unlisted_reasons(view, chip)
+
+
+def unlisted_reasons(view: NodeView, chip: Chip) -> list[str]:
+    """The chip-wide checks alone (static shapes, constant parameters, the chip's dtypes, an
+    integer kernel), for data movement the NPU runs whether its table lists the op or not:
+    layout no-ops (`layout_noop_reasons`), channel permutations (`npubuild.split.shuffles`)."""
     spec = OpSupport(dtypes=list(chip.dtypes))
     return [_with_detail(c.reason(spec), detail) for c in CONSTRAINTS
             if c.field in (None, "dtypes") and (detail := c.check(view, spec)) is not None]

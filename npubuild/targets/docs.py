@@ -37,6 +37,12 @@ vendor's own support list, whose limits the notes quote.
   `accept_fused_bodies`. A unary element-wise body (HardSwish, Mish, ...) runs as one lookup
   table on the chips npubuild compiles for (the simulated ones): its ops need no entry there.
 - {layout_noop}.
+- A chain of Reshapes and Transposes that permutes the channels of a 4-D tensor and keeps N, H
+  and W (ShuffleNet's channel shuffle, through rank-5 tensors or rank-4 ones) runs on the NPU
+  of every chip npubuild compiles for (the simulated ones), listed in its table or not, at any
+  rank in between (`npubuild.split.shuffles`): compile runs it as one channel permutation, in
+  its neighbours' layer group or, where LMEM cannot hold a row of every channel, as a strided
+  copy by the DMA engine. A vendor's chip answers by its table.
 - {lmem}: the compiler's own slicing search, asked of the layer in a group of its own (int8
   activations; a conv's weights as compile stores them), so split never places on the NPU what
   compile would refuse.

@@ -7,7 +7,7 @@ Reshape-family ops between two NPU ops are layout no-ops on the NPU (on every ch
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from npubuild.recipe.model import SplitSpec
 from npubuild.split import plan_split
@@ -138,3 +138,72 @@ def test_a_vendor_chip_tiles_for_itself_so_lmem_never_sends_a_node_to_the_cpu():
     model = net.model([net.conv(net.input("x", [1, 8, 4, 70000]), 8, 8, k=1, name="n")])
     for chip in ("rk3588", "ethos-u65-256"):
         assert not any("local memory" in r for r in reasons_of(model, chip)), chip
+
+
+def _shuffle_model(spelling: str, shape=(1, 12, 8, 8), groups: int = 3):
+    """conv -> a channel shuffle (ShuffleNet's rank-5 spelling or the rank-4 one) -> conv."""
+    from tests.unit.npu.qstacks import Stack
+
+    s = Stack(shape)
+    a = s.conv("x", shape[1], 3)
+    if spelling == "unsqueezed":  # back to rank 3 by a Reshape, then an Unsqueeze of N
+        n, c, h, w = shape
+        swapped = s.transpose(s.reshape(a, [n, groups, c // groups, h, w]), [0, 2, 1, 3, 4])
+        flat = s.reshape(swapped, [c, h, w])
+        shuffled = s._name("Unsqueeze")
+        s.nodes.append(helper.make_node("Unsqueeze", [flat, s._const(
+            f"{shuffled}_axes", np.array([0], np.int64))], [shuffled], name=shuffled))
+        s.shapes[shuffled] = shape
+    else:
+        shuffled = s.channel_shuffle(a, groups, spelling)
+    return s, shuffled, s.model([s.conv(shuffled, 8, 3)])
+
+
+def test_a_channel_shuffle_runs_on_the_npu_of_every_chip_npubuild_compiles_for():
+    """npu-tiny refuses the rank-5 Reshape and Transpose of ShuffleNet's shuffle (ranks 1 to
+    4), npu-strict any Transpose: each shuffle was a CPU round trip between two NPU parts
+    (light-shufflenet: 16 of them). Compile folds the chain into one channel permutation in
+    the convs' layer group (whatever lowers to a reshape may be in it: an Unsqueeze), so split
+    keeps it on the NPU, and compile compiles what split placed: one group, bit-exact."""
+    from tests.unit.npu.qstacks import compile_qgraph, quantize, simulate_and_compare
+
+    for spelling in ("rank5", "rank4", "unsqueezed"):
+        s, shuffled, model = _shuffle_model(spelling)
+        qgraph = quantize(model)
+        for chip in (TINY, STRICT):
+            plan = plan_split(model, chip, SplitSpec())
+            assert all(plan.on_npu), (spelling, chip.name, plan.reasons)
+            assert len(plan.segments) == 1
+            layers, program, program_file = compile_qgraph(qgraph, chip)
+            assert [spec.op for spec in layers.graph.layers] == ["conv", "permute", "conv"]
+            assert len(program.groups) == 1
+            simulate_and_compare(qgraph, program_file)
+
+
+def test_reshapes_and_transposes_that_do_not_permute_channels_keep_the_tables_answer():
+    """H and W swapped through a rank-5 tensor move rows, not channels: compile would not fold
+    them, so npu-tiny's rank check stands (and npu-strict's missing Transpose)."""
+    net = Net()
+    a = net.conv(net.input("x", [1, 8, 6, 6]), 8, 8, k=1, name="a")
+    grouped = net.op("Reshape", [a, net.init("s5", np.array([1, 2, 4, 6, 6], np.int64))],
+                     name="grouped")
+    swapped = net.op("Transpose", [grouped], name="swapped", perm=[0, 1, 2, 4, 3])
+    back = net.op("Reshape", [swapped, net.init("s4", np.array([1, 8, 6, 6], np.int64))],
+                  name="back")
+    model = net.model([net.conv(back, 8, 4, k=1, name="b")])
+    for chip in (TINY, STRICT):
+        plan = plan_split(model, chip, SplitSpec())
+        devices = {plan.graph.label(i): npu for i, npu in enumerate(plan.on_npu)}
+        assert not devices["swapped"], chip.name
+
+
+def test_a_channel_shuffle_forced_to_the_cpu_or_on_a_vendor_chip_stays_where_it_was():
+    """The recipe's force_cpu stands; a vendor's compiler takes the nodes one by one, so on
+    ethos-u55-256 its op table answers for each."""
+    _, shuffled, model = _shuffle_model("rank5")
+    plan = plan_split(model, TINY, SplitSpec(force_cpu=["Transpose"]))
+    devices = {plan.graph.label(i): npu for i, npu in enumerate(plan.on_npu)}
+    assert [npu for name, npu in devices.items() if name.startswith("transpose")] == [False]
+    vendor = plan_split(model, load_chip("ethos-u55-256"), SplitSpec())
+    ops = {vendor.graph.nodes[i].op_type: npu for i, npu in enumerate(vendor.on_npu)}
+    assert ops["Transpose"] is False
