@@ -61,7 +61,7 @@ def legal_einsums(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset
     that is a linear layer of a constant weight written as a MatMul or a grouped Conv where the
     chip runs all of it (module docstring); the names of the MatMuls and Convs made, in graph
     order ([] and ``model`` itself when none is)."""
-    from npubuild.split.legalize import _passing
+    from npubuild.split.legalize import kept_rewrite
     from npubuild.split.plan import infer
 
     if not any(n.op_type == "Einsum" for n in model.graph.node):
@@ -84,10 +84,7 @@ def legal_einsums(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset
             chosen.append(node.output[0])
     if not chosen:
         return model, []
-    rewritten, made = _rewrite(model, chosen)
-    legal = _passing(rewritten, made, chip)
-    if legal != chosen:
-        rewritten, made = _rewrite(model, legal) if legal else (model, {})
+    rewritten, made, legal = kept_rewrite(model, chosen, _rewrite, chip)
     kernels = {made[out][-3 if len(made[out]) > 1 else 0] for out in legal}
     order = {n.name: i for i, n in enumerate(rewritten.graph.node)}
     return rewritten, sorted(kernels, key=lambda n: order.get(n, len(order)))

@@ -112,10 +112,8 @@ def _legal_taps(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
                   if n.output[0] not in keep and _too_big(ed, n, spec)]
     if not candidates:
         return model, []
-    rewritten, made = _rewrite(model, candidates, chip)
-    legal = _passing(rewritten, made, chip)
-    if legal != candidates:
-        rewritten, made = _rewrite(model, legal, chip) if legal else (model, {})
+    rewritten, made, legal = kept_rewrite(
+        model, candidates, lambda m, outs: _rewrite(m, outs, chip), chip)
     return rewritten, [made[out][-1] for out in legal]
 
 
@@ -149,6 +147,18 @@ def _size_allowed(m: int, spec) -> int:
     if spec.kernel_sizes:
         return min((s for s in spec.kernel_sizes if s >= m), default=m)
     return m
+
+
+def kept_rewrite(model: onnx.ModelProto, candidates: list[str], rewrite, chip: Chip
+                 ) -> tuple[onnx.ModelProto, dict[str, list[str]], list[str]]:
+    """``rewrite(model, outputs)`` (-> the model and, per output, the names of the nodes made)
+    of the ``candidates`` every node of whose rewrite the chip runs (`_passing`), made again
+    without the others: (the model, the nodes made, the candidates kept)."""
+    rewritten, made = rewrite(model, candidates)
+    legal = _passing(rewritten, made, chip)
+    if legal != candidates:
+        rewritten, made = rewrite(model, legal) if legal else (model, {})
+    return rewritten, made, legal
 
 
 def _passing(model: onnx.ModelProto, made: dict[str, list[str]], chip: Chip) -> list[str]:

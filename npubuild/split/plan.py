@@ -21,6 +21,7 @@ from npubuild.split.cost import elements, island_cost, node_macs
 from npubuild.split.graph import MOVEMENT, OpGraph, build_op_graph
 from npubuild.split import input_statistics, legalize, shuffles, spectrum
 from npubuild.split.einsum import legal_einsums
+from npubuild.split.groups import legal_groups
 from npubuild.split.reductions import legal_reductions
 from npubuild.split.partition import CPU, NPU, Segment, npu_islands, partition, segment_of
 from npubuild.split.spectrum import log_power_spectra
@@ -117,8 +118,8 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
     """Decide every node's device and cut the model into segments. Convs the chip refuses for
     their stride, kernel, dilation or padding, pools it refuses for their kernel or stride,
     reductions it has no kernel for (a Max of tensors, a ReduceMax, a ReduceSum:
-    `reductions.legal_reductions`) and linear layers written as an Einsum
-    (`einsum.legal_einsums`),
+    `reductions.legal_reductions`), grouped convs it refuses for their groups
+    (`groups.legal_groups`) and linear layers written as an Einsum (`einsum.legal_einsums`),
     are first written as ones it runs, where it runs every node of the rewrite
     (`legalize.legal_convs`; the plan is about that model), unless the recipe places nodes by
     hand or forces the node to the CPU."""
@@ -131,8 +132,9 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
             keep = {og.nodes[i].output[0] for i in Selector(og).all(spec.force_cpu, "force_cpu")}
         model, linear = legal_einsums(model, chip, keep=keep)
         model, reduced = legal_reductions(model, chip, keep=keep)
+        model, grouped = legal_groups(model, chip, keep=keep)
         model, rewritten = legalize.legal_convs(model, chip, keep=keep)
-        reduced = linear + reduced
+        reduced = linear + reduced + grouped
         rewritten = reduced + [name for name in rewritten if name not in reduced]
     inferred = infer(model)
     og = build_op_graph(inferred.graph)

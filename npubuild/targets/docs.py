@@ -61,6 +61,11 @@ vendor's own support list, whose limits the notes quote.
   so refused along an unpadded axis as a GlobalMaxPool (one window over the whole input) or a
   chain of MaxPools within `max_kernel`/`max_stride`. Each runs on the NPU when every node of
   it passes this table; otherwise the node stays whole with its reasons.
+- A grouped Conv (not depthwise) refused for its groups (`groups: one` or `one_or_depthwise`)
+  is first written by the split (`npubuild.split.groups`) as a Split of the input along the
+  channels, one Conv per group (a fused ConvAct or ConvSilu stays fused) and a Concat, and runs
+  on the NPU when every node of that rewrite passes this table (exact in int8 with per-channel
+  weight scales).
 - A reduction the chip has no kernel for, a Max of two or more tensors of one shape (Keras'
   `Maximum`), a ReduceMax (`torch.max(x, dim)`), a ReduceSum (an attention layer's sum over
   time) or a ReduceMean (but over H and W of a 4-D tensor, which the quantizer computes) over
