@@ -61,6 +61,8 @@ vendor's own support list, whose limits the notes quote.
   so refused along an unpadded axis as a GlobalMaxPool (one window over the whole input) or a
   chain of MaxPools within `max_kernel`/`max_stride`. Each runs on the NPU when every node of
   it passes this table; otherwise the node stays whole with its reasons.
+- A Sum of two tensors on a chip whose table lists Add but not Sum is first written by the
+  split as an Add (`npubuild.split.aliases`: the same op in ONNX and in the quantizer).
 - A grouped Conv (not depthwise) refused for its groups (`groups: one` or `one_or_depthwise`)
   is first written by the split (`npubuild.split.groups`) as a Split of the input along the
   channels, one Conv per group (a fused ConvAct or ConvSilu stays fused) and a Concat, and runs
