@@ -7,7 +7,8 @@ Modules, in the order the work happens: `graph` (index the ONNX graph), `einsum`
 layer written as an Einsum of a constant weight, as a MatMul or a grouped 1x1 conv), `reductions` (a Max
 of tensors, a ReduceMax or a ReduceSum, which the chip has no kernel for, as a MaxPool or a
 conv), `aliases` (an op the chip lacks as the op it lists that computes the same: a Sum of
-two tensors as an Add), `groups` (a grouped conv the chip refuses for its groups as a conv per group), `legalize`
+two tensors as an Add), `batchnorms` (an inference BatchNormalization the chip refuses as a
+depthwise 1x1 conv, or a Mul and an Add), `groups` (a grouped conv the chip refuses for its groups as a conv per group), `legalize`
 (convs the chip refuses for their stride, kernel, dilation or padding, and pools it refuses
 for their kernel or stride, rewritten as ones it runs), `shuffles` (channel shuffles, which
 compile runs as one channel permutation: on the NPU of every chip npubuild compiles for),

@@ -21,6 +21,7 @@ from npubuild.split.cost import elements, island_cost, node_macs
 from npubuild.split.graph import MOVEMENT, OpGraph, build_op_graph
 from npubuild.split import input_statistics, legalize, shuffles, spectrum
 from npubuild.split.aliases import legal_aliases
+from npubuild.split.batchnorms import legal_batchnorms
 from npubuild.split.einsum import legal_einsums
 from npubuild.split.groups import legal_groups
 from npubuild.split.reductions import legal_reductions
@@ -121,7 +122,8 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
     reductions it has no kernel for (a Max of tensors, a ReduceMax, a ReduceSum:
     `reductions.legal_reductions`), grouped convs it refuses for their groups
     (`groups.legal_groups`), ops it lacks that are an op it has (a Sum of two tensors:
-    `aliases.legal_aliases`) and linear layers written as an Einsum (`einsum.legal_einsums`),
+    `aliases.legal_aliases`), inference BatchNormalizations it refuses (as a depthwise 1x1 conv
+    or a Mul and an Add: `batchnorms.legal_batchnorms`) and linear layers written as an Einsum (`einsum.legal_einsums`),
     are first written as ones it runs, where it runs every node of the rewrite
     (`legalize.legal_convs`; the plan is about that model), unless the recipe places nodes by
     hand or forces the node to the CPU."""
@@ -135,9 +137,10 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
         model, linear = legal_einsums(model, chip, keep=keep)
         model, reduced = legal_reductions(model, chip, keep=keep)
         model, aliased = legal_aliases(model, chip, keep=keep)
+        model, normed = legal_batchnorms(model, chip, keep=keep)
         model, grouped = legal_groups(model, chip, keep=keep)
         model, rewritten = legalize.legal_convs(model, chip, keep=keep)
-        reduced = linear + reduced + aliased + grouped
+        reduced = linear + reduced + aliased + normed + grouped
         rewritten = reduced + [name for name in rewritten if name not in reduced]
     inferred = infer(model)
     og = build_op_graph(inferred.graph)

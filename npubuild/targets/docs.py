@@ -63,6 +63,12 @@ vendor's own support list, whose limits the notes quote.
   it passes this table; otherwise the node stays whole with its reasons.
 - A Sum of two tensors on a chip whose table lists Add but not Sum is first written by the
   split as an Add (`npubuild.split.aliases`: the same op in ONNX and in the quantizer).
+- An inference BatchNormalization of constant parameters on a chip that refuses it (no conv
+  before it to fold into: a DenseNet's) is first written by the split
+  (`npubuild.split.batchnorms`) as the depthwise 1x1 Conv the quantizer lowers it to (weights
+  `scale / sqrt(var + eps)`, bias `bias - mean * scale`), or where that is refused as a Mul and
+  an Add of those per-channel constants, and runs on the NPU when every node of it passes this
+  table.
 - A grouped Conv (not depthwise) refused for its groups (`groups: one` or `one_or_depthwise`)
   is first written by the split (`npubuild.split.groups`) as a Split of the input along the
   channels, one Conv per group (a fused ConvAct or ConvSilu stays fused) and a Concat, and runs
