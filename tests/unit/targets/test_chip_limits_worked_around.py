@@ -207,3 +207,23 @@ def test_a_channel_shuffle_forced_to_the_cpu_or_on_a_vendor_chip_stays_where_it_
     vendor = plan_split(model, load_chip("ethos-u55-256"), SplitSpec())
     ops = {vendor.graph.nodes[i].op_type: npu for i, npu in enumerate(vendor.on_npu)}
     assert ops["Transpose"] is False
+
+
+def test_a_prelu_runs_on_npu_tiny_as_vela_runs_it_on_an_ethos_u55():
+    """npu-tiny is the Ethos-U55 size class, and Vela 5.2.0 runs PRELU there (an activation op
+    of `tflite_supported_operators`, lowered to LeakyRelu or Min/Mul/Relu/Add). Its table
+    lacked PRelu, so each PRelu of a MediaPipe landmark model was a CPU round trip
+    (iris-landmark: 38 NPU graphs). A per-channel PRelu between two convs is one NPU graph, and
+    compile runs it bit-exact."""
+    from tests.unit.npu.qstacks import compile_qgraph, quantize, simulate_and_compare
+
+    net = Net()
+    a = net.conv(net.input("x", [1, 8, 6, 6]), 8, 8, k=3, name="a")
+    slope = net.init("slope", np.linspace(0.05, 0.4, 8, dtype=np.float32).reshape(8, 1, 1))
+    model = net.model([net.conv(net.op("PRelu", [a, slope], name="act"), 8, 4, k=3, name="b")])
+    plan = plan_split(model, TINY, SplitSpec())
+    assert all(plan.on_npu), plan.reasons
+    assert len(plan.segments) == 1
+    qgraph = quantize(model, scheme="symmetric")
+    _, program, program_file = compile_qgraph(qgraph, TINY)
+    simulate_and_compare(qgraph, program_file)
