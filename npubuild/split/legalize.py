@@ -13,7 +13,9 @@ could not bring back to the float result.
 A MaxPool or AveragePool whose kernel or stride exceeds the chip's along an unpadded axis
 (ShallowTemp's mean over 40 mel bands, stride 40): an unpadded mean of windows that do not
 overlap becomes a depthwise conv of weights ``1/(kh·kw)``, undone as above (`_legal_pools`);
-a MaxPool of one window over the whole input a GlobalMaxPool, any other MaxPool a chain of
+a MaxPool of one window over the whole input a GlobalMaxPool; a pool of one window over the
+whole input refused only for its stride the same pool of stride 1 (`_unstrided_pools`: the
+stride of one window is never used); any other MaxPool a chain of
 pools within the limits (`_pool_chain`): kernel and stride ``f`` then ``k/f`` by ``s/f``,
 ``f`` a common factor. Other means stay whole (`_legal_pools` says why).
 
@@ -341,7 +343,7 @@ def _legal_pools(model: onnx.ModelProto, chip: Chip, keep) -> tuple[onnx.ModelPr
     segmentation's output 4.2e-5 to 6.2e-5 of its scale, past the split's float proof (1e-5).
     The names of the pools rewritten."""
     ed = Editor(model, REWRITE)
-    chains, means = {}, []
+    chains, means, one_window = {}, [], []
     for node in ed.graph.node:
         spec = effective_spec(chip, node.op_type) if node.op_type in POOLS else None
         if spec is None or not node.output[0] or node.output[0] in keep:
@@ -351,10 +353,17 @@ def _legal_pools(model: onnx.ModelProto, chip: Chip, keep) -> tuple[onnx.ModelPr
             chains[node.output[0]] = chain
         if _plain_mean(node) and _refused_pool(ed, node, spec) and not _whole_input(ed, node):
             means.append(node.output[0])
-    if not chains and not means:
+        if _whole_input(ed, node) and _refused_pool(ed, node, spec) and all(
+                _pool_axis_fits(k, 1, spec) for k in attr(node, "kernel_shape")):
+            one_window.append(node.output[0])
+    if not chains and not means and not one_window:
         return model, []
     model, whole = _whole_input_pools(model, list(chains), chip)
-    chains = {out: chain for out, chain in chains.items() if out not in whole}
+    one_window = [out for out in one_window if out not in whole]
+    model, _, unstrided = (kept_rewrite(model, one_window, _unstrided_pools, chip) if one_window
+                           else (model, {}, []))
+    chains = {out: chain for out, chain in chains.items()
+              if out not in whole and out not in unstrided}
     as_convs = _means_as_convs(model, means, chip)
     staged, moved = _destrided(_pools_as_convs(model, as_convs), as_convs, chip)
     rest = {out: chain for out, chain in chains.items() if out not in as_convs}
@@ -363,8 +372,9 @@ def _legal_pools(model: onnx.ModelProto, chip: Chip, keep) -> tuple[onnx.ModelPr
     if list(rest) != legal:
         rewritten, made = _chain_pools(staged, {out: rest[out] for out in legal}) \
             if legal else (staged, {})
+    producers = {n.output[0]: n.name for n in rewritten.graph.node if n.output}
     names = ({names[-1] for names in moved.values()} | {made[out][-1] for out in legal}
-             | set(whole.values()))
+             | set(whole.values()) | {producers[out] for out in unstrided})
     order = {n.name: i for i, n in enumerate(rewritten.graph.node)}
     return rewritten, sorted(names, key=lambda n: order.get(n, len(order)))
 
@@ -392,6 +402,26 @@ def _whole_input_pools(model: onnx.ModelProto, outputs: list[str], chip: Chip
     if legal != whole:
         return _whole_input_pools(model, legal, chip) if legal else (model, {})
     return rewritten, names
+
+
+def _unstrided_pools(model: onnx.ModelProto, outputs: list[str]
+                     ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
+    """``model`` with the pools computing ``outputs``, each one window over its whole unpadded
+    input, given strides 1: the stride of a pool with one output along an axis is never used
+    (ONNX Runtime computes the same window, the quantizer the same layer), so a chip that
+    refuses only the stride runs the pool as it is. Per output, the pool's name."""
+    ed = Editor(model, REWRITE)
+    made = {}
+    for output in outputs:
+        pool = ed.producer(output)
+        pool.name = pool.name or ed.unique_node(output)
+        kept = [a for a in pool.attribute if a.name != "strides"]
+        del pool.attribute[:]
+        pool.attribute.extend(kept)
+        pool.doc_string = f"npubuild surgery: {REWRITE}"
+        made[output] = [pool.name]
+    ed.touch()
+    return ed.finish(), made
 
 
 def _whole_input(ed: Editor, node: onnx.NodeProto) -> bool:

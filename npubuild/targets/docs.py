@@ -59,7 +59,9 @@ vendor's own support list, whose limits the notes quote.
   front end's transform). An unpadded AveragePool refused for its kernel or stride, whose
   windows do not overlap, as a depthwise Conv of weights `1/(kh·kw)` rewritten so; a MaxPool
   so refused along an unpadded axis as a GlobalMaxPool (one window over the whole input) or a
-  chain of MaxPools within `max_kernel`/`max_stride`. Each runs on the NPU when every node of
+  chain of MaxPools within `max_kernel`/`max_stride`. A pool of one window over the whole
+  unpadded input refused only for its stride runs as the same pool of stride 1 (one window
+  never uses its stride). Each runs on the NPU when every node of
   it passes this table; otherwise the node stays whole with its reasons.
 - A Sum of two tensors on a chip whose table lists Add but not Sum is first written by the
   split as an Add (`npubuild.split.aliases`: the same op in ONNX and in the quantizer).

@@ -364,3 +364,21 @@ def test_a_strided_conv_that_is_squared_stays_whole(square):
     assert legal_convs(model, small_chip()) == (model, [])
     plain = conv_model([1, 1, 1, 512], [8, 1, 1, 64], strides=[1, 64])
     assert legal_convs(plain, small_chip())[1] == ["conv"]
+
+
+@pytest.mark.parametrize("op", ["AveragePool", "MaxPool"])
+def test_a_pool_of_one_window_refused_only_for_its_stride_runs_with_stride_one(op):
+    """An 8x8 pool of stride 8 over an 8x8 input (a TFLite AVERAGE_POOL_2D over the whole
+    map): npu-tiny refuses stride 8 (max 3), though a pool of one window never uses its
+    stride. It runs as the same pool of stride 1 (the same window in ONNX Runtime: equal to
+    the bit), not on the CPU (a mean) or as a chain of three pools (a max)."""
+    chip = load_chip("npu-tiny")
+    model = pool_model(op, [1, 4, 8, 8], [8, 8], [8, 8])
+    rewritten, names = legal_convs(model, chip)
+    assert names == ["pool"]
+    assert [n.op_type for n in rewritten.graph.node] == [op, "Relu"]
+    (pool,) = [n for n in rewritten.graph.node if n.op_type == op]
+    assert "strides" not in [a.name for a in pool.attribute]
+    x = np.random.default_rng(1).standard_normal([1, 4, 8, 8]).astype(np.float32)
+    np.testing.assert_array_equal(run(rewritten, x), run(model, x))
+    assert_equal_and_on_npu(model, rewritten, chip, [1, 4, 8, 8], atol=0)
