@@ -9,8 +9,10 @@ which any value far enough below the row's maximum gives too; but the tensor tha
 spans 3.4e38, which no int8 or int16 scale can share with scores that need hundredths, so the
 quantizer kept those Adds in float on the CPU (paraphrase-MiniLM-L3-v2: three, one per layer).
 
-`bounded_masks` writes each such constant (each value 0 or below ``-MASK_BOUND``, at least one
-of the latter) with minus its bound for those values, where it is the NEG operand of a Mul or
+`bounded_masks` writes each such constant (values below ``-MASK_BOUND``, at least one, and every
+other value at least ``-MASK_BOUND / 2``: 0, or a position bias folded in, as T5's decoder's
+causal mask plus its relative position bias, one constant [1, heads, T, T] once its length is
+fixed) with minus its bound for those values, where it is the NEG operand of a Mul or
 Where or the bias of an Add, and what that node computes reaches nothing but Softmax inputs:
 through data movement (Reshape, Unsqueeze, Squeeze, Expand, Transpose, Flatten, Identity, a Cast
 between float types, the selection and joining ops Slice, Gather, Tile and Concat: T5's encoder
@@ -176,18 +178,22 @@ def mask_uses(view: GraphView) -> dict[str, list[tuple[int, int]]]:
 
 
 def is_mask_constant(value: np.ndarray | None) -> bool:
-    """A float constant whose values are each 0 or below ``-MASK_BOUND`` (at least one; -inf
-    counts)."""
+    """A float constant with values below ``-MASK_BOUND`` (at least one; -inf counts), the
+    masked positions, and every other value finite and at least ``-MASK_BOUND / 2``: 0 in a
+    mask alone, a relative position bias where export folded the two into one constant (T5's
+    decoder: its causal mask plus its position bias, both constant at a fixed length)."""
     if value is None or value.dtype.kind != "f" or value.size == 0 or np.isnan(value).any():
         return False
     masked = value < -MASK_BOUND
-    return bool(masked.any()) and bool(np.all(masked | (value == 0)))
+    kept = value[~masked]
+    return bool(masked.any()) and bool(np.all(np.isfinite(kept) & (kept >= -MASK_BOUND / 2)))
 
 
 def bound(value: np.ndarray, limit: float = MASK_BOUND) -> np.ndarray:
-    """``value`` (each entry 0 or below ``-MASK_BOUND``) with every entry below ``-limit``
-    written as ``-limit``, in its dtype."""
-    return np.maximum(value, -limit).astype(value.dtype)
+    """``value`` (`is_mask_constant`) with every masked entry (below ``-MASK_BOUND``) written as
+    ``-limit`` and the others as they are (a position bias folded in keeps its values), in its
+    dtype."""
+    return np.where(value < -MASK_BOUND, np.float64(-limit), value).astype(value.dtype)
 
 
 def softmax_inputs(view: GraphView, tensor: str) -> list[str] | None:

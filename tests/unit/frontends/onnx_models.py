@@ -195,6 +195,9 @@ def masked_attention(mask: str = "sub_mul", neg: float = FINFO_MIN, tokens: int 
     - ``where_bias``: ``Where(Cast(mask, bool), 0, neg)``, the bias added;
     - ``masked_fill``: ``Where(Not(Cast(mask, bool)), neg, scores)``, the scores replaced;
     - ``causal``: ``sub_mul`` plus a constant causal bias [T, T] of 0 and ``neg``;
+    - ``causal_position_bias``: ``sub_mul`` plus one constant [1, heads, T, T], a relative
+      position bias (per head, -40 .. 10) with ``neg`` added above the diagonal, as export folds
+      T5's decoder's causal mask into its position bias at a fixed length;
     - ``scaled_after``: ``sub_mul`` added before the 1/sqrt(d) scale (a Mul between the mask
       and the Softmax: not a mask this rewrite may bound);
     - ``sliced``: ``sub_mul``'s bias cut by Slices along the key positions and joined again by
@@ -222,12 +225,20 @@ def masked_attention(mask: str = "sub_mul", neg: float = FINFO_MIN, tokens: int 
                   helper.make_node("Cast", ["m4"], ["m4f"], to=TensorProto.FLOAT),
                   helper.make_node("Sub", ["one", "m4f"], ["dropped"]),
                   helper.make_node("Mul", ["dropped", "neg"], ["bias"])]
-    if mask in ("sub_mul", "causal"):
+    if mask in ("sub_mul", "causal", "causal_position_bias"):
         nodes += [helper.make_node("Mul", ["qk", "scale"], ["scores"]), *bias_chain,
                   helper.make_node("Add", ["scores", "bias"], ["masked"])]
         if mask == "causal":
             causal = np.triu(np.full((tokens, tokens), neg, np.float32), 1)
             nodes += [_const("causal_bias", causal),
+                      helper.make_node("Add", ["masked", "causal_bias"], ["masked_causal"])]
+        elif mask == "causal_position_bias":
+            distance = np.arange(tokens)[None, :] - np.arange(tokens)[:, None]  # key - query
+            per_head = rng.uniform(-40.0, 10.0, size=(heads, 2 * tokens - 1))
+            position = per_head[:, distance + tokens - 1][None].astype(np.float32)
+            folded = (position + np.triu(np.full((tokens, tokens), neg, np.float32), 1)
+                      ).astype(np.float32)
+            nodes += [_const("causal_bias", folded),
                       helper.make_node("Add", ["masked", "causal_bias"], ["masked_causal"])]
     elif mask == "sliced":
         half = tokens // 2
@@ -252,7 +263,7 @@ def masked_attention(mask: str = "sub_mul", neg: float = FINFO_MIN, tokens: int 
         else:
             nodes += [helper.make_node("Not", ["kept"], ["dropped"]),
                       helper.make_node("Where", ["dropped", "neg", "scores"], ["masked"])]
-    softmax_input = "masked_causal" if mask == "causal" else "masked"
+    softmax_input = "masked_causal" if mask.startswith("causal") else "masked"
     nodes += [helper.make_node("Softmax", [softmax_input], ["weights"], axis=-1),
               helper.make_node("MatMul", ["weights", "v"], ["context"]),
               helper.make_node("Transpose", ["context"], ["context_t"], perm=[0, 2, 1, 3]),

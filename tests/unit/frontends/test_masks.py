@@ -32,6 +32,8 @@ def constants(model: onnx.ModelProto) -> list[np.ndarray]:
     ("where_bias", -np.inf, 1),
     ("masked_fill", -1e9, 1),           # Where(not mask, NEG, scores)
     ("causal", FINFO_MIN, 2),           # the padding bias and a constant causal bias
+    ("causal_position_bias", FINFO_MIN, 2),  # the causal mask folded into a position bias (T5)
+    ("causal_position_bias", -1e9, 2),
     ("sliced", FINFO_MIN, 1),           # through Slices and a Concat (T5's encoder: a Slice)
 ])
 def test_a_huge_negative_mask_is_bounded_and_the_attention_is_bit_identical(mask, neg, count):
@@ -160,3 +162,31 @@ def test_import_falls_back_to_the_largest_bound_where_the_derived_one_fails_the_
     monkeypatch.setattr(masks, "derived_bounds", lambda model, feeds: {"neg": 1.0})
     model, figures = importer.bounded_masks(masked_attention("sub_mul"), feeds([1] * 5 + [0] * 3))
     assert figures["bounds"] == {"neg": -masks.MASK_BOUND} and figures["bit_identical"]
+
+
+def test_a_causal_mask_folded_into_a_position_bias_is_bounded_and_the_bias_kept():
+    """T5's decoder at a fixed length: its causal mask and relative position bias fold into one
+    constant [1, heads, T, T] of the bias's values (here -40 .. 10) and finfo.min above the
+    diagonal. Import writes only the masked entries as the derived bound, the position bias as
+    it was, within the proof's tolerance; the sum the Softmax reads then spans the bound plus
+    the scores, not 3.4e38."""
+    from npubuild.stages import importer
+
+    source = masked_attention("causal_position_bias")
+    inputs = scaled_feeds(1.0)
+    model, figures = importer.bounded_masks(source, inputs)
+    assert figures["constants"] == 2 and set(figures["bounds"]) == {"neg", "causal_bias"}
+    folded = next(v for v in constants(source) if v.ndim == 4)
+    written = next(v for v in constants(model) if v.ndim == 4)
+    masked = folded < -masks.MASK_BOUND
+    assert np.array_equal(written[~masked], folded[~masked])
+    assert np.all(written[masked] == figures["bounds"]["causal_bias"])
+    y, got = (onnx_io.run(m, inputs)["y"] for m in (source, model))
+    assert np.abs(got - y).max() <= 1e-5 * np.abs(y).max()
+
+
+def test_a_large_negative_bias_beside_a_mask_is_no_mask():
+    """Values between -128 and -256 beside the masked ones: no clean gap between a bias and a
+    mask, so the constant is left as written."""
+    assert not masks.is_mask_constant(np.array([0.0, -200.0, FINFO_MIN], np.float32))
+    assert masks.is_mask_constant(np.array([0.0, -100.0, 7.5, -3.4e38], np.float32))
