@@ -23,8 +23,12 @@ was computed from; a DynamicQuantizeLSTM becomes an LSTM with its weights dequan
 out as LSTM takes them). Left as it is, every layer of such a model ran on the CPU.
 
 An integer model input or output (TFLite's ``inference_input_type=tf.int8``) keeps its
-DequantizeLinear or QuantizeLinear: the caller feeds and reads integers, and those two run on
-the host. A model where one pair does not fit (another consumer of its integers, a DequantizeLinear with
+DequantizeLinear or QuantizeLinear: the caller feeds and reads integers. The input's
+DequantizeLinear is moved ahead of the layout ops between it and the input (TFLite's Reshape,
+tf2onnx's NHWC→NCHW Transpose: they move the floats instead, exactly) and the output's
+QuantizeLinear after those before the output, so both sit at the model's boundary, where split
+places them on the NPU as its input's and output's own quantization (`split.plan.integer_io`).
+A model where one pair does not fit (another consumer of its integers, a DequantizeLinear with
 other parameters) is left quantized and `to_float` says why: its pairs would run on the CPU.
 """
 
@@ -145,8 +149,70 @@ def to_float(model: onnx.ModelProto) -> Dequantized:
                 ed.remove(node)
             else:
                 ed.bypass(node)
+    _integer_io_at_the_boundary(ed)
     return Dequantized(ed.finish(), pairs=len(quantizers), constants=len(folded), relus=relus,
                        dynamic=dynamic)
+
+
+# Ops that only lay out one tensor (no values selected or combined): an integer model input's
+# DequantizeLinear moves ahead of them, an integer output's QuantizeLinear after them.
+LAYOUT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity"}
+
+
+def _integer_io_at_the_boundary(ed) -> None:
+    """An integer model input's DequantizeLinear reads the input itself, and an integer
+    output's QuantizeLinear writes the output itself: the layout ops between them (TFLite's
+    input Reshape, tf2onnx's NHWC→NCHW Transpose) run on the floats instead, exactly (a per-
+    tensor affine map commutes with moving values). Split then finds the model's integer
+    conversions at its boundary, where the NPU takes them as its input's and output's own
+    quantization (`split.plan`)."""
+    for node in list(ed.graph.node):
+        if node.op_type == "DequantizeLinear" and _per_tensor(ed, node):
+            chain = _layout_chain(ed, node.input[0], upward=True)
+            if chain and chain[-1].input[0] in ed.input_names \
+                    and not ed.is_graph_output(node.output[0]):
+                source, first = chain[-1].input[0], chain[-1]
+                floats = ed.unique_tensor(source + "_dequantized")
+                ed.replace_uses(node.output[0], node.input[0])
+                node.input[0], node.output[0] = source, floats
+                first.input[0] = floats
+                ed.touch()
+        elif node.op_type == "QuantizeLinear" and _per_tensor(ed, node):
+            chain = _layout_chain(ed, node.output[0], upward=False)
+            if chain and ed.is_graph_output(chain[-1].output[0]):
+                target, first = chain[-1].output[0], chain[0]
+                floats = ed.unique_tensor(target + "_prequant")
+                chain[-1].output[0] = floats
+                first.input[0] = node.input[0]
+                node.input[0], node.output[0] = floats, target
+                ed.touch()
+
+
+def _per_tensor(ed, node: onnx.NodeProto) -> bool:
+    """A constant scalar scale and zero point."""
+    params = [ed.constant(i) for i in node.input[1:3] if i]
+    return len(params) == 2 and all(p is not None and np.size(p) == 1 for p in params)
+
+
+def _layout_chain(ed, tensor: str, upward: bool) -> list[onnx.NodeProto]:
+    """The single-path layout ops from ``tensor`` towards the model's boundary (up to its
+    producers or down to its consumers), nearest first."""
+    chain = []
+    while True:
+        if upward:
+            node = ed.producer(tensor)
+            if node is None or node.op_type not in LAYOUT or len(ed.consumers(tensor)) != 1 \
+                    or ed.is_graph_output(tensor):
+                return chain
+            tensor = node.input[0]
+        else:
+            users = ed.consumers(tensor)
+            if len(users) != 1 or users[0].op_type not in LAYOUT or ed.is_graph_output(tensor) \
+                    or users[0].input[0] != tensor:
+                return chain
+            node = users[0]
+            tensor = node.output[0]
+        chain.append(node)
 
 
 DYNAMIC = {"ConvInteger", "MatMulInteger", "DynamicQuantizeLSTM"}

@@ -405,6 +405,8 @@ class FakeQuantPipeline:
         are the whole model's bit for bit)."""
         params = self._feeds[graph.index]
         inputs = self.inputs[graph.index]  # a choice's own values only where the model reads them
+        # the export reads float32 (a model's int8 input holds integers: `ops.integer_io`)
+        feeds = {k: np.asarray(v, np.float32) for k, v in feeds.items()}
         if graph.index not in self._run_weights:  # once per run, not per sample
             self._run_weights[graph.index] = self.weight_feeds(graph.index, params)
         given = {**dict(feeds), **dict(self.exported[graph.index].constants),

@@ -550,7 +550,31 @@ def extremum(node, ctx) -> FLayer:
     return _layer(node, "lut", tensors, fn=fn, attrs={"function": node.op_type})
 
 
+def integer_io(node, ctx) -> FLayer:
+    """A model's integer input conversion ``DequantizeLinear(x, s, z)`` or output conversion
+    ``QuantizeLinear(y, s, z)`` (int8, a constant scalar scale and zero point: a full-integer
+    TFLite export's, placed on the NPU by `split.plan.integer_io`) as a ``rescale``: the int8
+    tensor holds integers (scale 1, zero point 0, `quant.quantizer`), so the input's is
+    ``s · (x - z)`` (``input_offset``) and the output's ``y / s + z`` (``divisor``,
+    ``output_offset``), each the identity on the integers where the float side takes
+    ``(s, z)`` as its own parameters."""
+    values = [ctx.const(i) if i else None for i in node.input[1:3]]
+    if len(node.input) < 3 or any(v is None or np.size(v) != 1 for v in values):
+        raise Unsupported(f"{node.op_type} without a constant scalar scale and zero point")
+    scale, zero = values
+    if np.asarray(zero).dtype != np.int8 or not float(np.ravel(scale)[0]) > 0:
+        raise Unsupported(f"{node.op_type} of another type than int8")
+    s, z = float(np.ravel(scale)[0]), int(np.ravel(zero)[0])
+    if node.op_type == "DequantizeLinear":
+        return _layer(node, "rescale", [node.input[0]],
+                      attrs={"factor": s, "input_offset": z, "integer_io": "input"})
+    return _layer(node, "rescale", [node.input[0]],
+                  attrs={"factor": 1.0 / s, "divisor": s, "output_offset": z,
+                         "integer_io": "output"})
+
+
 RULES: dict[str, Callable] = {
+    "DequantizeLinear": integer_io, "QuantizeLinear": integer_io,
     "Conv": conv, "Gemm": gemm, "MatMul": matmul, "BatchNormalization": batchnorm,
     "Add": add_sub, "Sub": add_sub, "Sum": add_sub, "Mul": mul, "Div": div, "Neg": neg,
     "Concat": concat, "MaxPool": maxpool, "AveragePool": averagepool,

@@ -255,7 +255,13 @@ def _rescale(b: _Builder, layer: QLayer, key: str):
     x · negative_factor)``, each side nudged on its own ties (pow2 graphs)."""
     p, a = layer.params, layer.attrs
     x = b.read(layer.inputs[0])
-    y = b.node("Mul", [x, b.const(f"{key}::k", np.float32(a["factor"]))], [f"{key}::y"])
+    if "input_offset" in a:  # a model input's DequantizeLinear: s · (x - z)
+        x = b.node("Sub", [x, b.const(f"{key}::z", np.float32(a["input_offset"]))], [f"{key}::x"])
+    if "divisor" in a:  # a model output's QuantizeLinear: y / s + z
+        y = b.node("Div", [x, b.const(f"{key}::k", np.float32(a["divisor"]))], [f"{key}::d"])
+        y = b.node("Add", [y, b.const(f"{key}::z", np.float32(a["output_offset"]))], [f"{key}::y"])
+    else:
+        y = b.node("Mul", [x, b.const(f"{key}::k", np.float32(a["factor"]))], [f"{key}::y"])
     nudge = _tie(layer, b.qgraph, p["multiplier"], p["shift"])
     if "negative_factor" in a:
         shape = None

@@ -61,7 +61,10 @@ lrn        (LRN) attrs: size, alpha, beta, bias; params: input_zp, alpha_steps (
 rescale    (Mul/Div by a scalar constant; PRelu, LeakyRelu) attrs: factor, and for PRelu and
            LeakyRelu function, negative_factor (one, or a list along axis); params: input_zp,
            multiplier, shift, output_zp; arrays: negative_multiplier, negative_shift [1 or
-           size of axis] (the factor where x - input_zp < 0)
+           size of axis] (the factor where x - input_zp < 0). A model's integer I/O
+           (``integer_io``: input | output, `ops.integer_io`): an input's DequantizeLinear
+           ``s · (x - z)`` has ``input_offset`` z (in input_zp), an output's QuantizeLinear
+           ``y / s + z`` has ``divisor`` s and ``output_offset`` z (in output_zp)
 concat     attrs: axis; params: input_zps, multipliers [..], shifts [..], output_zp
 maxpool    attrs: kernel, stride, dilation, pads (no arithmetic: pads hold qmin)
 avgpool    attrs: kernel, stride, pads, count_include_pad, global; params: input_zp,

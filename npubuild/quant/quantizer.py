@@ -499,7 +499,13 @@ class Quantizer:
         producer = {t: layer for layer in layers for t in layer.outputs}
         constants = self._table("constants", cfg.scheme)
         chosen = self._table("params", cfg.method)
+        fixed = self._integer_io_params(layers, dtypes)
         for t, dtype in dtypes.items():
+            if t in fixed:
+                stats = self.stats.get(t) or calibrators.TensorStats()
+                self.params[t], why = fixed[t]
+                self.records[t] = TensorRecord(stats.as_dict(), None, fixed[t][0], why)
+                continue
             if t in self.fg.constants:
                 found = constants.get((t, dtype))
                 if found is None:
@@ -530,6 +536,42 @@ class Quantizer:
                 record = self.records[out]
                 self.records[out] = TensorRecord(record.stats, record.range, src,
                                                  f"shared with {layer.inputs[0]} ({layer.kind})")
+
+    def _integer_io_params(self, layers: list[FLayer], dtypes: dict[str, str]
+                           ) -> dict[str, tuple[QParams, str]]:
+        """The parameters a model's integer I/O fixes (`ops.integer_io`): its int8 tensor
+        holds integers (scale 1, zero point 0: the model's input fed as it is, its output
+        read as it is). An input's float side takes the DequantizeLinear's own ``(s, z)``
+        where the scheme has them (the conversion is then the identity on the integers), else
+        its calibrated ones (it requantizes on the NPU). An output's float side keeps its
+        calibrated parameters and the QuantizeLinear requantizes on the NPU, as the host did
+        (taking the QuantizeLinear's own moved micro speech's worst cosine 0.99905 → 0.99875).
+        Set at the tensor a chain of pass-through layers (a Reshape, a Transpose) starts
+        from."""
+        producer = {t: layer for layer in layers for t in layer.outputs}
+
+        def root(t: str) -> str:
+            while t in producer and self._passes_through(producer[t]):
+                t = producer[t].inputs[0]
+            return t
+
+        fixed: dict[str, tuple[QParams, str]] = {}
+        for layer in layers:
+            side = layer.attrs.get("integer_io") if layer.kind == "rescale" else None
+            if side is None:
+                continue
+            integer, real = ((root(layer.inputs[0]), layer.outputs[0]) if side == "input"
+                             else (layer.outputs[0], root(layer.inputs[0])))
+            if dtypes.get(integer, "float32") == "float32":
+                continue
+            fixed.setdefault(integer, (QParams(1.0, 0, 0 if self.pow2 else None, dtypes[integer]),
+                                       f"the model's integer {side}"))
+            own = _scheme_params(self.config.scheme, layer.attrs.get("divisor", layer.attrs["factor"]),
+                                 layer.attrs.get("input_offset", layer.attrs.get("output_offset")))
+            if side == "input" and own is not None and dtypes.get(real) == "int8" \
+                    and real not in self.fg.outputs:
+                fixed.setdefault(real, (own, f"the model's integer {side}'s own parameters"))
+        return fixed
 
     def _chosen(self, t: str, dtype: str, producer: FLayer | None, dtypes: dict[str, str]
                 ) -> tuple[QParams, TensorRecord]:
@@ -631,6 +673,8 @@ class Quantizer:
             q.params.update(output_zp=out.zero_point, output_dtype=out.dtype, qmin=lo, qmax=hi,
                             activation=layer.activation[0],
                             rounding=schemes.rounding_for(self.config.scheme))
+            if "output_offset" in layer.attrs:  # a model output's QuantizeLinear: y / s + z
+                q.params["output_zp"] += layer.attrs["output_offset"]
         return q
 
     def p(self, t: str) -> QParams:
@@ -639,6 +683,19 @@ class Quantizer:
     @property
     def pow2(self) -> bool:
         return self.config.scheme == "pow2_symmetric"
+
+
+def _scheme_params(scheme: str, scale: float, zero_point: int) -> QParams | None:
+    """int8 ``(scale, zero_point)`` as ``scheme`` writes them, or None where it has no such
+    parameters (a zero point under a symmetric scheme, a scale no power of two under pow2)."""
+    if scheme == "asymmetric":
+        return QParams(float(scale), int(zero_point), None, "int8")
+    if zero_point != 0:
+        return None
+    if scheme == "symmetric":
+        return QParams(float(scale), 0, None, "int8")
+    mantissa, exponent = math.frexp(float(scale))
+    return QParams(float(scale), 0, 1 - exponent, "int8") if mantissa == 0.5 else None
 
 
 def requantizes(layer: QLayer) -> bool:
@@ -827,14 +884,21 @@ def _rescale(q: Quantizer, layer: FLayer) -> QLayer:
     own multiplier and shift, one per index of ``attrs.axis`` for a per-channel slope."""
     x, y = q.p(layer.inputs[0]), q.p(layer.outputs[0])
     bits = schemes.multiplier_bits(_zero_centred_span(x))
-    m, n = schemes.fixed_point(layer.attrs["factor"] * x.scale / y.scale, bits=bits)
+    ratio = (x.scale / (layer.attrs["divisor"] * y.scale) if "divisor" in layer.attrs
+             else layer.attrs["factor"] * x.scale / y.scale)
+    m, n = schemes.fixed_point(ratio, bits=bits)
+    input_zp = x.zero_point
+    if "input_offset" in layer.attrs:  # a model input's DequantizeLinear: s · (x - z)
+        if x.scale != 1.0:
+            raise ValueError(f"integer input {layer.inputs[0]!r} is not at scale 1")
+        input_zp += layer.attrs["input_offset"]
     arrays = {}
     if "negative_factor" in layer.attrs:
         negative = np.atleast_1d(np.asarray(layer.attrs["negative_factor"], np.float64))
         arrays["negative_multiplier"], arrays["negative_shift"] = schemes.fixed_point_array(
             negative * x.scale / y.scale, bits=bits)
     return _qlayer(layer, attrs=dict(layer.attrs), arrays=arrays,
-                   params={"input_zp": x.zero_point, "multiplier": m, "shift": n})
+                   params={"input_zp": input_zp, "multiplier": m, "shift": n})
 
 
 def _concat(q: Quantizer, layer: FLayer) -> QLayer:

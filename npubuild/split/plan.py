@@ -151,6 +151,7 @@ def plan_split(model: onnx.ModelProto, chip: Chip, spec: SplitSpec | None = None
     _log_power_spectra_on_cpu(og, facts, on_npu, reasons, pinned)
     _self_normalised_inputs_on_cpu(og, facts, on_npu, reasons, pinned)
     if spec.policy != "cpu_only":
+        _integer_io_on_npu(og, facts, chip, on_npu, reasons, pinned)
         _layout_noops_between_npu_ops(og, facts, chip, on_npu, reasons, pinned)
     while True:
         segments = partition(og.preds, on_npu)
@@ -235,6 +236,49 @@ def _layout_noops_between_npu_ops(og: OpGraph, facts: GraphFacts, chip: Chip,
                 changed = True
     for i in candidates:
         on_npu[i], reasons[i] = True, []
+
+
+INTEGER_IO_TYPES = (onnx.TensorProto.INT8,)
+
+
+def integer_io(view: NodeView) -> bool:
+    """Whether ``view`` is a model's integer I/O conversion: a DequantizeLinear reading an int8
+    model input, or a QuantizeLinear writing an int8 model output, by a constant scalar scale
+    and zero point (a full-integer TFLite export's, `frontends.dequantize`)."""
+    node, facts = view.node, view.facts
+    if node.op_type not in ("DequantizeLinear", "QuantizeLinear") or len(node.input) < 3:
+        return False
+    params = [view.const(1), view.const(2)]
+    if any(p is None or p.size != 1 for p in params) or not float(params[0].reshape(())) > 0:
+        return False
+    integer = node.input[0] if node.op_type == "DequantizeLinear" else node.output[0]
+    return facts.elem_type(integer) in INTEGER_IO_TYPES
+
+
+def _integer_io_on_npu(og: OpGraph, facts: GraphFacts, chip: Chip, on_npu: list[bool],
+                       reasons: list[list[str]], pinned: set[int]) -> None:
+    """A model's integer I/O conversions (`integer_io`) run on the NPU of a chip npubuild
+    compiles for, when the model input's DequantizeLinear feeds only NPU nodes or the model
+    output's QuantizeLinear reads an NPU node: the NPU's input tensor is the model's integer
+    input at its own scale and zero point, its output tensor the model's integer output
+    (`quant.quantizer`), so no host part converts them. A recipe's placement stands."""
+    from npubuild import backends
+
+    if not backends.of(chip).plans_lmem:
+        return
+    inputs, outputs = set(og.inputs), set(og.outputs)
+    for i, node in enumerate(og.nodes):
+        if on_npu[i] or i in pinned or _forced(reasons[i]) or not integer_io(NodeView(node, facts)):
+            continue
+        if node.op_type == "DequantizeLinear":
+            fits = (node.input[0] in inputs and not set(node.output) & outputs
+                    and og.succs[i] and all(on_npu[j] for j in og.succs[i]))
+        else:
+            producer = og.producer.get(node.input[0])
+            fits = (node.output[0] in outputs and not og.succs[i] and producer is not None
+                    and on_npu[producer])
+        if fits:
+            on_npu[i], reasons[i] = True, []
 
 
 def _log_power_spectra_on_cpu(og: OpGraph, facts: GraphFacts, on_npu: list[bool],
