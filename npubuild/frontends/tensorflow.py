@@ -36,6 +36,7 @@ import numpy as np
 import onnx
 
 from npubuild.errors import BuildError, Location, UserError
+from npubuild import onnx_io
 from npubuild.onnx_io import with_loadable_ir
 
 FORMATS = ("tf_frozen", "saved_model", "keras", "tflite")
@@ -77,6 +78,7 @@ def convert(path: Path, fmt: str, inputs: list, outputs: list[str] | None,
     _check_converted(model, path)
     _order_outputs(model, source.outputs)
     _set_input_shapes(model, source.inputs)
+    _pad_transposes_as_tensorflow(model)
     return with_loadable_ir(model)
 
 
@@ -875,6 +877,7 @@ def _graph_def_to_onnx(graph_def, inputs: list[Port], outputs: list[Port],
     tensor names, their names ONNX's."""
     from npubuild.frontends import tf2onnx_process
 
+    graph_def = _defaults_resolved(graph_def, {p.key.split(":")[0] for p in inputs})
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "graph.pb"
         path.write_bytes(graph_def.SerializeToString(deterministic=True))
@@ -883,6 +886,33 @@ def _graph_def_to_onnx(graph_def, inputs: list[Port], outputs: list[Port],
             "input_names": [p.key for p in inputs], "output_names": [p.key for p in outputs],
             "shape_override": {p.key: p.shape for p in inputs if p.shape is not None},
             "tensors_to_rename": {p.key: p.name for p in inputs + outputs if p.key != p.name}})
+
+
+def _defaults_resolved(graph_def, fed: set[str]):
+    """Each ``PlaceholderWithDefault`` as the recipe runs it: one the recipe feeds (by op name)
+    becomes a ``Placeholder``; one it does not becomes an ``Identity`` of its default, which is
+    what TensorFlow runs when nothing is fed. TensorFlow 1 graphs trained from a dataset have
+    inputs that default to the iterator's next batch (deepbrain's ``img``) and switches that
+    default to a constant (a ``training`` flag gating dropout through ``Switch``/``Merge``);
+    tf2onnx stops on the first ("non-const default value ... is not supported"). A graph
+    without one is returned as it is."""
+    if not any(n.op == "PlaceholderWithDefault" for n in graph_def.node):
+        return graph_def
+    resolved = type(graph_def)()
+    resolved.CopyFrom(graph_def)
+    for node in resolved.node:
+        if node.op != "PlaceholderWithDefault":
+            continue
+        dtype = node.attr["dtype"]
+        if node.name in fed:
+            node.op = "Placeholder"
+            del node.input[:]
+        else:
+            node.op = "Identity"
+            node.attr["T"].CopyFrom(dtype)
+            del node.attr["dtype"]
+            del node.attr["shape"]
+    return resolved
 
 
 # --- checking and tidying the ONNX result ----------------------------------------------------
@@ -954,6 +984,44 @@ def _set_input_shapes(model: onnx.ModelProto, inputs: list[Port]) -> None:
             del dims[:]
             for size in shapes[value.name]:
                 dims.add().dim_value = size
+
+
+def _pad_transposes_as_tensorflow(model: onnx.ModelProto) -> None:
+    """Explicit pads, as TensorFlow places them, on each ConvTranspose tf2onnx left with only an
+    ``output_shape``: it does so where its input's size was unknown while converting (deepbrain's
+    Conv3DBackpropInputV2 after a dropout ``tf.cond``). With ``output_shape`` and no pads ONNX
+    (and ONNX Runtime) puts an odd total padding's extra row at the start; TensorFlow's SAME puts
+    it at the end, so the output was shifted by one voxel (deepbrain's brain mask: off by 1 of
+    1). Where the size is known now (the recipe's input shapes) the pads are written out, the
+    start ``total // 2`` as tf2onnx writes them where it knows the size; else ``auto_pad:
+    SAME_UPPER``, which ONNX defines the same way."""
+    left = [n for n in model.graph.node if n.op_type == "ConvTranspose"
+            and {a.name for a in n.attribute} & {"output_shape", "pads"} == {"output_shape"}]
+    if not left:
+        return
+    known = {v.name: onnx_io.value_shape(v) for v in
+             [*onnx.shape_inference.infer_shapes(model).graph.value_info, *model.graph.input]}
+    for node in left:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            continue
+        dims = (known.get(node.input[0]) or [None, None])[2:]
+        out, kernel = attrs["output_shape"], attrs["kernel_shape"]
+        strides = attrs.get("strides", [1] * len(out))
+        dilations = attrs.get("dilations", [1] * len(out))
+        extra = attrs.get("output_padding", [0] * len(out))
+        keep = [a for a in node.attribute if a.name not in ("output_shape", "auto_pad")]
+        if len(dims) != len(out) or not all(isinstance(d, int) and d > 0 for d in dims):
+            keep = [a for a in node.attribute if a.name != "auto_pad"]
+            del node.attribute[:]
+            node.attribute.extend([*keep, onnx.helper.make_attribute("auto_pad", "SAME_UPPER")])
+            continue
+        total = [s * (d - 1) + e + (k - 1) * r + 1 - o
+                 for s, d, e, k, r, o in zip(strides, dims, extra, kernel, dilations, out)]
+        start = [t // 2 for t in total]
+        del node.attribute[:]
+        node.attribute.extend([*keep, onnx.helper.make_attribute(
+            "pads", start + [t - b for t, b in zip(total, start)])])
 
 
 def _brief(exc: BaseException) -> str:

@@ -309,3 +309,86 @@ def test_sparse_tflite_weights_are_densified_before_tf2onnx(tmp_path):
     (source,) = tf_frontend.run_source(path, "tflite", feeds, inputs, None)
     _, bad = compare({converted.graph.output[0].name: source}, run(converted, feeds), tolerance=1e-4)
     assert not bad, [str(b) for b in bad]
+
+
+@pytest.mark.slow
+def test_placeholders_with_defaults_are_fed_or_keep_their_default(tmp_path):
+    """A TensorFlow 1 graph trained from a dataset: its input defaults to the iterator's next
+    batch (a computed tensor, not a constant) and a `training` flag defaults to False, gating
+    dropout through TensorFlow 1's tf.cond (Switch/Merge). The input the recipe feeds is an
+    input; the flag it does not feed keeps its default, and the branch it switches off is gone
+    (tf2onnx alone stops: "non-const default value for PlaceholderWithDefault"). Fed too, the
+    flag is an input like any other."""
+    tf = tf_frontend._tensorflow()
+    v1 = tf.compat.v1
+    weight = np.random.default_rng(0).normal(0, 1, (6, 3)).astype(np.float32)
+    graph = tf.Graph()
+    with graph.as_default():
+        batch = v1.placeholder(tf.float32, [None, 6], name="batch")  # the iterator's stand-in
+        x = v1.placeholder_with_default(tf.tanh(batch), [None, 6], name="x")
+        training = v1.placeholder_with_default(False, [], name="training")
+        h = tf.nn.relu(tf.matmul(x, tf.constant(weight)))
+        v1.disable_control_flow_v2()  # TensorFlow 1's tf.cond: Switch and Merge, no If
+        try:
+            # as tf.layers.dropout(training=training) wrote it
+            h = v1.cond(training, lambda: tf.nn.dropout(h, rate=0.5), lambda: tf.identity(h))
+        finally:
+            v1.enable_control_flow_v2()
+        tf.identity(tf.sigmoid(h), name="prob")
+    path = tmp_path / "with_defaults.pb"
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+    inputs = [InputSpec(name="x", shape=[2, 6])]
+    model = tf_frontend.convert(path, "tf_frozen", inputs, ["prob"])
+
+    assert [v.name for v in graph_inputs(model)] == ["x"]
+    assert not {"RandomUniform", "RandomUniformLike", "If"} & {n.op_type for n in model.graph.node}
+    feed = np.random.default_rng(1).normal(0, 1, (2, 6)).astype(np.float32)
+    (converted,) = run(model, {"x": feed}).values()
+    (source,) = tf_frontend.run_source(path, "tf_frozen", {"x": feed}, inputs, ["prob"])
+    np.testing.assert_allclose(converted, source, rtol=1e-5, atol=1e-6)
+    # the flag's default (no dropout) ran, on the fed x rather than the iterator's batch
+    np.testing.assert_allclose(source, 1 / (1 + np.exp(-np.maximum(feed @ weight, 0))), rtol=1e-5)
+
+    both = [*inputs, InputSpec(name="training", shape=[])]  # the flag fed too: an input
+    model = tf_frontend.convert(path, "tf_frozen", both, ["prob"])
+    assert [v.name for v in graph_inputs(model)] == ["x", "training"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spatial", [2, 3])
+def test_a_transpose_conv_after_a_cond_is_padded_as_tensorflow_pads_it(tmp_path, spatial):
+    """deepbrain's U-Net: a stride-2 SAME Conv3DBackpropInputV2 whose input comes out of a
+    TensorFlow 1 tf.cond (dropout behind a fed `training` flag), so tf2onnx does not know its
+    size and writes only ``output_shape``: ONNX then puts the odd padding row at the start,
+    TensorFlow at the end, and the upsampled map is shifted by one (off by its own magnitude)."""
+    tf = tf_frontend._tensorflow()
+    v1 = tf.compat.v1
+    shape = [1] + [6] * spatial + [4]
+    rng = np.random.default_rng(0)
+    kernel = rng.normal(0, 1, [3] * spatial + [5, 4]).astype(np.float32)
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float32, [None] * (spatial + 1) + [4], name="x")
+        training = v1.placeholder_with_default(True, [], name="training")
+        v1.disable_control_flow_v2()  # TensorFlow 1's tf.cond: Switch and Merge, no If
+        try:
+            h = v1.cond(training, lambda: tf.nn.dropout(x, rate=0.5), lambda: tf.identity(x))
+        finally:
+            v1.enable_control_flow_v2()
+        size = tf.shape(h)  # as tf.layers.conv3d_transpose computes its output's size
+        out = tf.stack([size[0]] + [size[i] * 2 for i in range(1, spatial + 1)] + [5])
+        up = tf.nn.conv2d_transpose if spatial == 2 else tf.nn.conv3d_transpose
+        tf.identity(up(h, tf.constant(kernel), out, [1] + [2] * spatial + [1], padding="SAME"),
+                    name="y")
+    path = tmp_path / "up.pb"
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+    inputs = [InputSpec(name="x", shape=shape), InputSpec(name="training", shape=[])]
+    model = tf_frontend.convert(path, "tf_frozen", inputs, ["y"])
+
+    (up_node,) = [n for n in model.graph.node if n.op_type == "ConvTranspose"]
+    pads = [a for a in up_node.attribute if a.name == "pads"]
+    assert pads and list(pads[0].ints) == [0] * spatial + [1] * spatial
+    feeds = {"x": rng.normal(0, 1, shape).astype(np.float32), "training": np.array(False)}
+    (converted,) = run(model, feeds).values()
+    (source,) = tf_frontend.run_source(path, "tf_frozen", feeds, inputs, ["y"])
+    np.testing.assert_allclose(converted, source, rtol=1e-4, atol=1e-5)
