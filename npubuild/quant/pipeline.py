@@ -75,6 +75,18 @@ class SplitPipeline:
                     found.setdefault(v.name, v)
         return [found[name] for name in self.inputs if name in found]
 
+    def downstream_of_npu(self) -> set[int]:
+        """The graphs (indices) that read, directly or through other graphs, a tensor an NPU
+        graph computes: in the quantized pipeline their inputs differ from the float one's."""
+        tainted: set[str] = set()
+        out: set[int] = set()
+        for g in self.graphs:  # execution order
+            if any(t in tainted for t in g.inputs):
+                out.add(g.index)
+            if g.is_npu or g.index in out:
+                tainted.update(g.outputs)
+        return out
+
     def float_values(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every boundary tensor of the float pipeline."""
         return self.runner.run(dict(feeds), keep_intermediates=True)
