@@ -150,7 +150,7 @@ def run(ctx: StageContext) -> dict:
     compare = verify_samples(ctx, inputs)
     judge = SampleJudge(ctx.recipe.verify, ctx.upstream, pipeline, compare, input_hw(inputs[0]),
                         channel_axis=output_channel_axis(ctx.recipe))
-    check_names(ctx.loaded, ctx.recipe.verify, pipeline.outputs, {**judge.floats[0], **judge.refs[0]})
+    check_names(ctx.loaded, ctx.recipe.verify, pipeline.outputs, {**judge.names, **judge.refs[0]})
     verdict = judge(workflow.deployed_values(compare, judge.kept))
     searched = spec.auto.enabled and spec.auto.precision in (None, "int16", "w16a16")
     equalization_measured = None

@@ -339,9 +339,20 @@ class SampleJudge:
         self.spec, self.outputs = spec, list(pipeline.outputs)
         self.handed_over = npu_handovers(pipeline)
         self.selected = npu_selections(pipeline)
-        self.kept = [*self.outputs, *self.handed_over]
-        self.floats = [{k: v for k, v in pipeline.float_values(feeds).items() if k in self.kept}
-                       for feeds in samples]
+        # the hand-over tensors a judge reads (a threshold's, a selection's, a slice's): the
+        # others stay unheld (deepbrain's 3-D U-Net hands over 252 MB per sample, held twice
+        # per sample, float and integer, and ran out of memory at 9 GB)
+        read = {c.tensor for c in spec.slices} | {t for ts in self.selected.values() for t in ts}
+        judged = not judged_only or Thresholds.of(spec.handover) != Thresholds()
+        self.kept = [*self.outputs, *(t for t in self.handed_over if judged or t in read)]
+        self.floats, self.names = [], {}
+        for feeds in samples:
+            values = pipeline.float_values(feeds)
+            if not self.names:  # what a recipe may name (`check_names`): shapes, no values
+                self.names = {k: np.broadcast_to(np.zeros((), values[k].dtype), np.shape(values[k]))
+                              for k in [*self.outputs, *self.handed_over] if k in values}
+            self.floats.append({k: v for k, v in values.items() if k in self.kept})
+            del values
         if "import" in dirs and "surgery" in dirs:
             original = onnx_io.load_model(dirs["import"] / "model.onnx")
             surgery = onnx_io.load_model(dirs["surgery"] / "model.onnx")

@@ -261,3 +261,65 @@ def test_every_run_of_the_integer_reference_reads_the_cpu_submodels_in_one_sessi
                          (wide, fresh.widest_integer_values(samples, ["y"]))):
         for a, b in zip(mine, theirs):
             np.testing.assert_array_equal(a["y"], b["y"])
+
+
+def _held_bytes(value) -> int:
+    """The bytes of every array inside ``value`` (dicts, lists, tuples)."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, dict):
+        return sum(_held_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_held_bytes(v) for v in value)
+    return 0
+
+
+def test_the_deployed_run_holds_only_what_a_later_step_reads(tmp_path, monkeypatch):
+    """Across the stage, the integer run over the verify samples holds each sample's kept
+    tensors and, for the per-layer comparison, the integer tensors of the NPU graphs it can
+    reuse there (those no NPU graph feeds), never the float inputs nor the tensors of a graph
+    fed by an NPU graph (its inputs differ from float's: recomputed anyway). deepbrain's 3-D
+    U-Net held 0.4 GB per sample that way and ran out of memory at 9 GB. The per-layer
+    comparison and the crosscheck stay what running every graph afresh gives."""
+    from npubuild.quant.reference import quantize_inputs, run_reference
+
+    workflow = _two_npu_graphs(tmp_path)
+    rng = np.random.default_rng(2)
+    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(4)]
+    workflow.deployed_values(samples, ["y"])
+    first = workflow.states[0].qgraph
+    own = sum(_held_bytes(run_reference(first, quantize_inputs(first, s))) for s in samples)
+    outputs = sum(4 * 8 * 8 * 4 for _ in samples)
+    assert _held_bytes(workflow._deployed) == outputs + own
+    assert all(set(env) == {0} for env in workflow._deployed["envs"])
+    kept = workflow.evaluate(samples, (), 4)
+
+    def fresh(self, k, state, inputs):
+        return run_reference(state.qgraph, quantize_inputs(state.qgraph, inputs))
+
+    monkeypatch.setattr(Workflow, "_reference_env", fresh)
+    again = workflow.evaluate(samples, (), 4)
+    assert kept.per_layer() == again.per_layer()
+    assert kept.crosscheck_summary() == again.crosscheck_summary()
+
+
+def test_the_stage_judge_keeps_only_the_hand_over_tensors_it_judges(tmp_path):
+    """The quantize stage's judge holds per sample the model outputs and the hand-over tensors
+    a threshold, a slice or a selection reads; an unjudged hand-over tensor (no
+    ``verify.handover`` threshold) is held by no one, yet a recipe may still name it."""
+    from npubuild.recipe.model import VerifySpec
+    from npubuild.verify.verdict import SampleJudge, check_names
+
+    workflow = _two_npu_graphs(tmp_path)
+    rng = np.random.default_rng(3)
+    samples = [{"x": rng.normal(0, 1, (1, 4, 8, 8)).astype(np.float32)} for _ in range(2)]
+    plain = SampleJudge(VerifySpec(), {}, workflow.pipeline, samples)
+    assert plain.kept == ["y"] and all(set(f) == {"y"} for f in plain.floats)
+    assert plain.names["c"].shape == (1, 4, 8, 8)
+    sliced = VerifySpec(slices=[{"tensor": "c", "axis": 1, "end": 2}])
+    check_names(None, sliced, ["y"], {**plain.names, **plain.refs[0]})  # c may be named
+    assert SampleJudge(sliced, {}, workflow.pipeline, samples).kept == ["y", "c"]
+    judged = SampleJudge(VerifySpec(handover={"min_cosine": 0.9}), {}, workflow.pipeline, samples)
+    assert judged.kept == ["y", "c"]
+    verdict = judged(workflow.deployed_values(samples, judged.kept))
+    assert set(verdict.npu_outputs) == {"c"}
