@@ -123,8 +123,36 @@ def unexpected(exc: Exception, stage: str) -> BuildError:
     dodge = (f"to build past it, run node {place['node']!r} on the CPU (split.force_cpu: "
              f"[{place['node']!r}]); " if "node" in place and stage in ("quantize", "compile")
              else "")
-    err = BuildError(message, stage=stage, hint=(
-        f"the stages before {stage} built and proved their outputs; {stage} itself failed on "
-        f"this model: {dodge}report it with the recipe and model (-v prints the traceback)"))
+    if isinstance(exc, MemoryError):
+        err = out_of_memory(exc, stage, where)
+    else:
+        err = BuildError(message, stage=stage, hint=(
+            f"the stages before {stage} built and proved their outputs; {stage} itself failed on "
+            f"this model: {dodge}report it with the recipe and model (-v prints the traceback)"))
     err.__cause__ = exc
     return err
+
+
+# What a stage holds across its samples, for the hint of a stage that ran out of memory.
+HELD = {"quantize": "the float and integer values verify judges (model outputs, judged "
+                    "hand-over tensors) of every verify sample, and one sample's tensors at a time",
+        "verify": "the float and deployed values of every verify sample"}
+
+
+def out_of_memory(exc: MemoryError, stage: str, where: str = "") -> BuildError:
+    """A stage that ran out of memory, said once: where, what the process had reached (its
+    peak resident size), what the stage holds, and what makes it hold less."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin"
+                                                                   else 1024)
+    text = str(exc).strip().splitlines()
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    cap = "" if limit == resource.RLIM_INFINITY else f", address-space limit {limit / 2**30:.1f} GB"
+    held = HELD.get(stage, "what this stage computes")
+    return BuildError(
+        f"ran out of memory{f' at {where}' if where else ''} (peak resident {peak / 2**30:.1f} "
+        f"GB{cap}): {text[0][:300] if text else 'MemoryError'}", stage=stage,
+        hint=f"{stage} holds {held}: fewer verify.samples (or calibration samples) hold less; "
+             f"or run where more memory is free")

@@ -48,3 +48,18 @@ def test_a_kernel_failing_in_quantize_names_the_stage_node_and_tensor(tiny_recip
     assert message.startswith("quantize: failed at graph 'graph_0', node ")
     assert "tensor '" in message and "OverflowError: requantize" in message
     assert "likely a bug" not in message and "the stages before quantize built" in err.value.hint
+
+
+def test_running_out_of_memory_is_said_once_with_what_the_stage_holds_and_what_holds_less():
+    """A MemoryError (a build under ``ulimit -v``, or numpy refusing an allocation) is the
+    stage's one clear failure: out of memory, the peak the process reached, what the stage
+    holds and the setting that makes it hold less, not "report it" as for a bug."""
+    with pytest.raises(MemoryError) as err:
+        with working_on(graph="graph_1"):
+            raise MemoryError("Unable to allocate 128. MiB for an array with shape (16777216,)")
+    failure = unexpected(err.value, "quantize")
+    assert str(failure).startswith("quantize: ran out of memory at graph 'graph_1' (peak "
+                                   "resident ")
+    assert "Unable to allocate 128. MiB" in str(failure)
+    assert "every verify sample" in failure.hint and "fewer verify.samples" in failure.hint
+    assert "report it" not in failure.hint and failure.__cause__ is err.value
