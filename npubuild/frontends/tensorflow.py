@@ -389,7 +389,10 @@ class _TFLite:
 
         tflite_check.check_tflite(path)  # the interpreter crashes the process on a truncated file
         self.path = path
-        found = tflite_check.signature(path)
+        self.content, self.variables = path.read_bytes(), []
+        if tflite_check.uses_variables(path):  # a streaming model: its state becomes explicit
+            self.content, self.variables = _state_as_io(path)
+        found = tflite_check.signature(self.content)
         self.index = {}
         for index, (name, _, _) in enumerate(found.tensors):  # converters write unique names
             self.index.setdefault(name, index)
@@ -457,7 +460,7 @@ class _TFLite:
         dense; a custom op npubuild cannot lower stops here, naming the cut that avoids it."""
         from npubuild.frontends import tflite_custom, tflite_graph
 
-        model = tflite_graph.read(self.path)
+        model = tflite_graph.read(self.content)
         inputs = [self.index[p.key] for p in self.inputs]
         outputs = [self.index[p.key] for p in self.outputs]
         graph = model.subgraphs[0]
@@ -496,6 +499,60 @@ class _TFLite:
                                  "state (e.g. the non-streaming Keras or SavedModel), or export "
                                  "it with the state as inputs and outputs")
         return model
+
+
+def _state_as_io(path: Path) -> tuple[bytes, list]:
+    """The model with its resource variables as graph inputs and outputs
+    (`tflite_graph.variables_as_io`), and the variables."""
+    from npubuild.frontends import tflite_graph
+
+    _tensorflow()
+    model = tflite_graph.read(path)
+    try:
+        variables = tflite_graph.variables_as_io(model)
+    except ValueError as exc:
+        raise UserError(f"cannot write this TFLite model's resource variables as inputs and "
+                        f"outputs: {exc}", location=Location(str(path)),
+                        hint="export the model with its state as inputs and outputs") from None
+    return tflite_graph.to_bytes(model), variables
+
+
+def variables(path: Path, fmt: str, inputs: list, outputs: list[str] | None) -> list:
+    """A streaming TFLite model's resource variables, as the import writes them
+    (`tflite_graph.Variable`; empty for every other model)."""
+    if fmt != "tflite":
+        return []
+    with _quiet():
+        return _open(Path(path), fmt, inputs, outputs).variables
+
+
+def prove_state(path: Path, fmt: str, feeds: dict[str, np.ndarray], inputs: list,
+                outputs: list[str] | None, steps: int) -> dict | None:
+    """The proof that a streaming TFLite model's state as inputs and outputs is the model:
+    TFLite's interpreter steps the original `steps` times from its reset state on the proof
+    inputs `feeds` (keyed by the ONNX names), and the rewritten model, its states fed their
+    initial values and then what it output the step before, must give the same outputs and new
+    states, bit for bit. None for a model without resource variables."""
+    if fmt != "tflite":
+        return None
+    from npubuild.frontends import tflite_graph
+
+    with _quiet():
+        source = _open(Path(path), fmt, inputs, outputs)
+        if not source.variables:
+            return None
+        states = {v.name for v in source.variables}
+        step = {p.key: np.asarray(feeds[p.name]) for p in source.inputs
+                if p.key not in states and p.name in feeds}
+        try:
+            worst = tflite_graph.prove_variables_as_io(
+                _tensorflow(), Path(path).read_bytes(), source.content, source.variables,
+                [step] * steps)
+        except ValueError as exc:
+            raise UserError(f"the TFLite model with its resource variables as inputs and "
+                            f"outputs differs from the model: {exc}",
+                            location=Location(str(path))) from None
+    return {"steps": steps, "max_abs": worst}
 
 
 def _cuts_inputs(specs: list, graph_inputs: dict, tensors: list[str]) -> bool:

@@ -98,9 +98,28 @@ class Signature:
     outputs: list[int]
 
 
-def signature(path: Path) -> Signature:
-    """The main subgraph's tensors, inputs and outputs (call `check_tflite` first)."""
-    graph = _root(bytearray(path.read_bytes())).tables(MODEL_SUBGRAPHS)[0]
+# Builtin codes of the ops a streaming model keeps its state with (VAR_HANDLE, READ_VARIABLE,
+# ASSIGN_VARIABLE, CALL_ONCE)
+VARIABLE_OPS = (142, 143, 144, 129)
+
+
+def uses_variables(path: Path) -> bool:
+    """Whether the model has resource-variable ops (call `check_tflite` first)."""
+    from flatbuffers import number_types
+
+    for code in _root(bytearray(path.read_bytes())).tables(MODEL_CODES):
+        builtin = max(code.scalar(CODE_BUILTIN, number_types.Int32Flags),
+                      code.scalar(CODE_DEPRECATED_BUILTIN, number_types.Int8Flags))
+        if builtin in VARIABLE_OPS:
+            return True
+    return False
+
+
+def signature(path: Path | bytes) -> Signature:
+    """The main subgraph's tensors, inputs and outputs (call `check_tflite` first); of the
+    file at `path`, or of a flatbuffer's bytes."""
+    content = path if isinstance(path, bytes) else path.read_bytes()
+    graph = _root(bytearray(content)).tables(MODEL_SUBGRAPHS)[0]
     tensors = []
     for tensor in graph.tables(GRAPH_TENSORS):
         dims = tensor.ints(TENSOR_SHAPE_SIGNATURE)

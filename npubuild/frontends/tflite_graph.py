@@ -37,11 +37,13 @@ DTYPES = {0: np.float32, 1: np.float16, 2: np.int32, 3: np.uint8, 4: np.int64, 6
           7: np.int16, 9: np.int8, 10: np.float64}
 
 
-def read(path: Path):
-    """The model as TensorFlow's mutable flatbuffer object (``ModelT``)."""
+def read(path: Path | bytes):
+    """The model (a file, or a flatbuffer's bytes) as TensorFlow's mutable flatbuffer object
+    (``ModelT``)."""
     from tensorflow.lite.tools import flatbuffer_utils
 
-    return flatbuffer_utils.read_model_from_bytearray(bytearray(Path(path).read_bytes()))
+    content = path if isinstance(path, bytes) else Path(path).read_bytes()
+    return flatbuffer_utils.read_model_from_bytearray(bytearray(content))
 
 
 def to_bytes(model) -> bytes:
@@ -193,6 +195,173 @@ def state_ops(model) -> dict[str, int]:
             if name in STATE_OPS:
                 found[name] = found.get(name, 0) + 1
     return found
+
+
+@dataclass
+class Variable:
+    """A resource variable written as explicit state: the graph input that holds its value
+    before a step, the graph output that holds it after (None when the step never assigns it),
+    and the value CALL_ONCE's initialisation assigns (what a user feeds on the first step)."""
+
+    name: str
+    input: int
+    output: int | None
+    initial: np.ndarray | None
+    written: str | None = None  # the stateful model's name of `output`
+
+
+
+def variables_as_io(model) -> list[Variable]:
+    """Rewrite (in place) a streaming model's resource variables as explicit state: each
+    variable's first READ_VARIABLE output becomes a graph input named after the variable (its
+    shape, type and quantization are the read's), its last ASSIGN_VARIABLE value a graph output
+    ``<name>_out``; a read after an assignment reads the assigned value. VAR_HANDLE,
+    READ_VARIABLE, ASSIGN_VARIABLE and CALL_ONCE leave subgraph 0, and the subgraphs CALL_ONCE
+    runs are emptied once their constant initial values are recorded. Returns the variables in
+    the order the graph first reads or assigns them (empty: a stateless model). Raises
+    ValueError when a variable is assigned before it is read with no initial value known from
+    its initialisation, or when an assigned value is already a graph input or output."""
+    graph = model.subgraphs[0]
+    tensors = graph.tensors
+    names: dict[int, str] = {}  # VAR_HANDLE output -> variable name
+    initial: dict[str, np.ndarray] = {}
+    init_graphs: list[int] = []
+    for op in graph.operators:
+        kind = op_type(model, op)
+        if kind == "VAR_HANDLE":
+            names[_writes(op)[0]] = _variable_name(op)
+        elif kind == "CALL_ONCE":
+            init_graphs.append(int(op.builtinOptions.initSubgraphIndex))
+    if not names:
+        return []
+    for index in init_graphs:
+        initial.update(_initial_values(model, index))
+    current: dict[str, int] = {}  # variable name -> the tensor holding its value now
+    inputs: dict[str, int] = {}
+    rewired: dict[int, int] = {}
+    kept = []
+    for op in graph.operators:
+        kind = op_type(model, op)
+        if kind in ("VAR_HANDLE", "CALL_ONCE"):
+            continue
+        if kind == "READ_VARIABLE":
+            name, read = names[_reads(op)[0]], _writes(op)[0]
+            if name in current:
+                rewired[read] = current[name]
+            else:
+                inputs[name] = current[name] = read
+            continue
+        if kind == "ASSIGN_VARIABLE":
+            name, value = names[int(op.inputs[0])], int(op.inputs[1])
+            current[name] = rewired.get(value, value)
+            continue
+        op.inputs = [rewired.get(int(t), int(t)) for t in op.inputs]
+        kept.append(op)
+    graph.operators = kept
+    graph.outputs = [rewired.get(int(t), int(t)) for t in graph.outputs]
+    for handle, name in names.items():  # the handles' names go to the state tensors
+        tensors[handle].name = name.encode() + b"/handle"
+    variables, outputs = [], {int(t) for t in graph.outputs}
+    for name in dict.fromkeys(list(inputs) + list(current)):
+        if name not in inputs:  # assigned, never read: its value before the step is unused
+            if name not in initial:
+                raise ValueError(f"variable {name!r} is assigned before any read and has no "
+                                 "constant initial value")
+            inputs[name] = _new_input(model, name, initial[name], tensors[current[name]])
+        output = current[name] if current[name] != inputs[name] else None
+        if output is not None and (output in outputs or output in graph.inputs
+                                   or output in inputs.values()):
+            raise ValueError(f"variable {name!r} is assigned tensor "
+                             f"{tensor_name(model, output)!r}, which is already a graph input or "
+                             "output")
+        tensors[inputs[name]].name = name.encode()
+        written = tensor_name(model, output) if output is not None else None
+        if output is not None:
+            tensors[output].name = name.encode() + b"_out"
+        variables.append(Variable(name, inputs[name], output, initial.get(name), written))
+    graph.inputs = [int(t) for t in graph.inputs] + [v.input for v in variables]
+    graph.outputs = [int(t) for t in graph.outputs] + [v.output for v in variables
+                                                       if v.output is not None]
+    for index in init_graphs:
+        model.subgraphs[index].operators = []
+    model.signatureDefs = []  # their tensor lists describe the stateful model
+    return variables
+
+
+def _variable_name(op) -> str:
+    options = op.builtinOptions
+    container = (options.container or b"").decode()
+    shared = (options.sharedName or b"").decode()
+    return f"{container}/{shared}" if container else shared
+
+
+def _initial_values(model, index: int) -> dict[str, np.ndarray]:
+    """The constant values subgraph `index` (a CALL_ONCE initialisation) assigns, by variable."""
+    graph = model.subgraphs[index]
+    names = {_writes(op)[0]: _variable_name(op) for op in graph.operators
+             if op_type(model, op) == "VAR_HANDLE"}
+    values = {}
+    for op in graph.operators:
+        if op_type(model, op) == "ASSIGN_VARIABLE":
+            tensor = graph.tensors[int(op.inputs[1])]
+            data = model.buffers[tensor.buffer].data if tensor.buffer > 0 else None
+            if data is not None and len(data):
+                values[names[int(op.inputs[0])]] = np.frombuffer(
+                    np.asarray(data, np.uint8).tobytes(), DTYPES[tensor.type]
+                ).reshape(list(tensor.shape)).copy()
+    return values
+
+
+def _new_input(model, name: str, value: np.ndarray, like) -> int:
+    """A graph input tensor of `like`'s shape, type and quantization (an unread state)."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    tensor = schema.TensorT()
+    tensor.name, tensor.shape, tensor.type = name.encode(), list(value.shape), like.type
+    tensor.quantization, tensor.buffer = like.quantization, 0
+    model.subgraphs[0].tensors.append(tensor)
+    return len(model.subgraphs[0].tensors) - 1
+
+
+def prove_variables_as_io(tf, original: bytes, rewritten: bytes, variables: list[Variable],
+                          steps: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Step TFLite's interpreter on the `original` stateful model from its reset state over
+    `steps` (input name -> value, one dict per call), and the `rewritten` model (`variables_as_io`)
+    with each state fed what it output on the step before (its initial value on the first):
+    every output and every new state must be equal. Returns the largest absolute difference by
+    tensor name; raises ValueError naming the first that differs."""
+    before = tf.lite.Interpreter(model_content=original, experimental_preserve_all_tensors=True,
+                                 experimental_op_resolver_type=tf.lite.experimental.OpResolverType.
+                                 BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    before.allocate_tensors()
+    after = interpreter_for(tf, rewritten)
+    after.allocate_tensors()
+    states = {v.name: v.initial for v in variables}
+    by_name = {d["name"]: d for d in before.get_tensor_details()}
+    worst: dict[str, float] = {}
+    for step, feeds in enumerate(steps):
+        for detail in before.get_input_details():
+            before.set_tensor(detail["index"], feeds[detail["name"]])
+        before.invoke()
+        for detail in after.get_input_details():
+            value = states[detail["name"]] if detail["name"] in states else feeds[detail["name"]]
+            after.set_tensor(detail["index"], value)
+        after.invoke()
+        got = {d["name"]: after.get_tensor(d["index"]) for d in after.get_output_details()}
+        expected = {d["name"]: before.get_tensor(d["index"]) for d in before.get_output_details()}
+        for v in variables:  # the original's new state: the value its last assignment wrote
+            if v.output is not None:
+                expected[f"{v.name}_out"] = before.get_tensor(
+                    by_name[v.written]["index"])
+        for name, value in expected.items():
+            diff = float(np.max(np.abs(got[name].astype(np.float64) - value.astype(np.float64)),
+                                initial=0.0))
+            worst[name] = max(worst.get(name, 0.0), diff)
+            if diff > 0:
+                raise ValueError(f"step {step}: {name!r} differs from the stateful model's by "
+                                 f"{diff:g}")
+        states.update({v.name: got[f"{v.name}_out"] for v in variables if v.output is not None})
+    return worst
 
 
 def with_readable_options(model) -> None:

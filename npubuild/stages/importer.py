@@ -53,7 +53,7 @@ from npubuild.atomic import write_json
 from npubuild.errors import BuildError, UserError, did_you_mean
 from npubuild.frontends import TF_FORMATS, dequantize, movement
 from npubuild.frontends import onnx as onnx_frontend
-from npubuild.model_inputs import same_input
+from npubuild.model_inputs import RecipeInputs, same_input
 from npubuild.recipe import LoadedRecipe
 from npubuild.stages import StageContext
 from npubuild.targets.constraints import CONV_OPS
@@ -94,8 +94,12 @@ def _import(ctx: StageContext) -> dict:
     with shapes_at_inputs(loaded):
         model = onnx_frontend.resolve_shapes(model, declared=source or model)
     check(model, converted=fmt in TF_FORMATS)
-    feeds = proofs.make_feeds(model, loaded, proofs.calibration_sample(loaded, model))
+    sample = proofs.calibration_sample(loaded, model)
+    feeds = proofs.make_feeds(model, loaded, sample)
+    states = streaming_states(loaded, fmt, feeds, sample)
     proof, outputs = prove(loaded, fmt, source, model, feeds, frozen)
+    if states:
+        proof["variables_as_io"] = states
     if unfused:
         proof["runtime_fused_as_standard"] = {"FusedConv": unfused}
     if dequantize.is_quantized(model):
@@ -127,6 +131,48 @@ def _import(ctx: StageContext) -> dict:
         summary["unread_inputs"] = unread
     write_json(ctx.out / "import.json", summary)
     return {"import": summary}
+
+
+# How many steps the proof of a streaming TFLite model's state as inputs and outputs runs
+STATE_STEPS = 3
+
+
+def streaming_states(loaded: LoadedRecipe, fmt: str, feeds: dict, sample: dict | None
+                     ) -> dict | None:
+    """A streaming TFLite model's state, now graph inputs and outputs: each state input the
+    recipe's proof values and the calibration sample do not give is fed (in `feeds`, in place)
+    the initial value its CALL_ONCE assigns, what a user feeds on the first step; the proof
+    that the rewrite is the model (`tensorflow.prove_state`), with the states' initial values.
+    None for every other model."""
+    from npubuild.frontends import tensorflow as tf_frontend
+
+    spec = loaded.recipe.model
+    with at_recipe_fields(loaded):
+        variables = tf_frontend.variables(loaded.model_path, fmt, spec.inputs, spec.outputs)
+    if not variables:
+        return None
+    given = RecipeInputs(spec.inputs)
+    states = {}
+    for v in variables:
+        name = next((n for n in feeds if same_input(v.name, n)), None)
+        from_recipe = name is not None and given.index(name) is not None and \
+            spec.inputs[given.index(name)].proof is not None
+        from_sample = sample is not None and name in sample
+        if name is not None and v.initial is not None and not (from_recipe or from_sample):
+            if feeds[name].shape != v.initial.shape:
+                raise loaded.error(f"state input {name!r} has shape {list(feeds[name].shape)}, "
+                                   f"its initial value {list(v.initial.shape)}", "model", "inputs")
+            feeds[name] = v.initial.astype(feeds[name].dtype)
+        initial = None if v.initial is None else (
+            v.initial.reshape(-1)[0].item() if np.all(v.initial == v.initial.reshape(-1)[0])
+            else v.initial.tolist())
+        states[v.name] = {"output": f"{v.name}_out" if v.output is not None else None,
+                          "shape": list(v.initial.shape) if v.initial is not None else None,
+                          "initial": initial}
+    with at_recipe_fields(loaded):
+        proof = tf_frontend.prove_state(loaded.model_path, fmt, feeds, spec.inputs, spec.outputs,
+                                        STATE_STEPS)
+    return {"states": states, **(proof or {})}
 
 
 @dataclass

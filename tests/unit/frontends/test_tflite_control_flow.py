@@ -52,32 +52,68 @@ def test_it_imports_as_an_onnx_if_equal_to_tflite_on_both_branches(cond_model, s
     np.testing.assert_array_equal(next(iter(run(model, {"x": x}).values())), source)
 
 
-def test_a_streaming_model_with_resource_variables_is_named_with_what_to_do(tmp_path):
-    """microWakeWord's streaming models keep ring buffers in resource variables (VAR_HANDLE,
-    READ_VARIABLE, ASSIGN_VARIABLE, CALL_ONCE): tf2onnx failed with an IndexError and the hint
-    said to try another opset."""
-    from npubuild.errors import UserError
-
+@pytest.fixture(scope="module")
+def streaming_model(tmp_path_factory):
+    """microWakeWord's form: a ring buffer in a resource variable (VAR_HANDLE, READ_VARIABLE,
+    ASSIGN_VARIABLE, CALL_ONCE initialising it to ones), shifted by each new frame."""
     tf = tf_frontend._tensorflow()
     with tf_frontend._quiet():
         class Streaming(tf.Module):
             def __init__(self):
-                self.previous = tf.Variable(tf.zeros([1, 4]))
+                self.ring = tf.Variable(tf.ones([1, 3, 4]), name="ring")
+                self.weights = tf.constant(np.random.default_rng(0).standard_normal((4, 2)),
+                                           tf.float32)
 
-            @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32, name="x")])
+            @tf.function(input_signature=[tf.TensorSpec([1, 1, 4], tf.float32, name="x")])
             def __call__(self, x):
-                y = self.previous + x
-                self.previous.assign(x)
-                return y
+                ring = tf.concat([self.ring[:, 1:], x], axis=1)
+                self.ring.assign(ring)
+                return tf.reduce_sum(tf.matmul(ring, self.weights), axis=1)
 
         module = Streaming()
         converter = tf.lite.TFLiteConverter.from_concrete_functions(
             [module.__call__.get_concrete_function()], module)
         converter.experimental_enable_resource_variables = True
-        path = tmp_path / "streaming.tflite"
+        path = tmp_path_factory.mktemp("streaming") / "streaming.tflite"
         path.write_bytes(converter.convert())
-    assert tflite_graph.state_ops(tflite_graph.read(path))["READ_VARIABLE"] >= 1
-    with pytest.raises(UserError) as caught:
-        tf_frontend.convert(path, "tflite", [InputSpec(name="serving_default_x:0", shape=[1, 4])], None)
-    assert "keeps state between calls in resource variables" in str(caught.value)
-    assert "without streaming state" in caught.value.hint
+    return path
+
+
+def test_a_streaming_models_variables_become_inputs_and_outputs_proven_by_stepping(
+        streaming_model):
+    """microWakeWord's streaming models keep ring buffers in resource variables: the import
+    stopped naming them ("keeps state between calls in resource variables")."""
+    model = tflite_graph.read(streaming_model)
+    assert tflite_graph.state_ops(model)["READ_VARIABLE"] == 1
+    [ring] = tflite_graph.variables_as_io(model)
+    assert tflite_graph.state_ops(model) == {}
+    assert ring.name == "ring" and ring.initial.tolist() == np.ones((1, 3, 4)).tolist()
+    assert tflite_graph.tensor_name(model, ring.input) == "ring"
+    assert tflite_graph.tensor_name(model, ring.output) == "ring_out"
+    steps = [{"serving_default_x:0": np.full((1, 1, 4), k, np.float32)} for k in range(4)]
+    tf = tf_frontend._tensorflow()
+    original, rewritten = streaming_model.read_bytes(), tflite_graph.to_bytes(model)
+    worst = tflite_graph.prove_variables_as_io(tf, original, rewritten, [ring], steps)
+    assert set(worst) == {"StatefulPartitionedCall:0", "ring_out"}
+    # the proof can fail: a wrong first state differs from the reset model's
+    wrong = tflite_graph.Variable(ring.name, ring.input, ring.output, ring.initial * 0,
+                                  ring.written)
+    with pytest.raises(ValueError, match="step 0"):
+        tflite_graph.prove_variables_as_io(tf, original, rewritten, [wrong], steps)
+
+
+def test_a_streaming_model_imports_with_its_state_as_input_and_output(streaming_model):
+    inputs = [InputSpec(name="serving_default_x:0", shape=[1, 1, 4])]
+    model = tf_frontend.convert(streaming_model, "tflite", inputs, None)
+    assert [i.name for i in model.graph.input] == ["serving_default_x:0", "ring"]
+    assert [o.name for o in model.graph.output] == ["StatefulPartitionedCall:0", "ring_out"]
+    [ring] = tf_frontend.variables(streaming_model, "tflite", inputs, None)
+    state, x = ring.initial, np.arange(4, dtype=np.float32).reshape(1, 1, 4)
+    for _ in range(2):  # the ONNX model stepped as a user steps it
+        got = run(model, {"serving_default_x:0": x, "ring": state})
+        state = got["ring_out"]
+    assert state.tolist() == [[[1.0] * 4, [0, 1, 2, 3], [0, 1, 2, 3]]]
+    proof = tf_frontend.prove_state(streaming_model, "tflite", {"serving_default_x:0": x},
+                                    inputs, None, 3)
+    assert proof["steps"] == 3 and proof["max_abs"]["ring_out"] == 0.0
+
