@@ -414,6 +414,7 @@ class _TFLite:
         model = self._prepared()
         # for tf2onnx only: the proof runs the source's own RFFT2D (`run`) against this product
         tflite_graph.fft_parts_as_matmul(model)
+        tflite_graph.fully_connected_inputs_as_matrices(model)  # tf2onnx drops the bias else
         try:
             tflite_graph.with_readable_options(model)
         except ValueError as exc:

@@ -616,6 +616,50 @@ def _part_reader(model, fft):
     return None
 
 
+def fully_connected_inputs_as_matrices(model) -> int:
+    """Give each FULLY_CONNECTED that has a bias and reads an input of rank above 2 (without
+    ``keep_num_dims``, so the op flattens it to rows of the weights' width) that flattening as
+    a RESHAPE before it (in place; returns how many). The same values; tf2onnx 1.17 flattens
+    such an input itself but then drops the bias ("replace_inputs(node, [reshape, weights])"):
+    microWakeWord's last dense layer lost its int32 bias, 2 int8 steps on its logit."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    graph = model.subgraphs[0]
+    tensors = graph.tensors
+    added = 0
+    for op in list(graph.operators):
+        if op_type(model, op) != "FULLY_CONNECTED" or len(op.inputs) < 3 or op.inputs[2] < 0:
+            continue
+        if op.builtinOptions is None or op.builtinOptions.keepNumDims:
+            continue
+        source, width = int(op.inputs[0]), int(list(tensors[int(op.inputs[1])].shape)[-1])
+        shape = [int(d) for d in list(tensors[source].shape)]
+        if len(shape) <= 2 or width <= 0 or int(np.prod(shape)) % width:
+            continue
+        rows = int(np.prod(shape)) // width
+        buffer = schema.BufferT()
+        buffer.data = np.frombuffer(np.asarray([rows, width], np.int32).tobytes(), np.uint8)
+        model.buffers.append(buffer)
+        new_shape = schema.TensorT()
+        new_shape.name = tensors[source].name + b"/as_matrix_shape"
+        new_shape.shape, new_shape.type, new_shape.buffer = [2], 2, len(model.buffers) - 1
+        matrix = schema.TensorT()
+        matrix.name = tensors[source].name + b"/as_matrix"
+        matrix.shape, matrix.type = [rows, width], tensors[source].type
+        matrix.quantization, matrix.buffer = tensors[source].quantization, 0
+        tensors.extend([new_shape, matrix])
+        reshape = schema.OperatorT()
+        reshape.opcodeIndex = _opcode(model, schema.BuiltinOperator.RESHAPE)
+        reshape.inputs, reshape.outputs = [source, len(tensors) - 2], [len(tensors) - 1]
+        reshape.builtinOptionsType = schema.BuiltinOptions.ReshapeOptions
+        reshape.builtinOptions = schema.ReshapeOptionsT()
+        reshape.builtinOptions.newShape = [rows, width]
+        graph.operators.insert(next(i for i, o in enumerate(graph.operators) if o is op), reshape)
+        op.inputs = [len(tensors) - 1] + [int(t) for t in op.inputs[1:]]
+        added += 1
+    return added
+
+
 def _opcode(model, builtin: int) -> int:
     """The index of `builtin`'s operator code in the model, added when missing."""
     from tensorflow.lite.python import schema_py_generated as schema

@@ -117,3 +117,29 @@ def test_a_streaming_model_imports_with_its_state_as_input_and_output(streaming_
                                     inputs, None, 3)
     assert proof["steps"] == 3 and proof["max_abs"]["ring_out"] == 0.0
 
+
+def test_a_fully_connected_flattening_its_input_keeps_its_bias(tmp_path):
+    """A FULLY_CONNECTED with a bias reading a rank-4 input without keep_num_dims (microWakeWord's
+    last dense layer): tf2onnx 1.17 flattened the input and dropped the bias (2 int8 steps on
+    okay_nabu's logit); the flattening is now a RESHAPE of its own before tf2onnx runs."""
+    from tensorflow.lite.python import schema_py_generated as schema
+
+    from tests.unit.frontends.tflite_models import Graph, write
+
+    rng = np.random.default_rng(0)
+    g = Graph()
+    g.tensor("x", [1, 1, 2, 4])
+    g.tensor("weights", [3, 4], rng.standard_normal((3, 4)).astype(np.float32))
+    g.tensor("bias", [3], np.asarray([10.0, -20.0, 30.0], np.float32))
+    g.tensor("y", [2, 3])
+    options = schema.FullyConnectedOptionsT()
+    options.keepNumDims = False
+    g.op("FULLY_CONNECTED", ["x", "weights", "bias"], ["y"],
+         (schema.BuiltinOptions.FullyConnectedOptions, options))
+    path = write(g, ["x"], ["y"], tmp_path / "dense.tflite")
+    inputs = [InputSpec(name="x", shape=[1, 1, 2, 4])]
+    model = tf_frontend.convert(path, "tflite", inputs, None)
+    x = rng.standard_normal((1, 1, 2, 4)).astype(np.float32)
+    [source] = tf_frontend.run_source(path, "tflite", {"x": x}, inputs, None)
+    got = next(iter(run(model, {"x": x}).values()))
+    np.testing.assert_allclose(got, source, rtol=1e-5, atol=1e-5)
