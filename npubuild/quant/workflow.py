@@ -18,6 +18,7 @@ import numpy as np
 
 from npubuild import onnx_io
 from npubuild.atomic import write_json
+from npubuild.engine.hashing import sha256_array
 from npubuild.errors import BuildError, UserError
 from npubuild.quant import calibrate, calibrators, check, qdq, quantizer
 from npubuild.quant.floatgraph import FloatGraph, Probe
@@ -478,12 +479,12 @@ class Workflow:
 
 
 def _digest(values: Mapping[str, np.ndarray]) -> str:
-    """Names, shapes, dtypes and bytes of ``values``: what tells the same inputs apart."""
+    """Names, shapes, dtypes and bytes of ``values`` (each array by `sha256_array`, which
+    hashes it in place): what tells the same inputs apart."""
     h = hashlib.sha256()
     for name in sorted(values):
-        v = np.asarray(values[name])
-        h.update(f"{name}|{v.dtype.str}|{v.shape}|".encode())
-        h.update(v.tobytes())
+        h.update(f"{name}|".encode())
+        h.update(sha256_array(values[name]))
     return h.hexdigest()
 
 
