@@ -38,7 +38,7 @@ def legal_batchnorms(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozen
     output is in ``keep``) written as a depthwise 1x1 Conv or a Mul and an Add where the chip
     runs all of it (module docstring); the names of the nodes that keep the BatchNormalizations'
     names, in graph order ([] and ``model`` itself when none is)."""
-    from npubuild.split.legalize import _passing, kept_rewrite
+    from npubuild.split.legalize import kept_rewrite, runs_whole
 
     ed = Editor(model, REWRITE)
     affine = {n.output[0]: n.name or n.output[0] for n in ed.graph.node
@@ -47,7 +47,7 @@ def legal_batchnorms(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozen
         return model, []
     named = _named(model, list(affine))
     refused = [out for out in affine
-               if out not in _passing(named, {out: [affine[out]] for out in affine}, chip)]
+               if out not in runs_whole(named, {out: [affine[out]] for out in affine}, chip)]
     names: list[str] = []
     for form in FORMS:
         candidates = [out for out in refused if form == "affine" or _rank(ed, out) == 4]

@@ -15,7 +15,7 @@ before its last one (or two) are the output's too (``P``, any number of them):
   would do ``G`` times as many.
 
 Both compute what the Einsum computes up to the order of a float sum. A rewrite is kept only
-where the chip runs every node of it (`legalize._passing`); otherwise the Einsum stays whole
+where the chip runs every node of it (`legalize.runs_whole`); otherwise the Einsum stays whole
 with its reason. `split_model` proves the rewritten model against the original.
 """
 

@@ -13,7 +13,7 @@ products in one accumulator, a Split keeps its input's scale, and the quantizer 
 conv's output at the Concat's scale (`npubuild.quant.quantizer.SHARES_CONCAT_SCALE`), so
 nothing is rounded twice; with one weight scale per tensor, each group's weights get their
 own, no coarser than the whole conv's. A rewrite is
-kept only where the chip runs every node of it (`legalize._passing`, the LMEM fit included);
+kept only where the chip runs every node of it (`legalize.runs_whole`, the LMEM fit included);
 otherwise the conv stays whole with its reasons. `split_model` proves the rewritten model
 against the original.
 """

@@ -93,7 +93,7 @@ def legal_convs(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
         destrided, moved = _destrided(staged, strided, chip)
         final, tapped = _legal_taps(destrided, chip, keep)
         producers = {n.output[0]: n.name for n in final.graph.node if n.output}
-        runs = _passing(final, {out: [*names[:-1], producers.get(out, "")]
+        runs = runs_whole(final, {out: [*names[:-1], producers.get(out, "")]
                                 for out, names in moved.items()}, chip)
         if runs == strided:
             break
@@ -154,16 +154,16 @@ def _size_allowed(m: int, spec) -> int:
 def kept_rewrite(model: onnx.ModelProto, candidates: list[str], rewrite, chip: Chip
                  ) -> tuple[onnx.ModelProto, dict[str, list[str]], list[str]]:
     """``rewrite(model, outputs)`` (-> the model and, per output, the names of the nodes made)
-    of the ``candidates`` every node of whose rewrite the chip runs (`_passing`), made again
+    of the ``candidates`` every node of whose rewrite the chip runs (`runs_whole`), made again
     without the others: (the model, the nodes made, the candidates kept)."""
     rewritten, made = rewrite(model, candidates)
-    legal = _passing(rewritten, made, chip)
+    legal = runs_whole(rewritten, made, chip)
     if legal != candidates:
         rewritten, made = rewrite(model, legal) if legal else (model, {})
     return rewritten, made, legal
 
 
-def _passing(model: onnx.ModelProto, made: dict[str, list[str]], chip: Chip) -> list[str]:
+def runs_whole(model: onnx.ModelProto, made: dict[str, list[str]], chip: Chip) -> list[str]:
     """The convs (by output, in ``made``'s order) every node of whose rewrite the chip runs,
     and fits in LMEM with int16 activations too: the precision search may widen the rewrite's
     tensors, and a stack of many one-channel copies (a constant-Q conv's 18 groups of 15 taps
@@ -351,10 +351,11 @@ def _legal_pools(model: onnx.ModelProto, chip: Chip, keep) -> tuple[onnx.ModelPr
         chain = _pool_chain(ed, node, spec) if node.op_type == "MaxPool" else []
         if chain:
             chains[node.output[0]] = chain
-        if _plain_mean(node) and _refused_pool(ed, node, spec) and not _whole_input(ed, node):
-            means.append(node.output[0])
-        if _whole_input(ed, node) and _refused_pool(ed, node, spec) and all(
-                _pool_axis_fits(k, 1, spec) for k in attr(node, "kernel_shape")):
+        if not _refused_pool(ed, node, spec):
+            continue
+        if not _whole_input(ed, node):
+            means += [node.output[0]] if _plain_mean(node) else []
+        elif all(_pool_axis_fits(k, 1, spec) for k in attr(node, "kernel_shape")):
             one_window.append(node.output[0])
     if not chains and not means and not one_window:
         return model, []
@@ -368,7 +369,7 @@ def _legal_pools(model: onnx.ModelProto, chip: Chip, keep) -> tuple[onnx.ModelPr
     staged, moved = _destrided(_pools_as_convs(model, as_convs), as_convs, chip)
     rest = {out: chain for out, chain in chains.items() if out not in as_convs}
     rewritten, made = _chain_pools(staged, rest)
-    legal = _passing(rewritten, made, chip)
+    legal = runs_whole(rewritten, made, chip)
     if list(rest) != legal:
         rewritten, made = _chain_pools(staged, {out: rest[out] for out in legal}) \
             if legal else (staged, {})
@@ -398,7 +399,7 @@ def _whole_input_pools(model: onnx.ModelProto, outputs: list[str], chip: Chip
                                      name).name
     ed.thaw_shapes()
     rewritten = ed.finish()
-    legal = _passing(rewritten, {out: [name] for out, name in names.items()}, chip)
+    legal = runs_whole(rewritten, {out: [name] for out, name in names.items()}, chip)
     if legal != whole:
         return _whole_input_pools(model, legal, chip) if legal else (model, {})
     return rewritten, names
@@ -458,7 +459,7 @@ def _means_as_convs(model: onnx.ModelProto, outputs: list[str], chip: Chip) -> l
     outputs = [out for out in outputs if _destride_axes(ed, ed.producer(out), spec)]
     staged, moved = _destrided(convs, outputs, chip)
     producers = {n.output[0]: n.name for n in staged.graph.node if n.output}
-    return _passing(staged, {out: [*names[:-1], producers.get(out, "")]
+    return runs_whole(staged, {out: [*names[:-1], producers.get(out, "")]
                              for out, names in moved.items()}, chip)
 
 

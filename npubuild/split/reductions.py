@@ -28,7 +28,7 @@ taps, would be added in another order than the float model's, past the split's p
 Both are exact in int8 up to one rounding: the Concat puts the operands on one scale (the one
 a kernel for the maximum of two tensors would choose) and the pool picks among them; the conv
 sums every value in one accumulator (weights of 1 quantize exactly) and rounds once. A rewrite
-is kept only where the chip runs every node of it, after `legal_convs` (`legalize._passing`,
+is kept only where the chip runs every node of it, after `legal_convs` (`legalize.runs_whole`,
 the LMEM fit included); otherwise the node stays whole with its reasons. `split_model` proves
 the rewritten model against the original.
 """
@@ -57,7 +57,7 @@ def legal_reductions(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozen
     whose output is in ``keep``) written as a MaxPool or a Conv where the chip runs all of it
     (module docstring); the names of the pools and convs made, in graph order ([] and
     ``model`` itself when none is)."""
-    from npubuild.split.legalize import _passing, legal_convs
+    from npubuild.split.legalize import legal_convs, runs_whole
     from npubuild.split.plan import infer
 
     if not any(n.op_type in REDUCTIONS for n in model.graph.node):
@@ -76,7 +76,7 @@ def legal_reductions(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozen
     if not plans:
         return model, []
     rewritten, made = _rewrite(model, plans)
-    legal = _passing(legal_convs(rewritten, chip, keep)[0], made, chip)
+    legal = runs_whole(legal_convs(rewritten, chip, keep)[0], made, chip)
     if legal != list(plans):
         rewritten, made = _rewrite(model, {out: plans[out] for out in legal}) \
             if legal else (model, {})
