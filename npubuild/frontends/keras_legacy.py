@@ -77,22 +77,32 @@ def keras3_config(config: Any) -> tuple[Any, list[str]]:
 
 
 def _sequential_as_dict(config: Any) -> Any:
-    """A Sequential's configuration as Keras 2.2 onwards write it (``{"name", "layers"}``):
-    Keras 2.0 and 2.1 wrote the list of layers alone, where Keras 3's loader stops ("pop
-    expected at most 1 argument, got 2")."""
-    if not (isinstance(config, dict) and config.get("class_name") == "Sequential" and
-            isinstance(config.get("config"), list)):
+    """A Sequential's configuration as Keras 2.4 onwards write it (``{"name", "layers"}``, an
+    input layer first). Keras 2.0 and 2.1 wrote the list of layers alone, where Keras 3's loader
+    stops ("pop expected at most 1 argument, got 2"); up to 2.3 no input layer, the input shape
+    on the first layer (``batch_input_shape``), which Keras 3 reads as one axis more ([1, 4]
+    becomes [?, ?, 4]). The input layer is named ``<first layer>_input``, as Keras 2 named it."""
+    if not (isinstance(config, dict) and config.get("class_name") == "Sequential"):
         return config
-    layers = list(config["config"])
+    inner = config.get("config")
+    if isinstance(inner, list):
+        inner = {"name": "sequential", "layers": inner}
+    if not isinstance(inner, dict) or not isinstance(inner.get("layers"), list):
+        return config
+    layers = list(inner["layers"])
     first = layers[0].get("config", {}) if layers and isinstance(layers[0], dict) else {}
-    if "batch_input_shape" in first:  # an input layer of it: Keras 3 reads it as one more axis
+    if layers[0].get("class_name") != "InputLayer" and "batch_input_shape" in first:
         first = dict(first)
         shape = first.pop("batch_input_shape")
         layers[0] = {**layers[0], "config": first}
         layers.insert(0, {"class_name": "InputLayer", "config": {
             "batch_shape": shape, "dtype": first.get("dtype", "float32"),
             "name": f"{first.get('name', 'layer')}_input"}})
-    return {**config, "config": {"name": "sequential", "layers": layers}}
+    return {**config, "config": {**inner, "layers": layers}}
+
+
+class ComputesAnotherModel(ValueError):
+    """Keras 3 would compute another model than the Keras 2 file's (`load`)."""
 
 
 def builtin_layers(keras) -> dict[str, type]:
@@ -101,6 +111,35 @@ def builtin_layers(keras) -> dict[str, type]:
     layer = keras.layers.Layer
     return {name: cls for name, cls in vars(keras.layers).items()
             if isinstance(cls, type) and issubclass(cls, layer)}
+
+
+def input_names(path: Path) -> list[str] | None:
+    """The input names a Keras file's configuration gives, read without Keras (Keras 3's
+    ``.keras`` zip, Keras 2's HDF5 ``model_config``): a functional model's input layers; a
+    Sequential's input layer, or where Keras 2 wrote none (the input shape on its first layer)
+    ``<first layer>_input``, as Keras 2 named it. Keras 3 names such an input by a counter of
+    the process (``keras_tensor``, ``keras_tensor_2``, ...): not a name a recipe can give.
+    None when the configuration names no inputs."""
+    if path.suffix.lower() == ".keras":
+        import zipfile
+
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+    else:
+        config = model_config(path)
+    config = _sequential_as_dict(config)
+    inner = config.get("config") if isinstance(config, dict) else None
+    if not isinstance(inner, dict):
+        return None
+    layers = inner.get("input_layers")
+    if layers:  # [name, 0, 0], or a list of them
+        layers = [layers] if isinstance(layers[0], str) else layers
+        return [entry[0] for entry in layers]
+    first = (inner.get("layers") or [{}])[0]  # a Sequential: its first layer takes the input
+    name = first.get("config", {}).get("name")
+    if not name:
+        return None
+    return [name if first.get("class_name") == "InputLayer" else f"{name}_input"]
 
 
 def model_config(path: Path) -> Any:
@@ -116,12 +155,12 @@ def model_config(path: Path) -> Any:
 
 def load(path: Path, keras) -> Any:
     """The Keras 2 HDF5 model at `path`, read by Keras 3 from its rewritten configuration.
-    Raises ValueError naming what Keras 3 would compute differently, if anything."""
+    Raises `ComputesAnotherModel` naming what Keras 3 would compute differently, if anything."""
     import h5py
 
     config, changed = keras3_config(model_config(path))
     if changed:
-        raise ValueError("Keras 3 would compute another model: " + "; ".join(changed))
+        raise ComputesAnotherModel("Keras 3 would compute another model: " + "; ".join(changed))
     with tempfile.TemporaryDirectory(prefix="npubuild-keras2-") as tmp:
         copy = Path(tmp) / path.name
         shutil.copyfile(path, copy)

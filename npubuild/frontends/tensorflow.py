@@ -295,17 +295,32 @@ def _older_keras(path: Path) -> str:
     return written
 
 
-def _read_older_keras(path: Path, written: str):
-    """An older Keras's HDF5 model that Keras 3 refused, read from its configuration rewritten
-    for Keras 3 (`keras_legacy`); a UserError naming the writer when that fails too."""
+def _read_keras(path: Path):
+    """A Keras model file read as its writer computed it. A file an older Keras (1 or 2) wrote
+    is read from its configuration rewritten for Keras 3 (`keras_legacy`: Keras 3 reads some
+    of them as another model, with no error: Keras 2's ``hard_sigmoid``, a Keras 2.3
+    Sequential's input shape), and by Keras 3 as it is only where the rewrite fails on
+    something else; a UserError naming the writer when neither reads it."""
     import keras
 
     from npubuild.frontends import keras_legacy
 
+    tf = _tensorflow()
+    written, rewrite_error = _older_keras(path), None
+    if written:
+        try:
+            return keras_legacy.load(path, keras)
+        except keras_legacy.ComputesAnotherModel as exc:
+            raise _unreadable_keras(path, written, exc) from None
+        except Exception as exc:  # noqa: BLE001 - any other failure: Keras 3 may still read it
+            rewrite_error = exc
     try:
-        return keras_legacy.load(path, keras)
-    except Exception as exc:  # noqa: BLE001 - any failure: the file stays unreadable here
-        raise _unreadable_keras(path, written, exc) from None
+        return _load(path, "a Keras model",
+                     lambda: tf.keras.models.load_model(str(path), compile=False))
+    except UserError:
+        if rewrite_error is None:
+            raise
+        raise _unreadable_keras(path, written, rewrite_error) from None
 
 
 def _unreadable_keras(path: Path, written: str, exc: Exception) -> UserError:
@@ -339,19 +354,13 @@ class _Keras:
     """A Keras 3 model file (.keras, or legacy .h5), traced at the recipe's input shapes."""
 
     def __init__(self, path: Path, inputs: list, outputs: list[str] | None):
-        tf = _tensorflow()
-        try:
-            self.model = _load(path, "a Keras model",
-                               lambda: tf.keras.models.load_model(str(path), compile=False))
-        except UserError:
-            written = _older_keras(path)
-            if not written:
-                raise
-            self.model = _read_older_keras(path, written)
+        self.model = _read_keras(path)
         _without_dropout(self.model)
         symbolic = _keras_inputs(self.model, path)
-        self.dims = {t.name: _dims(t.shape) for t in symbolic}
-        self.dtypes = {t.name: getattr(t.dtype, "name", str(t.dtype)) for t in symbolic}
+        names = _keras_file_input_names(path, len(symbolic)) or [t.name for t in symbolic]
+        self.dims = {name: _dims(t.shape) for name, t in zip(names, symbolic)}
+        self.dtypes = {name: getattr(t.dtype, "name", str(t.dtype))
+                       for name, t in zip(names, symbolic)}
         available = {k: (self.dims[k], self.dtypes[k]) for k in self.dims}
         self.inputs = _all_inputs(inputs, available, path)
         self.output_names = _keras_output_names(self.model)
@@ -677,6 +686,19 @@ def _keras_inputs(model, path: Path) -> list:
                         location=Location(str(path)),
                         hint="export it as a SavedModel with model.export(dir) and use that")
     return tensors
+
+
+def _keras_file_input_names(path: Path, count: int) -> list[str] | None:
+    """The model's input names as its file's configuration gives them (`keras_legacy.
+    input_names`), where it names all ``count``: stable, where Keras 3 may name an input by a
+    counter of the process."""
+    from npubuild.frontends.keras_legacy import input_names
+
+    try:
+        names = input_names(path)
+    except Exception:  # noqa: BLE001 - a configuration Keras read but we cannot: its own names
+        return None
+    return names if names and len(names) == count else None
 
 
 def _keras_output_names(model) -> list[str]:

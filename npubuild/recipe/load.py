@@ -416,33 +416,12 @@ def _model_input_names(marked: Marked) -> list[str] | None:
             found = signature(path)
             return [found.tensors[i][0] for i in found.inputs]
         if fmt == "keras":
-            return _keras_input_names(path)
+            from npubuild.frontends.keras_legacy import input_names
+
+            return input_names(path)
     except Exception:
         return None
     return None
-
-
-def _keras_input_names(path: Path) -> list[str] | None:
-    """The input layers a Keras file's configuration names (Keras 3's ``.keras`` zip, Keras 2's
-    HDF5 ``model_config``)."""
-    if path.suffix.lower() == ".keras":
-        import json
-        import zipfile
-
-        with zipfile.ZipFile(path) as archive:
-            config = json.loads(archive.read("config.json"))
-    else:
-        from npubuild.frontends.keras_legacy import model_config
-
-        config = model_config(path) or {}
-    inner = config.get("config", {})
-    layers = inner.get("input_layers")
-    if layers:  # [name, 0, 0], or a list of them
-        layers = [layers] if isinstance(layers[0], str) else layers
-        return [entry[0] for entry in layers]
-    first = (inner.get("layers") or [{}])[0]  # a Sequential: its first layer takes the input
-    name = first.get("config", {}).get("name")
-    return [name] if name else None
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:

@@ -64,6 +64,48 @@ def test_a_keras_2_1_sequential_h5_imports_as_its_layers(tmp_path):
     np.testing.assert_allclose(got, np.maximum(x @ kernel, 0), rtol=0, atol=1e-6)
 
 
+def test_a_keras_2_2_sequential_input_is_named_as_keras_2_named_it_in_any_process(tmp_path):
+    """Keras 2.2 and 2.3 wrote a Sequential as ``{"name", "layers"}`` with no input layer (the
+    shape on its first layer): Keras 3 names that input by a counter of the process
+    (``keras_tensor``, then ``keras_tensor_2`` for the next model it reads), so a recipe could
+    not name it and the name the recipe loader filled in ("dense_1") was not the model's.
+    Import names it ``dense_1_input``, as Keras 2 did, however many models were read before."""
+    import h5py
+
+    from npubuild.frontends.keras_legacy import input_names
+
+    path = _keras_2_1_h5(tmp_path / "model.h5", version="2.2.4")
+    with h5py.File(path, "r+") as handle:
+        config = json.loads(handle.attrs["model_config"])
+        handle.attrs["model_config"] = json.dumps(
+            {"class_name": "Sequential", "config": {"name": "sequential_1",
+                                                    "layers": config["config"]}}).encode()
+    assert input_names(path) == ["dense_1_input"]
+    inputs = [InputSpec(name="dense_1_input", shape=[1, 4])]
+    for _ in range(2):  # the second read is where Keras 3's counter moved on
+        assert tf_frontend.signature(path, "keras", inputs, None)["inputs"] == ["dense_1_input"]
+
+
+def test_a_keras_2_h5_keras_3_reads_without_error_still_computes_keras_2s_hard_sigmoid(tmp_path):
+    """A Keras 2.2 Sequential whose Dense ends in ``hard_sigmoid``: Keras 3 reads the file
+    without a word and computes relu6(x + 3) / 6 where Keras 2 computed clip(0.2·x + 0.5, 0, 1)
+    (the import proof compares with that same wrong model). Import reads every file an older
+    Keras wrote from its rewritten configuration, Keras 2's function named."""
+    import h5py
+
+    path = _keras_2_1_h5(tmp_path / "model.h5", version="2.2.4", activation="hard_sigmoid")
+    with h5py.File(path, "r+") as handle:
+        config = json.loads(handle.attrs["model_config"])
+        handle.attrs["model_config"] = json.dumps(
+            {"class_name": "Sequential", "config": {"name": "sequential_1",
+                                                    "layers": config["config"]}}).encode()
+        kernel = handle["model_weights/dense_1/dense_1/kernel:0"][()]
+    inputs = [InputSpec(name="dense_1_input", shape=[1, 4])]
+    x = np.array([[1.0, -2.0, 0.5, 3.0]], np.float32)
+    (got,) = tf_frontend.run_source(path, "keras", {"dense_1_input": x}, inputs, None)
+    np.testing.assert_allclose(got, np.clip(0.2 * (x @ kernel) + 0.5, 0, 1), rtol=0, atol=1e-6)
+
+
 def test_a_keras_2_1_h5_keras_3_cannot_read_names_the_keras_that_wrote_it(tmp_path):
     path = _keras_2_1_h5(tmp_path / "model.h5", time_major=True)  # an argument Keras 3 removed
     inputs = [InputSpec(name="x", shape=[1, 4])]
