@@ -20,6 +20,7 @@ TensorFlow and tf2onnx are imported inside functions only: `import npubuild` sta
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -415,6 +416,20 @@ class _TFLite:
             self.inputs = _all_inputs(inputs, available, path)
         self.graph_outputs = [names[i] for i in found.outputs]
         self.outputs = _output_ports(outputs, self.graph_outputs, names, path)
+        if outputs and self.variables:
+            self.outputs += self._state_outputs()
+
+    def _state_outputs(self) -> list[Port]:
+        """The new value of each state the recipe's outputs read (`<variable>_out`), which
+        the recipe's `model.outputs` does not list: a cut keeps the state's loop."""
+        from npubuild.frontends import tflite_graph
+
+        listed = [self.index[p.key] for p in self.outputs]
+        read = tflite_graph.depends_on(tflite_graph.read(self.content), listed,
+                                       [v.input for v in self.variables])
+        return [Port(name, name) for v in self.variables
+                if v.input in read and v.output is not None
+                for name in [f"{v.name}_out"] if self.index[name] not in listed]
 
     def to_onnx(self, opset: int) -> onnx.ModelProto:
         from npubuild.frontends import tf2onnx_process, tflite_graph
@@ -513,18 +528,28 @@ class _TFLite:
 
 def _state_as_io(path: Path) -> tuple[bytes, list]:
     """The model with its resource variables as graph inputs and outputs
-    (`tflite_graph.variables_as_io`), and the variables."""
+    (`tflite_graph.variables_as_io`), and the variables: rewritten once per content, as an
+    import opens the source several times (the variables' listing, their proof, the conversion,
+    the source's run)."""
+    return _state_as_io_of(path, path.read_bytes())
+
+
+@functools.lru_cache(maxsize=4)
+def _state_as_io_of(path: Path, content: bytes) -> tuple[bytes, tuple]:
     from npubuild.frontends import tflite_graph
 
     _tensorflow()
-    model = tflite_graph.read(path)
+    model = tflite_graph.read(content)
     try:
         variables = tflite_graph.variables_as_io(model)
     except ValueError as exc:
         raise UserError(f"cannot write this TFLite model's resource variables as inputs and "
                         f"outputs: {exc}", location=Location(str(path)),
                         hint="export the model with its state as inputs and outputs") from None
-    return tflite_graph.to_bytes(model), variables
+    for v in variables:  # shared by every open of this content
+        if v.initial is not None:
+            v.initial.setflags(write=False)
+    return tflite_graph.to_bytes(model), tuple(variables)
 
 
 def variables(path: Path, fmt: str, inputs: list, outputs: list[str] | None) -> list:

@@ -129,12 +129,8 @@ def cut(model, inputs: list[int], outputs: list[int]) -> None:
     they become the graph's inputs and outputs. Raises ValueError naming a tensor the kept
     operators need that is neither an input nor computed by them."""
     graph = model.subgraphs[0]
-    needed, stop, keep = set(outputs), set(inputs), []
-    for op in reversed(graph.operators):
-        if any(t in needed for t in _writes(op)) and not any(t in stop for t in _writes(op)):
-            keep.append(op)
-            needed.update(t for t in _reads(op) if t not in stop)
-    keep.reverse()
+    stop = set(inputs)
+    keep, needed = _needed(model, outputs, stop)
     made = {t for op in keep for t in _writes(op)}
     for t in sorted(needed - made - stop):
         if not is_constant(model, t):
@@ -147,6 +143,24 @@ def cut(model, inputs: list[int], outputs: list[int]) -> None:
     graph.operators = keep
     graph.inputs, graph.outputs = list(inputs), list(outputs)
     model.signatureDefs = []  # their tensor lists describe the uncut model
+
+
+def _needed(model, outputs: list[int], stop: set[int]) -> tuple[list, set[int]]:
+    """The operators of subgraph 0 that compute `outputs` (none past a tensor of `stop`), in
+    order, and every tensor they and `outputs` need."""
+    needed, keep = set(outputs), []
+    for op in reversed(model.subgraphs[0].operators):
+        if any(t in needed for t in _writes(op)) and not any(t in stop for t in _writes(op)):
+            keep.append(op)
+            needed.update(t for t in _reads(op) if t not in stop)
+    keep.reverse()
+    return keep, needed
+
+
+def depends_on(model, outputs: list[int], tensors: list[int]) -> list[int]:
+    """Those of `tensors` (graph inputs) that computing `outputs` reads, in their order."""
+    read = {t for op in _needed(model, outputs, set(tensors))[0] for t in _reads(op)}
+    return [t for t in tensors if t in read or t in outputs]
 
 
 # --- custom ops -------------------------------------------------------------------------------

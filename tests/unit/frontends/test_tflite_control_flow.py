@@ -118,6 +118,49 @@ def test_a_streaming_model_imports_with_its_state_as_input_and_output(streaming_
     assert proof["steps"] == 3 and proof["max_abs"]["ring_out"] == 0.0
 
 
+def test_a_streaming_model_cut_at_its_output_keeps_its_states_new_value(streaming_model):
+    """A recipe that lists `model.outputs` cut the state outputs away: the state input stayed,
+    its new value went, and no call after the first could be fed the state the model keeps.
+    The new value of every state the listed outputs read is kept after them."""
+    inputs = [InputSpec(name="serving_default_x:0", shape=[1, 1, 4])]
+    listed = ["StatefulPartitionedCall:0"]
+    model = tf_frontend.convert(streaming_model, "tflite", inputs, listed)
+    assert [i.name for i in model.graph.input] == ["serving_default_x:0", "ring"]
+    assert [o.name for o in model.graph.output] == ["StatefulPartitionedCall:0", "ring_out"]
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 4)
+    [ring] = tf_frontend.variables(streaming_model, "tflite", inputs, listed)
+    [y, state] = tf_frontend.run_source(streaming_model, "tflite", {"serving_default_x:0": x,
+                                                                    "ring": ring.initial},
+                                        inputs, listed)
+    got = run(model, {"serving_default_x:0": x, "ring": ring.initial})
+    np.testing.assert_allclose(got["ring_out"], state, rtol=1e-6)
+    np.testing.assert_allclose(got["StatefulPartitionedCall:0"], y, rtol=1e-6)
+    # listing the state output too keeps it once, where the recipe lists it
+    both = tf_frontend.convert(streaming_model, "tflite", inputs, ["ring_out", *listed])
+    assert [o.name for o in both.graph.output] == ["ring_out", "StatefulPartitionedCall:0"]
+
+
+def test_a_streaming_models_variables_are_rewritten_once_per_import(streaming_model,
+                                                                    monkeypatch):
+    """An import opens the source for the variables' listing, their proof, the conversion and
+    the source's run: each rewrote the variables again (4 times per import)."""
+    calls = []
+    rewrite = tflite_graph.variables_as_io
+    monkeypatch.setattr(tflite_graph, "variables_as_io",
+                        lambda model: calls.append(1) or rewrite(model))
+    cached = getattr(tf_frontend, "_state_as_io_of", None)  # another test may have filled it
+    if cached is not None:
+        cached.cache_clear()
+    inputs = [InputSpec(name="serving_default_x:0", shape=[1, 1, 4])]
+    x = {"serving_default_x:0": np.ones((1, 1, 4), np.float32)}
+    [ring] = tf_frontend.variables(streaming_model, "tflite", inputs, None)
+    tf_frontend.prove_state(streaming_model, "tflite", x, inputs, None, 2)
+    tf_frontend.convert(streaming_model, "tflite", inputs, None)
+    tf_frontend.run_source(streaming_model, "tflite", {**x, "ring": ring.initial}, inputs, None)
+    assert len(calls) == 1
+    assert not ring.initial.flags.writeable  # shared by every open: nobody may change it
+
+
 def test_a_fully_connected_flattening_its_input_keeps_its_bias(tmp_path):
     """A FULLY_CONNECTED with a bias reading a rank-4 input without keep_num_dims (microWakeWord's
     last dense layer): tf2onnx 1.17 flattened the input and dropped the bias (2 int8 steps on
