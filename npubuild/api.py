@@ -300,7 +300,8 @@ def load_inputs(session: BuildSession, files: list[str]) -> dict:
 
     build(session, "split")
     pipeline = SplitPipeline(session.paths.stage_dir("split"))
-    infos = onnx_inputs.input_infos(pipeline, session.loaded.recipe.model.inputs)
+    infos = onnx_inputs.input_infos(pipeline, session.loaded.recipe.model.inputs,
+                                    session.paths.stage_dir("import"))
     renamed = {old: new for new, old in pipeline.source_names.items()}  # the recipe's name too
     feeds: dict[str, Any] = {}
     for item in files:

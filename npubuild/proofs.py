@@ -136,22 +136,26 @@ def _read_file(loaded, path: Path, name: str, where: tuple) -> np.ndarray:
         return data[key]
 
 
-def calibration_sample(loaded: "LoadedRecipe", model: onnx.ModelProto
+def calibration_sample(loaded: "LoadedRecipe", model: onnx.ModelProto,
+                       states: Mapping[str, np.ndarray] | None = None
                        ) -> dict[str, np.ndarray] | None:
     """The first calibration sample for the inputs without a recipe proof value, or None when
-    there is no calibration data or it does not cover them (then those inputs are random)."""
+    there is no calibration data or it does not cover them (then those inputs are random).
+    ``states``: a streaming model's state inputs by name, with their initial values, which the
+    data need not hold (the sample then holds the initial values: a stream's first call)."""
     from npubuild.stages.files import proof_calibration_files
 
     files = proof_calibration_files(loaded)
     if not files:
         return None
     from npubuild.errors import UserError
-    from npubuild.quant.data import InputInfo, load_samples
+    from npubuild.quant.data import InputInfo, State, load_samples
 
-    inputs = RecipeInputs(loaded.recipe.model.inputs)
+    inputs, states = RecipeInputs(loaded.recipe.model.inputs), dict(states or {})
     infos = [InputInfo(v.name, tuple(_fixed_shape(v)), str(onnx_io.value_dtype(v)),
                        getattr(inputs.spec(v.name), "layout", "any"),
-                       getattr(inputs.spec(v.name), "preprocess", None))
+                       getattr(inputs.spec(v.name), "preprocess", None),
+                       state=State(states[v.name]) if states.get(v.name) is not None else None)
              for v in onnx_io.graph_inputs(model)
              if getattr(inputs.spec(v.name), "proof", None) is None]
     if not infos:

@@ -123,7 +123,7 @@ def graph_feeds(ctx: StageContext, files: list[Path], count: int) -> dict[int, l
     from npubuild.quant.pipeline import SplitPipeline
 
     pipeline = SplitPipeline(ctx.upstream["split"])
-    inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
+    inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs, ctx.upstream.get("import"))
     out: dict[int, list[dict]] = {g.index: [] for g in pipeline.npu_graphs}
     for sample in data.load_samples(files, inputs, count):
         values = pipeline.float_values(sample)

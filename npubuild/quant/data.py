@@ -12,24 +12,45 @@ model's name or the one surgery renamed it to; a single-input model also accepts
 input's shape, or the shape without its batch dim of 1, or a stack ``[k, ...]`` of k samples
 for a batch-1 input.
 
+A streaming model's state input (`State`: a TFLite resource variable import made an input, with
+the initial value its initialisation gives) need not be in the data: the data then feed the
+model's other inputs (a ``.npy`` or images feed the one input that is not a state), and the
+consecutive samples of one file are consecutive calls of the model: the first is fed the
+state's initial value, each next one the value the float model output for the state on the
+call before (`State.step`). Each file starts from the initial state. A state the file holds is
+used as given.
+
 Any problem (unreadable file, wrong shape or channel count, NaN or Inf, unknown suffix) is a
 ``UserError`` naming the file.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import lazy_loader as lazy
 
-from npubuild.errors import Location, UserError
+from npubuild.errors import BuildError, Location, UserError
 
 np = lazy.load("numpy")
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 TENSOR_SUFFIXES = {".npy", ".npz"}
+
+
+@dataclass(frozen=True)
+class State:
+    """A streaming model's state input: its value on a stream's first call, the model output
+    that holds its value after a call (None: the model does not output it), and ``step``, which
+    runs the float model on one complete sample and returns its outputs by name (None: only a
+    stream's first call can be fed)."""
+
+    initial: Any = field(compare=False, repr=False)  # np.ndarray
+    output: str | None = None
+    step: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = field(
+        default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,7 @@ class InputInfo:
     layout: str = "any"
     preprocess: object | None = None  # npubuild.recipe.model.Preprocess
     source: str | None = None  # the source model's (and recipe's) name, when surgery renamed it
+    state: State | None = None  # a streaming model's state: the data need not hold it
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -99,17 +121,51 @@ def sources_and_samples(files: Sequence[Path], inputs: Sequence[InputInfo],
             pending_files.append(path)
             if len(pending) == max(1, info.shape[0]):
                 array = _finite(path, np.concatenate(pending).astype(info.dtype), info.name)
-                yield Source(tuple(pending_files)), {info.name: array}
+                yield Source(tuple(pending_files)), next(_stepped([{info.name: array}], inputs))
                 produced, pending, pending_files = produced + 1, [], []
         elif suffix in TENSOR_SUFFIXES:
-            for index, sample in _tensor_samples(path, inputs):
-                if limit is not None and produced >= limit:
-                    return
+            for index, sample in _stepped(_tensor_samples(path, inputs), inputs, path):
                 yield Source((path,), index), sample
                 produced += 1
+                if limit is not None and produced >= limit:  # before the next is stepped to
+                    return
         else:
             raise _error(path, f"cannot use {path.name!r} as calibration data (suffix {suffix!r})",
                          hint="give images (" + ", ".join(sorted(IMAGE_SUFFIXES)) + ") or .npy/.npz")
+
+
+def _stepped(samples, inputs: Sequence[InputInfo], path: Path | None = None):
+    """``samples`` (one file's, in order: dicts, or (index, dict) pairs) with each state input
+    the file does not hold fed as the model steps it: its initial value on the first sample, on
+    each next one what the float model output for it on the sample before (`State`)."""
+    states = [i for i in inputs if i.state is not None]
+    previous = None
+    for item in samples:
+        sample = item[1] if isinstance(item, tuple) else item
+        missing = [i for i in states if i.name not in sample]
+        outputs = _step(missing, previous, path) if missing and previous is not None else None
+        for info in missing:
+            value = info.state.initial if outputs is None else outputs[info.state.output]
+            sample[info.name] = np.asarray(value).astype(info.dtype).reshape(info.shape)
+        previous = sample
+        yield item
+
+
+def _step(states: Sequence[InputInfo], sample: Mapping[str, Any], path: Path | None
+          ) -> Mapping[str, Any]:
+    """The float model's outputs on ``sample``, which hold the ``states``' next values."""
+    cut = [i for i in states if i.state.output is None]
+    if cut:
+        raise _error(path, f"state input(s) {', '.join(repr(i.name) for i in cut)} are not in "
+                           "the data and the model does not output their new value, so only a "
+                           "stream's first call can be fed",
+                     hint="give each state in the data (an .npz key per state), or keep the "
+                          "state outputs (model.outputs, surgery)")
+    step = states[0].state.step
+    if step is None:
+        raise BuildError(f"{path}: a stream of more than one call, but no model to step its "
+                         "states with (npubuild.quant.onnx_inputs.input_infos gives one)")
+    return step(sample)
 
 
 def check_images(files: Sequence[Path], inputs: Sequence[InputInfo]) -> None:
@@ -121,11 +177,16 @@ def check_images(files: Sequence[Path], inputs: Sequence[InputInfo]) -> None:
 
 
 def _single_input(inputs: Sequence[InputInfo], path: Path, what: str) -> InputInfo:
-    if len(inputs) != 1:
+    """The one input ``what`` (an image, a .npy) feeds: the model's one input that is not a
+    state (`State`)."""
+    fed = [i for i in inputs if i.state is None]
+    if len(fed) != 1:
+        states = len(inputs) - len(fed)
         raise _error(path, f"{what} can only feed a model with one input; this one has "
-                           f"{len(inputs)} ({', '.join(i.name for i in inputs)})",
+                           f"{len(fed)} ({', '.join(i.name for i in fed)})"
+                           + (f" besides {states} state(s)" if states else ""),
                      hint="give .npz files with one array per input name")
-    return inputs[0]
+    return fed[0]
 
 
 def _layout(info: InputInfo, path: Path) -> str:
@@ -190,7 +251,8 @@ def _tensor_samples(path: Path, inputs: Sequence[InputInfo]
                     ) -> Iterator[tuple[int | None, dict[str, np.ndarray]]]:
     """Each sample of an array file with its index in the file (None when it holds one)."""
     arrays = _read_arrays(path, inputs)
-    per_input = {info.name: _as_samples(path, info, arrays[info.name]) for info in inputs}
+    per_input = {info.name: _as_samples(path, info, arrays[info.name]) for info in inputs
+                 if info.name in arrays}  # a state the file does not hold: `_stepped`
     counts = {len(v) for v in per_input.values()}
     if len(counts) != 1:
         raise _error(path, "the arrays hold different numbers of samples: " + ", ".join(
@@ -258,14 +320,17 @@ def _read_arrays(path: Path, inputs: Sequence[InputInfo]) -> dict[str, np.ndarra
     with loaded:
         keys = list(loaded.files)
         found = {i.name: next((k for k in i.keys if k in keys), None) for i in inputs}
-        if len(inputs) == 1 and found[inputs[0].name] is None and len(keys) == 1:
-            return {inputs[0].name: _npz_array(path, loaded, keys[0])}
-        missing = [i.source or i.name for i in inputs if found[i.name] is None]
+        fed = [i for i in inputs if i.state is None]
+        if (len(fed) == 1 and found[fed[0].name] is None and len(keys) == 1
+                and not any(found[i.name] for i in inputs)):
+            return {fed[0].name: _npz_array(path, loaded, keys[0])}
+        missing = [i.source or i.name for i in fed if found[i.name] is None]
         if missing:
             raise _error(path, f"no array for input(s) {', '.join(map(repr, missing))}; the file "
                                f"has {', '.join(map(repr, keys)) or 'none'}",
                          hint="name each array after a model input (numpy.savez(path, **{name: a}))")
-        return {i.name: _npz_array(path, loaded, found[i.name]) for i in inputs}
+        return {i.name: _npz_array(path, loaded, found[i.name]) for i in inputs
+                if found[i.name] is not None}
 
 
 def _npz_array(path: Path, npz, key: str) -> np.ndarray:

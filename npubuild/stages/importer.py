@@ -94,9 +94,12 @@ def _import(ctx: StageContext) -> dict:
     with shapes_at_inputs(loaded):
         model = onnx_frontend.resolve_shapes(model, declared=source or model)
     check(model, converted=fmt in TF_FORMATS)
-    sample = proofs.calibration_sample(loaded, model)
+    variables = source_variables(loaded, fmt)
+    sample = proofs.calibration_sample(loaded, model, {
+        i.name: v.initial for v in variables for i in onnx_io.graph_inputs(model)
+        if same_input(v.name, i.name)})
     feeds = proofs.make_feeds(model, loaded, sample)
-    states = streaming_states(loaded, fmt, feeds, sample)
+    states = streaming_states(loaded, fmt, variables, feeds, sample)
     proof, outputs = prove(loaded, fmt, source, model, feeds, frozen)
     if states:
         proof["variables_as_io"] = states
@@ -137,20 +140,30 @@ def _import(ctx: StageContext) -> dict:
 STATE_STEPS = 3
 
 
-def streaming_states(loaded: LoadedRecipe, fmt: str, feeds: dict, sample: dict | None
-                     ) -> dict | None:
-    """A streaming TFLite model's state, now graph inputs and outputs: each state input the
-    recipe's proof values and the calibration sample do not give is fed (in `feeds`, in place)
-    the initial value its CALL_ONCE assigns, what a user feeds on the first step; the proof
-    that the rewrite is the model (`tensorflow.prove_state`), with the states' initial values.
-    None for every other model."""
+def source_variables(loaded: LoadedRecipe, fmt: str) -> list:
+    """A streaming TFLite model's resource variables as import writes them (empty for every
+    other model: `tensorflow.variables`)."""
+    if fmt == "onnx":
+        return []
     from npubuild.frontends import tensorflow as tf_frontend
 
     spec = loaded.recipe.model
     with at_recipe_fields(loaded):
-        variables = tf_frontend.variables(loaded.model_path, fmt, spec.inputs, spec.outputs)
+        return tf_frontend.variables(loaded.model_path, fmt, spec.inputs, spec.outputs)
+
+
+def streaming_states(loaded: LoadedRecipe, fmt: str, variables: list, feeds: dict,
+                     sample: dict | None) -> dict | None:
+    """A streaming TFLite model's state (`variables`), now graph inputs and outputs: each state
+    input the recipe's proof values and the calibration sample do not give is fed (in `feeds`,
+    in place) the initial value its CALL_ONCE assigns, what a user feeds on the first step; the
+    proof that the rewrite is the model (`tensorflow.prove_state`), with the states' initial
+    values. None for every other model."""
+    from npubuild.frontends import tensorflow as tf_frontend
+
     if not variables:
         return None
+    spec = loaded.recipe.model
     given = RecipeInputs(spec.inputs)
     states = {}
     for v in variables:

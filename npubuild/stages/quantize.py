@@ -134,7 +134,7 @@ def run(ctx: StageContext) -> dict:
         write_json(ctx.out / "per_layer.json", {"tensors": [], "crosscheck": {}})
         return {"quantization": {"scheme": resolved(spec)["scheme"], "graphs": {}, "npu_graphs": 0,
                                  "note": NO_NPU_NOTE}}
-    inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
+    inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs, ctx.upstream.get("import"))
     workflow = Workflow(pipeline, options(spec, ctx.chip), ctx.progress)
 
     cal_files = calibration_files(ctx.loaded)

@@ -46,7 +46,7 @@ def run(ctx: StageContext) -> dict:
     spec, dirs = ctx.recipe.verify, ctx.upstream
     run_sample = SampleRun(dirs)
     pipeline, reference = run_sample.pipeline, run_sample.reference
-    inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs)
+    inputs = onnx_inputs.input_infos(pipeline, ctx.recipe.model.inputs, dirs.get("import"))
     files = verify_files(ctx.loaded)
     field = ("verify", "data") if spec.data else ("quantization", "calibration", "data")
     found = list(ctx.loaded.located(data.sources_and_samples(files, inputs, spec.samples), *field))

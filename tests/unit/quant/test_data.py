@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from npubuild.errors import UserError
-from npubuild.quant.data import InputInfo, load_samples, sources_and_samples
+from npubuild.quant.data import InputInfo, State, load_samples, sources_and_samples
 from npubuild.recipe.model import Preprocess
 
 NCHW = InputInfo("images", (1, 3, 16, 20), "float32", "NCHW",
@@ -113,3 +113,66 @@ def test_images_need_a_single_input(tmp_path):
 def test_no_files():
     with pytest.raises(UserError, match="no calibration files"):
         list(load_samples([], [NCHW]))
+
+
+# --- a streaming model's states ------------------------------------------------------------
+
+
+def ring_inputs(calls: list | None = None, output: str | None = "ring_out") -> list[InputInfo]:
+    """A streaming model's inputs: ``x`` [1, 1, 2] and the state ``ring`` [1, 3, 2] (initially
+    -1), which the model shifts ``x`` into; each step of the float model is logged in
+    ``calls``."""
+    def step(sample):
+        if calls is not None:
+            calls.append(sample["x"].ravel().tolist())
+        return {"y": sample["x"].sum(), "ring_out": np.concatenate(
+            [sample["ring"][:, 1:], sample["x"]], axis=1)}
+
+    return [InputInfo("x", (1, 1, 2)),
+            InputInfo("ring", (1, 3, 2), state=State(np.full((1, 3, 2), -1.0), output, step))]
+
+
+def test_a_state_the_data_do_not_hold_is_stepped_over_each_files_calls(tmp_path):
+    """microWakeWord's data as a user writes them hold the audio alone (the state inputs import
+    made of its resource variables are the model's): they stopped on 'no array for input(s)
+    'stream_6/states''. A file's samples are consecutive calls: the first from the initial
+    state, each next from the state the model output on the call before; each file anew."""
+    np.save(tmp_path / "a.npy", np.arange(8, dtype=np.float32).reshape(4, 1, 2))  # 4 calls
+    np.savez(tmp_path / "b.npz", x=np.full((2, 1, 2), 9.0))  # another stream: 2 calls
+    calls: list = []
+    samples = list(load_samples([tmp_path / "a.npy", tmp_path / "b.npz"], ring_inputs(calls)))
+    rings = [s["ring"][0, :, 0].tolist() for s in samples]
+    assert rings == [[-1, -1, -1], [-1, -1, 0], [-1, 0, 2], [0, 2, 4], [-1, -1, -1], [-1, -1, 9]]
+    assert all(s["ring"].dtype == np.float32 and s["ring"].shape == (1, 3, 2) for s in samples)
+    assert calls == [[0, 1], [2, 3], [4, 5], [9, 9]]  # each call stepped once, none past the last
+    assert len(list(load_samples([tmp_path / "a.npy"], ring_inputs(calls), 2))) == 2
+    assert len(calls) == 5  # a limit steps no further than the samples it gives
+
+
+def test_a_state_the_data_hold_is_used_as_given(tmp_path):
+    given = np.arange(6, dtype=np.float32).reshape(1, 3, 2)
+    np.savez(tmp_path / "s.npz", x=np.ones((2, 1, 2)), ring=np.stack([given, given + 1])[:, 0])
+    calls: list = []
+    samples = list(load_samples([tmp_path / "s.npz"], ring_inputs(calls)))
+    assert [s["ring"].tolist() for s in samples] == [given.tolist(), (given + 1).tolist()]
+    assert calls == []
+
+
+def test_a_missing_input_without_an_initial_value_is_one_error_naming_it(tmp_path):
+    np.savez(tmp_path / "s.npz", ring=np.zeros((1, 3, 2)))
+    with pytest.raises(UserError, match=r"no array for input\(s\) 'x'; the file has 'ring'"):
+        list(load_samples([tmp_path / "s.npz"], ring_inputs()))
+    np.savez(tmp_path / "t.npz", y=np.zeros((1, 1, 2)), z=np.zeros((1, 1, 2)))
+    with pytest.raises(UserError, match=r"no array for input\(s\) 'x'"):
+        list(load_samples([tmp_path / "t.npz"], ring_inputs()))
+
+
+def test_a_state_the_model_does_not_output_feeds_only_a_streams_first_call(tmp_path):
+    """A state whose new value the model does not output (a cut left it out) cannot be stepped:
+    one error naming it past the first call, not its initial value fed again silently."""
+    np.save(tmp_path / "a.npy", np.zeros((3, 1, 2), np.float32))
+    [first] = load_samples([tmp_path / "a.npy"], ring_inputs(output=None), 1)
+    assert first["ring"].tolist() == np.full((1, 3, 2), -1.0).tolist()
+    with pytest.raises(UserError, match=r"state input\(s\) 'ring' are not in the data and the "
+                                        "model does not output their new value"):
+        list(load_samples([tmp_path / "a.npy"], ring_inputs(output=None)))

@@ -12,6 +12,7 @@ from npubuild import onnx_io
 from tests.conftest import TINY_MODEL, write_recipe
 from tests.unit.frontends import onnx_models, tflite_models
 from tests.unit.frontends.test_tensorflow import models  # noqa: F401 — the shared TF fixture
+from tests.unit.frontends.test_tflite_control_flow import streaming_model  # noqa: F401
 
 
 def recipe_text(path, inputs="", outputs="", name="imp"):
@@ -114,6 +115,40 @@ def test_full_int8_tflite_is_proved_op_by_op_and_deploys_as_its_float_model(cli,
     assert not {"QuantizeLinear", "DequantizeLinear"} & set(info["ops"])
     support = built(tmp_path, "int8", "split/support.json")
     assert support["cpu_nodes"] == 0 and support["npu_nodes"] > 0, support["cpu_ops"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outputs", ["", '["StatefulPartitionedCall:0"]'])
+def test_a_streaming_tflite_builds_on_data_that_hold_its_input_alone(cli, tmp_path, outputs,
+                                                                      streaming_model):  # noqa: F811
+    """microWakeWord as a user writes it: the data hold the audio its package feeds, not the
+    ring buffers import made inputs of its resource variables. Quantize stopped ('a .npy file
+    can only feed a model with one input; this one has 2'); with `model.outputs` listed the
+    state's new value was cut away. Now each file is a stream: the ring starts from its
+    initial value (ones) and takes the float model's new value on each next call."""
+    rng = np.random.default_rng(0)
+    (tmp_path / "data").mkdir()
+    for name in ("cal_0", "cal_1", "ver_0"):  # 6 calls each
+        np.save(tmp_path / "data" / f"{name}.npy",
+                rng.uniform(-2, 0, (6, 1, 4)).astype(np.float32))
+    text = (recipe_text(streaming_model, "    - {name: 'serving_default_x:0', shape: [1, 1, 4]}\n",
+                        outputs, name="stream") + "target: npu-16m\n"
+            "quantization:\n  calibration: {data: 'data/cal_*.npy', samples: 12}\n"
+            "verify: {data: 'data/ver_*.npy', samples: 6, min_cosine: 0.99}\n")
+    result = run_recipe(cli, tmp_path, text, "--json")
+    assert result.returncode == 0, result.stderr
+    info = built(tmp_path, "stream", "import/import.json")
+    assert list(info["outputs"]) == ["StatefulPartitionedCall:0", "ring_out"]
+    assert info["proof"]["variables_as_io"]["states"]["ring"]["initial"] == 1.0
+    judged = built(tmp_path, "stream", "verify/verify.json")
+    assert judged["samples"] == 6 and judged["passed"]
+    assert judged["outputs"]["ring_out"]["cosine"] > 0.99
+    # stepped, not restarted: the ring fed on the calls after the first holds the inputs'
+    # values (all ones, its initial value, on every call were each call a stream's first)
+    ranges = json.loads((tmp_path / "b" / "stream" / "quantize" / "calibration.json").read_text())
+    [ring] = [t for g in ranges["graphs"].values() for name, t in g["tensors"].items()
+              if name == "ring"]
+    assert ring["min"] < -1 and ring["max"] == 1.0
 
 
 @pytest.mark.slow
