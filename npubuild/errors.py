@@ -136,7 +136,9 @@ def unexpected(exc: Exception, stage: str) -> BuildError:
 # What a stage holds across its samples, for the hint of a stage that ran out of memory.
 HELD = {"quantize": "the float and integer values verify judges (model outputs, judged "
                     "hand-over tensors) of every verify sample, and one sample's tensors at a time",
-        "verify": "the float and deployed values of every verify sample"}
+        "verify": "the model outputs of every verify sample and one sample's hand-over "
+                  "tensors at a time (a failing verify's hints: those their verdicts read, of "
+                  "every sample)"}
 
 
 def out_of_memory(exc: MemoryError, stage: str, where: str = "") -> BuildError:

@@ -13,6 +13,13 @@ the stage, the tensor with the largest drop and the rewrite/rule/layer behind it
 ``verify/verify.json`` (and ``verify/detections.png`` with ``verify.detections``); a failed
 verdict makes the run exit 1 (the artifacts are kept for the report).
 
+The figures are gathered sample by sample (`gather`, `npubuild.verify.verdict.Streamed`):
+each tensor's sums and extremes are taken as a sample comes, so verify holds one sample's
+hand-over tensors at a time, and of every sample its model outputs (what the task, the
+detections and the hints read) and each tensor's extremes (what ``unseen_values`` reads);
+the figures are the bytes a judge of every sample's arrays gives. A failing verify's hints
+run the samples once more, holding the tensors their verdicts read.
+
 With ``--scheduler`` the samples run in batches on Dask workers (`npubuild.verify.fanout`),
 which send back what `npubuild.verify.samples` keeps; the verdict is judged here, in sample
 order, so the artifacts are the same bytes as a one-process build's.
@@ -24,6 +31,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterable, Iterator
+
+import numpy as np
 
 from npubuild import onnx_io
 from npubuild.atomic import write_json
@@ -53,9 +62,9 @@ def run(ctx: StageContext) -> dict:
     sources, samples = [s for s, _ in found], [x for _, x in found]
     progress = ctx.progress(samples, total=len(samples), description="verify: samples")
     labels = [s.label(ctx.loaded.spelled) for s in sources]
-    refs, gots, floats = map(list, zip(*observe(ctx, run_sample, progress, labels)))
-    result = judge(ctx, refs, gots, floats, pipeline, reference.missing, inputs[0], sources,
-                   samples)
+    streamed, extremes = gather(ctx, pipeline, reference.missing,
+                                observe(ctx, run_sample, progress, labels), len(samples))
+    result = judge(ctx, streamed, pipeline, inputs[0], sources, samples)
     plan = result.pop("bisect")
     task = result.get("task") or {}
     # a verdict that failed only because the task judged nothing (its data never reach the
@@ -66,14 +75,16 @@ def run(ctx: StageContext) -> dict:
         calibrated = dirs["quantize"] / "calibration.json"
         if calibrated.is_file():
             passing = [o for o in pipeline.outputs if o not in plan["limits"]]
-            result["unseen_values"] = unseen_values(json.loads(calibrated.read_text()), floats,
-                                                    labels, passing)
+            result["unseen_values"] = unseen_values(json.loads(calibrated.read_text()),
+                                                    extremes, labels, passing)
         fixes = RecipeFixes.from_recipe(ctx.recipe.quantization, bool(ctx.chip and ctx.chip.int16))
         result["bisection"] = bisect_sample(dirs, pipeline, reference, samples[plan["sample"]],
                                             plan["limits"], spec.slices, fixes)
         result["bisection"]["sample"] = sources[plan["sample"]].label(ctx.loaded.spelled)
         finding = result["bisection"]["finding"]
         if finding and finding["stage"] == "quantize" and finding.get("culprits"):
+            refs, gots, floats = judged_values(ctx, pipeline, observe(ctx, run_sample, samples,
+                                                                      labels))
             result["bisection"]["finding"] = measured_fixes(
                 ctx, finding, list(plan["limits"]), fixes, pipeline, samples, refs, floats,
                 reference.missing, inputs, gots)
@@ -106,26 +117,63 @@ def _observed(run_sample: SampleRun, feeds: dict, label: str) -> Observed:
         return run_sample(feeds)
 
 
-def judge(ctx, refs: list[dict], gots: list[dict], floats: list[dict], pipeline, missing: list[str],
-          info, sources: list, samples: list[dict]) -> dict:
+def gather(ctx, pipeline, missing: list[str], observed: Iterable[Observed],
+           count: int) -> tuple[verdict.Streamed, list[dict]]:
+    """verify's figures of ``count`` samples gathered as they come (`verdict.Streamed`: a
+    sample's hand-over tensors are let go once judged; the model outputs are kept), and per
+    sample each float-pipeline tensor's extremes (what `unseen_values` reads of them: the
+    array of its smallest and largest value). The recipe's names are checked on the first
+    sample."""
+    spec, handed_over = ctx.recipe.verify, npu_handovers(pipeline)
+    streamed = verdict.Streamed(spec, count, pipeline.outputs, handed_over, missing,
+                                verdict.output_channel_axis(ctx.recipe))
+    extremes = []
+    for ref, got, flt in observed:
+        if not extremes:
+            verdict.check_names(ctx.loaded, spec, pipeline.outputs,
+                                {**{t: flt[t] for t in handed_over}, **ref})
+        streamed.add(ref, got, flt)
+        extremes.append({name: _extremes(value) for name, value in flt.items()})
+        del ref, got, flt
+    return streamed, extremes
+
+
+def judged_values(ctx, pipeline, observed: Iterable[Observed]) -> tuple[list, list, list]:
+    """Per sample the float original's, the deployed and the float pipeline's values of the
+    tensors the hints' verdicts read (`verdict.judged_tensors`: the model outputs and the
+    hand-over tensors a threshold, a selection or a slice reads), the others let go as each
+    sample comes: the hints judge every sample again, each change they try."""
+    kept = set(verdict.judged_tensors(ctx.recipe.verify, pipeline.outputs,
+                                      npu_handovers(pipeline), npu_selections(pipeline)))
+    refs, gots, floats = [], [], []
+    for ref, got, flt in observed:
+        refs.append(ref)
+        gots.append({k: v for k, v in got.items() if k in kept})
+        floats.append({k: v for k, v in flt.items() if k in kept})
+    return refs, gots, floats
+
+
+def _extremes(value) -> np.ndarray:
+    value = np.asarray(value)
+    return np.array([value.min(), value.max()]) if value.size else value.ravel()
+
+
+def judge(ctx, streamed: verdict.Streamed, pipeline, info, sources: list,
+          samples: list[dict]) -> dict:
     """Every metric and verdict of verify.json (`npubuild.verify.verdict`, which the
     quantize stage's precision search judges with too): outputs, hand-over tensors, slices,
     the task; ``bisect`` says what to bisect when something failed (tensor → cosine limit,
-    and the sample where the first failing tensor is worst). ``sources``
-    (`npubuild.quant.data.Source`) and ``samples`` are the verify samples, one of each per
-    entry of ``refs``."""
-    spec = ctx.recipe.verify
-    handed_over, selected = npu_handovers(pipeline), npu_selections(pipeline)
-    verdict.check_names(ctx.loaded, spec, pipeline.outputs,
-                        {**{t: floats[0][t] for t in handed_over}, **refs[0]})
+    and the sample where the first failing tensor is worst). ``streamed``: the samples'
+    figures (`gather`); ``sources`` (`npubuild.quant.data.Source`) and ``samples`` are the
+    verify samples, one of each per sample gathered."""
+    spec, selected = ctx.recipe.verify, npu_selections(pipeline)
+    refs, floats = streamed.refs, streamed.floats
 
     def detect(refs, gots, floats):
         return detections(ctx, info, sources, samples, refs, gots, floats, pipeline.outputs)
 
     def judged(spec):
-        return verdict.judge(spec, refs, gots, floats, pipeline.outputs, handed_over, missing,
-                             detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe),
-                             selected=selected)
+        return streamed.verdict(spec, detect=detect, selected=selected)
 
     found = judged(spec)
     result = {"samples": len(refs), "data": [s.label(ctx.loaded.spelled) for s in sources],
@@ -159,18 +207,21 @@ def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, p
     hw = input_hw(inputs[0]) if len(inputs[0].shape or []) == 4 else None
     outputs, handed_over = pipeline.outputs, npu_handovers(pipeline)
     selected = npu_selections(pipeline)
+    # what the verdicts read (`judged_values`): a hand-over tensor no threshold reads fails
+    # nothing and sets no margin, so leaving it out changes no figure a hint reports
+    kept = verdict.judged_tensors(ctx.recipe.verify, outputs, handed_over, selected)
 
     def judge(gots):
         detect = (lambda r, g, f: verdict.detection_totals(r, g, f, outputs, hw)[0]) if hw else None
         return verdict.judge(ctx.recipe.verify, refs, gots, floats, outputs, handed_over, missing,
                              detect=detect, channel_axis=verdict.output_channel_axis(ctx.recipe),
-                             selected=selected)
+                             selected=selected, judged_only=True)
 
     spec = ctx.recipe.quantization
     calibration = data.load_samples(calibration_files(ctx.loaded), inputs,
                                     spec.calibration.samples)
     workflow, graphs = deployed_workflow(ctx, pipeline, calibration)
-    bench = measured.FixBench(workflow, graphs, samples, judge, [*outputs, *handed_over])
+    bench = measured.FixBench(workflow, graphs, samples, judge, kept)
     differences = bench.differences()
     if differences and spec.weight_rounding is None:
         # the quantize stage measured GPTQ rounding and kept it: its Gram matrices are a
@@ -179,7 +230,7 @@ def measured_fixes(ctx, finding: dict, failing: list[str], fixes: RecipeFixes, p
                                                        spec.calibration.samples))
         workflow.options = replace(workflow.options, config=replace(
             workflow.options.config, weight_rounding="gptq"))
-        bench = measured.FixBench(workflow, graphs, samples, judge, [*outputs, *handed_over])
+        bench = measured.FixBench(workflow, graphs, samples, judge, kept)
         differences = bench.differences()
     chip = ctx.chip
     trials = measured.measure(bench, finding["culprits"], failing, fixes,

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from npubuild.metrics import (Similarity, cosine_from_sums, range_errors,
+from npubuild.metrics import (Similarity, cosine_from_sums, finite_pairs, range_errors,
                               range_errors_from_sums, rms, similarity, similarity_from_sums)
 from npubuild.verify.limits import Thresholds
 
@@ -292,4 +292,324 @@ def failures(label: str, m: dict, limits: Thresholds, against: str = "") -> list
         shown = "unbounded" if error is None else f"{error:.4g}"
         out.append(f"{label}: max error {shown} of the reference's range > max_range_error "
                    f"{limits.max_range_error}{tail}")
+    return out
+
+
+PAIRWISE_BLOCK = 128  # NumPy's PW_BLOCKSIZE: a run this short is summed in one unrolled block
+
+
+class PairwiseSums:
+    """Sums along the last axis of a run of ``total`` values that arrive in consecutive
+    chunks (each an array [..., width]), to the bit what ``np.sum(run, axis=-1)`` of the whole
+    run gives: NumPy sums a contiguous run pairwise, halving it (rounded down to a multiple of
+    8) until a part is at most `PAIRWISE_BLOCK` long, and that tree depends on the run's length
+    alone. So every part of the tree that lies inside one chunk is that chunk's ``np.sum`` of
+    the part, a short part that straddles chunks is summed once its pieces are all in, and the
+    whole is the parts added as the tree adds them. Several quantities share the tree (``add``
+    takes one chunk of each); memory: O(log total) partial sums and one short part's pieces."""
+
+    def __init__(self, total: int):
+        self.total, self.at = int(total), 0
+        self.done: dict[tuple[int, int], list] = {}
+        self.pieces: dict[tuple[int, int], list] = {}
+
+    def add(self, *chunks: np.ndarray) -> None:
+        c0 = self.at
+        c1 = c0 + chunks[0].shape[-1]
+        if c1 > self.total:
+            raise ValueError(f"values past the run's {self.total}")
+
+        def visit(s: int, n: int) -> None:
+            e = s + n
+            if e <= c0 or s >= c1 or n == 0:
+                return
+            if c0 <= s and e <= c1:
+                self.done[(s, n)] = [np.sum(c[..., s - c0:e - c0], axis=-1) for c in chunks]
+            elif n <= PAIRWISE_BLOCK:
+                lo, hi = max(s, c0), min(e, c1)
+                pieces = self.pieces.setdefault((s, n), [])
+                pieces.append([np.array(c[..., lo - c0:hi - c0]) for c in chunks])
+                if hi == e:
+                    self.done[(s, n)] = [np.sum(np.concatenate(p, axis=-1), axis=-1)
+                                         for p in zip(*self.pieces.pop((s, n)))]
+            else:
+                half = _pairwise_half(n)
+                visit(s, half)
+                visit(s + half, n - half)
+
+        visit(0, self.total)
+        self.at = c1
+
+    def sums(self) -> list:
+        """The whole run's sums (one per quantity ``add`` was given), once it is all in."""
+        if self.at != self.total:
+            raise ValueError(f"{self.at} of the run's {self.total} values summed")
+
+        def value(s: int, n: int) -> list:
+            if (s, n) in self.done:
+                return self.done[(s, n)]
+            half = _pairwise_half(n)
+            return [a + b for a, b in zip(value(s, half), value(s + half, n - half))]
+
+        return value(0, self.total)
+
+
+def _pairwise_half(n: int) -> int:
+    half = n // 2
+    return half - half % 8
+
+
+HELD_BYTES = 64 << 20  # samples held for the exceptions, over every tensor of a verify
+
+
+class HeldBytes:
+    """What the `TensorStream` objects of one verify may still hold of their samples' arrays
+    (`HELD_BYTES` at first), shared among them."""
+
+    def __init__(self, limit: int | None = None):
+        self.left = HELD_BYTES if limit is None else limit
+
+
+class TensorStream:
+    """`tensor_metrics` of one tensor over ``count`` samples given one at a time (``add``),
+    holding one sample's float64 copies and products, not every sample's: verify's judge of a
+    3-D U-Net's 128³ x 8 hand-over tensors held 768 MiB of float64 per tensor and copy over six
+    samples. The figures are `tensor_metrics`' bytes: the whole tensor's sums of products are
+    summed as NumPy sums their concatenation (`PairwiseSums`, whose tree needs the run's length:
+    ``count`` samples of the first one's size), each sample's and each channel's extremes are
+    exact wherever taken. Where that does not hold (a sample of another size or shape, values
+    that are not finite floats, another number of samples) the samples are judged by
+    `tensor_metrics` itself, from their arrays, held while the verify's streams together hold
+    at most `HELD_BYTES` (``budget``: what they share); past that, the whole tensor's sums are
+    each sample's added in sample order (the last bits of cosine, euclid, SQNR and the RMS
+    error may then differ from a pairwise sum over all)."""
+
+    def __init__(self, count: int, axis: int | None = 1, budget: HeldBytes | None = None):
+        self.count, self.axis, self.n = count, axis, 0
+        self.held: tuple[list, list] | None = ([], [])
+        self.held_bytes, self.budget = 0, budget or HeldBytes()
+        self.exact = True  # finite floats, every sample the first one's size
+        self.size = None
+        self.whole: PairwiseSums | None = None
+        self.rows: PairwiseSums | None = None
+        self.samples: list[dict] = []  # per sample: its sums and extremes (small)
+        self.mismatch: dict | None = None
+        self.channels: int | None = None
+        self.rank: int | None = None
+        self.channel_ok = True
+        self.rows: list[PairwiseSums] | None = None
+        self.channel_sums: list[np.ndarray] | None = None  # added in sample order
+        self.channel_size = 0
+
+    def add(self, ref: np.ndarray, got: np.ndarray) -> None:
+        k, self.n = self.n, self.n + 1
+        if self.held is not None:
+            size = np.asarray(ref).nbytes + np.asarray(got).nbytes
+            if size > self.budget.left:  # let go of them all: the rest may hold theirs
+                self.budget.left += self.held_bytes
+                self.held, self.held_bytes = None, 0
+            else:
+                self.budget.left -= size
+                self.held_bytes += size
+                self.held[0].append(ref)
+                self.held[1].append(got)
+        if np.shape(ref) != np.shape(got):
+            if self.mismatch is None:
+                self.mismatch = {"samples": 0, "sample": k, "reference": list(np.shape(ref)),
+                                 "deployed": list(np.shape(got))}
+            self.mismatch["samples"] += 1
+            ref, got = common_part(ref, got)
+        ref, got = np.asarray(ref), np.asarray(got)
+        floats = all(a.dtype.kind == "f" and a.dtype.itemsize <= 8 for a in (ref, got))
+        ref64, got64 = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+        r, g = ref64.ravel(), got64.ravel()
+        if k == 0:
+            self.size, self.rank = r.size, ref.ndim
+            self.whole = [PairwiseSums(self.count * r.size) for _ in range(5)]
+        finite = floats and bool(np.isfinite(r).all()) and bool(np.isfinite(g).all())
+        self.exact = (self.exact and finite and r.size == self.size and k < self.count
+                      and r.size > 0)
+        self.samples.append(_sample_sums(r, g, finite, self.whole if self.exact else None))
+        del r, g
+        self._channels(ref64, got64, k)
+
+    def _channels(self, ref: np.ndarray, got: np.ndarray, k: int) -> None:
+        """Each channel's sums and extremes (``ref``, ``got``: the sample's float64 values)."""
+        axis, rank = self.axis, ref.ndim
+        if (not self.channel_ok or axis is None or rank < 2 or not -rank <= axis < rank
+                or (k and rank != self.rank)):
+            self.channel_ok = False
+            return
+        c = ref.shape[axis]
+        if k == 0:
+            self.channels = c
+        if c != self.channels:
+            self.channel_ok = False
+            return
+        # C order, as `channel_metrics` sums its rows (`_rows`): a row's sum follows the layout
+        r = np.ascontiguousarray(np.moveaxis(ref, axis, 0).reshape(c, -1))
+        g = np.ascontiguousarray(np.moveaxis(got, axis, 0).reshape(c, -1))
+        if k == 0:
+            self.rows = ([PairwiseSums(self.count * r.shape[1]) for _ in range(3)]
+                         if self.exact else None)
+            self.spans = [np.full(c, np.inf), np.full(c, -np.inf), np.full(c, np.inf),
+                          np.full(c, -np.inf)]
+        if not (self.exact and self.rows and r.shape[1] * self.count == self.rows[0].total):
+            self.rows = None
+        each = []
+        for i, (x, y) in enumerate(((r, r), (g, g), (r, g))):  # one product at a time
+            product = x * y
+            if self.rows is not None:
+                self.rows[i].add(product)
+            each.append(np.sum(product, axis=1))
+            del product
+        self.channel_sums = each if self.channel_sums is None else [
+            a + b for a, b in zip(self.channel_sums, each)]
+        if r.shape[1]:
+            self.spans = [np.minimum(self.spans[0], r.min(axis=1)),
+                          np.maximum(self.spans[1], r.max(axis=1)),
+                          np.minimum(self.spans[2], g.min(axis=1)),
+                          np.maximum(self.spans[3], g.max(axis=1))]
+        self.channel_size += r.size
+
+    def metrics(self) -> dict:
+        """`tensor_metrics`' figures of the samples added."""
+        if self.n == 0:
+            raise ValueError("no sample added")
+        exact = self.exact and self.n == self.count
+        if not exact and self.held is not None:
+            return tensor_metrics(*self.held, self.axis)
+        out = (_whole_exact(self.samples, [whole.sums()[0] for whole in self.whole]) if exact
+               else _whole_in_order(self.samples))
+        if self.channel_ok and self.channels > 1:
+            out.update(self._channel_metrics(exact))
+        if self.mismatch:
+            out["shape_mismatch"] = {"samples": self.mismatch["samples"], "of": self.n,
+                                     "sample": self.mismatch["sample"],
+                                     "reference": self.mismatch["reference"],
+                                     "deployed": self.mismatch["deployed"]}
+        return out
+
+    def _channel_metrics(self, exact: bool) -> dict:
+        rr, gg, rg = ([rows.sums()[0] for rows in self.rows] if exact and self.rows is not None
+                      else self.channel_sums)
+        ref_min, ref_max, got_min, got_max = self.spans
+        sized = bool(self.channel_size)
+        spans = ref_max - ref_min
+        full = float(ref_max.max() - ref_min.min()) if sized else 0.0
+        judged = np.nonzero(spans >= QUIET * full)[0] if full else np.array([], np.int64)
+        ref_norm, got_norm, dots = np.sqrt(rr[judged]), np.sqrt(gg[judged]), rg[judged]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cos = dots / (ref_norm * got_norm)
+        cos = np.where((ref_norm == 0) & (got_norm == 0), 1.0,
+                       np.where((ref_norm == 0) | (got_norm == 0), 0.0, cos))
+        cosines = dict(zip(judged.tolist(), cos.tolist()))
+        alive = np.nonzero(spans >= DEAD_SPAN * full)[0] if full else np.array([], np.int64)
+        deployed = got_max[alive] - got_min[alive] if alive.size else np.array([])
+        dead = [int(c) for c, k in zip(alive, deployed) if k == 0.0]
+        worst = min(cosines, key=cosines.get) if cosines else None
+        return {"channel_axis": self.axis, "channels_judged": len(cosines),
+                "dead_channels": dead[:16], "dead_channel_count": len(dead),
+                "min_channel_span_ratio": float(np.min(deployed / spans[alive])) if alive.size else None,
+                "worst_channel": None if worst is None else {"index": worst, "cosine": cosines[worst]}}
+
+
+def _sample_sums(r: np.ndarray, g: np.ndarray, finite: bool,
+                 whole: list[PairwiseSums] | None) -> dict:
+    """One sample's figures (``r``, ``g``: its float64 values), and its products into the
+    whole tensor's sums (``whole``: Σ r², Σ g², Σ r·g, Σ (r − g)², Σ ((r + g)/2)²) where they
+    are summed exactly; one product at a time."""
+    agree = True
+    if finite:
+        fr, fg = r, g
+    else:
+        fr, fg, agree = finite_pairs(r, g)
+    sums = []
+
+    def summed(product: np.ndarray) -> None:
+        if whole is not None:
+            whole[len(sums)].add(product)
+        sums.append(float(np.sum(product)))
+
+    summed(fr * fr)
+    summed(fg * fg)
+    summed(fr * fg)
+    diff = fr - fg
+    summed(diff * diff)
+    sized = bool(fr.size)
+    max_abs = float(np.max(np.abs(diff))) if sized else None
+    del diff
+    mid = (fr + fg) / 2
+    summed(mid * mid)
+    del mid
+    rr, gg, rg, dd, mm = sums
+    return {"size": r.size, "finite_size": fr.size, "agree": agree,
+            "identical": bool(np.array_equal(r, g, equal_nan=True)),
+            "rr": rr, "gg": gg, "rg": rg, "dd": dd, "mm": mm, "max_abs": max_abs,
+            "ref_max": float(fr.max()) if sized else None,
+            "ref_min": float(fr.min()) if sized else None,
+            "got_max": float(fg.max()) if sized else None,
+            "got_min": float(fg.min()) if sized else None,
+            "ref_peak": _peak(r), "got_peak": _peak(g),
+            "squares": float(np.sum(r * r)) if not finite else rr,
+            "cosine": cosine_from_sums(rr, gg, rg) if agree else 0.0}
+
+
+def _whole_exact(samples: list[dict], sums: list) -> dict:
+    """`_finite_float_metrics`' figures from the whole tensor's pairwise sums."""
+    rr, gg, rg, dd, mid_sq = (float(s) for s in sums)
+    size = sum(s["size"] for s in samples)
+    ref_max = max(s["ref_max"] for s in samples if s["ref_max"] is not None)
+    ref_min = min(s["ref_min"] for s in samples if s["ref_min"] is not None)
+    got_max = max(s["got_max"] for s in samples if s["got_max"] is not None)
+    got_min = min(s["got_min"] for s in samples if s["got_min"] is not None)
+    max_abs = max(s["max_abs"] for s in samples if s["max_abs"] is not None)
+    differs = max_abs > 0
+    scale = max(abs(ref_max), abs(ref_min))
+    out = Similarity(*similarity_from_sums(rr, gg, rg, dd, mid_sq, max_abs, scale),
+                     not differs).as_dict()
+    out["range_error"], out["rms_range_error"] = (
+        (_finite(v) for v in range_errors_from_sums(max_abs, dd, size, ref_max, ref_min))
+        if differs else (0.0, 0.0))
+    out["reference_peak"] = _finite(scale)
+    out["deployed_peak"] = _finite(max(abs(got_max), abs(got_min)))
+    whole_rms = math.sqrt(rr / size)
+    loud = {i: s["cosine"] for i, s in enumerate(samples)
+            if s["size"] > 1 and whole_rms > 0
+            and math.sqrt(s["rr"] / s["size"]) >= QUIET * whole_rms}
+    return _worst_sample(out, loud)
+
+
+def _whole_in_order(samples: list[dict]) -> dict:
+    """`_metrics`' figures with the whole tensor's sums each sample's added in sample order."""
+    if not all(s["agree"] for s in samples):
+        out = Similarity(0.0, 0.0, -float("inf"), float("inf"), float("inf"), False).as_dict()
+        out["range_error"] = out["rms_range_error"] = None
+    else:
+        rr, gg, rg, dd, mid_sq = (sum((s[k] for s in samples), 0.0)
+                                  for k in ("rr", "gg", "rg", "dd", "mm"))
+        sized = [s for s in samples if s["finite_size"]]
+        max_abs = max((s["max_abs"] for s in sized), default=0.0)
+        ref_max = max((s["ref_max"] for s in sized), default=0.0)
+        ref_min = min((s["ref_min"] for s in sized), default=0.0)
+        scale = max(abs(ref_max), abs(ref_min)) if sized else 0.0
+        out = Similarity(*similarity_from_sums(rr, gg, rg, dd, mid_sq, max_abs, scale),
+                         all(s["identical"] for s in samples)).as_dict()
+        size = sum(s["finite_size"] for s in samples)
+        errors = ((0.0, 0.0) if not size or max_abs == 0 else
+                  range_errors_from_sums(max_abs, dd, size, ref_max, ref_min))
+        out["range_error"], out["rms_range_error"] = (_finite(v) for v in errors)
+    out["reference_peak"] = _finite(max(s["ref_peak"] for s in samples))
+    out["deployed_peak"] = _finite(max(s["got_peak"] for s in samples))
+    size = sum(s["size"] for s in samples)
+    whole = math.sqrt(sum((s["squares"] for s in samples), 0.0) / size) if size else 0.0
+    loud = {i: s["cosine"] for i, s in enumerate(samples)
+            if s["size"] > 1 and whole > 0 and math.sqrt(s["squares"] / s["size"]) >= QUIET * whole}
+    return _worst_sample(out, loud)
+
+
+def _worst_sample(out: dict, loud: dict) -> dict:
+    worst = min(loud, key=loud.get) if loud else None
+    out["min_sample_cosine"] = None if worst is None else loud[worst]
+    out["worst_sample"], out["samples_judged"] = worst, len(loud)
     return out

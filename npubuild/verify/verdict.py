@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from npubuild.verify.judge import Thresholds, tensor_metrics
+from npubuild.verify.judge import HeldBytes, TensorStream, Thresholds, tensor_metrics
 from npubuild.verify.judge import failures as failures_of
 from npubuild.verify.limits import handover_limits, output_limits, selection_limits, slice_limits
 
@@ -120,6 +120,19 @@ def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
                                        kept=kept)
                   for name in handed_over}
     slices = slice_metrics(spec, refs, gots, floats)
+    return decide(spec, metrics, boundaries, slices, refs, gots, floats, outputs, detect=detect,
+                  selected=selected)
+
+
+def decide(spec, metrics: dict, boundaries: dict, slices: dict, refs: list[Values],
+           gots: list[Values], floats: list[Values], outputs: Sequence[str], *,
+           detect: Callable[[list, list, list], dict] | None = None,
+           selected: Mapping[str, Sequence[str]] | None = None) -> Verdict:
+    """`judge`'s verdict from the tensors' figures (``metrics``: the model outputs',
+    ``boundaries``: the hand-over tensors', ``slices``), the task and detections judged on
+    ``refs``, ``gots`` and ``floats``, of which they read the model outputs alone."""
+    selected = dict(selected or {})
+    selecting = {t for tensors in selected.values() for t in tensors}
     read = anchor_pair(spec, {**floats[0], **refs[0]}, outputs) if spec.task == "anchor_detector" else ()
     checks = ([(name, f"output {name!r}", m, output_limits(spec, name in (read or ()),
                                                             name in selected), "")
@@ -149,6 +162,86 @@ def judge(spec, refs: list[Values], gots: list[Values], floats: list[Values],
     return Verdict(metrics, boundaries, slices, task, detections, failures,
                    [(name, m, limits) for name, _, m, limits, _ in checks], failed,
                    spec.min_task_agreement, grades)
+
+
+class Streamed:
+    """`judge`'s figures gathered one sample at a time (``add``), for a verify over samples
+    too large to hold together (a 3-D U-Net's hand-over tensors: 252 MB a sample): each
+    tensor's figures are streamed (`judge.TensorStream`, the same bytes as `tensor_metrics`
+    over every sample), and of each sample only the model outputs are kept (``refs``, ``gots``,
+    ``floats``: what the task, the detections and a reading judge); hand-over tensors are
+    dropped once added. ``count``: the number of samples ``add`` will be given."""
+
+    def __init__(self, spec, count: int, outputs: Sequence[str], handed_over: Sequence[str],
+                 missing: Sequence[str] = (), channel_axis: int = 1):
+        self.spec, self.count, self.outputs = spec, count, list(outputs)
+        self.handed_over, self.missing = list(handed_over), list(missing)
+        self.channel_axis = channel_axis
+        self.refs: list[Values] = []
+        self.gots: list[Values] = []
+        self.floats: list[Values] = []
+        self.streams: dict[tuple[str, str], TensorStream] = {}
+        self.slice_shapes: dict[str, list[int]] = {}
+        self._figures: tuple[dict, dict, dict] | None = None
+
+    def add(self, ref: Values, got: Values, flt: Values) -> None:
+        """One sample's float original, deployed and float-pipeline values."""
+        if not self.refs:
+            budget = HeldBytes()
+            names = [*ref, *(m for m in self.missing if m not in ref)]
+            for name in names:
+                self.streams[("output", name)] = TensorStream(self.count, self.channel_axis,
+                                                              budget)
+            for name in self.handed_over:
+                self.streams[("handover", name)] = TensorStream(self.count, budget=budget)
+            for check in self.spec.slices:
+                self.streams[("slice", check.label)] = TensorStream(self.count, budget=budget)
+        for kind, name in self.streams:
+            if kind == "output":
+                self.streams[kind, name].add((flt if name in self.missing else ref)[name],
+                                             got[name])
+            elif kind == "handover":
+                self.streams[kind, name].add(flt[name], got[name])
+        for check in self.spec.slices:
+            source = ref if check.tensor in ref else flt
+            # copies: a view held for the exceptions would hold the whole tensor it cuts
+            part = np.array(cut(check, source[check.tensor]))
+            self.slice_shapes.setdefault(check.label, list(np.shape(part)))
+            self.streams["slice", check.label].add(part, np.array(cut(check, got[check.tensor])))
+        self.refs.append(ref)
+        self.gots.append({k: v for k, v in got.items() if k in self.outputs})
+        self.floats.append({k: v for k, v in flt.items() if k in self.outputs})
+
+    def figures(self) -> tuple[dict, dict, dict]:
+        """The model outputs', the hand-over tensors' and the slices' figures, as `judge`
+        gives them (fresh dicts each call; summed once)."""
+        if self._figures is None:
+            self._figures = self._summed()
+        return tuple({k: dict(v) for k, v in part.items()} for part in self._figures)
+
+    def _summed(self) -> tuple[dict, dict, dict]:
+        metrics, boundaries, slices = {}, {}, {}
+        for (kind, name), stream in self.streams.items():
+            if kind == "output":
+                metrics[name] = stream.metrics()
+                metrics[name]["reference"] = ("float pipeline (after surgery)"
+                                              if name in self.missing else "float original")
+            elif kind == "handover":
+                boundaries[name] = stream.metrics()
+        for check in self.spec.slices:
+            slices[check.label] = {"tensor": check.tensor, "axis": check.axis,
+                                   "start": check.start, "end": check.end,
+                                   "shape": self.slice_shapes[check.label],
+                                   **self.streams["slice", check.label].metrics()}
+        return metrics, boundaries, slices
+
+    def verdict(self, spec=None, *, detect: Callable[[list, list, list], dict] | None = None,
+                selected: Mapping[str, Sequence[str]] | None = None) -> Verdict:
+        """`judge`'s verdict on the samples added, under ``spec`` (default: the one the
+        figures were gathered for; another may change the thresholds and the task, not the
+        slices)."""
+        return decide(spec or self.spec, *self.figures(), self.refs, self.gots, self.floats,
+                      self.outputs, detect=detect, selected=selected)
 
 
 def selected_from(tensor: str, selected: Mapping[str, Sequence[str]]) -> str:
@@ -323,6 +416,16 @@ def detection_totals(refs: list[Values], gots: list[Values], floats: list[Values
     return totals, found
 
 
+def judged_tensors(spec, outputs: Sequence[str], handed_over: Sequence[str],
+                   selected: Mapping[str, Sequence[str]], judged_only: bool = True) -> list[str]:
+    """The tensors `judge` reads (``judged_only``: as it leaves out the hand-over tensors no
+    threshold reads): the model outputs, and the hand-over tensors a ``verify.handover``
+    threshold, a selection or a slice reads (every one without ``judged_only``)."""
+    read = {c.tensor for c in spec.slices} | {t for ts in selected.values() for t in ts}
+    judged = not judged_only or Thresholds.of(spec.handover) != Thresholds()
+    return [*outputs, *(t for t in handed_over if judged or t in read)]
+
+
 class SampleJudge:
     """verify's verdict for fixed samples: the float original's and the float pipeline's
     values computed once, then ``judge(gots)`` for any deployed values of the same samples
@@ -342,9 +445,8 @@ class SampleJudge:
         # the hand-over tensors a judge reads (a threshold's, a selection's, a slice's): the
         # others stay unheld (deepbrain's 3-D U-Net hands over 252 MB per sample, held twice
         # per sample, float and integer, and ran out of memory at 9 GB)
-        read = {c.tensor for c in spec.slices} | {t for ts in self.selected.values() for t in ts}
-        judged = not judged_only or Thresholds.of(spec.handover) != Thresholds()
-        self.kept = [*self.outputs, *(t for t in self.handed_over if judged or t in read)]
+        self.kept = judged_tensors(spec, self.outputs, self.handed_over, self.selected,
+                                   judged_only)
         self.floats, self.names = [], {}
         for feeds in samples:
             values = pipeline.float_values(feeds)

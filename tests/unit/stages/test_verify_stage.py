@@ -142,3 +142,69 @@ def test_a_failing_verify_on_one_stacked_npy_names_the_sample_not_a_file(built):
     assert verify["data"] == [f"stack.npy[{i}]" for i in range(4)]
     assert verify["bisection"]["sample"] in verify["data"]
     assert verify["bisection"]["finding"]["stage"] == "quantize"
+
+
+def test_verify_lets_go_of_a_samples_hand_over_tensors_before_the_next(built, monkeypatch,
+                                                                       tmp_path):
+    """A verify over N samples holds one sample's hand-over tensors at a time: each sample's
+    deployed and float hand-over arrays are freed before the next sample runs (a 3-D U-Net
+    hands over 252 MB a sample; verify held every sample's, and their float64 copies)."""
+    import gc
+    import weakref
+
+    from npubuild import cli
+    from npubuild.verify import judge, samples
+
+    root, _ = built
+    monkeypatch.setattr(judge, "HELD_BYTES", -1, raising=False)  # none held for exceptions
+    alive, live_when_called = [], []
+    run_sample = samples.SampleRun.__call__
+
+    def watched(self, feeds):
+        gc.collect()
+        live_when_called.append(sum(a() is not None for a in alive))
+        ref, got, flt = run_sample(self, feeds)
+        handed = [t for t in self.kept if t not in self.pipeline.outputs]
+        alive.extend(weakref.ref(values[t]) for values in (got, flt) for t in handed)
+        return ref, got, flt
+
+    monkeypatch.setattr(samples.SampleRun, "__call__", watched)
+    recipe = write_recipe(root, RECIPE.format(slice_min=0.9), name="watched.yaml")
+    code = cli.main(["run", str(recipe), "--build-dir", str(tmp_path / "build"), "--cache",
+                     str(root / "cache"), "--force", "verify", "-q"])
+    assert code == 0
+    assert len(alive) == 3 * 2 * 2  # three samples, two hand-over tensors, deployed and float
+    assert live_when_called == [0, 0, 0]
+    verify = json.loads((tmp_path / "build" / "mixed" / "verify" / "verify.json").read_text())
+    assert verify["passed"] is True and len(verify["npu_outputs"]) == 2
+
+
+def test_a_failing_verifys_hints_hold_no_hand_over_tensor_no_threshold_reads(built, monkeypatch,
+                                                                           tmp_path):
+    """The hints of a failing verify judge every sample again for each change they try: of
+    the hand-over tensors, they hold those a threshold, a selection or a slice reads (none
+    here: no verify.handover), not every one of every sample."""
+    from npubuild import cli
+    from npubuild.verify import fixes
+
+    root, _ = built
+    held = []
+    bench = fixes.FixBench.__init__
+
+    def watched(self, workflow, deployed, samples, judge, kept):
+        held.append(list(kept))
+        bench(self, workflow, deployed, samples, judge, kept)
+        values = self.values()
+        held.append(sorted({name for sample in values for name in sample}))
+
+    monkeypatch.setattr(fixes.FixBench, "__init__", watched)
+    body = RECIPE.format(slice_min=1.0).replace("  handover: {min_cosine: 0.9}\n", "")
+    recipe = write_recipe(root, body, name="hinted.yaml")
+    code = cli.main(["run", str(recipe), "--build-dir", str(tmp_path / "build"), "--cache",
+                     str(root / "cache"), "-q"])
+    assert code == 1
+    verify = json.loads((tmp_path / "build" / "mixed" / "verify" / "verify.json").read_text())
+    assert verify["bisection"]["finding"]["stage"] == "quantize"
+    handed_over = set(verify["npu_outputs"])
+    assert len(handed_over) == 2 and held  # the hints ran, on the two ReLUs' hand-over
+    assert all(not handed_over & set(names) for names in held), held
