@@ -56,9 +56,11 @@ class SampleRun:
         self.kept = set(self.pipeline.outputs) | set(npu_handovers(self.pipeline))
 
     def __call__(self, feeds: Mapping[str, np.ndarray]) -> Observed:
-        got = self.deployed.run(feeds, keep_intermediates=True)
+        # each run holds the tensors kept and lets go of the others after their last reader
+        kept = sorted(self.kept)
+        got = self.deployed.run(feeds, keep=kept)
         ref = self.reference(feeds)
-        flt = self.pipeline.runner.run(feeds, keep_intermediates=True)
+        flt = self.pipeline.runner.run(feeds, keep=kept)
         return ref, self._kept(got), self._kept(flt)
 
     def _kept(self, values: Values) -> Values:

@@ -72,3 +72,28 @@ def test_an_invalid_graph_infos_is_refused(tmp_path, split_dir):
         Runner(tmp_path)
     with pytest.raises(UserError, match="not found"):
         Runner(tmp_path / "nowhere")
+
+
+def test_keep_returns_the_tensors_asked_and_lets_go_of_the_others_after_their_reader(split_dir):
+    """verify's sample run keeps the outputs and the NPU hand-over tensors: a tensor between
+    submodels that nothing keeps is freed once its last reader ran, not held to the end."""
+    import gc
+    import weakref
+
+    out, model = split_dir
+    feeds, ort, seen, alive_at = proofs.make_feeds(model), OnnxRuntimeBackend(), {}, {}
+
+    def backend(graph, inputs):
+        gc.collect()
+        alive_at[graph.index] = sorted(t for t, ref in seen.items() if ref() is not None)
+        got = ort(graph, inputs)
+        seen.update({t: weakref.ref(got[t]) for t in graph.outputs})
+        return got
+
+    runner = Runner(out, backends={"npu": backend, "cpu": backend})
+    got = runner.run(feeds, keep=["n1_out"])
+    assert alive_at[3] == ["n1_out", "n2_out"]  # n0_out freed after graph 1 read it
+    assert sorted(got) == ["n1_out", "n3_out"]
+    everything = Runner(out).run(feeds, keep_intermediates=True)
+    for name in got:
+        np.testing.assert_array_equal(got[name], everything[name])
