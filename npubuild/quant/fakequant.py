@@ -25,6 +25,7 @@ the integer reference.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -251,22 +252,32 @@ class SwitchedWeight:
 
 def params_feed(tensors: list[str], params: Mapping[str, QParams | None],
                 layers: list[str] = (), cpu_layers: set[str] | frozenset = frozenset(),
-                wide: Sequence[str] = (), int16_weights: set[str] | frozenset = frozenset()
-                ) -> dict[str, np.ndarray]:
+                wide: Sequence[str] = (), int16_weights: set[str] | frozenset = frozenset(),
+                arrays: dict | None = None) -> dict[str, np.ndarray]:
     """The inputs for one choice: each tensor's quantizer parameters, or off where it stays
     float (absent or None); each switched layer on the NPU unless in ``cpu_layers``; each
     layer with a ``<layer>::w16`` switch (``wide``) on its int16 weights where it is in
-    ``int16_weights`` (and on the NPU)."""
+    ``int16_weights`` (and on the NPU). ``arrays``: where each value's array is kept (by the
+    parameters or the switch's state; the feeds only read them), so the choices of a search
+    hand a tensor the same array wherever its parameters stay (`ArrayPrints` hashes it once)."""
+    arrays = {} if arrays is None else arrays
+
+    def array(key, value) -> np.ndarray:
+        found = arrays.get(key)
+        if found is None:
+            found = arrays[key] = np.array(value, np.float32)
+        return found
+
     feed = {}
     for t in tensors:
         p = params.get(t)
-        feed[f"{t}{PARAMS_SUFFIX}"] = OFF if p is None else np.array(
-            [p.scale, p.zero_point, p.qmin, p.qmax, 1.0], np.float32)
+        feed[f"{t}{PARAMS_SUFFIX}"] = OFF if p is None else array(
+            p, [p.scale, p.zero_point, p.qmin, p.qmax, 1.0])
     for name in layers:
-        feed[f"{name}{NPU_SUFFIX}"] = np.array(0.0 if name in cpu_layers else 1.0, np.float32)
+        feed[f"{name}{NPU_SUFFIX}"] = array(name not in cpu_layers, float(name not in cpu_layers))
     for name in wide:
         on = name in int16_weights and name not in cpu_layers
-        feed[f"{name}{W16_SUFFIX}"] = np.array(1.0 if on else 0.0, np.float32)
+        feed[f"{name}{W16_SUFFIX}"] = array(on, float(on))
     return feed
 
 
@@ -312,7 +323,8 @@ def export_graphs(graphs: Mapping[int, tuple]) -> dict[int, Exported]:
     return out
 
 
-def choice_inputs(qg: QGraph, fg: FloatGraph, keys: Mapping[str, str]) -> dict[str, np.ndarray]:
+def choice_inputs(qg: QGraph, fg: FloatGraph, keys: Mapping[str, str],
+                  memo: dict | None = None) -> dict[str, np.ndarray]:
     """What a choice quantizes otherwise than the graph a search model was exported from:
     the weights and biases of ``qg``'s layers (``<weight input>::wd``: the dequantized
     integers less the float layer's) and its quantized constants (``<tensor>::c``). ``qg``:
@@ -322,16 +334,40 @@ def choice_inputs(qg: QGraph, fg: FloatGraph, keys: Mapping[str, str]) -> dict[s
     bias would not fit that accumulator, so int16 on a conv's input moves both. Fed beside
     `params_feed`'s inputs, they make the search's model compute what the graph adopted with
     the choice computes (SwiftF0: its fake quantization passed at +0.0028 while the integer
-    reference missed by 0.0152; with them both read -0.0152)."""
+    reference missed by 0.0152; with them both read -0.0152). ``memo``: each layer's
+    inputs kept by the layer object and its input's scale (`Quantizer.weighted` hands the
+    same object to every choice that leaves the layer's tensors alone; the layers it hands
+    are never changed), and each constant's by its integers' object and parameters, so only
+    a layer or constant the choice quantized otherwise is exported again."""
     b = _builder(qg, fg, weights_as_inputs=True)
+    weights: list[SwitchedWeight] = []
     for layer in qg.layers:
-        if layer.name in keys:  # the export's own fragment: the same weights, scales, bias
+        if layer.name not in keys:
+            continue
+        key = (layer.name, id(layer), keys[layer.name], qg.tensors[layer.inputs[0]].scale)
+        known = None if memo is None else memo.get(key)
+        if known is None or known[0] is not layer:
+            # the export's own fragment: the same weights, scales, bias
             b.value_of.update({t: t for t in layer.inputs})  # names only: nothing runs
+            first = len(b.weight_inputs)
             qdq.FRAGMENTS[layer.kind](b, layer, keys[layer.name])
-    for t in qg.constants:
-        b.read(t)
-    return {**{f"{w.name}{CHOICE_DELTA_SUFFIX}": w.delta for w in b.weight_inputs},
-            **b.constant_inputs}
+            known = (layer, b.weight_inputs[first:])
+            if memo is not None:
+                memo[key] = known
+        weights.extend(known[1])
+    constants = {}
+    for t, values in qg.constants.items():  # a quantizer's memo hands the same integers
+        info, name = qg.tensors[t], f"{t}{CONSTANT_SUFFIX}"
+        key = (t, id(values), info.dtype, info.scale, info.zero_point)
+        known = None if memo is None else memo.get(key)
+        if known is None or known[0] is not values:
+            b.read(t)
+            known = (values, b.constant_inputs.get(name))
+            if memo is not None:
+                memo[key] = known
+        if known[1] is not None:
+            constants[name] = known[1]
+    return {**{f"{w.name}{CHOICE_DELTA_SUFFIX}": w.delta for w in weights}, **constants}
 
 
 def float_constants(qg: QGraph, fg: FloatGraph, exported: "Exported") -> dict[str, np.ndarray]:
@@ -359,9 +395,11 @@ def quantizer_inputs(q, index: int, fg: FloatGraph, pipeline: "FakeQuantPipeline
     wide = frozenset(q.int16_weight_layers() - set(cpu))
     qg = q.weighted(f"graph_{index}")
     own = {**float_constants(qg, fg, pipeline.exported[index]),
-           **choice_inputs(qg, fg, pipeline.exported[index].weight_keys)}
+           **choice_inputs(qg, fg, pipeline.exported[index].weight_keys,
+                           q.memo.setdefault(("choice inputs",), {}))}
     return {**params_feed(pipeline.tensors(index), params, pipeline.layers(index), cpu,
-                          pipeline.wide(index), wide), **own}
+                          pipeline.wide(index), wide, q.memo.setdefault(("feed arrays",), {})),
+            **own}
 
 
 class FakeQuantPipeline:
@@ -387,6 +425,7 @@ class FakeQuantPipeline:
         self._last: dict[int, tuple] = {}  # id(sample) -> (sample, its last run's steps)
         # (graph, weight input, its switches) -> its value: computed once per state
         self._weights: dict[tuple, np.ndarray] = {}
+        self.prints = ArrayPrints()  # each feed array hashed once, however many runs it is in
         self.runner = Runner(split_dir, backends={"npu": self._npu})
 
     def tensors(self, index: int) -> list[str]:
@@ -412,8 +451,10 @@ class FakeQuantPipeline:
         given = {**dict(feeds), **dict(self.exported[graph.index].constants),
                  **{k: v for k, v in params.items() if k in inputs},
                  **self._run_weights[graph.index]}
-        # each part's print: the graph's inputs and every parameter up to and with it
-        chains, chain = [], (start := _digest(sorted(feeds.items())))
+        # each part's print: the graph's inputs and every parameter up to and with it (an
+        # input a reused graph upstream made is the same array as in the run before)
+        chains, chain = [], (start := _digest(sorted(
+            (k, self.prints(k, v)) for k, v in feeds.items())))
         for own in self._part_prints[graph.index]:
             chain = _digest([("", chain), ("", own)])
             chains.append((graph.index, chain))
@@ -466,8 +507,10 @@ class FakeQuantPipeline:
         self._feeds = dict(feeds)
         self._run_weights: dict[int, dict[str, np.ndarray]] = {}  # `weight_feeds` of this run
         # each input hashed once (a choice's feeds carry every conv's weights: CRAFT's VGG16
-        # hashed twice a run was 5 % of its searched quantize), its print then combined
-        items = {i: {k: _digest([(k, v)]) for k, v in f.items()} for i, f in feeds.items()}
+        # hashed twice a run was 5 % of its searched quantize), its print then combined; an
+        # array an earlier run was fed (a graph's parameters the choice leaves as they were,
+        # a layer's weights) keeps its print
+        items = {i: {k: self.prints(k, v) for k, v in f.items()} for i, f in feeds.items()}
         prints = {i: _digest(sorted(own.items())) for i, own in items.items()}
         self._part_prints = {i: [_digest(sorted((k, own[k]) for k in part.keys if k in own))
                                  for part in self.parts[i]]
@@ -551,6 +594,35 @@ class KeptParts:
         (self.first if first else self.values)[key] = (values, size)
         self.bytes += size
         self.peak = max(self.peak, self.bytes)
+
+
+class ArrayPrints:
+    """``_digest([(name, array)])`` of each feed, computed once per array object: a search's
+    feeds hand the same arrays to run after run (each graph's parameters under a choice that
+    leaves the graph alone, each conv layer's weights where its tensors keep their parameters,
+    a sample's inputs to a graph whose upstream graphs were reused), and hashing every feed of
+    every run was 1.8 of the selfie segmenter's 21 s of searched quantize under cProfile. An
+    array is known by identity while it lives (a weak reference: a freed array's id may be
+    reused), so the feeds must not change in place once fed (none is: each is made for its
+    choice and only read after); ``computed`` counts the digests made."""
+
+    def __init__(self):
+        self.known: dict[tuple[str, int], tuple] = {}  # (name, id) -> (weak ref, print)
+        self.computed = 0
+
+    def __call__(self, name: str, value) -> bytes:
+        key = (name, id(value))
+        known = self.known.get(key)
+        if known is not None and known[0]() is value:
+            return known[1]
+        digest = _digest([(name, value)])
+        self.computed += 1
+        try:
+            ref = weakref.ref(value, lambda _, key=key, known=self.known: known.pop(key, None))
+        except TypeError:  # not weakly referable (a numpy scalar, bytes): hashed every time
+            return digest
+        self.known[key] = (ref, digest)
+        return digest
 
 
 @dataclass(frozen=True)

@@ -319,3 +319,30 @@ def test_an_rms_normalization_exports_at_its_opset_and_switched_off_is_the_float
         off = fakequant.params_feed(tensors, {}, layers, set(layers))
         np.testing.assert_allclose(session.run(["y"], {**feed, **off})[0],
                                    onnx_io.run(onnx_io.session(m), feed)["y"], rtol=1e-6, atol=1e-6)
+
+
+def test_a_feed_array_an_earlier_run_was_fed_is_not_hashed_again(tmp_path, monkeypatch):
+    """The kept parts are found by prints of the feeds (`fakequant.KeptParts`); an array an
+    earlier run was fed (a graph's parameters a choice leaves as they were, a layer's
+    weights, a sample's input) keeps its print instead of being hashed again every run,
+    while an equal array that is another object is still found by its content; every output
+    equals the whole model's bit for bit."""
+    whole, parted, base, tensors, feeds = _eight_convs(tmp_path, monkeypatch)
+    parts = len(parted.parts[0])
+    hashed = []
+    digest = fakequant._digest
+    monkeypatch.setattr(fakequant, "_digest", lambda items: hashed.extend(
+        name for name, v in items if not isinstance(v, bytes)) or digest(items))
+    switched_off = {**base, f"{tensors[-1]}{fakequant.PARAMS_SUFFIX}": fakequant.OFF}
+    copied = {k: np.array(v, copy=True) for k, v in base.items()}
+    for choice, hashes, reruns in (
+            (base, len(base) + len(feeds), parts),  # every array once, the samples' too
+            (base, 0, 0),  # the same arrays: no hash, nothing run
+            (switched_off, 1, 1),  # one new feed: it alone hashed, the last part run
+            (copied, len(base), 0)):  # equal arrays, new objects: hashed, found by content
+        del hashed[:]
+        runs = parted.part_runs
+        got = parted.run(feeds, {0: choice}, ["y"])
+        assert len(hashed) == hashes and parted.part_runs - runs == reruns * len(feeds)
+        want = whole.run(feeds, {0: choice}, ["y"])
+        assert all(np.array_equal(g["y"], w["y"]) for g, w in zip(got, want))
