@@ -33,7 +33,7 @@ def keras2_hard_sigmoid(x):
     """Keras 2's ``hard_sigmoid``: clip(0.2·x + 0.5, 0, 1) (Keras 3's is relu6(x + 3) / 6)."""
     import keras
 
-    return keras.ops.clip(0.2 * x + 0.5, 0.0, 1.0)
+    return keras.ops.clip(x * 0.2 + 0.5, 0.0, 1.0)  # tf2onnx reads Mul(x, 0.2) as HardSigmoid
 
 
 # Functions whose Keras 3 definition differs from Keras 2's under the same name: the name the

@@ -351,6 +351,28 @@ def _without_dropout(model) -> None:
                 setattr(layer, rate, 0.0)
 
 
+@contextmanager
+def _fused_recurrent_cells(model) -> Iterator[None]:
+    """Trace `model`'s LSTM cells as ``implementation=2`` (restored after): one MatMul of the
+    input by the whole kernel and one of the state by the recurrent kernel per step, the gates
+    split after, the form tf2onnx's Keras LSTM rewriter recognises as an ONNX ``LSTM``.
+    ``implementation=1`` (Keras 2's default: Shakkala's LSTMs) multiplies by the kernel's four
+    column blocks one by one: the same products, but tf2onnx leaves the layer a ``Loop`` over
+    its steps, which ONNX Runtime runs slowly and import unrolls only when short. The two
+    differ only in their dropout masks, and a converted model runs without dropout
+    (`_without_dropout`); the model as written, with its own implementation, is what the import
+    proof runs (`run`). A GRU is left as it is: tf2onnx rewrites neither of Keras 3's."""
+    cells = [layer for layer in model._flatten_layers(include_self=True, recursive=True)
+             if type(layer).__name__ == "LSTMCell" and vars(layer).get("implementation") == 1]
+    for cell in cells:
+        cell.implementation = 2
+    try:
+        yield
+    finally:
+        for cell in cells:
+            cell.implementation = 1
+
+
 class _Keras:
     """A Keras 3 model file (.keras, or legacy .h5), traced at the recipe's input shapes."""
 
@@ -373,7 +395,9 @@ class _Keras:
         specs = [tf.TensorSpec(p.shape or self.dims[p.key], self.dtypes[p.key], name=p.key)
                  for p in self.inputs]
         fn = tf.function(lambda *xs: self._call(xs), input_signature=specs)
-        return _function_to_onnx(fn.get_concrete_function(), self.inputs, self.outputs, opset)
+        with _fused_recurrent_cells(self.model):
+            concrete = fn.get_concrete_function()
+        return _function_to_onnx(concrete, self.inputs, self.outputs, opset)
 
     def run(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         tf = _tensorflow()
@@ -983,6 +1007,7 @@ def _graph_def_to_onnx(graph_def, inputs: list[Port], outputs: list[Port],
     from npubuild.frontends import tf2onnx_process
 
     graph_def = _defaults_resolved(graph_def, {p.key.split(":")[0] for p in inputs})
+    _recurrent_sums_as_adds(graph_def)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "graph.pb"
         path.write_bytes(graph_def.SerializeToString(deterministic=True))
@@ -1018,6 +1043,42 @@ def _defaults_resolved(graph_def, fed: set[str]):
             del node.attr["dtype"]
             del node.attr["shape"]
     return resolved
+
+
+def _recurrent_sums_as_adds(graph_def) -> None:
+    """In loop bodies, ``BiasAdd(MatMul, Squeeze(MatMul))`` becomes ``AddV2(MatMul, MatMul)``.
+
+    A Keras 3 LSTM cell sums its input's and its state's products with ``ops.add``, which
+    TensorFlow's Keras backend writes as ``BiasAdd(x1, Squeeze(x2))`` wherever ``x2`` looks
+    like a bias: at batch 1 the state's product ``[1, 4·units]`` does. tf2onnx's Keras LSTM
+    rewriter looks for the sum as ``Add(MatMul, MatMul)`` (what Keras writes at any other
+    batch), so at batch 1 it left the layer a ``Loop``. Only a squeeze (no dims given) of a
+    MatMul's product added to another MatMul's is undone: the squeeze is 1-D (``BiasAdd`` takes
+    no other), and both products have the rows of what a step multiplies (its input, the
+    state: the batch), so the squeezed one is ``[1, n]``, which ``AddV2`` broadcasts as
+    ``BiasAdd`` adds its squeeze, the same sums. The import proof checks them."""
+    for function in graph_def.library.function:
+        nodes = {node.name: node for node in function.node_def}
+        renamed: dict[str, str] = {}
+        for node in function.node_def:
+            if node.op != "BiasAdd" or node.attr["data_format"].s not in (b"", b"NHWC"):
+                continue
+            squeeze = nodes.get(node.input[1].split(":")[0])
+            if squeeze is None or squeeze.op != "Squeeze" or squeeze.attr["squeeze_dims"].list.i:
+                continue
+            products = [nodes.get(name.split(":")[0]) for name in (node.input[0], squeeze.input[0])]
+            if any(n is None or n.op != "MatMul" or n.attr["transpose_a"].b
+                   or n.attr["transpose_b"].b for n in products):
+                continue
+            node.op = "AddV2"
+            node.input[1] = squeeze.input[0]
+            del node.attr["data_format"]
+            renamed[f"{node.name}:output:0"] = f"{node.name}:z:0"  # AddV2's output arg
+        if renamed:
+            for node in function.node_def:
+                node.input[:] = [renamed.get(name, name) for name in node.input]
+            for key, name in function.ret.items():
+                function.ret[key] = renamed.get(name, name)
 
 
 # --- checking and tidying the ONNX result ----------------------------------------------------
