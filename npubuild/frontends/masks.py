@@ -4,7 +4,9 @@ Transformer exports mask attention before its Softmax by adding a huge negative 
 scores of the positions a query may not see: Hugging Face writes ``(1 - mask) ·
 finfo(float32).min`` (-3.4e38) through Unsqueeze, Cast, Sub and Mul; older exports -10000 or
 -1e9; others ``Where(mask, 0, NEG)``, a masked fill ``Where(masked, NEG, scores)``, or a
-constant causal bias of 0 and NEG. The Softmax gives such a position ``exp(s + NEG - max) = 0``,
+constant causal bias of 0 and NEG, or a learned bias table looked up by index whose padding
+row is NEG (a Graphormer-style spatial encoding: ``Gather(table, distances)``, chython-rxnmap's
+row 0 -inf). The Softmax gives such a position ``exp(s + NEG - max) = 0``,
 which any value far enough below the row's maximum gives too; but the tensor that carries NEG
 spans 3.4e38, which no int8 or int16 scale can share with scores that need hundredths, so the
 quantizer kept those Adds in float on the CPU (paraphrase-MiniLM-L3-v2: three, one per layer).
@@ -13,7 +15,8 @@ quantizer kept those Adds in float on the CPU (paraphrase-MiniLM-L3-v2: three, o
 other value at least ``-MASK_BOUND / 2``: 0, or a position bias folded in, as T5's decoder's
 causal mask plus its relative position bias, one constant [1, heads, T, T] once its length is
 fixed) with minus its bound for those values, where it is the NEG operand of a Mul or
-Where or the bias of an Add, and what that node computes reaches nothing but Softmax inputs:
+Where, the bias of an Add or the table a Gather reads, and what that node computes reaches
+nothing but Softmax inputs:
 through data movement (Reshape, Unsqueeze, Squeeze, Expand, Transpose, Flatten, Identity, a Cast
 between float types, the selection and joining ops Slice, Gather, Tile and Concat: T5's encoder
 adds its mask to the position bias through a Slice), further Adds (a causal bias plus a padding bias, position biases), a
@@ -62,6 +65,9 @@ MASKED_MARGIN = 16.0  # how far below its row's largest kept score a masked scor
 PASSING = {"Reshape": (0,), "Unsqueeze": (0,), "Squeeze": (0,), "Expand": (0,), "Transpose": (0,),
            "Flatten": (0,), "Identity": (0,), "Cast": (0,), "Slice": (0,), "Gather": (0,),
            "Tile": (0,), "Concat": None, "Add": (0, 1), "Max": None, "Where": (1, 2)}
+# ops that read a mask constant, and the inputs it may be: a Where's value branches, a Gather's
+# table (the padding row of a bias looked up by index), either operand of a Mul or Add
+MASK_READERS = {"Mul": (0, 1), "Add": (0, 1), "Where": (1, 2), "Gather": (0,)}
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
                onnx.TensorProto.DOUBLE}
 
@@ -163,12 +169,13 @@ def softmax_rows(model: onnx.ModelProto) -> dict:
 
 def mask_uses(view: GraphView) -> dict[str, list[tuple[int, int]]]:
     """Each mask constant (by name, in graph order) and the (node index, input slot) pairs where
-    a Mul, Where or Add reads it as a mask whose values reach only Softmax inputs."""
+    a Mul, Where or Add reads it as a mask, or a Gather as the table it looks a mask up in,
+    whose values reach only Softmax inputs."""
     uses: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for index, node in enumerate(view.nodes):
-        if node.op_type not in ("Mul", "Where", "Add") or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in MASK_READERS or node.domain not in ("", "ai.onnx"):
             continue
-        slots = (1, 2) if node.op_type == "Where" else (0, 1)
+        slots = MASK_READERS[node.op_type]
         for slot in slots:
             name = node.input[slot] if slot < len(node.input) else ""
             if name and is_mask_constant(view.constant(name)) and \

@@ -201,7 +201,10 @@ def masked_attention(mask: str = "sub_mul", neg: float = FINFO_MIN, tokens: int 
     - ``scaled_after``: ``sub_mul`` added before the 1/sqrt(d) scale (a Mul between the mask
       and the Softmax: not a mask this rewrite may bound);
     - ``sliced``: ``sub_mul``'s bias cut by Slices along the key positions and joined again by
-      a Concat (T5's encoder adds its mask to the position bias through a Slice).
+      a Concat (T5's encoder adds its mask to the position bias through a Slice);
+    - ``lookup``: a learned bias per head looked up by index from a table [2, heads] whose row 0
+      (padding) is ``neg`` and row 1 small biases (a Graphormer-style spatial encoding:
+      ``Gather(table, index)``, index the mask itself), transposed to [1, heads, 1, T] and added.
     """
     rng = np.random.default_rng(seed)
     d = width // heads
@@ -249,6 +252,13 @@ def masked_attention(mask: str = "sub_mul", neg: float = FINFO_MIN, tokens: int 
                   helper.make_node("Slice", ["bias", "at_half", "at_end", "ax3"], ["bias_back"]),
                   helper.make_node("Concat", ["bias_front", "bias_back"], ["bias_joined"], axis=3),
                   helper.make_node("Add", ["scores", "bias_joined"], ["masked"])]
+    elif mask == "lookup":
+        table = np.stack([np.full(heads, neg), rng.uniform(-2.0, 2.0, heads)]).astype(np.float32)
+        nodes += [helper.make_node("Mul", ["qk", "scale"], ["scores"]), _const("lookup_table", table),
+                  helper.make_node("Unsqueeze", ["attention_mask", "ax1"], ["index"]),
+                  helper.make_node("Gather", ["lookup_table", "index"], ["looked_up"]),
+                  helper.make_node("Transpose", ["looked_up"], ["bias"], perm=[0, 3, 1, 2]),
+                  helper.make_node("Add", ["scores", "bias"], ["masked"])]
     elif mask == "scaled_after":
         nodes += [*bias_chain, helper.make_node("Add", ["qk", "bias"], ["unscaled"]),
                   helper.make_node("Mul", ["unscaled", "scale"], ["masked"])]

@@ -35,6 +35,8 @@ def constants(model: onnx.ModelProto) -> list[np.ndarray]:
     ("causal_position_bias", FINFO_MIN, 2),  # the causal mask folded into a position bias (T5)
     ("causal_position_bias", -1e9, 2),
     ("sliced", FINFO_MIN, 1),           # through Slices and a Concat (T5's encoder: a Slice)
+    ("lookup", -np.inf, 1),             # a bias table's padding row (chython-rxnmap's distances)
+    ("lookup", FINFO_MIN, 1),
 ])
 def test_a_huge_negative_mask_is_bounded_and_the_attention_is_bit_identical(mask, neg, count):
     source = masked_attention(mask, neg)
@@ -69,6 +71,18 @@ def test_a_mask_read_by_anything_but_a_softmax_is_left_alone():
     source.graph.output.append(onnx.helper.make_tensor_value_info("bias", onnx.TensorProto.FLOAT,
                                                                   None))
     assert masks.bounded_masks(source) == (source, 0)
+
+
+def test_a_lookup_tables_masked_row_is_bounded_where_import_proves_it():
+    """A bias table read by a Gather (a spatial encoding whose padding index is -inf): import
+    derives its bound from the scores it masks and proves the attention, so calibration meets
+    no infinity (chython-rxnmap stopped there: "has NaN or Inf values in the float model")."""
+    from npubuild.stages import importer
+
+    source = masked_attention("lookup", -np.inf)
+    model, figures = importer.bounded_masks(source, feeds([1] * 5 + [0] * 3))
+    assert model is not source and figures["constants"] == 1
+    assert all(np.isfinite(v).all() for v in constants(model))
 
 
 def test_a_small_negative_constant_is_no_mask():
