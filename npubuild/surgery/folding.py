@@ -14,6 +14,7 @@ from __future__ import annotations
 import lazy_loader as lazy
 from pydantic import Field
 
+from npubuild.engine.hashing import sha256_array
 from npubuild.onnx_io import STANDARD_DOMAINS
 from npubuild.surgery import StepArgs, SurgeryError, rewrite
 from npubuild.surgery.graph import Editor, unique_name, subgraph_inputs
@@ -194,9 +195,31 @@ def fold_constant_nodes(ed: Editor, limit: int | None) -> bool:
     if kept:
         values = evaluate(ed, batch, needed)
     ed.remove(*drop)
+    held = _held_values(ed, [values[name] for name in needed])
     for name in needed:
+        digest = sha256_array(values[name])
+        twin = held.get(digest)
+        if twin is not None and not ed.is_graph_output(name):
+            ed.replace_uses(name, twin)  # a value the model holds already: read that one
+            continue
         ed.set_initializer(name, values[name])
+        held.setdefault(digest, name)
     return True
+
+
+def _held_values(ed: Editor, values: list[np.ndarray]) -> dict[bytes, str]:
+    """The initializers (not a graph input's default) of the dtype and shape of one of
+    ``values``, by content digest: a folded value equal to one is read from it, not stored
+    again (a layer applied several times reads one weight through a Transpose or an Identity
+    per application; each folded alone, the model held it once per application)."""
+    kinds = {(v.dtype.str, v.shape) for v in values}
+    held: dict[bytes, str] = {}
+    for tensor in ed.graph.initializer:
+        if (onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).str, tuple(tensor.dims)) \
+                not in kinds or ed.overridable(tensor.name):
+            continue
+        held.setdefault(sha256_array(onnx.numpy_helper.to_array(tensor)), tensor.name)
+    return held
 
 
 def _freed_bytes(ed: Editor, batch: list[onnx.NodeProto]) -> dict[int, int]:

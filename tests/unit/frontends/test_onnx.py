@@ -343,6 +343,36 @@ def test_a_constant_larger_than_the_limit_stays_computed_and_is_named():
     assert [n.op_type for n in kept.model.graph.node] == ["Expand", "Relu", "MatMul"]
 
 
+@pytest.mark.parametrize("op", ["Identity", "Transpose"])
+def test_a_weight_shared_by_repeated_layers_is_held_once_after_folding(op):
+    """A layer applied several times (chython-rxnmap's encoder: one layer's weights read by its
+    eight applications) reads one weight through an Identity or a Transpose per application, as
+    PyTorch exports it. Folding each gave each application its own copy: rxnmap's 85 MB of
+    weights became 642 MB and quantize ran out of memory. Equal folded values are one
+    initializer, the source's where it is one; the outputs are the same."""
+    h = onnx.helper
+    weight = (np.random.default_rng(3).normal(size=(64, 64)) / 8).astype(np.float32)
+    nodes, x = [], "x"
+    for layer in range(4):
+        read = h.make_node(op, ["w"], [f"w{layer}"], **({"perm": [1, 0]} if op == "Transpose" else {}))
+        nodes += [read, h.make_node("MatMul", [x, f"w{layer}"], [f"m{layer}"]),
+                  h.make_node("Tanh", [f"m{layer}"], [f"y{layer}"])]
+        x = f"y{layer}"
+    graph = h.make_graph(nodes, "shared", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
+                         [h.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None)],
+                         [onnx.numpy_helper.from_array(weight, "w")])
+    source = onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8))
+    folded = onnx_frontend.fold_constant_subgraphs(source).model
+    assert [n.op_type for n in folded.graph.node] == ["MatMul", "Tanh"] * 4
+    assert len(folded.graph.initializer) == 1
+    assert len({n.input[1] for n in folded.graph.node if n.op_type == "MatMul"}) == 1
+    feeds = {"x": np.random.default_rng(4).normal(size=(1, 64)).astype(np.float32)}
+    expected = onnx_io.run(source, feeds)[x]  # within import's folding tolerance: ONNX Runtime
+    np.testing.assert_allclose(  # prepacks a MatMul's constant weight, not a computed one
+        onnx_io.run(folded, feeds)[x], expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
 def _left_constant_model(basis_shape, frames_shape) -> onnx.ModelProto:
     """``MatMul(basis, frames)`` with a constant basis on the left, then a Relu."""
     h = onnx.helper
