@@ -5,9 +5,9 @@ Writes, under ``benchmarks/unseen/round19/data/`` (git-ignored) or the folder gi
 per set (the recipes calibrate on the first six and verify on the last six), each through its
 package's own front end:
 
-- ``rxn_*.npz``: chython-rxnmap 2.0's atom-to-atom mapping transformer (``rxnmap.onnx``: eight
-  encoder layers over a reaction's atoms, a graph-distance bias, int64 inputs of a dynamic
-  length): ``atoms``, ``neighbors``, ``roles`` [1, 48] and ``distances`` [1, 48, 48], a
+- ``rxn_*.npz``: chython-rxnmap 2.0's atom-to-atom mapping transformer (``rxnmap.onnx``: two
+  encoder layers applied eight times each over a reaction's atoms, a graph-distance bias,
+  int64 inputs of a dynamic length): ``atoms``, ``neighbors``, ``roles`` [1, 48] and ``distances`` [1, 48, 48], a
   reaction's SMILES parsed by chython 3.4 and encoded by its own ``encode_reaction`` (one row of
   tokens: a reaction token, then each molecule's token and atoms), then padded to 48 tokens with
   the encoding's padding value, 0, except each padding token's distance to itself, 1 (as the
