@@ -81,10 +81,27 @@ class Observer:
             if value.dtype.kind != "f":
                 continue
             if not np.isfinite(value).all():
-                raise BuildError(f"calibration: tensor {name!r} has NaN or Inf values "
-                                 "in the float model", stage="quantize")
+                raise self._not_finite(name, value)
             self.stats[name].update(value)
         self.samples += 1
+
+    def _not_finite(self, name: str, value: np.ndarray) -> BuildError:
+        """The float model computed NaN or Inf (the data loader refuses non-finite data):
+        where, and what usually causes it. (Which sample is not known here: a batch's observer
+        counts from 0, and batches may run elsewhere.)"""
+        layer = next((la for la in self.fg.layers if name in la.outputs), None)
+        made = (f" (written by node {', '.join(layer.source_nodes[-1:]) or layer.name})"
+                if layer is not None else "")
+        bad = int(np.size(value) - np.isfinite(value).sum())
+        return BuildError(
+            f"calibration: tensor {name!r}{made} has {bad} NaN or Inf values of {value.size} "
+            "in the float model on a calibration sample (the first such tensor in the graph's "
+            "order)", stage="quantize",
+            hint="the data are finite, so the model computes them from a sample's values: data "
+                 "outside what it expects (zero padding where it divides, takes a log or a "
+                 "softmax over a row masked with -inf everywhere; an input not normalised as its "
+                 "package feeds it); run the model in ONNX Runtime on the calibration samples to "
+                 "find the one, and fix the data or model.inputs' preprocess")
 
 
 def observe(fg: FloatGraph, probe: Probe, samples: Iterable[Mapping[str, np.ndarray]],

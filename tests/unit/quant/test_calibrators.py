@@ -237,3 +237,26 @@ def test_asymmetric_mse_ranges_are_those_spelled_out(seed):
     for levels in (255, 65535):
         assert calibrators._mse_asymmetric(stats, levels) == \
             _mse_asymmetric_spelled_out(stats, levels)
+
+
+def test_a_float_model_computing_nan_names_the_tensor_the_sample_and_what_to_check():
+    """chython-rxnmap stopped in calibration on "tensor ... has NaN or Inf values in the float
+    model" with no hint: which node, how many values, and that the data are what to look at."""
+    from npubuild.errors import BuildError
+    from npubuild.quant import calibrate
+    from npubuild.quant.lower import lower
+    from onnx import helper
+
+    from tests.unit.quant.helpers import model
+
+    m = model([helper.make_node("Log", ["x"], ["y"], name="log_of_x"),
+               helper.make_node("Relu", ["y"], ["z"], name="relu")], {"x": [1, 4]}, {"z": [1, 4]})
+    fg, probe = lower(m)
+    good = {"x": np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)}
+    padded = {"x": np.array([[1.0, 2.0, 0.0, 0.0]], np.float32)}  # log(0) = -inf
+    with pytest.raises(BuildError) as caught:
+        calibrate.observe(fg, probe, [good, padded], "minmax")
+    message = str(caught.value)
+    assert "tensor 'y'" in message and "log_of_x" in message
+    assert "2 NaN or Inf values of 4" in message
+    assert "zero padding" in caught.value.hint
