@@ -90,8 +90,9 @@ def _sequential_as_dict(config: Any) -> Any:
     if not isinstance(inner, dict) or not isinstance(inner.get("layers"), list):
         return config
     layers = list(inner["layers"])
-    first = layers[0].get("config", {}) if layers and isinstance(layers[0], dict) else {}
-    if layers[0].get("class_name") != "InputLayer" and "batch_input_shape" in first:
+    head = layers[0] if layers and isinstance(layers[0], dict) else {}
+    first = head.get("config", {}) if isinstance(head.get("config"), dict) else {}
+    if head.get("class_name") != "InputLayer" and "batch_input_shape" in first:
         first = dict(first)
         shape = first.pop("batch_input_shape")
         layers[0] = {**layers[0], "config": first}

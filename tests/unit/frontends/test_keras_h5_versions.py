@@ -245,3 +245,15 @@ def test_a_recurrent_layer_with_dropout_converts_as_the_model_computes_at_infere
     session = ort.InferenceSession(converted.SerializeToString())
     (got,) = session.run(None, {"chars": chars})
     np.testing.assert_allclose(got, np.asarray(model(chars)), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("layers", [[], ["not a layer"], [{"class_name": "Dense", "config": 3}]])
+def test_a_sequential_configuration_of_odd_layers_is_left_to_keras_to_judge(layers):
+    """The rewrite of a Sequential's configuration (an input layer put first) reads its first
+    layer only where it is a layer's mapping: an empty or odd list was an IndexError or an
+    AttributeError inside npubuild instead of Keras's own word on the file."""
+    from npubuild.frontends.keras_legacy import _sequential_as_dict
+
+    for config in (layers, {"name": "s", "layers": layers}):
+        rewritten = _sequential_as_dict({"class_name": "Sequential", "config": config})
+        assert rewritten["config"]["layers"] == layers
