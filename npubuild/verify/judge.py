@@ -176,9 +176,17 @@ def channel_metrics(refs: list[np.ndarray], gots: list[np.ndarray], axis: int,
         np.shape(g)[axis], -1) for g in gots], axis=1)
     cosines = dict(zip(judged.tolist(), channel_cosines(mine["ref"], _rows(got, judged),
                                                         mine["norms"]).tolist()))
+    return _channel_figures(axis, cosines, spans, full, lambda alive: (
+        _rows(got, alive).max(axis=1) - _rows(got, alive).min(axis=1)))
+
+
+def _channel_figures(axis: int, cosines: dict, spans: np.ndarray, full: float,
+                     deployed_spans) -> dict:
+    """`channel_metrics`' figures from each judged channel's cosine (``cosines``: by index),
+    the reference channels' spans, the whole reference's span, and ``deployed_spans(alive)``:
+    the deployed result's span of each channel of ``alive`` (an index array, not empty)."""
     alive = np.nonzero(spans >= DEAD_SPAN * full)[0] if full else np.array([], np.int64)
-    deployed = (_rows(got, alive).max(axis=1) - _rows(got, alive).min(axis=1) if alive.size
-                else np.array([]))
+    deployed = deployed_spans(alive) if alive.size else np.array([])
     dead = [int(c) for c, k in zip(alive, deployed) if k == 0.0]
     worst = min(cosines, key=cosines.get) if cosines else None
     return {"channel_axis": axis, "channels_judged": len(cosines), "dead_channels": dead[:16],
@@ -225,7 +233,11 @@ def channel_cosines(ref: np.ndarray, got: np.ndarray, ref_norm: np.ndarray | Non
     dots = np.sum(ref * got, axis=1)
     if ref_norm is None:
         ref_norm = np.sqrt(np.sum(ref * ref, axis=1))
-    got_norm = np.sqrt(np.sum(got * got, axis=1))
+    return _row_cosines(dots, ref_norm, np.sqrt(np.sum(got * got, axis=1)))
+
+
+def _row_cosines(dots: np.ndarray, ref_norm: np.ndarray, got_norm: np.ndarray) -> np.ndarray:
+    """Each row's cosine from its dot product and norms (both zero → 1, one zero → 0)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         cos = dots / (ref_norm * got_norm)
     return np.where((ref_norm == 0) & (got_norm == 0), 1.0,
@@ -390,8 +402,7 @@ class TensorStream:
         self.held_bytes, self.budget = 0, budget or HeldBytes()
         self.exact = True  # finite floats, every sample the first one's size
         self.size = None
-        self.whole: PairwiseSums | None = None
-        self.rows: PairwiseSums | None = None
+        self.whole: list[PairwiseSums] | None = None
         self.samples: list[dict] = []  # per sample: its sums and extremes (small)
         self.mismatch: dict | None = None
         self.channels: int | None = None
@@ -498,20 +509,10 @@ class TensorStream:
         spans = ref_max - ref_min
         full = float(ref_max.max() - ref_min.min()) if sized else 0.0
         judged = np.nonzero(spans >= QUIET * full)[0] if full else np.array([], np.int64)
-        ref_norm, got_norm, dots = np.sqrt(rr[judged]), np.sqrt(gg[judged]), rg[judged]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            cos = dots / (ref_norm * got_norm)
-        cos = np.where((ref_norm == 0) & (got_norm == 0), 1.0,
-                       np.where((ref_norm == 0) | (got_norm == 0), 0.0, cos))
+        cos = _row_cosines(rg[judged], np.sqrt(rr[judged]), np.sqrt(gg[judged]))
         cosines = dict(zip(judged.tolist(), cos.tolist()))
-        alive = np.nonzero(spans >= DEAD_SPAN * full)[0] if full else np.array([], np.int64)
-        deployed = got_max[alive] - got_min[alive] if alive.size else np.array([])
-        dead = [int(c) for c, k in zip(alive, deployed) if k == 0.0]
-        worst = min(cosines, key=cosines.get) if cosines else None
-        return {"channel_axis": self.axis, "channels_judged": len(cosines),
-                "dead_channels": dead[:16], "dead_channel_count": len(dead),
-                "min_channel_span_ratio": float(np.min(deployed / spans[alive])) if alive.size else None,
-                "worst_channel": None if worst is None else {"index": worst, "cosine": cosines[worst]}}
+        return _channel_figures(self.axis, cosines, spans, full,
+                                lambda alive: got_max[alive] - got_min[alive])
 
 
 def _sample_sums(r: np.ndarray, g: np.ndarray, finite: bool,
