@@ -168,8 +168,8 @@ def streaming_states(loaded: LoadedRecipe, fmt: str, variables: list, feeds: dic
     states = {}
     for v in variables:
         name = next((n for n in feeds if same_input(v.name, n)), None)
-        from_recipe = name is not None and given.index(name) is not None and \
-            spec.inputs[given.index(name)].proof is not None
+        written = given.spec(name) if name is not None else None
+        from_recipe = written is not None and written.proof is not None
         from_sample = sample is not None and name in sample
         if name is not None and v.initial is not None and not (from_recipe or from_sample):
             if feeds[name].shape != v.initial.shape:
