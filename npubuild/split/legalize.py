@@ -28,7 +28,10 @@ reads its input at tap offsets ``k·d`` (``k < K``). `legal_convs` writes it as
 - one Slice per group of taps: the padded input shifted by the group's first offset,
 - the slices stacked into channels (a Concat on the channel axis; with ``group > 1`` a Concat
   along H and a Reshape, so each channel's copies sit next to each other and groups stay
-  contiguous),
+  contiguous) or, on a chip that runs only plain or depthwise convs (Ethos-U, ``groups:
+  one_or_depthwise``), for a grouped conv with a spatial axis of one position that it does not
+  read past (a 1-D depthwise conv written in 2-D), along that axis, which the conv's kernel then
+  spans: a depthwise conv stays depthwise,
 - one Conv over the stack, unpadded along those axes, whose weights hold group ``c``'s taps
   in channel block ``c`` (taps past the kernel are zero).
 
@@ -650,9 +653,20 @@ def _rewrite_one(ed: Editor, conv: onnx.NodeProto, spec, pad_limit: int | None) 
         made.append(make_slice(ed, source, out, spec_, f"{_label(conv)}/taps{index}").name)
         copies.append(out)
     group = int(attr(conv, "group", 1))
-    stacked = _stack(ed, conv, copies, group, x[0], [spans[a] if p.rewritten else x[2 + a]
-                                                     for a, p in enumerate(plans)], made)
-    inputs = [stacked, ed.add_initializer(_weights(weight, plans, group > 1),
+    free = _free_axis(x, weight, plans, pads) if (
+        group > 1 and spec.groups != "any" and 1 < len(copies) <= _max_kernel(spec)
+        and _size_allowed(len(copies), spec) == len(copies)) else None
+    if free is not None:  # the copies side by side along an axis of one position
+        plans[free] = AxisPlan(False, (0,), len(copies), 1, ((0,),))
+        stacked = ed.unique_tensor(f"{conv.output[0]}/stack")
+        made.append(ed.make_node("Concat", copies, [stacked], f"{_label(conv)}/stack",
+                                 axis=2 + free).name)
+        layout: int | bool = free
+    else:
+        stacked = _stack(ed, conv, copies, group, x[0], [spans[a] if p.rewritten else x[2 + a]
+                                                         for a, p in enumerate(plans)], made)
+        layout = group > 1
+    inputs = [stacked, ed.add_initializer(_weights(weight, plans, layout),
                                           f"{conv.input[1]}/taps"), *conv.input[2:]]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in conv.attribute
              if a.name not in ("kernel_shape", "dilations", "pads", "auto_pad")}
@@ -664,6 +678,21 @@ def _rewrite_one(ed: Editor, conv: onnx.NodeProto, spec, pad_limit: int | None) 
     node = ed.make_node("Conv", inputs, [output], name, kernel_shape=[p.size for p in plans],
                         dilations=[p.dilation for p in plans], pads=new_pads, **attrs)
     return [*made, node.name]
+
+
+def _free_axis(x: list[int], weight: np.ndarray, plans: list[AxisPlan], pads: list[int]
+               ) -> int | None:
+    """A spatial axis the conv neither rewrites nor reads more than one position of (extent
+    1, kernel 1, unpadded: the unused axis of a 1-D conv written in 2-D), if any. Stacked
+    there, the copies keep a depthwise conv depthwise (one input channel per group), which a
+    chip that runs only plain or depthwise convs refuses once the copies sit in channels (a
+    chip running any groups keeps the channel stack, which holds any number of copies)."""
+    rank = weight.ndim - 2
+    for a, plan in enumerate(plans):
+        if (not plan.rewritten and x[2 + a] == 1 and weight.shape[2 + a] == 1
+                and pads[a] == pads[rank + a] == 0):
+            return a
+    return None
 
 
 def _pad_chain(ed: Editor, conv: onnx.NodeProto, data: str, begin: list[int], end: list[int],
@@ -702,19 +731,23 @@ def _stack(ed: Editor, conv: onnx.NodeProto, copies: list[str], group: int, batc
     return reshaped
 
 
-def _weights(weight: np.ndarray, plans: list[AxisPlan], channel_major: bool) -> np.ndarray:
-    """The stacked conv's weights: group ``c``'s taps in channel block ``c`` (copy-major) or at
-    channel ``i·copies + c`` (channel-major); taps past the kernel are zero."""
+def _weights(weight: np.ndarray, plans: list[AxisPlan], layout: bool | int) -> np.ndarray:
+    """The stacked conv's weights: group ``c``'s taps in channel block ``c`` (copy-major,
+    ``layout`` False), at channel ``i·copies + c`` (channel-major, True) or at position ``c``
+    of spatial axis ``layout`` (an int: `_free_axis`); taps past the kernel are zero."""
+    free = layout if type(layout) is int else None
+    sizes = [1 if a == free else p.size for a, p in enumerate(plans)]
     groups = [range(len(p.shifts)) for p in plans]
     combos = list(itertools.product(*groups))
-    out = np.zeros((weight.shape[0], weight.shape[1], len(combos), *(p.size for p in plans)),
-                   weight.dtype)
+    out = np.zeros((weight.shape[0], weight.shape[1], len(combos), *sizes), weight.dtype)
     for c, combo in enumerate(combos):
-        for j in itertools.product(*(range(p.size) for p in plans)):
+        for j in itertools.product(*(range(size) for size in sizes)):
             taps = [p.taps[g][jj] for p, g, jj in zip(plans, combo, j)]
             if None not in taps:
                 out[(slice(None), slice(None), c, *j)] = weight[(slice(None), slice(None), *taps)]
-    if not channel_major:
+    if free is not None:
+        return np.ascontiguousarray(np.moveaxis(np.take(out, 0, axis=3 + free), 2, 2 + free))
+    if not layout:
         out = out.transpose(0, 2, 1, *range(3, out.ndim))
     return np.ascontiguousarray(out.reshape(weight.shape[0], -1, *out.shape[3:]))
 

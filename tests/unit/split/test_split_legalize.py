@@ -118,6 +118,29 @@ def test_rewrite_equals_the_conv_and_runs_on_the_npu(case):
     assert_equal_and_on_npu(model, rewritten, chip, x_shape, atol=1e-4)
 
 
+DEPTHWISE_1D_CASES = {  # a temporal depthwise conv written in 2-D: x shape, w shape, attributes
+    "along_h_strided": ([1, 6, 49, 1], [6, 1, 9, 1], {"group": 6, "strides": [2, 2],
+                                                      "pads": [3, 0, 4, 0]}),
+    "along_w_padded": ([1, 4, 1, 40], [4, 1, 1, 13], {"group": 4, "pads": [0, 6, 0, 6]}),
+    "along_w_multiplier": ([1, 3, 1, 30], [6, 1, 1, 11], {"group": 3}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DEPTHWISE_1D_CASES))
+def test_a_long_depthwise_1d_conv_stays_depthwise_on_a_chip_without_grouped_convs(case):
+    # stacked in channels the copies made a conv of 2 inputs per group, which a chip running
+    # only plain or depthwise convs refused: the conv stayed on the CPU
+    x_shape, w_shape, attrs = DEPTHWISE_1D_CASES[case]
+    model = conv_model(x_shape, w_shape, **attrs)
+    chip = small_chip(max_kernel=8, groups="one_or_depthwise")
+    rewritten, names = legal_convs(model, chip)
+    assert names == ["conv"]
+    conv = next(n for n in rewritten.graph.node if n.op_type == "Conv")
+    assert helper.get_attribute_value(next(a for a in conv.attribute if a.name == "group")) \
+        == x_shape[1]
+    assert_equal_and_on_npu(model, rewritten, chip, x_shape, atol=1e-4)
+
+
 def test_an_unnamed_conv_is_rewritten_and_named_after_its_output():
     model = conv_model([1, 3, 4, 40], [4, 3, 1, 17], pads=[0, 8, 0, 8], name="", bias=False)
     rewritten, names = legal_convs(model, small_chip())
