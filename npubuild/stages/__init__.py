@@ -94,7 +94,7 @@ PIPELINE: tuple[Stage, ...] = (
           uses_chip=True, entry="npubuild.stages.quantize:run",
           file_inputs="npubuild.stages.files:quantize_files",
           description="int8 NPU submodels, calibration, the precision search, per-layer accuracy"),
-    Stage("compile", ("compile",), needs=("quantize", "split"), uses_chip=True,
+    Stage("compile", ("compile",), needs=("quantize", "split", "import"), uses_chip=True,
           uses_toolchain=True, entry="npubuild.stages.compile:run",
           file_inputs="npubuild.backends:compile_files",
           description="layer groups, LMEM plan, simulator program"),

@@ -152,6 +152,32 @@ def test_a_streaming_tflite_builds_on_data_that_hold_its_input_alone(cli, tmp_pa
 
 
 @pytest.mark.slow
+def test_a_streaming_tflite_builds_for_a_vendor_chip_on_data_that_hold_its_input_alone(
+        cli, tmp_path, streaming_model):  # noqa: F811
+    """The vendor's compile calibrates on the NPU graphs' inputs as the float pipeline computes
+    them from the data: it stopped ('a .npy file can only feed a model with one input; this one
+    has 2') where quantize and verify stepped the states, as it did not read import's record."""
+    from npubuild import toolchains
+    from npubuild.toolchains.env import find
+
+    if find(toolchains.get("vela")) is None:
+        pytest.skip("the vela toolchain is not installed (npubuild toolchain install vela)")
+    rng = np.random.default_rng(0)
+    (tmp_path / "data").mkdir()
+    for name in ("cal_0", "cal_1", "ver_0"):  # the data of the test above
+        np.save(tmp_path / "data" / f"{name}.npy",
+                rng.uniform(-2, 0, (6, 1, 4)).astype(np.float32))
+    text = (recipe_text(streaming_model, "    - {name: 'serving_default_x:0', shape: [1, 1, 4]}\n",
+                        name="stream") + "target: ethos-u55-256\n"
+            "quantization:\n  calibration: {data: 'data/cal_*.npy', samples: 12}\n"
+            "verify: {data: 'data/ver_*.npy', samples: 6, min_cosine: 0.99}\n")
+    result = run_recipe(cli, tmp_path, text, "--json")
+    assert result.returncode == 0, result.stderr
+    judged = built(tmp_path, "stream", "verify/verify.json")
+    assert judged["samples"] == 6 and judged["passed"]
+
+
+@pytest.mark.slow
 def test_tflite_with_an_unsupported_custom_op_stops_then_imports_cut_before_it(cli, tmp_path):
     """No traceback: the op, the tensor it writes and the exact cut; the cut then imports and is
     proved on the cut (the interpreter cannot run the custom op after it)."""
