@@ -158,7 +158,8 @@ def build_variant(env, graph: NpuGraph, folder: Path, job: dict, floats: list[di
             job = {**job, **fix}
     vendor.write_json(folder / f"job.{job['export'].split('.')[-2]}.json", job)
     figures = layer_figures(log)
-    figures["feature_tensors"] = feature_tensors(log)
+    renamed = result.get("renamed", {})
+    figures["feature_tensors"] = [original_name(t, renamed) for t in feature_tensors(log)]
     figures["artifact_bytes"] = (folder / job["export"]).stat().st_size
     got = vendor.load_npz(folder / job["proof_outputs"])
     figures["proof"] = _against_float(graph, got, floats)
@@ -246,6 +247,16 @@ def feature_tensors(log: str) -> list[str]:
     return names
 
 
+def original_name(name: str, renamed: dict[str, str]) -> str:
+    """``name`` from the toolkit's log in the model's own names: the worker cut the long ones
+    for the toolkit (``renamed``: new name -> the model's), and the toolkit names the tensors of
+    its own rewrites after one of them (a ``-``/``_`` suffix: `_rewritten`)."""
+    if name in renamed:
+        return renamed[name]
+    base = _rewritten(name, renamed)
+    return renamed[base] + name[len(base):] if base is not None else name
+
+
 def qdq_sources(model) -> dict[str, str]:
     """Every name in a QDQ model under which npubuild's quantization of a tensor travels →
     that tensor: a QuantizeLinear's input and output and its DequantizeLinear's output (named
@@ -286,8 +297,8 @@ def qdq_coverage(model, tensors: list[str]) -> dict:
 
 
 def _rewritten(name: str, sources: dict[str, str]) -> str | None:
-    """The tensor of the QDQ model whose name ``name`` extends (``-``/``_`` and a suffix), if
-    any: the longest such."""
+    """The name among ``sources`` (a QDQ model's tensors) that ``name`` extends (``-``/``_``
+    and a suffix), if any: the longest such."""
     for end in range(len(name) - 1, 0, -1):
         if name[end] in "-_" and name[:end] in sources:
             return name[:end]

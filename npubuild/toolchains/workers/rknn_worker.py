@@ -7,11 +7,19 @@ written to proof_outputs). The simulator runs only a model built in the same pro
 (``load_rknn`` + simulator is refused), so `--serve` builds again from the same job.
 """
 
+import hashlib
 import os
 import time
 
 import numpy as np
 from _protocol import main
+
+# The toolkit cuts a tensor name longer than 128 ("limit model tensor name to 128!") and then
+# looks the tensor's range up by its full name: a TFLite export's fused names ("model_1/
+# activation_6/Relu;model_1/batch_normalization_6/FusedBatchNormV3;...") stopped its build with
+# a KeyError. It also names tensors it makes after their source plus a suffix ("...__0"), and a
+# name cut to exactly 128 failed the same way: names stay well under.
+NAME_LIMIT = 96
 
 def _dataset(spec):
     """RKNN's dataset file: one line per sample, one .npy per input (paths relative to it)."""
@@ -31,9 +39,42 @@ def _dataset(spec):
     return "dataset/list.txt"
 
 
+def _short_names(spec):
+    """``spec`` on a copy of its model whose tensor names longer than `NAME_LIMIT` are cut
+    (with a digest of the whole name, so they stay distinct), and the names given, by new name
+    (empty when none is that long). Inputs and outputs are matched by position, so only the
+    toolkit sees the new names."""
+    import onnx
+
+    model = onnx.load(spec["onnx"])
+    graph = model.graph
+    values = [*graph.input, *graph.output, *graph.value_info]
+    names = {v.name for v in values} | {t.name for t in graph.initializer}
+    names |= {n for node in graph.node for n in [*node.input, *node.output]}
+    renamed = {}
+    for name in sorted(n for n in names if len(n) > NAME_LIMIT):
+        digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:16]
+        renamed[name] = f"{name[:NAME_LIMIT - len(digest) - 1]}_{digest}"
+    if not renamed:
+        return spec, {}
+    for value in [*values, *graph.initializer]:
+        value.name = renamed.get(value.name, value.name)
+    for node in graph.node:
+        node.input[:] = [renamed.get(n, n) for n in node.input]
+        node.output[:] = [renamed.get(n, n) for n in node.output]
+    path = os.path.abspath("short_names.onnx")
+    onnx.save(model, path)
+    short = {**spec, "onnx": path, "inputs": [renamed.get(n, n) for n in spec["inputs"]],
+             "outputs": [renamed.get(n, n) for n in spec["outputs"]]}
+    return short, {new: old for old, new in renamed.items()}
+
+
 def _build(spec):
+    """The toolkit's model of ``spec``'s ONNX (built, not exported) and the tensor names it
+    was given in place of the model's own (`_short_names`)."""
     from rknn.api import RKNN
 
+    short, renamed = _short_names(spec)
     rknn = RKNN(verbose=True)
     options = {"target_platform": spec["platform"],
                "quantized_algorithm": spec.get("quantized_algorithm", "normal"),
@@ -41,12 +82,12 @@ def _build(spec):
     if spec.get("disable_rules"):
         options["disable_rules"] = list(spec["disable_rules"])
     _check(rknn.config(**options), "config", rknn)
-    _check(rknn.load_onnx(spec["onnx"], inputs=spec["inputs"],
-                          input_size_list=spec["input_shapes"], outputs=spec["outputs"]),
+    _check(rknn.load_onnx(short["onnx"], inputs=short["inputs"],
+                          input_size_list=spec["input_shapes"], outputs=short["outputs"]),
            "load_onnx", rknn)
     _check(rknn.build(do_quantization=bool(spec["quantize"]), dataset=_dataset(spec)),
            "build", rknn)
-    return rknn
+    return rknn, renamed
 
 
 def _check(code, step, rknn):
@@ -66,9 +107,9 @@ def _inference(rknn, spec, feeds):
 
 
 def build(spec):
-    rknn = _build(spec)
+    rknn, renamed = _build(spec)
     _check(rknn.export_rknn(spec["export"]), "export_rknn", rknn)
-    result = {"export": spec["export"]}
+    result = {"export": spec["export"], "renamed": renamed}
     if spec.get("proof"):
         _check(rknn.init_runtime(), "init_runtime", rknn)
         outputs, seconds = {}, 0.0
@@ -86,7 +127,7 @@ def build(spec):
 
 
 def serve(spec):
-    rknn = _build(spec)
+    rknn, _ = _build(spec)
     _check(rknn.init_runtime(), "init_runtime", rknn)
 
     def run(inputs, outputs):

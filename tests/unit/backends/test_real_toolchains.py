@@ -213,6 +213,32 @@ def test_rknn_runs_a_matmul_of_two_activations_on_the_npu_in_int8(cli, tmp_path)
     assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.99
 
 
+def test_rknn_builds_a_model_whose_tensor_names_are_longer_than_it_keeps(cli, tmp_path):
+    """TFLite exports name tensors after every op fused into them (154 characters on
+    microWakeWord): the toolkit cut them to 128 and then stopped on a KeyError looking the
+    tensor up by its full name. The worker hands it shorter names; the report keeps the model's."""
+    import onnx
+
+    needs("rknn")
+    model = onnx.load(TINY_MODEL)
+    long = {n: "model_1/activation_6/Relu;model_1/batch_normalization_6/FusedBatchNormV3;"
+               f"model_1/conv2d_11/Conv2D;model_1/stream_6/conv2d_6/Conv2D_prequant/{n}"
+            for n in ("x", "conv", "relu", "pool")}
+    for value in model.graph.input:
+        value.name = long.get(value.name, value.name)
+    for node in model.graph.node:
+        node.input[:] = [long.get(n, n) for n in node.input]
+        node.output[:] = [long.get(n, n) for n in node.output]
+    onnx.save(model, tmp_path / "long_names.onnx")
+    base = TINY_RECIPE.replace(str(TINY_MODEL), str(tmp_path / "long_names.onnx")).replace(
+        "- name: x", f"- name: '{long['x']}'")
+    report, root = build(cli, tmp_path, "rk3588", base=base)
+    assert min(map(len, long.values())) > 128
+    coverage = report["compile"]["graphs"]["graph_0"]["quantizers"]["npubuild"]["quantization"]
+    assert coverage["fell_back"] == [] and coverage["entries"] >= 2
+    assert report["verify"]["passed"] and report["accuracy"]["outputs"]["y"]["cosine"] > 0.98
+
+
 def test_vela_compiles_the_int8_tflite_and_verify_runs_it(cli, tmp_path):
     needs("vela")
     report, root = build(cli, tmp_path, "ethos-u55-256")

@@ -4,7 +4,8 @@ and the figures report.html and diff show beside npubuild's estimate."""
 from __future__ import annotations
 
 from npubuild.backends.figures import handover_lines, table_rows, vendor_figures
-from npubuild.backends.rknn import feature_tensors, layer_figures, qdq_coverage, suggested_config
+from npubuild.backends.rknn import (feature_tensors, layer_figures, original_name, qdq_coverage,
+                                    suggested_config)
 from npubuild.backends.tpu_mlir import _named, npubuild_table
 from npubuild.backends.vendor import Ranges
 from npubuild.backends.vela import summary_figures
@@ -67,6 +68,16 @@ def test_rknn_coverage_says_whose_quantization_each_tensor_the_toolkit_holds_car
     assert coverage["derived"] == {"a::q-rs": "a"}  # a reshape the toolkit inserted after a
     assert coverage["fell_back"] == ["mid"]
     assert coverage["summary"].endswith("1 with no npubuild quantization the toolkit chose itself: mid")
+
+
+def test_a_name_the_worker_cut_for_the_toolkit_reads_as_the_models_own_in_the_report():
+    long = "model_1/activation_6/Relu;" * 6 + "conv"
+    renamed = {"model_1/activation_6/Relu;model_1_0123456789abcdef": long}
+    assert original_name("model_1/activation_6/Relu;model_1_0123456789abcdef", renamed) == long
+    # a tensor of the toolkit's own rewrites, named after a cut name
+    assert original_name("model_1/activation_6/Relu;model_1_0123456789abcdef_exSecondary",
+                         renamed) == long + "_exSecondary"
+    assert original_name("relu", renamed) == "relu"
 
 
 def test_the_config_changes_the_toolkit_suggests_are_read_from_its_messages(tmp_path):
