@@ -49,7 +49,9 @@ vendor's own support list, whose limits the notes quote.
 - A Conv refused for its kernel (longer than `max_kernel`, or not in `kernel_sizes`), its
   dilation (above `max_dilation`) or its padding (above `max_pad`) is first rewritten by the
   split (`npubuild.split.legalize`): the input padded by Pads, one Slice per group of taps, the
-  slices stacked into channels and one unpadded Conv of at most `max_kernel` taps, undilated
+  slices stacked into channels (on a chip with `groups: one_or_depthwise`, a 1-D depthwise conv
+  written in 2-D along its axis of one position, so it stays depthwise) and one unpadded Conv
+  of at most `max_kernel` taps, undilated
   where the dilation was too large, proven against the original. It runs on the NPU when every node of that rewrite passes this table (a Pad of more
   than the Pad's `max_pad` is a chain of Pads); otherwise the conv stays whole with its reasons.
 - A Conv refused for its stride (above `max_stride`) whose windows do not overlap along that
