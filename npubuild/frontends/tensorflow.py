@@ -1056,29 +1056,46 @@ def _recurrent_sums_as_adds(graph_def) -> None:
     MatMul's product added to another MatMul's is undone: the squeeze is 1-D (``BiasAdd`` takes
     no other), and both products have the rows of what a step multiplies (its input, the
     state: the batch), so the squeezed one is ``[1, n]``, which ``AddV2`` broadcasts as
-    ``BiasAdd`` adds its squeeze, the same sums. The import proof checks them."""
+    ``BiasAdd`` adds its squeeze, the same sums. The import proof checks them.
+
+    Attributes are read with `_attr`, never by indexing: indexing a protobuf map adds the key,
+    and a SavedModel leaves out attributes at their defaults (a BiasAdd's ``data_format``, a
+    MatMul's ``transpose_a``), so every BiasAdd, Squeeze and MatMul of a Keras 2 model gained
+    an attribute of no type, which TensorFlow refused when tf2onnx instantiated the function:
+    "Failed to bind all placeholders in <Unknown AttrValue type>" (basic-pitch's SavedModel,
+    s2super's)."""
     for function in graph_def.library.function:
         nodes = {node.name: node for node in function.node_def}
         renamed: dict[str, str] = {}
         for node in function.node_def:
-            if node.op != "BiasAdd" or node.attr["data_format"].s not in (b"", b"NHWC"):
+            if node.op != "BiasAdd" or _attr(node, "data_format", "s", b"") not in (b"", b"NHWC"):
                 continue
             squeeze = nodes.get(node.input[1].split(":")[0])
-            if squeeze is None or squeeze.op != "Squeeze" or squeeze.attr["squeeze_dims"].list.i:
+            if squeeze is None or squeeze.op != "Squeeze" or _attr(squeeze, "squeeze_dims", "list"):
                 continue
             products = [nodes.get(name.split(":")[0]) for name in (node.input[0], squeeze.input[0])]
-            if any(n is None or n.op != "MatMul" or n.attr["transpose_a"].b
-                   or n.attr["transpose_b"].b for n in products):
+            if any(n is None or n.op != "MatMul" or _attr(n, "transpose_a", "b", False)
+                   or _attr(n, "transpose_b", "b", False) for n in products):
                 continue
             node.op = "AddV2"
             node.input[1] = squeeze.input[0]
-            del node.attr["data_format"]
+            if "data_format" in node.attr:
+                del node.attr["data_format"]
             renamed[f"{node.name}:output:0"] = f"{node.name}:z:0"  # AddV2's output arg
         if renamed:
             for node in function.node_def:
                 node.input[:] = [renamed.get(name, name) for name in node.input]
             for key, name in function.ret.items():
                 function.ret[key] = renamed.get(name, name)
+
+
+def _attr(node, key: str, field: str, default=None):
+    """``node``'s attribute ``key``'s ``field`` (``s``, ``b``, ``list``: a list's values, empty
+    or not), or ``default`` where the node has no such attribute; the node is left as it was."""
+    if key not in node.attr:
+        return default
+    value = getattr(node.attr[key], field)
+    return list(value.i) + list(value.s) + list(value.type) if field == "list" else value
 
 
 # --- checking and tidying the ONNX result ----------------------------------------------------
