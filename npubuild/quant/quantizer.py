@@ -299,15 +299,62 @@ class Quantizer:
         return rank if rank not in ranks else None
 
     def calibrated(self, t: str, dtype: str = "int8") -> tuple[float, float]:
-        """``t``'s range for ``dtype``: graph outputs keep min/max, the others their method's."""
+        """``t``'s range for ``dtype``: graph outputs keep min/max, the others their method's;
+        a decision's logit calibration saw on one side only, and its output, widened as
+        `decisions` says."""
         key = self._range_key(t, dtype)
         if key not in self.ranges:
             stats = self.stats.get(t) or calibrators.TensorStats()
             method = key[1]
-            self.ranges[key] = calibrators.calibrated_range(
+            lo, hi = calibrators.calibrated_range(
                 stats, method, self.config.scheme,
                 calibrators.CalibrationOptions(self.config.percentile, dtype))
+            decision = self.decisions.get(t)
+            if decision is not None and self._one_sided(decision[1]):
+                bounds = decision[0]
+                if bounds is None:  # the logit
+                    lo, hi = -max(abs(lo), abs(hi)), max(abs(lo), abs(hi))
+                else:
+                    lo, hi = min(lo, bounds[0]), max(hi, bounds[1])
+            self.ranges[key] = (lo, hi)
         return self.ranges[key]
+
+    @property
+    def decisions(self) -> dict[str, tuple]:
+        """The graph outputs of one value per sample (`_one_value`) a point-symmetric saturating
+        table computes (`decision_function`: a binary classifier's Sigmoid, a Tanh) and their
+        inputs (the logits), each mapped to (the function's whole range, or None for a logit;
+        the logit's name). Such an output is read where its logit crosses 0. Where calibration
+        saw the logit on one side of 0 only (`_one_sided`: samples all of one class), the
+        logit's range is made symmetric about 0 (the magnitude one class reaches is the one the
+        other does) and the output's spans the function's range. Calibrated on their own,
+        CapSpot's icon matcher's six pairs (scored 0.006 to 0.41) ended its logit's range at 0
+        and its output's at 0.41: the three verify pairs it scores above 0.5 came out below
+        (IoU above 0.5: 0). A logit calibration saw on both sides keeps its range."""
+        table = self._table("decisions")
+        if "" not in table:
+            table[""] = None
+            for layer in self.fg.layers:
+                out = layer.outputs[0]
+                bounds = (decision_function(layer.fn) if layer.kind == "lut"
+                          and out in self.fg.outputs and self._one_value(out) else None)
+                if bounds is not None:
+                    table[layer.outputs[0]] = (bounds, layer.inputs[0])
+                    table.setdefault(layer.inputs[0], (None, layer.inputs[0]))
+        return table
+
+    def _one_value(self, t: str) -> bool:
+        """Whether ``t`` holds one value per sample (its shape's product is 1): a decision read
+        as one number. A map of scores (anchors, pixels, frames) keeps its calibrated range:
+        its many small values are what its cosine judges, and the function's whole range would
+        round them away (a Sigmoid of logits around -14 in int8: every score 0)."""
+        shape = self.fg.shapes.get(t)
+        return shape is not None and all(isinstance(d, int) for d in shape) and math.prod(shape) == 1
+
+    def _one_sided(self, logit: str) -> bool:
+        """Whether calibration saw ``logit`` on one side of 0 only."""
+        stats = self.stats.get(logit)
+        return bool(stats is not None and stats.count and (stats.min >= 0 or stats.max <= 0))
 
     def _range_key(self, t: str, dtype: str = "int8") -> tuple:
         """What ``t``'s calibrated range for ``dtype`` is computed from, beside its statistics."""
@@ -700,6 +747,30 @@ class Quantizer:
     @property
     def pow2(self) -> bool:
         return self.config.scheme == "pow2_symmetric"
+
+
+def decision_function(fn) -> tuple[float, float] | None:
+    """``fn``'s range over every input where it saturates on both sides (the same values at
+    ±64 as at ±10000) and is point-symmetric about 0 (f(x) + f(-x) = 2 f(0): Sigmoid, Tanh,
+    HardSigmoid), else None."""
+    if fn is None:
+        return None
+    x = np.linspace(0.0, 64.0, 257, dtype=np.float32)
+    far = np.array([-1e4, -64.0, 64.0, 1e4], np.float32)
+    with np.errstate(all="ignore"):
+        try:
+            ends = np.asarray(fn(far), np.float64)
+            pos, neg = np.asarray(fn(x), np.float64), np.asarray(fn(-x), np.float64)
+        except Exception:  # noqa: BLE001 - a table function of another shape: not a decision
+            return None
+    if ends.shape != far.shape or pos.shape != x.shape or not np.all(np.isfinite(ends)):
+        return None
+    span = abs(ends[3] - ends[0])
+    if span == 0 or abs(ends[0] - ends[1]) > 1e-6 * span or abs(ends[3] - ends[2]) > 1e-6 * span:
+        return None
+    if np.max(np.abs(pos + neg - 2 * pos[0])) > 1e-5 * span:
+        return None
+    return float(min(ends[0], ends[3])), float(max(ends[0], ends[3]))
 
 
 def _scheme_params(scheme: str, scale: float, zero_point: int) -> QParams | None:
