@@ -41,6 +41,13 @@ padding alone too large gives one group, the whole kernel (the Pads and the conv
 Every product is summed in the one conv's accumulator, so the int8 result is the original
 conv's: no partial sum is requantized, and a Slice, Pad or Concat of one tensor keeps its scale.
 
+A 1-D conv (one spatial axis of extent 1) dilated beyond ``max_dilation`` along the other, of
+stride 1 there and pads a multiple of the dilation, is first the same conv undilated over its
+``d`` phases (`_polyphase_one`: the signal reshaped to ``[L/d, d]``, a conv of kernel
+``[K, 1]``): one copy per tap of a long signal is a stack of one row that LMEM may not hold
+(SpliceAI's 41 taps dilated 25 over 11,000 bases), the phases are rows the NPU slices; the
+undilated conv's kernel and pads are then cut as above.
+
 A rewrite is kept only where every node it made passes the chip's checks (`node_reasons`, the
 LMEM fit included), so the split places the whole rewrite on the NPU or leaves the conv as it
 was; `split_model` proves the rewritten model against the original on the proof inputs.
@@ -92,16 +99,20 @@ def legal_convs(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
     if spec is None:
         return staged, pooled
     strided = _strided_convs(staged, spec, keep)
+    dilated = _dilated_convs(staged, spec, keep)
     while True:
         destrided, moved = _destrided(staged, strided, chip)
-        final, tapped = _legal_taps(destrided, chip, keep)
+        phased, phases = _polyphased(destrided, dilated, chip)
+        final, tapped = _legal_taps(phased, chip, keep)
         producers = {n.output[0]: n.name for n in final.graph.node if n.output}
         runs = runs_whole(final, {out: [*names[:-1], producers.get(out, "")]
                                 for out, names in moved.items()}, chip)
-        if runs == strided:
+        runs_phased = runs_whole(final, phases, chip)
+        if runs == strided and runs_phased == dilated:
             break
-        strided = runs
-    names = {names[-1] for names in moved.values()} | set(tapped) | set(pooled)
+        strided, dilated = runs, runs_phased
+    names = ({names[-1] for names in moved.values()} | {names[-1] for names in phases.values()}
+             | set(tapped) | set(pooled))
     order = {n.name: i for i, n in enumerate(final.graph.node)}
     names = sorted(names, key=lambda n: order.get(n, len(order)))
     return (final, names) if names else (model, [])
@@ -312,6 +323,97 @@ def _destride_one(ed: Editor, conv: onnx.NodeProto, spec, pad_limit: int | None)
         strides=[kept(a, strides, 1) for a in (0, 1)],
         dilations=[kept(a, dilations, 1) for a in (0, 1)],
         pads=[kept(a, pads, 0) for a in (0, 1)] + [kept(a, pads[2:], 0) for a in (0, 1)], **attrs)
+    return [*made, node.name]
+
+
+def _dilated_convs(model: onnx.ModelProto, spec, keep) -> list[str]:
+    """The outputs of the Convs `_polyphase_axis` rewrites: a 1-D conv (one spatial axis of
+    extent 1) dilated beyond the chip's ``max_dilation`` along the other."""
+    if spec.max_dilation is None:
+        return []
+    ed = Editor(model, REWRITE)
+    return [n.output[0] for n in ed.graph.node
+            if n.output[0] not in keep and _polyphase_axis(ed, n, spec) is not None]
+
+
+def _polyphase_axis(ed: Editor, node: onnx.NodeProto, spec) -> int | None:
+    """The spatial axis (0 or 1) of a 4-D Conv dilated beyond ``spec.max_dilation`` along it
+    where its phases are independent convs: stride 1 and pads a multiple of the dilation
+    along it, and the other spatial axis of extent 1 (a widened 1-D conv: kernel 1, no pads,
+    no dilation there); None otherwise."""
+    if node.op_type != "Conv" or node.domain not in STANDARD_DOMAINS or not node.output[0]:
+        return None
+    weight = ed.constant(node.input[1]) if len(node.input) > 1 else None
+    if weight is None or weight.ndim != 4 or ed.shape(node.input[0]) is None \
+            or ed.shape(node.output[0]) is None:
+        return None
+    x, _, strides, dilations, pads = _geometry(ed, node, weight)
+    for a, b in ((0, 1), (1, 0)):
+        d = dilations[a]
+        if d > spec.max_dilation and strides[a] == 1 and pads[a] % d == 0 \
+                and pads[2 + a] % d == 0 and x[2 + b] == 1 and weight.shape[2 + b] == 1 \
+                and dilations[b] == 1 and strides[b] == 1 and pads[b] == pads[2 + b] == 0:
+            return a
+    return None
+
+
+def _polyphased(model: onnx.ModelProto, outputs: list[str], chip: Chip
+                ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
+    """``model`` with the dilated convs computing ``outputs`` split into their phases
+    (`_polyphase_one`); per output, the names of the nodes made (the conv last)."""
+    if not outputs:
+        return model, {}
+    ed = Editor(model, REWRITE)
+    ed.freeze_shapes()
+    spec = effective_spec(chip, "Conv")
+    made = {out: _polyphase_one(ed, ed.producer(out), spec, _pad_limit(chip)) for out in outputs}
+    ed.thaw_shapes()
+    return ed.finish(), made
+
+
+def _polyphase_one(ed: Editor, conv: onnx.NodeProto, spec, pad_limit: int | None) -> list[str]:
+    """A 1-D conv dilated by ``d`` along a signal of ``L`` positions (the axis of
+    `_polyphase_axis`) as the same conv undilated over its ``d`` phases: position ``q·d + r``
+    reads only positions ``(q + k)·d + r``, so the signal (padded at its end to whole blocks
+    of ``d``) reshaped to ``[n, c, L/d, d]`` holds phase ``r`` in column ``r``, and a conv of
+    kernel ``[K, 1]``, dilation 1 and pads divided by ``d`` computes every phase at once;
+    reshaped back (``[n, m, 1, L']`` or ``[n, m, L', 1]``) and cut to the conv's output
+    length. TensorFlow's atrous convolution (space-to-batch) by the same identity. The
+    products and their sums are the conv's own; the new conv's kernel (and pads) may still
+    be beyond the chip's, which `_legal_taps` then cuts into groups, now over a stack whose
+    rows the NPU slices (a long 1-D signal is one row: its stack of one copy per tap did not
+    fit LMEM, SpliceAI's 41 taps dilated 25 over 11,000 bases)."""
+    weight = ed.constant(conv.input[1])
+    x, y, _, dilations, pads = _geometry(ed, conv, weight)
+    a = _polyphase_axis(ed, conv, spec)
+    d, length = dilations[a], x[2 + a]
+    made: list[str] = []
+    tail = -length % d
+    end = [tail if axis == a else 0 for axis in (0, 1)]
+    source = _pad_chain(ed, conv, conv.input[0], [0, 0], end, pad_limit, made)
+    blocks = (length + tail) // d
+    n, c = x[0], x[1]
+    source = _layout_steps(ed, conv, source, [("phases", [n, c, blocks, d])], "poly", made)
+    kernel = weight.shape[2 + a]
+    moved = np.ascontiguousarray(weight.reshape(*weight.shape[:2], kernel, 1))
+    attrs = {at.name: onnx.helper.get_attribute_value(at) for at in conv.attribute
+             if at.name not in ("kernel_shape", "dilations", "pads", "auto_pad", "strides")}
+    inputs = [source, ed.add_initializer(moved, f"{conv.input[1]}/phases"), *conv.input[2:]]
+    output, name = conv.output[0], conv.name or conv.output[0]
+    phased = ed.unique_tensor(f"{output}/poly_conv")
+    ed.remove(conv)
+    node = ed.make_node("Conv", inputs, [phased], name, kernel_shape=[kernel, 1],
+                        strides=[1, 1], dilations=[1, 1],
+                        pads=[pads[a] // d, 0, pads[2 + a] // d, 0], **attrs)
+    out_blocks = blocks + (pads[a] + pads[2 + a]) // d - (kernel - 1)
+    m = weight.shape[0]
+    flat = [n, m, 1, out_blocks * d] if a == 1 else [n, m, out_blocks * d, 1]
+    if out_blocks * d == y[2 + a]:
+        made.append(make_reshape(ed, phased, output, flat, f"{_label(node)}/poly_signal").name)
+    else:
+        signal = _layout_steps(ed, node, phased, [("signal", flat)], "poly", made)
+        made.append(make_slice(ed, signal, output, [(2 + a, 0, y[2 + a], 1)],
+                               f"{_label(node)}/poly_cut").name)
     return [*made, node.name]
 
 

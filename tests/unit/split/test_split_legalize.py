@@ -405,3 +405,47 @@ def test_a_pool_of_one_window_refused_only_for_its_stride_runs_with_stride_one(o
     x = np.random.default_rng(1).standard_normal([1, 4, 8, 8]).astype(np.float32)
     np.testing.assert_array_equal(run(rewritten, x), run(model, x))
     assert_equal_and_on_npu(model, rewritten, chip, [1, 4, 8, 8], atol=0)
+
+
+PHASE_CASES = {  # a widened 1-D conv dilated beyond max_dilation (2): x, w, conv attributes
+    "along_w_same": ([1, 3, 1, 104], [4, 3, 1, 5], {"dilations": [1, 8], "pads": [0, 16, 0, 16]}),
+    "along_w_valid_tail": ([1, 3, 1, 103], [4, 3, 1, 5], {"dilations": [1, 8]}),
+    "along_h_uneven_pads": ([1, 3, 97, 1], [4, 3, 5, 1], {"dilations": [8, 1], "pads": [8, 0, 24, 0]}),
+    "depthwise": ([1, 4, 1, 90], [4, 1, 1, 3], {"group": 4, "dilations": [1, 7], "pads": [0, 7, 0, 7]}),
+    "long_kernel": ([1, 2, 1, 120], [3, 2, 1, 9], {"dilations": [1, 4], "pads": [0, 16, 0, 16]}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PHASE_CASES))
+def test_a_dilated_1d_conv_runs_as_its_phases(case):
+    x_shape, w_shape, attrs = PHASE_CASES[case]
+    model = conv_model(x_shape, w_shape, **attrs)
+    chip = small_chip()
+    rewritten, names = legal_convs(model, chip)
+    assert names == ["conv"]
+    assert any(n.name.startswith("conv/poly_phases") for n in rewritten.graph.node)
+    assert_equal_and_on_npu(model, rewritten, chip, x_shape, atol=1e-4)
+
+
+def test_a_long_signal_dilated_beyond_the_chip_runs_on_the_npu():
+    """SpliceAI's widest residual convs: 41 taps dilated 25 over 11,000 bases, 32 channels.
+    One copy per tap stacked 1,312 channels of one 11,000-wide row, which no slicing of
+    npu-16m's LMEM holds (a 1-D signal is one row), so the eight convs ran on the CPU (3.7 of
+    7.8 GMAC, 418 ms a frame). As the conv over its 25 phases the stack is 3 groups of 14
+    taps over 440 rows of 25, which the NPU slices by rows."""
+    model = conv_model([1, 32, 1, 11000], [32, 32, 1, 41], dilations=[1, 25], pads=[0, 500, 0, 500])
+    chip = load_chip("npu-16m")
+    rewritten, names = legal_convs(model, chip)
+    assert names == ["conv"]
+    assert_equal_and_on_npu(model, rewritten, chip, [1, 32, 1, 11000], atol=1e-3)
+
+
+def test_a_dilated_conv_whose_phases_are_not_independent_keeps_the_taps_rewrite():
+    # pads not a multiple of the dilation, or a second spatial axis: one copy per tap, as before
+    for x_shape, attrs in (([1, 3, 1, 100], {"dilations": [1, 8], "pads": [0, 5, 0, 5]}),
+                           ([1, 3, 4, 100], {"dilations": [1, 8], "pads": [0, 16, 0, 16]})):
+        model = conv_model(x_shape, [4, 3, 1, 5], **attrs)
+        rewritten, names = legal_convs(model, small_chip())
+        assert names == ["conv"]
+        assert not any("poly" in n.name for n in rewritten.graph.node)
+        assert_equal_and_on_npu(model, rewritten, small_chip(), x_shape, atol=1e-4)
