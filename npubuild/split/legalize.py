@@ -42,7 +42,8 @@ Every product is summed in the one conv's accumulator, so the int8 result is the
 conv's: no partial sum is requantized, and a Slice, Pad or Concat of one tensor keeps its scale.
 
 A 1-D conv (one spatial axis of extent 1) dilated beyond ``max_dilation`` along the other, of
-stride 1 there and pads a multiple of the dilation, is first the same conv undilated over its
+stride 1 there and pads a multiple of the dilation, whose taps cut alone do not run, is first
+the same conv undilated over its
 ``d`` phases (`_polyphase_one`: the signal reshaped to ``[L/d, d]``, a conv of kernel
 ``[K, 1]``): one copy per tap of a long signal is a stack of one row that LMEM may not hold
 (SpliceAI's 41 taps dilated 25 over 11,000 bases), the phases are rows the NPU slices; the
@@ -100,6 +101,10 @@ def legal_convs(model: onnx.ModelProto, chip: Chip, keep: set[str] = frozenset()
         return staged, pooled
     strided = _strided_convs(staged, spec, keep)
     dilated = _dilated_convs(staged, spec, keep)
+    if dilated:  # the phases only where cutting the taps alone leaves the conv whole
+        _, tapped_alone = _legal_taps(staged, chip, keep)
+        names = {n.output[0]: n.name or n.output[0] for n in staged.graph.node if n.output}
+        dilated = [out for out in dilated if names[out] not in tapped_alone]
     while True:
         destrided, moved = _destrided(staged, strided, chip)
         phased, phases = _polyphased(destrided, dilated, chip)
@@ -328,7 +333,10 @@ def _destride_one(ed: Editor, conv: onnx.NodeProto, spec, pad_limit: int | None)
 
 def _dilated_convs(model: onnx.ModelProto, spec, keep) -> list[str]:
     """The outputs of the Convs `_polyphase_axis` rewrites: a 1-D conv (one spatial axis of
-    extent 1) dilated beyond the chip's ``max_dilation`` along the other."""
+    extent 1) dilated beyond the chip's ``max_dilation`` along the other. `legal_convs`
+    rewrites them so only where cutting their taps alone does not run: a short kernel's
+    copies fit (OpenSpindleNet's 3 taps dilated up to 4,096 over 7,500 samples), and its
+    phases would pad the signal to whole blocks of the dilation in dozens of Pads."""
     if spec.max_dilation is None:
         return []
     ed = Editor(model, REWRITE)

@@ -55,7 +55,8 @@ vendor's own support list, whose limits the notes quote.
   where the dilation was too large, proven against the original. It runs on the NPU when every node of that rewrite passes this table (a Pad of more
   than the Pad's `max_pad` is a chain of Pads); otherwise the conv stays whole with its reasons.
   A 1-D conv (its other spatial axis of extent 1) dilated beyond `max_dilation`, of stride 1
-  and pads a multiple of its dilation, is first written as the same conv undilated over its
+  and pads a multiple of its dilation, whose taps cut alone do not run, is first written as
+  the same conv undilated over its
   phases (a Pad to whole blocks of the dilation, a Reshape of the signal to
   [blocks, dilation], the conv along the blocks, a Reshape back and a Slice), whose kernel and
   pads are then cut as above: a stack of one copy per tap of a long signal is one row, which
