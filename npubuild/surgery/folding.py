@@ -37,7 +37,8 @@ class FoldConstantsArgs(StepArgs):
                                 "weights computed by ConstantOfShape/Tile fold too).")
     remove_noops: bool = Field(
         True, description="Also remove Identity, inference-mode Dropout, Cast to the same type, "
-                          "Reshape/Expand to the same shape, identity Transpose, one-input Concat; "
+                          "Reshape/Expand to the same shape, identity Transpose, one-input Concat "
+                          "(a Concat's inputs of no elements dropped first); "
                           "a Transpose that moves only size-1 axes becomes a Reshape, and a "
                           "Reshape of a Reshape reads the first one's input.")
     max_rounds: int = Field(8, ge=1, description="Stop after this many fold rounds.")
@@ -54,6 +55,7 @@ def fold_constants(model: onnx.ModelProto, args: FoldConstantsArgs) -> onnx.Mode
         changed |= bool(inline_decided_ifs(ed))
         if args.remove_noops:
             changed |= _transposes_of_unit_axes_to_reshapes(ed) | _collapse_reshape_chains(ed)
+            changed |= _drop_empty_concat_inputs(ed)
             changed |= _remove_noops(ed)
         changed |= bool(ed.prune())
         if not changed:
@@ -318,6 +320,30 @@ def _collapse_reshape_chains(ed: Editor) -> bool:
     if changed:
         ed.touch()
     return changed
+
+
+def _drop_empty_concat_inputs(ed: Editor) -> bool:
+    """A Concat's inputs of no elements add nothing to its output: they go, while one input
+    with elements stays (a PyTorch head concatenating an empty ``[1, 0, 1]`` product of its
+    unused branch; the chip has no place for a tensor of no elements, so the Concat ran on
+    the CPU as one node between NPU parts). A Concat left with one input is a no-op."""
+    found = []  # every shape read before the first edit: an edit forgets them
+    for node in ed.graph.node:
+        if node.op_type != "Concat" or node.domain not in STANDARD_DOMAINS or len(node.input) < 2:
+            continue
+        shapes = [ed.shape(name) if name else None for name in node.input]
+        empty = [i for i, shape in enumerate(shapes) if shape is not None and 0 in shape]
+        if empty and len(empty) < len(node.input) and all(
+                shapes[i] is not None and 0 not in shapes[i]
+                for i in range(len(node.input)) if i not in empty):
+            found.append((node, empty))
+    for node, empty in found:
+        kept = [name for i, name in enumerate(node.input) if i not in empty]
+        del node.input[:]
+        node.input.extend(kept)
+    if found:
+        ed.touch()
+    return bool(found)
 
 
 def _remove_noops(ed: Editor) -> bool:

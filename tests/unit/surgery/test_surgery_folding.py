@@ -72,6 +72,27 @@ def test_a_transpose_of_size_one_axes_and_the_reshape_back_go(tiny):
     assert comparison.matched["y"]["max_rel"] == 0
 
 
+def test_a_concat_drops_its_inputs_of_no_elements(tiny):
+    """OpenSpindleNet's head concatenates its segmentation with an empty [1, 0, 1] product
+    of an unused branch: the chip has no place for a tensor of no elements, so the Concat
+    ran on the CPU alone between NPU parts. The empty input goes; a Concat left with one
+    input goes too; one of two inputs with elements stays."""
+    n = helper.make_node
+    model = tiny.model([n("Relu", ["x"], ["r"]),
+                        n("Mul", ["nothing", "two"], ["empty"]),
+                        n("Concat", ["r", "empty"], ["c"], axis=1),
+                        n("Concat", ["empty", "r", "x"], ["d"], axis=1),
+                        n("Neg", ["c"], ["y"]), n("Neg", ["d"], ["z"])],
+                       {"x": [1, 5, 1]}, ["y", "z"],
+                       {"nothing": np.zeros([1, 0, 1], np.float32),
+                        "two": np.array(2, np.float32)})
+    folded, comparison = tiny.check("fold_constants", model)
+    assert tiny.ops(folded) == {"Relu": 1, "Concat": 1, "Neg": 2}
+    concat = next(node for node in folded.graph.node if node.op_type == "Concat")
+    assert len(concat.input) == 2
+    assert comparison.matched["y"]["max_rel"] == 0 and comparison.matched["z"]["max_rel"] == 0
+
+
 def test_fold_constants_keeps_noops_when_asked(tiny):
     model = tiny.model([helper.make_node("Identity", ["x"], ["i"]), helper.make_node("Neg", ["i"], ["y"])],
                        {"x": [2]}, ["y"])
