@@ -1153,3 +1153,64 @@ def test_a_residual_stream_with_an_outlier_channel_goes_float_alone_within_budge
     steps = [s["step"] for s in result.steps]
     reach = steps.index("mixed reach: float where the typical value is a few int16 steps")
     assert steps[reach + 1] == "drop"
+
+
+def test_a_cpu_part_prices_its_loop_by_its_iterations(tmp_path):
+    """SleepECG's four masked GRUs stay `Loop`s on the CPU (960 iterations of 41 body nodes):
+    priced as one node, the whole model in float was an estimated 425 µs where ONNX Runtime
+    took 383 ms, and the search said the chosen precision (1,987 µs) was slower than running
+    it all on the CPU. A Loop of a constant trip count costs each iteration's body nodes, in
+    the choice's time and in the whole model's alike."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.quantizer import QuantConfig
+    from npubuild.quant.search import PrecisionSearch, SearchSpec
+    from npubuild.quant.workflow import Options, Workflow
+    from npubuild.split import graph_infos
+    from npubuild.targets import load_chip
+
+    rng = np.random.default_rng(0)
+    shape, trips = [1, 4, 8, 8], 500
+    split = tmp_path / "split"
+    split.mkdir()
+    w = numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w")
+    npu = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["m"], name="relu")], "npu",
+        [helper.make_tensor_value_info("x", 1, shape)], [helper.make_tensor_value_info("m", 1, shape)],
+        [w])
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]),
+         helper.make_node("Mul", ["s", "half"], ["h"]), helper.make_node("Tanh", ["h"], ["t"]),
+         helper.make_node("Add", ["t", "s"], ["s_out"])], "body",
+        [helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s", 1, shape)],
+        [helper.make_tensor_value_info("cond_out", onnx.TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_out", 1, shape)],
+        [numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    cpu = helper.make_graph(
+        [helper.make_node("Loop", ["trips", "go", "m"], ["y"], name="loop", body=body)], "cpu",
+        [helper.make_tensor_value_info("m", 1, shape)], [helper.make_tensor_value_info("y", 1, shape)],
+        [numpy_helper.from_array(np.array(trips, np.int64), "trips"),
+         numpy_helper.from_array(np.array(True), "go")])
+    for i, graph in enumerate((npu, cpu)):
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                    ir_version=8), split / f"graph_{i}.onnx")
+    graph_infos.write(split / "graph_infos.json", graph_infos.build(
+        [("npu", ["x"], ["m"]), ("cpu", ["m"], ["y"])], {"x": shape, "m": shape, "y": shape},
+        ["x"], ["y"]))
+    workflow = Workflow(SplitPipeline(split), Options(QuantConfig(scheme="asymmetric",
+                                                                  granularity="per_channel"),
+                                                      chip_int16=True))
+    workflow.calibrate([{"x": rng.normal(0, 1, shape).astype(np.float32)} for _ in range(3)])
+    workflow.quantize()
+    search = PrecisionSearch(workflow, [], None, [], SearchSpec(), chip_int16=True,
+                             chip=load_chip("npu-16m"), npu_macs_per_second=1e12)
+    at_least = trips * 4 * 0.3e-6  # 4 body nodes an iteration, 0.3 µs each at the least measured
+    assert search._seconds({}) > at_least
+    note = search.slower_than_the_cpu_alone({"m": "float"})  # the conv in float: one more run
+    alone = float(note.split("is an estimated ")[1].split(" µs")[0].replace(",", "")) * 1e-6
+    assert alone > at_least
