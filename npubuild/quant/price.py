@@ -42,9 +42,9 @@ CPU_RUN_SECONDS = 8e-6
 """One ONNX Runtime run of a float part on the host (its dispatch, whatever its MACs)."""
 
 CPU_LOOP_NODE_SECONDS = 1e-6
-"""One body node of one iteration of a ``Loop`` ONNX Runtime runs on the host: a toy Loop of
-960 iterations of 41 elementwise nodes ran 14-43 µs an iteration on the 2-core build machine
-under load (0.3-1 µs a node), SleepECG's GRU steps (41 nodes) about 1 µs a node."""
+"""One body node of one iteration of a ``Loop`` ONNX Runtime runs on the host: toy Loops of 100
+and 960 iterations of 10 and 41 elementwise nodes ran 0.3-2 µs a node on the 2-core build
+machine under load; SleepECG's GRU steps (41 nodes) 1.1 µs a node in compile's timing."""
 
 
 def host_seconds(macs: int, float_seconds_per_mac: float = 1.0 / CPU_MACS_PER_SECOND,
