@@ -125,8 +125,9 @@ def one_hot_encode(seq: str) -> np.ndarray:
 def spliceai() -> None:
     """The README's use: a sequence padded with 5,000 N each side (context 10,000), one-hot,
     [1, 11000, 4] for 1,000 bases. No genome ships in the wheel: each sequence is a made-up
-    gene fragment (GC 42 %, exons of 80-250 nt between introns that start GTRAGT and end in a
-    branch point, a polypyrimidine tract and AG), so true-looking sites are there to find."""
+    gene fragment (GC 42 %, exons of 80-250 nt between introns that start GTAAGT, GTGAGT or
+    GTAAGG and end in a branch point, a polypyrimidine tract and CAG), so true-looking sites
+    are there to find."""
     L, context = 1000, 10000
     for i in range(N):
         rng = np.random.default_rng(2300 + i)
