@@ -59,8 +59,9 @@ def loop_seconds(graph: onnx.GraphProto) -> float:
     (`CPU_LOOP_NODE_SECONDS` each) and the body's own such loops. A part's MACs price a Loop as
     one node: SleepECG's four masked GRUs, 960 iterations of 41 nodes kept as Loops on the
     CPU, were 425 µs for the whole model in float where ONNX Runtime took 383 ms, and the
-    search advised running it all on the CPU. A Loop that stops on its condition alone, or a
-    Scan, is priced as before (no iteration count to read)."""
+    search advised running it all on the CPU. A trip count is an upper bound where the body's
+    condition may stop the loop sooner (a decoder's end token: SLANet's table decoder ran 45 ms
+    of its steps on the CPU); a Loop without one, or a Scan, is priced as before."""
     constants = {t.name: t for t in graph.initializer}
     constants.update({n.output[0]: n.attribute[0].t for n in graph.node
                       if n.op_type == "Constant" and n.output and n.attribute
