@@ -258,12 +258,19 @@ def _destrided(model: onnx.ModelProto, outputs: list[str], chip: Chip
                ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
     """``model`` with the strided convs computing ``outputs`` undone (`_destride_one`); per
     output, the names of the nodes made (the conv last)."""
+    return _each_conv(model, outputs, chip, _destride_one)
+
+
+def _each_conv(model: onnx.ModelProto, outputs: list[str], chip: Chip, one
+               ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
+    """``model`` with ``one(ed, conv, spec, pad_limit)`` applied to the convs computing
+    ``outputs`` (``model`` itself when there is none); per output, the nodes it made."""
     if not outputs:
         return model, {}
     ed = Editor(model, REWRITE)
     ed.freeze_shapes()
     spec = effective_spec(chip, "Conv")
-    made = {out: _destride_one(ed, ed.producer(out), spec, _pad_limit(chip)) for out in outputs}
+    made = {out: one(ed, ed.producer(out), spec, _pad_limit(chip)) for out in outputs}
     ed.thaw_shapes()
     return ed.finish(), made
 
@@ -369,14 +376,7 @@ def _polyphased(model: onnx.ModelProto, outputs: list[str], chip: Chip
                 ) -> tuple[onnx.ModelProto, dict[str, list[str]]]:
     """``model`` with the dilated convs computing ``outputs`` split into their phases
     (`_polyphase_one`); per output, the names of the nodes made (the conv last)."""
-    if not outputs:
-        return model, {}
-    ed = Editor(model, REWRITE)
-    ed.freeze_shapes()
-    spec = effective_spec(chip, "Conv")
-    made = {out: _polyphase_one(ed, ed.producer(out), spec, _pad_limit(chip)) for out in outputs}
-    ed.thaw_shapes()
-    return ed.finish(), made
+    return _each_conv(model, outputs, chip, _polyphase_one)
 
 
 def _polyphase_one(ed: Editor, conv: onnx.NodeProto, spec, pad_limit: int | None) -> list[str]:
