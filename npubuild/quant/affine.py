@@ -89,9 +89,14 @@ def _batchnorm(node, x, const, out_shape, axis) -> tuple[np.ndarray, np.ndarray]
 
 
 def fold_into_conv(layer: FLayer, scale: np.ndarray, shift: np.ndarray) -> None:
-    """``conv(x) · scale + shift`` as one conv: weights and bias scaled, bias shifted."""
+    """``conv(x) · scale + shift`` as one conv: weights and bias scaled, bias shifted. A
+    shift alone (a fully connected layer's bias ``Add``: every scale 1) leaves the weights
+    the array they were, which layers reading one weight share (`lower.Context.fc_weight`):
+    rxnmap's 16 applications of two encoder layers held a float64 copy each, 1.2 GB."""
     w, b = layer.weights["weight"], layer.weights["bias"]
-    layer.weights = {**layer.weights, "weight": w * scale.reshape(-1, *(1,) * (w.ndim - 1)),
+    if not np.all(scale == 1.0):  # w · 1 is w, bit for bit
+        w = w * scale.reshape(-1, *(1,) * (w.ndim - 1))
+    layer.weights = {**layer.weights, "weight": w,
                      "bias": np.broadcast_to(b, scale.shape) * scale + shift}
 
 

@@ -54,6 +54,9 @@ class _FakeQuantBuilder(qdq._Builder):
     # conv layer -> (its int16 weights dequantized, the float bias they are corrected to)
     wide_weights: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
     weights_as_inputs: bool = False  # each switched weight an input (`SwitchedWeight`)
+    # each conv weight's switched arrays by what they are computed from (`_kept`): the layers
+    # reading one weight, and the choices that leave its integers, hold one set
+    shared: dict | None = None
 
     def __post_init__(self):
         self.value_of: dict[str, str] = {}
@@ -67,25 +70,50 @@ class _FakeQuantBuilder(qdq._Builder):
         """int8 weights on the NPU, the float layer's own on the CPU: ``w + npu · (w_q - w)``
         with ``<layer>::npu`` an input (a layer touching a float tensor runs in float); with
         int16 weights exported too, ``+ w16 · (w_q16 - w_q)`` (``<layer>::w16`` an input)."""
-        wq = arrange(layer.arrays["weight"]).astype(np.float32)
-        shape = [1] * wq.ndim
-        shape[axis] = -1
-        dequantized = wq * np.asarray(scale, np.float32).reshape(shape)
         wide = (self.wide_weights or {}).get(layer.name)
-        return self._switched(key, layer, "w", dequantized,
-                              arrange(self.float_layers[layer.name].weights["weight"]),
-                              None if wide is None else arrange(wide[0]))
+        real = self.float_layers[layer.name].weights["weight"]
+        scale = np.asarray(scale, np.float32)
+
+        def values():
+            wq = arrange(layer.arrays["weight"]).astype(np.float32)
+            shape = [1] * wq.ndim
+            shape[axis] = -1
+            return _switched_values(wq * scale.reshape(shape), arrange(real),
+                                    None if wide is None else arrange(wide[0]))
+
+        # what ``arrange`` does is the layer's kind's and the axis' (`qdq._conv`)
+        return self._switched(key, layer, "w", *self._kept(
+            ("weight", axis, bool(layer.attrs.get("fc")), scale.tobytes()),
+            (layer.arrays["weight"], real, None if wide is None else wide[0]), values))
 
     def bias(self, key: str, layer: QLayer, scale: np.ndarray) -> str:
         dequantized = layer.arrays["bias"].astype(np.float32) * np.asarray(scale, np.float32)
         wide = (self.wide_weights or {}).get(layer.name)
-        return self._switched(key, layer, "b", dequantized,
-                              self.float_layers[layer.name].weights["bias"],
-                              None if wide is None else wide[1])
+        return self._switched(key, layer, "b", *_switched_values(
+            dequantized, self.float_layers[layer.name].weights["bias"],
+            None if wide is None else wide[1]))
 
-    def _switched(self, key: str, layer: QLayer, part: str, quantized: np.ndarray,
-                  real: np.ndarray, wide: np.ndarray | None = None) -> str:
-        real = np.asarray(real, np.float32).reshape(quantized.shape)
+    def _kept(self, key: tuple, sources: tuple, values) -> tuple:
+        """``values()``, once per ``key`` and the arrays ``sources`` it is computed from (by
+        identity: the entry holds them, so no other array takes their ids) in `shared`, read
+        only. A shared encoder layer applied 8 times, or a calibration method the search
+        scores that leaves a weight's integers, then hands the arrays it had: rxnmap's search
+        held each weight's float values and deltas per application and per choice."""
+        if self.shared is None:
+            return values()
+        full = (*key, *map(id, sources))
+        found = self.shared.get(full)
+        if found is None or any(a is not b for a, b in zip(found[0], sources)):
+            kept = tuple(values())
+            for array in kept:
+                if array is not None:
+                    array.flags.writeable = False
+            found = self.shared[full] = (sources, kept)
+        return found[1]
+
+    def _switched(self, key: str, layer: QLayer, part: str, real: np.ndarray,
+                  delta: np.ndarray, wide: np.ndarray | None = None) -> str:
+        """The switched value of ``real + npu · delta (+ w16 · wide)`` (`_switched_values`)."""
         switch = f"{layer.name}{NPU_SUFFIX}"
         if switch not in self.switched:
             self.switched.append(switch)
@@ -93,18 +121,16 @@ class _FakeQuantBuilder(qdq._Builder):
             on = f"{layer.name}{W16_SUFFIX}"
             if on not in self.wide:
                 self.wide.append(on)
-            wide = np.asarray(wide, np.float32).reshape(quantized.shape)
         if self.weights_as_inputs:
-            self.weight_inputs.append(SwitchedWeight(
-                f"{key}::{part}", layer.name, real, quantized - real,
-                None if wide is None else wide - quantized))
+            self.weight_inputs.append(SwitchedWeight(f"{key}::{part}", layer.name, real, delta,
+                                                     wide))
             return f"{key}::{part}"
-        delta = self.node("Mul", [self.const(f"{key}::{part}d", quantized - real), switch],
+        delta = self.node("Mul", [self.const(f"{key}::{part}d", delta), switch],
                           [f"{key}::{part}s"])
         value = self.node("Add", [self.const(f"{key}::{part}f", real), delta], [f"{key}::{part}"])
         if wide is None:
             return value
-        step = self.node("Mul", [self.const(f"{key}::{part}16d", wide - quantized), on],
+        step = self.node("Mul", [self.const(f"{key}::{part}16d", wide), on],
                          [f"{key}::{part}16s"])
         return self.node("Add", [value, step], [f"{key}::{part}16"])
 
@@ -170,6 +196,15 @@ class _FakeQuantBuilder(qdq._Builder):
                          [f"{t}::fq{k}"], then_branch=quantized, else_branch=passed)
 
 
+def _switched_values(quantized: np.ndarray, real, wide) -> tuple:
+    """A switched weight's float32 values: the float layer's (``real``), the dequantized
+    integers less those, and the int16 weights' less the integers (None without)."""
+    real = np.asarray(real, np.float32).reshape(quantized.shape)
+    if wide is None:
+        return real, quantized - real, None
+    return real, quantized - real, np.asarray(wide, np.float32).reshape(quantized.shape) - quantized
+
+
 def _branch(name: str, output: str, nodes: list) -> onnx.GraphProto:
     """An If branch: ``nodes`` reading the outer graph's values, giving ``output``."""
     return helper.make_graph(nodes, name, [],
@@ -193,7 +228,7 @@ def export_fake_quant(qg: QGraph, fg: FloatGraph, *, opset: int = 18,
     constants are inputs too (``<tensor>::c``, a sixth item: each name and its dequantized
     value), so a choice that quantizes them otherwise can feed its own (`choice_inputs`)."""
     b = _builder(qg, fg, opset=max(opset, 18, qdq.fragments_opset(qg)),  # Split's num_outputs
-                 wide_weights=wide_weights, weights_as_inputs=weights_as_inputs)
+                 wide_weights=wide_weights, weights_as_inputs=weights_as_inputs, shared={})
     for t, info in qg.tensors.items():
         if not info.is_float and t in qg.constants:
             b.const(f"{t}::q", qg.constants[t])
@@ -324,7 +359,8 @@ def export_graphs(graphs: Mapping[int, tuple]) -> dict[int, Exported]:
 
 
 def choice_inputs(qg: QGraph, fg: FloatGraph, keys: Mapping[str, str],
-                  memo: dict | None = None) -> dict[str, np.ndarray]:
+                  memo: dict | None = None, shared: dict | None = None
+                  ) -> dict[str, np.ndarray]:
     """What a choice quantizes otherwise than the graph a search model was exported from:
     the weights and biases of ``qg``'s layers (``<weight input>::wd``: the dequantized
     integers less the float layer's) and its quantized constants (``<tensor>::c``). ``qg``:
@@ -338,8 +374,11 @@ def choice_inputs(qg: QGraph, fg: FloatGraph, keys: Mapping[str, str],
     inputs kept by the layer object and its input's scale (`Quantizer.weighted` hands the
     same object to every choice that leaves the layer's tensors alone; the layers it hands
     are never changed), and each constant's by its integers' object and parameters, so only
-    a layer or constant the choice quantized otherwise is exported again."""
-    b = _builder(qg, fg, weights_as_inputs=True)
+    a layer or constant the choice quantized otherwise is exported again. ``shared``: each
+    weight's deltas by its integers, scales and float values (`_FakeQuantBuilder._kept`), so
+    a layer exported again whose weights the choice left (only its input's scale and bias
+    moved) hands the deltas it had, and layers reading one weight hand one array."""
+    b = _builder(qg, fg, weights_as_inputs=True, shared=shared)
     weights: list[SwitchedWeight] = []
     for layer in qg.layers:
         if layer.name not in keys:
@@ -396,7 +435,8 @@ def quantizer_inputs(q, index: int, fg: FloatGraph, pipeline: "FakeQuantPipeline
     qg = q.weighted(f"graph_{index}")
     own = {**float_constants(qg, fg, pipeline.exported[index]),
            **choice_inputs(qg, fg, pipeline.exported[index].weight_keys,
-                           q.memo.setdefault(("choice inputs",), {}))}
+                           q.memo.setdefault(("choice inputs",), {}),
+                           q.memo.setdefault(("switched weights",), {}))}
     return {**params_feed(pipeline.tensors(index), params, pipeline.layers(index), cpu,
                           pipeline.wide(index), wide, q.memo.setdefault(("feed arrays",), {})),
             **own}
@@ -423,7 +463,7 @@ class FakeQuantPipeline:
         self._part_prints: dict[int, list[bytes]] = {}  # graph -> each part's feeds' print
         self._feeds: dict[int, dict[str, np.ndarray]] = {}
         self._last: dict[int, tuple] = {}  # id(sample) -> (sample, its last run's steps)
-        # (graph, weight input, its switches) -> its value: computed once per state
+        # (graph, a switched weight's arrays, its switches) -> its value: once per state
         self._weights: dict[tuple, np.ndarray] = {}
         self.prints = ArrayPrints()  # each feed array hashed once, however many runs it is in
         self.runner = Runner(split_dir, backends={"npu": self._npu})
@@ -479,15 +519,20 @@ class FakeQuantPipeline:
         """Graph ``index``'s switched weights under the switches in ``params``, each computed
         the first time its layer's switches take those values; where ``params`` carries a
         choice's own integers (``<weight input>::wd``, `choice_inputs`), those on the NPU."""
-        out = {}
+        out, made = {}, {}  # made: this call's values of a choice's deltas
         for w in self.exported[index].weights:
             npu = params[f"{w.layer}{NPU_SUFFIX}"]
             delta = params.get(f"{w.name}{CHOICE_DELTA_SUFFIX}")
             if delta is not None:  # the float32 operations of an export of the choice's graph
-                out[w.name] = SwitchedWeight(w.name, w.layer, w.real, delta).value(npu, None)
+                key = (id(w.real), id(delta), float(npu))  # both held while this call runs
+                if key not in made:
+                    made[key] = SwitchedWeight(w.name, w.layer, w.real, delta).value(npu, None)
+                out[w.name] = made[key]
                 continue
             w16 = None if w.wide is None else params[f"{w.layer}{W16_SUFFIX}"]
-            key = (index, w.name, float(npu), None if w16 is None else float(w16))
+            # by the arrays (`exported` holds them): layers reading one weight share its value
+            key = (index, id(w.real), id(w.delta), id(w.wide), float(npu),
+                   None if w16 is None else float(w16))
             if key not in self._weights:
                 self._weights[key] = w.value(npu, w16)
             out[w.name] = self._weights[key]

@@ -809,7 +809,8 @@ def _conv(q: Quantizer, layer: FLayer) -> QLayer:
     cout = w.shape[0]
     stats = q.stats.get(layer.inputs[0])
     w_dtype = q.weight_dtype(layer)
-    wq, w_scale, w_ls, b = quantized_weights(layer, x, q.config, stats, w_dtype)
+    wq, w_scale, w_ls, b = quantized_weights(layer, x, q.config, stats, w_dtype,
+                                             q._table("weight integers"))
     acc_scale = x.scale * w_scale
     params = {"input_zp": x.zero_point, "weight_scale": w_scale.tolist()}
     bias = schemes.quantize_bias(b, acc_scale, schemes.BIAS_DTYPES[w_dtype])
@@ -830,12 +831,14 @@ def _conv(q: Quantizer, layer: FLayer) -> QLayer:
 
 
 def quantized_weights(layer: FLayer, x: QParams, config: QuantConfig, stats,
-                      dtype: str = "int8"):
+                      dtype: str = "int8", memo: dict | None = None):
     """A conv layer's integer weights of ``dtype``, their scales (and pow2 log2scales) and the
     float bias they are corrected to, beside the input ``x``: the one rule the quantizer and
     the fake-quant model's int16 weights share. int8 weights round as
     ``config.weight_rounding`` says (GPTQ or nearest), int16 ones to nearest (their steps are
-    256 times finer); an int16 layer's bias is int64 (`schemes.BIAS_DTYPES`)."""
+    256 times finer); an int16 layer's bias is int64 (`schemes.BIAS_DTYPES`). ``memo``: the
+    integers rounded to nearest, one read-only array per float weight array and scales
+    (`_nearest`)."""
     w, b = layer.weights["weight"], layer.weights["bias"]
     cout = w.shape[0]
     w_scale, w_ls = schemes.weight_params(config.scheme, w, config.per_channel, axis=0,
@@ -846,9 +849,10 @@ def quantized_weights(layer: FLayer, x: QParams, config: QuantConfig, stats,
     if dtype == "int8":
         gram = (stats.patch_grams.get(rounding.Geometry.of(layer))
                 if stats is not None and config.weight_rounding == "gptq" else None)
-        wq = rounding.rounded_weights(layer, w, w_scale, gram)
+        wq = (_nearest(w, w_scale, dtype, memo) if gram is None
+              else rounding.rounded_weights(layer, w, w_scale, gram))
     else:
-        wq = rounding.nearest(w, w_scale, dtype)
+        wq = _nearest(w, w_scale, dtype, memo)
     if config.bias_correction:
         b = b - _weight_error_bias(layer, w, wq, w_scale, stats)
     return wq, w_scale, w_ls, b
@@ -858,16 +862,43 @@ def wide_weight_values(fg: FloatGraph, stats: dict, config: QuantConfig, qgraph:
                        ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Each integer conv layer's int16 weights dequantized and the float bias they are
     corrected to (`quantized_weights` at int16): what the fake-quant model switches to where a
-    choice gives the layer W16A16 (`npubuild.quant.fakequant`)."""
-    out = {}
+    choice gives the layer W16A16 (`npubuild.quant.fakequant`). Layers that read one weight
+    array at the same scales share one dequantized array (read-only)."""
+    out, integers, dequantized = {}, {}, {}
     for layer in fg.layers:
         x = qgraph.tensors.get(layer.inputs[0]) if layer.kind == "conv" else None
         if x is None or x.is_float:
             continue
-        wq, w_scale, _, b = quantized_weights(layer, x.params, config, stats.get(x.name), "int16")
-        shape = (-1,) + (1,) * (wq.ndim - 1)
-        out[layer.name] = (wq * w_scale.reshape(shape), np.asarray(b, np.float64))
+        wq, w_scale, _, b = quantized_weights(layer, x.params, config, stats.get(x.name), "int16",
+                                              integers)
+        key = (id(wq), w_scale.tobytes())
+        found = dequantized.get(key)
+        if found is None or found[0] is not wq:
+            shape = (-1,) + (1,) * (wq.ndim - 1)
+            found = dequantized[key] = (wq, _read_only(wq * w_scale.reshape(shape)))
+        out[layer.name] = (found[1], np.asarray(b, np.float64))
     return out
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+def _nearest(w: np.ndarray, w_scale: np.ndarray, dtype: str, memo: dict | None) -> np.ndarray:
+    """``w`` rounded to nearest at ``w_scale`` (`rounding.nearest`), once per weight array,
+    scales and dtype on ``memo`` (a read-only array): layers that read one weight (a shared
+    encoder layer applied again, an unrolled recurrence) share its integers, and so do the
+    precision search's choices where the weight's scales stay (an input's scale moves its
+    bias, rarely its weights: rxnmap's search held a copy of every weight's integers, float
+    values and fake-quant deltas per calibration method it scored, 1.4 GB each)."""
+    if memo is None:
+        return rounding.nearest(w, w_scale, dtype)
+    key = (id(w), np.asarray(w_scale, np.float64).tobytes(), dtype)
+    found = memo.get(key)
+    if found is None or found[0] is not w:  # the entry holds ``w``: its id stays its own
+        found = memo[key] = (w, _read_only(rounding.nearest(w, w_scale, dtype)))
+    return found[1]
 
 
 def _weight_error_bias(layer: FLayer, w: np.ndarray, wq: np.ndarray, w_scale: np.ndarray,
