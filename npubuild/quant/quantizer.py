@@ -1187,7 +1187,13 @@ BUILDERS: dict[str, Callable[[Quantizer, FLayer], QLayer]] = {
 
 
 def quantize_graph(fg: FloatGraph, stats: dict[str, calibrators.TensorStats],
-                   config: QuantConfig, name: str) -> tuple[QGraph, dict[str, TensorRecord]]:
-    quantizer = Quantizer(fg, stats, config)
+                   config: QuantConfig, name: str, weight_integers: dict | None = None
+                   ) -> tuple[QGraph, dict[str, TensorRecord]]:
+    """``fg`` quantized under ``config``, and its tensors' records. ``weight_integers``: the
+    table of weights rounded to nearest (`_nearest`) this call shares with others of the
+    same float graph (the graphs a quantize stage keeps per configuration then hold each
+    weight's integers once)."""
+    memo = {} if weight_integers is None else {("weight integers",): weight_integers}
+    quantizer = Quantizer(fg, stats, config, memo=memo)
     qgraph = quantizer.run(name)
     return qgraph, quantizer.records

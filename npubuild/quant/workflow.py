@@ -167,6 +167,10 @@ class Workflow:
         # samples' count and the tensors kept): measured equalisation judges the workflow it
         # keeps there, and the weight-rounding choice then judged it again (nearest)
         self._widest: dict[tuple, dict] = {}
+        # each float weight's integers rounded to nearest, per scales (`quantizer._nearest`):
+        # the graphs kept per configuration above (the recipe's, each rounding's, int16
+        # everywhere's, each choice confirmed) share them where a weight's scales stay
+        self._weight_integers: dict = {}
 
     def _lowered(self, graph: SubGraph) -> GraphState:
         _, float_nodes = _config_for(self.options, self.options.overrides, graph.model)
@@ -294,7 +298,9 @@ class Workflow:
         fg = state.fg
         if float_nodes != state.float_nodes:  # a node override left out: lower again
             fg, _ = lower(state.graph.model, float_nodes=float_nodes, equalize=self.options.equalize)
-        return quantizer.quantize_graph(fg, state.observer.stats, config, f"graph_{state.graph.index}")
+        return quantizer.quantize_graph(  # a graph lowered again keeps its weights to itself
+            fg, state.observer.stats, config, f"graph_{state.graph.index}",
+            self._weight_integers if fg is state.fg else None)
 
     def equalization(self) -> dict[str, dict]:
         """Per NPU graph, how many conv pairs cross-layer equalisation scaled and skipped."""

@@ -114,3 +114,27 @@ def test_a_calibration_method_that_leaves_the_weights_integers_hands_their_delta
     biases = [n for n in inputs["minmax"] if n.endswith(f"::b{fakequant.CHOICE_DELTA_SUFFIX}")]
     assert all(not np.array_equal(inputs["minmax"][n], inputs["kl"][n]) for n in biases)
 
+
+
+def test_the_graphs_a_workflow_keeps_per_configuration_share_their_weights_integers(tmp_path):
+    """The quantize stage keeps a graph per configuration (the recipe's, int16 everywhere's,
+    each choice the search confirmed): where a weight's scales stay, one integer array."""
+    from npubuild.quant.pipeline import SplitPipeline
+    from npubuild.quant.workflow import Options, OverrideSpec, Workflow
+    from tests.conftest import one_npu_graph_split
+
+    split = one_npu_graph_split(tmp_path, list(TWICE.graph.node), list(TWICE.graph.initializer),
+                                [1, 6, 8])
+    workflow = Workflow(SplitPipeline(split), Options(CONFIG, chip_int16=True))
+    workflow.calibrate(samples({"x": [1, 6, 8]}, n=3))
+    workflow.quantize()
+    plain = _fc_layers(workflow.qgraphs()[0])
+    workflow.adopt([OverrideSpec((), ("r0",), "int16")])  # fc1's input in int16: its bias moves
+    wide = _fc_layers(workflow.qgraphs()[0])
+    assert wide[1].arrays["bias"].dtype == plain[1].arrays["bias"].dtype
+    assert not np.array_equal(wide[1].arrays["bias"], plain[1].arrays["bias"])
+    weights = {id(layer.arrays["weight"]) for layer in (*plain, *wide)}
+    assert len(weights) == 1
+    fresh = quantizer.quantize_graph(workflow.states[0].fg, workflow.states[0].observer.stats,
+                                     CONFIG, "g")[0]
+    np.testing.assert_array_equal(_fc_layers(fresh)[0].arrays["weight"], plain[0].arrays["weight"])

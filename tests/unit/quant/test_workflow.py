@@ -112,9 +112,9 @@ def test_an_adopted_choice_quantizes_again_only_the_graphs_it_changes(tmp_path, 
     quantized = []
     original = quantizer.quantize_graph
 
-    def counted(fg, stats, config, name):
+    def counted(fg, stats, config, name, *shared):
         quantized.append(name)
-        return original(fg, stats, config, name)
+        return original(fg, stats, config, name, *shared)
 
     monkeypatch.setattr(quantizer, "quantize_graph", counted)
     wide_p = [OverrideSpec(tensors=("p",), precision="int16")]
