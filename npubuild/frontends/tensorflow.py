@@ -353,17 +353,19 @@ def _without_dropout(model) -> None:
 
 @contextmanager
 def _fused_recurrent_cells(model) -> Iterator[None]:
-    """Trace `model`'s LSTM cells as ``implementation=2`` (restored after): one MatMul of the
-    input by the whole kernel and one of the state by the recurrent kernel per step, the gates
-    split after, the form tf2onnx's Keras LSTM rewriter recognises as an ONNX ``LSTM``.
-    ``implementation=1`` (Keras 2's default: Shakkala's LSTMs) multiplies by the kernel's four
-    column blocks one by one: the same products, but tf2onnx leaves the layer a ``Loop`` over
-    its steps, which ONNX Runtime runs slowly and import unrolls only when short. The two
-    differ only in their dropout masks, and a converted model runs without dropout
+    """Trace `model`'s LSTM and GRU cells as ``implementation=2`` (restored after): one MatMul
+    of the input by the whole kernel and one of the state by the recurrent kernel per step, the
+    gates split after, the form tf2onnx's Keras LSTM and GRU rewriters recognise as an ONNX
+    ``LSTM`` or ``GRU``. ``implementation=1`` (Keras 2's default for an LSTM: Shakkala's; what
+    Keras 3 gives any cell with a ``recurrent_dropout``) multiplies by the kernel's column
+    blocks one by one: the same products, but tf2onnx leaves the layer a ``Loop`` over its
+    steps, which ONNX Runtime runs slowly and import unrolls only when short. The two differ
+    only in their dropout masks, and a converted model runs without dropout
     (`_without_dropout`); the model as written, with its own implementation, is what the import
-    proof runs (`run`). A GRU is left as it is: tf2onnx rewrites neither of Keras 3's."""
+    proof runs (`run`)."""
     cells = [layer for layer in model._flatten_layers(include_self=True, recursive=True)
-             if type(layer).__name__ == "LSTMCell" and vars(layer).get("implementation") == 1]
+             if type(layer).__name__ in ("LSTMCell", "GRUCell")
+             and vars(layer).get("implementation") == 1]
     for cell in cells:
         cell.implementation = 2
     try:
@@ -1004,10 +1006,10 @@ def _graph_def_to_onnx(graph_def, inputs: list[Port], outputs: list[Port],
                        opset: int) -> onnx.ModelProto:
     """tf2onnx on a frozen graph (in its own process: `tf2onnx_process`); ports' keys are graph
     tensor names, their names ONNX's."""
-    from npubuild.frontends import tf2onnx_process
+    from npubuild.frontends import tf2onnx_process, tf_loops
 
     graph_def = _defaults_resolved(graph_def, {p.key.split(":")[0] for p in inputs})
-    _recurrent_sums_as_adds(graph_def)
+    tf_loops.for_tf2onnx(graph_def)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "graph.pb"
         path.write_bytes(graph_def.SerializeToString(deterministic=True))
@@ -1043,59 +1045,6 @@ def _defaults_resolved(graph_def, fed: set[str]):
             del node.attr["dtype"]
             del node.attr["shape"]
     return resolved
-
-
-def _recurrent_sums_as_adds(graph_def) -> None:
-    """In loop bodies, ``BiasAdd(MatMul, Squeeze(MatMul))`` becomes ``AddV2(MatMul, MatMul)``.
-
-    A Keras 3 LSTM cell sums its input's and its state's products with ``ops.add``, which
-    TensorFlow's Keras backend writes as ``BiasAdd(x1, Squeeze(x2))`` wherever ``x2`` looks
-    like a bias: at batch 1 the state's product ``[1, 4·units]`` does. tf2onnx's Keras LSTM
-    rewriter looks for the sum as ``Add(MatMul, MatMul)`` (what Keras writes at any other
-    batch), so at batch 1 it left the layer a ``Loop``. Only a squeeze (no dims given) of a
-    MatMul's product added to another MatMul's is undone: the squeeze is 1-D (``BiasAdd`` takes
-    no other), and both products have the rows of what a step multiplies (its input, the
-    state: the batch), so the squeezed one is ``[1, n]``, which ``AddV2`` broadcasts as
-    ``BiasAdd`` adds its squeeze, the same sums. The import proof checks them.
-
-    Attributes are read with `_attr`, never by indexing: indexing a protobuf map adds the key,
-    and a SavedModel leaves out attributes at their defaults (a BiasAdd's ``data_format``, a
-    MatMul's ``transpose_a``), so every BiasAdd, Squeeze and MatMul of a Keras 2 model gained
-    an attribute of no type, which TensorFlow refused when tf2onnx instantiated the function:
-    "Failed to bind all placeholders in <Unknown AttrValue type>" (basic-pitch's SavedModel,
-    s2super's)."""
-    for function in graph_def.library.function:
-        nodes = {node.name: node for node in function.node_def}
-        renamed: dict[str, str] = {}
-        for node in function.node_def:
-            if node.op != "BiasAdd" or _attr(node, "data_format", "s", b"") not in (b"", b"NHWC"):
-                continue
-            squeeze = nodes.get(node.input[1].split(":")[0])
-            if squeeze is None or squeeze.op != "Squeeze" or _attr(squeeze, "squeeze_dims", "list"):
-                continue
-            products = [nodes.get(name.split(":")[0]) for name in (node.input[0], squeeze.input[0])]
-            if any(n is None or n.op != "MatMul" or _attr(n, "transpose_a", "b", False)
-                   or _attr(n, "transpose_b", "b", False) for n in products):
-                continue
-            node.op = "AddV2"
-            node.input[1] = squeeze.input[0]
-            if "data_format" in node.attr:
-                del node.attr["data_format"]
-            renamed[f"{node.name}:output:0"] = f"{node.name}:z:0"  # AddV2's output arg
-        if renamed:
-            for node in function.node_def:
-                node.input[:] = [renamed.get(name, name) for name in node.input]
-            for key, name in function.ret.items():
-                function.ret[key] = renamed.get(name, name)
-
-
-def _attr(node, key: str, field: str, default=None):
-    """``node``'s attribute ``key``'s ``field`` (``s``, ``b``, ``list``: a list's values, empty
-    or not), or ``default`` where the node has no such attribute; the node is left as it was."""
-    if key not in node.attr:
-        return default
-    value = getattr(node.attr[key], field)
-    return list(value.i) + list(value.s) + list(value.type) if field == "list" else value
 
 
 # --- checking and tidying the ONNX result ----------------------------------------------------

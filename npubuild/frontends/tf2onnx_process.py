@@ -86,7 +86,7 @@ def _deterministic_nodes() -> None:
 
 
 def _run(request: dict) -> onnx.ModelProto:
-    from npubuild.frontends import tensorflow as tf_frontend
+    from npubuild.frontends import tensorflow as tf_frontend, tf_loops
 
     tf = tf_frontend._tensorflow()  # quiet import; teaches the transpose optimizer
     _deterministic_nodes()
@@ -100,6 +100,7 @@ def _run(request: dict) -> onnx.ModelProto:
             request["path"], input_names=request["input_names"],
             output_names=request["output_names"], opset=request["opset"])
         return model
+    tf_loops.read_gru_cells_without_identities()
     graph_def = tf.compat.v1.GraphDef()
     graph_def.ParseFromString(Path(request["path"]).read_bytes())
     model, _ = tf2onnx_convert.from_graph_def(

@@ -1,10 +1,13 @@
-"""Keras 3 LSTMs as tf2onnx converts them: an ONNX ``LSTM``, not a ``Loop`` over the steps.
+"""Keras 3 LSTMs and GRUs as tf2onnx converts them: an ONNX ``LSTM`` or ``GRU``, not a ``Loop``
+over the steps.
 
 tf2onnx writes a Keras LSTM it does not recognise as a ``Loop`` (a counter, the cell's MatMuls
 and gates in the body), which import unrolls only when short and ONNX Runtime runs slowly
 (Shakkala's 315-step BiLSTMs: 0.1 fps). Its Keras LSTM rewriter missed every Keras 3 LSTM at
 batch 1 (Keras's ``ops.add`` writes the state's product as a bias, ``BiasAdd(x, Squeeze(h))``)
-and every ``implementation=1`` one (Keras 2's default, four products per step). Toy models
+and every ``implementation=1`` one (Keras 2's default, four products per step); its Keras GRU
+rewriter missed every Keras 3 GRU (biases split inside the step, the state's product sliced,
+not split). Toy models
 built here, each checked against Keras itself on the same input; a short LSTM is then unrolled
 by import (a long one, Shakkala's, stays whole on the CPU).
 """
@@ -28,15 +31,30 @@ STEPS = 12
 
 
 def _tagger(keras, implementation: int, mask_zero: bool = False,
-            recurrent_activation="sigmoid"):
-    """Embedding, a Bidirectional LSTM (sequences), a backward LSTM (last state), Dense."""
+            recurrent_activation="sigmoid", layer="LSTM", **options):
+    """Embedding, a Bidirectional LSTM (sequences), a backward LSTM (last state), Dense (or the
+    same of GRUs: `layer`)."""
     keras.utils.set_random_seed(0)
     chars = keras.Input((STEPS,), dtype="int32", name="chars")
     x = keras.layers.Embedding(10, 6, mask_zero=mask_zero)(chars)
-    options = {"implementation": implementation, "recurrent_activation": recurrent_activation}
-    x = keras.layers.Bidirectional(keras.layers.LSTM(5, return_sequences=True, **options))(x)
-    x = keras.layers.LSTM(4, go_backwards=True, **options)(x)
+    options.update(implementation=implementation, recurrent_activation=recurrent_activation)
+    recurrent = getattr(keras.layers, layer)
+    x = keras.layers.Bidirectional(recurrent(5, return_sequences=True, **options))(x)
+    x = recurrent(4, go_backwards=True, **options)(x)
     return keras.Model(chars, keras.layers.Dense(3, name="tags")(x))
+
+
+def _trained(keras, model):
+    """`model` fitted for a few epochs to tag random sequences by a rule over their ids (gates
+    that open and close, not the initial weights' near-constant ones)."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 10, (256, STEPS)).astype(np.int32)
+    ids[:, -2:] *= rng.integers(0, 2, (256, 1)).astype(np.int32)  # some sequences padded
+    tags = (ids[:, :4].sum(1) * 3 // (9 * 4 + 1)).astype(np.int32)  # 0, 1 or 2
+    model.compile(optimizer=keras.optimizers.Adam(0.02),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(ids, tags, epochs=4, batch_size=32, verbose=0)
+    return model
 
 
 def _converted(tmp_path, model):
@@ -84,10 +102,42 @@ def test_keras_2s_hard_sigmoid_gate_converts_to_hard_sigmoid(tmp_path):
             assert activations[0] == b"HardSigmoid", activations
 
 
-def test_a_masked_keras_lstm_stays_a_loop_computing_the_same(tmp_path):
-    """Keras 3 masks a step by a per-step tensor (``where(mask[t], h', h)``), not by a length
-    tf2onnx's rewriter reads: the layer stays a Loop, computing what Keras computes."""
+@pytest.mark.parametrize("options", [{}, {"recurrent_dropout": 0.1}, {"reset_after": False}],
+                         ids=["implementation-2", "recurrent-dropout", "reset-before"])
+def test_a_keras_gru_converts_to_the_onnx_gru_it_computes(tmp_path, options):
+    """Keras 3's GRU (``reset_after``, its default) is ONNX's GRU with ``linear_before_reset``;
+    one resetting before the recurrent product (Keras 2.2's default) is ONNX's without it
+    (written as TensorFlow 1's GRUCell, the form tf2onnx maps); a recurrent dropout makes
+    Keras 3 run the cell as ``implementation=1`` (three products per step), traced as 2.
+    Trained, so the gates are not the initial weights' ones."""
     import keras
 
-    _, ops = _converted(tmp_path, _tagger(keras, 2, mask_zero=True))
-    assert ops["Loop"] == 3 and ops["LSTM"] == 0, ops
+    model = _trained(keras, _tagger(keras, 2, layer="GRU", **options))
+    converted, ops = _converted(tmp_path, model)
+    assert ops["Loop"] == 0, ops
+    assert ops["GRU"] == 2, ops  # the Bidirectional one, and the backward one
+    for node in converted.graph.node:
+        if node.op_type == "GRU":
+            linear = [a.i for a in node.attribute if a.name == "linear_before_reset"]
+            assert (linear or [0]) == [int(options.get("reset_after", True))]  # ONNX's default 0
+    feeds = {"chars": np.arange(STEPS, dtype=np.int32)[None] % 10}
+    model = onnx_frontend.resolve_shapes(converted, declared=converted)
+    model, _ = importer.fold_constants(model, feeds)
+    _, figures = importer.unroll_recurrent(model, feeds)
+    assert figures["unrolled"] == {"GRU": 2}, figures
+
+
+@pytest.mark.parametrize("layer, options", [
+    ("LSTM", {}), ("GRU", {}), ("GRU", {"reset_after": False})],
+    ids=["lstm", "gru", "gru-reset-before"])
+def test_a_masked_keras_rnn_stays_a_loop_computing_the_same(tmp_path, layer, options):
+    """Keras 3 masks a step by a per-step tensor (``where(mask[t], h', h)``), not by a length
+    tf2onnx's rewriter reads; a length (ONNX's ``sequence_lens``) would be the same only where
+    every mask is a prefix, which the graph cannot show: the mask is the data's ``ids != 0``,
+    and an id 0 inside a sequence is a step Keras skips. These stay Loops, computing what
+    Keras computes."""
+    import keras
+
+    model = _trained(keras, _tagger(keras, 2, mask_zero=True, layer=layer, **options))
+    _, ops = _converted(tmp_path, model)
+    assert ops["Loop"] == 3 and ops[layer] == 0, ops

@@ -1,4 +1,4 @@
-"""The frozen graph's rewrites before tf2onnx (`frontends.tensorflow`) leave the nodes they do not
+"""The frozen graph's rewrites before tf2onnx (`frontends.tf_loops`) leave the nodes they do not
 rewrite as they were: a SavedModel leaves out attributes at their defaults, and indexing a
 protobuf map to read one adds it, empty. basic-pitch's SavedModel and s2super's (Keras 2) then
 stopped in tf2onnx on "Failed to bind all placeholders in <Unknown AttrValue type>"."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from npubuild.frontends import tensorflow as tf_frontend
+from npubuild.frontends import tf_loops
 
 
 def _graph_def():
@@ -34,7 +34,7 @@ def _graph_def():
 def test_nodes_left_alone_gain_no_attribute():
     graph = _graph_def()
     before = {n.name: sorted(n.attr) for n in graph.library.function[0].node_def}
-    tf_frontend._recurrent_sums_as_adds(graph)
+    tf_loops.for_tf2onnx(graph)
     nodes = {n.name: n for n in graph.library.function[0].node_def}
     assert {name: sorted(n.attr) for name, n in nodes.items()} == before
     assert all(v.WhichOneof("value") is not None for n in nodes.values() for v in n.attr.values())
@@ -53,5 +53,5 @@ def test_a_sum_it_cannot_read_as_two_products_is_left_alone(attr, value):
         target.attr[attr].b = value
     else:
         target.attr[attr].list.i.extend(value)
-    tf_frontend._recurrent_sums_as_adds(graph)
+    tf_loops.for_tf2onnx(graph)
     assert nodes["sum"].op == "BiasAdd"
