@@ -51,9 +51,11 @@ def sha256_array(value) -> bytes:
     """Digest of an array's content: its dtype, shape and bytes (equal arrays, equal digest)."""
     import numpy as np
 
-    value = np.ascontiguousarray(value)
+    value = np.asarray(value)
+    # the shape before ascontiguousarray, which makes a 0-d array 1-d: a scalar and a one-element
+    # vector had one digest, and folding read a Slice's axes [0] from a Gather's index 0
     digest = hashlib.sha256(f"{value.dtype.str}{value.shape}".encode())
-    digest.update(value.view(np.uint8))
+    digest.update(np.ascontiguousarray(value).view(np.uint8))
     return digest.digest()
 
 

@@ -343,6 +343,30 @@ def test_a_constant_larger_than_the_limit_stays_computed_and_is_named():
     assert [n.op_type for n in kept.model.graph.node] == ["Expand", "Relu", "MatMul"]
 
 
+def test_a_folded_one_element_vector_is_not_read_from_an_equal_scalar():
+    """captcha-crnn (PyTorch): a Gather's scalar index 0 and a Slice's axes [0], folded, had one
+    content digest (NumPy makes a 0-d array 1-d on the way to its bytes): the Slice read the
+    scalar and ONNX Runtime stopped ('Starts and axes shape mismatch')."""
+    h = onnx.helper
+    nodes = [h.make_node("Identity", ["zero"], ["index"]),
+             h.make_node("Gather", ["x", "index"], ["row"]),
+             h.make_node("Constant", [], ["axes"], value=onnx.numpy_helper.from_array(
+                 np.array([0], np.int64))),
+             h.make_node("Identity", ["axes"], ["axes1"]),
+             h.make_node("Slice", ["x", "start", "end", "axes1"], ["y"])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, 3])],
+                         [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None),
+                          h.make_tensor_value_info("row", onnx.TensorProto.FLOAT, None)],
+                         [onnx.numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                          onnx.numpy_helper.from_array(np.array([1], np.int64), "start"),
+                          onnx.numpy_helper.from_array(np.array([3], np.int64), "end")])
+    source = onnx.shape_inference.infer_shapes(
+        h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8))
+    folded = onnx_frontend.fold_constant_subgraphs(source).model
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(onnx_io.run(folded, {"x": x}, ["y"])["y"], x[1:3])
+
+
 @pytest.mark.parametrize("op", ["Identity", "Transpose"])
 def test_a_weight_shared_by_repeated_layers_is_held_once_after_folding(op):
     """A layer applied several times (chython-rxnmap's encoder: one layer's weights read by its
