@@ -585,11 +585,16 @@ def read_gru_cells_without_identities() -> None:
     arguments: its pattern reads each through an ``Identity`` (as TensorFlow 1's loops read a
     weight), which the graph optimizer tf2onnx runs first removes from a TensorFlow 2 loop
     body. A body the pattern as written does not match is tried again with
-    the Identities left out; the rest of tf2onnx's GRU rewriter is its own."""
+    the Identities left out; the rest of tf2onnx's GRU rewriter is its own. A tf2onnx whose
+    internals are named otherwise is left as it is (such a GRU then stays a Loop, as before)."""
     from tf2onnx import tfonnx
     from tf2onnx.graph_matcher import OpTypePattern
     from tf2onnx.rewriter import gru_tf2_rewriter
 
+    if not (callable(getattr(gru_tf2_rewriter, "rewrite_gru_tf2", None))
+            and callable(getattr(gru_tf2_rewriter, "make_grucell_pattern", None))
+            and hasattr(tfonnx, "rewrite_gru_tf2")):
+        return
     rewrite, make = gru_tf2_rewriter.rewrite_gru_tf2, gru_tf2_rewriter.make_grucell_pattern
     weights = ("gate_bias", "gate_kernel", "hidden_bias", "hidden_kernel")
 
