@@ -141,3 +141,17 @@ def test_a_masked_keras_rnn_stays_a_loop_computing_the_same(tmp_path, layer, opt
     model = _trained(keras, _tagger(keras, 2, mask_zero=True, layer=layer, **options))
     _, ops = _converted(tmp_path, model)
     assert ops["Loop"] == 3 and ops[layer] == 0, ops
+
+
+def test_a_tf2onnx_without_the_gru_internals_npubuild_patches_converts_as_before(monkeypatch):
+    """The GRUCell patch reads tf2onnx's internals by name; a tf2onnx that names them otherwise
+    is left alone (an AttributeError there stopped every TensorFlow import in its process)."""
+    from tf2onnx import tfonnx
+    from tf2onnx.rewriter import gru_tf2_rewriter
+
+    from npubuild.frontends import tf_loops
+
+    monkeypatch.delattr(gru_tf2_rewriter, "make_grucell_pattern")
+    before = tfonnx.rewrite_gru_tf2
+    tf_loops.read_gru_cells_without_identities()
+    assert tfonnx.rewrite_gru_tf2 is before
