@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from npubuild.surgery.graph import unique_name
+
 # ops a Keras cell applies to its weights inside a step (what `_weight_slices_hoisted` computes
 # once): slicing and reshaping, nothing that reads the step's data
 _WEIGHT_OPS = ("Identity", "Split", "SplitV", "Squeeze", "StridedSlice")
@@ -183,7 +185,7 @@ def _add_loop_constant(graph_def, loop, body, cond, value: np.ndarray) -> str:
     import tensorflow as tf
 
     taken = {node.name for node in graph_def.node}
-    source = _fresh(f"{loop.name}/hoisted", taken)
+    source = unique_name(f"{loop.name}/hoisted", taken)
     graph_def.node.add().CopyFrom(_const_node(tf, source, value))
     dtype = tf.as_dtype(value.dtype).as_datatype_enum
     shape = tf.TensorShape(value.shape).as_proto()
@@ -196,13 +198,13 @@ def _add_loop_constant(graph_def, loop, body, cond, value: np.ndarray) -> str:
         loop.attr["_num_original_outputs"].i += 1
     names = {arg.name for arg in body.signature.input_arg} | {
         arg.name for arg in body.signature.output_arg} | {node.name for node in body.node_def}
-    arg = _fresh("hoisted", names)
-    out = _fresh(f"{arg}_out", names)
+    arg = unique_name("hoisted", names)
+    out = unique_name(f"{arg}_out", names)
     body.signature.input_arg.add(name=arg, type=dtype)
     body.signature.output_arg.add(name=out, type=dtype)
     body.ret[out] = arg
     cond_names = {a.name for a in cond.signature.input_arg} | {n.name for n in cond.node_def}
-    cond.signature.input_arg.add(name=_fresh("hoisted", cond_names), type=dtype)
+    cond.signature.input_arg.add(name=unique_name("hoisted", cond_names), type=dtype)
     return arg
 
 
@@ -277,11 +279,11 @@ def _one_column_split(body, constants: dict[str, np.ndarray]) -> bool:
                 span != (i * size, (i + 1) * size, rank) for i, (span, _) in enumerate(spans)):
             continue
         taken = set(nodes)
-        axis = body.node_def.add(name=_fresh(f"{name}/columns/axis", taken), op="Const")
+        axis = body.node_def.add(name=unique_name(f"{name}/columns/axis", taken), op="Const")
         axis.attr["dtype"].type = tf.int32.as_datatype_enum
         axis.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(np.int32(rank - 1)))
         taken.add(axis.name)
-        split = body.node_def.add(name=_fresh(f"{name}/columns", taken), op="Split",
+        split = body.node_def.add(name=unique_name(f"{name}/columns", taken), op="Split",
                                   input=[f"{axis.name}:output:0", blocks[0][2]])
         split.attr["num_split"].i = count
         split.attr["T"].CopyFrom(nodes[spans[0][1]].attr["T"])
@@ -374,14 +376,6 @@ def _graph_style(tensor: str) -> str:
     here has one output argument)."""
     parts = tensor.split(":")
     return tensor if len(parts) == 1 else f"{parts[0]}:{parts[-1]}"
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    return name
 
 
 # --- a GRU resetting before the recurrent product, as TensorFlow 1's GRUCell ----------------
@@ -527,7 +521,7 @@ def _write_tf1_cell(body, out, cell: dict, args: dict[str, str]) -> None:
     taken = {node.name for node in body.node_def}
 
     def add(key, op, inputs, **attrs):
-        node = body.node_def.add(name=_fresh(f"{out.name}/tf1_cell/{key}", taken), op=op)
+        node = body.node_def.add(name=unique_name(f"{out.name}/tf1_cell/{key}", taken), op=op)
         taken.add(node.name)
         node.input.extend(inputs)
         for name, value in attrs.items():
