@@ -293,7 +293,8 @@ def params_feed(tensors: list[str], params: Mapping[str, QParams | None],
     float (absent or None); each switched layer on the NPU unless in ``cpu_layers``; each
     layer with a ``<layer>::w16`` switch (``wide``) on its int16 weights where it is in
     ``int16_weights`` (and on the NPU). ``arrays``: where each value's array is kept (by the
-    parameters or the switch's state; the feeds only read them), so the choices of a search
+    parameters, or ``("switch", on)``: one array per state of every switch; the feeds only
+    read them), so the choices of a search
     hand a tensor the same array wherever its parameters stay (`ArrayPrints` hashes it once)."""
     arrays = {} if arrays is None else arrays
 
@@ -309,10 +310,11 @@ def params_feed(tensors: list[str], params: Mapping[str, QParams | None],
         feed[f"{t}{PARAMS_SUFFIX}"] = OFF if p is None else array(
             p, [p.scale, p.zero_point, p.qmin, p.qmax, 1.0])
     for name in layers:
-        feed[f"{name}{NPU_SUFFIX}"] = array(name not in cpu_layers, float(name not in cpu_layers))
+        on = name not in cpu_layers
+        feed[f"{name}{NPU_SUFFIX}"] = array(("switch", on), float(on))
     for name in wide:
         on = name in int16_weights and name not in cpu_layers
-        feed[f"{name}{W16_SUFFIX}"] = array(on, float(on))
+        feed[f"{name}{W16_SUFFIX}"] = array(("switch", on), float(on))
     return feed
 
 
